@@ -1,0 +1,172 @@
+"""Bounded channels between stages, and the per-request reply slot.
+
+Every channel in the engine is made by `open_channel` with an explicit,
+finite bound (S4). The reply path is different: the sink must never wait
+on a slow client, so each request gets a `ReplySlot`, a single slot whose
+`put()` never blocks and merges events while the reader is behind
+(vLLM's `RequestOutputCollector`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from types import TracebackType
+from typing import Generic, TypeVar
+
+import anyio
+import attrs
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from pipeline.errors import RequestError
+from pipeline.events import CompletionEvent, Summary
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@attrs.frozen
+class Channel(Generic[T]):
+    name: str
+    send: MemoryObjectSendStream[T]
+    receive: MemoryObjectReceiveStream[T]
+
+
+def open_channel(capacity: int, *, name: str) -> Channel[T]:
+    """A bounded memory channel.
+
+    Raises:
+        ValueError: the capacity is negative or infinite.
+    """
+    if capacity < 0 or math.isinf(capacity):
+        raise ValueError(f"channel {name!r} needs a finite, non-negative bound")
+    send, receive = anyio.create_memory_object_stream[T](capacity)
+    return Channel(name, send, receive)
+
+
+@attrs.define(eq=False)
+class ReplySlot(Generic[R]):
+    """One request's reply: accepted request, events, then a summary or error.
+
+    Producers (the stages, on the event loop) call `accept`, `put`,
+    `finish` and `fail`; each returns False once the slot is done, which
+    tells the producer to drop the request. The reader awaits `accepted()`,
+    iterates event batches, then reads `summary`. `close()` is synchronous
+    so that it is safe in a cancelled task (S9); if a row is running it
+    calls the abort hook the gateway bound with `bind_abort`.
+    """
+
+    request_id: str
+    # The client's id for its request (x-request-id), else the request id.
+    trace_id: str = ""
+    _on_done: Callable[[], None] = attrs.field(default=lambda: None, alias="on_done")
+    _request: R | None = attrs.field(default=None, init=False)
+    _events: list[CompletionEvent] = attrs.field(factory=list, init=False)
+    _summary: Summary | None = attrs.field(default=None, init=False)
+    _error: RequestError | None = attrs.field(default=None, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    _abort: Callable[[], None] | None = attrs.field(default=None, init=False)
+    _changed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
+
+    @property
+    def done(self) -> bool:
+        return self._closed or self._summary is not None or self._error is not None
+
+    @property
+    def closed(self) -> bool:
+        """The reader has gone away: stages skip this request."""
+        return self._closed
+
+    @property
+    def summary(self) -> Summary:
+        if self._summary is None:
+            raise RuntimeError("the reply has not finished")
+        return self._summary
+
+    def accept(self, request: R) -> bool:
+        if self.done:
+            return False
+        self._request = request
+        self._wake()
+        return True
+
+    def bind_abort(self, abort: Callable[[], None]) -> None:
+        self._abort = abort
+
+    def put(self, events: list[CompletionEvent]) -> bool:
+        if self.done:
+            return False
+        self._events.extend(events)
+        self._wake()
+        return True
+
+    def finish(self, summary: Summary) -> bool:
+        if self.done:
+            return False
+        self._summary = summary
+        self._settle()
+        return True
+
+    def fail(self, error: RequestError) -> bool:
+        if self.done:
+            return False
+        self._error = error
+        self._settle()
+        return True
+
+    def close(self) -> None:
+        if self.done:
+            return
+        self._closed = True
+        if self._abort is not None:
+            self._abort()
+        self._settle()
+
+    async def accepted(self) -> R:
+        """Wait until a stage accepts the request.
+
+        Raises:
+            RequestError: the request failed before it was accepted.
+        """
+        while self._request is None:
+            self._raise_if_failed()
+            if self.done:
+                raise RuntimeError("reply closed before it was accepted")
+            await self._wait()
+        return self._request
+
+    def __aiter__(self) -> ReplySlot[R]:
+        return self
+
+    async def __anext__(self) -> list[CompletionEvent]:
+        while not self._events:
+            self._raise_if_failed()
+            if self.done:
+                raise StopAsyncIteration
+            await self._wait()
+        events, self._events = self._events, []
+        return events
+
+    def __enter__(self) -> ReplySlot[R]:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    async def _wait(self) -> None:
+        await self._changed.wait()
+        self._changed = anyio.Event()
+
+    def _wake(self) -> None:
+        self._changed.set()
+
+    def _settle(self) -> None:
+        self._wake()
+        on_done, self._on_done = self._on_done, lambda: None
+        on_done()

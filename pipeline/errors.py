@@ -1,0 +1,83 @@
+"""The error vocabulary shared by every layer.
+
+A `RequestError` is a failure that belongs to one request: it is raised at
+the boundary (decoders, stages) or delivered as a value on the request's
+reply, and `app.py` renders it in the error shape of the API in use. The
+engine keeps serving after any of them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+
+class ErrorKind(enum.Enum):
+    """What went wrong, independent of any API's spelling of it."""
+
+    INVALID_REQUEST = "invalid_request"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    OVERLOADED = "overloaded"
+    UNAVAILABLE = "unavailable"
+    INTERNAL = "internal"
+
+
+_STATUS = {
+    ErrorKind.INVALID_REQUEST: 400,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.METHOD_NOT_ALLOWED: 405,
+    ErrorKind.OVERLOADED: 429,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.INTERNAL: 500,
+}
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class RequestError(Exception):
+    """A failure of one request, safe to show to its client.
+
+    `message` is written for the client; it never carries text from inside
+    the engine (no `str(e)` of an unexpected exception).
+    """
+
+    kind: ErrorKind
+    message: str
+    param: str | None = None
+    code: str | None = None
+    retry_after: float | None = None
+
+    @property
+    def status(self) -> int:
+        return _STATUS[self.kind]
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def invalid(message: str, *, param: str | None = None, code: str | None = None) -> RequestError:
+    return RequestError(kind=ErrorKind.INVALID_REQUEST, message=message, param=param, code=code)
+
+
+def unsupported(param: str) -> RequestError:
+    return invalid(f"'{param}' is not supported by this server yet", param=param, code="unsupported_parameter")
+
+
+def overloaded(retry_after: float) -> RequestError:
+    return RequestError(
+        kind=ErrorKind.OVERLOADED,
+        message="The server is at capacity; retry after the suggested delay",
+        code="rate_limit_exceeded",
+        retry_after=retry_after,
+    )
+
+
+def shutting_down() -> RequestError:
+    return RequestError(kind=ErrorKind.UNAVAILABLE, message="The server is shutting down", code="shutting_down")
+
+
+def engine_dead() -> RequestError:
+    return RequestError(
+        kind=ErrorKind.UNAVAILABLE, message="The inference engine has stopped; see the server log", code="engine_dead"
+    )

@@ -1,0 +1,85 @@
+"""The internal request vocabulary: what a `wire/` decoder produces.
+
+These types are API-neutral. A decoder validates the JSON of its API and
+builds one of them; the stages read them and never see the JSON.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Union
+
+import attrs
+
+JsonValue = Union[str, int, float, bool, None, list["JsonValue"], dict[str, "JsonValue"]]
+JsonObject = dict[str, JsonValue]
+
+
+class Role(enum.Enum):
+    SYSTEM = "system"
+    DEVELOPER = "developer"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+@attrs.frozen(kw_only=True)
+class Message:
+    role: Role
+    content: str
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Sampling:
+    """Per-row sampler and logits-processor settings.
+
+    `seed` gives the row its own random key, so its output does not depend
+    on what else shares the batch. Penalties of None are off.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: Mapping[int, float] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class GenerationParams:
+    """What every API asks of a generation, whatever its prompt looks like.
+
+    `max_tokens` of None means "up to the end of the context window".
+    """
+
+    max_tokens: int | None
+    sampling: Sampling
+    stop: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class ChatRequest:
+    messages: tuple[Message, ...]
+    params: GenerationParams
+    template_kwargs: Mapping[str, JsonValue] = attrs.field(factory=dict)
+    stream: bool = False
+    include_usage: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class TextRequest:
+    """A raw-prompt completion; `prompt` is text or token ids."""
+
+    prompt: str | tuple[int, ...]
+    params: GenerationParams
+    stream: bool = False
+    include_usage: bool = False
+
+
+GenerationRequest = Union[ChatRequest, TextRequest]

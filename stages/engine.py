@@ -1,0 +1,177 @@
+"""The engine: builds the stage actors, their channels, and the supervisor.
+
+`Engine.run` resolves and loads the model, wires parse → chat | text →
+prepare → gateway → sink with bounded channels, and runs them under one
+`Supervisor`. `submit` is the only way in (admission first, S11); `drain`
+is the only way out: it refuses new work, closes the parse inbox so that
+closing cascades stage by stage, and waits (bounded) for rows in flight to
+finish before the model thread stops.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import anyio
+import attrs
+import structlog
+from anyio.abc import TaskStatus
+
+from pipeline.admission import Admission, AdmissionStatistics
+from pipeline.channels import Channel, ReplySlot, open_channel
+from pipeline.errors import engine_dead, shutting_down
+from pipeline.requests import GenerationRequest
+from pipeline.settings import Settings
+from pipeline.supervision import Actor, Supervisor
+from pipeline.tracing import Timeline
+from stages.chat import ChatStage
+from stages.gateway import GatewayStatistics, GenerationGateway
+from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
+from stages.model import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
+from stages.parse import ParseStage
+from stages.prepare import PrepareStage, Reservation
+from stages.sink import CompletionSink
+from stages.text import TextStage
+
+log = structlog.get_logger(__name__).bind(stage="engine")
+
+# Steps the gateway may run ahead of the sink before its thread waits.
+_STEP_BUFFER = 4
+
+
+@attrs.frozen(kw_only=True)
+class EngineStatistics:
+    admission: AdmissionStatistics
+    gateway: GatewayStatistics
+    submitted: int
+    running: bool
+    dead: bool
+
+
+@attrs.define
+class Engine:
+    _settings: Settings = attrs.field(alias="settings")
+    _admission: Admission = attrs.field(init=False)
+    _open: dict[str, Reply] = attrs.field(factory=dict, init=False)
+    _submitted: int = attrs.field(default=0, init=False)
+    _stopped: anyio.Event = attrs.field(factory=anyio.Event, init=False)
+    _parse_inbox: Channel[Submission] = attrs.field(init=False)
+    _supervisor: Supervisor = attrs.field(init=False)
+    _gateway: GenerationGateway = attrs.field(init=False)
+    info: ModelInfo = attrs.field(init=False)
+    tokenizer: Tokenizer = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        settings = self._settings
+        self._admission = Admission(
+            capacity=settings.max_batch + settings.max_pending,
+            timeout=settings.admission_timeout,
+            retry_after=settings.retry_after,
+        )
+
+    @property
+    def dead(self) -> bool:
+        return self._supervisor.dead
+
+    @property
+    def ready(self) -> bool:
+        return self._supervisor.running and not self._admission.statistics().draining
+
+    async def run(self, *, task_status: TaskStatus[Engine] = anyio.TASK_STATUS_IGNORED) -> None:
+        settings = self._settings
+        self.info = await anyio.to_thread.run_sync(
+            partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
+        )
+        self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
+        self._supervisor = Supervisor(actors=self._build_actors(), on_stop=self._on_stop)
+        log.info("engine.starting", model=self.info.name, path=str(self.info.path))
+        await self._supervisor.run(task_status=_Relay(task_status, self))
+
+    async def submit(self, *, request_id: str, trace_id: str, body: bytes, decode: Decoder) -> Reply:
+        """Admit a request and start it down the pipeline.
+
+        Raises:
+            RequestError: 429 when full, 503 when draining or dead.
+        """
+        if self.dead:
+            raise engine_dead()
+        await self._admission.enter()
+        reply: Reply = ReplySlot(request_id, trace_id, on_done=partial(self._release, request_id))
+        self._open[request_id] = reply
+        self._submitted += 1
+        # Every request in flight holds one admission ticket and sits in at
+        # most one channel, and the parse inbox holds all tickets: never full.
+        self._parse_inbox.send.send_nowait(
+            Submission(request_id=request_id, body=body, decode=decode, reply=reply, timeline=Timeline.start())
+        )
+        return reply
+
+    async def drain(self, timeout: float) -> None:
+        self._admission.start_draining()
+        self._parse_inbox.send.close()
+        with anyio.move_on_after(timeout):
+            await self._stopped.wait()
+        if not self._stopped.is_set():
+            log.warning("engine.drain_timeout", open_requests=len(self._open))
+
+    def statistics(self) -> EngineStatistics:
+        return EngineStatistics(
+            admission=self._admission.statistics(),
+            gateway=self._gateway.statistics(),
+            submitted=self._submitted,
+            running=self._supervisor.running,
+            dead=self._supervisor.dead,
+        )
+
+    def _build_actors(self) -> list[Actor]:
+        settings, info, tokenizer = self._settings, self.info, self.tokenizer
+        in_flight = settings.max_batch + settings.max_pending
+        self._parse_inbox = open_channel(in_flight, name="parse")
+        chat: Channel[Parsed] = open_channel(in_flight, name="chat")
+        text: Channel[Parsed] = open_channel(in_flight, name="text")
+        jobs: Channel[PrepareJob] = open_channel(in_flight, name="prepare")
+        prepared: Channel[Prepared] = open_channel(in_flight, name="gateway")
+        # At most one abort per running row between two steps.
+        control: Channel[Abort] = open_channel(settings.max_batch, name="control")
+        steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
+        self._gateway = GenerationGateway(
+            inbox=prepared.receive,
+            control=control.receive,
+            aborts=control.send,
+            out=steps.send,
+            load=partial(load_weights, info),
+            eos_ids=frozenset(tokenizer.eos_token_ids),
+            max_batch=settings.max_batch,
+            prefill_step_size=settings.prefill_step_size,
+        )
+        reservations = {PrepKind.TOKENIZE: Reservation.of(settings.prepare_concurrency)}
+        # Started in this order: the model loads first, then downstream to upstream (S6).
+        return [
+            self._gateway,
+            CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer),
+            PrepareStage(inbox=jobs.receive, out=prepared.send, reservations=reservations, context_window=info.context_window),
+            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer),
+            TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size),
+            ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send),
+        ]
+
+    def _release(self, request_id: str) -> None:
+        del self._open[request_id]
+        self._admission.leave()
+
+    def _on_stop(self) -> None:
+        error = engine_dead() if self._supervisor.dead else shutting_down()
+        for reply in list(self._open.values()):
+            reply.fail(error)
+        self._stopped.set()
+
+
+@attrs.define
+class _Relay(TaskStatus[None]):
+    """Reports the engine, not None, when the supervisor says it is ready."""
+
+    _outer: TaskStatus[Engine]
+    _engine: Engine
+
+    def started(self, value: None = None) -> None:
+        self._outer.started(self._engine)

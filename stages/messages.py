@@ -1,0 +1,108 @@
+"""The catalogue of messages that travel between stages (S14).
+
+Each message is frozen; a stage that changes one makes a copy with
+`attrs.evolve`. Every message carries the request's `ReplySlot`, so a
+stage can skip a request whose client has gone (`reply.closed`) and fail
+one with a value (`reply.fail`) without stopping.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+import attrs
+
+from pipeline.channels import ReplySlot
+from pipeline.events import FinishReason
+from pipeline.requests import GenerationParams, GenerationRequest, JsonValue
+from pipeline.tracing import Timeline
+
+Reply = ReplySlot[GenerationRequest]
+Decoder = Callable[[JsonValue], GenerationRequest]
+
+
+class PrepKind(enum.Enum):
+    """Kinds of CPU work, each with its own concurrency reservation."""
+
+    TOKENIZE = "tokenize"
+
+
+@attrs.frozen(kw_only=True)
+class Submission:
+    """Raw request body from the HTTP handler, with the API's decoder."""
+
+    request_id: str
+    body: bytes
+    decode: Decoder
+    reply: Reply
+    timeline: Timeline
+
+
+@attrs.frozen(kw_only=True)
+class Parsed:
+    request_id: str
+    request: GenerationRequest
+    reply: Reply
+    timeline: Timeline
+
+
+@attrs.frozen(kw_only=True)
+class PrepareJob:
+    """CPU work that turns a request into prompt tokens, run off the loop.
+
+    `tokenize` is pure and thread-safe; it may raise `RequestError`.
+    """
+
+    request_id: str
+    kind: PrepKind
+    tokenize: Callable[[], list[int]]
+    request: GenerationRequest
+    params: GenerationParams
+    reply: Reply
+    timeline: Timeline
+
+
+@attrs.frozen(kw_only=True)
+class Prepared:
+    """A request ready for the gateway: tokens, limits and sampling."""
+
+    request_id: str
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int
+    params: GenerationParams
+    reply: Reply
+    timeline: Timeline
+
+
+@attrs.frozen(kw_only=True)
+class Abort:
+    request_id: str
+
+
+@attrs.frozen(kw_only=True)
+class TokenDelta:
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finish: FinishReason | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Admitted:
+    """A row the gateway put into the batch during this step."""
+
+    prepared: Prepared
+    admitted_at: float
+
+
+@attrs.frozen(kw_only=True)
+class StepOutputs:
+    """Everything one decode step produced, for all rows at once.
+
+    Rows admitted in this step come before any of their deltas, so the sink
+    always knows a row before it sees its tokens.
+    """
+
+    admitted: tuple[Admitted, ...]
+    deltas: tuple[TokenDelta, ...]
+    stepped_at: float

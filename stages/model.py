@@ -1,0 +1,111 @@
+"""Model loading: one path for the demo model and any mlx-lm model.
+
+`resolve_model` turns a local directory or a Hugging Face repo id into a
+local directory (the demo model when none is configured) and reads what
+the stages need from its config. The tokenizer is loaded off the model
+thread (it never touches MLX arrays); the weights are loaded by
+`load_weights`, which only the gateway's model thread calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+
+from pipeline.requests import JsonValue
+
+
+# Used when a config names no window; a conservative size most models support.
+_FALLBACK_CONTEXT_WINDOW = 4096
+
+
+class StreamingDetokenizer(Protocol):
+    def reset(self) -> None: ...
+
+    def add_token(self, token: int) -> None: ...
+
+    def finalize(self) -> None: ...
+
+    @property
+    def last_segment(self) -> str: ...
+
+
+class Tokenizer(Protocol):
+    """The part of mlx-lm's `TokenizerWrapper` that the stages use."""
+
+    def apply_chat_template(self, messages: Sequence[dict[str, JsonValue]], **kwargs: Any) -> list[int]: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, tokens: Sequence[int]) -> str: ...
+
+    @property
+    def detokenizer(self) -> StreamingDetokenizer: ...
+
+    @property
+    def eos_token_ids(self) -> set[int]: ...
+
+
+@attrs.frozen(kw_only=True)
+class ModelInfo:
+    path: Path
+    name: str
+    context_window: int
+    vocab_size: int
+
+
+def resolve_model(model: str | None, *, demo: str = "demo", name: str | None = None) -> ModelInfo:
+    """Find the model directory and read its config.
+
+    Args:
+        model: a local directory or a Hugging Face repo id; None builds
+            (once, cached) and serves the bundled demo model `demo`.
+        name: the id to serve it under; defaults to the argument given.
+
+    Raises:
+        FileNotFoundError: the directory has no config.json.
+    """
+    from mlx_lm.utils import _download, load_config
+
+    if model is None:
+        from stages.demo_model import ensure_demo_model
+
+        path, served = ensure_demo_model(demo), f"mlx-relay/{demo}"
+    else:
+        path, served = _download(model), model
+    config = load_config(path)
+    return ModelInfo(
+        path=path,
+        name=name or served,
+        context_window=_context_window(config),
+        vocab_size=int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size", 0)),
+    )
+
+
+def load_tokenizer(info: ModelInfo) -> Tokenizer:
+    """The tokenizer exactly as `mlx_lm.load` would build it."""
+    from mlx_lm.utils import load_config
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    config = load_config(info.path)
+    tokenizer: Tokenizer = mlx_load_tokenizer(info.path, eos_token_ids=config.get("eos_token_id"))
+    return tokenizer
+
+
+def load_weights(info: ModelInfo) -> object:
+    """The model, weights evaluated. Call only on the gateway's model thread."""
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(info.path)
+    return model
+
+
+def _context_window(config: dict[str, Any]) -> int:
+    for source in (config, config.get("text_config", {})):
+        for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
+            if isinstance(source.get(key), int):
+                return int(source[key])
+    return _FALLBACK_CONTEXT_WINDOW

@@ -1,0 +1,103 @@
+"""Preparation executor: CPU work off the event loop, bounded per kind.
+
+Inbox: `PrepareJob` from the chat and text stages.
+Outbox: `Prepared` to the generation gateway.
+Owns: one reservation (semaphore + thread limiter) per `PrepKind`; a job
+holds its kind's reservation while its work runs in a worker thread, and
+the stage stops taking jobs while every reservation of that kind is held.
+On cancel: a job whose reply closed is skipped before and after its work.
+On error: a `RequestError` from the work (bad template, empty prompt,
+context overflow) fails that reply; the stage carries on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import anyio
+import attrs
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from pipeline.errors import RequestError, invalid
+from pipeline.requests import ChatRequest
+from pipeline.tracing import Mark
+from stages.messages import Prepared, PrepareJob, PrepKind
+
+log = structlog.get_logger(__name__).bind(stage="prepare")
+
+
+@attrs.define
+class Reservation:
+    slots: anyio.Semaphore
+    threads: anyio.CapacityLimiter
+
+    @classmethod
+    def of(cls, size: int) -> Reservation:
+        return cls(anyio.Semaphore(size), anyio.CapacityLimiter(size))
+
+
+@attrs.define
+class PrepareStage:
+    _inbox: MemoryObjectReceiveStream[PrepareJob] = attrs.field(alias="inbox")
+    _out: MemoryObjectSendStream[Prepared] = attrs.field(alias="out")
+    _reservations: Mapping[PrepKind, Reservation] = attrs.field(alias="reservations")
+    _context_window: int = attrs.field(alias="context_window")
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with self._inbox, self._out, anyio.create_task_group() as jobs:
+            task_status.started()
+            async for job in self._inbox:
+                await self._on_job(job, jobs)
+
+    async def _on_job(self, job: PrepareJob, jobs: TaskGroup) -> None:
+        if job.reply.closed:
+            return
+        reservation = self._reservations[job.kind]
+        await reservation.slots.acquire()
+        jobs.start_soon(self._work, job, reservation)
+
+    async def _work(self, job: PrepareJob, reservation: Reservation) -> None:
+        try:
+            tokens = await anyio.to_thread.run_sync(job.tokenize, limiter=reservation.threads)
+            prepared = self._check(job, tokens)
+        except RequestError as error:
+            job.reply.fail(error)
+            return
+        finally:
+            reservation.slots.release()
+        if not job.reply.accept(job.request):
+            return
+        log.info(
+            "request.prepare",
+            request_id=job.request_id,
+            prompt_tokens=len(tokens),
+            duration=prepared.timeline.between(Mark.PARSED, Mark.PREPARED),
+        )
+        await self._out.send(prepared)
+
+    def _check(self, job: PrepareJob, tokens: list[int]) -> Prepared:
+        window, prompt, wanted = self._context_window, len(tokens), job.params.max_tokens
+        if prompt == 0:
+            raise invalid("The prompt is empty after tokenization", param="prompt")
+        if prompt >= window or (wanted is not None and prompt + wanted > window):
+            raise invalid(
+                f"This model's maximum context length is {window} tokens. However, you requested "
+                f"{prompt + (wanted or 0)} tokens ({prompt} in the prompt, {wanted or 0} for the completion). "
+                "Please reduce the prompt or max_tokens.",
+                param="max_tokens" if wanted is not None else _prompt_param(job),
+                code="context_length_exceeded",
+            )
+        return Prepared(
+            request_id=job.request_id,
+            prompt_tokens=tuple(tokens),
+            max_tokens=window - prompt if wanted is None else wanted,
+            params=job.params,
+            reply=job.reply,
+            timeline=job.timeline.stamp(Mark.PREPARED),
+        )
+
+
+def _prompt_param(job: PrepareJob) -> str:
+    return "messages" if isinstance(job.request, ChatRequest) else "prompt"

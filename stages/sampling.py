@@ -1,0 +1,65 @@
+"""Per-row samplers and logits processors, built from mlx-lm's parts.
+
+Every sampled row owns its random key, split once per step, so a seeded
+request gives the same tokens whatever else shares the batch (mlx-lm's
+server reseeds the global generator instead and so cannot batch seeded
+requests). Greedy rows share mlx-lm's `greedy_sampler`, which lets the
+batch sample them in one call. Runs on the gateway's model thread only.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler, make_logits_processors
+
+from pipeline.requests import Sampling
+
+Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+class KeyedSampler:
+    """Temperature sampling with top-p / min-p / top-k, from the row's own key."""
+
+    def __init__(self, sampling: Sampling) -> None:
+        seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
+        self._key = mx.random.key(seed % 2**64)
+        self._inverse_temperature = 1.0 / sampling.temperature
+        self._filters: list[Callable[[mx.array], mx.array]] = []
+        if 0.0 < sampling.top_p < 1.0:
+            self._filters.append(lambda x: apply_top_p(x, sampling.top_p))
+        if sampling.min_p > 0.0:
+            self._filters.append(lambda x: apply_min_p(x, sampling.min_p, 1))
+        if sampling.top_k > 0:
+            self._filters.append(lambda x: apply_top_k(x, sampling.top_k))
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        self._key, step_key = mx.random.split(self._key)
+        for keep in self._filters:
+            logprobs = keep(logprobs)
+        return mx.random.categorical(logprobs * self._inverse_temperature, key=step_key)
+
+
+def make_row_sampler(sampling: Sampling) -> Sampler:
+    if sampling.temperature == 0.0:
+        return greedy_sampler
+    return KeyedSampler(sampling)
+
+
+def make_row_processors(sampling: Sampling, max_tokens: int) -> list[LogitsProcessor]:
+    # OpenAI's penalties count every generated token, so the window is the
+    # whole completion rather than mlx-lm's default of the last 20.
+    window = max(1, max_tokens)
+    processors: list[LogitsProcessor] = make_logits_processors(
+        logit_bias=dict(sampling.logit_bias) or None,
+        repetition_penalty=sampling.repetition_penalty,
+        repetition_context_size=window,
+        presence_penalty=sampling.presence_penalty,
+        presence_context_size=window,
+        frequency_penalty=sampling.frequency_penalty,
+        frequency_context_size=window,
+    )
+    return processors

@@ -1,0 +1,130 @@
+"""Completion sink: token deltas → completion events on each reply.
+
+Inbox: `StepOutputs` from the gateway, one per decode step.
+Outbox: each request's `ReplySlot` (never blocks, S10), and an `Abort` on
+the gateway's control channel when a stop string ends a row early.
+Owns: per-row text state — mlx-lm's streaming detokenizer, the stop-string
+matcher, token counts and the row's timeline — and the per-request
+`request.queue` / `request.prefill` / `request.decode` / `request.finish`
+log lines.
+On cancel: a reply that refuses a put (its reader left) drops its state;
+the reader's close already sent the gateway its `Abort` (S7).
+On error: nothing here fails per request; an exception is an engine bug.
+"""
+
+from __future__ import annotations
+
+import anyio
+import attrs
+import structlog
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from pipeline.events import CompletionEvent, FinishReason, Summary, TextDelta, Usage
+from pipeline.tracing import Mark, Timeline
+from stages.gateway import send_abort
+from stages.messages import Abort, Admitted, StepOutputs, TokenDelta
+from stages.model import StreamingDetokenizer, Tokenizer
+from stages.stops import StopMatcher
+
+log = structlog.get_logger(__name__).bind(stage="sink")
+
+
+@attrs.define
+class RowText:
+    admitted: Admitted
+    detokenizer: StreamingDetokenizer
+    stops: StopMatcher
+    timeline: Timeline
+    completion_tokens: int = 0
+
+
+@attrs.define
+class CompletionSink:
+    _inbox: MemoryObjectReceiveStream[StepOutputs] = attrs.field(alias="inbox")
+    _aborts: MemoryObjectSendStream[Abort] = attrs.field(alias="aborts")
+    _tokenizer: Tokenizer = attrs.field(alias="tokenizer")
+    _rows: dict[str, RowText] = attrs.field(factory=dict, init=False)
+    _eos_ids: frozenset[int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._eos_ids = frozenset(self._tokenizer.eos_token_ids)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with self._inbox, self._aborts:
+            task_status.started()
+            async for outputs in self._inbox:
+                self._on_step(outputs)
+
+    def _on_step(self, outputs: StepOutputs) -> None:
+        for admitted in outputs.admitted:
+            self._on_admitted(admitted)
+        for delta in outputs.deltas:
+            row = self._rows.get(delta.request_id)
+            if row is not None:
+                self._on_delta(row, delta, outputs.stepped_at)
+
+    def _on_admitted(self, admitted: Admitted) -> None:
+        prepared = admitted.prepared
+        timeline = prepared.timeline.stamp(Mark.ADMITTED, admitted.admitted_at)
+        self._rows[prepared.request_id] = RowText(
+            admitted=admitted,
+            detokenizer=self._tokenizer.detokenizer,
+            stops=StopMatcher(prepared.params.stop),
+            timeline=timeline,
+        )
+        log.info("request.queue", request_id=prepared.request_id, duration=timeline.between(Mark.PREPARED, Mark.ADMITTED))
+
+    def _on_delta(self, row: RowText, delta: TokenDelta, stepped_at: float) -> None:
+        reply = row.admitted.prepared.reply
+        if reply.closed:
+            del self._rows[delta.request_id]
+            return
+        if row.completion_tokens == 0:
+            row.timeline = row.timeline.stamp(Mark.FIRST_TOKEN, stepped_at)
+            log.info("request.prefill", request_id=delta.request_id, duration=_span(row, Mark.ADMITTED, Mark.FIRST_TOKEN))
+        row.completion_tokens += len(delta.new_token_ids)
+        result = row.stops.feed(self._detokenize(row, delta), final=delta.finish is not None)
+        events: list[CompletionEvent] = [TextDelta(text=result.text)] if result.text else []
+        if result.stop is not None:
+            if delta.finish is None:
+                send_abort(self._aborts, delta.request_id)
+            self._finish(row, events, FinishReason.STOP, stop=result.stop, at=stepped_at)
+        elif delta.finish is not None:
+            self._finish(row, events, delta.finish, stop=None, at=stepped_at)
+        elif events and not reply.put(events):
+            del self._rows[delta.request_id]
+
+    def _detokenize(self, row: RowText, delta: TokenDelta) -> str:
+        detokenizer = row.detokenizer
+        for token in delta.new_token_ids:
+            if token not in self._eos_ids:
+                detokenizer.add_token(token)
+        if delta.finish is not None:
+            detokenizer.finalize()
+        return detokenizer.last_segment
+
+    def _finish(self, row: RowText, events: list[CompletionEvent], reason: FinishReason, *, stop: str | None, at: float) -> None:
+        prepared = row.admitted.prepared
+        del self._rows[prepared.request_id]
+        usage = Usage(prompt_tokens=len(prepared.prompt_tokens), completion_tokens=row.completion_tokens)
+        if events:
+            prepared.reply.put(events)
+        prepared.reply.finish(Summary(finish_reason=reason, usage=usage, stop_sequence=stop))
+        row.timeline = row.timeline.stamp(Mark.FINISHED, at)
+        log.info("request.decode", request_id=prepared.request_id, duration=_span(row, Mark.FIRST_TOKEN, Mark.FINISHED))
+        log.info(
+            "request.finish",
+            request_id=prepared.request_id,
+            finish_reason=reason.value,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            queue=_span(row, Mark.PREPARED, Mark.ADMITTED),
+            prefill=_span(row, Mark.ADMITTED, Mark.FIRST_TOKEN),
+            decode=_span(row, Mark.FIRST_TOKEN, Mark.FINISHED),
+            total=_span(row, Mark.RECEIVED, Mark.FINISHED),
+        )
+
+
+def _span(row: RowText, start: Mark, end: Mark) -> float | None:
+    return row.timeline.between(start, end)

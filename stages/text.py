@@ -1,0 +1,65 @@
+"""Text stage: a raw prompt → a tokenizing job for the preparation executor.
+
+Inbox: `Parsed` carrying a `TextRequest`.
+Outbox: `PrepareJob` whose `tokenize` encodes the prompt (or checks ids).
+Owns: the tokenizer reference and the model's vocabulary size.
+On cancel: a request whose reply is closed is dropped.
+On error: token ids outside the vocabulary fail that reply (400).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import anyio
+import attrs
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from pipeline.errors import invalid
+from pipeline.requests import TextRequest
+from stages.messages import Parsed, PrepareJob, PrepKind
+from stages.model import Tokenizer
+
+
+@attrs.define
+class TextStage:
+    _inbox: MemoryObjectReceiveStream[Parsed] = attrs.field(alias="inbox")
+    _out: MemoryObjectSendStream[PrepareJob] = attrs.field(alias="out")
+    _tokenizer: Tokenizer = attrs.field(alias="tokenizer")
+    _vocab_size: int = attrs.field(alias="vocab_size")
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with self._inbox, self._out:
+            task_status.started()
+            async for parsed in self._inbox:
+                await self._on_parsed(parsed)
+
+    async def _on_parsed(self, parsed: Parsed) -> None:
+        request = parsed.request
+        if parsed.reply.closed or not isinstance(request, TextRequest):
+            return
+        job = PrepareJob(
+            request_id=parsed.request_id,
+            kind=PrepKind.TOKENIZE,
+            tokenize=partial(encode_prompt, self._tokenizer, self._vocab_size, request.prompt),
+            request=request,
+            params=request.params,
+            reply=parsed.reply,
+            timeline=parsed.timeline,
+        )
+        await self._out.send(job)
+
+
+def encode_prompt(tokenizer: Tokenizer, vocab_size: int, prompt: str | tuple[int, ...]) -> list[int]:
+    """Prompt tokens for a text completion.
+
+    Raises:
+        RequestError: a token id is outside the model's vocabulary.
+    """
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    for token in prompt:
+        if not 0 <= token < vocab_size:
+            raise invalid(f"Token id {token} is outside the vocabulary (0..{vocab_size - 1})", param="prompt")
+    return list(prompt)

@@ -1,0 +1,109 @@
+"""Shared fixtures: the tiny demo model and real hypercorn servers on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import attrs
+import httpx
+import openai
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# How long a fresh server may take to load the model and answer /health.
+STARTUP_TIMEOUT = 120.0
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    from stages.demo_model import ensure_demo_model
+
+    return ensure_demo_model("tiny")
+
+
+@attrs.define
+class Server:
+    base_url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def v1(self) -> str:
+        return f"{self.base_url}/v1"
+
+    def client(self, **kwargs: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.v1, api_key="unused", max_retries=0, **kwargs)  # type: ignore[arg-type]
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(log_dir: Path, **settings: str) -> Server:
+    port = _free_port()
+    env = {**os.environ, "MLX_RELAY_DEMO_MODEL": "tiny", **{f"MLX_RELAY_{k.upper()}": v for k, v in settings.items()}}
+    log_path = log_dir / f"server-{port}.log"
+    command = [sys.executable, "-m", "hypercorn", "app:app", "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "30"]
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{server.logs()}")
+        try:
+            if httpx.get(f"{server.base_url}/health", timeout=1.0).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    server.stop()
+    raise RuntimeError(f"server did not become healthy:\n{server.logs()}")
+
+
+ServerFactory = Callable[..., Server]
+
+
+@pytest.fixture(scope="session")
+def server_factory(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
+    started: list[Server] = []
+    log_dir = tmp_path_factory.mktemp("servers")
+
+    def factory(**settings: str) -> Server:
+        server = start_server(log_dir, **settings)
+        started.append(server)
+        return server
+
+    yield factory
+    for server in started:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(server_factory: ServerFactory) -> Server:
+    """One shared server for tests that do not change its settings."""
+    return server_factory()
+
+
+@pytest.fixture
+def client(server: Server) -> openai.OpenAI:
+    return server.client()

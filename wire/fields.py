@@ -1,0 +1,79 @@
+"""Typed reads of JSON request fields; each failure names its parameter.
+
+Every decoder in `wire/` reads fields through these helpers, so a wrong
+type or range is always a 400 whose `param` says which field, spelled as
+the client sent it (`messages[2].content`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pipeline.errors import invalid
+from pipeline.requests import JsonObject, JsonValue
+
+Body = Mapping[str, JsonValue]
+
+
+def as_object(value: JsonValue, param: str) -> JsonObject:
+    if not isinstance(value, dict):
+        raise invalid(f"'{param}' must be a JSON object", param=param)
+    return value
+
+
+def as_list(value: JsonValue, param: str) -> list[JsonValue]:
+    if not isinstance(value, list):
+        raise invalid(f"'{param}' must be an array", param=param)
+    return value
+
+
+def as_str(value: JsonValue, param: str) -> str:
+    if not isinstance(value, str):
+        raise invalid(f"'{param}' must be a string", param=param)
+    return value
+
+
+def read_str(body: Body, key: str, *, param: str | None = None) -> str | None:
+    value = body.get(key)
+    return None if value is None else as_str(value, param or key)
+
+
+def read_bool(body: Body, key: str) -> bool | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise invalid(f"'{key}' must be a boolean", param=key)
+    return value
+
+
+def read_int(body: Body, key: str, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(f"'{key}' must be an integer", param=key)
+    _check_range(key, value, minimum, maximum)
+    return value
+
+
+def read_number(body: Body, key: str, *, minimum: float | None = None, maximum: float | None = None) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise invalid(f"'{key}' must be a number", param=key)
+    _check_range(key, value, minimum, maximum)
+    return float(value)
+
+
+def read_object(body: Body, key: str) -> JsonObject | None:
+    value = body.get(key)
+    return None if value is None else as_object(value, key)
+
+
+def _check_range(key: str, value: float, minimum: float | None, maximum: float | None) -> None:
+    if minimum is not None and value < minimum:
+        raise invalid(f"'{key}' must be >= {minimum}, got {value}", param=key)
+    if maximum is not None and value > maximum:
+        raise invalid(f"'{key}' must be <= {maximum}, got {value}", param=key)

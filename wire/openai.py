@@ -1,0 +1,142 @@
+"""OpenAI Chat Completions and Completions: stream protocols and bodies.
+
+`ChatStream` and `TextStream` satisfy `pipeline.protocol.StreamProtocol`:
+they turn completion events into `chat.completion.chunk` /
+`text_completion` SSE frames ending in `data: [DONE]`, or into one JSON
+body for a non-streaming request. A stream that fails after it began
+ends with an `error` frame and `[DONE]`, so clients always see an end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from pipeline.errors import ErrorKind, RequestError
+from pipeline.events import CompletionEvent, Summary, TextDelta, Usage
+from pipeline.requests import JsonObject, JsonValue
+from wire.sse import frame, raw_frame
+
+_DONE = raw_frame("[DONE]")
+
+_ERROR_TYPES = {
+    ErrorKind.INVALID_REQUEST: "invalid_request_error",
+    ErrorKind.NOT_FOUND: "not_found_error",
+    ErrorKind.METHOD_NOT_ALLOWED: "invalid_request_error",
+    ErrorKind.OVERLOADED: "rate_limit_error",
+    ErrorKind.UNAVAILABLE: "server_error",
+    ErrorKind.INTERNAL: "server_error",
+}
+
+
+def error_body(error: RequestError) -> JsonObject:
+    return {
+        "error": {
+            "message": error.message,
+            "type": _ERROR_TYPES[error.kind],
+            "param": error.param,
+            "code": error.code,
+        }
+    }
+
+
+def usage_body(usage: Usage) -> JsonObject:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def joined_text(events: Sequence[CompletionEvent]) -> str:
+    return "".join(event.text for event in events if isinstance(event, TextDelta))
+
+
+@attrs.define(kw_only=True)
+class _OpenAIStream:
+    id: str
+    created: int
+    model: str
+    include_usage: bool = False
+
+    object_name = ""
+
+    def _chunk(self, choices: list[JsonValue], usage: JsonValue = None) -> bytes:
+        chunk: JsonObject = {
+            "id": self.id,
+            "object": self.object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.include_usage:
+            chunk["usage"] = usage
+        return frame(chunk)
+
+    def _envelope(self, choice: JsonObject, usage: Usage) -> JsonObject:
+        return {
+            "id": self.id,
+            "object": self.object_name.removesuffix(".chunk"),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage_body(usage),
+        }
+
+    def _usage_tail(self, summary: Summary) -> bytes:
+        return self._chunk([], usage_body(summary.usage)) if self.include_usage else b""
+
+    def error(self, error: RequestError) -> bytes:
+        return frame(error_body(error)) + _DONE
+
+
+@attrs.define(kw_only=True)
+class ChatStream(_OpenAIStream):
+    object_name = "chat.completion.chunk"
+
+    def start(self) -> bytes:
+        return self._chunk([_chat_choice({"role": "assistant", "content": ""})])
+
+    def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
+        text = joined_text(events)
+        return self._chunk([_chat_choice({"content": text})]) if text else b""
+
+    def finish(self, summary: Summary) -> bytes:
+        last = self._chunk([_chat_choice({}, summary.finish_reason.value)])
+        return last + self._usage_tail(summary) + _DONE
+
+    def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
+        choice: JsonObject = {
+            "index": 0,
+            "message": {"role": "assistant", "content": joined_text(events), "refusal": None},
+            "logprobs": None,
+            "finish_reason": summary.finish_reason.value,
+        }
+        return self._envelope(choice, summary.usage)
+
+
+@attrs.define(kw_only=True)
+class TextStream(_OpenAIStream):
+    object_name = "text_completion"
+
+    def start(self) -> bytes:
+        return b""
+
+    def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
+        text = joined_text(events)
+        return self._chunk([_text_choice(text)]) if text else b""
+
+    def finish(self, summary: Summary) -> bytes:
+        return self._chunk([_text_choice("", summary.finish_reason.value)]) + self._usage_tail(summary) + _DONE
+
+    def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
+        return self._envelope(_text_choice(joined_text(events), summary.finish_reason.value), summary.usage)
+
+
+def _chat_choice(delta: JsonObject, finish_reason: str | None = None) -> JsonObject:
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _text_choice(text: str, finish_reason: str | None = None) -> JsonObject:
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}

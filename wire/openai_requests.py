@@ -1,0 +1,208 @@
+"""OpenAI Chat Completions and Completions requests → internal requests.
+
+Pure functions over decoded JSON (S17). A field that would change the
+output but is not implemented is refused by name (`unsupported`), never
+dropped; fields that cannot change the output (`user`, `metadata`,
+`store`, `service_tier`, `parallel_tool_calls`) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from pipeline.errors import invalid, unsupported
+from pipeline.requests import ChatRequest, GenerationParams, JsonValue, Message, Role, Sampling, TextRequest
+from wire.fields import Body, as_list, as_object, as_str, read_bool, read_int, read_number, read_object, read_str
+
+_ROLES = {role.value: role for role in Role}
+# A stop list longer than this is almost certainly a client bug.
+_MAX_STOPS = 16
+
+
+def decode_chat(value: JsonValue) -> ChatRequest:
+    body = as_object(value, "body")
+    _refuse_unsupported(body)
+    _refuse_chat_only(body)
+    stream, include_usage = _read_stream(body)
+    kwargs = read_object(body, "chat_template_kwargs") or {}
+    return ChatRequest(
+        messages=_read_messages(body),
+        params=_read_params(body, max_tokens_keys=("max_completion_tokens", "max_tokens")),
+        template_kwargs=kwargs,
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def decode_completion(value: JsonValue) -> TextRequest:
+    body = as_object(value, "body")
+    _refuse_unsupported(body)
+    if read_bool(body, "echo"):
+        raise unsupported("echo")
+    if read_str(body, "suffix"):
+        raise unsupported("suffix")
+    if (read_int(body, "best_of", minimum=1) or 1) > 1:
+        raise unsupported("best_of")
+    stream, include_usage = _read_stream(body)
+    return TextRequest(
+        prompt=_read_prompt(body),
+        params=_read_params(body, max_tokens_keys=("max_tokens",), default_max_tokens=16),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _refuse_unsupported(body: Body) -> None:
+    if (read_int(body, "n", minimum=1) or 1) > 1:
+        raise unsupported("n")
+    logprobs = body.get("logprobs")
+    if logprobs not in (None, False):
+        raise unsupported("logprobs")
+    if body.get("top_logprobs") is not None:
+        raise unsupported("top_logprobs")
+    for key in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
+        if body.get(key) is not None:
+            raise unsupported(key)
+    response_format = body.get("response_format")
+    if response_format is not None and as_object(response_format, "response_format").get("type") != "text":
+        raise unsupported("response_format")
+
+
+def _refuse_chat_only(body: Body) -> None:
+    if body.get("tools"):
+        raise unsupported("tools")
+    if body.get("tool_choice") not in (None, "none", "auto"):
+        raise unsupported("tool_choice")
+    for key in ("functions", "function_call", "reasoning_effort", "prediction", "audio", "web_search_options"):
+        if body.get(key) is not None:
+            raise unsupported(key)
+    modalities = body.get("modalities")
+    if modalities is not None and as_list(modalities, "modalities") != ["text"]:
+        raise unsupported("modalities")
+
+
+def _read_stream(body: Body) -> tuple[bool, bool]:
+    stream = bool(read_bool(body, "stream"))
+    options = read_object(body, "stream_options")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise invalid("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise invalid("'stream_options.include_usage' must be a boolean", param="stream_options.include_usage")
+    return stream, include_usage
+
+
+def _read_messages(body: Body) -> tuple[Message, ...]:
+    raw = body.get("messages")
+    if raw is None:
+        raise invalid("'messages' is required", param="messages")
+    items = as_list(raw, "messages")
+    if not items:
+        raise invalid("'messages' must contain at least one message", param="messages")
+    return tuple(_read_message(item, f"messages[{index}]") for index, item in enumerate(items))
+
+
+def _read_message(value: JsonValue, param: str) -> Message:
+    item = as_object(value, param)
+    role_name = as_str(item.get("role"), f"{param}.role")
+    role = _ROLES.get(role_name)
+    if role is None:
+        raise invalid(f"'{param}.role' must be one of {sorted(_ROLES)}, got {role_name!r}", param=f"{param}.role")
+    if item.get("tool_calls"):
+        raise unsupported(f"{param}.tool_calls")
+    content = _read_content(item.get("content"), f"{param}.content", allow_null=role is Role.ASSISTANT)
+    return Message(
+        role=role,
+        content=content,
+        name=read_str(item, "name", param=f"{param}.name"),
+        tool_call_id=read_str(item, "tool_call_id", param=f"{param}.tool_call_id"),
+    )
+
+
+def _read_content(value: JsonValue, param: str, *, allow_null: bool) -> str:
+    if value is None and allow_null:
+        return ""
+    if isinstance(value, str):
+        return value
+    parts = as_list(value, param) if value is not None else None
+    if parts is None:
+        raise invalid(f"'{param}' is required", param=param)
+    texts = []
+    for index, part in enumerate(parts):
+        part_param = f"{param}[{index}]"
+        kind = as_object(part, part_param).get("type")
+        if kind not in ("text", "input_text"):
+            raise invalid(f"'{part_param}.type' {kind!r} is not supported; only text parts are", param=part_param)
+        texts.append(as_str(as_object(part, part_param).get("text"), f"{part_param}.text"))
+    return "".join(texts)
+
+
+def _read_prompt(body: Body) -> str | tuple[int, ...]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+        if isinstance(prompt, str):
+            return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return tuple(int(t) for t in prompt if isinstance(t, int))
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise unsupported("prompt")  # several prompts in one request: a batch
+    raise invalid("'prompt' must be a string or a non-empty array of token ids", param="prompt")
+
+
+def _read_params(
+    body: Body, *, max_tokens_keys: tuple[str, ...], default_max_tokens: int | None = None
+) -> GenerationParams:
+    max_tokens = default_max_tokens
+    for key in max_tokens_keys:
+        value = read_int(body, key, minimum=1)
+        if value is not None:
+            max_tokens = value
+            break
+    return GenerationParams(max_tokens=max_tokens, sampling=_read_sampling(body), stop=_read_stop(body))
+
+
+def _read_sampling(body: Body) -> Sampling:
+    top_k = read_int(body, "top_k", minimum=-1)
+    return Sampling(
+        temperature=_default(read_number(body, "temperature", minimum=0, maximum=2), 1.0),
+        top_p=_default(read_number(body, "top_p", minimum=0, maximum=1), 1.0),
+        top_k=0 if top_k is None or top_k < 0 else top_k,
+        min_p=_default(read_number(body, "min_p", minimum=0, maximum=1), 0.0),
+        seed=read_int(body, "seed"),
+        presence_penalty=read_number(body, "presence_penalty", minimum=-2, maximum=2),
+        frequency_penalty=read_number(body, "frequency_penalty", minimum=-2, maximum=2),
+        repetition_penalty=read_number(body, "repetition_penalty", minimum=0.01, maximum=10),
+        logit_bias=_read_logit_bias(body),
+    )
+
+
+def _default(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _read_logit_bias(body: Body) -> dict[int, float]:
+    raw = read_object(body, "logit_bias") or {}
+    bias = {}
+    for key, value in raw.items():
+        if not key.lstrip("-").isdigit() or int(key) < 0:
+            raise invalid(f"'logit_bias' keys must be token ids, got {key!r}", param="logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise invalid(f"'logit_bias[{key}]' must be a number in [-100, 100]", param="logit_bias")
+        bias[int(key)] = float(value)
+    return bias
+
+
+def _read_stop(body: Body) -> tuple[str, ...]:
+    raw = body.get("stop")
+    if raw is None:
+        return ()
+    stops = [raw] if isinstance(raw, str) else as_list(raw, "stop")
+    if len(stops) > _MAX_STOPS:
+        raise invalid(f"'stop' may hold at most {_MAX_STOPS} strings", param="stop")
+    for stop in stops:
+        if not isinstance(stop, str) or not stop:
+            raise invalid("'stop' must be a non-empty string or an array of them", param="stop")
+    return tuple(stop for stop in stops if isinstance(stop, str))
