@@ -35,7 +35,7 @@ from wire import openai  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
-log = structlog.get_logger(__name__).bind(stage="http")
+log = structlog.get_logger(stage="http")
 
 app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).

@@ -69,6 +69,11 @@ class ReplySlot(Generic[R]):
     _changed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
 
     @property
+    def log_context(self) -> dict[str, str]:
+        """The ids every stage's log line for this request carries."""
+        return {"request_id": self.request_id, "trace_id": self.trace_id or self.request_id}
+
+    @property
     def done(self) -> bool:
         return self._closed or self._summary is not None or self._error is not None
 

@@ -16,7 +16,7 @@ import attrs
 import structlog
 from anyio.abc import TaskStatus
 
-log = structlog.get_logger(__name__).bind(stage="supervisor")
+log = structlog.get_logger(stage="supervisor")
 
 
 class Actor(Protocol):

@@ -33,7 +33,7 @@ from stages.prepare import PrepareStage, Reservation
 from stages.sink import CompletionSink
 from stages.text import TextStage
 
-log = structlog.get_logger(__name__).bind(stage="engine")
+log = structlog.get_logger(stage="engine")
 
 # Steps the gateway may run ahead of the sink before its thread waits.
 _STEP_BUFFER = 4

@@ -33,7 +33,7 @@ from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
 
-log = structlog.get_logger(__name__).bind(stage="gateway")
+log = structlog.get_logger(stage="gateway")
 
 T = TypeVar("T")
 
@@ -73,10 +73,12 @@ class GenerationGateway:
     _generated: int = attrs.field(default=0, init=False)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._inbox, self._control, self._aborts, self._out:
-            await anyio.to_thread.run_sync(
-                self._model_loop, task_status.started, limiter=anyio.CapacityLimiter(1)
-            )
+        # `task_status.started` must be called from this task, not the thread.
+        loaded = anyio.Event()
+        async with self._inbox, self._control, self._aborts, self._out, anyio.create_task_group() as group:
+            group.start_soon(partial(anyio.to_thread.run_sync, limiter=anyio.CapacityLimiter(1)), self._model_loop, loaded.set)
+            await loaded.wait()
+            task_status.started()
 
     def statistics(self) -> GatewayStatistics:
         return GatewayStatistics(
@@ -163,6 +165,7 @@ class GenerationGateway:
     async def _exchange(self, outputs: StepOutputs | None, free: int) -> Intake:
         if outputs is not None and (outputs.admitted or outputs.deltas):
             await self._out.send(outputs)
+        self._active = self._max_batch - free
         aborts = _drain(self._control, limit=None)
         admitted: list[Prepared] = []
         if free == self._max_batch and not aborts:
@@ -174,7 +177,7 @@ class GenerationGateway:
         live = tuple(row for row in admitted if not row.reply.closed)
         for row in live:
             row.reply.bind_abort(partial(send_abort, self._aborts, row.request_id))
-        self._active = self._max_batch - free + len(live)
+        self._active += len(live)
         return Intake(aborts=tuple(aborts), admitted=live, closed=False)
 
 

@@ -22,7 +22,7 @@ from pipeline.requests import ChatRequest, JsonValue
 from pipeline.tracing import Mark
 from stages.messages import Parsed, Submission
 
-log = structlog.get_logger(__name__).bind(stage="parse")
+log = structlog.get_logger(stage="parse")
 
 
 @attrs.define
@@ -47,7 +47,7 @@ class ParseStage:
             return
         timeline = submission.timeline.stamp(Mark.PARSED)
         log.info(
-            "request.parse", request_id=submission.request_id, duration=timeline.between(Mark.RECEIVED, Mark.PARSED)
+            "request.parse", **submission.reply.log_context, duration=timeline.between(Mark.RECEIVED, Mark.PARSED)
         )
         parsed = Parsed(request_id=submission.request_id, request=request, reply=submission.reply, timeline=timeline)
         await (self._chat if isinstance(request, ChatRequest) else self._text).send(parsed)

@@ -25,7 +25,7 @@ from pipeline.requests import ChatRequest
 from pipeline.tracing import Mark
 from stages.messages import Prepared, PrepareJob, PrepKind
 
-log = structlog.get_logger(__name__).bind(stage="prepare")
+log = structlog.get_logger(stage="prepare")
 
 
 @attrs.define
@@ -71,7 +71,7 @@ class PrepareStage:
             return
         log.info(
             "request.prepare",
-            request_id=job.request_id,
+            **job.reply.log_context,
             prompt_tokens=len(tokens),
             duration=prepared.timeline.between(Mark.PARSED, Mark.PREPARED),
         )

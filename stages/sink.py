@@ -27,7 +27,7 @@ from stages.messages import Abort, Admitted, StepOutputs, TokenDelta
 from stages.model import StreamingDetokenizer, Tokenizer
 from stages.stops import StopMatcher
 
-log = structlog.get_logger(__name__).bind(stage="sink")
+log = structlog.get_logger(stage="sink")
 
 
 @attrs.define
@@ -73,7 +73,7 @@ class CompletionSink:
             stops=StopMatcher(prepared.params.stop),
             timeline=timeline,
         )
-        log.info("request.queue", request_id=prepared.request_id, duration=timeline.between(Mark.PREPARED, Mark.ADMITTED))
+        log.info("request.queue", **prepared.reply.log_context, duration=timeline.between(Mark.PREPARED, Mark.ADMITTED))
 
     def _on_delta(self, row: RowText, delta: TokenDelta, stepped_at: float) -> None:
         reply = row.admitted.prepared.reply
@@ -82,7 +82,7 @@ class CompletionSink:
             return
         if row.completion_tokens == 0:
             row.timeline = row.timeline.stamp(Mark.FIRST_TOKEN, stepped_at)
-            log.info("request.prefill", request_id=delta.request_id, duration=_span(row, Mark.ADMITTED, Mark.FIRST_TOKEN))
+            log.info("request.prefill", **reply.log_context, duration=_span(row, Mark.ADMITTED, Mark.FIRST_TOKEN))
         row.completion_tokens += len(delta.new_token_ids)
         result = row.stops.feed(self._detokenize(row, delta), final=delta.finish is not None)
         events: list[CompletionEvent] = [TextDelta(text=result.text)] if result.text else []
@@ -112,10 +112,10 @@ class CompletionSink:
             prepared.reply.put(events)
         prepared.reply.finish(Summary(finish_reason=reason, usage=usage, stop_sequence=stop))
         row.timeline = row.timeline.stamp(Mark.FINISHED, at)
-        log.info("request.decode", request_id=prepared.request_id, duration=_span(row, Mark.FIRST_TOKEN, Mark.FINISHED))
+        log.info("request.decode", **prepared.reply.log_context, duration=_span(row, Mark.FIRST_TOKEN, Mark.FINISHED))
         log.info(
             "request.finish",
-            request_id=prepared.request_id,
+            **prepared.reply.log_context,
             finish_reason=reason.value,
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
