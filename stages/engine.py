@@ -149,7 +149,7 @@ class Engine:
         return [
             self._gateway,
             CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer),
-            PrepareStage(inbox=jobs.receive, out=prepared.send, reservations=reservations, context_window=info.context_window),
+            PrepareStage(inbox=jobs.receive, out=prepared.send, reservations=reservations, context_window=info.context_window, vocab_size=info.vocab_size),
             ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer),
             TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size),
             ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send),

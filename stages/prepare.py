@@ -7,7 +7,7 @@ holds its kind's reservation while its work runs in a worker thread, and
 the stage stops taking jobs while every reservation of that kind is held.
 On cancel: a job whose reply closed is skipped before and after its work.
 On error: a `RequestError` from the work (bad template, empty prompt,
-context overflow) fails that reply; the stage carries on.
+context overflow, logit bias outside the vocabulary) fails that reply; the stage carries on.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class PrepareStage:
     _out: MemoryObjectSendStream[Prepared] = attrs.field(alias="out")
     _reservations: Mapping[PrepKind, Reservation] = attrs.field(alias="reservations")
     _context_window: int = attrs.field(alias="context_window")
+    _vocab_size: int = attrs.field(alias="vocab_size")
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._out, anyio.create_task_group() as jobs:
@@ -81,6 +82,13 @@ class PrepareStage:
         window, prompt, wanted = self._context_window, len(tokens), job.params.max_tokens
         if prompt == 0:
             raise invalid("The prompt is empty after tokenization", param="prompt")
+        # An id past the logits row would crash the model thread, not fail the request.
+        outside = sorted(t for t in job.params.sampling.logit_bias if not 0 <= t < self._vocab_size)
+        if outside:
+            raise invalid(
+                f"'logit_bias' token ids {outside} are outside the vocabulary (0..{self._vocab_size - 1})",
+                param="logit_bias",
+            )
         if prompt >= window or (wanted is not None and prompt + wanted > window):
             raise invalid(
                 f"This model's maximum context length is {window} tokens. However, you requested "

@@ -15,6 +15,12 @@ from pipeline.requests import JsonObject, JsonValue
 Body = Mapping[str, JsonValue]
 
 
+def as_body(value: JsonValue) -> JsonObject:
+    if not isinstance(value, dict):
+        raise invalid(f"The request body must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 def as_object(value: JsonValue, param: str) -> JsonObject:
     if not isinstance(value, dict):
         raise invalid(f"'{param}' must be a JSON object", param=param)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pipeline.errors import invalid, unsupported
 from pipeline.requests import ChatRequest, GenerationParams, JsonValue, Message, Role, Sampling, TextRequest
-from wire.fields import Body, as_list, as_object, as_str, read_bool, read_int, read_number, read_object, read_str
+from wire.fields import Body, as_body, as_list, as_object, as_str, read_bool, read_int, read_number, read_object, read_str
 
 _ROLES = {role.value: role for role in Role}
 # A stop list longer than this is almost certainly a client bug.
@@ -18,7 +18,7 @@ _MAX_STOPS = 16
 
 
 def decode_chat(value: JsonValue) -> ChatRequest:
-    body = as_object(value, "body")
+    body = as_body(value)
     _refuse_unsupported(body)
     _refuse_chat_only(body)
     stream, include_usage = _read_stream(body)
@@ -33,7 +33,7 @@ def decode_chat(value: JsonValue) -> ChatRequest:
 
 
 def decode_completion(value: JsonValue) -> TextRequest:
-    body = as_object(value, "body")
+    body = as_body(value)
     _refuse_unsupported(body)
     if read_bool(body, "echo"):
         raise unsupported("echo")
@@ -132,7 +132,7 @@ def _read_content(value: JsonValue, param: str, *, allow_null: bool) -> str:
         part_param = f"{param}[{index}]"
         kind = as_object(part, part_param).get("type")
         if kind not in ("text", "input_text"):
-            raise invalid(f"'{part_param}.type' {kind!r} is not supported; only text parts are", param=part_param)
+            raise invalid(f"'{part_param}.type' {kind!r} is not supported; only text parts are", param=f"{part_param}.type")
         texts.append(as_str(as_object(part, part_param).get("text"), f"{part_param}.text"))
     return "".join(texts)
 

@@ -1,0 +1,61 @@
+"""Fixtures for end-to-end tests: the served tokenizer and raw SSE reading."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from tests.conftest import Server
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model: Path) -> Tokenizer:
+    """The served model's own tokenizer, read straight from its directory."""
+    return Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+
+
+@pytest.fixture(scope="session")
+def plain_tokens(tokenizer: Tokenizer) -> list[int]:
+    """Ids of distinct plain-word tokens whose repetition decodes to repeated text.
+
+    With a logit bias of 100 on one of these, greedy decoding emits it every
+    step, so each stream's expected text is known exactly.
+    """
+    chosen: list[int] = []
+    seen: set[str] = set()
+    for token_id in range(tokenizer.get_vocab_size()):
+        text = tokenizer.decode([token_id])
+        if len(text) >= 3 and text.isascii() and text.isalpha() and text not in seen:
+            if tokenizer.decode([token_id] * 3) == text * 3:
+                chosen.append(token_id)
+                seen.add(text)
+    assert len(chosen) >= 32
+    return chosen
+
+
+def sse_events(response: httpx.Response) -> Iterator[dict[str, object] | str]:
+    """The `data:` payloads of an SSE response, JSON-decoded; `[DONE]` as a string."""
+    for line in response.iter_lines():
+        if not line.startswith("data: "):
+            continue
+        payload = line.removeprefix("data: ")
+        yield payload if payload == "[DONE]" else json.loads(payload)
+
+
+def stream_chunks(server: Server, path: str, body: dict[str, object]) -> list[dict[str, object] | str]:
+    with httpx.stream("POST", f"{server.v1}{path}", json={**body, "stream": True}, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return list(sse_events(response))
+
+
+def stats(server: Server) -> dict[str, object]:
+    response = httpx.get(f"{server.base_url}/stats", timeout=10)
+    response.raise_for_status()
+    body: dict[str, object] = response.json()
+    return body
