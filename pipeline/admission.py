@@ -45,9 +45,16 @@ class Admission:
         """
         if self._draining:
             raise shutting_down()
+        # A free ticket is taken without a checkpoint, so a zero timeout still admits.
+        try:
+            self._tickets.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._wait_for_ticket()
+        self._take()
+
+    async def _wait_for_ticket(self) -> None:
         with anyio.move_on_after(self._timeout):
             await self._tickets.acquire()
-            self._take()
             return
         self._refused += 1
         raise overloaded(self._retry_after)

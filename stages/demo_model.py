@@ -6,8 +6,10 @@ model"). It holds:
 
 - `config.json`, `model.safetensors`: mlx-lm's `llama` architecture with
   float32 random weights from a fixed seed. The output (`lm_head`) rows of
-  the seven control tokens are zero, so greedy decoding never picks one: a
-  generation's length is set by `max_tokens`, never by a chance EOS.
+  the seven control tokens are zero, so their logit is always 0: greedy
+  decoding rarely picks one, but sampling at temperature 1 meets an EOS
+  every few hundred tokens, as a real model ends its answers. A caller that
+  needs an exact length biases the EOS ids down (`logit_bias`).
 - `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`: a
   byte-level BPE trained with `tokenizers` on a corpus made without the
   network (an embedded paragraph and the docstrings of a fixed list of

@@ -38,6 +38,12 @@ def plain_tokens(tokenizer: Tokenizer) -> list[int]:
     return chosen
 
 
+@pytest.fixture(scope="session")
+def no_eos(tokenizer: Tokenizer) -> dict[str, int]:
+    """A logit bias that keeps sampling from ending early on an EOS."""
+    return {str(tokenizer.token_to_id(token)): -100 for token in ("<|im_end|>", "<|endoftext|>")}
+
+
 def sse_events(response: httpx.Response) -> Iterator[dict[str, object] | str]:
     """The `data:` payloads of an SSE response, JSON-decoded; `[DONE]` as a string."""
     for line in response.iter_lines():

@@ -17,7 +17,7 @@ def rendered_prompt_tokens(tokenizer: Tokenizer, text: str) -> int:
 
 
 def test_non_streaming_fields(client: openai.OpenAI, server: Server) -> None:
-    completion = client.chat.completions.create(model="any", messages=HELLO, max_tokens=7)  # type: ignore[arg-type]
+    completion = client.chat.completions.create(model="any", messages=HELLO, max_tokens=7, temperature=0)  # type: ignore[arg-type]
     assert completion.id.startswith("chatcmpl-")
     assert completion.object == "chat.completion"
     assert completion.created > 0
@@ -38,7 +38,7 @@ def test_usage_counts_the_rendered_template(client: openai.OpenAI, tokenizer: To
         {"role": "assistant", "content": "Ok."},
         {"role": "user", "content": "Again."},
     ]
-    completion = client.chat.completions.create(model="m", messages=messages, max_completion_tokens=3)  # type: ignore[arg-type]
+    completion = client.chat.completions.create(model="m", messages=messages, max_completion_tokens=3, temperature=0)  # type: ignore[arg-type]
     rendered = (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nTwo parts.<|im_end|>\n"
         "<|im_start|>assistant\nOk.<|im_end|>\n<|im_start|>user\nAgain.<|im_end|>\n<|im_start|>assistant\n"
@@ -66,7 +66,7 @@ def test_stream_matches_non_stream_under_greedy(client: openai.OpenAI) -> None:
 
 
 def test_stream_usage_chunk_is_last_with_empty_choices(server: Server) -> None:
-    body = {"messages": HELLO, "max_tokens": 5, "stream_options": {"include_usage": True}}
+    body = {"messages": HELLO, "max_tokens": 5, "temperature": 0, "stream_options": {"include_usage": True}}
     events = stream_chunks(server, "/chat/completions", body)
     assert events[-1] == "[DONE]"
     *chunks, usage_chunk = events[:-1]
@@ -87,7 +87,7 @@ def test_stream_without_usage_option_has_no_usage_chunk(server: Server) -> None:
 
 def test_max_tokens_gives_length(client: openai.OpenAI) -> None:
     for max_tokens in (1, 2, 9):
-        completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=max_tokens)  # type: ignore[arg-type]
+        completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=max_tokens, temperature=0)  # type: ignore[arg-type]
         assert completion.choices[0].finish_reason == "length"
         assert completion.usage is not None and completion.usage.completion_tokens == max_tokens
 
@@ -189,7 +189,7 @@ def test_tool_role_message_is_accepted(client: openai.OpenAI) -> None:
         {"role": "user", "content": "u"},
         {"role": "tool", "content": "42", "tool_call_id": "call_1"},
     ]
-    completion = client.chat.completions.create(model="m", messages=messages, max_tokens=2)  # type: ignore[arg-type]
+    completion = client.chat.completions.create(model="m", messages=messages, max_tokens=2, temperature=0)  # type: ignore[arg-type]
     assert completion.choices[0].finish_reason == "length"
 
 

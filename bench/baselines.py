@@ -1,0 +1,171 @@
+"""Raw mlx-lm on the same model and prompts: the ceiling the servers are held to.
+
+Runs as its own process (`python -m bench.baselines ...`, started by
+`run_raw`), so its MLX never shares the CPUs with a server: the phases of
+a benchmark run one after another. It drives `BatchGenerator` directly at
+batch size N, and for N = 1 also `stream_generate`, and prints one marked
+JSON line per measurement for the parent to collect.
+
+This module imports mlx only inside the child, after the BLAS preload:
+the BLAS is chosen when mlx is first imported (stages/blas.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.servers import REPO
+from bench.workload import WARMUP_PROMPT, Workload, wave_prompts
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+# Marks the child's result lines; anything else on its stdout is ignored.
+_MARK = "BENCH-RESULT "
+Record = dict[str, Any]
+
+
+def run_raw(model_path: str, workload: Workload, log_path: Path, on_record: Callable[[Record], None]) -> list[Record]:
+    """Run the baseline child to completion; return its records as they came.
+
+    Raises:
+        RuntimeError: the child failed; the message names its log.
+    """
+    command = [sys.executable, "-m", "bench.baselines", "--model", model_path, "--max-tokens", str(workload.max_tokens)]
+    command += ["--concurrency", ",".join(map(str, workload.concurrency))]
+    command += ["--requests-per-client", str(workload.requests_per_client)]
+    records: list[Record] = []
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log, subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True
+    ) as child:
+        assert child.stdout is not None  # stdout=PIPE
+        for line in child.stdout:
+            if line.startswith(_MARK):
+                records.append(json.loads(line.removeprefix(_MARK)))
+                on_record(records[-1])
+    if child.returncode != 0:
+        raise RuntimeError(f"raw mlx-lm baseline exited with {child.returncode}; see {log_path}")
+    return records
+
+
+def _emit(record: Record) -> None:
+    print(_MARK + json.dumps(record), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    workload = Workload(
+        concurrency=tuple(int(n) for n in args.concurrency.split(",")),
+        max_tokens=args.max_tokens,
+        requests_per_client=args.requests_per_client,
+    )
+    from stages.blas import preload_blas
+
+    blas = preload_blas()
+    import mlx.core as mx
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(args.model)[:2]
+    _emit({"kind": "info", "blas": blas, "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__})
+    # Warm-up, as the servers get one: first calls pay one-time setup costs.
+    _batch_once(model, tokenizer, [WARMUP_PROMPT], workload.max_tokens)
+    _stream_once(model, tokenizer, WARMUP_PROMPT, workload.max_tokens)
+    for level in workload.concurrency:
+        _emit({"kind": "batch", **_measure_batch(model, tokenizer, level, workload)})
+        if level == 1:
+            _emit({"kind": "stream", **_measure_stream(model, tokenizer, workload)})
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Raw mlx-lm baseline (started by bench.serving).")
+    parser.add_argument("--model", required=True, help="model directory or repo id for mlx_lm.load")
+    parser.add_argument("--concurrency", default="1,4,8,16")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--requests-per-client", type=int, default=1)
+    return parser
+
+
+def _measure_batch(model: nn.Module, tokenizer: TokenizerWrapper, level: int, workload: Workload) -> Record:
+    """One batch of `level` prompts per round, as many rounds as requests per client."""
+    tokens, wall, short, first = 0, 0.0, 0, []
+    for request in range(workload.requests_per_client):
+        counts, elapsed, ttfts = _batch_once(model, tokenizer, wave_prompts(level, request), workload.max_tokens)
+        tokens, wall, first = tokens + sum(counts), wall + elapsed, first + ttfts
+        short += sum(1 for count in counts if count != workload.max_tokens)
+    first.sort()
+    return {
+        "concurrency": level,
+        "completion_tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "short": short,
+        "first_token_p50_ms": first[len(first) // 2] * 1000,
+    }
+
+
+def _batch_once(
+    model: nn.Module, tokenizer: TokenizerWrapper, prompts: list[str], max_tokens: int
+) -> tuple[list[int], float, list[float]]:
+    """Generated tokens per row, wall seconds, and each row's time to first token."""
+    from mlx_lm.generate import BatchGenerator
+
+    # Tokenized as both servers tokenize a /v1/completions prompt
+    # (tokenizer.encode with its defaults), and before the clock starts:
+    # the raw baseline is the ideal, with no request handling at all.
+    encoded = [tokenizer.encode(text) for text in prompts]
+    # Batch sizes fit the whole wave, so every row is prefilled and decoded together.
+    generator = BatchGenerator(
+        model,
+        stop_tokens=[[token] for token in sorted(tokenizer.eos_token_ids)],
+        completion_batch_size=len(prompts),
+        prefill_batch_size=len(prompts),
+    )
+    start = time.perf_counter()
+    uids = generator.insert(encoded, max_tokens=[max_tokens] * len(prompts))
+    counts, firsts, pending = dict.fromkeys(uids, 0), {}, set(uids)
+    while pending:
+        for response in generator.next()[1]:
+            firsts.setdefault(response.uid, time.perf_counter() - start)
+            # A "stop" response carries the EOS token, which is not output text.
+            counts[response.uid] += response.finish_reason != "stop"
+            if response.finish_reason is not None:
+                pending.discard(response.uid)
+    wall = time.perf_counter() - start
+    generator.close()
+    return [counts[uid] for uid in uids], wall, list(firsts.values())
+
+
+def _measure_stream(model: nn.Module, tokenizer: TokenizerWrapper, workload: Workload) -> Record:
+    tokens, wall = 0, 0.0
+    for request in range(workload.requests_per_client):
+        count, elapsed = _stream_once(model, tokenizer, wave_prompts(1, request)[0], workload.max_tokens)
+        tokens, wall = tokens + count, wall + elapsed
+    return {"concurrency": 1, "completion_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
+
+
+def _stream_once(model: nn.Module, tokenizer: TokenizerWrapper, text: str, max_tokens: int) -> tuple[int, float]:
+    from mlx_lm.generate import stream_generate
+
+    encoded = tokenizer.encode(text)
+    start = time.perf_counter()
+    last = None
+    for last in stream_generate(model, tokenizer, encoded, max_tokens=max_tokens):
+        pass
+    wall = time.perf_counter() - start
+    if last is None:
+        return 0, wall
+    # The last response's count includes the EOS token when it stopped on one.
+    return last.generation_tokens - (last.finish_reason == "stop"), wall
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Turn the measurements into a table, Markdown, JSON and a plot.
+
+`results` maps a contender to its records by concurrency level:
+"mlx-relay" and "mlx_lm.server" hold `load.summarize` dicts, "raw_batch"
+(BatchGenerator) and "raw_stream" (stream_generate, level 1 only) hold
+`baselines` records. A missing contender or level prints as "-".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+Results = dict[str, dict[int, dict[str, Any]]]
+RELAY, PEER, RAW, STREAM = "mlx-relay", "mlx_lm.server", "raw_batch", "raw_stream"
+
+HEADER = (
+    "N",
+    "relay tok/s",
+    "raw tok/s",
+    "mlx_lm.server tok/s",
+    "relay/raw",
+    "relay/mlx_lm",
+    "relay/stream_gen",
+    "relay TTFT p50/p95 ms",
+    "mlx_lm TTFT p50/p95 ms",
+    "relay req tok/s",
+    "mlx_lm req tok/s",
+)
+
+
+def _get(results: Results, who: str, level: int, key: str) -> float | None:
+    value = results.get(who, {}).get(level, {}).get(key)
+    return float(value) if value is not None else None
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(top: float | None, bottom: float | None) -> str:
+    return "-" if top is None or not bottom else f"{top / bottom:.2f}x"
+
+
+def _ttft(results: Results, who: str, level: int) -> str:
+    p50, p95 = _get(results, who, level, "ttft_p50_ms"), _get(results, who, level, "ttft_p95_ms")
+    return "-" if p50 is None else f"{p50:.0f} / {_num(p95)}"
+
+
+def rows(results: Results, levels: Sequence[int]) -> list[tuple[str, ...]]:
+    table = []
+    for n in levels:
+        relay, raw, peer = (_get(results, who, n, "tokens_per_s") for who in (RELAY, RAW, PEER))
+        stream = _get(results, STREAM, n, "tokens_per_s")
+        table.append((
+            str(n), _num(relay), _num(raw), _num(peer),
+            _ratio(relay, raw), _ratio(relay, peer), _ratio(relay, stream),
+            _ttft(results, RELAY, n), _ttft(results, PEER, n),
+            _num(_get(results, RELAY, n, "request_decode_tps")), _num(_get(results, PEER, n, "request_decode_tps")),
+        ))  # fmt: skip
+    return table
+
+
+def plain_table(table: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in [HEADER, *table]) for i in range(len(HEADER))]
+    line = lambda row: "  ".join(cell.rjust(width) for cell, width in zip(row, widths))  # noqa: E731
+    return "\n".join([line(HEADER), line(tuple("-" * w for w in widths)), *map(line, table)])
+
+
+def markdown_table(table: list[tuple[str, ...]]) -> str:
+    line = lambda row: "| " + " | ".join(row) + " |"  # noqa: E731
+    return "\n".join([line(HEADER), "|" + " ---: |" * len(HEADER), *map(line, table)])
+
+
+def problems(results: Results, max_tokens: int) -> list[str]:
+    """Everything that makes a number suspect: errors, short or estimated counts."""
+    found = []
+    for who in (RELAY, PEER, RAW):
+        for level, record in sorted(results.get(who, {}).items()):
+            for error in record.get("errors", [])[:3]:
+                found.append(f"{who} N={level}: {error}")
+            if len(record.get("errors", [])) > 3:
+                found.append(f"{who} N={level}: {len(record['errors'])} errors in all")
+            if record.get("short"):
+                found.append(f"{who} N={level}: {record['short']} requests without exactly {max_tokens} tokens")
+            if "chunks" in record.get("counted_by", []):
+                found.append(f"{who} N={level}: no usage in the stream; tokens counted by text chunks (a lower bound)")
+    return found
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def plot(path: Path, results: Results, levels: Sequence[int], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on build machines
+    import matplotlib.pyplot as plt
+
+    fig, (speed, latency) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for who, label, style in ((RELAY, "mlx-relay", "o-"), (PEER, "mlx_lm.server", "s-"), (RAW, "raw BatchGenerator", "^--")):
+        _line(speed, results, who, levels, "tokens_per_s", style, label)
+    if _get(results, STREAM, 1, "tokens_per_s") is not None:
+        speed.plot([1], [_get(results, STREAM, 1, "tokens_per_s")], "k*", markersize=12, label="raw stream_generate")
+    speed.set(title="aggregate output tokens/s", xlabel="concurrent clients", ylabel="tokens/s")
+    for who, label, color in ((RELAY, "mlx-relay", "C0"), (PEER, "mlx_lm.server", "C1")):
+        _line(latency, results, who, levels, "ttft_p50_ms", "o-", f"{label} p50", color=color)
+        _line(latency, results, who, levels, "ttft_p95_ms", "o:", f"{label} p95", color=color)
+    latency.set(title="time to first token", xlabel="concurrent clients", ylabel="ms")
+    for axis in (speed, latency):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(list(levels), [str(n) for n in levels])
+        axis.grid(alpha=0.3)
+        axis.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _line(axis: Any, results: Results, who: str, levels: Sequence[int], key: str, style: str, label: str, **kw: Any) -> None:
+    points = [(n, _get(results, who, n, key)) for n in levels]
+    points = [(n, y) for n, y in points if y is not None]
+    if points:
+        axis.plot(*zip(*points), style, label=label, **kw)

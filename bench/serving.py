@@ -1,0 +1,178 @@
+"""Serving benchmark: mlx-relay against raw mlx-lm and mlx_lm.server.
+
+    python -m bench.serving [--model demo|tiny|PATH] [--concurrency 1,4,8,16] [--max-tokens 64]
+
+For each concurrency level N, N streaming clients send distinct prompts to
+`/v1/completions` at temperature 0, to mlx-relay and then to mlx_lm.server,
+each started here on the same model and BLAS (or `--url` for a running
+mlx-relay). Raw mlx-lm runs the same prompts through `BatchGenerator` at
+batch size N, and `stream_generate` for N = 1. The phases run one after
+another, never side by side: on a small CPU machine, two contenders at once
+would measure each other. Writes bench/out/serving.{json,png}, and server
+logs to bench/out/logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from bench import report
+from bench.baselines import Record, run_raw
+from bench.load import run_wave, summarize, warm_up
+from bench.servers import Server, free_port, mlx_lm_command, relay_command, relay_env, started, wait_healthy
+from bench.workload import WARMUP_PROMPT, Workload
+
+OUT = Path(__file__).resolve().parent / "out"
+PEERS = ("raw", "mlx_lm")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="demo", help="demo, tiny (built locally), a model directory or a repo id")
+    parser.add_argument("--concurrency", default="1,4,8,16", help="comma-separated client counts (default 1,4,8,16)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
+    parser.add_argument("--requests-per-client", type=int, default=1, help="requests each client sends in turn (default 1)")
+    parser.add_argument("--url", help="benchmark this running mlx-relay instead of starting one (it must serve --model)")
+    parser.add_argument("--skip", default="", help=f"comma-separated baselines to leave out: {', '.join(PEERS)}")
+    parser.add_argument("--out", type=Path, default=OUT, help="where the JSON, plot and logs go (default bench/out)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    workload = Workload(
+        concurrency=tuple(int(n) for n in args.concurrency.split(",")),
+        max_tokens=args.max_tokens,
+        requests_per_client=args.requests_per_client,
+    )
+    skip = {name for name in args.skip.split(",") if name}
+    if unknown := skip - set(PEERS):
+        raise SystemExit(f"--skip: unknown baseline(s) {sorted(unknown)}; choose from {PEERS}")
+    started_at = time.perf_counter()
+    results, meta = _run_all(args, workload, skip)
+    meta["wall_s"] = time.perf_counter() - started_at
+    _publish(args, workload, results, meta)
+
+
+def _model_path(model: str) -> str:
+    """The directory (or repo id) every contender loads; demo models are built on first use."""
+    from stages.demo_model import DEMO_MODELS, ensure_demo_model
+
+    return str(ensure_demo_model(model)) if model in DEMO_MODELS else model
+
+
+def _run_all(args: argparse.Namespace, workload: Workload, skip: set[str]) -> tuple[report.Results, dict[str, Any]]:
+    from stages.demo_model import DEMO_MODELS
+
+    path = _model_path(args.model)
+    meta: dict[str, Any] = {"model": args.model, "model_path": path, "platform": platform.platform()}
+    meta["cpus"] = os.cpu_count()
+    results: report.Results = {}
+    phases = 2 + (0 if "raw" in skip else 1) - (1 if "mlx_lm" in skip else 0)
+    with tqdm(total=phases * len(workload.concurrency), unit="wave", desc="bench") as bar:
+        if "raw" not in skip:
+            bar.set_description("raw mlx-lm")
+            records = run_raw(path, workload, args.out / "logs" / "raw.log", lambda r: _on_raw(r, bar))
+            _file_raw(records, results, meta)
+        relay = _relay(args, path, frozenset(DEMO_MODELS))
+        with relay as server:
+            results[report.RELAY], meta["relay_texts"] = _serve_phase(server, workload, bar)
+            # After the waves: its own token counts (and BLAS) to check ours against.
+            meta["relay_stats"] = httpx.get(f"{server.url}/stats", timeout=5).json()
+        if "mlx_lm" not in skip:
+            port = free_port()
+            with started(report.PEER, mlx_lm_command(path, port), port, os.environ, args.out / "logs") as server:
+                results[report.PEER], meta["peer_texts"] = _serve_phase(server, workload, bar)
+    return results, meta
+
+
+def _on_raw(record: Record, bar: tqdm) -> None:
+    if record["kind"] == "batch":
+        bar.update(1)
+
+
+def _file_raw(records: list[Record], results: report.Results, meta: dict[str, Any]) -> None:
+    for record in records:
+        kind = record.pop("kind")
+        if kind == "info":
+            meta["raw_info"] = record
+        else:
+            results.setdefault(f"raw_{kind}", {})[record["concurrency"]] = record
+
+
+@contextlib.contextmanager
+def _relay(args: argparse.Namespace, path: str, demo_names: frozenset[str]) -> Iterator[Server]:
+    if args.url:
+        server = Server(report.RELAY, args.url.rstrip("/"))
+        wait_healthy(server)
+        yield server
+        return
+    port = free_port()
+    env = relay_env(args.model if args.model in demo_names else path, demo_names)
+    with started(report.RELAY, relay_command(port), port, env, args.out / "logs") as server:
+        yield server
+
+
+def _serve_phase(server: Server, workload: Workload, bar: tqdm) -> tuple[dict[int, dict[str, Any]], dict[str, str]]:
+    """Warm up, then one wave per level; returns the summaries and each prompt's text."""
+    bar.set_description(server.name)
+    return asyncio.run(_drive(server, workload, bar))
+
+
+async def _drive(server: Server, workload: Workload, bar: tqdm) -> tuple[dict[int, dict[str, Any]], dict[str, str]]:
+    warm = await warm_up(server.url, WARMUP_PROMPT, workload.max_tokens)
+    if warm.error:
+        tqdm.write(f"{server.name}: warm-up failed: {warm.error}")
+    summaries, texts = {}, {}
+    for level in workload.concurrency:
+        wave = await run_wave(server.url, level, workload)
+        summaries[level] = summarize(wave, workload.max_tokens)
+        texts.update({r.prompt: r.text for r in wave.requests if r.error is None})
+        bar.update(1)
+    return summaries, texts
+
+
+def _same_texts(meta: dict[str, Any]) -> str | None:
+    """How often the two servers' greedy outputs agree: a cheap check that both did the same work."""
+    relay, peer = meta.pop("relay_texts", {}), meta.pop("peer_texts", {})
+    shared = relay.keys() & peer.keys()
+    if not shared:
+        return None
+    same = sum(relay[p] == peer[p] for p in shared)
+    meta["identical_outputs"] = {"same": same, "compared": len(shared)}
+    return f"identical greedy outputs, mlx-relay vs mlx_lm.server: {same}/{len(shared)}"
+
+
+def _publish(args: argparse.Namespace, workload: Workload, results: report.Results, meta: dict[str, Any]) -> None:
+    levels = workload.concurrency
+    table = report.rows(results, levels)
+    agreement = _same_texts(meta)
+    title = f"{args.model}, max_tokens={workload.max_tokens}, {workload.requests_per_client} request(s)/client"
+    print(f"\nServing benchmark: {title}\n")
+    print(report.plain_table(table))
+    notes = [f"BLAS: {meta.get('raw_info', {}).get('blas') or meta.get('relay_stats', {}).get('blas')}"]
+    notes += [agreement] if agreement else []
+    notes += [f"WARNING {problem}" for problem in report.problems(results, workload.max_tokens)]
+    notes.append(f"total wall time {meta['wall_s']:.1f} s")
+    print("\n" + "\n".join(notes))
+    print("\nMarkdown:\n\n" + report.markdown_table(table) + "\n")
+    payload = {"workload": {"concurrency": list(levels), "max_tokens": workload.max_tokens,
+                            "requests_per_client": workload.requests_per_client}, "meta": meta, "results": results}  # fmt: skip
+    report.write_json(args.out / "serving.json", payload)
+    report.plot(args.out / "serving.png", results, levels, title)
+    print(f"wrote {args.out / 'serving.json'} and {args.out / 'serving.png'}")
+
+
+if __name__ == "__main__":
+    main()

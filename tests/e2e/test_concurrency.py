@@ -1,0 +1,88 @@
+"""Many streams in one batch, seeds that ignore their neighbours, and disconnects."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+from tokenizers import Tokenizer
+
+from tests.conftest import Server
+from tests.e2e.conftest import sse_events, stats
+
+HELLO = [{"role": "user", "content": "Tell me something."}]
+
+
+def stream_text(server: Server, body: dict[str, object], barrier: threading.Barrier | None = None) -> tuple[str, str]:
+    """The streamed text and finish reason of one chat request."""
+    if barrier is not None:
+        barrier.wait(timeout=30)
+    pieces, finish = [], ""
+    with httpx.stream("POST", f"{server.v1}/chat/completions", json={**body, "stream": True}, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        for event in sse_events(response):
+            if isinstance(event, dict) and event["choices"]:
+                choice = event["choices"][0]  # type: ignore[index]
+                pieces.append(choice["delta"].get("content") or "")
+                finish = choice["finish_reason"] or finish
+    return "".join(pieces), finish
+
+
+def test_sixteen_concurrent_streams_get_their_own_tokens(
+    server: Server, tokenizer: Tokenizer, plain_tokens: list[int]
+) -> None:
+    # Each stream is pinned to its own token by a logit bias, so a token
+    # delivered to the wrong stream, lost or repeated shows in its text.
+    tokens = plain_tokens[:16]
+    barrier = threading.Barrier(len(tokens))
+    bodies = [
+        {"messages": HELLO, "max_tokens": 40 + i, "temperature": 1.0, "logit_bias": {str(token): 100}}
+        for i, token in enumerate(tokens)
+    ]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        results = list(pool.map(lambda body: stream_text(server, body, barrier), bodies))
+    for i, (token, (text, finish)) in enumerate(zip(tokens, results, strict=True)):
+        assert text == tokenizer.decode([token]) * (40 + i)
+        assert finish == "length"
+
+
+def test_seeded_output_does_not_depend_on_the_batch(server: Server, client: openai.OpenAI) -> None:
+    seeded = [{"messages": HELLO, "max_tokens": 32, "temperature": 1.2, "seed": seed} for seed in range(6)]
+    alone = [stream_text(server, body)[0] for body in seeded]
+    assert len(set(alone)) > 1
+    noise = [{"messages": [{"role": "user", "content": f"noise {i}"}], "max_tokens": 48, "temperature": 1.0} for i in range(6)]
+    bodies = seeded + noise
+    barrier = threading.Barrier(len(bodies))
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        together = list(pool.map(lambda body: stream_text(server, body, barrier), bodies))
+    assert [text for text, _ in together[: len(seeded)]] == alone
+
+
+def test_disconnect_mid_stream_frees_the_row(server: Server, client: openai.OpenAI, no_eos: dict[str, int]) -> None:
+    def gateway() -> dict[str, int]:
+        value = stats(server)["gateway"]
+        assert isinstance(value, dict)
+        return value
+
+    before = gateway()
+    body = {"messages": HELLO, "max_tokens": 1900, "stream": True, "logit_bias": no_eos}
+    with httpx.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=60) as response:
+        seen = 0
+        for event in sse_events(response):
+            seen += isinstance(event, dict)
+            if seen == 5:
+                break
+    deadline = time.monotonic() + 10
+    while gateway()["active"] != 0:
+        assert time.monotonic() < deadline, "the aborted row stayed in the batch"
+        time.sleep(0.05)
+    generated = gateway()["generated_tokens"] - before["generated_tokens"]
+    assert generated < 1900
+    assert "gateway.abort" in server.logs()
+    completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=5, temperature=0)  # type: ignore[arg-type]
+    assert completion.usage is not None and completion.usage.completion_tokens == 5
+    after = stats(server)
+    assert after["admission"]["in_flight"] == 0  # type: ignore[index]
