@@ -19,15 +19,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from importlib.metadata import version
+from typing import Any
 
 from bench.servers import REPO
 from bench.workload import WARMUP_PROMPT, Workload, wave_prompts
 
-if TYPE_CHECKING:
-    import mlx.nn as nn
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-
+# mlx.nn.Module and mlx_lm's TokenizerWrapper: mlx ships no types mypy can
+# use, and naming them here would import mlx before the BLAS preload.
+Model = Any
+Tokenizer = Any
 # Marks the child's result lines; anything else on its stdout is ignored.
 _MARK = "BENCH-RESULT "
 Record = dict[str, Any]
@@ -71,11 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     from stages.blas import preload_blas
 
     blas = preload_blas()
-    import mlx.core as mx
-    import mlx_lm
+    import mlx_lm  # only now: mlx binds its BLAS when it is first imported
 
     model, tokenizer = mlx_lm.load(args.model)[:2]
-    _emit({"kind": "info", "blas": blas, "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__})
+    _emit({"kind": "info", "blas": blas, "mlx": version("mlx"), "mlx_lm": version("mlx-lm")})
     # Warm-up, as the servers get one: first calls pay one-time setup costs.
     _batch_once(model, tokenizer, [WARMUP_PROMPT], workload.max_tokens)
     _stream_once(model, tokenizer, WARMUP_PROMPT, workload.max_tokens)
@@ -94,9 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _measure_batch(model: nn.Module, tokenizer: TokenizerWrapper, level: int, workload: Workload) -> Record:
+def _measure_batch(model: Model, tokenizer: Tokenizer, level: int, workload: Workload) -> Record:
     """One batch of `level` prompts per round, as many rounds as requests per client."""
-    tokens, wall, short, first = 0, 0.0, 0, []
+    tokens, wall, short, first = 0, 0.0, 0, list[float]()
     for request in range(workload.requests_per_client):
         counts, elapsed, ttfts = _batch_once(model, tokenizer, wave_prompts(level, request), workload.max_tokens)
         tokens, wall, first = tokens + sum(counts), wall + elapsed, first + ttfts
@@ -113,7 +113,7 @@ def _measure_batch(model: nn.Module, tokenizer: TokenizerWrapper, level: int, wo
 
 
 def _batch_once(
-    model: nn.Module, tokenizer: TokenizerWrapper, prompts: list[str], max_tokens: int
+    model: Model, tokenizer: Tokenizer, prompts: list[str], max_tokens: int
 ) -> tuple[list[int], float, list[float]]:
     """Generated tokens per row, wall seconds, and each row's time to first token."""
     from mlx_lm.generate import BatchGenerator
@@ -131,7 +131,7 @@ def _batch_once(
     )
     start = time.perf_counter()
     uids = generator.insert(encoded, max_tokens=[max_tokens] * len(prompts))
-    counts, firsts, pending = dict.fromkeys(uids, 0), {}, set(uids)
+    counts, firsts, pending = dict.fromkeys(uids, 0), dict[int, float](), set(uids)
     while pending:
         for response in generator.next()[1]:
             firsts.setdefault(response.uid, time.perf_counter() - start)
@@ -144,7 +144,7 @@ def _batch_once(
     return [counts[uid] for uid in uids], wall, list(firsts.values())
 
 
-def _measure_stream(model: nn.Module, tokenizer: TokenizerWrapper, workload: Workload) -> Record:
+def _measure_stream(model: Model, tokenizer: Tokenizer, workload: Workload) -> Record:
     tokens, wall = 0, 0.0
     for request in range(workload.requests_per_client):
         count, elapsed = _stream_once(model, tokenizer, wave_prompts(1, request)[0], workload.max_tokens)
@@ -152,7 +152,7 @@ def _measure_stream(model: nn.Module, tokenizer: TokenizerWrapper, workload: Wor
     return {"concurrency": 1, "completion_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
 
 
-def _stream_once(model: nn.Module, tokenizer: TokenizerWrapper, text: str, max_tokens: int) -> tuple[int, float]:
+def _stream_once(model: Model, tokenizer: Tokenizer, text: str, max_tokens: int) -> tuple[int, float]:
     from mlx_lm.generate import stream_generate
 
     encoded = tokenizer.encode(text)

@@ -23,6 +23,8 @@ from bench.workload import Workload, prompt
 # Generous: a wave on a slow machine may queue requests for a long time, and
 # a timeout would hide the server's real behaviour behind a client error.
 _TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+# The OpenAI SDK's default max_retries.
+RETRIES = 2
 
 
 @attrs.frozen(kw_only=True)
@@ -34,6 +36,7 @@ class RequestResult:
     counted_by: str  # "usage" (the server's count) or "chunks" (a lower bound)
     finish_reason: str | None
     text: str
+    retries: int = 0  # reconnects after a transport error before any response
     error: str | None = None
 
 
@@ -50,6 +53,8 @@ class _Stream:
     usage_tokens: int | None = None
     finish_reason: str | None = None
     done: bool = False
+    responded: bool = False
+    retries: int = 0
     error: str | None = None
 
     def on_data(self, payload: str) -> None:
@@ -90,6 +95,7 @@ class _Stream:
             counted_by="usage" if self.usage_tokens is not None else "chunks",
             finish_reason=self.finish_reason,
             text="".join(self.parts),
+            retries=self.retries,
             error=error,
         )
 
@@ -102,7 +108,14 @@ def _decode_tps(tokens: int, first: float | None, last: float | None) -> float |
 
 
 async def stream_completion(client: httpx.AsyncClient, url: str, text: str, max_tokens: int) -> RequestResult:
-    """One streaming completion at temperature 0; failures become results, not exceptions."""
+    """One streaming completion at temperature 0; failures become results, not exceptions.
+
+    A connection that fails before any response is retried at once, up to
+    `RETRIES` times, as the OpenAI SDK retries by default; the clock keeps
+    running from the first send, so a retry costs its request TTFT. (Seen
+    with mlx_lm.server: its ThreadingHTTPServer listens with a backlog of 5,
+    and 16 simultaneous connects get some resets and ~1 s SYN retransmits.)
+    """
     body = {
         "prompt": text,
         "max_tokens": max_tokens,
@@ -111,17 +124,33 @@ async def stream_completion(client: httpx.AsyncClient, url: str, text: str, max_
         "stream_options": {"include_usage": True},
     }
     stream = _Stream(prompt=text, start=time.perf_counter())
-    try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                await response.aread()
-                return stream.result(f"HTTP {response.status_code}: {response.text[:300]}")
-            async for line in response.aiter_lines():
-                if line.startswith("data:"):
-                    stream.on_data(line[5:].strip())
-    except (httpx.HTTPError, json.JSONDecodeError) as error:
-        return stream.result(f"{type(error).__name__}: {error}")
+    while True:
+        try:
+            return await _read(client, f"{url}/v1/completions", body, stream)
+        except httpx.TransportError as error:
+            if stream.responded or stream.retries == RETRIES:
+                return stream.result(_describe(error))
+            stream.retries += 1
+        except (httpx.HTTPError, json.JSONDecodeError) as error:
+            return stream.result(_describe(error))
+
+
+async def _read(client: httpx.AsyncClient, url: str, body: dict[str, object], stream: _Stream) -> RequestResult:
+    async with client.stream("POST", url, json=body) as response:
+        stream.responded = True
+        if response.status_code != 200:
+            await response.aread()
+            return stream.result(f"HTTP {response.status_code}: {response.text[:300]}")
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                stream.on_data(line[5:].strip())
     return stream.result()
+
+
+def _describe(error: Exception) -> str:
+    # httpx's transport errors often have an empty message; the cause says more.
+    detail = str(error) or repr(error.__context__)
+    return f"{type(error).__name__}: {detail}"
 
 
 @attrs.frozen(kw_only=True)
@@ -167,6 +196,7 @@ def summarize(wave: Wave, max_tokens: int) -> dict[str, object]:
         # Requests that stopped before max_tokens: the demo model never emits
         # EOS, so any here is a wrong count or an early stop worth a look.
         "short": sum(1 for r in ok if r.completion_tokens != max_tokens),
+        "retries": sum(r.retries for r in wave.requests),
         "counted_by": sorted({r.counted_by for r in ok}),
         "completion_tokens": tokens,
         "wall_s": wave.wall,

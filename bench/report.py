@@ -50,7 +50,7 @@ def _ttft(results: Results, who: str, level: int) -> str:
 
 
 def rows(results: Results, levels: Sequence[int]) -> list[tuple[str, ...]]:
-    table = []
+    table: list[tuple[str, ...]] = []
     for n in levels:
         relay, raw, peer = (_get(results, who, n, "tokens_per_s") for who in (RELAY, RAW, PEER))
         stream = _get(results, STREAM, n, "tokens_per_s")
@@ -85,6 +85,8 @@ def problems(results: Results, max_tokens: int) -> list[str]:
                 found.append(f"{who} N={level}: {len(record['errors'])} errors in all")
             if record.get("short"):
                 found.append(f"{who} N={level}: {record['short']} requests without exactly {max_tokens} tokens")
+            if record.get("retries"):
+                found.append(f"{who} N={level}: {record['retries']} reconnects after a transport error (in their TTFT)")
             if "chunks" in record.get("counted_by", []):
                 found.append(f"{who} N={level}: no usage in the stream; tokens counted by text chunks (a lower bound)")
     return found

@@ -24,8 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
-from tqdm import tqdm
+from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs in the venv
 
 from bench import report
 from bench.baselines import Record, run_raw
@@ -42,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="demo", help="demo, tiny (built locally), a model directory or a repo id")
     parser.add_argument("--concurrency", default="1,4,8,16", help="comma-separated client counts (default 1,4,8,16)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
-    parser.add_argument("--requests-per-client", type=int, default=1, help="requests each client sends in turn (default 1)")
+    # Two, not one: a wave of one request per client lasts under a second with the
+    # demo model, and single waves varied by ~15% between runs.
+    parser.add_argument("--requests-per-client", type=int, default=2, help="requests each client sends in turn (default 2)")
     parser.add_argument("--url", help="benchmark this running mlx-relay instead of starting one (it must serve --model)")
     parser.add_argument("--skip", default="", help=f"comma-separated baselines to leave out: {', '.join(PEERS)}")
     parser.add_argument("--out", type=Path, default=OUT, help="where the JSON, plot and logs go (default bench/out)")
@@ -87,13 +90,19 @@ def _run_all(args: argparse.Namespace, workload: Workload, skip: set[str]) -> tu
             _file_raw(records, results, meta)
         relay = _relay(args, path, frozenset(DEMO_MODELS))
         with relay as server:
-            results[report.RELAY], meta["relay_texts"] = _serve_phase(server, workload, bar)
-            # After the waves: its own token counts (and BLAS) to check ours against.
+            # Before and after: its own token count (and BLAS) to check ours
+            # against; a `--url` server may have served others before.
+            before = _generated(server)
+            phases_run = {report.RELAY: _serve_phase(server, workload, bar)}
             meta["relay_stats"] = httpx.get(f"{server.url}/stats", timeout=5).json()
+            meta["relay_stats_tokens"] = _generated(server) - before
         if "mlx_lm" not in skip:
             port = free_port()
             with started(report.PEER, mlx_lm_command(path, port), port, os.environ, args.out / "logs") as server:
-                results[report.PEER], meta["peer_texts"] = _serve_phase(server, workload, bar)
+                phases_run[report.PEER] = _serve_phase(server, workload, bar)
+    for name, phase in phases_run.items():
+        results[name] = phase.summaries
+    meta["checks"] = _checks(phases_run, meta["relay_stats_tokens"])
     return results, meta
 
 
@@ -124,45 +133,65 @@ def _relay(args: argparse.Namespace, path: str, demo_names: frozenset[str]) -> I
         yield server
 
 
-def _serve_phase(server: Server, workload: Workload, bar: tqdm) -> tuple[dict[int, dict[str, Any]], dict[str, str]]:
-    """Warm up, then one wave per level; returns the summaries and each prompt's text."""
+@attrs.define
+class _Phase:
+    summaries: dict[int, dict[str, Any]] = attrs.Factory(dict)
+    texts: dict[str, str] = attrs.Factory(dict)  # each prompt's output
+    tokens: int = 0  # all completion tokens the server reported, warm-up included
+
+
+def _serve_phase(server: Server, workload: Workload, bar: tqdm) -> _Phase:
+    """Warm up, then one wave per level."""
     bar.set_description(server.name)
     return asyncio.run(_drive(server, workload, bar))
 
 
-async def _drive(server: Server, workload: Workload, bar: tqdm) -> tuple[dict[int, dict[str, Any]], dict[str, str]]:
+async def _drive(server: Server, workload: Workload, bar: tqdm) -> _Phase:
+    phase = _Phase()
     warm = await warm_up(server.url, WARMUP_PROMPT, workload.max_tokens)
     if warm.error:
         tqdm.write(f"{server.name}: warm-up failed: {warm.error}")
-    summaries, texts = {}, {}
+    phase.tokens += warm.completion_tokens
     for level in workload.concurrency:
         wave = await run_wave(server.url, level, workload)
-        summaries[level] = summarize(wave, workload.max_tokens)
-        texts.update({r.prompt: r.text for r in wave.requests if r.error is None})
+        phase.summaries[level] = summarize(wave, workload.max_tokens)
+        phase.texts.update({r.prompt: r.text for r in wave.requests if r.error is None})
+        phase.tokens += sum(r.completion_tokens for r in wave.requests)
         bar.update(1)
-    return summaries, texts
+    return phase
 
 
-def _same_texts(meta: dict[str, Any]) -> str | None:
-    """How often the two servers' greedy outputs agree: a cheap check that both did the same work."""
-    relay, peer = meta.pop("relay_texts", {}), meta.pop("peer_texts", {})
-    shared = relay.keys() & peer.keys()
-    if not shared:
-        return None
-    same = sum(relay[p] == peer[p] for p in shared)
-    meta["identical_outputs"] = {"same": same, "compared": len(shared)}
-    return f"identical greedy outputs, mlx-relay vs mlx_lm.server: {same}/{len(shared)}"
+def _generated(server: Server) -> int:
+    stats = httpx.get(f"{server.url}/stats", timeout=5).json()
+    return int(stats.get("gateway", {}).get("generated_tokens", 0))
+
+
+def _checks(phases: dict[str, _Phase], relay_stats_tokens: int) -> dict[str, Any]:
+    """Cheap evidence that the numbers mean what they say."""
+    checks: dict[str, Any] = {"relay_usage_tokens": phases[report.RELAY].tokens}
+    checks["relay_stats_generated_tokens"] = relay_stats_tokens
+    if report.PEER in phases:
+        # Same model, same prompts, greedy: the outputs should agree (batched
+        # float arithmetic can still flip a near-tie now and then).
+        relay, peer = phases[report.RELAY].texts, phases[report.PEER].texts
+        shared = relay.keys() & peer.keys()
+        checks["identical_outputs"] = [sum(relay[p] == peer[p] for p in shared), len(shared)]
+    return checks
 
 
 def _publish(args: argparse.Namespace, workload: Workload, results: report.Results, meta: dict[str, Any]) -> None:
     levels = workload.concurrency
     table = report.rows(results, levels)
-    agreement = _same_texts(meta)
+    checks = meta["checks"]
     title = f"{args.model}, max_tokens={workload.max_tokens}, {workload.requests_per_client} request(s)/client"
     print(f"\nServing benchmark: {title}\n")
     print(report.plain_table(table))
     notes = [f"BLAS: {meta.get('raw_info', {}).get('blas') or meta.get('relay_stats', {}).get('blas')}"]
-    notes += [agreement] if agreement else []
+    notes.append(
+        f"mlx-relay tokens: {checks['relay_usage_tokens']} by usage, {checks['relay_stats_generated_tokens']} by /stats"
+    )
+    if "identical_outputs" in checks:
+        notes.append("identical greedy outputs, mlx-relay vs mlx_lm.server: {}/{}".format(*checks["identical_outputs"]))
     notes += [f"WARNING {problem}" for problem in report.problems(results, workload.max_tokens)]
     notes.append(f"total wall time {meta['wall_s']:.1f} s")
     print("\n" + "\n".join(notes))

@@ -7,6 +7,7 @@ Events carry deltas; a protocol turns a list of them into frames.
 from __future__ import annotations
 
 import enum
+from typing import Union
 
 import attrs
 
@@ -14,14 +15,39 @@ import attrs
 class FinishReason(enum.Enum):
     STOP = "stop"
     LENGTH = "length"
+    # The model ended its turn after calling one or more tools.
+    TOOL_CALLS = "tool_calls"
 
 
 @attrs.frozen(kw_only=True)
 class TextDelta:
+    """Answer text."""
+
     text: str
 
 
-CompletionEvent = TextDelta
+@attrs.frozen(kw_only=True)
+class ReasoningDelta:
+    """Text between the model's think markers: never part of the answer."""
+
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolCall:
+    """One complete tool call, parsed from the model's markup.
+
+    `index` counts the completion's calls from 0; `arguments` is the JSON
+    text of an object, as OpenAI's `function.arguments` carries it.
+    """
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+CompletionEvent = Union[TextDelta, ReasoningDelta, ToolCall]
 
 
 @attrs.frozen(kw_only=True)

@@ -25,11 +25,46 @@ class Role(enum.Enum):
 
 
 @attrs.frozen(kw_only=True)
+class ToolCallRecord:
+    """A tool call made in an earlier assistant turn; `arguments` is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@attrs.frozen(kw_only=True)
 class Message:
     role: Role
     content: str
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: tuple[ToolCallRecord, ...] = ()
+    reasoning: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Tool:
+    """A function the model may call; `parameters` is its JSON Schema."""
+
+    name: str
+    description: str | None = None
+    parameters: JsonObject = attrs.field(factory=dict)
+
+
+class ToolChoiceMode(enum.Enum):
+    AUTO = "auto"
+    NONE = "none"
+    # The model must call some tool (Anthropic's "any").
+    REQUIRED = "required"
+    # The model must call `ToolChoice.name`.
+    NAMED = "named"
+
+
+@attrs.frozen(kw_only=True)
+class ToolChoice:
+    mode: ToolChoiceMode = ToolChoiceMode.AUTO
+    name: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -65,9 +100,18 @@ class GenerationParams:
 
 @attrs.frozen(kw_only=True)
 class ChatRequest:
+    """A conversation to continue.
+
+    `continue_final` renders the last (assistant) message as the start of
+    the answer, not as a finished turn: Anthropic's prefill.
+    """
+
     messages: tuple[Message, ...]
     params: GenerationParams
     template_kwargs: Mapping[str, JsonValue] = attrs.field(factory=dict)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = ToolChoice()
+    continue_final: bool = False
     stream: bool = False
     include_usage: bool = False
 
