@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -45,9 +46,15 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, as a process manager sends it; the exit status once it is gone."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
 
 def _free_port() -> int:
@@ -62,7 +69,11 @@ def start_server(log_dir: Path, **settings: str) -> Server:
     log_path = log_dir / f"server-{port}.log"
     command = [sys.executable, "-m", "hypercorn", "app:app", "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "30"]
     with log_path.open("wb") as log_file:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        # A session of its own: hypercorn serves from a spawned worker process,
+        # and teardown must be able to kill both.
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while time.monotonic() < deadline:
@@ -74,7 +85,7 @@ def start_server(log_dir: Path, **settings: str) -> Server:
         except httpx.TransportError:
             pass
         time.sleep(0.2)
-    server.stop()
+    server.kill()
     raise RuntimeError(f"server did not become healthy:\n{server.logs()}")
 
 
@@ -93,9 +104,7 @@ def server_factory(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -
 
     yield factory
     for server in started:
-        if server.process.poll() is None:
-            server.process.kill()
-            server.process.wait()
+        server.kill()
 
 
 @pytest.fixture(scope="session")
