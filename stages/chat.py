@@ -9,6 +9,7 @@ On error: a template that rejects the messages fails that reply (400).
 
 from __future__ import annotations
 
+import json
 from functools import partial
 
 import anyio
@@ -18,7 +19,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.errors import invalid
-from pipeline.requests import ChatRequest, JsonObject, Message, Role
+from pipeline.requests import ChatRequest, JsonObject, JsonValue, Message, Role, Tool, ToolCallRecord, ToolChoiceMode
 from stages.messages import Parsed, PrepareJob, PrepKind
 from stages.model import Tokenizer
 
@@ -58,11 +59,16 @@ def render_chat(tokenizer: Tokenizer, request: ChatRequest) -> list[int]:
         RequestError: the template refused the conversation.
     """
     messages = [_template_message(message) for message in request.messages]
+    kwargs: dict[str, JsonValue] = dict(request.template_kwargs)
+    if request.tools and request.tool_choice.mode is not ToolChoiceMode.NONE:
+        kwargs["tools"] = [_template_tool(tool) for tool in request.tools]
+    if request.continue_final:
+        kwargs.update(add_generation_prompt=False, continue_final_message=True)
+    else:
+        kwargs.setdefault("add_generation_prompt", True)
     try:
-        return tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, **request.template_kwargs
-        )
-    except jinja2.TemplateError as error:
+        return tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
+    except (jinja2.TemplateError, ValueError) as error:
         raise invalid(f"The model's chat template rejected the messages: {error}", param="messages") from None
 
 
@@ -74,4 +80,28 @@ def _template_message(message: Message) -> JsonObject:
         rendered["name"] = message.name
     if message.tool_call_id is not None:
         rendered["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        rendered["tool_calls"] = [_template_call(call) for call in message.tool_calls]
+    if message.reasoning:
+        # The name Qwen3, DeepSeek and GLM templates read.
+        rendered["reasoning_content"] = message.reasoning
     return rendered
+
+
+def _template_call(call: ToolCallRecord) -> JsonValue:
+    # Templates index into `arguments` or pipe it to tojson: give them an
+    # object where the JSON text is one, as mlx_lm.server does.
+    try:
+        arguments: JsonValue = json.loads(call.arguments)
+    except json.JSONDecodeError:
+        arguments = call.arguments
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
+
+
+def _template_tool(tool: Tool) -> JsonValue:
+    # Key order is the client's usual one: templates print the tool as JSON.
+    function: JsonObject = {"name": tool.name}
+    if tool.description is not None:
+        function["description"] = tool.description
+    function["parameters"] = tool.parameters
+    return {"type": "function", "function": function}

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 # Part of every build's directory name: bump it whenever the files built
 # change, so no cache keeps serving an old build.
-BUILDER_VERSION = "v1"
+BUILDER_VERSION = "v2"
 # Overrides the default cache root, ~/.cache/mlx-relay.
 CACHE_ENV = "MLX_RELAY_DEMO_CACHE"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")

@@ -15,7 +15,9 @@ to the model directory as `chat_template.jinja`). Contract:
   `arguments` may be a JSON string or an object. Consecutive `tool`
   messages render as `<tool_response>` blocks inside one user turn.
 - `add_generation_prompt` appends `<|im_start|>assistant\\n`; with
-  `enable_thinking=false` (Qwen3 style) also an empty `<think>\\n\\n</think>\\n\\n`.
+  `enable_thinking=false` (Qwen3 style) also an empty `<think>\\n\\n</think>\\n\\n`,
+  and with `thinking=true` (DeepSeek V3.1 style) an open `<think>\\n`: the
+  answer then starts inside the reasoning.
 
 mlx-lm infers its `json_tools` parser from the `<tool_call>` and
 `tool_call.name` text below; keep both.
@@ -93,6 +95,8 @@ CHAT_TEMPLATE = """\
     {{- '<|im_start|>assistant\\n' }}
     {%- if enable_thinking is defined and enable_thinking is false %}
         {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- elif thinking is defined and thinking %}
+        {{- '<think>\\n' }}
     {%- endif %}
 {%- endif %}
 """

@@ -68,6 +68,7 @@ class Prepared:
     """A request ready for the gateway: tokens, limits and sampling."""
 
     request_id: str
+    request: GenerationRequest
     prompt_tokens: tuple[int, ...]
     max_tokens: int
     params: GenerationParams

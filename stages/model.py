@@ -9,7 +9,7 @@ thread (it never touches MLX arrays); the weights are loaded by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,6 +47,23 @@ class Tokenizer(Protocol):
 
     @property
     def eos_token_ids(self) -> set[int]: ...
+
+    # Markup markers as mlx-lm infers them from the vocabulary and template;
+    # None where the model has no such markup.
+    @property
+    def think_start(self) -> str | None: ...
+
+    @property
+    def think_end(self) -> str | None: ...
+
+    @property
+    def tool_call_start(self) -> str | None: ...
+
+    @property
+    def tool_call_end(self) -> str | None: ...
+
+    @property
+    def tool_parser(self) -> Callable[[str, Any], Any] | None: ...
 
 
 @attrs.frozen(kw_only=True)

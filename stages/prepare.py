@@ -99,6 +99,7 @@ class PrepareStage:
             )
         return Prepared(
             request_id=job.request_id,
+            request=job.request,
             prompt_tokens=tuple(tokens),
             max_tokens=window - prompt if wanted is None else wanted,
             params=job.params,

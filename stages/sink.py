@@ -4,7 +4,8 @@ Inbox: `StepOutputs` from the gateway, one per decode step.
 Outbox: each request's `ReplySlot` (never blocks, S10), and an `Abort` on
 the gateway's control channel when a stop string ends a row early.
 Owns: per-row text state — mlx-lm's streaming detokenizer, the stop-string
-matcher, token counts and the row's timeline — and the per-request
+matcher, the markup splitter (reasoning and tool calls, `stages/markup.py`),
+token counts and the row's timeline — and the per-request
 `request.queue` / `request.prefill` / `request.decode` / `request.finish`
 log lines.
 On cancel: a reply that refuses a put (its reader left) drops its state;
@@ -20,14 +21,19 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.events import CompletionEvent, FinishReason, Summary, TextDelta, Usage
+from pipeline.events import CompletionEvent, FinishReason, Summary, Usage
+from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
 from stages.gateway import send_abort
-from stages.messages import Abort, Admitted, StepOutputs, TokenDelta
+from stages.markup import Markers, MarkupSplitter, Section, markers_for
+from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta
 from stages.model import StreamingDetokenizer, Tokenizer
 from stages.stops import StopMatcher
 
 log = structlog.get_logger(stage="sink")
+
+# Enough prompt tokens to hold the generation prompt's markup.
+_PROMPT_TAIL_TOKENS = 16
 
 
 @attrs.define
@@ -35,6 +41,7 @@ class RowText:
     admitted: Admitted
     detokenizer: StreamingDetokenizer
     stops: StopMatcher
+    markup: MarkupSplitter
     timeline: Timeline
     completion_tokens: int = 0
 
@@ -71,6 +78,7 @@ class CompletionSink:
             admitted=admitted,
             detokenizer=self._tokenizer.detokenizer,
             stops=StopMatcher(prepared.params.stop),
+            markup=self._markup_for(prepared),
             timeline=timeline,
         )
         log.info("request.queue", **prepared.reply.log_context, duration=timeline.between(Mark.PREPARED, Mark.ADMITTED))
@@ -85,7 +93,8 @@ class CompletionSink:
             log.info("request.prefill", **reply.log_context, duration=_span(row, Mark.ADMITTED, Mark.FIRST_TOKEN))
         row.completion_tokens += len(delta.new_token_ids)
         result = row.stops.feed(self._detokenize(row, delta), final=delta.finish is not None)
-        events: list[CompletionEvent] = [TextDelta(text=result.text)] if result.text else []
+        ended = result.stop is not None or delta.finish is not None
+        events = row.markup.feed(result.text, final=ended)
         if result.stop is not None:
             if delta.finish is None:
                 send_abort(self._aborts, delta.request_id)
@@ -94,6 +103,23 @@ class CompletionSink:
             self._finish(row, events, delta.finish, stop=None, at=stepped_at)
         elif events and not reply.put(events):
             del self._rows[delta.request_id]
+
+    def _markup_for(self, prepared: Prepared) -> MarkupSplitter:
+        request = prepared.request
+        if not isinstance(request, ChatRequest):
+            # A raw completion is plain text: nothing in it is markup.
+            return MarkupSplitter(Markers())
+        parse_tools = bool(request.tools) and request.tool_choice.mode is not ToolChoiceMode.NONE
+        markers = markers_for(self._tokenizer, request.tools, parse_tools=parse_tools)
+        return MarkupSplitter(markers, section=self._opening_section(markers, prepared.prompt_tokens))
+
+    def _opening_section(self, markers: Markers, prompt: tuple[int, ...]) -> Section:
+        """REASONING when the template's generation prompt opened a think block."""
+        if markers.think is None:
+            return Section.ANSWER
+        start, end = markers.think
+        tail = self._tokenizer.decode(prompt[-_PROMPT_TAIL_TOKENS:])
+        return Section.REASONING if start in tail and tail.rfind(start) > tail.rfind(end) else Section.ANSWER
 
     def _detokenize(self, row: RowText, delta: TokenDelta) -> str:
         detokenizer = row.detokenizer
@@ -106,6 +132,8 @@ class CompletionSink:
 
     def _finish(self, row: RowText, events: list[CompletionEvent], reason: FinishReason, *, stop: str | None, at: float) -> None:
         prepared = row.admitted.prepared
+        if reason is FinishReason.STOP and stop is None and row.markup.tool_calls:
+            reason = FinishReason.TOOL_CALLS
         del self._rows[prepared.request_id]
         usage = Usage(prompt_tokens=len(prepared.prompt_tokens), completion_tokens=row.completion_tokens)
         if events:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pipeline.errors import invalid
-from pipeline.requests import JsonObject, JsonValue
+from pipeline.requests import JsonObject, JsonValue, Tool
 
 Body = Mapping[str, JsonValue]
 
@@ -83,3 +83,19 @@ def _check_range(key: str, value: float, minimum: float | None, maximum: float |
         raise invalid(f"'{key}' must be >= {minimum}, got {value}", param=key)
     if maximum is not None and value > maximum:
         raise invalid(f"'{key}' must be <= {maximum}, got {value}", param=key)
+
+
+def read_function(item: Body, param: str, *, schema_key: str) -> Tool:
+    """A function tool: `name`, optional `description`, and a JSON Schema object.
+
+    OpenAI calls the schema `parameters`, Anthropic `input_schema`.
+    """
+    name = as_str(item.get("name"), f"{param}.name")
+    if not name:
+        raise invalid(f"'{param}.name' must not be empty", param=f"{param}.name")
+    schema = item.get(schema_key)
+    return Tool(
+        name=name,
+        description=read_str(item, "description", param=f"{param}.description"),
+        parameters={} if schema is None else as_object(schema, f"{param}.{schema_key}"),
+    )

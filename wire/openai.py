@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import attrs
 
 from pipeline.errors import ErrorKind, RequestError
-from pipeline.events import CompletionEvent, Summary, TextDelta, Usage
+from pipeline.events import CompletionEvent, ReasoningDelta, Summary, TextDelta, ToolCall, Usage
 from pipeline.requests import JsonObject, JsonValue
 from wire.sse import frame, raw_frame
 
@@ -99,17 +99,24 @@ class ChatStream(_OpenAIStream):
         return self._chunk([_chat_choice({"role": "assistant", "content": ""})])
 
     def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
-        text = joined_text(events)
-        return self._chunk([_chat_choice({"content": text})]) if text else b""
+        return b"".join(self._chunk([_chat_choice(delta)]) for delta in _chat_deltas(events))
 
     def finish(self, summary: Summary) -> bytes:
         last = self._chunk([_chat_choice({}, summary.finish_reason.value)])
         return last + self._usage_tail(summary) + _DONE
 
     def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
+        text = joined_text(events)
+        calls: list[JsonValue] = [_tool_call(event) for event in events if isinstance(event, ToolCall)]
+        message: JsonObject = {"role": "assistant", "content": text if text or not calls else None, "refusal": None}
+        reasoning = "".join(event.text for event in events if isinstance(event, ReasoningDelta))
+        if reasoning:
+            message.update(_reasoning(reasoning))
+        if calls:
+            message["tool_calls"] = calls
         choice: JsonObject = {
             "index": 0,
-            "message": {"role": "assistant", "content": joined_text(events), "refusal": None},
+            "message": message,
             "logprobs": None,
             "finish_reason": summary.finish_reason.value,
         }
@@ -140,3 +147,38 @@ def _chat_choice(delta: JsonObject, finish_reason: str | None = None) -> JsonObj
 
 def _text_choice(text: str, finish_reason: str | None = None) -> JsonObject:
     return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _chat_deltas(events: Sequence[CompletionEvent]) -> list[JsonObject]:
+    """One delta per run of events of one kind, in order."""
+    deltas: list[JsonObject] = []
+    for event in events:
+        if isinstance(event, TextDelta) and event.text:
+            deltas.append({"content": event.text})
+        elif isinstance(event, ReasoningDelta) and event.text:
+            deltas.append(_reasoning(event.text))
+        elif isinstance(event, ToolCall):
+            # The whole call in one fragment: a valid stream of one piece.
+            deltas.append({"tool_calls": [_tool_call(event, streamed=True)]})
+    return _merge_runs(deltas)
+
+
+def _merge_runs(deltas: list[JsonObject]) -> list[JsonObject]:
+    merged: list[JsonObject] = []
+    for delta in deltas:
+        last = merged[-1] if merged else None
+        if last is not None and last.keys() == delta.keys() and "tool_calls" not in delta:
+            merged[-1] = {key: str(last[key]) + str(value) for key, value in delta.items()}
+        else:
+            merged.append(delta)
+    return merged
+
+
+def _reasoning(text: str) -> JsonObject:
+    # Clients are split between the two names; send both.
+    return {"reasoning_content": text, "reasoning": text}
+
+
+def _tool_call(call: ToolCall, *, streamed: bool = False) -> JsonObject:
+    body: JsonObject = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    return {"index": call.index, **body} if streamed else body

@@ -8,11 +8,38 @@ dropped; fields that cannot change the output (`user`, `metadata`,
 
 from __future__ import annotations
 
+import json
+
 from pipeline.errors import invalid, unsupported
-from pipeline.requests import ChatRequest, GenerationParams, JsonValue, Message, Role, Sampling, TextRequest
-from wire.fields import Body, as_body, as_list, as_object, as_str, read_bool, read_int, read_number, read_object, read_str
+from pipeline.requests import (
+    ChatRequest,
+    GenerationParams,
+    JsonValue,
+    Message,
+    Role,
+    Sampling,
+    TextRequest,
+    Tool,
+    ToolCallRecord,
+    ToolChoice,
+    ToolChoiceMode,
+)
+from wire.fields import (
+    Body,
+    as_body,
+    as_list,
+    as_object,
+    as_str,
+    read_bool,
+    read_function,
+    read_int,
+    read_number,
+    read_object,
+    read_str,
+)
 
 _ROLES = {role.value: role for role in Role}
+_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
 # A stop list longer than this is almost certainly a client bug.
 _MAX_STOPS = 16
 
@@ -22,11 +49,17 @@ def decode_chat(value: JsonValue) -> ChatRequest:
     _refuse_unsupported(body)
     _refuse_chat_only(body)
     stream, include_usage = _read_stream(body)
-    kwargs = read_object(body, "chat_template_kwargs") or {}
+    kwargs = dict(read_object(body, "chat_template_kwargs") or {})
+    effort = read_str(body, "reasoning_effort")
+    if effort is not None:
+        kwargs.setdefault("enable_thinking", _thinking_for_effort(effort))
+    tools = _read_tools(body)
     return ChatRequest(
         messages=_read_messages(body),
         params=_read_params(body, max_tokens_keys=("max_completion_tokens", "max_tokens")),
         template_kwargs=kwargs,
+        tools=tools,
+        tool_choice=_read_tool_choice(body, tools),
         stream=stream,
         include_usage=include_usage,
     )
@@ -67,11 +100,7 @@ def _refuse_unsupported(body: Body) -> None:
 
 
 def _refuse_chat_only(body: Body) -> None:
-    if body.get("tools"):
-        raise unsupported("tools")
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise unsupported("tool_choice")
-    for key in ("functions", "function_call", "reasoning_effort", "prediction", "audio", "web_search_options"):
+    for key in ("functions", "function_call", "prediction", "audio", "web_search_options"):
         if body.get(key) is not None:
             raise unsupported(key)
     modalities = body.get("modalities")
@@ -108,15 +137,67 @@ def _read_message(value: JsonValue, param: str) -> Message:
     role = _ROLES.get(role_name)
     if role is None:
         raise invalid(f"'{param}.role' must be one of {sorted(_ROLES)}, got {role_name!r}", param=f"{param}.role")
-    if item.get("tool_calls"):
-        raise unsupported(f"{param}.tool_calls")
     content = _read_content(item.get("content"), f"{param}.content", allow_null=role is Role.ASSISTANT)
+    reasoning = read_str(item, "reasoning_content", param=f"{param}.reasoning_content")
     return Message(
         role=role,
         content=content,
         name=read_str(item, "name", param=f"{param}.name"),
         tool_call_id=read_str(item, "tool_call_id", param=f"{param}.tool_call_id"),
+        tool_calls=_read_message_calls(item.get("tool_calls"), f"{param}.tool_calls"),
+        reasoning=reasoning if reasoning is not None else read_str(item, "reasoning", param=f"{param}.reasoning"),
     )
+
+
+def _read_message_calls(value: JsonValue, param: str) -> tuple[ToolCallRecord, ...]:
+    if value is None:
+        return ()
+    calls = []
+    for index, raw in enumerate(as_list(value, param)):
+        call = as_object(raw, f"{param}[{index}]")
+        function = as_object(call.get("function"), f"{param}[{index}].function")
+        arguments = function.get("arguments", "{}")
+        calls.append(
+            ToolCallRecord(
+                id=read_str(call, "id", param=f"{param}[{index}].id") or f"call_{index}",
+                name=as_str(function.get("name"), f"{param}[{index}].function.name"),
+                arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+            )
+        )
+    return tuple(calls)
+
+
+def _read_tools(body: Body) -> tuple[Tool, ...]:
+    raw = body.get("tools")
+    if raw is None:
+        return ()
+    tools = []
+    for index, value in enumerate(as_list(raw, "tools")):
+        param = f"tools[{index}]"
+        item = as_object(value, param)
+        if item.get("type", "function") != "function":
+            raise unsupported(f"{param}.type")
+        function = as_object(item.get("function"), f"{param}.function")
+        tools.append(read_function(function, f"{param}.function", schema_key="parameters"))
+    return tuple(tools)
+
+
+def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
+    raw = body.get("tool_choice")
+    if raw is None or raw == "auto":
+        return ToolChoice()
+    if raw == "none":
+        return ToolChoice(mode=ToolChoiceMode.NONE)
+    if raw == "required" or isinstance(raw, dict):
+        # Needs constrained decoding to be a guarantee, not a hope.
+        raise unsupported("tool_choice")
+    raise invalid("'tool_choice' must be 'none', 'auto', 'required' or a function", param="tool_choice")
+
+
+def _thinking_for_effort(effort: str) -> bool:
+    if effort not in _EFFORTS:
+        raise invalid(f"'reasoning_effort' must be one of {sorted(_EFFORTS)}", param="reasoning_effort")
+    return effort not in ("none", "minimal")
 
 
 def _read_content(value: JsonValue, param: str, *, allow_null: bool) -> str:

@@ -65,6 +65,11 @@ CHAT_CASES = [
     ({"messages": HELLO, "stream_options": {"include_usage": True}}, "stream_options"),
     ({"messages": HELLO, "chat_template_kwargs": "x"}, "chat_template_kwargs"),
     ({"messages": HELLO, "max_tokens": 4000}, "max_tokens"),
+    ({"messages": HELLO, "reasoning_effort": "extreme"}, "reasoning_effort"),
+    ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),
+    ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}, "tools[0].function.parameters"),
+    ({"messages": HELLO, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {}}]}]}, "messages[0].tool_calls[0].function.name"),
     ({"messages": [{"role": "user", "content": "word " * 2100}]}, "messages"),
 ]
 
@@ -104,10 +109,8 @@ UNSUPPORTED = [
     ("/chat/completions", {"logprobs": True}, "logprobs"),
     ("/chat/completions", {"top_logprobs": 3}, "top_logprobs"),
     ("/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ("/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/chat/completions", {"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ("/chat/completions", {"guided_json": {"type": "object"}}, "guided_json"),
-    ("/chat/completions", {"reasoning_effort": "high"}, "reasoning_effort"),
     ("/completions", {"echo": True}, "echo"),
     ("/completions", {"suffix": "end"}, "suffix"),
     ("/completions", {"best_of": 3}, "best_of"),
