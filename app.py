@@ -26,12 +26,14 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from pipeline.errors import ErrorKind, RequestError  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
-from pipeline.requests import ChatRequest, GenerationRequest, JsonObject, JsonValue, TextRequest  # noqa: E402
+from pipeline.requests import Accepted, JsonObject, JsonValue  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
 from stages.engine import Engine  # noqa: E402
 from stages.messages import Decoder, Reply  # noqa: E402
-from wire import openai  # noqa: E402
+from stages.parse import load_json  # noqa: E402
+from wire import anthropic, openai  # noqa: E402
+from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
@@ -41,7 +43,7 @@ app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
 app.config["RESPONSE_TIMEOUT"] = None
 
-ProtocolFactory = Callable[[GenerationRequest, str], StreamProtocol]
+ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
 
 
 def engine() -> Engine:
@@ -79,11 +81,12 @@ async def generate(prefix: str, decode: Decoder, make_protocol: ProtocolFactory)
     body = cast(bytes, await request.get_data(as_text=False))
     reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
     try:
-        generation = await reply.accepted()
+        accepted = await reply.accepted()
     except BaseException:
         reply.close()
         raise
-    protocol = make_protocol(generation, request_id)
+    generation = accepted.request
+    protocol = make_protocol(accepted, request_id)
     headers = {"x-request-id": trace_id}
     if generation.stream:
         headers["cache-control"] = "no-cache"
@@ -105,17 +108,36 @@ async def sse_body(reply: Reply, protocol: StreamProtocol) -> AsyncIterator[byte
         yield protocol.finish(reply.summary)
 
 
-def _chat_protocol(generation: GenerationRequest, request_id: str) -> StreamProtocol:
-    assert isinstance(generation, ChatRequest)  # decode_chat only makes these
+def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
     return openai.ChatStream(
-        id=request_id, created=int(time.time()), model=engine().info.name, include_usage=generation.include_usage
+        id=request_id, created=int(time.time()), model=engine().info.name, include_usage=_include_usage(accepted)
     )
 
 
-def _text_protocol(generation: GenerationRequest, request_id: str) -> StreamProtocol:
-    assert isinstance(generation, TextRequest)  # decode_completion only makes these
+def _text_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
     return openai.TextStream(
-        id=request_id, created=int(time.time()), model=engine().info.name, include_usage=generation.include_usage
+        id=request_id, created=int(time.time()), model=engine().info.name, include_usage=_include_usage(accepted)
+    )
+
+
+def _include_usage(accepted: Accepted) -> bool:
+    return accepted.request.include_usage
+
+
+@app.post("/v1/messages")
+async def messages() -> Response:
+    return await generate("msg", decode_messages, _messages_protocol)
+
+
+@app.post("/v1/messages/count_tokens")
+async def count_tokens() -> Response:
+    chat = decode_count_tokens(load_json(cast(bytes, await request.get_data(as_text=False))))
+    return json_response({"input_tokens": await engine().count_tokens(chat)})
+
+
+def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+    return anthropic.MessagesStream(
+        id=f"msg_{request_id.removeprefix('msg-')}", model=engine().info.name, input_tokens=accepted.prompt_tokens
     )
 
 
@@ -159,23 +181,27 @@ async def stats() -> Response:
 
 @app.errorhandler(RequestError)
 async def request_error(error: RequestError) -> Response:
-    headers = {"retry-after": str(max(1, round(error.retry_after)))} if error.retry_after is not None else {}
-    return json_response(openai.error_body(error), status=error.status, headers=headers)
+    return error_response(error)
 
 
 @app.errorhandler(HTTPException)
 async def http_error(error: HTTPException) -> Response:
     kind = {404: ErrorKind.NOT_FOUND, 405: ErrorKind.METHOD_NOT_ALLOWED}.get(error.code or 500, ErrorKind.INVALID_REQUEST)
-    message = f"{request.method} {request.path}: {error.name}"
-    body = openai.error_body(RequestError(kind=kind, message=message))
-    return json_response(body, status=error.code or 500)
+    return error_response(RequestError(kind=kind, message=f"{request.method} {request.path}: {error.name}"))
 
 
 @app.errorhandler(Exception)
 async def unexpected_error(error: Exception) -> Response:
     log.error("http.unexpected_error", path=request.path, exc_info=error)
-    body = openai.error_body(RequestError(kind=ErrorKind.INTERNAL, message="Internal server error"))
-    return json_response(body, status=500)
+    return error_response(RequestError(kind=ErrorKind.INTERNAL, message="Internal server error"))
+
+
+def error_response(error: RequestError) -> Response:
+    """The error in the shape of the API the client called."""
+    headers = {"retry-after": str(max(1, round(error.retry_after)))} if error.retry_after is not None else {}
+    if request.path.startswith("/v1/messages"):
+        return json_response(anthropic.error_body(error), status=anthropic.error_status(error), headers=headers)
+    return json_response(openai.error_body(error), status=error.status, headers=headers)
 
 
 def json_response(body: JsonValue, *, status: int = 200, headers: dict[str, str] | None = None) -> Response:

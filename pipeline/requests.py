@@ -127,3 +127,15 @@ class TextRequest:
 
 
 GenerationRequest = Union[ChatRequest, TextRequest]
+
+
+@attrs.frozen(kw_only=True)
+class Accepted:
+    """A request that passed preparation: it will be generated.
+
+    `prompt_tokens` is known before the first token, for the APIs that
+    report usage at the start of a stream (Anthropic's `message_start`).
+    """
+
+    request: GenerationRequest
+    prompt_tokens: int

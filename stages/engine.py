@@ -20,11 +20,11 @@ from anyio.abc import TaskStatus
 from pipeline.admission import Admission, AdmissionStatistics
 from pipeline.channels import Channel, ReplySlot, open_channel
 from pipeline.errors import engine_dead, shutting_down
-from pipeline.requests import GenerationRequest
+from pipeline.requests import ChatRequest, GenerationRequest
 from pipeline.settings import Settings
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
-from stages.chat import ChatStage
+from stages.chat import ChatStage, render_chat
 from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.model import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
@@ -58,6 +58,7 @@ class Engine:
     _parse_inbox: Channel[Submission] = attrs.field(init=False)
     _supervisor: Supervisor = attrs.field(init=False)
     _gateway: GenerationGateway = attrs.field(init=False)
+    _counting: anyio.CapacityLimiter = attrs.field(init=False)
     info: ModelInfo = attrs.field(init=False)
     tokenizer: Tokenizer = attrs.field(init=False)
 
@@ -68,6 +69,7 @@ class Engine:
             timeout=settings.admission_timeout,
             retry_after=settings.retry_after,
         )
+        self._counting = anyio.CapacityLimiter(settings.prepare_concurrency)
 
     @property
     def dead(self) -> bool:
@@ -105,6 +107,15 @@ class Engine:
             Submission(request_id=request_id, body=body, decode=decode, reply=reply, timeline=Timeline.start())
         )
         return reply
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Prompt tokens of a chat request, rendered as generation would render it.
+
+        Raises:
+            RequestError: the template refused the conversation.
+        """
+        tokens = await anyio.to_thread.run_sync(render_chat, self.tokenizer, request, limiter=self._counting)
+        return len(tokens)
 
     async def drain(self, timeout: float) -> None:
         self._admission.start_draining()

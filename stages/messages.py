@@ -15,10 +15,10 @@ import attrs
 
 from pipeline.channels import ReplySlot
 from pipeline.events import FinishReason
-from pipeline.requests import GenerationParams, GenerationRequest, JsonValue
+from pipeline.requests import Accepted, GenerationParams, GenerationRequest, JsonValue
 from pipeline.tracing import Timeline
 
-Reply = ReplySlot[GenerationRequest]
+Reply = ReplySlot[Accepted]
 Decoder = Callable[[JsonValue], GenerationRequest]
 
 

@@ -21,7 +21,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.errors import RequestError, invalid
-from pipeline.requests import ChatRequest
+from pipeline.requests import Accepted, ChatRequest
 from pipeline.tracing import Mark
 from stages.messages import Prepared, PrepareJob, PrepKind
 
@@ -68,7 +68,7 @@ class PrepareStage:
             return
         finally:
             reservation.slots.release()
-        if not job.reply.accept(job.request):
+        if not job.reply.accept(Accepted(request=job.request, prompt_tokens=len(tokens))):
             return
         log.info(
             "request.prepare",

@@ -1,0 +1,167 @@
+"""Anthropic Messages: the stream protocol, response bodies and errors.
+
+`MessagesStream` satisfies `pipeline.protocol.StreamProtocol` with
+Anthropic's event grammar: `message_start`, then per content block
+`content_block_start` → `content_block_delta`… → `content_block_stop`,
+then `message_delta` (stop reason, output tokens) and `message_stop`.
+Answer text is a `text` block, reasoning a `thinking` block, each tool
+call a `tool_use` block whose input arrives as `input_json_delta`. A
+stream that fails after it began ends with an `error` event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import attrs
+
+from pipeline.errors import ErrorKind, RequestError
+from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summary, TextDelta, ToolCall, Usage
+from pipeline.requests import JsonObject, JsonValue
+from wire.sse import frame
+
+# Anthropic's status for "overloaded" is its own 529, which clients retry.
+_ERRORS = {
+    ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
+    ErrorKind.NOT_FOUND: (404, "not_found_error"),
+    ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
+    ErrorKind.OVERLOADED: (529, "overloaded_error"),
+    ErrorKind.UNAVAILABLE: (529, "overloaded_error"),
+    ErrorKind.INTERNAL: (500, "api_error"),
+}
+
+
+def error_status(error: RequestError) -> int:
+    return _ERRORS[error.kind][0]
+
+
+def error_body(error: RequestError) -> JsonObject:
+    return {"type": "error", "error": {"type": _ERRORS[error.kind][1], "message": error.message}}
+
+
+def stop_reason(summary: Summary) -> str:
+    if summary.stop_sequence is not None:
+        return "stop_sequence"
+    return {
+        FinishReason.STOP: "end_turn",
+        FinishReason.LENGTH: "max_tokens",
+        FinishReason.TOOL_CALLS: "tool_use",
+    }[summary.finish_reason]
+
+
+def usage_body(usage: Usage, *, cached_tokens: int = 0) -> JsonObject:
+    return {
+        "input_tokens": usage.prompt_tokens - cached_tokens,
+        "output_tokens": usage.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
+    }
+
+
+def tool_use_id(call: ToolCall) -> str:
+    return "toolu_" + call.id.removeprefix("call_")
+
+
+def content_blocks(events: Sequence[CompletionEvent]) -> list[JsonValue]:
+    """The `content` of a whole message: runs of one kind become one block."""
+    blocks: list[JsonValue] = []
+    for event in events:
+        last = blocks[-1] if blocks else None
+        if isinstance(event, ToolCall):
+            blocks.append(_tool_use_block(event, arguments=event.arguments))
+        elif isinstance(last, dict) and last["type"] == _block_type(event):
+            key = _block_type(event)
+            last[key] = str(last[key]) + event.text
+        elif event.text:
+            blocks.append(_open_block(event) | {_block_type(event): event.text})
+    return blocks
+
+
+@attrs.define(kw_only=True)
+class MessagesStream:
+    id: str
+    model: str
+    input_tokens: int
+    _index: int = attrs.field(default=-1, init=False)
+    _open: str | None = attrs.field(default=None, init=False)
+
+    def start(self) -> bytes:
+        message = self._message(content=[], stop=None, usage={"input_tokens": self.input_tokens, "output_tokens": 0})
+        return _event("message_start", {"message": message}) + _event("ping", {})
+
+    def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
+        return b"".join(self._on_event(event) for event in events)
+
+    def finish(self, summary: Summary) -> bytes:
+        delta: JsonObject = {"stop_reason": stop_reason(summary), "stop_sequence": summary.stop_sequence}
+        usage = usage_body(summary.usage)
+        return (
+            self._close()
+            + _event("message_delta", {"delta": delta, "usage": usage})
+            + _event("message_stop", {})
+        )
+
+    def error(self, error: RequestError) -> bytes:
+        return frame(error_body(error), event="error")
+
+    def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
+        return self._message(content=content_blocks(events), stop=summary, usage=usage_body(summary.usage))
+
+    def _message(self, *, content: list[JsonValue], stop: Summary | None, usage: JsonObject) -> JsonObject:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": stop_reason(stop) if stop else None,
+            "stop_sequence": stop.stop_sequence if stop else None,
+            "usage": usage,
+        }
+
+    def _on_event(self, event: CompletionEvent) -> bytes:
+        if isinstance(event, ToolCall):
+            head = self._close() + self._start(_tool_use_block(event, arguments=None))
+            arguments: JsonObject = {"type": "input_json_delta", "partial_json": event.arguments}
+            return head + self._delta(arguments) + self._close()
+        if not event.text:
+            return b""
+        kind = _block_type(event)
+        head = b"" if self._open == kind else self._close() + self._start(_open_block(event))
+        delta: JsonObject = {"type": f"{kind}_delta", _block_type(event): event.text}
+        return head + self._delta(delta)
+
+    def _start(self, block: JsonObject) -> bytes:
+        self._index += 1
+        self._open = str(block["type"])
+        return _event("content_block_start", {"index": self._index, "content_block": block})
+
+    def _delta(self, delta: JsonObject) -> bytes:
+        return _event("content_block_delta", {"index": self._index, "delta": delta})
+
+    def _close(self) -> bytes:
+        if self._open is None:
+            return b""
+        # A thinking block ends with its signature; this server signs nothing.
+        tail = self._delta({"type": "signature_delta", "signature": ""}) if self._open == "thinking" else b""
+        self._open = None
+        return tail + _event("content_block_stop", {"index": self._index})
+
+
+def _event(name: str, data: JsonObject) -> bytes:
+    return frame({"type": name, **data}, event=name)
+
+
+def _block_type(event: TextDelta | ReasoningDelta) -> str:
+    return "thinking" if isinstance(event, ReasoningDelta) else "text"
+
+
+def _open_block(event: TextDelta | ReasoningDelta) -> JsonObject:
+    if isinstance(event, ReasoningDelta):
+        return {"type": "thinking", "thinking": "", "signature": ""}
+    return {"type": "text", "text": ""}
+
+
+def _tool_use_block(call: ToolCall, *, arguments: str | None) -> JsonObject:
+    return {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": json.loads(arguments) if arguments else {}}

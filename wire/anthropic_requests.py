@@ -1,0 +1,230 @@
+"""Anthropic Messages requests → internal chat requests.
+
+Pure functions over decoded JSON (S17). `system` becomes the leading
+system message; user `tool_result` blocks become tool messages; assistant
+`tool_use` and `thinking` blocks become the turn's tool calls and
+reasoning; a final assistant message is a prefill the answer continues.
+Fields that cannot change the output (`metadata`, `service_tier`,
+`cache_control`, `speed`, advisory `output_config.effort`) are ignored;
+ones that would and are not served are refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pipeline.errors import invalid, unsupported
+from pipeline.requests import (
+    ChatRequest,
+    GenerationParams,
+    JsonObject,
+    JsonValue,
+    Message,
+    Role,
+    Sampling,
+    Tool,
+    ToolCallRecord,
+    ToolChoice,
+    ToolChoiceMode,
+)
+from wire.fields import Body, as_body, as_list, as_object, as_str, read_bool, read_function, read_int, read_number
+
+_ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
+_REFUSED_FIELDS = ("container", "mcp_servers", "context_management")
+_MAX_STOPS = 16
+
+
+def decode_messages(value: JsonValue) -> ChatRequest:
+    """A `POST /v1/messages` body."""
+    body = as_body(value)
+    return _decode(body, max_tokens=_read_max_tokens(body))
+
+
+def decode_count_tokens(value: JsonValue) -> ChatRequest:
+    """A `POST /v1/messages/count_tokens` body: a Messages body without `max_tokens`."""
+    return _decode(as_body(value), max_tokens=1)
+
+
+def _decode(body: Body, *, max_tokens: int) -> ChatRequest:
+    for key in _REFUSED_FIELDS:
+        if body.get(key) is not None:
+            raise unsupported(key)
+    output_config = body.get("output_config")
+    # `effort` and `task_budget` are advisory; `format` constrains the output.
+    if output_config is not None and as_object(output_config, "output_config").get("format") is not None:
+        raise unsupported("output_config.format")
+    as_str(body.get("model"), "model")
+    messages = _read_messages(body)
+    tools = _read_tools(body)
+    return ChatRequest(
+        messages=_read_system(body) + messages,
+        params=GenerationParams(max_tokens=max_tokens, sampling=_read_sampling(body), stop=_read_stops(body)),
+        template_kwargs=_read_thinking(body),
+        tools=tools,
+        tool_choice=_read_tool_choice(body),
+        continue_final=messages[-1].role is Role.ASSISTANT,
+        stream=bool(read_bool(body, "stream")),
+    )
+
+
+def _read_max_tokens(body: Body) -> int:
+    value = read_int(body, "max_tokens", minimum=1)
+    if value is None:
+        raise invalid("max_tokens: Field required", param="max_tokens")
+    return value
+
+
+def _read_system(body: Body) -> tuple[Message, ...]:
+    raw = body.get("system")
+    if raw is None:
+        return ()
+    text = raw if isinstance(raw, str) else _text_of_blocks(as_list(raw, "system"), "system")
+    return (Message(role=Role.SYSTEM, content=text),)
+
+
+def _read_messages(body: Body) -> tuple[Message, ...]:
+    raw = body.get("messages")
+    if raw is None:
+        raise invalid("messages: Field required", param="messages")
+    items = as_list(raw, "messages")
+    if not items:
+        raise invalid("messages: at least one message is required", param="messages")
+    messages: list[Message] = []
+    for index, item in enumerate(items):
+        messages.extend(_read_message(item, f"messages.{index}"))
+    if not messages:
+        raise invalid("messages: every message is empty", param="messages")
+    return tuple(messages)
+
+
+def _read_message(value: JsonValue, param: str) -> list[Message]:
+    item = as_object(value, param)
+    role_name = as_str(item.get("role"), f"{param}.role")
+    role = _ROLES.get(role_name)
+    if role is None:
+        raise invalid(f"{param}.role: Input should be 'user' or 'assistant'", param=f"{param}.role")
+    content = item.get("content")
+    if isinstance(content, str):
+        return [Message(role=role, content=content)]
+    blocks = [as_object(block, f"{param}.content.{i}") for i, block in enumerate(as_list(content, f"{param}.content"))]
+    if role is Role.ASSISTANT:
+        return [_assistant_turn(blocks, f"{param}.content")]
+    return _user_turns(blocks, f"{param}.content")
+
+
+def _assistant_turn(blocks: list[JsonObject], param: str) -> Message:
+    texts, calls, reasoning = [], [], []
+    for index, block in enumerate(blocks):
+        kind, where = block.get("type"), f"{param}.{index}"
+        if kind == "text":
+            texts.append(as_str(block.get("text"), f"{where}.text"))
+        elif kind == "tool_use":
+            arguments = as_object(block.get("input", {}), f"{where}.input")
+            call_id = as_str(block.get("id"), f"{where}.id")
+            calls.append(ToolCallRecord(id=call_id, name=as_str(block.get("name"), f"{where}.name"), arguments=json.dumps(arguments)))
+        elif kind == "thinking":
+            reasoning.append(as_str(block.get("thinking"), f"{where}.thinking"))
+        elif kind != "redacted_thinking":
+            raise _unsupported_block(kind, where)
+    return Message(role=Role.ASSISTANT, content="".join(texts), tool_calls=tuple(calls), reasoning="".join(reasoning) or None)
+
+
+def _user_turns(blocks: list[JsonObject], param: str) -> list[Message]:
+    """Tool results first (they answer the previous turn), then the user's text."""
+    results, texts = [], []
+    for index, block in enumerate(blocks):
+        kind, where = block.get("type"), f"{param}.{index}"
+        if kind == "text":
+            texts.append(as_str(block.get("text"), f"{where}.text"))
+        elif kind == "tool_result":
+            results.append(_tool_result(block, where))
+        else:
+            raise _unsupported_block(kind, where)
+    return results + ([Message(role=Role.USER, content="".join(texts))] if texts else [])
+
+
+def _tool_result(block: JsonObject, where: str) -> Message:
+    content = block.get("content", "")
+    text = content if isinstance(content, str) else _text_of_blocks(as_list(content, f"{where}.content"), f"{where}.content")
+    if block.get("is_error") is True:
+        text = f"Error: {text}"
+    return Message(role=Role.TOOL, content=text, tool_call_id=as_str(block.get("tool_use_id"), f"{where}.tool_use_id"))
+
+
+def _text_of_blocks(blocks: list[JsonValue], param: str) -> str:
+    texts = []
+    for index, raw in enumerate(blocks):
+        block = as_object(raw, f"{param}.{index}")
+        if block.get("type") != "text":
+            raise _unsupported_block(block.get("type"), f"{param}.{index}")
+        texts.append(as_str(block.get("text"), f"{param}.{index}.text"))
+    return "".join(texts)
+
+
+def _unsupported_block(kind: JsonValue, where: str) -> Exception:
+    if kind in ("image", "document"):
+        return invalid(f"{where}: '{kind}' content is not supported: the served model reads text only", param=where)
+    return invalid(f"{where}.type: unsupported content block type {kind!r}", param=f"{where}.type")
+
+
+def _read_sampling(body: Body) -> Sampling:
+    top_k = read_int(body, "top_k", minimum=0)
+    return Sampling(
+        temperature=_or(read_number(body, "temperature", minimum=0, maximum=1), 1.0),
+        top_p=_or(read_number(body, "top_p", minimum=0, maximum=1), 1.0),
+        top_k=top_k or 0,
+    )
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _read_stops(body: Body) -> tuple[str, ...]:
+    raw = body.get("stop_sequences")
+    if raw is None:
+        return ()
+    stops = as_list(raw, "stop_sequences")
+    if len(stops) > _MAX_STOPS:
+        raise invalid(f"stop_sequences: at most {_MAX_STOPS} are allowed", param="stop_sequences")
+    if not all(isinstance(stop, str) and stop for stop in stops):
+        raise invalid("stop_sequences: each must be a non-empty string", param="stop_sequences")
+    return tuple(stop for stop in stops if isinstance(stop, str))
+
+
+def _read_tools(body: Body) -> tuple[Tool, ...]:
+    raw = body.get("tools")
+    if raw is None:
+        return ()
+    tools = []
+    for index, value in enumerate(as_list(raw, "tools")):
+        item = as_object(value, f"tools.{index}")
+        if item.get("type", "custom") != "custom":
+            raise unsupported(f"tools.{index}.type")
+        tools.append(read_function(item, f"tools.{index}", schema_key="input_schema"))
+    return tuple(tools)
+
+
+def _read_tool_choice(body: Body) -> ToolChoice:
+    raw = body.get("tool_choice")
+    if raw is None:
+        return ToolChoice()
+    kind = as_object(raw, "tool_choice").get("type")
+    if kind == "auto":
+        return ToolChoice()
+    if kind == "none":
+        return ToolChoice(mode=ToolChoiceMode.NONE)
+    if kind in ("any", "tool"):
+        raise unsupported("tool_choice")
+    raise invalid("tool_choice.type: must be 'auto', 'any', 'tool' or 'none'", param="tool_choice.type")
+
+
+def _read_thinking(body: Body) -> dict[str, JsonValue]:
+    raw = body.get("thinking")
+    if raw is None:
+        return {}
+    kind = as_object(raw, "thinking").get("type")
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise invalid("thinking.type: must be 'enabled', 'disabled' or 'adaptive'", param="thinking.type")
+    # mlx-lm maps enable_thinking onto whatever switch the template has.
+    return {"enable_thinking": kind != "disabled"}
