@@ -14,8 +14,10 @@ from stages.blas import preload_blas
 BLAS = preload_blas()
 
 import time  # noqa: E402
+from functools import partial  # noqa: E402
+from typing import TypeVar  # noqa: E402
 import uuid  # noqa: E402
-from collections.abc import AsyncGenerator, AsyncIterator, Callable  # noqa: E402
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable  # noqa: E402
 from typing import cast  # noqa: E402
 
 import anyio  # noqa: E402
@@ -26,24 +28,31 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from pipeline.errors import ErrorKind, RequestError  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
-from pipeline.requests import Accepted, JsonObject, JsonValue  # noqa: E402
+from pipeline.requests import GenerationRequest, with_cache_key  # noqa: E402
+from pipeline.requests import Accepted, ChatRequest, JsonObject, JsonValue  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
 from stages.engine import Engine  # noqa: E402
 from stages.messages import Decoder, Reply  # noqa: E402
 from stages.parse import load_json  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
+from wire import responses as responses_wire  # noqa: E402
+from wire.response_store import ResponseStore, StoredResponse, StoreError, open_store  # noqa: E402
+from wire.responses_requests import continued_input, decode_responses, to_chat  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
 log = structlog.get_logger(stage="http")
 
+T = TypeVar("T")
+
 app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
 app.config["RESPONSE_TIMEOUT"] = None
 
 ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
+Persist = Callable[[StreamProtocol], Awaitable[None]]
 
 
 def engine() -> Engine:
@@ -55,57 +64,78 @@ async def lifespan() -> AsyncGenerator[None, None]:
     settings = Settings.from_env()
     configure_logging(settings.log_level)
     log.info("server.starting", blas=BLAS, max_batch=settings.max_batch, max_pending=settings.max_pending)
-    async with anyio.create_task_group() as outer:
-        app.extensions["engine"] = await outer.start(Engine(settings=settings).run)
-        log.info("server.ready", model=engine().info.name)
-        yield
-        log.info("server.draining")
-        await engine().drain(settings.drain_timeout)
-        outer.cancel_scope.cancel()
+    store = await anyio.to_thread.run_sync(
+        partial(open_store, settings.response_store, ttl_seconds=settings.response_store_ttl, max_bytes=settings.response_store_bytes)
+    )
+    app.extensions["response_store"] = store
+    try:
+        async with anyio.create_task_group() as outer:
+            app.extensions["engine"] = await outer.start(Engine(settings=settings).run)
+            log.info("server.ready", model=engine().info.name)
+            yield
+            log.info("server.draining")
+            await engine().drain(settings.drain_timeout)
+            outer.cancel_scope.cancel()
+    finally:
+        await anyio.to_thread.run_sync(store.close)
     log.info("server.stopped")
 
 
 @app.post("/v1/chat/completions")
 async def chat_completions() -> Response:
-    return await generate("chatcmpl", decode_chat, _chat_protocol)
+    return await generate(_request_id("chatcmpl-"), decode_chat, _chat_protocol)
 
 
 @app.post("/v1/completions")
 async def completions() -> Response:
-    return await generate("cmpl", decode_completion, _text_protocol)
+    return await generate(_request_id("cmpl-"), decode_completion, _text_protocol)
 
 
-async def generate(prefix: str, decode: Decoder, make_protocol: ProtocolFactory) -> Response:
-    request_id = f"{prefix}-{uuid.uuid4().hex}"
+def _request_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+async def generate(
+    request_id: str, decode: Decoder, make_protocol: ProtocolFactory, *, persist: Persist | None = None
+) -> Response:
+    """Run one generation; `persist` saves the finished result before the client is told it finished."""
     trace_id = request.headers.get("x-request-id") or request_id
     body = cast(bytes, await request.get_data(as_text=False))
+    session = request.headers.get("x-session-affinity")
+    if session:
+        decode = _with_session(decode, session)
     reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
     try:
         accepted = await reply.accepted()
     except BaseException:
         reply.close()
         raise
-    generation = accepted.request
     protocol = make_protocol(accepted, request_id)
     headers = {"x-request-id": trace_id}
-    if generation.stream:
+    if accepted.request.stream:
         headers["cache-control"] = "no-cache"
-        return Response(sse_body(reply, protocol), content_type="text/event-stream", headers=headers)
+        return Response(sse_body(reply, protocol, persist), content_type="text/event-stream", headers=headers)
     with reply:
         events = [event async for batch in reply for event in batch]
-    return json_response(protocol.body(events, reply.summary), headers=headers)
+    result = protocol.body(events, reply.summary)
+    if persist is not None:
+        await persist(protocol)
+    return json_response(result, headers=headers)
 
 
-async def sse_body(reply: Reply, protocol: StreamProtocol) -> AsyncIterator[bytes]:
+async def sse_body(reply: Reply, protocol: StreamProtocol, persist: Persist | None) -> AsyncIterator[bytes]:
     with reply:
         yield protocol.start()
         try:
             async for events in reply:
                 yield protocol.add_events(events)
+            tail = protocol.finish(reply.summary)
+            if persist is not None:
+                await persist(protocol)
         except RequestError as error:
             yield protocol.error(error)
             return
-        yield protocol.finish(reply.summary)
+        yield tail
 
 
 def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
@@ -126,7 +156,7 @@ def _include_usage(accepted: Accepted) -> bool:
 
 @app.post("/v1/messages")
 async def messages() -> Response:
-    return await generate("msg", decode_messages, _messages_protocol)
+    return await generate(_request_id("msg_"), decode_messages, _messages_protocol)
 
 
 @app.post("/v1/messages/count_tokens")
@@ -137,8 +167,98 @@ async def count_tokens() -> Response:
 
 def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
     return anthropic.MessagesStream(
-        id=f"msg_{request_id.removeprefix('msg-')}", model=engine().info.name, input_tokens=accepted.prompt_tokens
+        id=request_id, model=engine().info.name, input_tokens=accepted.prompt_tokens
     )
+
+
+@app.post("/v1/responses")
+async def responses() -> Response:
+    decoded = decode_responses(load_json(cast(bytes, await request.get_data(as_text=False))))
+    history: tuple[JsonObject, ...] = ()
+    instructions = decoded.instructions
+    if decoded.previous_response_id is not None:
+        previous = await _stored(decoded.previous_response_id, param="previous_response_id")
+        history = continued_input(previous.input_items, _list(previous.body.get("output")))
+        instructions = decoded.instructions if decoded.instructions is not None else previous.instructions
+    request_id = _request_id("resp_")
+    replay = (*history, *decoded.input)
+
+    def decode(value: JsonValue) -> ChatRequest:
+        return to_chat(decode_responses(value), history, instructions)
+
+    def make_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+        return responses_wire.ResponsesStream(
+            id=request_id,
+            created_at=int(time.time()),
+            model=engine().info.name,
+            echo=decoded.echo,
+            instructions=instructions,
+            previous_response_id=decoded.previous_response_id,
+            store=decoded.store,
+        )
+
+    async def persist(protocol: StreamProtocol) -> None:
+        assert isinstance(protocol, responses_wire.ResponsesStream) and protocol.final is not None
+        record = StoredResponse(
+            id=request_id, created_at=time.time(), body=protocol.final, input_items=replay, instructions=instructions
+        )
+        await _store_call(lambda store: store.put(record))
+
+    return await generate(request_id, decode, make_protocol, persist=persist if decoded.store else None)
+
+
+@app.get("/v1/responses/<response_id>")
+async def get_response(response_id: str) -> Response:
+    return json_response((await _stored(response_id)).body)
+
+
+@app.get("/v1/responses/<response_id>/input_items")
+async def get_input_items(response_id: str) -> Response:
+    stored = await _stored(response_id)
+    items: list[JsonValue] = [{"id": f"item_{i}", **item} for i, item in enumerate(stored.input_items)]
+    first, last = (items[0], items[-1]) if items else ({}, {})
+    return json_response({"object": "list", "data": items, "first_id": _id(first), "last_id": _id(last), "has_more": False})
+
+
+@app.delete("/v1/responses/<response_id>")
+async def delete_response(response_id: str) -> Response:
+    if not await _store_call(lambda store: store.delete(response_id)):
+        raise _response_not_found(response_id, param=None)
+    return json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+async def _stored(response_id: str, *, param: str | None = None) -> StoredResponse:
+    stored = await _store_call(lambda store: store.get(response_id))
+    if stored is None:
+        raise _response_not_found(response_id, param=param)
+    return stored
+
+
+async def _store_call(call: Callable[[ResponseStore], T]) -> T:
+    """Run one store operation off the event loop; a store failure fails only this request."""
+    store = cast(ResponseStore, app.extensions["response_store"])
+    try:
+        return await anyio.to_thread.run_sync(call, store)
+    except StoreError as error:
+        log.error("response_store.failed", error=str(error))
+        raise RequestError(kind=ErrorKind.INTERNAL, message="The response store failed; nothing was saved") from None
+
+
+def _response_not_found(response_id: str, *, param: str | None) -> RequestError:
+    return RequestError(
+        kind=ErrorKind.NOT_FOUND,
+        message=f"Response with id '{response_id}' not found.",
+        param=param,
+        code="previous_response_not_found" if param else None,
+    )
+
+
+def _list(value: JsonValue) -> list[JsonValue]:
+    return value if isinstance(value, list) else []
+
+
+def _id(item: JsonValue) -> JsonValue:
+    return item.get("id") if isinstance(item, dict) else None
 
 
 @app.get("/v1/models")
@@ -172,11 +292,26 @@ async def health() -> Response:
     return json_response({"status": status}, status=200 if status == "ok" else 503)
 
 
+def _with_session(decode: Decoder, session: str) -> Decoder:
+    # The x-session-affinity header names the conversation when the body does not.
+    def decode_in_session(value: JsonValue) -> GenerationRequest:
+        return with_cache_key(decode(value), session)
+
+    return decode_in_session
+
+
+@app.get("/fit")
+async def fit() -> Response:
+    """What this machine can serve of this model: memory split, largest safe context, decode bound."""
+    return json_response(attrs.asdict(engine().fit))
+
+
 @app.get("/stats")
 async def stats() -> Response:
     current = engine()
     snapshot = attrs.asdict(current.statistics())
-    return json_response({"model": current.info.name, "blas": BLAS, **snapshot})
+    store = await _store_call(lambda store: store.statistics())
+    return json_response({"model": current.info.name, "blas": BLAS, **snapshot, "response_store": attrs.asdict(store)})
 
 
 @app.errorhandler(RequestError)

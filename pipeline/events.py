@@ -54,6 +54,8 @@ CompletionEvent = Union[TextDelta, ReasoningDelta, ToolCall]
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    # Of the prompt tokens, those served from the prompt cache.
+    cached_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

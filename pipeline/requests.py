@@ -86,16 +86,40 @@ class Sampling:
     logit_bias: Mapping[int, float] = attrs.field(factory=dict)
 
 
+class ConstraintKind(enum.Enum):
+    JSON_SCHEMA = "json_schema"
+    REGEX = "regex"
+    CHOICE = "choice"
+    # A Lark grammar, as llguidance reads it.
+    GRAMMAR = "grammar"
+
+
+@attrs.frozen(kw_only=True)
+class Constraint:
+    """A structured-output constraint: the output must match `spec`.
+
+    `param` is the request field it came from, for error messages.
+    """
+
+    kind: ConstraintKind
+    spec: JsonValue
+    param: str
+
+
 @attrs.frozen(kw_only=True)
 class GenerationParams:
     """What every API asks of a generation, whatever its prompt looks like.
 
     `max_tokens` of None means "up to the end of the context window".
+    `cache_key` names the conversation (session affinity): the prompt cache
+    keeps its entries warm longer.
     """
 
     max_tokens: int | None
     sampling: Sampling
     stop: tuple[str, ...] = ()
+    cache_key: str | None = None
+    constraint: Constraint | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -127,6 +151,13 @@ class TextRequest:
 
 
 GenerationRequest = Union[ChatRequest, TextRequest]
+
+
+def with_cache_key(request: GenerationRequest, key: str | None) -> GenerationRequest:
+    """`request` with `key` as its cache key, unless it has one (the body's field wins over a header)."""
+    if key is None or request.params.cache_key is not None:
+        return request
+    return attrs.evolve(request, params=attrs.evolve(request.params, cache_key=key))
 
 
 @attrs.frozen(kw_only=True)

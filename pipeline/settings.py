@@ -40,7 +40,23 @@ class Settings:
     drain_timeout: float = attrs.field(default=30.0, validator=_non_negative)
     prefill_step_size: int = attrs.field(default=512, validator=_positive)
     prepare_concurrency: int = attrs.field(default=2, validator=_positive)
+    # Structured-output grammars compiling at once (each can take a core).
+    constraint_concurrency: int = attrs.field(default=1, validator=_positive)
+    # KV bytes the prompt cache keeps in memory (at most half of what the
+    # weights and a prefill chunk leave of the budget); 0 turns it off.
+    prompt_cache_bytes: int = attrs.field(default=2**30, validator=attrs.validators.ge(0))
+    # Requests that name a session keep their conversation's entries warm longer.
+    session_cache: bool = True
+    # A folder for the prompt cache's disk tier (unset: no disk tier), and its bound.
+    cache_dir: str | None = None
+    cache_dir_bytes: int = attrs.field(default=8 * 2**30, validator=_positive)
+    # Bytes the server may plan for: weights, KV and a prefill chunk; 0 is 75% of RAM.
+    memory_budget: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     log_level: str = "info"
+    # Where Responses API results live: unset for memory, or sqlite:///path.
+    response_store: str | None = None
+    response_store_ttl: float = attrs.field(default=24 * 3600.0, validator=attrs.validators.gt(0.0))
+    response_store_bytes: int = attrs.field(default=256 * 2**20, validator=_positive)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

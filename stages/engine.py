@@ -11,6 +11,7 @@ finish before the model thread stops.
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import anyio
 import attrs
@@ -25,11 +26,15 @@ from pipeline.settings import Settings
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
 from stages.chat import ChatStage, render_chat
+from stages.constraints import ConstraintCompiler
+from stages.cache_disk import DiskTier, SpillJob, model_fingerprint
 from stages.gateway import GatewayStatistics, GenerationGateway
+from stages.memory import Fit, KvLedger, assess
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.model import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation
+from stages.prompt_cache import PromptCache, PromptCacheStatistics
 from stages.sink import CompletionSink
 from stages.text import TextStage
 
@@ -37,12 +42,26 @@ log = structlog.get_logger(stage="engine")
 
 # Steps the gateway may run ahead of the sink before its thread waits.
 _STEP_BUFFER = 4
+# Evicted entries waiting for the disk writer; beyond this they are dropped,
+# so a slow disk costs cache hits, never memory or request time.
+_SPILL_QUEUE = 4
+
+
+@attrs.frozen(kw_only=True)
+class AdmissionReport(AdmissionStatistics):
+    """The queue's admission figures, and memory admission's."""
+
+    max_safe_context: int
+    memory_budget_bytes: int
+    usable_bytes: int
+    weights_bytes: int
 
 
 @attrs.frozen(kw_only=True)
 class EngineStatistics:
-    admission: AdmissionStatistics
+    admission: AdmissionReport
     gateway: GatewayStatistics
+    prompt_cache: PromptCacheStatistics | None
     submitted: int
     running: bool
     dead: bool
@@ -58,7 +77,9 @@ class Engine:
     _parse_inbox: Channel[Submission] = attrs.field(init=False)
     _supervisor: Supervisor = attrs.field(init=False)
     _gateway: GenerationGateway = attrs.field(init=False)
+    fit: Fit = attrs.field(init=False)
     _counting: anyio.CapacityLimiter = attrs.field(init=False)
+    _compiler: ConstraintCompiler = attrs.field(init=False)
     info: ModelInfo = attrs.field(init=False)
     tokenizer: Tokenizer = attrs.field(init=False)
 
@@ -85,8 +106,20 @@ class Engine:
             partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
         )
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
-        self._supervisor = Supervisor(actors=self._build_actors(), on_stop=self._on_stop)
-        log.info("engine.starting", model=self.info.name, path=str(self.info.path))
+        self.fit = await anyio.to_thread.run_sync(
+            partial(
+                assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
+                prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
+                prefill_step=settings.prefill_step_size,
+            )
+        )  # fmt: skip
+        disk = await anyio.to_thread.run_sync(self._disk_tier)
+        self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
+        memory = self.fit.memory
+        log.info(
+            "engine.starting", model=self.info.name, path=str(self.info.path), max_safe_context=memory.max_safe_context,
+            memory_budget=memory.budget_bytes, prompt_cache_bytes=memory.prompt_cache_bytes,
+        )  # fmt: skip
         await self._supervisor.run(task_status=_Relay(task_status, self))
 
     async def submit(self, *, request_id: str, trace_id: str, body: bytes, decode: Decoder) -> Reply:
@@ -126,15 +159,33 @@ class Engine:
             log.warning("engine.drain_timeout", open_requests=len(self._open))
 
     def statistics(self) -> EngineStatistics:
+        memory = self.fit.memory
+        admission = AdmissionReport(
+            **attrs.asdict(self._admission.statistics()),
+            max_safe_context=memory.max_safe_context,
+            memory_budget_bytes=memory.budget_bytes,
+            usable_bytes=memory.usable_bytes,
+            weights_bytes=memory.weights_bytes,
+        )
         return EngineStatistics(
-            admission=self._admission.statistics(),
+            admission=admission,
             gateway=self._gateway.statistics(),
+            prompt_cache=self._gateway.cache_statistics(),
             submitted=self._submitted,
             running=self._supervisor.running,
             dead=self._supervisor.dead,
         )
 
-    def _build_actors(self) -> list[Actor]:
+    def _disk_tier(self) -> DiskTier | None:
+        settings = self._settings
+        if not settings.cache_dir or not settings.prompt_cache_bytes:
+            return None
+        # One folder per model: a folder shared by several never mixes their KV.
+        fingerprint = model_fingerprint(self.info.path)
+        root = Path(settings.cache_dir).expanduser() / fingerprint[:16]
+        return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint)
+
+    def _build_actors(self, disk: DiskTier | None) -> list[Actor]:
         settings, info, tokenizer = self._settings, self.info, self.tokenizer
         in_flight = settings.max_batch + settings.max_pending
         self._parse_inbox = open_channel(in_flight, name="parse")
@@ -145,22 +196,37 @@ class Engine:
         # At most one abort per running row between two steps.
         control: Channel[Abort] = open_channel(settings.max_batch, name="control")
         steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
+        spills: Channel[SpillJob] = open_channel(_SPILL_QUEUE, name="spills")
+        memory = self.fit.memory
+        cache_bytes = memory.prompt_cache_bytes
         self._gateway = GenerationGateway(
             inbox=prepared.receive,
             control=control.receive,
             aborts=control.send,
             out=steps.send,
+            spills_out=spills.send,
+            spills_in=spills.receive,
             load=partial(load_weights, info),
             eos_ids=frozenset(tokenizer.eos_token_ids),
             max_batch=settings.max_batch,
             prefill_step_size=settings.prefill_step_size,
+            ledger=KvLedger(memory.kv_bytes_per_token, memory.usable_bytes),
+            cache=PromptCache(max_bytes=cache_bytes, sessions=settings.session_cache) if cache_bytes else None,
+            disk=disk,
         )
-        reservations = {PrepKind.TOKENIZE: Reservation.of(settings.prepare_concurrency)}
+        reservations = {
+            PrepKind.TOKENIZE: Reservation.of(settings.prepare_concurrency),
+            PrepKind.CONSTRAIN: Reservation.of(settings.constraint_concurrency),
+        }
+        self._compiler = ConstraintCompiler(tokenizer=tokenizer, vocab_size=info.vocab_size)
         # Started in this order: the model loads first, then downstream to upstream (S6).
         return [
             self._gateway,
             CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer),
-            PrepareStage(inbox=jobs.receive, out=prepared.send, reservations=reservations, context_window=info.context_window, vocab_size=info.vocab_size),
+            PrepareStage(
+                inbox=jobs.receive, out=prepared.send, reservations=reservations, context_window=info.context_window,
+                vocab_size=info.vocab_size, max_safe_context=memory.max_safe_context, compiler=self._compiler,
+            ),  # fmt: skip
             ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer),
             TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size),
             ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send),

@@ -1,23 +1,29 @@
 """Generation gateway: the one thread that runs MLX.
 
 Inbox: `Prepared` requests (the pending queue), and `Abort`s on the control
-channel. Outbox: one `StepOutputs` per decode step, for all rows, to the sink.
-Owns: the model, mlx-lm's `BatchGenerator` and the row table, all on one
-long-lived model thread (S12). The thread crosses to the event loop once
-per step (`_exchange`): it hands over the step's outputs and takes new
-rows and aborts in the same call, and it blocks there only while the batch
-is empty.
+channel. Outbox: one `StepOutputs` per decode step, for all rows, to the
+sink; evicted prompt-cache entries to the spill worker.
+Owns: the model, mlx-lm's `BatchGenerator`, the row table, the prompt cache
+(`stages/prompt_cache.py`) and the batch's KV ledger (`stages/memory.py`),
+all on one long-lived model thread (S12). The thread crosses to the event
+loop once per step (`_exchange`): it hands over the step's outputs and the
+spills, and takes new rows and aborts in the same call; it blocks there
+only while the batch is empty. A row is admitted into the batch only when
+its reserved KV fits the budget; until then it waits here, and upstream
+backs up into admission (429). The spill worker is a task of the gateway
+that writes evicted entries to the disk tier on a thread of its own.
 On cancel: a host cancel interrupts the blocking wait or is noticed at the
 next step; the thread then frees the generator and the model.
-On error: an exception here is an engine failure and propagates (S20).
+On error: an exception here is an engine failure and propagates (S20); a
+disk-tier write that fails is counted and dropped.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -28,9 +34,14 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.events import FinishReason
+from stages.cache_disk import DiskTier, SpillJob, Tensor
+from stages.cache_link import DiskLink
+from stages.memory import KvLedger
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta
+from stages.prompt_cache import Entry, Key, PromptCache, PromptCacheStatistics
 
 if TYPE_CHECKING:
+    from llguidance import LLMatcher
     from mlx_lm.generate import BatchGenerator
 
 log = structlog.get_logger(stage="gateway")
@@ -53,6 +64,22 @@ class GatewayStatistics:
     pending: int
     steps: int
     generated_tokens: int
+    # Rows taken from the queue whose KV does not fit beside the running ones yet.
+    waiting_for_memory: int
+    kv_reserved_bytes: int
+    kv_budget_bytes: int
+    # What the batch's caches hold after the last step (they grow in 256-token blocks).
+    kv_bytes_in_use: int
+
+
+@attrs.frozen(kw_only=True)
+class _Row:
+    request_id: str
+    prompt_len: int
+    cached: int
+    session: str | None
+    # The entry this row's conversation continues from: its own entry replaces it.
+    replaces: Key | None
 
 
 @attrs.define
@@ -61,22 +88,32 @@ class GenerationGateway:
     _control: MemoryObjectReceiveStream[Abort] = attrs.field(alias="control")
     _aborts: MemoryObjectSendStream[Abort] = attrs.field(alias="aborts")
     _out: MemoryObjectSendStream[StepOutputs] = attrs.field(alias="out")
+    _spills_out: MemoryObjectSendStream[SpillJob] = attrs.field(alias="spills_out")
+    _spills_in: MemoryObjectReceiveStream[SpillJob] = attrs.field(alias="spills_in")
     _load: Callable[[], object] = attrs.field(alias="load")
     _eos_ids: frozenset[int] = attrs.field(alias="eos_ids")
     _max_batch: int = attrs.field(alias="max_batch")
     _prefill_step_size: int = attrs.field(alias="prefill_step_size")
-    # uid -> request id, touched only by the model thread.
-    _rows: dict[int, str] = attrs.field(factory=dict, init=False)
+    _ledger: KvLedger = attrs.field(alias="ledger")
+    _cache: PromptCache | None = attrs.field(default=None, alias="cache")
+    _disk: DiskTier | None = attrs.field(default=None, alias="disk")
+    # Touched only by the model thread.
+    _rows: dict[int, _Row] = attrs.field(factory=dict, init=False)
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)
+    _waiting: list[Prepared] = attrs.field(factory=list, init=False)
+    _spill_outbox: list[SpillJob] = attrs.field(factory=list, init=False)
+    # Published for statistics().
     _active: int = attrs.field(default=0, init=False)
     _steps: int = attrs.field(default=0, init=False)
     _generated: int = attrs.field(default=0, init=False)
+    _kv_in_use: int = attrs.field(default=0, init=False)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # `task_status.started` must be called from this task, not the thread.
         loaded = anyio.Event()
         async with self._inbox, self._control, self._aborts, self._out, anyio.create_task_group() as group:
-            group.start_soon(partial(anyio.to_thread.run_sync, limiter=anyio.CapacityLimiter(1)), self._model_loop, loaded.set)
+            group.start_soon(self._spill_worker)
+            group.start_soon(self._model_task, loaded.set)
             await loaded.wait()
             task_status.started()
 
@@ -86,7 +123,26 @@ class GenerationGateway:
             pending=self._inbox.statistics().current_buffer_used,
             steps=self._steps,
             generated_tokens=self._generated,
+            waiting_for_memory=len(self._waiting),
+            kv_reserved_bytes=self._ledger.reserved_bytes,
+            kv_budget_bytes=self._ledger.budget_bytes,
+            kv_bytes_in_use=self._kv_in_use,
         )
+
+    def cache_statistics(self) -> PromptCacheStatistics | None:
+        return self._cache.statistics() if self._cache is not None else None
+
+    async def _model_task(self, started: Callable[[], None]) -> None:
+        # Closing the spill channel when the thread ends lets the worker finish its queue and stop.
+        with self._spills_out:
+            await anyio.to_thread.run_sync(self._model_loop, started, limiter=anyio.CapacityLimiter(1))
+
+    async def _spill_worker(self) -> None:
+        writes = anyio.CapacityLimiter(1)
+        async with self._spills_in:
+            async for job in self._spills_in:
+                if self._disk is not None:
+                    await anyio.to_thread.run_sync(self._disk.write, job, limiter=writes)
 
     # -- model thread -------------------------------------------------------
 
@@ -95,6 +151,7 @@ class GenerationGateway:
         from mlx_lm.generate import BatchGenerator
 
         model = self._load()
+        self._prepare_cache(model)
         generator = BatchGenerator(
             model,
             stop_tokens=[[token] for token in sorted(self._eos_ids)],
@@ -108,43 +165,87 @@ class GenerationGateway:
         finally:
             generator.close()
             del generator, model
+            self._cache = None
             mx.clear_cache()
+
+    def _prepare_cache(self, model: object) -> None:
+        from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+        if self._cache is None:
+            return
+        # Views and trims assume plain per-layer KV; rotating or recurrent caches cannot be cut back.
+        if not all(type(layer) is KVCache for layer in make_prompt_cache(model)):
+            log.warning("prompt_cache.unsupported", reason="the model's cache is not a plain KVCache")
+            self._cache = None
+            return
+        if self._disk is not None:
+            self._disk.scan()
+            self._cache.lower = DiskLink(self._disk, self._spill_outbox, _kv_layer)
 
     def _serve(self, generator: BatchGenerator) -> None:
         outputs: StepOutputs | None = None
         while True:
-            # 1) hand over the last step, take new rows and aborts
-            intake = anyio.from_thread.run(self._exchange, outputs, self._max_batch - len(self._rows))
+            # 1) hand over the last step and the spills, take new rows and aborts
+            spills = tuple(self._spill_outbox)
+            self._spill_outbox.clear()
+            free = self._max_batch - len(self._rows) - len(self._waiting)
+            intake = anyio.from_thread.run(self._exchange, outputs, free, spills)
             if intake.closed:
                 return
             self._remove(generator, intake.aborts)
-            admitted = self._insert(generator, intake.admitted)
-            # 2) step every row at once
+            self._waiting.extend(intake.admitted)
+            # 2) admit the waiting rows whose KV fits
+            admitted = self._admit(generator)
+            # 3) step every row at once
             deltas = self._step(generator) if self._rows else ()
+            self._active = len(self._rows)
             outputs = StepOutputs(admitted=admitted, deltas=deltas, stepped_at=time.monotonic())
 
-    def _insert(self, generator: BatchGenerator, prepared: tuple[Prepared, ...]) -> tuple[Admitted, ...]:
-        from stages.sampling import make_row_processors, make_row_sampler
-
+    def _admit(self, generator: BatchGenerator) -> tuple[Admitted, ...]:
         admitted = []
-        for row in prepared:
-            (uid,) = generator.insert(
-                [list(row.prompt_tokens)],
-                max_tokens=[row.max_tokens],
-                samplers=[make_row_sampler(row.params.sampling)],
-                logits_processors=[make_row_processors(row.params.sampling, row.max_tokens)],
-            )
-            self._rows[uid], self._uids[row.request_id] = row.request_id, uid
-            admitted.append(Admitted(prepared=row, admitted_at=time.monotonic()))
+        # First come, first served: a large row is not overtaken by smaller ones for ever.
+        while self._waiting:
+            extent = len(self._waiting[0].prompt_tokens) + self._waiting[0].max_tokens
+            if self._rows and not self._ledger.fits(extent):
+                break
+            admitted.append(self._insert(generator, self._waiting.pop(0), extent))
         return tuple(admitted)
 
+    def _insert(self, generator: BatchGenerator, row: Prepared, extent: int) -> Admitted:
+        from stages.sampling import make_row_processors, make_row_sampler
+
+        prompt, session = row.prompt_tokens, row.params.cache_key
+        hit = self._cache.fetch(prompt, session=session) if self._cache is not None else None
+        cached = hit.tokens if hit is not None else 0
+        (uid,) = generator.insert(
+            [list(prompt[cached:])],
+            max_tokens=[row.max_tokens],
+            caches=[hit.cache] if hit is not None else None,
+            all_tokens=[list(prompt[:cached])],
+            samplers=[make_row_sampler(row.params.sampling)],
+            logits_processors=[make_row_processors(row.params.sampling, row.max_tokens, _matcher(row))],
+        )
+        replaces = hit.source if hit is not None and hit.continues else None
+        self._rows[uid] = _Row(request_id=row.request_id, prompt_len=len(prompt), cached=cached, session=session, replaces=replaces)
+        self._uids[row.request_id] = uid
+        self._ledger.reserve(uid, extent)
+        return Admitted(prepared=row, admitted_at=time.monotonic(), cached_tokens=cached)
+
     def _remove(self, generator: BatchGenerator, aborts: tuple[Abort, ...]) -> None:
-        uids = [self._uids.pop(abort.request_id) for abort in aborts if abort.request_id in self._uids]
-        if uids:
-            generator.remove(uids)
-            for uid in uids:
-                del self._rows[uid]
-            log.info("gateway.abort", rows=len(uids))
+        gone = {abort.request_id for abort in aborts}
+        self._waiting = [row for row in self._waiting if row.request_id not in gone]
+        uids = [self._uids.pop(request_id) for request_id in gone if request_id in self._uids]
+        if not uids:
+            return
+        # An aborted row's KV is still a valid prefix: a stop string, or a client that retries.
+        caches = generator.remove(uids, return_prompt_caches=self._cache is not None)
+        for uid in uids:
+            row = self._rows.pop(uid)
+            self._ledger.release(uid)
+            cache, tokens = caches.get(uid, (None, ()))
+            if len(tokens) > row.cached:
+                self._keep(row, cache, tokens)
+        log.info("gateway.abort", rows=len(uids))
 
     def _step(self, generator: BatchGenerator) -> tuple[TokenDelta, ...]:
         anyio.from_thread.check_cancelled()
@@ -152,20 +253,33 @@ class GenerationGateway:
         deltas = []
         for response in generated:
             finish = _FINISH.get(response.finish_reason) if response.finish_reason else None
-            request_id = self._rows[response.uid]
-            deltas.append(TokenDelta(request_id=request_id, new_token_ids=(response.token,), finish=finish))
+            row = self._rows[response.uid]
+            deltas.append(TokenDelta(request_id=row.request_id, new_token_ids=(response.token,), finish=finish))
             if finish is not None:
-                del self._rows[response.uid], self._uids[request_id]
+                del self._rows[response.uid], self._uids[row.request_id]
+                self._ledger.release(response.uid)
+                self._keep(row, response.prompt_cache, response.all_tokens)
         self._steps += 1
         self._generated += len(deltas)
+        self._kv_in_use = generator.prompt_cache_nbytes
         return tuple(deltas)
+
+    def _keep(self, row: _Row, cache: list[Any] | None, tokens: Sequence[int]) -> None:
+        import mlx.core as mx
+
+        if self._cache is None or not cache:
+            return
+        # Evaluated now, the entry's arrays stop referring to the batch's (much larger) ones.
+        mx.eval([layer.state for layer in cache])
+        entry = Entry(tokens=tuple(tokens), cache=cache, prompt_len=row.prompt_len, session=row.session)
+        self._cache.store(entry, replaces=row.replaces)
 
     # -- event loop ---------------------------------------------------------
 
-    async def _exchange(self, outputs: StepOutputs | None, free: int) -> Intake:
+    async def _exchange(self, outputs: StepOutputs | None, free: int, spills: tuple[SpillJob, ...]) -> Intake:
         if outputs is not None and (outputs.admitted or outputs.deltas):
             await self._out.send(outputs)
-        self._active = self._max_batch - free
+        self._offer_spills(spills)
         aborts = _drain(self._control, limit=None)
         admitted: list[Prepared] = []
         if free == self._max_batch and not aborts:
@@ -177,8 +291,38 @@ class GenerationGateway:
         live = tuple(row for row in admitted if not row.reply.closed)
         for row in live:
             row.reply.bind_abort(partial(send_abort, self._aborts, row.request_id))
-        self._active += len(live)
         return Intake(aborts=tuple(aborts), admitted=live, closed=False)
+
+    def _offer_spills(self, spills: tuple[SpillJob, ...]) -> None:
+        # The request path never waits on the disk: a full spill queue drops the entry.
+        for job in spills:
+            try:
+                self._spills_out.send_nowait(job)
+            except anyio.WouldBlock:
+                if self._disk is not None:
+                    self._disk.note_dropped()
+
+
+def _kv_layer(keys: Tensor, values: Tensor) -> Any:
+    """One layer's KV cache from the disk tier's tensors, evaluated."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    layer: Any = KVCache()
+    layer.keys, layer.values = _array(keys), _array(values)
+    layer.offset = layer.keys.shape[2]
+    mx.eval(layer.keys, layer.values)
+    return layer
+
+
+def _array(item: Tensor) -> Any:
+    import mlx.core as mx
+
+    # Typed loosely: memoryview.cast's stubs know neither "e" nor mx.array's buffer support.
+    data: Any = item.data
+    if item.dtype == "BF16":
+        return mx.array(data.cast("H", item.shape)).view(mx.bfloat16)
+    return mx.array(data.cast({"F32": "f", "F16": "e"}[item.dtype], item.shape))
 
 
 def send_abort(aborts: MemoryObjectSendStream[Abort], request_id: str) -> None:
@@ -201,3 +345,8 @@ def _drain(stream: MemoryObjectReceiveStream[T], *, limit: int | None) -> list[T
         except (anyio.WouldBlock, anyio.EndOfStream):
             break
     return items
+
+
+def _matcher(row: Prepared) -> LLMatcher | None:
+    # A row's own copy: the matcher advances with the row's tokens.
+    return row.constraint.matcher() if row.constraint is not None else None

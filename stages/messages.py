@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -17,6 +18,9 @@ from pipeline.channels import ReplySlot
 from pipeline.events import FinishReason
 from pipeline.requests import Accepted, GenerationParams, GenerationRequest, JsonValue
 from pipeline.tracing import Timeline
+
+if TYPE_CHECKING:
+    from stages.constraints import CompiledConstraint
 
 Reply = ReplySlot[Accepted]
 Decoder = Callable[[JsonValue], GenerationRequest]
@@ -26,6 +30,8 @@ class PrepKind(enum.Enum):
     """Kinds of CPU work, each with its own concurrency reservation."""
 
     TOKENIZE = "tokenize"
+    # Compiling a structured-output grammar (llguidance).
+    CONSTRAIN = "constrain"
 
 
 @attrs.frozen(kw_only=True)
@@ -74,6 +80,8 @@ class Prepared:
     params: GenerationParams
     reply: Reply
     timeline: Timeline
+    # The row's grammar, when its output is constrained.
+    constraint: CompiledConstraint | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -94,6 +102,8 @@ class Admitted:
 
     prepared: Prepared
     admitted_at: float
+    # Prompt tokens whose KV came from the prompt cache, not from this row's prefill.
+    cached_tokens: int = 0
 
 
 @attrs.frozen(kw_only=True)

@@ -7,7 +7,10 @@ holds its kind's reservation while its work runs in a worker thread, and
 the stage stops taking jobs while every reservation of that kind is held.
 On cancel: a job whose reply closed is skipped before and after its work.
 On error: a `RequestError` from the work (bad template, empty prompt,
-context overflow, logit bias outside the vocabulary) fails that reply; the stage carries on.
+context overflow, a row longer than the memory budget admits, logit bias
+outside the vocabulary, an invalid structured-output grammar) fails that
+reply; the stage carries on. Grammars compile under their own reservation
+(`PrepKind.CONSTRAIN`), after tokenizing.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pipeline.errors import RequestError, invalid
 from pipeline.requests import Accepted, ChatRequest
 from pipeline.tracing import Mark
+from stages.constraints import CompiledConstraint, ConstraintCompiler, needs_constraint
 from stages.messages import Prepared, PrepareJob, PrepKind
 
 log = structlog.get_logger(stage="prepare")
@@ -45,6 +49,9 @@ class PrepareStage:
     _reservations: Mapping[PrepKind, Reservation] = attrs.field(alias="reservations")
     _context_window: int = attrs.field(alias="context_window")
     _vocab_size: int = attrs.field(alias="vocab_size")
+    _compiler: ConstraintCompiler = attrs.field(alias="compiler")
+    # The longest row (prompt + max_tokens) the memory budget admits; None: the window.
+    _max_safe_context: int | None = attrs.field(default=None, alias="max_safe_context")
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._out, anyio.create_task_group() as jobs:
@@ -68,6 +75,11 @@ class PrepareStage:
             return
         finally:
             reservation.slots.release()
+        if needs_constraint(job.request):
+            compiled = await self._constrain(job)
+            if compiled is None:
+                return
+            prepared = attrs.evolve(prepared, constraint=compiled)
         if not job.reply.accept(Accepted(request=job.request, prompt_tokens=len(tokens))):
             return
         log.info(
@@ -77,6 +89,16 @@ class PrepareStage:
             duration=prepared.timeline.between(Mark.PARSED, Mark.PREPARED),
         )
         await self._out.send(prepared)
+
+    async def _constrain(self, job: PrepareJob) -> CompiledConstraint | None:
+        """The request's grammar, compiled under the constraint reservation; None if it failed the request."""
+        reservation = self._reservations[PrepKind.CONSTRAIN]
+        async with reservation.slots:
+            try:
+                return await anyio.to_thread.run_sync(self._compiler.compile_for, job.request, limiter=reservation.threads)
+            except RequestError as error:
+                job.reply.fail(error)
+                return None
 
     def _check(self, job: PrepareJob, tokens: list[int]) -> Prepared:
         window, prompt, wanted = self._context_window, len(tokens), job.params.max_tokens
@@ -97,15 +119,29 @@ class PrepareStage:
                 param="max_tokens" if wanted is not None else _prompt_param(job),
                 code="context_length_exceeded",
             )
+        safe = self._budget_limit(job, prompt, wanted)
         return Prepared(
             request_id=job.request_id,
             request=job.request,
             prompt_tokens=tuple(tokens),
-            max_tokens=window - prompt if wanted is None else wanted,
+            max_tokens=safe - prompt if wanted is None else wanted,
             params=job.params,
             reply=job.reply,
             timeline=job.timeline.stamp(Mark.PREPARED),
         )
+
+    def _budget_limit(self, job: PrepareJob, prompt: int, wanted: int | None) -> int:
+        """The longest row memory admits; a request past it fails here, before any model work."""
+        safe = min(self._context_window, self._max_safe_context or self._context_window)
+        if prompt >= safe or (wanted is not None and prompt + wanted > safe):
+            raise invalid(
+                f"This server's memory budget admits at most {safe} tokens per request (prompt plus completion). "
+                f"However, you requested {prompt + (wanted or 0)} tokens ({prompt} in the prompt, {wanted or 0} "
+                "for the completion). Please reduce the prompt or max_tokens.",
+                param="max_tokens" if wanted is not None else _prompt_param(job),
+                code="context_over_budget",
+            )
+        return safe
 
 
 def _prompt_param(job: PrepareJob) -> str:

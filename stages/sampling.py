@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler, make_logits_processors
 
 from pipeline.requests import Sampling
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -49,7 +54,7 @@ def make_row_sampler(sampling: Sampling) -> Sampler:
     return KeyedSampler(sampling)
 
 
-def make_row_processors(sampling: Sampling, max_tokens: int) -> list[LogitsProcessor]:
+def make_row_processors(sampling: Sampling, max_tokens: int, constraint: LLMatcher | None = None) -> list[LogitsProcessor]:
     # OpenAI's penalties count every generated token, so the window is the
     # whole completion rather than mlx-lm's default of the last 20.
     window = max(1, max_tokens)
@@ -62,4 +67,30 @@ def make_row_processors(sampling: Sampling, max_tokens: int) -> list[LogitsProce
         frequency_penalty=sampling.frequency_penalty,
         frequency_context_size=window,
     )
+    if constraint is not None:
+        # Last, so no bias or penalty can lift a forbidden token back up.
+        processors.append(ConstraintProcessor(constraint))
     return processors
+
+
+class ConstraintProcessor:
+    """Masks every token the row's grammar forbids (llguidance), per step.
+
+    mlx-lm calls it with the row's tokens so far; from the second call on,
+    the last of them is the token sampled at the previous step, which the
+    matcher consumes before it computes the next mask. Reading that token
+    waits for the step that made it: constrained rows cost the pipeline
+    its overlap, free rows in the same batch do not need it.
+    """
+
+    def __init__(self, matcher: LLMatcher) -> None:
+        self._matcher = matcher
+        self._started = False
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self._started:
+            self._matcher.consume_token(cast(int, tokens[-1].item()))
+        self._started = True
+        words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = np.unpackbits(words, bitorder="little")[: logits.shape[-1]].astype(np.bool_)
+        return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))

@@ -135,7 +135,11 @@ class CompletionSink:
         if reason is FinishReason.STOP and stop is None and row.markup.tool_calls:
             reason = FinishReason.TOOL_CALLS
         del self._rows[prepared.request_id]
-        usage = Usage(prompt_tokens=len(prepared.prompt_tokens), completion_tokens=row.completion_tokens)
+        usage = Usage(
+            prompt_tokens=len(prepared.prompt_tokens),
+            completion_tokens=row.completion_tokens,
+            cached_tokens=row.admitted.cached_tokens,
+        )
         if events:
             prepared.reply.put(events)
         prepared.reply.finish(Summary(finish_reason=reason, usage=usage, stop_sequence=stop))
@@ -147,6 +151,7 @@ class CompletionSink:
             finish_reason=reason.value,
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
             queue=_span(row, Mark.PREPARED, Mark.ADMITTED),
             prefill=_span(row, Mark.ADMITTED, Mark.FIRST_TOKEN),
             decode=_span(row, Mark.FIRST_TOKEN, Mark.FINISHED),

@@ -27,6 +27,7 @@ from pipeline.requests import (
     ToolChoice,
     ToolChoiceMode,
 )
+from wire.structured import anthropic_constraint
 from wire.fields import Body, as_body, as_list, as_object, as_str, read_bool, read_function, read_int, read_number
 
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
@@ -49,19 +50,21 @@ def _decode(body: Body, *, max_tokens: int) -> ChatRequest:
     for key in _REFUSED_FIELDS:
         if body.get(key) is not None:
             raise unsupported(key)
-    output_config = body.get("output_config")
-    # `effort` and `task_budget` are advisory; `format` constrains the output.
-    if output_config is not None and as_object(output_config, "output_config").get("format") is not None:
-        raise unsupported("output_config.format")
     as_str(body.get("model"), "model")
     messages = _read_messages(body)
     tools = _read_tools(body)
     return ChatRequest(
         messages=_read_system(body) + messages,
-        params=GenerationParams(max_tokens=max_tokens, sampling=_read_sampling(body), stop=_read_stops(body)),
+        params=GenerationParams(
+            max_tokens=max_tokens,
+            sampling=_read_sampling(body),
+            stop=_read_stops(body),
+            # `output_config.effort` and `task_budget` are advisory; `format` constrains.
+            constraint=anthropic_constraint(body),
+        ),
         template_kwargs=_read_thinking(body),
         tools=tools,
-        tool_choice=_read_tool_choice(body),
+        tool_choice=_read_tool_choice(body, tools),
         continue_final=messages[-1].role is Role.ASSISTANT,
         stream=bool(read_bool(body, "stream")),
     )
@@ -205,18 +208,26 @@ def _read_tools(body: Body) -> tuple[Tool, ...]:
     return tuple(tools)
 
 
-def _read_tool_choice(body: Body) -> ToolChoice:
+def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
     raw = body.get("tool_choice")
     if raw is None:
         return ToolChoice()
-    kind = as_object(raw, "tool_choice").get("type")
+    choice = as_object(raw, "tool_choice")
+    kind = choice.get("type")
     if kind == "auto":
         return ToolChoice()
     if kind == "none":
         return ToolChoice(mode=ToolChoiceMode.NONE)
-    if kind in ("any", "tool"):
-        raise unsupported("tool_choice")
-    raise invalid("tool_choice.type: must be 'auto', 'any', 'tool' or 'none'", param="tool_choice.type")
+    if kind not in ("any", "tool"):
+        raise invalid("tool_choice.type: must be 'auto', 'any', 'tool' or 'none'", param="tool_choice.type")
+    if not tools:
+        raise invalid("tool_choice: there are no tools to choose from", param="tool_choice")
+    if kind == "any":
+        return ToolChoice(mode=ToolChoiceMode.REQUIRED)
+    name = as_str(choice.get("name"), "tool_choice.name")
+    if name not in {tool.name for tool in tools}:
+        raise invalid(f"tool_choice.name: {name!r} is not among the tools", param="tool_choice.name")
+    return ToolChoice(mode=ToolChoiceMode.NAMED, name=name)
 
 
 def _read_thinking(body: Body) -> dict[str, JsonValue]:

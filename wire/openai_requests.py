@@ -4,6 +4,7 @@ Pure functions over decoded JSON (S17). A field that would change the
 output but is not implemented is refused by name (`unsupported`), never
 dropped; fields that cannot change the output (`user`, `metadata`,
 `store`, `service_tier`, `parallel_tool_calls`) are accepted and ignored.
+`prompt_cache_key` / `session_id` only steer the prompt cache.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pipeline.requests import (
     ToolChoice,
     ToolChoiceMode,
 )
+from wire.structured import openai_constraint
 from wire.fields import (
     Body,
     as_body,
@@ -91,12 +93,6 @@ def _refuse_unsupported(body: Body) -> None:
         raise unsupported("logprobs")
     if body.get("top_logprobs") is not None:
         raise unsupported("top_logprobs")
-    for key in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
-        if body.get(key) is not None:
-            raise unsupported(key)
-    response_format = body.get("response_format")
-    if response_format is not None and as_object(response_format, "response_format").get("type") != "text":
-        raise unsupported("response_format")
 
 
 def _refuse_chat_only(body: Body) -> None:
@@ -188,9 +184,16 @@ def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
         return ToolChoice()
     if raw == "none":
         return ToolChoice(mode=ToolChoiceMode.NONE)
-    if raw == "required" or isinstance(raw, dict):
-        # Needs constrained decoding to be a guarantee, not a hope.
-        raise unsupported("tool_choice")
+    if not tools and raw != "none":
+        raise invalid("'tool_choice' needs 'tools'", param="tool_choice")
+    if raw == "required":
+        return ToolChoice(mode=ToolChoiceMode.REQUIRED)
+    if isinstance(raw, dict):
+        function = as_object(raw.get("function"), "tool_choice.function")
+        name = as_str(function.get("name"), "tool_choice.function.name")
+        if name not in {tool.name for tool in tools}:
+            raise invalid(f"'tool_choice.function.name' {name!r} is not among the tools", param="tool_choice.function.name")
+        return ToolChoice(mode=ToolChoiceMode.NAMED, name=name)
     raise invalid("'tool_choice' must be 'none', 'auto', 'required' or a function", param="tool_choice")
 
 
@@ -242,7 +245,18 @@ def _read_params(
         if value is not None:
             max_tokens = value
             break
-    return GenerationParams(max_tokens=max_tokens, sampling=_read_sampling(body), stop=_read_stop(body))
+    return GenerationParams(
+        max_tokens=max_tokens,
+        sampling=_read_sampling(body),
+        stop=_read_stop(body),
+        cache_key=read_cache_key(body),
+        constraint=openai_constraint(body),
+    )
+
+
+def read_cache_key(body: Body) -> str | None:
+    """OpenAI's `prompt_cache_key`, or the `session_id` other clients send, for session affinity."""
+    return read_str(body, "prompt_cache_key") or read_str(body, "session_id") or None
 
 
 def _read_sampling(body: Body) -> Sampling:

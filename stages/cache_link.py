@@ -1,0 +1,63 @@
+"""The disk tier as the prompt cache's lower tier: entries to files and back.
+
+`DiskLink` satisfies `prompt_cache.LowerTier`. Spilling turns an entry into
+memoryviews of its (evaluated) arrays and queues them for the gateway's
+spill worker; restoring reads a checked file and rebuilds each layer with
+the gateway's `make_layer`, which owns the MLX calls. Model thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from stages.cache_disk import DiskStatistics, DiskTier, SpillJob, Tensor, tensor, token_tensor
+from stages.prompt_cache import Entry, Key
+
+MakeLayer = Callable[[Tensor, Tensor], Any]
+
+
+@attrs.define
+class DiskLink:
+    disk: DiskTier
+    # Spills for the gateway to hand to its worker at the next step.
+    outbox: list[SpillJob]
+    make_layer: MakeLayer
+
+    def longest(self, tokens: Sequence[int]) -> tuple[Key, int] | None:
+        return self.disk.longest(tokens)
+
+    def spill(self, entry: Entry) -> None:
+        if self.disk.has(entry.tokens):
+            return
+        # The worker reads these views without calling MLX.
+        tensors = [token_tensor(entry.tokens)]
+        for index, layer in enumerate(entry.cache):
+            keys, values = tensor(f"layers.{index}.keys", layer.keys), tensor(f"layers.{index}.values", layer.values)
+            if keys is None or values is None:
+                return  # a dtype or layout the file format does not take
+            tensors += [keys, values]
+        self.outbox.append(SpillJob(tokens=entry.tokens, prompt_len=entry.prompt_len, tensors=tuple(tensors)))
+
+    def restore(self, key: Key) -> Entry | None:
+        started = time.perf_counter()
+        restored = self.disk.read(key)
+        if restored is None:
+            return None
+        layers = len(restored.tensors) // 2
+        try:
+            pairs = [(restored.tensors[f"layers.{i}.keys"], restored.tensors[f"layers.{i}.values"]) for i in range(layers)]
+        except KeyError:
+            return None
+        # The checksum proved the bytes; this proves they are KV for exactly these tokens.
+        if not pairs or any(keys.shape[2:3] != (len(key),) or values.shape[2:3] != (len(key),) for keys, values in pairs):
+            return None
+        cache = [self.make_layer(keys, values) for keys, values in pairs]
+        self.disk.record_restore(time.perf_counter() - started)
+        return Entry(tokens=key, cache=cache, prompt_len=restored.prompt_len, on_disk=True)
+
+    def statistics(self) -> DiskStatistics:
+        return self.disk.statistics()

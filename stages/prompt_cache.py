@@ -1,0 +1,229 @@
+"""Prompt (prefix) cache: the KV state of earlier requests, keyed by tokens.
+
+An entry is the per-layer KV cache of one finished (or aborted) row and the
+tokens it holds: its prompt and what it generated. A new prompt reuses the
+entry that shares the longest prefix with it: the row starts from a view
+of that entry cut to the shared prefix, and prefills only the rest.
+Entries are never written after they are stored (a view slices them, and
+mlx-lm's BatchKVCache copies what it merges), so one entry can seed many
+rows in one batch.
+
+Bounded in bytes, evicted least-recently-used first, with two refinements:
+- entries of a session (`prompt_cache_key`, `session_id`, the
+  x-session-affinity header) are evicted only after every entry without one;
+- when a request contains the whole prompt of the entry it started from, its
+  conversation has moved on: its own entry replaces that one (as would an
+  entry whose tokens are a strict prefix of the new one's).
+Evicted entries go to the lower (disk) tier, if any, which writes them in
+the background; a later fetch that the lower tier can serve better restores
+from it.
+
+Used on the gateway's model thread only (S12); the statistics are plain
+ints, safe to read from the event loop.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+from mlx_lm.models.cache import PromptTrie
+
+if TYPE_CHECKING:
+    from stages.cache_disk import DiskStatistics
+
+Key = tuple[int, ...]
+# PromptTrie keeps one trie per model; this cache serves one.
+_MODEL = "served"
+
+
+@attrs.define(eq=False)
+class Entry:
+    tokens: Key
+    cache: list[Any]
+    prompt_len: int
+    session: str | None = None
+    # A copy is already on disk: evicting this one needs no new write.
+    on_disk: bool = False
+    nbytes: int = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.nbytes = sum(int(layer.nbytes) for layer in self.cache)
+
+
+@attrs.frozen(kw_only=True)
+class Hit:
+    """A row's head start: `cache` holds the KV of the prompt's first `tokens` tokens."""
+
+    cache: list[Any]
+    tokens: int
+    source: Key
+    # The prompt contains the source entry's whole prompt: the same conversation, one turn on.
+    continues: bool
+
+
+class LowerTier(Protocol):
+    """A slower tier under the memory one (the disk), as the cache uses it."""
+
+    def longest(self, tokens: Sequence[int]) -> tuple[Key, int] | None: ...
+
+    def restore(self, key: Key) -> Entry | None: ...
+
+    def spill(self, entry: Entry) -> None: ...
+
+    def statistics(self) -> DiskStatistics: ...
+
+
+@attrs.frozen(kw_only=True)
+class PromptCacheStatistics:
+    entries: int
+    bytes: int
+    max_bytes: int
+    hits: int
+    misses: int
+    cached_tokens: int
+    session_hits: int
+    session_misses: int
+    evictions: int
+    disk: DiskStatistics | None = None
+
+
+@attrs.define
+class PromptCache:
+    max_bytes: int
+    sessions: bool = True
+    lower: LowerTier | None = None
+    _trie: PromptTrie = attrs.field(factory=PromptTrie, init=False)
+    # Least recently used first; session entries in their own order.
+    _plain: OrderedDict[Key, Entry] = attrs.field(factory=OrderedDict, init=False)
+    _pinned: OrderedDict[Key, Entry] = attrs.field(factory=OrderedDict, init=False)
+    _bytes: int = attrs.field(default=0, init=False)
+    _counts: dict[str, int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        names = ("hits", "misses", "cached_tokens", "session_hits", "session_misses", "evictions")
+        self._counts = dict.fromkeys(names, 0)
+
+    def fetch(self, tokens: Sequence[int], *, session: str | None = None) -> Hit | None:
+        """The longest cached prefix of `tokens`, leaving at least one token to prefill.
+
+        The returned cache is a fresh view; the caller may hand it to the
+        batch (which copies it) without changing the entry.
+        """
+        limit = len(tokens) - 1
+        entry, shared = self._nearest(tokens, limit)
+        if self.lower is not None:
+            entry, shared = self._maybe_restore(tokens, limit, entry, shared)
+        session = session if self.sessions else None
+        if entry is None or shared <= 0:
+            self._count(hit=False, session=session)
+            return None
+        self._touch(entry.tokens)
+        self._count(hit=True, session=session, tokens=shared)
+        return Hit(
+            cache=_view(entry.cache, shared), tokens=shared, source=entry.tokens, continues=shared >= entry.prompt_len
+        )
+
+    def store(self, entry: Entry, *, replaces: Key | None = None) -> None:
+        """Keep `entry`; drop `replaces` and any entry that is a prefix of it; evict to the cap."""
+        if not entry.tokens or entry.nbytes == 0:
+            return
+        if not self.sessions:
+            entry.session = None
+        if replaces is not None and replaces != entry.tokens:
+            self._drop(replaces)
+        self._drop(entry.tokens)
+        self._trie.add(_MODEL, list(entry.tokens), entry)
+        for _, prefix in self._trie.pop_prefixes(_MODEL, list(entry.tokens)):
+            self._forget(prefix)
+        (self._pinned if entry.session else self._plain)[entry.tokens] = entry
+        self._bytes += entry.nbytes
+        self._evict_to(self.max_bytes)
+
+    def statistics(self) -> PromptCacheStatistics:
+        return PromptCacheStatistics(
+            entries=len(self._plain) + len(self._pinned),
+            bytes=self._bytes,
+            max_bytes=self.max_bytes,
+            disk=self.lower.statistics() if self.lower is not None else None,
+            **self._counts,
+        )
+
+    def _nearest(self, tokens: Sequence[int], limit: int) -> tuple[Entry | None, int]:
+        if limit <= 0 or not (self._plain or self._pinned):
+            return None, 0
+        key, shared = nearest(self._trie, _MODEL, tokens)
+        return (self._trie.get(_MODEL, list(key)), min(shared, limit)) if key is not None else (None, 0)
+
+    def _maybe_restore(
+        self, tokens: Sequence[int], limit: int, entry: Entry | None, shared: int
+    ) -> tuple[Entry | None, int]:
+        assert self.lower is not None
+        below = self.lower.longest(tokens)
+        if below is None or min(below[1], limit) <= shared:
+            return entry, shared
+        restored = self.lower.restore(below[0])
+        if restored is None:
+            return entry, shared
+        # Served from the object in hand even if it is too large to keep.
+        self.store(restored)
+        return restored, min(below[1], limit)
+
+    def _touch(self, key: Key) -> None:
+        for order in (self._pinned, self._plain):
+            if key in order:
+                order.move_to_end(key)
+
+    def _drop(self, key: Key) -> None:
+        if key in self._plain or key in self._pinned:
+            self._trie.pop(_MODEL, list(key))
+            self._forget(self._plain.get(key) or self._pinned[key])
+
+    def _forget(self, entry: Entry) -> None:
+        (self._pinned if entry.tokens in self._pinned else self._plain).pop(entry.tokens)
+        self._bytes -= entry.nbytes
+
+    def _evict_to(self, limit: int) -> None:
+        while self._bytes > limit and (self._plain or self._pinned):
+            _, entry = (self._plain or self._pinned).popitem(last=False)
+            self._trie.pop(_MODEL, list(entry.tokens))
+            self._bytes -= entry.nbytes
+            self._counts["evictions"] += 1
+            if self.lower is not None and not entry.on_disk:
+                self.lower.spill(entry)
+
+    def _count(self, *, hit: bool, session: str | None, tokens: int = 0) -> None:
+        self._counts["hits" if hit else "misses"] += 1
+        self._counts["cached_tokens"] += tokens
+        if session is not None:
+            self._counts["session_hits" if hit else "session_misses"] += 1
+
+
+def nearest(trie: PromptTrie, model: str, tokens: Sequence[int]) -> tuple[Key | None, int]:
+    """The stored key sharing the longest prefix with `tokens`, and how many tokens it shares.
+
+    Either a stored prefix of `tokens`, or a key that shares its first
+    `common_prefix` tokens and then goes on differently: whichever shares more.
+    """
+    found = trie.search(model, list(tokens))
+    if found.exact is not None:
+        return tuple(found.exact), len(tokens)
+    best, shared = None, 0
+    if found.shorter:
+        best, shared = found.shorter, len(found.shorter)
+    if found.longer and found.common_prefix > shared:
+        best, shared = found.longer, found.common_prefix
+    return (tuple(best), shared) if best else (None, 0)
+
+
+def _view(cache: list[Any], tokens: int) -> list[Any]:
+    """Each layer's cache cut to its first `tokens` positions, sharing the entry's arrays."""
+    views = []
+    for layer in cache:
+        view = copy.copy(layer)
+        view.keys, view.values, view.offset = layer.keys[..., :tokens, :], layer.values[..., :tokens, :], tokens
+        views.append(view)
+    return views

@@ -1,0 +1,218 @@
+"""OpenAI Responses: the stream protocol and the response object.
+
+`ResponsesStream` satisfies `pipeline.protocol.StreamProtocol`. A stream
+is `response.created` → `response.in_progress`, then per output item
+`response.output_item.added` … `response.output_item.done` (a `message`
+with one `output_text` part, a `reasoning` item, or a `function_call`),
+then `response.completed`, or `response.incomplete` when max tokens cut
+it short; every event has a `sequence_number`. A failure after the stream
+began ends with `response.failed`. `final` is the finished response
+object, which the app stores for `previous_response_id`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import attrs
+
+from pipeline.errors import RequestError
+from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summary, TextDelta, ToolCall, Usage
+from pipeline.requests import JsonObject, JsonValue
+from wire.sse import frame
+
+
+def usage_body(usage: Usage, *, cached_tokens: int = 0) -> JsonObject:
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def output_items(events: Sequence[CompletionEvent]) -> list[JsonObject]:
+    """The finished `output` of a whole response."""
+    items: list[_Item] = []
+    for event in events:
+        _add(items, event)
+    return [item.done() for item in items]
+
+
+def output_text(output: Sequence[JsonValue]) -> str:
+    """The SDK's `output_text` convenience: every output_text part, joined."""
+    texts = []
+    for item in output:
+        content = item.get("content") if isinstance(item, dict) and item.get("type") == "message" else None
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and part.get("type") == "output_text":
+                texts.append(str(part.get("text", "")))
+    return "".join(texts)
+
+
+@attrs.define
+class _Item:
+    """One output item being built: a run of text or reasoning, or one call."""
+
+    kind: str
+    id: str
+    text: str = ""
+    call: ToolCall | None = None
+
+    def part(self) -> JsonObject:
+        return _text_part(self.text) if self.kind == "message" else {"type": "reasoning_text", "text": self.text}
+
+    def shown(self, status: str) -> JsonObject:
+        if self.call is not None:
+            call = self.call
+            arguments = call.arguments if status == "completed" else ""
+            return {"type": "function_call", "id": self.id, "call_id": call.id, "name": call.name, "arguments": arguments, "status": status}
+        content: list[JsonValue] = [self.part()] if status == "completed" else []
+        if self.kind == "message":
+            return {"type": "message", "id": self.id, "role": "assistant", "status": status, "content": content}
+        return {"type": "reasoning", "id": self.id, "summary": [], "content": content, "status": status}
+
+    def done(self) -> JsonObject:
+        return self.shown("completed")
+
+
+def _add(items: list[_Item], event: CompletionEvent) -> bool:
+    """Add `event` to the last item or a new one; True if it opened one."""
+    if isinstance(event, ToolCall):
+        items.append(_Item(kind="function_call", id=f"fc_{uuid.uuid4().hex}", call=event))
+        return True
+    kind = "reasoning" if isinstance(event, ReasoningDelta) else "message"
+    if items and items[-1].kind == kind:
+        items[-1].text += event.text
+        return False
+    prefix = "rs" if kind == "reasoning" else "msg"
+    items.append(_Item(kind=kind, id=f"{prefix}_{uuid.uuid4().hex}", text=event.text))
+    return True
+
+
+@attrs.define(kw_only=True)
+class ResponsesStream:
+    id: str
+    created_at: int
+    model: str
+    # The request fields a response object repeats.
+    echo: JsonObject
+    instructions: str | None
+    previous_response_id: str | None
+    store: bool
+    final: JsonObject | None = attrs.field(default=None, init=False)
+    _sequence: int = attrs.field(default=0, init=False)
+    _items: list[_Item] = attrs.field(factory=list, init=False)
+
+    def start(self) -> bytes:
+        snapshot = self._response("in_progress", output=[])
+        return self._event("response.created", response=snapshot) + self._event("response.in_progress", response=snapshot)
+
+    def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
+        return b"".join(self._on_event(event) for event in events if not _empty(event))
+
+    def finish(self, summary: Summary) -> bytes:
+        closing = self._close_last()
+        self.final = self._finished(summary, [item.done() for item in self._items])
+        name = "response.completed" if self.final["status"] == "completed" else "response.incomplete"
+        return closing + self._event(name, response=self.final)
+
+    def error(self, error: RequestError) -> bytes:
+        failed = self._response("failed", output=[])
+        failed["error"] = {"code": "server_error", "message": error.message}
+        return self._event("response.failed", response=failed)
+
+    def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
+        self.final = self._finished(summary, output_items([e for e in events if not _empty(e)]))
+        return self.final
+
+    def _finished(self, summary: Summary, output: list[JsonObject]) -> JsonObject:
+        cut = summary.finish_reason is FinishReason.LENGTH
+        response = self._response("incomplete" if cut else "completed", output=output)
+        response["usage"] = usage_body(summary.usage)
+        if cut:
+            response["incomplete_details"] = {"reason": "max_output_tokens"}
+        return response
+
+    def _response(self, status: str, *, output: list[JsonObject]) -> JsonObject:
+        items: list[JsonValue] = list(output)
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": self.instructions,
+            "model": self.model,
+            "output": items,
+            "output_text": output_text(items),
+            "previous_response_id": self.previous_response_id,
+            "reasoning": {"effort": None, "summary": None},
+            "store": self.store,
+            "text": {"format": {"type": "text"}},
+            "usage": None,
+            **self.echo,
+        }
+
+    def _on_event(self, event: CompletionEvent) -> bytes:
+        frames = b""
+        if _add(self._items, event):
+            frames += self._close(len(self._items) - 2) if len(self._items) > 1 else b""
+            frames += self._open(len(self._items) - 1)
+        index = len(self._items) - 1
+        item_id = self._items[index].id
+        if isinstance(event, ToolCall):
+            delta = self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=event.arguments)
+        elif isinstance(event, ReasoningDelta):
+            delta = self._event(
+                "response.reasoning_text.delta", item_id=item_id, output_index=index, content_index=0, delta=event.text
+            )
+        else:
+            delta = self._event(
+                "response.output_text.delta", item_id=item_id, output_index=index, content_index=0, delta=event.text, logprobs=[]
+            )
+        return frames + delta
+
+    def _open(self, index: int) -> bytes:
+        item = self._items[index]
+        frames = self._event("response.output_item.added", output_index=index, item=item.shown("in_progress"))
+        if item.call is None:
+            empty = _Item(kind=item.kind, id=item.id).part()
+            frames += self._event("response.content_part.added", item_id=item.id, output_index=index, content_index=0, part=empty)
+        return frames
+
+    def _close_last(self) -> bytes:
+        return self._close(len(self._items) - 1) if self._items else b""
+
+    def _close(self, index: int) -> bytes:
+        item = self._items[index]
+        if item.call is not None:
+            frames = self._event(
+                "response.function_call_arguments.done",
+                item_id=item.id,
+                output_index=index,
+                name=item.call.name,
+                arguments=item.call.arguments,
+            )
+        else:
+            done_type = "response.output_text.done" if item.kind == "message" else "response.reasoning_text.done"
+            extra: JsonObject = {"logprobs": []} if item.kind == "message" else {}
+            frames = self._event(done_type, item_id=item.id, output_index=index, content_index=0, text=item.text, **extra)
+            frames += self._event("response.content_part.done", item_id=item.id, output_index=index, content_index=0, part=item.part())
+        return frames + self._event("response.output_item.done", output_index=index, item=item.done())
+
+    def _event(self, event_type: str, **data: JsonValue) -> bytes:
+        payload: JsonObject = {"type": event_type, "sequence_number": self._sequence, **data}
+        self._sequence += 1
+        return frame(payload, event=event_type)
+
+
+def _empty(event: CompletionEvent) -> bool:
+    return not isinstance(event, ToolCall) and not event.text
+
+
+def _text_part(text: str) -> JsonObject:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}

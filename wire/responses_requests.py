@@ -1,0 +1,247 @@
+"""OpenAI Responses requests → internal chat requests.
+
+Decoding is two steps, both pure (S17): `decode_responses` validates a
+body into `ResponsesRequest` (everything a 400 can be about, before any
+store lookup), and `to_chat` turns it — with the stored history that
+`previous_response_id` names spliced in front — into a `ChatRequest`.
+Input items are kept as the client sent them, so a stored conversation
+replays through the same decoder. Built-in tool types are dropped (no
+built-in tools are served); fields that would change the output and are
+not served are refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+import attrs
+
+from pipeline.errors import invalid, unsupported
+from pipeline.requests import (
+    ChatRequest,
+    GenerationParams,
+    JsonObject,
+    JsonValue,
+    Message,
+    Role,
+    Sampling,
+    Tool,
+    ToolCallRecord,
+    ToolChoice,
+    ToolChoiceMode,
+)
+from wire.structured import responses_constraint
+from wire.fields import Body, as_body, as_list, as_object, as_str, read_bool, read_function, read_int, read_number, read_str
+
+_RESPONSE_ID = re.compile(r"^resp_[A-Za-z0-9_-]{1,128}$")
+_ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT, "system": Role.SYSTEM, "developer": Role.DEVELOPER}
+_TEXT_PARTS = ("input_text", "output_text", "text")
+_REFUSED_FIELDS = ("background", "conversation", "prompt", "top_logprobs")
+
+
+@attrs.frozen(kw_only=True)
+class ResponsesRequest:
+    """A validated Responses body; `input` holds the client's items as sent."""
+
+    input: tuple[JsonObject, ...]
+    instructions: str | None
+    previous_response_id: str | None
+    params: GenerationParams
+    tools: tuple[Tool, ...]
+    tool_choice: ToolChoice
+    template_kwargs: JsonObject
+    store: bool
+    stream: bool
+    # Fields the response object echoes back.
+    echo: JsonObject
+
+
+def decode_responses(value: JsonValue) -> ResponsesRequest:
+    body = as_body(value)
+    for key in _REFUSED_FIELDS:
+        if body.get(key) is not None:
+            raise unsupported(key)
+    items = _read_input(body)
+    # Validate the items now: a bad item is a 400 before any store lookup.
+    _to_messages(items)
+    tools = _read_tools(body)
+    max_tokens = read_int(body, "max_output_tokens", minimum=1)
+    temperature = read_number(body, "temperature", minimum=0, maximum=2)
+    top_p = read_number(body, "top_p", minimum=0, maximum=1)
+    return ResponsesRequest(
+        input=items,
+        instructions=read_str(body, "instructions"),
+        previous_response_id=_read_previous_id(body),
+        params=GenerationParams(
+            max_tokens=max_tokens,
+            sampling=Sampling(temperature=1.0 if temperature is None else temperature, top_p=1.0 if top_p is None else top_p),
+            constraint=responses_constraint(body),
+        ),
+        tools=tools,
+        tool_choice=_read_tool_choice(body, tools),
+        template_kwargs=_read_reasoning(body),
+        store=read_bool(body, "store") is not False,
+        stream=bool(read_bool(body, "stream")),
+        echo={
+            "max_output_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "metadata": read_object_or_empty(body, "metadata"),
+            "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": [_echo_tool(tool) for tool in tools],
+            "truncation": body.get("truncation", "disabled"),
+            "user": body.get("user"),
+        },
+    )
+
+
+def to_chat(request: ResponsesRequest, history: Sequence[JsonObject], instructions: str | None) -> ChatRequest:
+    """The chat request for `request`, continuing `history` (earlier input and output items).
+
+    `instructions` are the effective ones: the request's, else the stored
+    conversation's.
+    """
+    system = (Message(role=Role.SYSTEM, content=instructions),) if instructions else ()
+    return ChatRequest(
+        messages=system + _to_messages((*history, *request.input)),
+        params=request.params,
+        template_kwargs=request.template_kwargs,
+        tools=request.tools,
+        tool_choice=request.tool_choice,
+        stream=request.stream,
+    )
+
+
+def read_object_or_empty(body: Body, key: str) -> JsonValue:
+    value = body.get(key)
+    return {} if value is None else as_object(value, key)
+
+
+def _read_input(body: Body) -> tuple[JsonObject, ...]:
+    raw = body.get("input")
+    if raw is None:
+        raise invalid("Missing required parameter: 'input'.", param="input")
+    if isinstance(raw, str):
+        return ({"type": "message", "role": "user", "content": raw},)
+    items = tuple(as_object(item, f"input[{i}]") for i, item in enumerate(as_list(raw, "input")))
+    if not items:
+        raise invalid("'input' must not be empty", param="input")
+    return items
+
+
+def _read_previous_id(body: Body) -> str | None:
+    value = read_str(body, "previous_response_id")
+    if value is not None and not _RESPONSE_ID.match(value):
+        raise invalid(f"Invalid 'previous_response_id': {value!r} is not a response id.", param="previous_response_id")
+    return value
+
+
+def _to_messages(items: Sequence[JsonObject]) -> tuple[Message, ...]:
+    messages: list[Message] = []
+    for index, item in enumerate(items):
+        param = f"input[{index}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append(_message(item, param))
+        elif kind == "function_call":
+            _add_call(messages, item, param)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text_parts(output, f"{param}.output")
+            messages.append(Message(role=Role.TOOL, content=text, tool_call_id=as_str(item.get("call_id"), f"{param}.call_id")))
+        elif kind != "reasoning":
+            # Earlier reasoning is not replayed, as chat templates drop it too.
+            raise invalid(f"Invalid '{param}.type': {kind!r} items are not supported.", param=f"{param}.type")
+    return tuple(messages)
+
+
+def _message(item: JsonObject, param: str) -> Message:
+    role_name = as_str(item.get("role"), f"{param}.role")
+    role = _ROLES.get(role_name)
+    if role is None:
+        raise invalid(f"Invalid '{param}.role': {role_name!r}.", param=f"{param}.role")
+    content = item.get("content")
+    text = content if isinstance(content, str) else _text_parts(content, f"{param}.content")
+    return Message(role=role, content=text)
+
+
+def _text_parts(value: JsonValue, param: str) -> str:
+    texts = []
+    for index, raw in enumerate(as_list(value, param)):
+        part = as_object(raw, f"{param}[{index}]")
+        if part.get("type") not in _TEXT_PARTS:
+            raise invalid(
+                f"Invalid '{param}[{index}].type': {part.get('type')!r} is not supported; the served model reads text only.",
+                param=f"{param}[{index}].type",
+            )
+        texts.append(as_str(part.get("text"), f"{param}[{index}].text"))
+    return "".join(texts)
+
+
+def _add_call(messages: list[Message], item: JsonObject, param: str) -> None:
+    arguments = item.get("arguments", "{}")
+    call = ToolCallRecord(
+        id=as_str(item.get("call_id"), f"{param}.call_id"),
+        name=as_str(item.get("name"), f"{param}.name"),
+        arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+    )
+    last = messages[-1] if messages else None
+    # Calls right after an assistant message are that turn's calls.
+    if last is not None and last.role is Role.ASSISTANT:
+        messages[-1] = attrs.evolve(last, tool_calls=(*last.tool_calls, call))
+    else:
+        messages.append(Message(role=Role.ASSISTANT, content="", tool_calls=(call,)))
+
+
+def _read_tools(body: Body) -> tuple[Tool, ...]:
+    raw = body.get("tools")
+    if raw is None:
+        return ()
+    tools = []
+    for index, value in enumerate(as_list(raw, "tools")):
+        item = as_object(value, f"tools[{index}]")
+        if item.get("type") == "function":
+            tools.append(read_function(item, f"tools[{index}]", schema_key="parameters"))
+    return tuple(tools)
+
+
+def _echo_tool(tool: Tool) -> JsonValue:
+    return {"type": "function", "name": tool.name, "description": tool.description, "parameters": tool.parameters, "strict": False}
+
+
+def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
+    raw = body.get("tool_choice")
+    if raw is None or raw == "auto":
+        return ToolChoice()
+    if raw == "none":
+        return ToolChoice(mode=ToolChoiceMode.NONE)
+    if not tools:
+        raise invalid("Invalid 'tool_choice': there are no function tools to choose from.", param="tool_choice")
+    if raw == "required":
+        return ToolChoice(mode=ToolChoiceMode.REQUIRED)
+    if isinstance(raw, dict) and raw.get("type") == "function":
+        name = as_str(raw.get("name"), "tool_choice.name")
+        if name not in {tool.name for tool in tools}:
+            raise invalid(f"Invalid 'tool_choice.name': {name!r} is not among the tools.", param="tool_choice.name")
+        return ToolChoice(mode=ToolChoiceMode.NAMED, name=name)
+    raise invalid("Invalid 'tool_choice': must be 'none', 'auto', 'required' or a function.", param="tool_choice")
+
+
+def _read_reasoning(body: Body) -> JsonObject:
+    raw = body.get("reasoning")
+    if raw is None:
+        return {}
+    effort = as_object(raw, "reasoning").get("effort")
+    if effort is None:
+        return {}
+    if effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
+        raise invalid(f"Invalid 'reasoning.effort': {effort!r}.", param="reasoning.effort")
+    return {"enable_thinking": effort not in ("none", "minimal")}
+
+
+def continued_input(stored_input: Sequence[JsonValue], stored_output: Sequence[JsonValue]) -> tuple[JsonObject, ...]:
+    """What a follow-up replays: the stored response's input, then its output as input items."""
+    return tuple(item for item in (*stored_input, *stored_output) if isinstance(item, dict))
