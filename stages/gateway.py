@@ -80,6 +80,8 @@ class _Row:
     session: str | None
     # The entry this row's conversation continues from: its own entry replaces it.
     replaces: Key | None
+    # Alternatives per token to report, when the client asked for logprobs.
+    logprobs: int | None = None
 
 
 @attrs.define
@@ -180,7 +182,7 @@ class GenerationGateway:
             return
         if self._disk is not None:
             self._disk.scan()
-            self._cache.lower = DiskLink(self._disk, self._spill_outbox, _kv_layer)
+            self._cache.lower = DiskLink(self._disk, self._spill_outbox, restore_layer)
 
     def _serve(self, generator: BatchGenerator) -> None:
         outputs: StepOutputs | None = None
@@ -226,7 +228,14 @@ class GenerationGateway:
             logits_processors=[make_row_processors(row.params.sampling, row.max_tokens, _matcher(row))],
         )
         replaces = hit.source if hit is not None and hit.continues else None
-        self._rows[uid] = _Row(request_id=row.request_id, prompt_len=len(prompt), cached=cached, session=session, replaces=replaces)
+        self._rows[uid] = _Row(
+            request_id=row.request_id,
+            prompt_len=len(prompt),
+            cached=cached,
+            session=session,
+            replaces=replaces,
+            logprobs=row.params.logprobs,
+        )
         self._uids[row.request_id] = uid
         self._ledger.reserve(uid, extent)
         return Admitted(prepared=row, admitted_at=time.monotonic(), cached_tokens=cached)
@@ -248,13 +257,16 @@ class GenerationGateway:
         log.info("gateway.abort", rows=len(uids))
 
     def _step(self, generator: BatchGenerator) -> tuple[TokenDelta, ...]:
+        from stages.sampling import token_scores
+
         anyio.from_thread.check_cancelled()
         _, generated = generator.next()
         deltas = []
         for response in generated:
             finish = _FINISH.get(response.finish_reason) if response.finish_reason else None
             row = self._rows[response.uid]
-            deltas.append(TokenDelta(request_id=row.request_id, new_token_ids=(response.token,), finish=finish))
+            scores = None if row.logprobs is None else (token_scores(response.logprobs, response.token, row.logprobs),)
+            deltas.append(TokenDelta(request_id=row.request_id, new_token_ids=(response.token,), finish=finish, logprobs=scores))
             if finish is not None:
                 del self._rows[response.uid], self._uids[row.request_id]
                 self._ledger.release(response.uid)
@@ -303,7 +315,7 @@ class GenerationGateway:
                     self._disk.note_dropped()
 
 
-def _kv_layer(keys: Tensor, values: Tensor) -> Any:
+def restore_layer(keys: Tensor, values: Tensor) -> Any:
     """One layer's KV cache from the disk tier's tensors, evaluated."""
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
@@ -318,11 +330,12 @@ def _kv_layer(keys: Tensor, values: Tensor) -> Any:
 def _array(item: Tensor) -> Any:
     import mlx.core as mx
 
-    # Typed loosely: memoryview.cast's stubs know neither "e" nor mx.array's buffer support.
+    # memoryview.cast knows no 16-bit floats: read their bits as uint16, then view them.
+    # (Typed loosely: the stubs know neither that nor mx.array's buffer support.)
     data: Any = item.data
-    if item.dtype == "BF16":
-        return mx.array(data.cast("H", item.shape)).view(mx.bfloat16)
-    return mx.array(data.cast({"F32": "f", "F16": "e"}[item.dtype], item.shape))
+    if item.dtype == "F32":
+        return mx.array(data.cast("f", item.shape))
+    return mx.array(data.cast("H", item.shape)).view(mx.float16 if item.dtype == "F16" else mx.bfloat16)
 
 
 def send_abort(aborts: MemoryObjectSendStream[Abort], request_id: str) -> None:

@@ -1,0 +1,185 @@
+"""The gateway with the prompt cache and the KV ledger, on the tiny demo model.
+
+The gateway is driven through its own channels, as the engine wires it:
+`Prepared` rows in, `StepOutputs` out. The invariants: a row that starts
+from cached KV produces exactly the tokens it would have produced from
+scratch (greedy, and seeded sampling), rows in one batch may start from
+different entries, and a row whose KV does not fit waits for the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import anyio
+import attrs
+import pytest
+
+from pipeline.channels import Channel, open_channel
+from pipeline.requests import GenerationParams, Sampling, TextRequest
+from pipeline.tracing import Timeline
+from stages.cache_disk import SpillJob
+from stages.gateway import GenerationGateway, send_abort
+from stages.memory import KvLedger
+from stages.messages import Abort, Prepared, Reply, StepOutputs
+from stages.model import ModelInfo, load_weights, resolve_model
+from stages.prompt_cache import PromptCache
+
+EOS = frozenset({0, 2})
+# The tiny model's KV: 2 layers x 2 heads x 16 dims x (keys, values) x float32.
+TOKEN_BYTES = 512
+GREEDY = Sampling(temperature=0.0)
+SEEDED = Sampling(temperature=1.0, seed=7)
+# Ids that never end a row: the tiny model's EOS logits are zero, greedy does not pick them.
+SYSTEM = tuple(range(10, 310))
+
+
+@pytest.fixture(scope="module")
+def model_info(tiny_model: Path) -> ModelInfo:
+    return resolve_model(str(tiny_model))
+
+
+def row(request_id: str, prompt: Sequence[int], max_tokens: int = 12, sampling: Sampling = GREEDY) -> Prepared:
+    params = GenerationParams(max_tokens=max_tokens, sampling=sampling)
+    return Prepared(
+        request_id=request_id,
+        request=TextRequest(prompt=tuple(prompt), params=params),
+        prompt_tokens=tuple(prompt),
+        max_tokens=max_tokens,
+        params=params,
+        reply=Reply(request_id),
+        timeline=Timeline.start(),
+    )
+
+
+@attrs.define
+class Run:
+    """What the gateway said, step by step."""
+
+    steps: list[StepOutputs] = attrs.Factory(list)
+
+    def tokens(self, request_id: str) -> list[int]:
+        return [t for step in self.steps for d in step.deltas if d.request_id == request_id for t in d.new_token_ids]
+
+    def cached(self, request_id: str) -> int:
+        return next(a.cached_tokens for s in self.steps for a in s.admitted if a.prepared.request_id == request_id)
+
+    def admitted_at(self, request_id: str) -> int:
+        return next(i for i, s in enumerate(self.steps) for a in s.admitted if a.prepared.request_id == request_id)
+
+    def finished_at(self, request_id: str) -> int:
+        return next(i for i, s in enumerate(self.steps) for d in s.deltas if d.request_id == request_id and d.finish)
+
+
+@attrs.define
+class Harness:
+    model_info: ModelInfo
+    cache: PromptCache | None
+    budget: int = 1 << 30
+    max_batch: int = 4
+
+    async def run(self, *waves: Sequence[Prepared], abort_after: dict[str, int] | None = None) -> Run:
+        """Send each wave at once and wait for all of its rows to finish before the next."""
+        inbox: Channel[Prepared] = open_channel(16, name="gateway")
+        control: Channel[Abort] = open_channel(self.max_batch, name="control")
+        steps: Channel[StepOutputs] = open_channel(64, name="steps")
+        spills: Channel[SpillJob] = open_channel(4, name="spills")
+        gateway = GenerationGateway(
+            inbox=inbox.receive, control=control.receive, aborts=control.send, out=steps.send,
+            spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, self.model_info),
+            eos_ids=EOS, max_batch=self.max_batch, prefill_step_size=64,
+            ledger=KvLedger(TOKEN_BYTES, self.budget), cache=self.cache,
+        )  # fmt: skip
+        run = Run()
+        with anyio.fail_after(60), steps.receive:
+            async with anyio.create_task_group() as group:
+                await group.start(gateway.run)
+                for wave in waves:
+                    for item in wave:
+                        await inbox.send.send(item)
+                    await _until_done(steps, run, {r.request_id for r in wave}, control, abort_after or {})
+                inbox.send.close()
+        return run
+
+
+async def _until_done(
+    steps: Channel[StepOutputs], run: Run, waiting: set[str], control: Channel[Abort], abort_after: dict[str, int]
+) -> None:
+    counts = dict.fromkeys(waiting, 0)
+    while waiting:
+        outputs = await steps.receive.receive()
+        run.steps.append(outputs)
+        for delta in outputs.deltas:
+            counts[delta.request_id] = counts.get(delta.request_id, 0) + 1
+            if delta.finish is not None or counts[delta.request_id] == abort_after.get(delta.request_id):
+                if delta.finish is None:
+                    send_abort(control.send, delta.request_id)
+                waiting.discard(delta.request_id)
+
+
+def cache() -> PromptCache:
+    return PromptCache(max_bytes=1 << 24)
+
+
+async def test_a_hit_gives_the_tokens_a_miss_gives(model_info: ModelInfo) -> None:
+    """Greedy and seeded sampling alike: turn 2 from cached KV equals turn 2 from scratch."""
+    for sampling in (GREEDY, SEEDED):
+        warm = Harness(model_info, cache())
+        first = await warm.run([row("t1", SYSTEM + (400, 401), sampling=sampling)])
+        turn2 = SYSTEM + (400, 401) + tuple(first.tokens("t1")) + (402, 403, 404)
+        hit = await warm.run([row("t2", turn2, sampling=sampling)])
+        cold = await Harness(model_info, None).run([row("t2", turn2, sampling=sampling)])
+        assert hit.cached("t2") == len(SYSTEM) + 2 + 12
+        assert cold.cached("t2") == 0
+        assert hit.tokens("t2") == cold.tokens("t2") and len(cold.tokens("t2")) == 12
+
+
+async def test_rows_in_one_batch_start_from_different_prefixes(model_info: ModelInfo) -> None:
+    harness = Harness(model_info, cache())
+    a, b = SYSTEM + (500,), tuple(range(600, 900)) + (501,)
+    await harness.run([row("a", a)], [row("b", b)])
+    wave = [row("a2", a + (7,) * 5), row("b2", b[:150] + (8,) * 5), row("cold", tuple(range(320, 360)))]
+    hit = await harness.run(wave)
+    cold = await Harness(model_info, None).run(wave)
+    assert [hit.cached(r.request_id) for r in wave] == [len(a), 150, 0]
+    assert len({hit.admitted_at(r.request_id) for r in wave}) == 1  # admitted together
+    assert all(hit.tokens(r.request_id) == cold.tokens(r.request_id) for r in wave)
+
+
+async def test_an_aborted_row_leaves_its_kv_for_the_next_request(model_info: ModelInfo) -> None:
+    """A stop string (or a client retrying) ends a row early; what it computed is still a valid prefix."""
+    harness = Harness(model_info, cache())
+    await harness.run([row("stopped", SYSTEM, max_tokens=50)], abort_after={"stopped": 3})
+    retry = await harness.run([row("retry", SYSTEM + (900,))])
+    assert retry.cached("retry") == len(SYSTEM)
+
+
+async def test_a_row_waits_until_its_kv_fits_beside_the_others(model_info: ModelInfo) -> None:
+    """Two rows of 312 tokens each; the budget holds one: the second is admitted after the first ends."""
+    budget = 400 * TOKEN_BYTES
+    harness = Harness(model_info, None, budget=budget)
+    first, second = row("first", SYSTEM), row("second", tuple(range(700, 1000)))
+    run = await harness.run([first, second])
+    assert run.admitted_at("second") > run.finished_at("first")
+    assert run.tokens("second") and run.tokens("first")
+
+
+async def test_rows_that_fit_together_share_the_batch(model_info: ModelInfo) -> None:
+    harness = Harness(model_info, None, budget=2 * 312 * TOKEN_BYTES)
+    run = await harness.run([row("first", SYSTEM), row("second", tuple(range(700, 1000)))])
+    assert run.admitted_at("second") == run.admitted_at("first")
+
+
+def test_the_ledger_counts_the_padded_batch() -> None:
+    """n rows reserve n x the longest row, as BatchKVCache pads them."""
+    ledger = KvLedger(bytes_per_token=10, budget_bytes=1000)
+    assert ledger.fits(100)
+    ledger.reserve(1, 10)
+    assert ledger.fits(50) and not ledger.fits(51)
+    ledger.reserve(2, 50)
+    assert ledger.reserved_bytes == 2 * 50 * 10
+    ledger.release(2)
+    ledger.release(2)
+    assert ledger.reserved_bytes == 100
