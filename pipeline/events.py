@@ -47,7 +47,24 @@ class ToolCall:
     arguments: str
 
 
-CompletionEvent = Union[TextDelta, ReasoningDelta, ToolCall]
+@attrs.frozen(kw_only=True)
+class TokenLogprob:
+    """One token and its log probability under the distribution it was sampled from."""
+
+    token: str
+    bytes: tuple[int, ...]
+    logprob: float
+
+
+@attrs.frozen(kw_only=True)
+class Logprobs:
+    """Logprobs of tokens generated in one step, in order; `top` holds each one's alternatives."""
+
+    chosen: tuple[TokenLogprob, ...]
+    top: tuple[tuple[TokenLogprob, ...], ...]
+
+
+CompletionEvent = Union[TextDelta, ReasoningDelta, ToolCall, Logprobs]
 
 
 @attrs.frozen(kw_only=True)

@@ -120,6 +120,8 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     cache_key: str | None = None
     constraint: Constraint | None = None
+    # Return each token's logprob and this many alternatives; None: no logprobs.
+    logprobs: int | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from stages.constraints import CompiledConstraint
 
 Reply = ReplySlot[Accepted]
+TokenScores = tuple[float, tuple[tuple[int, float], ...]]
 Decoder = Callable[[JsonValue], GenerationRequest]
 
 
@@ -94,6 +95,8 @@ class TokenDelta:
     request_id: str
     new_token_ids: tuple[int, ...]
     finish: FinishReason | None = None
+    # Per new token: (its logprob, the top (id, logprob) pairs), when asked for.
+    logprobs: tuple[TokenScores, ...] | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -9,6 +9,7 @@ batch sample them in one call. Runs on the gateway's model thread only.
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
@@ -94,3 +95,19 @@ class ConstraintProcessor:
         words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(words, bitorder="little")[: logits.shape[-1]].astype(np.bool_)
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+
+def token_scores(logprobs: mx.array, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """The chosen token's logprob and the `top` most likely (id, logprob) pairs.
+
+    `logprobs` is the row's normalized distribution after its logits
+    processors: the one its sampler drew from, in the same step.
+    """
+    chosen = cast(float, logprobs[token].item())
+    if top <= 0:
+        return chosen, ()
+    ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
+    values = logprobs[ids]
+    pairs = sorted(zip(cast(list[int], ids.tolist()), cast(list[float], values.tolist())), key=lambda pair: -pair[1])
+    # Tokens a grammar or bias ruled out were never candidates (and -inf is not JSON).
+    return chosen, tuple(pair for pair in pairs if math.isfinite(pair[1]))

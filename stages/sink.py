@@ -21,12 +21,12 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.events import CompletionEvent, FinishReason, Summary, Usage
+from pipeline.events import CompletionEvent, FinishReason, Logprobs, Summary, TokenLogprob, Usage
 from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
 from stages.gateway import send_abort
 from stages.markup import Markers, MarkupSplitter, Section, markers_for
-from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta
+from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores
 from stages.model import StreamingDetokenizer, Tokenizer
 from stages.stops import StopMatcher
 
@@ -95,6 +95,8 @@ class CompletionSink:
         result = row.stops.feed(self._detokenize(row, delta), final=delta.finish is not None)
         ended = result.stop is not None or delta.finish is not None
         events = row.markup.feed(result.text, final=ended)
+        if delta.logprobs is not None:
+            events.append(self._logprobs(delta.new_token_ids, delta.logprobs))
         if result.stop is not None:
             if delta.finish is None:
                 send_abort(self._aborts, delta.request_id)
@@ -103,6 +105,15 @@ class CompletionSink:
             self._finish(row, events, delta.finish, stop=None, at=stepped_at)
         elif events and not reply.put(events):
             del self._rows[delta.request_id]
+
+    def _logprobs(self, tokens: tuple[int, ...], scores: tuple[TokenScores, ...]) -> Logprobs:
+        chosen = tuple(self._scored(token, logprob) for token, (logprob, _) in zip(tokens, scores, strict=True))
+        top = tuple(tuple(self._scored(t, lp) for t, lp in pairs) for _, pairs in scores)
+        return Logprobs(chosen=chosen, top=top)
+
+    def _scored(self, token: int, logprob: float) -> TokenLogprob:
+        text = self._tokenizer.decode([token])
+        return TokenLogprob(token=text, bytes=tuple(text.encode()), logprob=logprob)
 
     def _markup_for(self, prepared: Prepared) -> MarkupSplitter:
         request = prepared.request

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anthropic
 import attrs
 import httpx
 import openai
@@ -34,13 +35,21 @@ class Server:
     base_url: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    clients: list[openai.OpenAI | anthropic.Anthropic] = attrs.field(factory=list)
 
     @property
     def v1(self) -> str:
         return f"{self.base_url}/v1"
 
     def client(self, **kwargs: object) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.v1, api_key="unused", max_retries=0, **kwargs)  # type: ignore[arg-type]
+        client = openai.OpenAI(base_url=self.v1, api_key="unused", max_retries=0, **kwargs)  # type: ignore[arg-type]
+        self.clients.append(client)
+        return client
+
+    def anthropic_client(self) -> anthropic.Anthropic:
+        client = anthropic.Anthropic(base_url=self.base_url, api_key="unused", max_retries=0)
+        self.clients.append(client)
+        return client
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -52,6 +61,9 @@ class Server:
         return self.process.wait(timeout=timeout)
 
     def kill(self) -> None:
+        # Clients are closed here, not by the garbage collector mid-test (an unclosed-socket warning).
+        for client in self.clients:
+            client.close()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()

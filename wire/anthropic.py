@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import attrs
 
 from pipeline.errors import ErrorKind, RequestError
-from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summary, TextDelta, ToolCall, Usage
+from pipeline.events import CompletionEvent, FinishReason, Logprobs, ReasoningDelta, Summary, TextDelta, ToolCall, Usage
 from pipeline.requests import JsonObject, JsonValue
 from wire.sse import frame
 
@@ -50,12 +50,13 @@ def stop_reason(summary: Summary) -> str:
     }[summary.finish_reason]
 
 
-def usage_body(usage: Usage, *, cached_tokens: int = 0) -> JsonObject:
+def usage_body(usage: Usage) -> JsonObject:
+    # Anthropic counts cache reads apart from input_tokens; the three add up to the prompt.
     return {
-        "input_tokens": usage.prompt_tokens - cached_tokens,
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
         "output_tokens": usage.completion_tokens,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached_tokens,
+        "cache_read_input_tokens": usage.cached_tokens,
     }
 
 
@@ -68,6 +69,8 @@ def content_blocks(events: Sequence[CompletionEvent]) -> list[JsonValue]:
     blocks: list[JsonValue] = []
     for event in events:
         last = blocks[-1] if blocks else None
+        if isinstance(event, Logprobs):
+            continue  # Messages has no logprobs
         if isinstance(event, ToolCall):
             blocks.append(_tool_use_block(event, arguments=event.arguments))
         elif isinstance(last, dict) and last["type"] == _block_type(event):
@@ -125,7 +128,7 @@ class MessagesStream:
             head = self._close() + self._start(_tool_use_block(event, arguments=None))
             arguments: JsonObject = {"type": "input_json_delta", "partial_json": event.arguments}
             return head + self._delta(arguments) + self._close()
-        if not event.text:
+        if isinstance(event, Logprobs) or not event.text:
             return b""
         kind = _block_type(event)
         head = b"" if self._open == kind else self._close() + self._start(_open_block(event))

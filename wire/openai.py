@@ -16,6 +16,7 @@ import attrs
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.events import CompletionEvent, ReasoningDelta, Summary, TextDelta, ToolCall, Usage
 from pipeline.requests import JsonObject, JsonValue
+from wire.logprobs import chat_logprobs, legacy_logprobs
 from wire.sse import frame, raw_frame
 
 _DONE = raw_frame("[DONE]")
@@ -100,7 +101,15 @@ class ChatStream(_OpenAIStream):
         return self._chunk([_chat_choice({"role": "assistant", "content": ""})])
 
     def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
-        return b"".join(self._chunk([_chat_choice(delta)]) for delta in _chat_deltas(events))
+        deltas = _chat_deltas(events)
+        logprobs = chat_logprobs(events)
+        if logprobs is not None and not deltas:
+            # Held-back text still reports its tokens' logprobs, in an empty delta.
+            deltas = [{}]
+        chunks = [_chat_choice(delta) for delta in deltas]
+        if logprobs is not None:
+            chunks[-1]["logprobs"] = logprobs
+        return b"".join(self._chunk([choice]) for choice in chunks)
 
     def finish(self, summary: Summary) -> bytes:
         last = self._chunk([_chat_choice({}, summary.finish_reason.value)])
@@ -118,7 +127,7 @@ class ChatStream(_OpenAIStream):
         choice: JsonObject = {
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": chat_logprobs(events),
             "finish_reason": summary.finish_reason.value,
         }
         return self._envelope(choice, summary.usage)
@@ -127,19 +136,28 @@ class ChatStream(_OpenAIStream):
 @attrs.define(kw_only=True)
 class TextStream(_OpenAIStream):
     object_name = "text_completion"
+    # Where the next token starts in the completion text (legacy logprobs' text_offset).
+    _offset: int = attrs.field(default=0, init=False)
 
     def start(self) -> bytes:
         return b""
 
     def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
         text = joined_text(events)
-        return self._chunk([_text_choice(text)]) if text else b""
+        logprobs, self._offset = legacy_logprobs(events, self._offset)
+        if not text and logprobs is None:
+            return b""
+        choice = _text_choice(text)
+        choice["logprobs"] = logprobs
+        return self._chunk([choice])
 
     def finish(self, summary: Summary) -> bytes:
         return self._chunk([_text_choice("", summary.finish_reason.value)]) + self._usage_tail(summary) + _DONE
 
     def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
-        return self._envelope(_text_choice(joined_text(events), summary.finish_reason.value), summary.usage)
+        choice = _text_choice(joined_text(events), summary.finish_reason.value)
+        choice["logprobs"] = legacy_logprobs(events, 0)[0]
+        return self._envelope(choice, summary.usage)
 
 
 def _chat_choice(delta: JsonObject, finish_reason: str | None = None) -> JsonObject:

@@ -41,6 +41,7 @@ from wire.fields import (
 )
 
 _ROLES = {role.value: role for role in Role}
+_MAX_TOP_LOGPROBS = 20
 _EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
 # A stop list longer than this is almost certainly a client bug.
 _MAX_STOPS = 16
@@ -58,7 +59,7 @@ def decode_chat(value: JsonValue) -> ChatRequest:
     tools = _read_tools(body)
     return ChatRequest(
         messages=_read_messages(body),
-        params=_read_params(body, max_tokens_keys=("max_completion_tokens", "max_tokens")),
+        params=_read_params(body, max_tokens_keys=("max_completion_tokens", "max_tokens"), logprobs=_chat_logprobs(body)),
         template_kwargs=kwargs,
         tools=tools,
         tool_choice=_read_tool_choice(body, tools),
@@ -79,7 +80,9 @@ def decode_completion(value: JsonValue) -> TextRequest:
     stream, include_usage = _read_stream(body)
     return TextRequest(
         prompt=_read_prompt(body),
-        params=_read_params(body, max_tokens_keys=("max_tokens",), default_max_tokens=16),
+        params=_read_params(
+            body, max_tokens_keys=("max_tokens",), default_max_tokens=16, logprobs=read_int(body, "logprobs", minimum=0, maximum=_MAX_TOP_LOGPROBS)
+        ),
         stream=stream,
         include_usage=include_usage,
     )
@@ -88,11 +91,6 @@ def decode_completion(value: JsonValue) -> TextRequest:
 def _refuse_unsupported(body: Body) -> None:
     if (read_int(body, "n", minimum=1) or 1) > 1:
         raise unsupported("n")
-    logprobs = body.get("logprobs")
-    if logprobs not in (None, False):
-        raise unsupported("logprobs")
-    if body.get("top_logprobs") is not None:
-        raise unsupported("top_logprobs")
 
 
 def _refuse_chat_only(body: Body) -> None:
@@ -236,8 +234,18 @@ def _read_prompt(body: Body) -> str | tuple[int, ...]:
     raise invalid("'prompt' must be a string or a non-empty array of token ids", param="prompt")
 
 
+def _chat_logprobs(body: Body) -> int | None:
+    """Chat asks with `logprobs: true` and counts alternatives in `top_logprobs`."""
+    top = read_int(body, "top_logprobs", minimum=0, maximum=_MAX_TOP_LOGPROBS)
+    if not read_bool(body, "logprobs"):
+        if top is not None:
+            raise invalid("'top_logprobs' needs 'logprobs' to be true", param="top_logprobs")
+        return None
+    return top or 0
+
+
 def _read_params(
-    body: Body, *, max_tokens_keys: tuple[str, ...], default_max_tokens: int | None = None
+    body: Body, *, max_tokens_keys: tuple[str, ...], default_max_tokens: int | None = None, logprobs: int | None = None
 ) -> GenerationParams:
     max_tokens = default_max_tokens
     for key in max_tokens_keys:
@@ -251,6 +259,7 @@ def _read_params(
         stop=_read_stop(body),
         cache_key=read_cache_key(body),
         constraint=openai_constraint(body),
+        logprobs=logprobs,
     )
 
 

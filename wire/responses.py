@@ -23,10 +23,10 @@ from pipeline.requests import JsonObject, JsonValue
 from wire.sse import frame
 
 
-def usage_body(usage: Usage, *, cached_tokens: int = 0) -> JsonObject:
+def usage_body(usage: Usage) -> JsonObject:
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.total_tokens,
@@ -36,7 +36,7 @@ def usage_body(usage: Usage, *, cached_tokens: int = 0) -> JsonObject:
 def output_items(events: Sequence[CompletionEvent]) -> list[JsonObject]:
     """The finished `output` of a whole response."""
     items: list[_Item] = []
-    for event in events:
+    for event in _content(events):
         _add(items, event)
     return [item.done() for item in items]
 
@@ -78,7 +78,7 @@ class _Item:
         return self.shown("completed")
 
 
-def _add(items: list[_Item], event: CompletionEvent) -> bool:
+def _add(items: list[_Item], event: TextDelta | ReasoningDelta | ToolCall) -> bool:
     """Add `event` to the last item or a new one; True if it opened one."""
     if isinstance(event, ToolCall):
         items.append(_Item(kind="function_call", id=f"fc_{uuid.uuid4().hex}", call=event))
@@ -111,7 +111,7 @@ class ResponsesStream:
         return self._event("response.created", response=snapshot) + self._event("response.in_progress", response=snapshot)
 
     def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
-        return b"".join(self._on_event(event) for event in events if not _empty(event))
+        return b"".join(self._on_event(event) for event in _content(events))
 
     def finish(self, summary: Summary) -> bytes:
         closing = self._close_last()
@@ -125,7 +125,7 @@ class ResponsesStream:
         return self._event("response.failed", response=failed)
 
     def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
-        self.final = self._finished(summary, output_items([e for e in events if not _empty(e)]))
+        self.final = self._finished(summary, output_items(events))
         return self.final
 
     def _finished(self, summary: Summary, output: list[JsonObject]) -> JsonObject:
@@ -157,7 +157,7 @@ class ResponsesStream:
             **self.echo,
         }
 
-    def _on_event(self, event: CompletionEvent) -> bytes:
+    def _on_event(self, event: TextDelta | ReasoningDelta | ToolCall) -> bytes:
         frames = b""
         if _add(self._items, event):
             frames += self._close(len(self._items) - 2) if len(self._items) > 1 else b""
@@ -210,8 +210,9 @@ class ResponsesStream:
         return frame(payload, event=event_type)
 
 
-def _empty(event: CompletionEvent) -> bool:
-    return not isinstance(event, ToolCall) and not event.text
+def _content(events: Sequence[CompletionEvent]) -> list[TextDelta | ReasoningDelta | ToolCall]:
+    """The events that make output items; Responses logprobs are not served."""
+    return [e for e in events if isinstance(e, ToolCall) or (isinstance(e, (TextDelta, ReasoningDelta)) and e.text)]
 
 
 def _text_part(text: str) -> JsonObject:

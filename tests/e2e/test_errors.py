@@ -106,15 +106,12 @@ def test_bad_completion_fields_name_the_param(server: Server, body: dict[str, ob
 
 UNSUPPORTED = [
     ("/chat/completions", {"n": 2}, "n"),
-    ("/chat/completions", {"logprobs": True}, "logprobs"),
-    ("/chat/completions", {"top_logprobs": 3}, "top_logprobs"),
     ("/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("/chat/completions", {"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ("/chat/completions", {"audio": {"voice": "alloy"}}, "audio"),
     ("/completions", {"echo": True}, "echo"),
     ("/completions", {"suffix": "end"}, "suffix"),
     ("/completions", {"best_of": 3}, "best_of"),
-    ("/completions", {"logprobs": 2}, "logprobs"),
 ]
 
 

@@ -7,7 +7,6 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import anthropic
 import httpx
 import jsonschema
 import openai
@@ -178,7 +177,7 @@ def test_named_tool_choice_streams_tool_call_deltas(server: Server) -> None:
 
 
 def test_anthropic_tool_choice_any(server: Server) -> None:
-    claude = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    claude = server.anthropic_client()
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": t["function"]["parameters"]} for t in TOOLS]  # type: ignore[index]
     message = claude.messages.create(
         model="m", max_tokens=200, messages=HELLO, tools=tools, tool_choice={"type": "any"}  # type: ignore[arg-type]
@@ -198,7 +197,7 @@ def test_anthropic_tool_choice_any(server: Server) -> None:
 
 
 def test_anthropic_output_format(server: Server) -> None:
-    claude = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    claude = server.anthropic_client()
     message = claude.messages.create(
         model="m", max_tokens=300, messages=HELLO, output_config={"format": {"type": "json_schema", "schema": PERSON}}  # type: ignore[arg-type, typeddict-item]
     )
