@@ -1,0 +1,102 @@
+"""The markup splitter: reasoning and tool calls out of text split anywhere."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlx_lm.tool_parsers.json_tools import parse_tool_call
+
+from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
+from stages.markup import Markers, MarkupSplitter, Section
+
+MARKERS = Markers(think=("<think>", "</think>"), tool_call=("<tool_call>", "</tool_call>"), tool_parser=parse_tool_call)
+
+
+def merged(events: list[CompletionEvent]) -> list[tuple[str, str]]:
+    """(kind, content) runs: text and reasoning joined, each call as name + arguments."""
+    runs: list[tuple[str, str]] = []
+    for event in events:
+        if isinstance(event, ToolCall):
+            runs.append(("call", f"{event.name}{event.arguments}"))
+            continue
+        assert isinstance(event, (TextDelta, ReasoningDelta))
+        kind = "text" if isinstance(event, TextDelta) else "reasoning"
+        if runs and runs[-1][0] == kind:
+            runs[-1] = (kind, runs[-1][1] + event.text)
+        else:
+            runs.append((kind, event.text))
+    return runs
+
+
+CASES = [
+    pytest.param(
+        '<think>\nplan it\n</think>\n\nThe answer.',
+        Section.ANSWER,
+        [("reasoning", "plan it"), ("text", "The answer.")],
+        id="think-then-answer",
+    ),
+    pytest.param(
+        'still thinking</think>done',
+        Section.REASONING,
+        [("reasoning", "still thinking"), ("text", "done")],
+        id="opened-by-template",
+    ),
+    pytest.param(
+        'Let me check.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n',
+        Section.ANSWER,
+        [("text", "Let me check."), ("call", 'f{"x": 1}')],
+        id="text-then-call",
+    ),
+    pytest.param(
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": "{\\"k\\": \\"v\\"}"}</tool_call>',
+        Section.ANSWER,
+        [("call", "a{}"), ("call", 'b{"k": "v"}')],
+        id="two-calls-string-arguments",
+    ),
+    pytest.param(
+        '<tool_call>not json</tool_call> after',
+        Section.ANSWER,
+        [("text", "<tool_call>not json</tool_call>after")],
+        id="unparseable-call-kept-as-text",
+    ),
+    pytest.param('a < b and <thinking> is not a marker', Section.ANSWER, [("text", "a < b and <thinking> is not a marker")], id="near-misses"),
+    pytest.param('x <tool_cal', Section.ANSWER, [("text", "x <tool_cal")], id="partial-marker-at-end-is-text"),
+    pytest.param('<think>cut short by max_tokens', Section.ANSWER, [("reasoning", "cut short by max_tokens")], id="unclosed-think"),
+]
+
+
+@pytest.mark.parametrize(("text", "section", "expected"), CASES)
+def test_every_split_gives_the_same_events(text: str, section: Section, expected: list[tuple[str, str]]) -> None:
+    encoded = text.encode()
+    for cut in range(len(encoded) + 1):
+        head, tail = encoded[:cut].decode(errors="ignore"), encoded[cut:].decode(errors="ignore")
+        if head + tail != text:
+            continue  # the cut fell inside a character; the detokenizer never splits there
+        splitter = MarkupSplitter(MARKERS, section=section)
+        events = splitter.feed(head) + splitter.feed(tail, final=True)
+        assert merged(events) == expected, cut
+        assert not any(isinstance(e, (TextDelta, ReasoningDelta)) and "<think>" in e.text for e in events if expected[0][0] != "text")
+
+
+def test_character_by_character_streaming() -> None:
+    text = '<think>why</think>Answer <tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    splitter = MarkupSplitter(MARKERS)
+    events: list[CompletionEvent] = []
+    for char in text:
+        step = splitter.feed(char)
+        # Nothing of a marker is ever emitted as text while it streams.
+        assert all("<" not in e.text for e in step if isinstance(e, (TextDelta, ReasoningDelta)))
+        events.extend(step)
+    events.extend(splitter.feed("", final=True))
+    assert merged(events) == [("reasoning", "why"), ("text", "Answer"), ("call", "f{}")]
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    assert [c.index for c in calls] == [0] and calls[0].id.startswith("call_")
+    assert json.loads(calls[0].arguments) == {}
+    assert splitter.tool_calls == 1
+
+
+def test_no_markers_is_plain_text() -> None:
+    splitter = MarkupSplitter(Markers())
+    text = "  <think> kept </tool_call>  "
+    assert merged(splitter.feed(text[:7]) + splitter.feed(text[7:], final=True)) == [("text", text)]
