@@ -63,15 +63,15 @@ def rows(results: Results, levels: Sequence[int]) -> list[tuple[str, ...]]:
     return table
 
 
-def plain_table(table: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[i]) for row in [HEADER, *table]) for i in range(len(HEADER))]
+def plain_table(table: list[tuple[str, ...]], header: tuple[str, ...] = HEADER) -> str:
+    widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
     line = lambda row: "  ".join(cell.rjust(width) for cell, width in zip(row, widths))  # noqa: E731
-    return "\n".join([line(HEADER), line(tuple("-" * w for w in widths)), *map(line, table)])
+    return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, table)])
 
 
-def markdown_table(table: list[tuple[str, ...]]) -> str:
+def markdown_table(table: list[tuple[str, ...]], header: tuple[str, ...] = HEADER) -> str:
     line = lambda row: "| " + " | ".join(row) + " |"  # noqa: E731
-    return "\n".join([line(HEADER), "|" + " ---: |" * len(HEADER), *map(line, table)])
+    return "\n".join([line(header), "|" + " ---: |" * len(header), *map(line, table)])
 
 
 def problems(results: Results, max_tokens: int) -> list[str]:
