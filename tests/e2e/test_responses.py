@@ -39,7 +39,7 @@ def test_create_returns_a_response_object(client: openai.OpenAI) -> None:
     assert response.usage is not None
     assert response.usage.output_tokens == 8
     assert response.usage.total_tokens == response.usage.input_tokens + 8
-    assert response.usage.input_tokens_details.cached_tokens == 0
+    assert 0 <= response.usage.input_tokens_details.cached_tokens < response.usage.input_tokens
     assert response.max_output_tokens == 8 and response.store is True
 
 

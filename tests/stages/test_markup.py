@@ -8,7 +8,9 @@ import pytest
 from mlx_lm.tool_parsers.json_tools import parse_tool_call
 
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
+from pipeline.requests import Tool
 from stages.markup import Markers, MarkupSplitter, Section
+from stages.model import Tokenizer
 
 MARKERS = Markers(think=("<think>", "</think>"), tool_call=("<tool_call>", "</tool_call>"), tool_parser=parse_tool_call)
 
@@ -100,3 +102,24 @@ def test_no_markers_is_plain_text() -> None:
     splitter = MarkupSplitter(Markers())
     text = "  <think> kept </tool_call>  "
     assert merged(splitter.feed(text[:7]) + splitter.feed(text[7:], final=True)) == [("text", text)]
+
+
+@pytest.mark.parametrize("per_step", [1, 2, 3])
+def test_real_tokens_through_the_detokenizer(tokenizer: Tokenizer, per_step: int) -> None:
+    """The path the sink takes: model tokens → mlx-lm's streaming detokenizer → splitter."""
+    from stages.markup import markers_for
+
+    text = '<think>\nweigh é options\n</think>\n\nCalling: <tool_call>\n{"name": "f", "arguments": {"q": "ü"}}\n</tool_call>'
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    markers = markers_for(tokenizer, (Tool(name="f"),), parse_tools=True)
+    assert markers.think is not None and markers.tool_call is not None  # inferred by mlx-lm, not hard-coded
+    splitter, detokenizer = MarkupSplitter(markers), tokenizer.detokenizer
+    events: list[CompletionEvent] = []
+    for start in range(0, len(tokens), per_step):
+        for token in tokens[start : start + per_step]:
+            detokenizer.add_token(token)
+        final = start + per_step >= len(tokens)
+        if final:
+            detokenizer.finalize()
+        events.extend(splitter.feed(detokenizer.last_segment, final=final))
+    assert merged(events) == [("reasoning", "weigh é options"), ("text", "Calling:"), ("call", 'f{"q": "ü"}')]
