@@ -1,21 +1,39 @@
-"""The Responses store: finished responses kept for `previous_response_id`.
+"""The Responses API store: `previous_response_id` and `GET/DELETE /v1/responses/{id}`.
 
-One small synchronous interface, `ResponseStore`, with two backings: an
-in-memory TTL + byte-capped LRU (the default) and SQLite
-(`sqlite:///path`, `wire/response_store_sqlite.py`), which survives a
-restart. Stores are thread-safe: the app calls them from worker threads,
-never from the event loop. Every failure inside a store surfaces as
-`StoreError`, which fails the one request that met it.
+One small synchronous interface, `ResponseStore`, with two stores behind
+it: `MemoryResponseStore` (the default) and `SqliteResponseStore` in
+`wire/response_store_sqlite.py`, which survives a restart. `open_store`
+picks one from the `MLX_RELAY_RESPONSE_STORE` URL. The app calls a store
+through `anyio.to_thread.run_sync`, so every store is thread-safe, and
+every failure inside one is a `StoreError`, which fails that one request.
+
+Both stores keep the same policy, so one test table covers both:
+
+- A record lives `ttl_seconds` after it was last stored or read: `get`
+  refreshes it, as it refreshes its place in the LRU order. Expired
+  records are dropped when read and swept when something is stored.
+- A record's size is `EncodedResponse.size`, the UTF-8 length of its JSON.
+  When the sizes pass `max_bytes`, the least recently used go first.
+- A record larger than `max_bytes` on its own is not stored, and is
+  counted in `oversized`: keeping it would evict everything else and
+  still break the cap. Any older record under its id is removed, so `get`
+  never answers with stale data. A follow-up then sees an unknown id, as
+  it would after an eviction; the response already sent is unaffected.
+- `get` returns a fresh copy decoded from JSON, so a caller that mutates
+  it changes nothing stored, in memory as on disk.
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import math
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
+from pathlib import Path
+from typing import Literal, Protocol
+from urllib.parse import unquote, urlsplit
 
 import attrs
 
@@ -25,158 +43,261 @@ Clock = Callable[[], float]
 
 
 class StoreError(Exception):
-    """The store could not do what was asked; the request fails, the server does not."""
+    """A store failed (I/O, SQLite, corrupt data) or was given a bad setting."""
 
 
 @attrs.frozen(kw_only=True)
 class StoredResponse:
-    """A finished response and what a follow-up must replay before its own input.
-
-    `input_items` include the history spliced in from earlier responses.
-    """
-
     id: str
+    # Unix seconds, as in the response body; the TTL runs on the store's own clock.
     created_at: float
+    # The full Responses API response object as returned to the client.
     body: JsonObject
+    # Every input item that produced it, spliced history included: what a
+    # follow-up replays before its own input.
     input_items: tuple[JsonObject, ...]
+    # Carried forward when a follow-up omits them.
     instructions: str | None
 
 
 @attrs.frozen(kw_only=True)
 class ResponseStoreStatistics:
-    kind: str
+    """The `/stats` figures. For SQLite, entries and bytes are the file's (every
+    process's); hits through oversized count this store object's calls."""
+
+    kind: Literal["memory", "sqlite"]
+    location: str | None  # the database file; None in memory
     entries: int
     bytes: int
     max_bytes: int
     ttl_seconds: float
     hits: int
-    misses: int
-    evictions: int
+    misses: int  # unknown and expired ids alike
+    evictions: int  # dropped for the byte cap
+    expirations: int  # dropped for the TTL
+    oversized: int  # records refused for being over max_bytes alone
 
 
 class ResponseStore(Protocol):
     def put(self, record: StoredResponse) -> None: ...
 
-    def get(self, response_id: str) -> StoredResponse | None:
-        """None when the id is unknown or its entry expired."""
-        ...
+    def get(self, response_id: str) -> StoredResponse | None: ...
 
-    def delete(self, response_id: str) -> bool:
-        """False when the id is unknown."""
-        ...
+    def delete(self, response_id: str) -> bool: ...
 
     def statistics(self) -> ResponseStoreStatistics: ...
 
     def close(self) -> None: ...
 
 
-def open_store(url: str | None, *, ttl_seconds: float, max_bytes: int) -> ResponseStore:
-    """The store a `MLX_RELAY_RESPONSE_STORE` value names.
+@attrs.frozen(kw_only=True)
+class EncodedResponse:
+    """A record as JSON text: what both stores hold, and what `size` measures."""
 
-    Raises:
-        StoreError: an unknown scheme, or a database that cannot be opened.
-    """
-    if url is None or url in ("", "memory", "memory://"):
-        return MemoryResponseStore(ttl_seconds=ttl_seconds, max_bytes=max_bytes)
-    if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
-        from wire.response_store_sqlite import SqliteResponseStore
+    id: str
+    created_at: float
+    instructions: str | None
+    body: str
+    input_items: str
+    size: int
 
-        return SqliteResponseStore(url.removeprefix("sqlite://"), ttl_seconds=ttl_seconds, max_bytes=max_bytes)
-    raise StoreError(f"unknown response store {url!r}: use 'memory' or 'sqlite:///absolute/path.db'")
-
-
-def encode(record: StoredResponse) -> str:
-    return json.dumps(attrs.asdict(record), ensure_ascii=False, separators=(",", ":"))
-
-
-def decode(text: str) -> StoredResponse:
-    try:
-        raw = json.loads(text)
-        return StoredResponse(
-            id=raw["id"],
-            created_at=float(raw["created_at"]),
-            body=raw["body"],
-            input_items=tuple(raw["input_items"]),
-            instructions=raw["instructions"],
+    @classmethod
+    def encode(cls, record: StoredResponse) -> EncodedResponse:
+        """Raises StoreError when the record holds something JSON cannot encode."""
+        try:
+            body = _dumps(record.body)
+            items = _dumps(list(record.input_items))
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"response {record.id!r} cannot be stored as JSON: {exc}") from exc
+        texts = (record.id, body, items, record.instructions or "")
+        size = sum(len(text.encode()) for text in texts)
+        return cls(
+            id=record.id, created_at=record.created_at, instructions=record.instructions, body=body, input_items=items, size=size
         )
-    except (ValueError, KeyError, TypeError) as error:
-        raise StoreError(f"a stored response is corrupt: {error}") from None
+
+    def decode(self) -> StoredResponse:
+        """Raises StoreError when the stored text is not the JSON we wrote."""
+        body = _loads(self.body, self.id)
+        items = _loads(self.input_items, self.id)
+        if not isinstance(body, dict) or not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise StoreError(f"stored response {self.id!r} is corrupt: unexpected JSON shape")
+        return StoredResponse(
+            id=self.id, created_at=self.created_at, body=body, input_items=tuple(items), instructions=self.instructions
+        )
+
+
+def _dumps(value: object) -> str:
+    # NaN and infinities (a -inf logprob) are kept as Python's JSON writes
+    # them, so a record reads back exactly as it was stored.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _loads(text: str, response_id: str) -> object:
+    try:
+        value: object = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError and bad UTF-8 surrogates alike
+        raise StoreError(f"stored response {response_id!r} is corrupt: {exc}") from exc
+    return value
+
+
+def check_limits(*, ttl_seconds: float, max_bytes: int) -> None:
+    """Raises StoreError unless both limits are positive (the TTL may be infinite)."""
+    if math.isnan(ttl_seconds) or ttl_seconds <= 0:
+        raise StoreError(f"the response store TTL must be positive seconds, got {ttl_seconds}")
+    if max_bytes <= 0:
+        raise StoreError(f"the response store byte cap must be positive, got {max_bytes}")
+
+
+@attrs.define
+class _Entry:
+    record: EncodedResponse
+    last_used_at: float
 
 
 @attrs.define
 class MemoryResponseStore:
-    """Process-local; gone with the process. A record larger than the cap is not kept."""
+    """The default store: an LRU in one OrderedDict under one lock, gone at exit.
+
+    The OrderedDict's order is both the LRU order and the expiry order,
+    because a record's TTL restarts whenever its place in the LRU does.
+    """
 
     _ttl: float = attrs.field(alias="ttl_seconds")
     _max_bytes: int = attrs.field(alias="max_bytes")
     _clock: Clock = attrs.field(default=time.time, alias="clock")
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
-    # id -> (stored at, size, encoded record); oldest use first.
-    _entries: OrderedDict[str, tuple[float, int, str]] = attrs.field(factory=OrderedDict, init=False)
+    _entries: collections.OrderedDict[str, _Entry] = attrs.field(factory=collections.OrderedDict, init=False)
     _bytes: int = attrs.field(default=0, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
     _hits: int = attrs.field(default=0, init=False)
     _misses: int = attrs.field(default=0, init=False)
     _evictions: int = attrs.field(default=0, init=False)
+    _expirations: int = attrs.field(default=0, init=False)
+    _oversized: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        check_limits(ttl_seconds=self._ttl, max_bytes=self._max_bytes)
 
     def put(self, record: StoredResponse) -> None:
-        text = encode(record)
-        size = len(text.encode())
+        encoded = EncodedResponse.encode(record)
         with self._lock:
-            self._drop(record.id)
-            self._sweep()
-            if size > self._max_bytes:
-                self._evictions += 1
+            self._check_open()
+            now = self._clock()
+            self._sweep(now)
+            self._remove(record.id)
+            if encoded.size > self._max_bytes:
+                self._oversized += 1
                 return
-            self._entries[record.id] = (self._clock(), size, text)
-            self._bytes += size
+            self._entries[record.id] = _Entry(encoded, now)
+            self._bytes += encoded.size
             while self._bytes > self._max_bytes:
-                self._drop(next(iter(self._entries)))
+                self._remove(next(iter(self._entries)))
                 self._evictions += 1
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self._lock:
+            self._check_open()
+            now = self._clock()
             entry = self._entries.get(response_id)
-            if entry is None or self._expired(entry[0]):
-                self._drop(response_id)
+            if entry is not None and self._expired(entry, now):
+                self._remove(response_id)
+                self._expirations += 1
+                entry = None
+            if entry is None:
                 self._misses += 1
                 return None
+            entry.last_used_at = now
             self._entries.move_to_end(response_id)
             self._hits += 1
-            return decode(entry[2])
+        return entry.record.decode()
 
     def delete(self, response_id: str) -> bool:
         with self._lock:
-            entry = self._entries.get(response_id)
-            self._drop(response_id)
-            return entry is not None and not self._expired(entry[0])
+            self._check_open()
+            entry = self._remove(response_id)
+            return entry is not None and not self._expired(entry, self._clock())
 
     def statistics(self) -> ResponseStoreStatistics:
         with self._lock:
             return ResponseStoreStatistics(
-                kind="memory",
-                entries=len(self._entries),
-                bytes=self._bytes,
-                max_bytes=self._max_bytes,
-                ttl_seconds=self._ttl,
-                hits=self._hits,
-                misses=self._misses,
-                evictions=self._evictions,
-            )
+                kind="memory", location=None, entries=len(self._entries), bytes=self._bytes,
+                max_bytes=self._max_bytes, ttl_seconds=self._ttl, hits=self._hits, misses=self._misses,
+                evictions=self._evictions, expirations=self._expirations, oversized=self._oversized,
+            )  # fmt: skip
 
     def close(self) -> None:
         with self._lock:
             self._entries.clear()
             self._bytes = 0
+            self._closed = True
 
-    def _expired(self, stored_at: float) -> bool:
-        return self._clock() - stored_at > self._ttl
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the response store is closed")
 
-    def _sweep(self) -> None:
-        # Entries are in use order, not age order: expired ones can sit anywhere.
-        for response_id in [key for key, entry in self._entries.items() if self._expired(entry[0])]:
-            self._drop(response_id)
+    def _expired(self, entry: _Entry, now: float) -> bool:
+        return entry.last_used_at <= now - self._ttl
 
-    def _drop(self, response_id: str) -> None:
+    def _sweep(self, now: float) -> None:
+        # Oldest use first, so this stops at the first live record: a put costs O(expired).
+        while self._entries:
+            oldest_id, oldest = next(iter(self._entries.items()))
+            if not self._expired(oldest, now):
+                return
+            self._remove(oldest_id)
+            self._expirations += 1
+
+    def _remove(self, response_id: str) -> _Entry | None:
         entry = self._entries.pop(response_id, None)
         if entry is not None:
-            self._bytes -= entry[1]
+            self._bytes -= entry.record.size
+        return entry
+
+
+def store_path(url: str | None) -> Path | None:
+    """The SQLite file a store URL names, or None for the memory store.
+
+    Accepted: unset, "", "memory" or "memory://"; "sqlite:///abs/path.db" (and
+    SQLAlchemy's "sqlite:////abs/path.db", the same file); "sqlite:rel.db",
+    relative to the working directory. Percent-escapes are decoded.
+
+    Raises:
+        StoreError: any other URL, with what would have been accepted.
+    """
+    text = (url or "").strip()
+    if text in ("", "memory", "memory://"):
+        return None
+    parts = urlsplit(text)
+    if parts.scheme.lower() != "sqlite":
+        raise StoreError(f"unknown response store {text!r}: {_ACCEPTED}")
+    if parts.netloc:
+        raise StoreError(f"response store {text!r} names a host {parts.netloc!r}: {_ACCEPTED}")
+    if parts.query or parts.fragment or text.endswith(("?", "#")):
+        raise StoreError(f"response store {text!r} takes no query or fragment: {_ACCEPTED}")
+    path = unquote(parts.path)
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    if path in ("", "/") or path.endswith("/"):
+        raise StoreError(f"response store {text!r} names no database file: {_ACCEPTED}")
+    if path == ":memory:":
+        raise StoreError(f"response store {text!r}: for a store in memory, write 'memory'")
+    return Path(path)
+
+
+_ACCEPTED = "use 'memory', 'sqlite:///absolute/path.db' or 'sqlite:relative/path.db'"
+
+
+def open_store(url: str | None, *, ttl_seconds: float, max_bytes: int, clock: Clock = time.time) -> ResponseStore:
+    """Open the store that `url` names (see `store_path`).
+
+    Raises:
+        StoreError: a bad URL or limit, or a database that cannot be opened
+            (a settings error at startup).
+    """
+    path = store_path(url)
+    if path is None:
+        return MemoryResponseStore(ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)
+    # Imported here because the SQLite module imports this one for the record types.
+    from wire.response_store_sqlite import SqliteResponseStore
+
+    return SqliteResponseStore(path, ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)

@@ -1,167 +1,266 @@
-"""The durable Responses store: one SQLite file, safe across threads and processes.
+"""The durable Responses store: one SQLite file, shared by threads and processes.
 
-Each thread has its own connection; WAL mode lets readers run beside the
-one writer, and `busy_timeout` makes concurrent writers (other threads,
-other hypercorn workers) wait their turn instead of failing. Expiry and
-the byte cap are applied inside the same transaction as each insert, so
-no reader sees the store over its bound. `user_version` records the
-schema; an unknown one is refused rather than misread.
+Same policy as the memory store (see `wire/response_store.py`); the
+records outlive the server.
+
+Threads: one connection per store object, used only under the store's
+lock (`check_same_thread=False`). A connection has one transaction at a
+time, so threads sharing it unlocked would run statements inside each
+other's transactions. The lock makes every operation one whole
+transaction. Connections per thread would also let reads run side by
+side, but anyio's worker threads come and go, and `close()` may not
+close a connection that belongs to another thread.
+
+Processes (hypercorn workers, each with its own store on the same file):
+SQLite's file locks. WAL lets readers run beside the one writer. Every
+transaction that writes, `get` included (it stamps last use), starts with
+`BEGIN IMMEDIATE`, so it takes the write lock before it reads. A deferred
+transaction that later upgrades can fail at once with SQLITE_BUSY, because
+another process wrote after it read, and `busy_timeout` does not retry
+that. With the lock taken up front, the timeout makes each writer wait its
+turn. The sweep and the byte cap run in the insert's own transaction, so
+no process ever sees the file over its cap. WAL needs shared memory
+between the processes: a local disk, not a network filesystem.
+
+Each row holds the record's JSON texts, its `size`, the time it was last
+used, and `recency`, a counter across the file that gives the exact LRU
+order even when two uses share a clock tick. `PRAGMA user_version` names
+the schema. A newer or unknown schema, or a file that is not a database,
+is refused with StoreError when the store opens.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import attrs
 
-from wire.response_store import Clock, ResponseStoreStatistics, StoredResponse, StoreError, decode, encode
+from wire.response_store import Clock, EncodedResponse, ResponseStoreStatistics, StoredResponse, StoreError, check_limits
 
-T = TypeVar("T")
+SCHEMA_VERSION = 1
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS responses (
+        id TEXT PRIMARY KEY,
+        created_at REAL NOT NULL,
+        last_used_at REAL NOT NULL,
+        recency INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        instructions TEXT,
+        body TEXT NOT NULL,
+        input_items TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS responses_by_use ON responses (last_used_at)",
+    "CREATE INDEX IF NOT EXISTS responses_by_recency ON responses (recency, size)",
+)
+_COLUMNS = ("id", "created_at", "last_used_at", "recency", "size", "instructions", "body", "input_items")
+_NEXT_RECENCY = "(SELECT COALESCE(MAX(recency), 0) + 1 FROM responses)"
+# Opening a file that other processes are creating and writing can fail
+# with SQLITE_BUSY at once, without SQLite's busy handler waiting (once in
+# forty 8-process stress runs), so the whole open is retried until the
+# busy timeout.
+_OPEN_RETRY_SECONDS = 0.01
 
-_SCHEMA_VERSION = 1
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY,
-    created_at REAL NOT NULL,
-    last_used_at REAL NOT NULL,
-    size INTEGER NOT NULL,
-    record TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS responses_by_use ON responses (last_used_at);
-"""
-_BUSY_TIMEOUT_MS = 10_000
+
+def _absolute(path: str | os.PathLike[str]) -> Path:
+    return Path(os.path.abspath(path))
 
 
 @attrs.define
 class SqliteResponseStore:
-    _path: Path = attrs.field(converter=Path, alias="path")
+    """Opens (creating the file, its folder and the schema) on construction.
+
+    Raises:
+        StoreError: the folder cannot be made, or the file is not a
+            database, or holds a newer or unknown schema.
+    """
+
+    _path: Path = attrs.field(converter=_absolute, alias="path")
     _ttl: float = attrs.field(alias="ttl_seconds")
     _max_bytes: int = attrs.field(alias="max_bytes")
     _clock: Clock = attrs.field(default=time.time, alias="clock")
-    _local: threading.local = attrs.field(factory=threading.local, init=False)
-    _connections: list[sqlite3.Connection] = attrs.field(factory=list, init=False)
+    # Seconds a writer waits for another thread's or process's transaction.
+    _busy_timeout: float = attrs.field(default=5.0, alias="busy_timeout")
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _db: sqlite3.Connection | None = attrs.field(default=None, init=False)
     _hits: int = attrs.field(default=0, init=False)
     _misses: int = attrs.field(default=0, init=False)
     _evictions: int = attrs.field(default=0, init=False)
+    _expirations: int = attrs.field(default=0, init=False)
+    _oversized: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
-        try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise StoreError(f"cannot create {self._path.parent}: {error}") from None
-        self._run(self._create_schema)
+        check_limits(ttl_seconds=self._ttl, max_bytes=self._max_bytes)
+        deadline = time.monotonic() + self._busy_timeout
+        with self._failures("open"), self._lock:
+            while True:
+                try:
+                    self._db = _open(self._path, self._busy_timeout)
+                    return
+                except sqlite3.OperationalError as exc:
+                    if not _busy(exc) or time.monotonic() >= deadline:
+                        raise
+                time.sleep(_OPEN_RETRY_SECONDS)
 
     def put(self, record: StoredResponse) -> None:
-        text = encode(record)
-        self._run(lambda db: self._insert(db, record, text))
-
-    def get(self, response_id: str) -> StoredResponse | None:
-        row = self._run(lambda db: self._touch(db, response_id))
-        with self._lock:
-            if row is None:
-                self._misses += 1
-            else:
-                self._hits += 1
-        return None if row is None else decode(row)
-
-    def delete(self, response_id: str) -> bool:
-        def delete(db: sqlite3.Connection) -> bool:
-            with db:
-                live = db.execute(
-                    "SELECT 1 FROM responses WHERE id = ? AND created_at >= ?", (response_id, self._oldest())
-                ).fetchone()
-                db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
-            return live is not None
-
-        return self._run(delete)
-
-    def statistics(self) -> ResponseStoreStatistics:
-        entries, size = self._run(lambda db: db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM responses").fetchone())
-        with self._lock:
-            return ResponseStoreStatistics(
-                kind="sqlite",
-                entries=int(entries),
-                bytes=int(size),
-                max_bytes=self._max_bytes,
-                ttl_seconds=self._ttl,
-                hits=self._hits,
-                misses=self._misses,
-                evictions=self._evictions,
-            )
-
-    def close(self) -> None:
-        with self._lock:
-            for connection in self._connections:
-                connection.close()
-            self._connections.clear()
-        self._local = threading.local()
-
-    def _create_schema(self, db: sqlite3.Connection) -> None:
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, _SCHEMA_VERSION):
-            raise StoreError(f"{self._path} has response store schema {version}; this server knows {_SCHEMA_VERSION}")
-        with db:
-            db.executescript(_SCHEMA)
-            db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-
-    def _insert(self, db: sqlite3.Connection, record: StoredResponse, text: str) -> None:
-        size, now = len(text.encode()), self._clock()
-        if size > self._max_bytes:
-            with self._lock:
-                self._evictions += 1
-            return
-        with db:
-            db.execute("DELETE FROM responses WHERE created_at < ?", (self._oldest(),))
-            db.execute(
-                "INSERT OR REPLACE INTO responses (id, created_at, last_used_at, size, record) VALUES (?, ?, ?, ?, ?)",
-                (record.id, now, now, size, text),
-            )
-            evicted = self._evict(db)
-        with self._lock:
+        encoded = EncodedResponse.encode(record)
+        with self._failures("put"), self._lock:
+            with self._transaction() as db:
+                now = self._clock()
+                expired = db.execute("DELETE FROM responses WHERE last_used_at <= ?", (now - self._ttl,)).rowcount
+                db.execute("DELETE FROM responses WHERE id = ?", (encoded.id,))
+                oversized = encoded.size > self._max_bytes
+                evicted = 0 if oversized else self._insert(db, encoded, now)
+            self._expirations += expired
+            self._oversized += oversized
             self._evictions += evicted
 
-    def _evict(self, db: sqlite3.Connection) -> int:
-        (total,) = db.execute("SELECT COALESCE(SUM(size), 0) FROM responses").fetchone()
-        evicted = 0
-        # Least recently used first, until the cap holds again.
-        for response_id, size in db.execute("SELECT id, size FROM responses ORDER BY last_used_at").fetchall():
-            if total <= self._max_bytes:
-                break
-            db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
-            total, evicted = total - size, evicted + 1
-        return evicted
+    def get(self, response_id: str) -> StoredResponse | None:
+        with self._failures("get"), self._lock:
+            with self._transaction() as db:
+                now = self._clock()
+                row = db.execute(
+                    f"SELECT {', '.join(_COLUMNS)}, last_used_at <= ? FROM responses WHERE id = ?",
+                    (now - self._ttl, response_id),
+                ).fetchone()
+                expired = row is not None and bool(row[-1])
+                if expired:
+                    db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+                elif row is not None:
+                    db.execute(
+                        f"UPDATE responses SET last_used_at = ?, recency = {_NEXT_RECENCY} WHERE id = ?", (now, response_id)
+                    )
+            found = row is not None and not expired
+            self._hits += found
+            self._misses += not found
+            self._expirations += expired
+        # Decoded outside the lock: it is CPU work on this thread's own copy.
+        return _encoded(row[:-1]).decode() if found else None
 
-    def _touch(self, db: sqlite3.Connection, response_id: str) -> str | None:
-        with db:
-            row = db.execute(
-                "SELECT record FROM responses WHERE id = ? AND created_at >= ?", (response_id, self._oldest())
-            ).fetchone()
-            if row is not None:
-                db.execute("UPDATE responses SET last_used_at = ? WHERE id = ?", (self._clock(), response_id))
-        return None if row is None else str(row[0])
+    def delete(self, response_id: str) -> bool:
+        with self._failures("delete"), self._lock:
+            with self._transaction() as db:
+                live = db.execute(
+                    "SELECT 1 FROM responses WHERE id = ? AND last_used_at > ?", (response_id, self._clock() - self._ttl)
+                ).fetchone()
+                db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+                return live is not None
 
-    def _oldest(self) -> float:
-        return self._clock() - self._ttl
+    def statistics(self) -> ResponseStoreStatistics:
+        with self._failures("statistics"), self._lock:
+            entries, size = self._connection().execute("SELECT COUNT(*), TOTAL(size) FROM responses").fetchone()
+            return ResponseStoreStatistics(
+                kind="sqlite", location=str(self._path), entries=int(entries), bytes=int(size),
+                max_bytes=self._max_bytes, ttl_seconds=self._ttl, hits=self._hits, misses=self._misses,
+                evictions=self._evictions, expirations=self._expirations, oversized=self._oversized,
+            )  # fmt: skip
 
-    def _run(self, operation: Callable[[sqlite3.Connection], T]) -> T:
-        try:
-            return operation(self._connection())
-        except sqlite3.Error as error:
-            raise StoreError(f"response store {self._path}: {error}") from None
+    def close(self) -> None:
+        with self._failures("close"), self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def _insert(self, db: sqlite3.Connection, encoded: EncodedResponse, now: float) -> int:
+        db.execute(
+            f"INSERT INTO responses ({', '.join(_COLUMNS)}) VALUES (?, ?, ?, {_NEXT_RECENCY}, ?, ?, ?, ?)",
+            (encoded.id, encoded.created_at, now, encoded.size, encoded.instructions, encoded.body, encoded.input_items),
+        )
+        return self._evict(db, keep=encoded.id)
+
+    def _evict(self, db: sqlite3.Connection, *, keep: str) -> int:
+        """Deletes least recently used rows until the cap holds; returns how many."""
+        (total,) = db.execute("SELECT TOTAL(size) FROM responses").fetchone()
+        victims: list[tuple[str]] = []
+        if total > self._max_bytes:
+            for response_id, size in db.execute("SELECT id, size FROM responses WHERE id != ? ORDER BY recency", (keep,)):
+                if total <= self._max_bytes:
+                    break
+                victims.append((response_id,))
+                total -= size
+        db.executemany("DELETE FROM responses WHERE id = ?", victims)
+        return len(victims)
 
     def _connection(self) -> sqlite3.Connection:
-        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = sqlite3.connect(self._path, timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level="DEFERRED")
-            connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-            connection.execute("PRAGMA journal_mode = WAL")
-            self._local.connection = connection
-            with self._lock:
-                self._connections.append(connection)
-        return connection
+        if self._db is None:
+            raise StoreError(f"the response store {self._path} is closed")
+        return self._db
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; the caller holds the lock."""
+        db = self._connection()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.rollback()
+            raise
+
+    @contextlib.contextmanager
+    def _failures(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"response store {self._path}: {action} failed: {exc}") from exc
+
+
+def _open(path: Path, busy_timeout: float) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # isolation_level=None: no implicit transactions; each method says BEGIN IMMEDIATE itself.
+    db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+    try:
+        db.execute("PRAGMA journal_mode = WAL")
+        # In WAL mode NORMAL survives any process crash; a power cut may lose
+        # the last commits but never corrupts the file.
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("BEGIN IMMEDIATE")
+        _migrate(db, path)
+        db.execute("COMMIT")
+    except BaseException:
+        db.close()  # and with it any open transaction
+        raise
+    return db
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    return exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Creates the schema in an empty file; refuses anything it does not know."""
+    (version,) = db.execute("PRAGMA user_version").fetchone()
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"{path} holds response store schema {version}, newer than this server's {SCHEMA_VERSION}")
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if version == 0 and not tables:
+        for statement in _SCHEMA:
+            db.execute(statement)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return
+    columns = tuple(str(row[1]) for row in db.execute("PRAGMA table_info(responses)"))
+    if version != SCHEMA_VERSION or columns != _COLUMNS:
+        raise StoreError(f"{path} is not a response store this server knows (schema {version}, tables {sorted(tables)})")
+
+
+def _encoded(row: tuple[object, ...]) -> EncodedResponse:
+    response_id, created_at, _, _, size, instructions, body, input_items = row
+    if not (
+        isinstance(response_id, str)
+        and isinstance(created_at, (int, float))
+        and isinstance(size, int)
+        and (instructions is None or isinstance(instructions, str))
+        and isinstance(body, str)
+        and isinstance(input_items, str)
+    ):
+        raise StoreError(f"stored response {response_id!r} is corrupt: a column has the wrong type")
+    return EncodedResponse(
+        id=response_id, created_at=float(created_at), instructions=instructions, body=body, input_items=input_items, size=size
+    )
