@@ -13,9 +13,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
+import structlog
 
 from stages.cache_disk import DiskStatistics, DiskTier, SpillJob, Tensor, tensor, token_tensor
 from stages.prompt_cache import Entry, Key
+
+log = structlog.get_logger(stage="gateway")
 
 MakeLayer = Callable[[Tensor, Tensor], Any]
 
@@ -56,7 +59,9 @@ class DiskLink:
         if not pairs or any(keys.shape[2:3] != (len(key),) or values.shape[2:3] != (len(key),) for keys, values in pairs):
             return None
         cache = [self.make_layer(keys, values) for keys, values in pairs]
-        self.disk.record_restore(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.disk.record_restore(seconds)
+        log.info("prompt_cache.restore", tokens=len(key), seconds=round(seconds, 4))
         return Entry(tokens=key, cache=cache, prompt_len=restored.prompt_len, on_disk=True)
 
     def statistics(self) -> DiskStatistics:

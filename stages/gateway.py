@@ -166,6 +166,7 @@ class GenerationGateway:
             self._serve(generator)
         finally:
             generator.close()
+            # The cache's arrays, like the model's, are freed on the thread that made them.
             del generator, model
             self._cache = None
             mx.clear_cache()

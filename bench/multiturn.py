@@ -1,0 +1,235 @@
+"""Multi-turn benchmark: time to first token per turn, prompt cache off vs on.
+
+    python -m bench.multiturn [--model demo|tiny|PATH] [--turns 8] [--system-tokens 2000] [--temperature 0]
+
+An agent-style conversation: a long system prompt, then turns that each
+resend everything so far (the system prompt, every question, every answer)
+with one new question, streamed at temperature 0. The same conversation
+runs against mlx-relay with the prompt cache off (`MLX_RELAY_PROMPT_CACHE_BYTES=0`),
+then against a fresh mlx-relay with it on, one server after the other, so
+neither measures the other. Each server answers one unrelated warm-up
+request first. The answers must be byte-identical between the two runs:
+the cache may change speed, never output. Writes bench/out/multiturn.{json,png}
+and server logs to bench/out/logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs in the venv
+
+from bench import report
+from bench.servers import Server, free_port, relay_command, relay_env, started
+
+OUT = Path(__file__).resolve().parent / "out"
+# Generous: a cold 4k-token prefill on a small CPU takes several seconds.
+_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+MODES = ("off", "on")
+HEADER = ("turn", "prompt tokens", "cached (on)", "TTFT off ms", "TTFT on ms", "off/on", "same answer")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.multiturn", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="demo", help="demo, tiny (built locally), a model directory or a repo id")
+    parser.add_argument("--turns", type=int, default=8, help="turns in the conversation (default 8)")
+    parser.add_argument("--system-tokens", type=int, default=2000, help="system prompt length in tokens (default 2000)")
+    parser.add_argument("--question-tokens", type=int, default=100, help="each new question, in tokens (default 100)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="each answer's max_tokens (default 64)")
+    # Greedy answers of a random-weight model repeat one token; seeded sampling
+    # gives varied text, a stricter test of "same output with the cache".
+    parser.add_argument("--temperature", type=float, default=0.0, help="above 0: sample, seeded by the turn (default 0)")
+    parser.add_argument("--out", type=Path, default=OUT, help="where the JSON, plot and logs go (default bench/out)")
+    return parser
+
+
+@attrs.frozen(kw_only=True)
+class Turn:
+    ttft_s: float
+    total_s: float
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    from stages.demo_model import DEMO_MODELS, ensure_demo_model
+
+    path = str(ensure_demo_model(args.model)) if args.model in DEMO_MODELS else args.model
+    texts = _Texts(Path(path))
+    started_at = time.perf_counter()
+    runs: dict[str, list[Turn]] = {}
+    server_stats: dict[str, Any] = {}
+    with tqdm(total=len(MODES) * args.turns, unit="turn", desc="bench") as bar:
+        for mode in MODES:
+            bar.set_description(f"cache {mode}")
+            env = relay_env(args.model if args.model in DEMO_MODELS else path, frozenset(DEMO_MODELS))
+            env["MLX_RELAY_PROMPT_CACHE_BYTES"] = "0" if mode == "off" else str(2**30)
+            port = free_port()
+            with started(f"multiturn-cache-{mode}", relay_command(port), port, env, args.out / "logs") as server:
+                runs[mode] = _conversation(server, texts, args, bar)
+                server_stats[mode] = httpx.get(f"{server.url}/stats", timeout=10).json()
+    meta = {"model": args.model, "model_path": path, "platform": platform.platform(), "cpus": os.cpu_count(),
+            "blas": server_stats["on"].get("blas"), "wall_s": time.perf_counter() - started_at,
+            "prompt_cache": server_stats["on"].get("prompt_cache")}  # fmt: skip
+    _publish(args, runs, meta)
+
+
+@attrs.define
+class _Texts:
+    """Deterministic prose sized in the served model's own tokens."""
+
+    model_path: Path
+    _tokenizer: Any = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(self.model_path / "tokenizer.json"))
+
+    def sized(self, tokens: int, opening: str, sentence: str) -> str:
+        """`opening`, then numbered sentences until the text is `tokens` tokens long."""
+        parts, index = [opening], 0
+        while len(self._tokenizer.encode(" ".join(parts)).ids) < tokens:
+            index += 1
+            parts.append(sentence.format(index))
+        return " ".join(parts)
+
+
+def _conversation(server: Server, texts: _Texts, args: argparse.Namespace, bar: tqdm) -> list[Turn]:
+    system = texts.sized(
+        args.system_tokens,
+        "You are the support agent of a tool-using assistant. Follow the rules below.",
+        "Rule {0}: when a request touches area {0}, check the ledger for area {0} first and answer in plain words.",
+    )
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}]
+    with httpx.Client(timeout=_TIMEOUT) as client:
+        _stream(client, server, [{"role": "user", "content": "Warm up: say anything."}], args.max_tokens, 0.0)
+        turns = []
+        for turn in range(1, args.turns + 1):
+            question = texts.sized(
+                args.question_tokens, f"Question {turn}.", "Detail {0}: say how step " + str(turn) + ".{0} goes."
+            )
+            messages.append({"role": "user", "content": question})
+            result = _stream(client, server, messages, args.max_tokens, args.temperature, seed=turn)
+            messages.append({"role": "assistant", "content": result.text})
+            turns.append(result)
+            bar.update(1)
+    return turns
+
+
+def _stream(
+    client: httpx.Client, server: Server, messages: list[dict[str, str]], max_tokens: int, temperature: float, seed: int = 0
+) -> Turn:
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    start = time.perf_counter()
+    first: float | None = None
+    parts: list[str] = []
+    usage: dict[str, Any] = {}
+    with client.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code}: {response.read()[:300]!r}")
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or ():
+                text = choice["delta"].get("content")
+                if text:
+                    first = first if first is not None else time.perf_counter()
+                    parts.append(text)
+    end = time.perf_counter()
+    return Turn(
+        ttft_s=(first or end) - start,
+        total_s=end - start,
+        text="".join(parts),
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        cached_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)),
+        completion_tokens=int(usage.get("completion_tokens", 0)),
+    )
+
+
+def _rows(runs: dict[str, list[Turn]]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for index, (off, on) in enumerate(zip(runs["off"], runs["on"], strict=True), start=1):
+        rows.append((
+            str(index), str(on.prompt_tokens), str(on.cached_tokens),
+            f"{off.ttft_s * 1000:.0f}", f"{on.ttft_s * 1000:.0f}", f"{off.ttft_s / on.ttft_s:.1f}x",
+            "yes" if off.text == on.text else "NO",
+        ))  # fmt: skip
+    return rows
+
+
+def _publish(args: argparse.Namespace, runs: dict[str, list[Turn]], meta: dict[str, Any]) -> None:
+    rows = _rows(runs)
+    later = [off.ttft_s / on.ttft_s for off, on in zip(runs["off"][1:], runs["on"][1:], strict=True)]
+    identical = sum(off.text == on.text for off, on in zip(runs["off"], runs["on"], strict=True))
+    summary = {
+        "speedup_turn2_on_median": statistics.median(later) if later else None,
+        "speedup_turn2_on_min": min(later) if later else None,
+        "identical_answers": [identical, len(rows)],
+        "prompt_tokens_off_equal_on": [t.prompt_tokens for t in runs["off"]] == [t.prompt_tokens for t in runs["on"]],
+    }
+    title = f"{args.model}: {args.turns} turns, {args.system_tokens}-token system prompt, max_tokens={args.max_tokens}"
+    title += f", temperature {args.temperature} (seeded)" if args.temperature else ", greedy"
+    print(f"\nMulti-turn benchmark: {title}\n")
+    widths = [max(len(row[i]) for row in [HEADER, *rows]) for i in range(len(HEADER))]
+    for row in [HEADER, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths)))
+    print(
+        f"\nturns 2-{args.turns}: TTFT {summary['speedup_turn2_on_median']:.1f}x lower with the cache (median), "
+        f"{summary['speedup_turn2_on_min']:.1f}x at least; identical answers {identical}/{len(rows)}; "
+        f"BLAS: {meta['blas']}; total wall time {meta['wall_s']:.0f} s"
+    )
+    line = lambda row: "| " + " | ".join(row) + " |"  # noqa: E731
+    print("\nMarkdown:\n\n" + "\n".join([line(HEADER), "|" + " ---: |" * len(HEADER), *map(line, rows)]) + "\n")
+    keys = ("model", "turns", "system_tokens", "question_tokens", "max_tokens", "temperature")
+    payload = {"workload": {key: getattr(args, key) for key in keys},
+               "meta": meta, "summary": summary,
+               "turns": {mode: [attrs.asdict(turn) for turn in turns] for mode, turns in runs.items()}}  # fmt: skip
+    name = "multiturn" + (f"-t{args.temperature:g}" if args.temperature else "")
+    report.write_json(args.out / f"{name}.json", payload)
+    _plot(args.out / f"{name}.png", runs, title)
+    print(f"wrote {args.out / f'{name}.json'} and {args.out / f'{name}.png'}")
+
+
+def _plot(path: Path, runs: dict[str, list[Turn]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on build machines
+    import matplotlib.pyplot as plt
+
+    fig, (ttft, tokens) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for mode, style in (("off", "s-"), ("on", "o-")):
+        turns = range(1, len(runs[mode]) + 1)
+        ttft.plot(turns, [t.ttft_s * 1000 for t in runs[mode]], style, label=f"prompt cache {mode}")
+    ttft.set(title="time to first token per turn", xlabel="turn", ylabel="ms", yscale="log")
+    turns = range(1, len(runs["on"]) + 1)
+    tokens.bar([t - 0.2 for t in turns], [t.prompt_tokens for t in runs["on"]], 0.4, label="prompt tokens")
+    tokens.bar([t + 0.2 for t in turns], [t.cached_tokens for t in runs["on"]], 0.4, label="served from the cache")
+    tokens.set(title="prompt tokens per turn (cache on)", xlabel="turn", ylabel="tokens")
+    for axis in (ttft, tokens):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
