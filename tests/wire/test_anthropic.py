@@ -1,0 +1,408 @@
+"""wire/anthropic.py: completion events → Anthropic Messages SSE events, bodies and errors.
+
+`MessagesStream` does no I/O, so each test feeds events in and compares the
+events out, parsed from the exact bytes: every frame is an `event:` line
+naming the same type as its JSON `data:` line, then a blank line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from pipeline.errors import ErrorKind, RequestError, engine_dead, invalid, overloaded, shutting_down
+from pipeline.events import (
+    CompletionEvent,
+    FinishReason,
+    Logprobs,
+    ReasoningDelta,
+    Summary,
+    TextDelta,
+    TokenLogprob,
+    ToolCall,
+    Usage,
+)
+from pipeline.protocol import StreamProtocol
+from wire.anthropic import MessagesStream, error_body, error_status
+
+ID, MODEL = "msg_1", "mlx-relay/tiny"
+Event = tuple[str, dict[str, Any]]
+
+
+def parse(data: bytes) -> list[Event]:
+    """Each SSE frame in `data` as (event name, JSON data); the two must agree on the type."""
+    if not data:
+        return []
+    assert data.endswith(b"\n\n"), data
+    found: list[Event] = []
+    for block in data.split(b"\n\n")[:-1]:
+        head, line = block.split(b"\n")
+        assert head.startswith(b"event: ") and line.startswith(b"data: "), block
+        name, payload = head.removeprefix(b"event: ").decode(), json.loads(line.removeprefix(b"data: "))
+        assert payload["type"] == name, block
+        found.append((name, payload))
+    return found
+
+
+def stream(input_tokens: int = 7) -> MessagesStream:
+    return MessagesStream(id=ID, model=MODEL, input_tokens=input_tokens)
+
+
+def summary(
+    reason: FinishReason = FinishReason.STOP,
+    *,
+    prompt: int = 7,
+    completion: int = 3,
+    cached: int = 0,
+    stop: str | None = None,
+) -> Summary:
+    usage = Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+    return Summary(finish_reason=reason, usage=usage, stop_sequence=stop)
+
+
+def usage_json(input_tokens: int = 7, output: int = 3, cached: int = 0) -> dict[str, Any]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
+
+
+def block_start(index: int, block: dict[str, Any]) -> Event:
+    return "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+
+
+def delta(index: int, **fields: Any) -> Event:
+    return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": fields}
+
+
+def block_stop(index: int) -> Event:
+    return "content_block_stop", {"type": "content_block_stop", "index": index}
+
+
+def text_block(index: int, *parts: str) -> list[Event]:
+    return [
+        block_start(index, {"type": "text", "text": ""}),
+        *(delta(index, type="text_delta", text=part) for part in parts),
+        block_stop(index),
+    ]
+
+
+def thinking_block(index: int, *parts: str) -> list[Event]:
+    return [
+        block_start(index, {"type": "thinking", "thinking": "", "signature": ""}),
+        *(delta(index, type="thinking_delta", thinking=part) for part in parts),
+        delta(index, type="signature_delta", signature=""),
+        block_stop(index),
+    ]
+
+
+def tool_block(index: int, tool_id: str, name: str, arguments: str) -> list[Event]:
+    return [
+        block_start(index, {"type": "tool_use", "id": tool_id, "name": name, "input": {}}),
+        delta(index, type="input_json_delta", partial_json=arguments),
+        block_stop(index),
+    ]
+
+
+def ending(stop_reason: str, stop_sequence: str | None = None, **usage: Any) -> list[Event]:
+    return [
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                "usage": usage_json(**usage),
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+
+
+def call(
+    index: int = 0, id: str = "call_abc", name: str = "get_weather", arguments: str = '{"city": "Paris"}'
+) -> ToolCall:
+    return ToolCall(index=index, id=id, name=name, arguments=arguments)
+
+
+SCORED = Logprobs(chosen=(TokenLogprob(token="Hi", bytes=(72, 105), logprob=-0.1),), top=((),))
+
+
+def run(protocol: StreamProtocol, batches: Sequence[Sequence[CompletionEvent]], end: Summary) -> bytes:
+    out = protocol.start()
+    for batch in batches:
+        out += protocol.add_events(batch)
+    return out + protocol.finish(end)
+
+
+def test_start_is_message_start_then_ping() -> None:
+    """The stream opens with an empty assistant message that carries the prompt's token count."""
+    message: dict[str, Any] = {
+        "id": ID,
+        "type": "message",
+        "role": "assistant",
+        "model": MODEL,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 12, "output_tokens": 0},
+    }
+    assert parse(stream(12).start()) == [
+        ("message_start", {"type": "message_start", "message": message}),
+        ("ping", {"type": "ping"}),
+    ]
+
+
+def test_ping_frame_is_byte_exact() -> None:
+    """Framing is `event:` then compact JSON `data:`, then a blank line."""
+    assert stream().start().endswith(b'event: ping\ndata: {"type":"ping"}\n\n')
+
+
+STREAMS = [
+    pytest.param([], summary(), ending("end_turn"), id="no-content"),
+    pytest.param(
+        [[TextDelta(text="Hel")], [TextDelta(text="lo"), TextDelta(text="!")]],
+        summary(),
+        [*text_block(0, "Hel", "lo", "!"), *ending("end_turn")],
+        id="one-text-run-across-batches",
+    ),
+    pytest.param(
+        [[ReasoningDelta(text="Think"), ReasoningDelta(text="ing.")], [TextDelta(text="Answer.")]],
+        summary(),
+        [*thinking_block(0, "Think", "ing."), *text_block(1, "Answer."), *ending("end_turn")],
+        id="thinking-then-text-signature-before-stop",
+    ),
+    pytest.param(
+        [[ReasoningDelta(text="Hmm")]],
+        summary(FinishReason.LENGTH),
+        [*thinking_block(0, "Hmm"), *ending("max_tokens")],
+        id="open-thinking-closed-at-finish",
+    ),
+    pytest.param(
+        [[TextDelta(text="Checking."), call()]],
+        summary(FinishReason.TOOL_CALLS),
+        [
+            *text_block(0, "Checking."),
+            *tool_block(1, "toolu_abc", "get_weather", '{"city": "Paris"}'),
+            *ending("tool_use"),
+        ],
+        id="text-then-tool_use",
+    ),
+    pytest.param(
+        [[call(0, "call_a", "now", "{}"), call(1, "call_b")]],
+        summary(FinishReason.TOOL_CALLS),
+        [
+            *tool_block(0, "toolu_a", "now", "{}"),
+            *tool_block(1, "toolu_b", "get_weather", '{"city": "Paris"}'),
+            *ending("tool_use"),
+        ],
+        id="two-tool_uses-back-to-back",
+    ),
+    pytest.param(
+        [[call(id="xyz")], [TextDelta(text="Done.")]],
+        summary(),
+        [*tool_block(0, "toolu_xyz", "get_weather", '{"city": "Paris"}'), *text_block(1, "Done."), *ending("end_turn")],
+        id="text-after-tool_use-opens-a-new-block-id-without-call-prefix",
+    ),
+    pytest.param(
+        [[TextDelta(text="a"), ReasoningDelta(text="b"), TextDelta(text="c")]],
+        summary(),
+        [*text_block(0, "a"), *thinking_block(1, "b"), *text_block(2, "c"), *ending("end_turn")],
+        id="every-kind-switch-closes-and-increments",
+    ),
+    pytest.param(
+        [[TextDelta(text=""), SCORED, ReasoningDelta(text="")], [TextDelta(text="Hi"), SCORED, TextDelta(text="")]],
+        summary(),
+        [*text_block(0, "Hi"), *ending("end_turn")],
+        id="empty-deltas-and-logprobs-ignored",
+    ),
+    pytest.param(
+        [[TextDelta(text="x")]],
+        summary(FinishReason.LENGTH),
+        [*text_block(0, "x"), *ending("max_tokens")],
+        id="max_tokens",
+    ),
+    pytest.param(
+        [[TextDelta(text="x")]],
+        summary(stop="END"),
+        [*text_block(0, "x"), *ending("stop_sequence", "END")],
+        id="stop_sequence",
+    ),
+    pytest.param(
+        [[TextDelta(text="x")]],
+        summary(prompt=100, completion=9, cached=64),
+        [*text_block(0, "x"), *ending("end_turn", input_tokens=36, output=9, cached=64)],
+        id="cache-reads-apart-from-input_tokens",
+    ),
+]
+
+
+@pytest.mark.parametrize(("batches", "end", "expected"), STREAMS)
+def test_stream_events(batches: list[list[CompletionEvent]], end: Summary, expected: list[Event]) -> None:
+    """After message_start and ping, the events follow Anthropic's grammar exactly."""
+    events = parse(run(stream(), batches, end))
+    assert [name for name, _ in events[:2]] == ["message_start", "ping"]
+    assert events[2:] == expected
+
+
+def test_a_stream_without_finish_leaves_no_block_unannounced() -> None:
+    """Deltas are sent as they arrive; the block's stop waits for the next kind or the finish."""
+    protocol = stream()
+    protocol.start()
+    assert parse(protocol.add_events([TextDelta(text="a")])) == [
+        block_start(0, {"type": "text", "text": ""}),
+        delta(0, type="text_delta", text="a"),
+    ]
+    assert parse(protocol.add_events([TextDelta(text="b")])) == [delta(0, type="text_delta", text="b")]
+    assert parse(protocol.add_events([])) == []
+
+
+@pytest.mark.parametrize(
+    "error",
+    [invalid("bad"), overloaded(1.0), shutting_down(), engine_dead()],
+    ids=["invalid", "overloaded", "shutting-down", "engine-dead"],
+)
+@pytest.mark.parametrize(
+    "batches",
+    [[], [[TextDelta(text="part")]], [[ReasoningDelta(text="hm")]]],
+    ids=["before-content", "mid-text", "mid-thinking"],
+)
+def test_error_after_partial_stream_is_a_terminal_error_event(
+    batches: list[list[CompletionEvent]], error: RequestError
+) -> None:
+    """A stream that fails after it began still ends with one `error` event in Anthropic's shape."""
+    protocol = stream()
+    out = protocol.start()
+    for batch in batches:
+        out += protocol.add_events(batch)
+    events = parse(out + protocol.error(error))
+    assert events[-1] == ("error", error_body(error))
+    assert [name for name, _ in events].count("error") == 1
+
+
+ERRORS = [
+    pytest.param(invalid("messages: Field required", param="messages"), 400, "invalid_request_error", id="invalid"),
+    pytest.param(
+        RequestError(kind=ErrorKind.NOT_FOUND, message="no such model"), 404, "not_found_error", id="not-found"
+    ),
+    pytest.param(
+        RequestError(kind=ErrorKind.METHOD_NOT_ALLOWED, message="GET"), 405, "invalid_request_error", id="method"
+    ),
+    pytest.param(overloaded(2.0), 529, "overloaded_error", id="overloaded"),
+    pytest.param(shutting_down(), 529, "overloaded_error", id="shutting-down"),
+    pytest.param(engine_dead(), 529, "overloaded_error", id="engine-dead"),
+    pytest.param(RequestError(kind=ErrorKind.INTERNAL, message="boom"), 500, "api_error", id="internal"),
+]
+
+
+@pytest.mark.parametrize(("error", "status", "error_type"), ERRORS)
+def test_error_status_and_body(error: RequestError, status: int, error_type: str) -> None:
+    """Each error kind maps to Anthropic's status and error type; the body carries only the client message."""
+    assert error_status(error) == status
+    assert error_body(error) == {"type": "error", "error": {"type": error_type, "message": error.message}}
+    assert parse(stream().error(error)) == [("error", error_body(error))]
+
+
+def test_every_error_kind_has_an_anthropic_status() -> None:
+    """A new ErrorKind cannot reach the Messages error handler unmapped."""
+    for kind in ErrorKind:
+        assert error_status(RequestError(kind=kind, message="x")) >= 400
+
+
+def message_body(
+    content: list[Any], stop_reason: str, stop_sequence: str | None = None, **usage: Any
+) -> dict[str, Any]:
+    return {
+        "id": ID,
+        "type": "message",
+        "role": "assistant",
+        "model": MODEL,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": usage_json(**usage),
+    }
+
+
+BODIES = [
+    pytest.param([], summary(), message_body([], "end_turn"), id="empty"),
+    pytest.param(
+        [TextDelta(text="Hel"), SCORED, TextDelta(text="lo"), TextDelta(text="")],
+        summary(),
+        message_body([{"type": "text", "text": "Hello"}], "end_turn"),
+        id="text-run-one-block-logprobs-ignored",
+    ),
+    pytest.param(
+        [ReasoningDelta(text="Think"), ReasoningDelta(text="ing"), TextDelta(text="Hi")],
+        summary(FinishReason.LENGTH),
+        message_body(
+            [{"type": "thinking", "thinking": "Thinking", "signature": ""}, {"type": "text", "text": "Hi"}],
+            "max_tokens",
+        ),
+        id="thinking-then-text",
+    ),
+    pytest.param(
+        [TextDelta(text="Checking."), call(), call(1, "call_b", "now", "")],
+        summary(FinishReason.TOOL_CALLS),
+        message_body(
+            [
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}},
+                {"type": "tool_use", "id": "toolu_b", "name": "now", "input": {}},
+            ],
+            "tool_use",
+        ),
+        id="tool_use-input-parsed",
+    ),
+    pytest.param(
+        [call(), TextDelta(text="ok")],
+        summary(),
+        message_body(
+            [
+                {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}},
+                {"type": "text", "text": "ok"},
+            ],
+            "end_turn",
+        ),
+        id="text-after-tool_use-new-block",
+    ),
+    pytest.param(
+        [TextDelta(text="x")],
+        summary(stop="END", prompt=50, completion=2, cached=32),
+        message_body([{"type": "text", "text": "x"}], "stop_sequence", "END", input_tokens=18, output=2, cached=32),
+        id="stop_sequence-and-cache-reads",
+    ),
+]
+
+
+@pytest.mark.parametrize(("events", "end", "expected"), BODIES)
+def test_body(events: list[CompletionEvent], end: Summary, expected: dict[str, Any]) -> None:
+    """A non-streaming message holds the same blocks the stream would have built."""
+    assert stream().body(events, end) == expected
+
+
+@pytest.mark.parametrize(
+    ("batches", "end"), [(p.values[0], p.values[1]) for p in STREAMS], ids=[str(p.id) for p in STREAMS]
+)
+def test_stream_and_body_build_the_same_message(batches: list[list[CompletionEvent]], end: Summary) -> None:
+    """Accumulating the stream's deltas gives the non-streaming body's content (tool inputs parsed)."""
+    blocks: list[dict[str, Any]] = []
+    partial: dict[int, str] = {}
+    for name, data in parse(run(stream(), batches, end)):
+        if name == "content_block_start":
+            blocks.append(dict(data["content_block"]))
+        elif name == "content_block_delta":
+            change, block = data["delta"], blocks[data["index"]]
+            if change["type"] == "input_json_delta":
+                partial[data["index"]] = partial.get(data["index"], "") + change["partial_json"]
+            elif change["type"] != "signature_delta":
+                key = change["type"].removesuffix("_delta")
+                block[key] += change[key]
+    for index, text in partial.items():
+        blocks[index]["input"] = json.loads(text)
+    events = [event for batch in batches for event in batch]
+    assert blocks == stream().body(events, end)["content"]

@@ -1,0 +1,469 @@
+"""wire/responses.py: completion events → OpenAI Responses SSE events and response objects.
+
+Each test feeds events in and compares every event out, parsed from the
+exact bytes (`event:` names the JSON's `type`). Item ids are random, so
+they are renamed in order of first appearance (`msg_1`, `rs_1`, `fc_1`):
+the comparison then also checks that every event names the right item.
+Sequence numbers must run 0, 1, 2, … across the whole stream.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from pipeline.errors import invalid, engine_dead
+from pipeline.events import (
+    CompletionEvent,
+    FinishReason,
+    Logprobs,
+    ReasoningDelta,
+    Summary,
+    TextDelta,
+    TokenLogprob,
+    ToolCall,
+    Usage,
+)
+from pipeline.protocol import StreamProtocol
+from pipeline.requests import JsonValue
+from wire.responses import ResponsesStream, output_items, output_text, usage_body
+from wire.responses_requests import decode_responses
+
+ID, CREATED, MODEL = "resp_1", 1_700_000_000, "mlx-relay/tiny"
+_ITEM_ID = re.compile(r"^(msg|rs|fc)_[0-9a-f]{32}$")
+Event = dict[str, Any]
+
+
+def stream(**fields: Any) -> ResponsesStream:
+    defaults: dict[str, Any] = {
+        "echo": decode_responses({"model": "m", "input": "hi"}).echo,
+        "instructions": None,
+        "previous_response_id": None,
+        "store": True,
+    }
+    return ResponsesStream(id=ID, created_at=CREATED, model=MODEL, **(defaults | fields))
+
+
+class Renamer:
+    """Maps random item ids to `<prefix>_<n>`, n counting each prefix's ids in order of appearance."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: self(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self(item) for item in value]
+        if isinstance(value, str) and _ITEM_ID.match(value):
+            prefix = value.split("_")[0]
+            count = sum(name.startswith(prefix + "_") for name in self.names.values())
+            return self.names.setdefault(value, f"{prefix}_{count + 1}")
+        return value
+
+
+def parse(data: bytes, first_sequence: int = 0) -> list[Event]:
+    """The frames' JSON, with item ids renamed and sequence numbers checked and removed."""
+    assert data.endswith(b"\n\n"), data
+    found: list[Event] = []
+    for block in data.split(b"\n\n")[:-1]:
+        head, line = block.split(b"\n")
+        assert head.startswith(b"event: ") and line.startswith(b"data: "), block
+        payload = json.loads(line.removeprefix(b"data: "))
+        assert payload["type"] == head.removeprefix(b"event: ").decode()
+        found.append(payload)
+    assert [event.pop("sequence_number") for event in found] == list(range(first_sequence, first_sequence + len(found)))
+    rename = Renamer()
+    return [rename(event) for event in found]
+
+
+def summary(reason: FinishReason = FinishReason.STOP, prompt: int = 5, completion: int = 3, cached: int = 0) -> Summary:
+    return Summary(
+        finish_reason=reason, usage=Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+    )
+
+
+def usage_json(prompt: int = 5, completion: int = 3, cached: int = 0) -> dict[str, Any]:
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+def response(status: str, output: list[Any], usage: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": ID,
+        "object": "response",
+        "created_at": CREATED,
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "model": MODEL,
+        "output": output,
+        "output_text": "".join(
+            part["text"] for item in output if item["type"] == "message" for part in item["content"]
+        ),
+        "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None},
+        "store": True,
+        "text": {"format": {"type": "text"}},
+        "usage": usage,
+        "max_output_tokens": None,
+        "temperature": None,
+        "top_p": None,
+        "metadata": {},
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "truncation": "disabled",
+        "user": None,
+    }
+    return body | fields
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(item_id: str, status: str, text: str | None = None) -> dict[str, Any]:
+    content = [] if text is None else [text_part(text)]
+    return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content}
+
+
+def reasoning_item(item_id: str, status: str, text: str | None = None) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+
+
+def call_item(item_id: str, status: str, call: ToolCall) -> dict[str, Any]:
+    arguments = call.arguments if status == "completed" else ""
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def opening() -> list[Event]:
+    snapshot = response("in_progress", [])
+    return [{"type": "response.created", "response": snapshot}, {"type": "response.in_progress", "response": snapshot}]
+
+
+def message_events(index: int, item_id: str, *parts: str) -> list[Event]:
+    where = {"item_id": item_id, "output_index": index, "content_index": 0}
+    full = "".join(parts)
+    return [
+        {"type": "response.output_item.added", "output_index": index, "item": message_item(item_id, "in_progress")},
+        {"type": "response.content_part.added", **where, "part": text_part("")},
+        *({"type": "response.output_text.delta", **where, "delta": part, "logprobs": []} for part in parts),
+        {"type": "response.output_text.done", **where, "text": full, "logprobs": []},
+        {"type": "response.content_part.done", **where, "part": text_part(full)},
+        {"type": "response.output_item.done", "output_index": index, "item": message_item(item_id, "completed", full)},
+    ]
+
+
+def reasoning_events(index: int, item_id: str, *parts: str) -> list[Event]:
+    where = {"item_id": item_id, "output_index": index, "content_index": 0}
+    full = "".join(parts)
+    return [
+        {"type": "response.output_item.added", "output_index": index, "item": reasoning_item(item_id, "in_progress")},
+        {"type": "response.content_part.added", **where, "part": {"type": "reasoning_text", "text": ""}},
+        *({"type": "response.reasoning_text.delta", **where, "delta": part} for part in parts),
+        {"type": "response.reasoning_text.done", **where, "text": full},
+        {"type": "response.content_part.done", **where, "part": {"type": "reasoning_text", "text": full}},
+        {
+            "type": "response.output_item.done",
+            "output_index": index,
+            "item": reasoning_item(item_id, "completed", full),
+        },
+    ]
+
+
+def call_events(index: int, item_id: str, call: ToolCall) -> list[Event]:
+    where = {"item_id": item_id, "output_index": index}
+    return [
+        {"type": "response.output_item.added", "output_index": index, "item": call_item(item_id, "in_progress", call)},
+        {"type": "response.function_call_arguments.delta", **where, "delta": call.arguments},
+        {"type": "response.function_call_arguments.done", **where, "name": call.name, "arguments": call.arguments},
+        {"type": "response.output_item.done", "output_index": index, "item": call_item(item_id, "completed", call)},
+    ]
+
+
+def completed(output: list[Any], **usage: Any) -> Event:
+    return {"type": "response.completed", "response": response("completed", output, usage_json(**usage))}
+
+
+CALL = ToolCall(index=0, id="call_1", name="get_weather", arguments='{"city": "Paris"}')
+CALL_2 = ToolCall(index=1, id="call_2", name="now", arguments="{}")
+SCORED = Logprobs(chosen=(TokenLogprob(token="Hi", bytes=(72, 105), logprob=-0.1),), top=((),))
+
+STREAMS = [
+    pytest.param([], summary(), [completed([])], id="no-output"),
+    pytest.param(
+        [[TextDelta(text="Hel")], [TextDelta(text="lo")]],
+        summary(),
+        [*message_events(0, "msg_1", "Hel", "lo"), completed([message_item("msg_1", "completed", "Hello")])],
+        id="one-message-across-batches",
+    ),
+    pytest.param(
+        [[ReasoningDelta(text="Think"), ReasoningDelta(text="ing")], [TextDelta(text="Hi")]],
+        summary(),
+        [
+            *reasoning_events(0, "rs_1", "Think", "ing"),
+            *message_events(1, "msg_1", "Hi"),
+            completed([reasoning_item("rs_1", "completed", "Thinking"), message_item("msg_1", "completed", "Hi")]),
+        ],
+        id="reasoning-then-message",
+    ),
+    pytest.param(
+        [[TextDelta(text="Checking."), CALL, CALL_2]],
+        summary(FinishReason.TOOL_CALLS),
+        [
+            *message_events(0, "msg_1", "Checking."),
+            *call_events(1, "fc_1", CALL),
+            *call_events(2, "fc_2", CALL_2),
+            completed(
+                [
+                    message_item("msg_1", "completed", "Checking."),
+                    call_item("fc_1", "completed", CALL),
+                    call_item("fc_2", "completed", CALL_2),
+                ]
+            ),
+        ],
+        id="message-then-function-calls",
+    ),
+    pytest.param(
+        [[CALL], [TextDelta(text="a")], [TextDelta(text="b")]],
+        summary(),
+        [
+            *call_events(0, "fc_1", CALL),
+            *message_events(1, "msg_1", "a", "b"),
+            completed([call_item("fc_1", "completed", CALL), message_item("msg_1", "completed", "ab")]),
+        ],
+        id="text-after-a-call-is-a-new-message",
+    ),
+    pytest.param(
+        [[TextDelta(text=""), SCORED, ReasoningDelta(text="")], [TextDelta(text="x"), SCORED]],
+        summary(),
+        [*message_events(0, "msg_1", "x"), completed([message_item("msg_1", "completed", "x")])],
+        id="empty-deltas-and-logprobs-ignored",
+    ),
+    pytest.param(
+        [[TextDelta(text="x")]],
+        summary(prompt=100, completion=4, cached=64),
+        [
+            *message_events(0, "msg_1", "x"),
+            completed([message_item("msg_1", "completed", "x")], prompt=100, completion=4, cached=64),
+        ],
+        id="cached-tokens-in-input_tokens_details",
+    ),
+]
+
+
+def run(protocol: StreamProtocol, batches: Sequence[Sequence[CompletionEvent]], end: Summary) -> bytes:
+    out = protocol.start()
+    for batch in batches:
+        out += protocol.add_events(batch)
+    return out + protocol.finish(end)
+
+
+@pytest.mark.parametrize(("batches", "end", "expected"), STREAMS)
+def test_stream_events(batches: list[list[CompletionEvent]], end: Summary, expected: list[Event]) -> None:
+    """created, in_progress, each item's events in order, then the terminal event; numbered 0..n."""
+    assert parse(run(stream(), batches, end)) == opening() + expected
+
+
+CUT: list[list[CompletionEvent]] = [[ReasoningDelta(text="hm")], [TextDelta(text="cu"), TextDelta(text="t")]]
+# Every stream case, plus ones cut short by max_output_tokens.
+ENDINGS = [pytest.param(p.values[0], p.values[1], id=str(p.id)) for p in STREAMS] + [
+    pytest.param(CUT, summary(FinishReason.LENGTH), id="length"),
+    pytest.param([[CALL]], summary(FinishReason.LENGTH), id="length-after-a-call"),
+]
+
+
+@pytest.mark.parametrize(("batches", "end"), ENDINGS)
+def test_final_is_the_terminal_events_response(batches: list[list[CompletionEvent]], end: Summary) -> None:
+    """`final` (what the app stores) is exactly the response the last event carried."""
+    protocol = stream()
+    data = run(protocol, batches, end)
+    last = json.loads(data.split(b"\n\n")[-2].split(b"\n")[1].removeprefix(b"data: "))
+    assert protocol.final == last["response"]
+
+
+def test_final_is_unset_until_the_stream_finishes() -> None:
+    """A stream that has not finished has nothing to store."""
+    protocol = stream()
+    protocol.start()
+    protocol.add_events([TextDelta(text="partial")])
+    assert protocol.final is None
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["stream", "body"])
+def test_length_is_incomplete_with_reason_max_output_tokens(streaming: bool) -> None:
+    """A response cut by max_output_tokens ends with response.incomplete and says why; usage is still reported."""
+    protocol = stream()
+    if streaming:
+        events = parse(run(protocol, CUT, summary(FinishReason.LENGTH, cached=2)))
+        assert [event["type"] for event in events[-1:]] == ["response.incomplete"]
+        assert "response.completed" not in [event["type"] for event in events]
+    else:
+        protocol.body([event for batch in CUT for event in batch], summary(FinishReason.LENGTH, cached=2))
+    assert protocol.final is not None
+    assert protocol.final["status"] == "incomplete"
+    assert protocol.final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert protocol.final["usage"] == usage_json(cached=2)
+    assert protocol.final["output_text"] == "cut"
+
+
+@pytest.mark.parametrize("reason", [FinishReason.STOP, FinishReason.TOOL_CALLS])
+def test_stop_and_tool_calls_are_completed(reason: FinishReason) -> None:
+    """Only a cut is incomplete: an ordinary end, with or without calls, is response.completed."""
+    protocol = stream()
+    events = parse(run(protocol, [[TextDelta(text="x"), CALL]], summary(reason)))
+    assert events[-1]["type"] == "response.completed"
+    assert protocol.final is not None and protocol.final["incomplete_details"] is None
+
+
+def test_snapshots_repeat_the_request() -> None:
+    """instructions, previous_response_id, store and the echoed fields appear in every response object."""
+    decoded = decode_responses(
+        {
+            "model": "m",
+            "input": "hi",
+            "instructions": "S",
+            "max_output_tokens": 9,
+            "store": False,
+            "metadata": {"k": "v"},
+        }
+    )
+    protocol = stream(echo=decoded.echo, instructions="S", previous_response_id="resp_0", store=False)
+    fields: dict[str, Any] = {
+        "instructions": "S",
+        "previous_response_id": "resp_0",
+        "store": False,
+        "max_output_tokens": 9,
+        "metadata": {"k": "v"},
+    }
+    events = parse(run(protocol, [], summary()))
+    assert [event["response"] for event in events] == [
+        response("in_progress", [], **fields),
+        response("in_progress", [], **fields),
+        response("completed", [], usage_json(), **fields),
+    ]
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [[], [[TextDelta(text="par")]], [[TextDelta(text="a"), CALL]]],
+    ids=["before-output", "mid-message", "after-a-call"],
+)
+def test_error_after_partial_stream_is_response_failed(batches: list[list[CompletionEvent]]) -> None:
+    """A failure after the stream began ends it with response.failed, numbered on, and nothing to store."""
+    protocol = stream()
+    head = protocol.start()
+    for batch in batches:
+        head += protocol.add_events(batch)
+    count = head.count(b"\n\n")
+    error = engine_dead()
+    failed = response("failed", [], error={"code": "server_error", "message": error.message})
+    assert parse(protocol.error(error), first_sequence=count) == [{"type": "response.failed", "response": failed}]
+    assert protocol.final is None
+
+
+def test_error_message_is_the_client_message() -> None:
+    """The failure carries the RequestError's client-facing message, under code server_error."""
+    events = parse(stream().error(invalid("grammar did not compile", param="text.format.schema")))
+    assert events[0]["response"]["error"] == {"code": "server_error", "message": "grammar did not compile"}
+
+
+BODIES = [
+    pytest.param([], summary(), response("completed", [], usage_json()), id="empty"),
+    pytest.param(
+        [ReasoningDelta(text="hm"), TextDelta(text="Hel"), SCORED, TextDelta(text="lo"), CALL],
+        summary(FinishReason.TOOL_CALLS),
+        response(
+            "completed",
+            [
+                reasoning_item("rs_1", "completed", "hm"),
+                message_item("msg_1", "completed", "Hello"),
+                call_item("fc_1", "completed", CALL),
+            ],
+            usage_json(),
+        ),
+        id="every-item-kind",
+    ),
+]
+
+
+@pytest.mark.parametrize(("events", "end", "expected"), BODIES)
+def test_body(events: list[CompletionEvent], end: Summary, expected: dict[str, Any]) -> None:
+    """A non-streaming response is the same object the stream's terminal event carries; it is `final`."""
+    protocol = stream()
+    body = protocol.body(events, end)
+    assert Renamer()(body) == expected
+    assert protocol.final == body
+
+
+@pytest.mark.parametrize(("batches", "end"), ENDINGS)
+def test_stream_and_body_agree(batches: list[list[CompletionEvent]], end: Summary) -> None:
+    """Streaming and non-streaming build the same response object, ids aside."""
+    streamed = stream()
+    run(streamed, batches, end)
+    events = [event for batch in batches for event in batch]
+    assert Renamer()(streamed.final) == Renamer()(stream().body(events, end))
+
+
+def test_output_items_ids_are_unique_per_item() -> None:
+    """Every output item gets its own id, with the prefix of its kind."""
+    output = output_items([ReasoningDelta(text="a"), TextDelta(text="b"), CALL, CALL_2, TextDelta(text="c")])
+    ids = [str(item["id"]) for item in output]
+    assert [i.split("_")[0] for i in ids] == ["rs", "msg", "fc", "fc", "msg"]
+    assert len(set(ids)) == len(ids)
+
+
+OUTPUT_TEXTS = [
+    pytest.param([], "", id="empty"),
+    pytest.param(
+        [
+            message_item("msg_1", "completed", "a"),
+            reasoning_item("rs_1", "completed", "no"),
+            call_item("fc_1", "completed", CALL),
+        ],
+        "a",
+        id="only-message-text",
+    ),
+    pytest.param(
+        [message_item("msg_1", "completed", "a"), message_item("msg_2", "completed", "b")], "ab", id="messages-joined"
+    ),
+    pytest.param(
+        [
+            {"type": "message", "content": [{"type": "refusal", "refusal": "no"}, text_part("y")]},
+            "junk",
+            {"type": "message"},
+        ],
+        "y",
+        id="other-parts-and-malformed-items-skipped",
+    ),
+]
+
+
+@pytest.mark.parametrize(("output", "expected"), OUTPUT_TEXTS)
+def test_output_text(output: list[JsonValue], expected: str) -> None:
+    """output_text is every output_text part of every message item, joined, as the SDK computes it."""
+    assert output_text(output) == expected
+
+
+def test_usage_body() -> None:
+    """Usage counts cached prompt tokens under input_tokens_details; the totals add up."""
+    assert usage_body(Usage(prompt_tokens=10, completion_tokens=4, cached_tokens=6)) == usage_json(10, 4, 6)
