@@ -1,6 +1,6 @@
 """Multi-turn benchmark: time to first token per turn, prompt cache off vs on.
 
-    python -m bench.multiturn [--model demo|tiny|PATH] [--turns 8] [--system-tokens 2000] [--temperature 0]
+    python -m bench.multiturn [--model demo|tiny|PATH] [--turns 8] [--system-tokens 2000] [--repeats 1]
 
 An agent-style conversation: a long system prompt, then turns that each
 resend everything so far (the system prompt, every question, every answer)
@@ -9,8 +9,10 @@ runs against mlx-relay with the prompt cache off (`MLX_RELAY_PROMPT_CACHE_BYTES=
 then against a fresh mlx-relay with it on, one server after the other, so
 neither measures the other. Each server answers one unrelated warm-up
 request first. The answers must be byte-identical between the two runs:
-the cache may change speed, never output. Writes bench/out/multiturn.{json,png}
-and server logs to bench/out/logs/.
+the cache may change speed, never output. `--repeats N` runs N distinct
+conversations on each server and reports each turn's median, which steadies
+the figures on a busy machine. Writes bench/out/multiturn.{json,png} and
+server logs to bench/out/logs/.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     # Greedy answers of a random-weight model repeat one token; seeded sampling
     # gives varied text, a stricter test of "same output with the cache".
     parser.add_argument("--temperature", type=float, default=0.0, help="above 0: sample, seeded by the turn (default 0)")
+    parser.add_argument("--repeats", type=int, default=1, help="distinct conversations per server (default 1)")
     parser.add_argument("--out", type=Path, default=OUT, help="where the JSON, plot and logs go (default bench/out)")
     return parser
 
@@ -69,16 +72,16 @@ def main(argv: list[str] | None = None) -> None:
     path = str(ensure_demo_model(args.model)) if args.model in DEMO_MODELS else args.model
     texts = _Texts(Path(path))
     started_at = time.perf_counter()
-    runs: dict[str, list[Turn]] = {}
+    runs: dict[str, list[list[Turn]]] = {}
     server_stats: dict[str, Any] = {}
-    with tqdm(total=len(MODES) * args.turns, unit="turn", desc="bench") as bar:
+    with tqdm(total=len(MODES) * args.turns * args.repeats, unit="turn", desc="bench") as bar:
         for mode in MODES:
             bar.set_description(f"cache {mode}")
             env = relay_env(args.model if args.model in DEMO_MODELS else path, frozenset(DEMO_MODELS))
             env["MLX_RELAY_PROMPT_CACHE_BYTES"] = "0" if mode == "off" else str(2**30)
             port = free_port()
             with started(f"multiturn-cache-{mode}", relay_command(port), port, env, args.out / "logs") as server:
-                runs[mode] = _conversation(server, texts, args, bar)
+                runs[mode] = [_conversation(server, texts, args, bar, repeat) for repeat in range(args.repeats)]
                 server_stats[mode] = httpx.get(f"{server.url}/stats", timeout=10).json()
     meta = {"model": args.model, "model_path": path, "platform": platform.platform(), "cpus": os.cpu_count(),
             "blas": server_stats["on"].get("blas"), "wall_s": time.perf_counter() - started_at,
@@ -107,10 +110,11 @@ class _Texts:
         return " ".join(parts)
 
 
-def _conversation(server: Server, texts: _Texts, args: argparse.Namespace, bar: tqdm) -> list[Turn]:
+def _conversation(server: Server, texts: _Texts, args: argparse.Namespace, bar: tqdm, repeat: int) -> list[Turn]:
     system = texts.sized(
         args.system_tokens,
-        "You are the support agent of a tool-using assistant. Follow the rules below.",
+        # Distinct from the first word, so one conversation never warms another's cache.
+        f"Conversation {repeat}. You are the support agent of a tool-using assistant. Follow the rules below.",
         "Rule {0}: when a request touches area {0}, check the ledger for area {0} first and answer in plain words.",
     )
     messages: list[dict[str, str]] = [{"role": "system", "content": system}]
@@ -162,64 +166,67 @@ def _stream(
     )
 
 
-def _rows(runs: dict[str, list[Turn]]) -> list[tuple[str, ...]]:
+def _rows(runs: dict[str, list[list[Turn]]]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
-    for index, (off, on) in enumerate(zip(runs["off"], runs["on"], strict=True), start=1):
+    for index in range(len(runs["on"][0])):
+        off, on = ([conversation[index] for conversation in runs[mode]] for mode in MODES)
+        ttft_off, ttft_on = (statistics.median(t.ttft_s for t in turns) for turns in (off, on))
+        same = sum(a.text == b.text for a, b in zip(off, on, strict=True))
         rows.append((
-            str(index), str(on.prompt_tokens), str(on.cached_tokens),
-            f"{off.ttft_s * 1000:.0f}", f"{on.ttft_s * 1000:.0f}", f"{off.ttft_s / on.ttft_s:.1f}x",
-            "yes" if off.text == on.text else "NO",
+            str(index + 1), str(on[0].prompt_tokens), str(int(statistics.median(t.cached_tokens for t in on))),
+            f"{ttft_off * 1000:.0f}", f"{ttft_on * 1000:.0f}", f"{ttft_off / ttft_on:.1f}x", f"{same}/{len(on)}",
         ))  # fmt: skip
     return rows
 
 
-def _publish(args: argparse.Namespace, runs: dict[str, list[Turn]], meta: dict[str, Any]) -> None:
+def _publish(args: argparse.Namespace, runs: dict[str, list[list[Turn]]], meta: dict[str, Any]) -> None:
     rows = _rows(runs)
-    later = [off.ttft_s / on.ttft_s for off, on in zip(runs["off"][1:], runs["on"][1:], strict=True)]
-    identical = sum(off.text == on.text for off, on in zip(runs["off"], runs["on"], strict=True))
+    later = [float(row[5].rstrip("x")) for row in rows[1:]]
+    pairs = [(a, b) for off, on in zip(runs["off"], runs["on"], strict=True) for a, b in zip(off, on, strict=True)]
+    identical = sum(a.text == b.text for a, b in pairs)
     summary = {
         "speedup_turn2_on_median": statistics.median(later) if later else None,
         "speedup_turn2_on_min": min(later) if later else None,
-        "identical_answers": [identical, len(rows)],
-        "prompt_tokens_off_equal_on": [t.prompt_tokens for t in runs["off"]] == [t.prompt_tokens for t in runs["on"]],
+        "identical_answers": [identical, len(pairs)],
+        "prompt_tokens_off_equal_on": all(a.prompt_tokens == b.prompt_tokens for a, b in pairs),
     }
     title = f"{args.model}: {args.turns} turns, {args.system_tokens}-token system prompt, max_tokens={args.max_tokens}"
     title += f", temperature {args.temperature} (seeded)" if args.temperature else ", greedy"
+    title += f", median of {args.repeats} conversations" if args.repeats > 1 else ""
     print(f"\nMulti-turn benchmark: {title}\n")
     widths = [max(len(row[i]) for row in [HEADER, *rows]) for i in range(len(HEADER))]
     for row in [HEADER, tuple("-" * w for w in widths), *rows]:
         print("  ".join(cell.rjust(width) for cell, width in zip(row, widths)))
     print(
         f"\nturns 2-{args.turns}: TTFT {summary['speedup_turn2_on_median']:.1f}x lower with the cache (median), "
-        f"{summary['speedup_turn2_on_min']:.1f}x at least; identical answers {identical}/{len(rows)}; "
+        f"{summary['speedup_turn2_on_min']:.1f}x at least; identical answers {identical}/{len(pairs)}; "
         f"BLAS: {meta['blas']}; total wall time {meta['wall_s']:.0f} s"
     )
     line = lambda row: "| " + " | ".join(row) + " |"  # noqa: E731
     print("\nMarkdown:\n\n" + "\n".join([line(HEADER), "|" + " ---: |" * len(HEADER), *map(line, rows)]) + "\n")
-    keys = ("model", "turns", "system_tokens", "question_tokens", "max_tokens", "temperature")
-    payload = {"workload": {key: getattr(args, key) for key in keys},
-               "meta": meta, "summary": summary,
-               "turns": {mode: [attrs.asdict(turn) for turn in turns] for mode, turns in runs.items()}}  # fmt: skip
+    keys = ("model", "turns", "system_tokens", "question_tokens", "max_tokens", "temperature", "repeats")
+    payload = {"workload": {key: getattr(args, key) for key in keys}, "meta": meta, "summary": summary,
+               "turns": {mode: [[attrs.asdict(t) for t in conversation] for conversation in conversations]
+                         for mode, conversations in runs.items()}}  # fmt: skip
     name = "multiturn" + (f"-t{args.temperature:g}" if args.temperature else "")
     report.write_json(args.out / f"{name}.json", payload)
-    _plot(args.out / f"{name}.png", runs, title)
+    _plot(args.out / f"{name}.png", rows, title)
     print(f"wrote {args.out / f'{name}.json'} and {args.out / f'{name}.png'}")
 
 
-def _plot(path: Path, runs: dict[str, list[Turn]], title: str) -> None:
+def _plot(path: Path, rows: list[tuple[str, ...]], title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # no display on build machines
     import matplotlib.pyplot as plt
 
+    turns = [int(row[0]) for row in rows]
     fig, (ttft, tokens) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for mode, style in (("off", "s-"), ("on", "o-")):
-        turns = range(1, len(runs[mode]) + 1)
-        ttft.plot(turns, [t.ttft_s * 1000 for t in runs[mode]], style, label=f"prompt cache {mode}")
+    ttft.plot(turns, [float(row[3]) for row in rows], "s-", label="prompt cache off")
+    ttft.plot(turns, [float(row[4]) for row in rows], "o-", label="prompt cache on")
     ttft.set(title="time to first token per turn", xlabel="turn", ylabel="ms", yscale="log")
-    turns = range(1, len(runs["on"]) + 1)
-    tokens.bar([t - 0.2 for t in turns], [t.prompt_tokens for t in runs["on"]], 0.4, label="prompt tokens")
-    tokens.bar([t + 0.2 for t in turns], [t.cached_tokens for t in runs["on"]], 0.4, label="served from the cache")
+    tokens.bar([t - 0.2 for t in turns], [int(row[1]) for row in rows], 0.4, label="prompt tokens")
+    tokens.bar([t + 0.2 for t in turns], [int(row[2]) for row in rows], 0.4, label="served from the cache")
     tokens.set(title="prompt tokens per turn (cache on)", xlabel="turn", ylabel="tokens")
     for axis in (ttft, tokens):
         axis.grid(alpha=0.3)

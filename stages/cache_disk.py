@@ -23,6 +23,7 @@ another.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -207,7 +208,9 @@ class DiskTier:
         with self._lock:
             if key in self._files:
                 self._files.move_to_end(key)
-        file.path.touch()  # the LRU order survives a restart through mtimes
+        # The LRU order survives a restart through mtimes; the worker may have evicted it meanwhile.
+        with contextlib.suppress(OSError):
+            file.path.touch()
         return restored
 
     def record_restore(self, seconds: float) -> None:

@@ -178,7 +178,7 @@ class Engine:
 
     def _disk_tier(self) -> DiskTier | None:
         settings = self._settings
-        if not settings.cache_dir or not settings.prompt_cache_bytes:
+        if not settings.cache_dir or not self.fit.memory.prompt_cache_bytes:
             return None
         # One folder per model: a folder shared by several never mixes their KV.
         fingerprint = model_fingerprint(self.info.path)

@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 Key = tuple[int, ...]
 # PromptTrie keeps one trie per model; this cache serves one.
 _MODEL = "served"
+# Restore from disk only for at least this many more tokens than memory has:
+# reading and checking a file costs about as much as prefilling a few dozen
+# tokens on a CPU.
+RESTORE_GAIN = 64
 
 
 @attrs.define(eq=False)
@@ -114,10 +118,10 @@ class PromptCache:
         batch (which copies it) without changing the entry.
         """
         limit = len(tokens) - 1
+        session = session if self.sessions else None
         entry, shared = self._nearest(tokens, limit)
         if self.lower is not None:
-            entry, shared = self._maybe_restore(tokens, limit, entry, shared)
-        session = session if self.sessions else None
+            entry, shared = self._maybe_restore(tokens, limit, entry, shared, session)
         if entry is None or shared <= 0:
             self._count(hit=False, session=session)
             return None
@@ -159,16 +163,18 @@ class PromptCache:
         return (self._trie.get(_MODEL, list(key)), min(shared, limit)) if key is not None else (None, 0)
 
     def _maybe_restore(
-        self, tokens: Sequence[int], limit: int, entry: Entry | None, shared: int
+        self, tokens: Sequence[int], limit: int, entry: Entry | None, shared: int, session: str | None
     ) -> tuple[Entry | None, int]:
         assert self.lower is not None
         below = self.lower.longest(tokens)
-        if below is None or min(below[1], limit) <= shared:
+        if below is None or min(below[1], limit) < shared + RESTORE_GAIN:
             return entry, shared
         restored = self.lower.restore(below[0])
         if restored is None:
             return entry, shared
-        # Served from the object in hand even if it is too large to keep.
+        # The session that asked for it owns it now; it is served from the
+        # object in hand even if it is too large to keep.
+        restored.session = session
         self.store(restored)
         return restored, min(below[1], limit)
 

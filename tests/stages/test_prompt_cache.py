@@ -15,7 +15,7 @@ import pytest
 from mlx_lm.models.cache import KVCache
 
 from stages.cache_disk import DiskStatistics
-from stages.prompt_cache import Entry, Key, PromptCache
+from stages.prompt_cache import RESTORE_GAIN, Entry, Key, PromptCache
 
 LAYERS, HEADS, DIM = 2, 2, 4
 # float32 keys and values of every layer: bytes one token costs.
@@ -212,18 +212,32 @@ def _shared(key: Key, tokens: Sequence[int]) -> int:
 
 def test_evicted_entries_spill_and_come_back_from_the_lower_tier() -> None:
     lower = FakeLower()
-    cache = PromptCache(max_bytes=40 * TOKEN_BYTES, lower=lower)
-    a, b = tuple(range(1, 41)), tuple(range(1001, 1041))
+    cache = PromptCache(max_bytes=100 * TOKEN_BYTES, lower=lower)
+    a, b = tuple(range(1, 101)), tuple(range(1001, 1101))
     cache.store(entry(a))
     cache.store(entry(b))
     assert lower.spilled == [a]
-    hit = cache.fetch(a + (0,))
-    assert hit is not None and hit.tokens == 40 and positions(hit.cache) == list(range(40))
+    hit = cache.fetch(a + (0,), session="s")
+    assert hit is not None and hit.tokens == 100 and positions(hit.cache) == list(range(100))
     assert lower.restored == [a]
     # b was evicted to make room for the restored a; a is on disk already, b goes down now.
     assert lower.spilled == [a, b]
     stats = cache.statistics()
     assert stats.disk is not None and stats.disk.restores == 1
+    # The restored entry belongs to the session that asked for it: it outlives entries without one.
+    cache.store(entry(tuple(range(2001, 2101))))
+    assert cache.fetch(a + (1,), session="s") is not None and lower.restored == [a]
+
+
+def test_a_restore_must_gain_enough_tokens_to_pay_for_itself() -> None:
+    lower = FakeLower()
+    cache = PromptCache(max_bytes=1 << 20, lower=lower)
+    lower.files[BASE + (1,) * RESTORE_GAIN] = entry(BASE + (1,) * RESTORE_GAIN)
+    cache.store(entry(BASE + (2,)))
+    near = cache.fetch(BASE + (1,) * (RESTORE_GAIN - 1) + (3,))
+    assert near is not None and near.tokens == len(BASE) and lower.restored == []
+    far = cache.fetch(BASE + (1,) * RESTORE_GAIN + (3,))
+    assert far is not None and far.tokens == len(BASE) + RESTORE_GAIN and len(lower.restored) == 1
 
 
 def test_memory_is_preferred_when_it_shares_as_much() -> None:
