@@ -22,6 +22,11 @@ class SettingsError(ValueError):
 
 
 _positive = attrs.validators.gt(0)
+
+
+def _lower(value: str) -> str:
+    return value.lower()
+
 _non_negative = attrs.validators.ge(0.0)
 
 
@@ -52,7 +57,9 @@ class Settings:
     cache_dir_bytes: int = attrs.field(default=8 * 2**30, validator=_positive)
     # Bytes the server may plan for: weights, KV and a prefill chunk; 0 is 75% of RAM.
     memory_budget: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    log_level: str = "info"
+    log_level: str = attrs.field(
+        default="info", converter=_lower, validator=attrs.validators.in_(("debug", "info", "warning", "error", "critical"))
+    )
     # Where Responses API results live: unset for memory, or sqlite:///path.
     response_store: str | None = None
     response_store_ttl: float = attrs.field(default=24 * 3600.0, validator=attrs.validators.gt(0.0))
@@ -69,6 +76,9 @@ class Settings:
         values: dict[str, object] = {}
         for field in attrs.fields(cls):
             raw = env.get(PREFIX + field.name.upper())
+            # An empty optional variable is an unset one (`MLX_RELAY_MODEL=` serves the demo model).
+            if raw == "" and field.default is None:
+                continue
             if raw is not None:
                 values[field.name] = _convert(field.name, raw, _parser(field.default))
         try:

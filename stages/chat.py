@@ -52,6 +52,13 @@ class ChatStage:
         await self._out.send(job)
 
 
+# Template arguments the server sets itself, or that would swap the model's template.
+_RESERVED_KWARGS = frozenset(
+    {"tokenize", "continue_final_message", "add_generation_prompt", "return_dict", "messages", "conversation",
+     "tools", "documents", "chat_template", "return_tensors", "padding", "truncation", "max_length"}
+)  # fmt: skip
+
+
 def render_chat(tokenizer: Tokenizer, request: ChatRequest) -> list[int]:
     """Prompt tokens for a chat request, through the model's own template.
 
@@ -59,6 +66,9 @@ def render_chat(tokenizer: Tokenizer, request: ChatRequest) -> list[int]:
         RequestError: the template refused the conversation.
     """
     messages = [_template_message(message) for message in request.messages]
+    reserved = sorted(_RESERVED_KWARGS.intersection(request.template_kwargs))
+    if reserved:
+        raise invalid(f"'chat_template_kwargs' may not set {reserved}", param="chat_template_kwargs")
     kwargs: dict[str, JsonValue] = dict(request.template_kwargs)
     if request.tools and request.tool_choice.mode is not ToolChoiceMode.NONE:
         kwargs["tools"] = [_template_tool(tool) for tool in request.tools]
@@ -68,7 +78,8 @@ def render_chat(tokenizer: Tokenizer, request: ChatRequest) -> list[int]:
         kwargs.setdefault("add_generation_prompt", True)
     try:
         return tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
-    except (jinja2.TemplateError, ValueError) as error:
+    except (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, LookupError) as error:
+        # Whatever the template raises on this input fails this request, not the engine.
         raise invalid(f"The model's chat template rejected the messages: {error}", param="messages") from None
 
 

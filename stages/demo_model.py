@@ -38,6 +38,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -208,8 +209,12 @@ def _train_tokenizer(vocab_size: int) -> Tokenizer:
 
 def _corpus() -> list[str]:
     texts = {_PARAGRAPH}
-    for module_name in _CORPUS_MODULES:
-        texts.update(_docstrings(importlib.import_module(module_name)))
+    # Walking `typing` touches its deprecated `io`/`re` aliases; under
+    # `-W error` (the test suite) that warning would abort the build.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for module_name in _CORPUS_MODULES:
+            texts.update(_docstrings(importlib.import_module(module_name)))
     return sorted(texts)
 
 

@@ -66,6 +66,21 @@ class Tokenizer(Protocol):
     def tool_parser(self) -> Callable[[str, Any], Any] | None: ...
 
 
+def completion_detokenizer(tokenizer: Tokenizer) -> StreamingDetokenizer:
+    """A fresh mlx-lm streaming detokenizer that keeps the text's leading space.
+
+    mlx-lm's BPE and SentencePiece detokenizers drop the first space of a
+    stream (right for a prompt's first word); a completion's leading space
+    is text the model wrote, as `decode` keeps it.
+    """
+    detokenizer = tokenizer.detokenizer
+    if hasattr(detokenizer, "trim_space"):
+        detokenizer.trim_space = False
+    if hasattr(detokenizer, "_maybe_trim_space"):
+        detokenizer._maybe_trim_space = lambda text: text
+    return detokenizer
+
+
 @attrs.frozen(kw_only=True)
 class ModelInfo:
     path: Path

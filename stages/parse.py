@@ -53,6 +53,11 @@ class ParseStage:
         await (self._chat if isinstance(request, ChatRequest) else self._text).send(parsed)
 
 
+def _refuse_constant(name: str) -> None:
+    # Python's json reads NaN and Infinity, which JSON does not have.
+    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
+
+
 def load_json(body: bytes) -> JsonValue:
     """Decode a request body.
 
@@ -60,7 +65,7 @@ def load_json(body: bytes) -> JsonValue:
         RequestError: the body is not UTF-8 JSON.
     """
     try:
-        value: JsonValue = json.loads(body)
+        value: JsonValue = json.loads(body, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise invalid(f"The request body is not valid JSON: {error}") from None
     return value

@@ -40,7 +40,8 @@ class KeyedSampler:
         if sampling.min_p > 0.0:
             self._filters.append(lambda x: apply_min_p(x, sampling.min_p, 1))
         if sampling.top_k > 0:
-            self._filters.append(lambda x: apply_top_k(x, sampling.top_k))
+            # mlx-lm refuses a k as large as the vocabulary; such a k keeps everything.
+            self._filters.append(lambda x: apply_top_k(x, sampling.top_k) if sampling.top_k < x.shape[-1] else x)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         self._key, step_key = mx.random.split(self._key)
@@ -50,7 +51,8 @@ class KeyedSampler:
 
 
 def make_row_sampler(sampling: Sampling) -> Sampler:
-    if sampling.temperature == 0.0:
+    # top_p 0 keeps only the most likely token: greedy, whatever the temperature.
+    if sampling.temperature == 0.0 or sampling.top_p == 0.0:
         return greedy_sampler
     return KeyedSampler(sampling)
 

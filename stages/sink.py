@@ -27,7 +27,7 @@ from pipeline.tracing import Mark, Timeline
 from stages.gateway import send_abort
 from stages.markup import Markers, MarkupSplitter, Section, markers_for
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores
-from stages.model import StreamingDetokenizer, Tokenizer
+from stages.model import StreamingDetokenizer, Tokenizer, completion_detokenizer
 from stages.stops import StopMatcher
 
 log = structlog.get_logger(stage="sink")
@@ -76,7 +76,7 @@ class CompletionSink:
         timeline = prepared.timeline.stamp(Mark.ADMITTED, admitted.admitted_at)
         self._rows[prepared.request_id] = RowText(
             admitted=admitted,
-            detokenizer=self._tokenizer.detokenizer,
+            detokenizer=completion_detokenizer(self._tokenizer),
             stops=StopMatcher(prepared.params.stop),
             markup=self._markup_for(prepared),
             timeline=timeline,

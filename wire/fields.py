@@ -7,6 +7,7 @@ the client sent it (`messages[2].content`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from pipeline.errors import invalid
@@ -69,6 +70,8 @@ def read_number(body: Body, key: str, *, minimum: float | None = None, maximum: 
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise invalid(f"'{key}' must be a number", param=key)
+    if not math.isfinite(value):
+        raise invalid(f"'{key}' must be a finite number", param=key)
     _check_range(key, value, minimum, maximum)
     return float(value)
 

@@ -247,12 +247,9 @@ def _chat_logprobs(body: Body) -> int | None:
 def _read_params(
     body: Body, *, max_tokens_keys: tuple[str, ...], default_max_tokens: int | None = None, logprobs: int | None = None
 ) -> GenerationParams:
-    max_tokens = default_max_tokens
-    for key in max_tokens_keys:
-        value = read_int(body, key, minimum=1)
-        if value is not None:
-            max_tokens = value
-            break
+    # Every spelling is validated; the first one present wins.
+    given = [value for value in (read_int(body, key, minimum=1) for key in max_tokens_keys) if value is not None]
+    max_tokens = given[0] if given else default_max_tokens
     return GenerationParams(
         max_tokens=max_tokens,
         sampling=_read_sampling(body),

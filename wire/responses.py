@@ -33,12 +33,12 @@ def usage_body(usage: Usage) -> JsonObject:
     }
 
 
-def output_items(events: Sequence[CompletionEvent]) -> list[JsonObject]:
-    """The finished `output` of a whole response."""
+def output_items(events: Sequence[CompletionEvent], *, cut: bool = False) -> list[JsonObject]:
+    """The finished `output` of a whole response; with `cut`, its last item was cut short."""
     items: list[_Item] = []
     for event in _content(events):
         _add(items, event)
-    return [item.done() for item in items]
+    return [item.done(cut=cut and index == len(items) - 1) for index, item in enumerate(items)]
 
 
 def output_text(output: Sequence[JsonValue]) -> str:
@@ -65,17 +65,18 @@ class _Item:
         return _text_part(self.text) if self.kind == "message" else {"type": "reasoning_text", "text": self.text}
 
     def shown(self, status: str) -> JsonObject:
+        finished = status != "in_progress"
         if self.call is not None:
             call = self.call
-            arguments = call.arguments if status == "completed" else ""
+            arguments = call.arguments if finished else ""
             return {"type": "function_call", "id": self.id, "call_id": call.id, "name": call.name, "arguments": arguments, "status": status}
-        content: list[JsonValue] = [self.part()] if status == "completed" else []
+        content: list[JsonValue] = [self.part()] if finished else []
         if self.kind == "message":
             return {"type": "message", "id": self.id, "role": "assistant", "status": status, "content": content}
         return {"type": "reasoning", "id": self.id, "summary": [], "content": content, "status": status}
 
-    def done(self) -> JsonObject:
-        return self.shown("completed")
+    def done(self, *, cut: bool = False) -> JsonObject:
+        return self.shown("incomplete" if cut else "completed")
 
 
 def _add(items: list[_Item], event: TextDelta | ReasoningDelta | ToolCall) -> bool:
@@ -114,8 +115,10 @@ class ResponsesStream:
         return b"".join(self._on_event(event) for event in _content(events))
 
     def finish(self, summary: Summary) -> bytes:
-        closing = self._close_last()
-        self.final = self._finished(summary, [item.done() for item in self._items])
+        cut = summary.finish_reason is FinishReason.LENGTH
+        closing = self._close(len(self._items) - 1, cut=cut) if self._items else b""
+        last = len(self._items) - 1
+        self.final = self._finished(summary, [item.done(cut=cut and i == last) for i, item in enumerate(self._items)])
         name = "response.completed" if self.final["status"] == "completed" else "response.incomplete"
         return closing + self._event(name, response=self.final)
 
@@ -125,7 +128,7 @@ class ResponsesStream:
         return self._event("response.failed", response=failed)
 
     def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
-        self.final = self._finished(summary, output_items(events))
+        self.final = self._finished(summary, output_items(events, cut=summary.finish_reason is FinishReason.LENGTH))
         return self.final
 
     def _finished(self, summary: Summary, output: list[JsonObject]) -> JsonObject:
@@ -184,10 +187,7 @@ class ResponsesStream:
             frames += self._event("response.content_part.added", item_id=item.id, output_index=index, content_index=0, part=empty)
         return frames
 
-    def _close_last(self) -> bytes:
-        return self._close(len(self._items) - 1) if self._items else b""
-
-    def _close(self, index: int) -> bytes:
+    def _close(self, index: int, *, cut: bool = False) -> bytes:
         item = self._items[index]
         if item.call is not None:
             frames = self._event(
@@ -202,7 +202,7 @@ class ResponsesStream:
             extra: JsonObject = {"logprobs": []} if item.kind == "message" else {}
             frames = self._event(done_type, item_id=item.id, output_index=index, content_index=0, text=item.text, **extra)
             frames += self._event("response.content_part.done", item_id=item.id, output_index=index, content_index=0, part=item.part())
-        return frames + self._event("response.output_item.done", output_index=index, item=item.done())
+        return frames + self._event("response.output_item.done", output_index=index, item=item.done(cut=cut))
 
     def _event(self, event_type: str, **data: JsonValue) -> bytes:
         payload: JsonObject = {"type": event_type, "sequence_number": self._sequence, **data}

@@ -38,7 +38,7 @@ from wire.fields import Body, as_body, as_list, as_object, as_str, read_bool, re
 _RESPONSE_ID = re.compile(r"^resp_[A-Za-z0-9_-]{1,128}$")
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT, "system": Role.SYSTEM, "developer": Role.DEVELOPER}
 _TEXT_PARTS = ("input_text", "output_text", "text")
-_REFUSED_FIELDS = ("background", "conversation", "prompt", "top_logprobs")
+
 
 
 @attrs.frozen(kw_only=True)
@@ -60,9 +60,7 @@ class ResponsesRequest:
 
 def decode_responses(value: JsonValue) -> ResponsesRequest:
     body = as_body(value)
-    for key in _REFUSED_FIELDS:
-        if body.get(key) is not None:
-            raise unsupported(key)
+    _refuse_unserved(body)
     items = _read_input(body)
     # Validate the items now: a bad item is a 400 before any store lookup.
     _to_messages(items)
@@ -94,6 +92,8 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
             "tools": [_echo_tool(tool) for tool in tools],
             "truncation": body.get("truncation", "disabled"),
             "user": body.get("user"),
+            "text": {"format": _format_echo(body)},
+            "reasoning": {"effort": _effort(body), "summary": None},
         },
     )
 
@@ -228,6 +228,28 @@ def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
             raise invalid(f"Invalid 'tool_choice.name': {name!r} is not among the tools.", param="tool_choice.name")
         return ToolChoice(mode=ToolChoiceMode.NAMED, name=name)
     raise invalid("Invalid 'tool_choice': must be 'none', 'auto', 'required' or a function.", param="tool_choice")
+
+
+def _refuse_unserved(body: Body) -> None:
+    """Fields that would change the output; their neutral values are fine."""
+    if read_bool(body, "background"):
+        raise unsupported("background")
+    if read_int(body, "top_logprobs", minimum=0, maximum=20):
+        raise unsupported("top_logprobs")
+    for key in ("conversation", "prompt"):
+        if body.get(key) is not None:
+            raise unsupported(key)
+
+
+def _format_echo(body: Body) -> JsonValue:
+    text = body.get("text")
+    format_ = text.get("format") if isinstance(text, dict) else None
+    return format_ if isinstance(format_, dict) else {"type": "text"}
+
+
+def _effort(body: Body) -> JsonValue:
+    reasoning = body.get("reasoning")
+    return reasoning.get("effort") if isinstance(reasoning, dict) else None
 
 
 def _read_reasoning(body: Body) -> JsonObject:

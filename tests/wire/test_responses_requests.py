@@ -58,6 +58,8 @@ def echo(**fields: JsonValue) -> JsonObject:
         "tools": [],
         "truncation": "disabled",
         "user": None,
+        "text": {"format": {"type": "text"}},
+        "reasoning": {"effort": None, "summary": None},
     }
     return {**defaults, **fields}
 
@@ -163,26 +165,40 @@ VALID = [
         id="tool_choice-function",
     ),
     pytest.param(
-        body(reasoning={"effort": "high"}), request(template_kwargs={"enable_thinking": True}), id="effort-high"
+        body(reasoning={"effort": "high"}),
+        request(template_kwargs={"enable_thinking": True}, echoed=echo(reasoning={"effort": "high", "summary": None})),
+        id="effort-high",
     ),
     pytest.param(
-        body(reasoning={"effort": "low"}), request(template_kwargs={"enable_thinking": True}), id="effort-low"
+        body(reasoning={"effort": "low"}),
+        request(template_kwargs={"enable_thinking": True}, echoed=echo(reasoning={"effort": "low", "summary": None})),
+        id="effort-low",
     ),
     pytest.param(
-        body(reasoning={"effort": "minimal"}), request(template_kwargs={"enable_thinking": False}), id="effort-minimal"
+        body(reasoning={"effort": "minimal"}),
+        request(template_kwargs={"enable_thinking": False}, echoed=echo(reasoning={"effort": "minimal", "summary": None})),
+        id="effort-minimal",
     ),
     pytest.param(
-        body(reasoning={"effort": "none"}), request(template_kwargs={"enable_thinking": False}), id="effort-none"
+        body(reasoning={"effort": "none"}),
+        request(template_kwargs={"enable_thinking": False}, echoed=echo(reasoning={"effort": "none", "summary": None})),
+        id="effort-none",
     ),
     pytest.param(body(reasoning={"summary": "auto"}), request(), id="reasoning-without-effort"),
     pytest.param(
         body(text={"format": {"type": "json_schema", "name": "n", "schema": SCHEMA, "strict": True}}),
-        request(constraint=Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=SCHEMA, param="text.format.schema")),
+        request(
+            constraint=Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=SCHEMA, param="text.format.schema"),
+            echoed=echo(text={"format": {"type": "json_schema", "name": "n", "schema": SCHEMA, "strict": True}}),
+        ),
         id="text-format-json_schema",
     ),
     pytest.param(
         body(text={"format": {"type": "json_object"}}),
-        request(constraint=Constraint(kind=ConstraintKind.JSON_SCHEMA, spec={"type": "object"}, param="text.format")),
+        request(
+            constraint=Constraint(kind=ConstraintKind.JSON_SCHEMA, spec={"type": "object"}, param="text.format"),
+            echoed=echo(text={"format": {"type": "json_object"}}),
+        ),
         id="text-format-json_object",
     ),
     pytest.param(body(text={"format": {"type": "text"}, "verbosity": "low"}), request(), id="text-format-text"),

@@ -1,0 +1,158 @@
+"""stages/chat.py: chat requests rendered through the demo model's own template."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import anyio
+import pytest
+
+from pipeline.channels import Channel, open_channel
+from pipeline.errors import ErrorKind, RequestError
+from pipeline.requests import ChatRequest, GenerationParams, JsonValue, Message, Role, Sampling, TextRequest
+from pipeline.tracing import Timeline
+from stages.chat import ChatStage, render_chat
+from stages.messages import Parsed, PrepareJob, PrepKind, Reply
+from stages.model import Tokenizer
+from wire.openai_requests import decode_chat
+
+PARAMS = GenerationParams(max_tokens=8, sampling=Sampling())
+
+
+def request(*messages: Message, **template_kwargs: JsonValue) -> ChatRequest:
+    return ChatRequest(messages=messages, params=PARAMS, template_kwargs=template_kwargs)
+
+
+def m(role: Role, content: str, **fields: Any) -> Message:
+    return Message(role=role, content=content, **fields)
+
+
+RENDERED = [
+    pytest.param(
+        request(m(Role.USER, "hi")),
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+        id="user",
+    ),
+    pytest.param(
+        request(m(Role.SYSTEM, "Be brief."), m(Role.USER, "hi")),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+        id="system-first",
+    ),
+    pytest.param(
+        request(m(Role.DEVELOPER, "Be brief."), m(Role.USER, "hi")),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+        id="developer-renders-as-system",
+    ),
+    pytest.param(
+        request(m(Role.USER, "a"), m(Role.DEVELOPER, "later rule"), m(Role.USER, "b")),
+        "<|im_start|>user\na<|im_end|>\n<|im_start|>system\nlater rule<|im_end|>\n"
+        "<|im_start|>user\nb<|im_end|>\n<|im_start|>assistant\n",
+        id="developer-mid-conversation",
+    ),
+    pytest.param(
+        request(m(Role.USER, "q"), m(Role.ASSISTANT, "a"), m(Role.USER, "q2")),
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n"
+        "<|im_start|>user\nq2<|im_end|>\n<|im_start|>assistant\n",
+        id="multi-turn",
+    ),
+    pytest.param(
+        request(m(Role.USER, "q"), m(Role.ASSISTANT, ""), m(Role.TOOL, "42", tool_call_id="c1"),
+                m(Role.TOOL, "43", tool_call_id="c2")),
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n42\n</tool_response>\n<tool_response>\n43\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n",
+        id="tool-results-in-one-user-turn",
+    ),
+    pytest.param(
+        request(m(Role.USER, "hi"), enable_thinking=False),
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+        id="enable_thinking-false-adds-empty-think",
+    ),
+    pytest.param(
+        request(m(Role.USER, "hi"), enable_thinking=True),
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+        id="enable_thinking-true",
+    ),
+]
+
+
+@pytest.mark.parametrize(("chat", "text"), RENDERED)
+def test_render_chat(tokenizer: Tokenizer, chat: ChatRequest, text: str) -> None:
+    """The prompt is the template's ChatML with the generation prompt, as tokens with single special tokens."""
+    tokens = render_chat(tokenizer, chat)
+    assert tokenizer.decode(tokens) == text
+    assert tokens == tokenizer.encode(text)
+    assert tokens[0] == tokenizer.encode("<|im_start|>")[0]
+
+
+def test_text_parts_render_like_a_string(tokenizer: Tokenizer) -> None:
+    """Content sent as text parts renders exactly as the same content sent as one string."""
+    parts = decode_chat(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "you"}]}]}
+    )
+    plain = decode_chat({"messages": [{"role": "user", "content": "Hello, you"}]})
+    assert render_chat(tokenizer, parts) == render_chat(tokenizer, plain)
+
+
+class OtherRole(enum.Enum):
+    NARRATOR = "narrator"
+
+
+def test_a_role_the_template_rejects_is_a_400(tokenizer: Tokenizer) -> None:
+    """When the template raises on a message, the request fails with a 400 about the messages."""
+    bad = request(Message(role=OtherRole.NARRATOR, content="x"))  # type: ignore[arg-type]
+    with pytest.raises(RequestError) as caught:
+        render_chat(tokenizer, bad)
+    assert (caught.value.kind, caught.value.param) == (ErrorKind.INVALID_REQUEST, "messages")
+    assert "Unsupported message role: narrator" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"chat_template": "{% for %}"}, id="template-syntax-error"),
+        # Keys the client controls must not reach apply_chat_template's own parameters or fail
+        # as something other than a RequestError: the preparation stage would crash the engine.
+        pytest.param({"tokenize": False}, id="tokenize"),
+        pytest.param({"continue_final_message": True}, id="continue_final_message"),
+        pytest.param({"tools": "not a list"}, id="tools-wrong-type"),
+        pytest.param({"documents": 5}, id="documents-wrong-type"),
+        pytest.param({"chat_template": "{{ messages[5].content }}"}, id="template-undefined"),
+        pytest.param({"chat_template": "{{ 1 / 0 }}"}, id="template-zero-division"),
+        pytest.param({"chat_template": "{% for i in range(10**6) %}{% endfor %}"}, id="template-sandbox-range"),
+    ],
+)
+def test_template_kwargs_that_break_rendering_are_a_400(tokenizer: Tokenizer, kwargs: dict[str, JsonValue]) -> None:
+    """Whatever a client puts in chat_template_kwargs, rendering fails as a RequestError (400), never otherwise."""
+    with pytest.raises(RequestError) as caught:
+        render_chat(tokenizer, request(m(Role.USER, "hi"), **kwargs))
+    assert caught.value.status == 400
+
+
+def parsed(request_id: str, generation: ChatRequest | TextRequest) -> Parsed:
+    reply: Reply = Reply(request_id)
+    return Parsed(request_id=request_id, request=generation, reply=reply, timeline=Timeline.start())
+
+
+async def test_chat_stage_turns_parsed_requests_into_tokenize_jobs(tokenizer: Tokenizer) -> None:
+    """Chat requests become TOKENIZE jobs that render the template; closed or non-chat requests are dropped."""
+    inbox: Channel[Parsed] = open_channel(4, name="chat")
+    out: Channel[PrepareJob] = open_channel(4, name="prepare")
+    live = parsed("live", request(m(Role.USER, "hi")))
+    gone = parsed("gone", request(m(Role.USER, "bye")))
+    gone.reply.close()
+    text = parsed("text", TextRequest(prompt="x", params=PARAMS))
+    with out.receive, anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            await group.start(ChatStage(inbox=inbox.receive, out=out.send, tokenizer=tokenizer).run)
+            async with inbox.send:
+                for item in (gone, live, text):
+                    await inbox.send.send(item)
+        jobs = [job async for job in out.receive]
+    assert [job.request_id for job in jobs] == ["live"]
+    (job,) = jobs
+    assert (job.kind, job.request, job.params, job.reply, job.timeline) == (
+        PrepKind.TOKENIZE, live.request, PARAMS, live.reply, live.timeline
+    )
+    assert job.tokenize() == render_chat(tokenizer, request(m(Role.USER, "hi")))

@@ -1,0 +1,144 @@
+"""stages/sampling.py: per-row samplers with their own keys, and logits processors."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import pytest
+
+from pipeline.requests import Sampling
+from stages.sampling import KeyedSampler, make_row_processors, make_row_sampler
+
+VOCAB = 64
+DRAWS = 24
+
+
+def logprobs(vocab: int = VOCAB) -> mx.array:
+    """A fixed, fairly flat distribution over `vocab` tokens whose argmax is token 37 % vocab."""
+    peak = 37 % vocab
+    logits = [math.sin(i * 0.7) for i in range(vocab)]
+    logits[peak] = 2.5
+    row = mx.array([logits])
+    return row - mx.logsumexp(row, axis=-1, keepdims=True)
+
+
+def draws(sampler: object, row: mx.array, count: int = DRAWS) -> list[int]:
+    assert callable(sampler)
+    out = []
+    for _ in range(count):
+        token = sampler(row)
+        assert token.shape == (1,)
+        out.append(int(token.item()))
+    return out
+
+
+ARGMAX = int(mx.argmax(logprobs(), axis=-1).item())
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        pytest.param(Sampling(seed=7), id="plain"),
+        pytest.param(Sampling(seed=7, temperature=0.7, top_p=0.9), id="top_p"),
+        pytest.param(Sampling(seed=7, top_k=10, min_p=0.01), id="top_k-min_p"),
+    ],
+)
+def test_the_same_seed_gives_the_same_tokens(sampling: Sampling) -> None:
+    """Two rows with the same seed sample the same sequence from the same logits, step after step."""
+    row = logprobs()
+    first, second = draws(KeyedSampler(sampling), row), draws(KeyedSampler(sampling), row)
+    assert first == second
+    assert len(set(first)) > 1, "the key must advance every step"
+    assert all(0 <= token < VOCAB for token in first)
+
+
+def test_the_sequence_does_not_depend_on_other_rows() -> None:
+    """A seeded row's tokens are the same whether or not other samplers draw in between (own key, no global state)."""
+    row = logprobs()
+    alone = draws(KeyedSampler(Sampling(seed=11)), row)
+    seeded, noisy = KeyedSampler(Sampling(seed=11)), KeyedSampler(Sampling(seed=99))
+    interleaved = []
+    for _ in range(DRAWS):
+        interleaved.append(int(seeded(row).item()))
+        noisy(row)
+        mx.random.seed(0)
+    assert interleaved == alone
+
+
+def test_different_seeds_give_different_tokens() -> None:
+    """The seed is what picks the sequence."""
+    row = logprobs()
+    assert draws(KeyedSampler(Sampling(seed=1)), row) != draws(KeyedSampler(Sampling(seed=2)), row)
+
+
+@pytest.mark.parametrize("vocab", [VOCAB, 1024])
+def test_temperature_zero_is_argmax(vocab: int) -> None:
+    """temperature 0 means greedy: always the most likely token."""
+    row = logprobs(vocab)
+    expected = int(mx.argmax(row, axis=-1).item())
+    assert draws(make_row_sampler(Sampling(temperature=0.0)), row) == [expected] * DRAWS
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        pytest.param(Sampling(top_k=1, seed=3), id="top_k-1"),
+        pytest.param(Sampling(top_k=1, temperature=2.0, seed=3), id="top_k-1-hot"),
+        pytest.param(Sampling(min_p=1.0, seed=3), id="min_p-1"),
+        pytest.param(Sampling(top_p=1e-6, seed=3), id="tiny-top_p"),
+        # top_p is the probability mass kept: 0 keeps only the most likely token, it does not turn filtering off.
+        pytest.param(Sampling(top_p=0.0, seed=3), id="top_p-0"),
+    ],
+)
+def test_filters_that_keep_one_token_are_argmax(sampling: Sampling) -> None:
+    """A filter that leaves a single candidate makes sampling deterministic: the argmax, every step."""
+    assert draws(make_row_sampler(sampling), logprobs()) == [ARGMAX] * DRAWS
+
+
+@pytest.mark.parametrize("top_k", [VOCAB, VOCAB + 100], ids=["vocab-size", "beyond-vocab"])
+def test_top_k_at_or_above_the_vocabulary_keeps_everything(top_k: int) -> None:
+    """A client's top_k larger than the vocabulary filters nothing (and must not raise in the model thread)."""
+    row = logprobs()
+    expected = draws(KeyedSampler(Sampling(seed=5)), row)
+    assert draws(KeyedSampler(Sampling(seed=5, top_k=top_k)), row) == expected
+
+
+def test_top_k_keeps_only_the_k_most_likely() -> None:
+    """With top_k=3 every sampled token is one of the three most likely."""
+    row = logprobs()
+    top3 = set(mx.argsort(-row, axis=-1)[0, :3].tolist())
+    assert set(draws(KeyedSampler(Sampling(seed=8, top_k=3)), row, 64)) <= top3
+
+
+def test_unseeded_rows_still_sample_valid_tokens() -> None:
+    """Without a seed a row gets a random key and samples ids inside the vocabulary."""
+    assert all(0 <= token < VOCAB for token in draws(make_row_sampler(Sampling()), logprobs()))
+
+
+def test_no_processors_without_penalties_or_bias() -> None:
+    """Plain sampling adds no logits processors to the row."""
+    assert make_row_processors(Sampling(), max_tokens=16) == []
+
+
+def test_logit_bias_moves_the_argmax() -> None:
+    """A +100 bias on a token makes greedy decoding pick it."""
+    (bias,) = make_row_processors(Sampling(logit_bias={5: 100.0}), max_tokens=16)
+    biased = bias(mx.array([1, 2]), logprobs())
+    assert int(mx.argmax(biased, axis=-1).item()) == 5
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        pytest.param(Sampling(presence_penalty=2.0), id="presence"),
+        pytest.param(Sampling(frequency_penalty=2.0), id="frequency"),
+        pytest.param(Sampling(repetition_penalty=10.0), id="repetition"),
+    ],
+)
+def test_penalties_count_tokens_from_the_whole_completion(sampling: Sampling) -> None:
+    """A penalty sees every generated token, not only the last 20: the first token is still penalised later."""
+    (penalty,) = make_row_processors(sampling, max_tokens=100)
+    history = mx.array([ARGMAX] + [1] * 40)
+    penalised = penalty(history, logprobs())
+    assert float(penalised[0, ARGMAX].item()) < float(logprobs()[0, ARGMAX].item())

@@ -1,0 +1,138 @@
+"""The layering is a test, not a hope (STYLE.md S3, DESIGN.md "Layout").
+
+Every import in `pipeline/`, `stages/` and `wire/` is read with `ast`,
+including imports inside functions and under `if TYPE_CHECKING:`, and
+checked against the rules:
+
+- `wire/` imports neither `stages/`, `anyio`, `quart` nor `mlx`;
+- `stages/` imports neither `wire/` nor `quart`;
+- `pipeline/` imports nothing of ours (`stages`, `wire`, `app`) and no `mlx`;
+- no layer imports `app`, `tests` or `bench`, which sit above all three;
+- only the model thread's modules and model loading import `mlx.core`.
+
+`mlx` here means the whole MLX stack, `mlx` and `mlx_lm`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+LAYERS = ("pipeline", "stages", "wire")
+MLX = {"mlx", "mlx_lm"}
+# app.py imports every layer, and tests/ and bench/ sit above it: no layer imports them.
+ABOVE = {"app", "tests", "bench"}
+FORBIDDEN = {
+    "wire": {"stages", "anyio", "quart", *MLX, *ABOVE},
+    "stages": {"wire", "quart", *ABOVE},
+    "pipeline": {"stages", "wire", *MLX, *ABOVE},
+}
+# The gateway's model thread and its helpers, and model loading / the demo model builder.
+MLX_CORE_ALLOWED = {"stages/gateway.py", "stages/model.py", "stages/sampling.py", "stages/demo_model.py"}
+
+
+def modules() -> list[Path]:
+    found = sorted(path for layer in LAYERS for path in (REPO / layer).rglob("*.py"))
+    assert found, "no sources found"
+    return found
+
+
+def imported(source: str, package: str) -> list[tuple[int, str]]:
+    """(line, dotted module) for every import in `source`; relative imports are resolved against `package`."""
+    names: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = parts[: len(parts) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            names.append((node.lineno, module))
+            # `from mlx import core` imports mlx.core too.
+            names.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
+    return names
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    return imported(path.read_text(encoding="utf-8"), package)
+
+
+def label(path: Path) -> str:
+    return path.relative_to(REPO).as_posix()
+
+
+SOURCES = modules()
+
+
+def violations(relative: str, names: list[tuple[int, str]]) -> list[str]:
+    """The imports of the file at `relative` (e.g. "wire/sse.py") that break a rule."""
+    layer = relative.split("/")[0]
+    broken = [(line, module) for line, module in names if module.split(".")[0] in FORBIDDEN[layer]]
+    if relative not in MLX_CORE_ALLOWED:
+        broken += [(line, m) for line, m in names if m == "mlx.core" or m.startswith("mlx.core.")]
+    return [f"{relative}:{line} imports {module}" for line, module in sorted(set(broken))]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=label)
+def test_layer_imports(path: Path) -> None:
+    """Each module imports only what DESIGN.md's layout allows, and mlx.core only where MLX may run."""
+    assert violations(label(path), imports_of(path)) == []
+
+
+@pytest.mark.parametrize(
+    ("relative", "source", "broken"),
+    [
+        pytest.param("wire/x.py", "import anyio\n", ["anyio"], id="wire-anyio"),
+        pytest.param("wire/x.py", "from stages.sink import CompletionSink\n", ["stages.sink", "stages.sink.CompletionSink"],
+                     id="wire-stages"),
+        pytest.param("wire/x.py", "def f():\n    import quart\n", ["quart"], id="wire-quart-in-function"),
+        pytest.param("wire/x.py", "import mlx_lm\n", ["mlx_lm"], id="wire-mlx_lm"),
+        pytest.param("stages/x.py", "from wire import sse\n", ["wire", "wire.sse"], id="stages-wire"),
+        pytest.param("stages/x.py", "import quart\n", ["quart"], id="stages-quart"),
+        pytest.param("stages/x.py", "import app\n", ["app"], id="stages-app"),
+        pytest.param("stages/sink.py", "import mlx.core as mx\n", ["mlx.core"], id="sink-mlx-core"),
+        pytest.param("stages/chat.py", "from mlx import core\n", ["mlx.core"], id="chat-from-mlx-import-core"),
+        pytest.param("pipeline/x.py", "from stages import messages\n", ["stages", "stages.messages"],
+                     id="pipeline-stages"),
+        pytest.param("pipeline/x.py", "import mlx\n", ["mlx"], id="pipeline-mlx"),
+        pytest.param("pipeline/x.py", "import anyio, attrs, structlog\n", [], id="pipeline-allowed"),
+        pytest.param("stages/x.py", "import anyio\nimport mlx_lm\nimport jinja2\n", [], id="stages-allowed"),
+        pytest.param("stages/gateway.py", "import mlx.core as mx\n", [], id="gateway-mlx-core"),
+        pytest.param("stages/sampling.py", "import mlx.core as mx\n", [], id="sampling-mlx-core"),
+        pytest.param("wire/x.py", "from pipeline.errors import invalid\n", [], id="wire-pipeline"),
+    ],
+)
+def test_the_rules_catch_each_violation(relative: str, source: str, broken: list[str]) -> None:
+    """Each rule fires on a module that breaks it, and stays quiet on allowed imports."""
+    package = relative.rsplit("/", 1)[0].replace("/", ".")
+    found = violations(relative, imported(source, package))
+    assert [entry.split(" imports ")[1] for entry in found] == sorted(broken)
+
+
+@pytest.mark.parametrize(
+    ("source", "package", "expected"),
+    [
+        pytest.param("import anyio.to_thread\n", "wire", {"anyio.to_thread"}, id="dotted"),
+        pytest.param("def f():\n    import quart\n", "wire", {"quart"}, id="inside-a-function"),
+        pytest.param(
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mlx_lm import load\n",
+            "pipeline",
+            {"typing", "typing.TYPE_CHECKING", "mlx_lm", "mlx_lm.load"},
+            id="type-checking-block",
+        ),
+        pytest.param("from mlx import core as mx\n", "stages", {"mlx", "mlx.core"}, id="from-mlx-import-core"),
+        pytest.param("from . import sink\n", "stages", {"stages", "stages.sink"}, id="relative"),
+        pytest.param("from ..x import y\n", "stages.sub", {"stages.x", "stages.x.y"}, id="relative-parent"),
+    ],
+)
+def test_the_checker_sees_every_form_of_import(source: str, package: str, expected: set[str]) -> None:
+    """The walk finds nested, TYPE_CHECKING, aliased and relative imports, so no form slips past the rules."""
+    assert {module for _, module in imported(source, package)} == expected
