@@ -27,7 +27,7 @@ from pipeline.tracing import Mark, Timeline
 from stages.gateway import send_abort
 from stages.markup import Markers, MarkupSplitter, Section, markers_for
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores
-from stages.model import StreamingDetokenizer, Tokenizer, completion_detokenizer
+from stages.model import StreamingDetokenizer, Tokenizer, completion_detokenizer, token_text
 from stages.stops import StopMatcher
 
 log = structlog.get_logger(stage="sink")
@@ -112,8 +112,8 @@ class CompletionSink:
         return Logprobs(chosen=chosen, top=top)
 
     def _scored(self, token: int, logprob: float) -> TokenLogprob:
-        text = self._tokenizer.decode([token])
-        return TokenLogprob(token=text, bytes=tuple(text.encode()), logprob=logprob)
+        text, raw = token_text(self._tokenizer, token)
+        return TokenLogprob(token=text, bytes=raw, logprob=logprob)
 
     def _markup_for(self, prepared: Prepared) -> MarkupSplitter:
         request = prepared.request
