@@ -28,11 +28,22 @@ from pipeline.requests import (
     ToolChoiceMode,
 )
 from wire.structured import anthropic_constraint
-from wire.fields import Body, as_body, as_list, as_object, as_str, read_bool, read_function, read_int, read_number
+from wire.fields import (
+    Body,
+    as_body,
+    as_list,
+    as_object,
+    as_str,
+    named_tool,
+    read_bool,
+    read_function,
+    read_int,
+    read_number,
+    read_stops,
+)
 
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
 _REFUSED_FIELDS = ("container", "mcp_servers", "context_management")
-_MAX_STOPS = 16
 
 
 def decode_messages(value: JsonValue) -> ChatRequest:
@@ -58,7 +69,7 @@ def _decode(body: Body, *, max_tokens: int) -> ChatRequest:
         params=GenerationParams(
             max_tokens=max_tokens,
             sampling=_read_sampling(body),
-            stop=_read_stops(body),
+            stop=read_stops(body.get("stop_sequences"), "stop_sequences", allow_string=False),
             # `output_config.effort` and `task_budget` are advisory; `format` constrains.
             constraint=anthropic_constraint(body),
         ),
@@ -183,18 +194,6 @@ def _or(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
-def _read_stops(body: Body) -> tuple[str, ...]:
-    raw = body.get("stop_sequences")
-    if raw is None:
-        return ()
-    stops = as_list(raw, "stop_sequences")
-    if len(stops) > _MAX_STOPS:
-        raise invalid(f"stop_sequences: at most {_MAX_STOPS} are allowed", param="stop_sequences")
-    if not all(isinstance(stop, str) and stop for stop in stops):
-        raise invalid("stop_sequences: each must be a non-empty string", param="stop_sequences")
-    return tuple(stop for stop in stops if isinstance(stop, str))
-
-
 def _read_tools(body: Body) -> tuple[Tool, ...]:
     raw = body.get("tools")
     if raw is None:
@@ -224,10 +223,7 @@ def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
         raise invalid("tool_choice: there are no tools to choose from", param="tool_choice")
     if kind == "any":
         return ToolChoice(mode=ToolChoiceMode.REQUIRED)
-    name = as_str(choice.get("name"), "tool_choice.name")
-    if name not in {tool.name for tool in tools}:
-        raise invalid(f"tool_choice.name: {name!r} is not among the tools", param="tool_choice.name")
-    return ToolChoice(mode=ToolChoiceMode.NAMED, name=name)
+    return named_tool(choice.get("name"), tools, "tool_choice.name")
 
 
 def _read_thinking(body: Body) -> dict[str, JsonValue]:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 
 from pipeline.errors import invalid
-from pipeline.requests import JsonObject, JsonValue, Tool
+from pipeline.requests import JsonObject, JsonValue, Tool, ToolChoice, ToolChoiceMode
 
 Body = Mapping[str, JsonValue]
 
@@ -102,3 +102,27 @@ def read_function(item: Body, param: str, *, schema_key: str) -> Tool:
         description=read_str(item, "description", param=f"{param}.description"),
         parameters={} if schema is None else as_object(schema, f"{param}.{schema_key}"),
     )
+
+
+# A stop list longer than this is almost certainly a client bug.
+MAX_STOPS = 16
+
+
+def read_stops(value: JsonValue, param: str, *, allow_string: bool) -> tuple[str, ...]:
+    """Stop strings: a list of non-empty strings (OpenAI also takes one string)."""
+    if value is None:
+        return ()
+    stops = [value] if allow_string and isinstance(value, str) else as_list(value, param)
+    if len(stops) > MAX_STOPS:
+        raise invalid(f"'{param}' may hold at most {MAX_STOPS} strings", param=param)
+    if not all(isinstance(stop, str) and stop for stop in stops):
+        raise invalid(f"'{param}' must hold non-empty strings", param=param)
+    return tuple(stop for stop in stops if isinstance(stop, str))
+
+
+def named_tool(name: JsonValue, tools: tuple[Tool, ...], param: str) -> ToolChoice:
+    """The choice of one tool by name, which must be among `tools`."""
+    chosen = as_str(name, param)
+    if chosen not in {tool.name for tool in tools}:
+        raise invalid(f"'{param}' {chosen!r} is not among the tools", param=param)
+    return ToolChoice(mode=ToolChoiceMode.NAMED, name=chosen)

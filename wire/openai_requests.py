@@ -32,19 +32,19 @@ from wire.fields import (
     as_list,
     as_object,
     as_str,
+    named_tool,
     read_bool,
     read_function,
     read_int,
     read_number,
     read_object,
+    read_stops,
     read_str,
 )
 
 _ROLES = {role.value: role for role in Role}
 _MAX_TOP_LOGPROBS = 20
 _EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
-# A stop list longer than this is almost certainly a client bug.
-_MAX_STOPS = 16
 
 
 def decode_chat(value: JsonValue) -> ChatRequest:
@@ -188,10 +188,7 @@ def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
         return ToolChoice(mode=ToolChoiceMode.REQUIRED)
     if isinstance(raw, dict):
         function = as_object(raw.get("function"), "tool_choice.function")
-        name = as_str(function.get("name"), "tool_choice.function.name")
-        if name not in {tool.name for tool in tools}:
-            raise invalid(f"'tool_choice.function.name' {name!r} is not among the tools", param="tool_choice.function.name")
-        return ToolChoice(mode=ToolChoiceMode.NAMED, name=name)
+        return named_tool(function.get("name"), tools, "tool_choice.function.name")
     raise invalid("'tool_choice' must be 'none', 'auto', 'required' or a function", param="tool_choice")
 
 
@@ -253,7 +250,7 @@ def _read_params(
     return GenerationParams(
         max_tokens=max_tokens,
         sampling=_read_sampling(body),
-        stop=_read_stop(body),
+        stop=read_stops(body.get("stop"), "stop", allow_string=True),
         cache_key=read_cache_key(body),
         constraint=openai_constraint(body),
         logprobs=logprobs,
@@ -296,14 +293,3 @@ def _read_logit_bias(body: Body) -> dict[int, float]:
     return bias
 
 
-def _read_stop(body: Body) -> tuple[str, ...]:
-    raw = body.get("stop")
-    if raw is None:
-        return ()
-    stops = [raw] if isinstance(raw, str) else as_list(raw, "stop")
-    if len(stops) > _MAX_STOPS:
-        raise invalid(f"'stop' may hold at most {_MAX_STOPS} strings", param="stop")
-    for stop in stops:
-        if not isinstance(stop, str) or not stop:
-            raise invalid("'stop' must be a non-empty string or an array of them", param="stop")
-    return tuple(stop for stop in stops if isinstance(stop, str))

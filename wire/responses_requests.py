@@ -33,7 +33,19 @@ from pipeline.requests import (
     ToolChoiceMode,
 )
 from wire.structured import responses_constraint
-from wire.fields import Body, as_body, as_list, as_object, as_str, read_bool, read_function, read_int, read_number, read_str
+from wire.fields import (
+    Body,
+    as_body,
+    as_list,
+    as_object,
+    as_str,
+    named_tool,
+    read_bool,
+    read_function,
+    read_int,
+    read_number,
+    read_str,
+)
 
 _RESPONSE_ID = re.compile(r"^resp_[A-Za-z0-9_-]{1,128}$")
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT, "system": Role.SYSTEM, "developer": Role.DEVELOPER}
@@ -223,10 +235,7 @@ def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
     if raw == "required":
         return ToolChoice(mode=ToolChoiceMode.REQUIRED)
     if isinstance(raw, dict) and raw.get("type") == "function":
-        name = as_str(raw.get("name"), "tool_choice.name")
-        if name not in {tool.name for tool in tools}:
-            raise invalid(f"Invalid 'tool_choice.name': {name!r} is not among the tools.", param="tool_choice.name")
-        return ToolChoice(mode=ToolChoiceMode.NAMED, name=name)
+        return named_tool(raw.get("name"), tools, "tool_choice.name")
     raise invalid("Invalid 'tool_choice': must be 'none', 'auto', 'required' or a function.", param="tool_choice")
 
 
