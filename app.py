@@ -14,11 +14,10 @@ from stages.blas import preload_blas
 BLAS = preload_blas()
 
 import time  # noqa: E402
-from functools import partial  # noqa: E402
-from typing import TypeVar  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable  # noqa: E402
-from typing import cast  # noqa: E402
+from functools import partial  # noqa: E402
+from typing import TypeVar, cast  # noqa: E402
 
 import anyio  # noqa: E402
 import attrs  # noqa: E402
@@ -28,8 +27,7 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from pipeline.errors import ErrorKind, RequestError  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
-from pipeline.requests import GenerationRequest, with_cache_key  # noqa: E402
-from pipeline.requests import Accepted, ChatRequest, JsonObject, JsonValue  # noqa: E402
+from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
 from stages.engine import Engine  # noqa: E402
@@ -37,10 +35,10 @@ from stages.messages import Decoder, Reply  # noqa: E402
 from stages.parse import load_json  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
 from wire import responses as responses_wire  # noqa: E402
-from wire.response_store import ResponseStore, StoredResponse, StoreError, open_store  # noqa: E402
-from wire.responses_requests import continued_input, decode_responses, to_chat  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
+from wire.response_store import ResponseStore, StoredResponse, StoreError, open_store  # noqa: E402
+from wire.responses_requests import continued_input, decode_responses, to_chat  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
 log = structlog.get_logger(stage="http")
