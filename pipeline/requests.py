@@ -137,6 +137,8 @@ class ChatRequest:
     template_kwargs: Mapping[str, JsonValue] = attrs.field(factory=dict)
     tools: tuple[Tool, ...] = ()
     tool_choice: ToolChoice = ToolChoice()
+    # False: the turn ends at its first tool call.
+    parallel_tool_calls: bool = True
     continue_final: bool = False
     stream: bool = False
     include_usage: bool = False

@@ -21,7 +21,7 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.events import CompletionEvent, FinishReason, Logprobs, Summary, TokenLogprob, Usage
+from pipeline.events import CompletionEvent, FinishReason, Logprobs, Summary, TokenLogprob, ToolCall, Usage
 from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
 from stages.gateway import send_abort
@@ -43,6 +43,8 @@ class RowText:
     stops: StopMatcher
     markup: MarkupSplitter
     timeline: Timeline
+    # The client wants at most one tool call (`parallel_tool_calls: false`).
+    single_call: bool = False
     completion_tokens: int = 0
 
 
@@ -80,6 +82,7 @@ class CompletionSink:
             stops=StopMatcher(prepared.params.stop),
             markup=self._markup_for(prepared),
             timeline=timeline,
+            single_call=isinstance(prepared.request, ChatRequest) and not prepared.request.parallel_tool_calls,
         )
         log.info("request.queue", **prepared.reply.log_context, duration=timeline.between(Mark.PREPARED, Mark.ADMITTED))
 
@@ -97,7 +100,11 @@ class CompletionSink:
         events = row.markup.feed(result.text, final=ended)
         if delta.logprobs is not None:
             events.append(self._logprobs(delta.new_token_ids, delta.logprobs))
-        if result.stop is not None:
+        if row.single_call and not ended and any(isinstance(event, ToolCall) for event in events):
+            # No parallel calls: the turn ends with its first call.
+            send_abort(self._aborts, delta.request_id)
+            self._finish(row, events, FinishReason.TOOL_CALLS, stop=None, at=stepped_at)
+        elif result.stop is not None:
             if delta.finish is None:
                 send_abort(self._aborts, delta.request_id)
             self._finish(row, events, FinishReason.STOP, stop=result.stop, at=stepped_at)

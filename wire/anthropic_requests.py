@@ -76,6 +76,7 @@ def _decode(body: Body, *, max_tokens: int) -> ChatRequest:
         template_kwargs=_read_thinking(body),
         tools=tools,
         tool_choice=_read_tool_choice(body, tools),
+        parallel_tool_calls=not _disables_parallel(body),
         continue_final=messages[-1].role is Role.ASSISTANT,
         stream=bool(read_bool(body, "stream")),
     )
@@ -224,6 +225,11 @@ def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
     if kind == "any":
         return ToolChoice(mode=ToolChoiceMode.REQUIRED)
     return named_tool(choice.get("name"), tools, "tool_choice.name")
+
+
+def _disables_parallel(body: Body) -> bool:
+    choice = body.get("tool_choice")
+    return isinstance(choice, dict) and read_bool(choice, "disable_parallel_tool_use") is True
 
 
 def _read_thinking(body: Body) -> dict[str, JsonValue]:

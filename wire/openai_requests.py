@@ -3,7 +3,7 @@
 Pure functions over decoded JSON (S17). A field that would change the
 output but is not implemented is refused by name (`unsupported`), never
 dropped; fields that cannot change the output (`user`, `metadata`,
-`store`, `service_tier`, `parallel_tool_calls`) are accepted and ignored.
+`store`, `service_tier`) are accepted and ignored.
 `prompt_cache_key` / `session_id` only steer the prompt cache.
 """
 
@@ -63,6 +63,7 @@ def decode_chat(value: JsonValue) -> ChatRequest:
         template_kwargs=kwargs,
         tools=tools,
         tool_choice=_read_tool_choice(body, tools),
+        parallel_tool_calls=read_bool(body, "parallel_tool_calls") is not False,
         stream=stream,
         include_usage=include_usage,
     )

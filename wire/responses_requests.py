@@ -64,6 +64,7 @@ class ResponsesRequest:
     tools: tuple[Tool, ...]
     tool_choice: ToolChoice
     template_kwargs: JsonObject
+    parallel_tool_calls: bool
     store: bool
     stream: bool
     # Fields the response object echoes back.
@@ -92,6 +93,7 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
         tools=tools,
         tool_choice=_read_tool_choice(body, tools),
         template_kwargs=_read_reasoning(body),
+        parallel_tool_calls=read_bool(body, "parallel_tool_calls") is not False,
         store=read_bool(body, "store") is not False,
         stream=bool(read_bool(body, "stream")),
         echo={
@@ -99,7 +101,7 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
             "temperature": temperature,
             "top_p": top_p,
             "metadata": read_object_or_empty(body, "metadata"),
-            "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
+            "parallel_tool_calls": read_bool(body, "parallel_tool_calls") is not False,
             "tool_choice": body.get("tool_choice", "auto"),
             "tools": [_echo_tool(tool) for tool in tools],
             "truncation": body.get("truncation", "disabled"),
@@ -123,6 +125,7 @@ def to_chat(request: ResponsesRequest, history: Sequence[JsonObject], instructio
         template_kwargs=request.template_kwargs,
         tools=request.tools,
         tool_choice=request.tool_choice,
+        parallel_tool_calls=request.parallel_tool_calls,
         stream=request.stream,
     )
 

@@ -11,6 +11,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from tokenizers import Tokenizer
 
 from tests.conftest import Server
 from tests.e2e.conftest import stream_chunks
@@ -242,3 +243,21 @@ def test_responses_forced_function_call(server: Server, client: openai.OpenAI) -
     )
     assert follow.usage is not None and response.usage is not None
     assert follow.usage.input_tokens > response.usage.input_tokens
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parallel_tool_calls_false_ends_the_turn_at_the_first_call(
+    client: openai.OpenAI, tokenizer: Tokenizer, parallel: bool
+) -> None:
+    # A grammar makes the model write two calls in its own markup; the sink parses them.
+    start, end = tokenizer.token_to_id("<tool_call>"), tokenizer.token_to_id("</tool_call>")
+    call = '"\\n{\\"name\\": \\"get_time\\", \\"arguments\\": {}}\\n"'
+    grammar = f"start: <[{start}]> {call} <[{end}]> <[{start}]> {call} <[{end}]>"
+    completion = client.chat.completions.create(
+        model="m", messages=HELLO, tools=TOOLS, max_tokens=100, parallel_tool_calls=parallel,  # type: ignore[arg-type]
+        extra_body={"guided_grammar": grammar},
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = choice.message.tool_calls or []
+    assert [c.function.name for c in calls] == ["get_time"] * (2 if parallel else 1)  # type: ignore[union-attr]

@@ -51,6 +51,7 @@ def chat(
     tool_choice: ToolChoice = ToolChoice(),
     constraint: Constraint | None = None,
     continue_final: bool = False,
+    parallel_tool_calls: bool = True,
     stream: bool = False,
     **sampling: Any,
 ) -> ChatRequest:
@@ -61,6 +62,7 @@ def chat(
         tools=tools,
         tool_choice=tool_choice,
         continue_final=continue_final,
+        parallel_tool_calls=parallel_tool_calls,
         stream=stream,
     )
 
@@ -236,7 +238,7 @@ VALID_MESSAGES = [
     ),
     pytest.param(
         body(tools=[WEATHER], tool_choice={"type": "auto", "disable_parallel_tool_use": True}),
-        chat(tools=(WEATHER_TOOL,)),
+        chat(tools=(WEATHER_TOOL,), parallel_tool_calls=False),
         id="tool_choice-auto-disable_parallel",
     ),
     pytest.param(

@@ -73,6 +73,7 @@ def request(
     tools: tuple[Tool, ...] = (),
     tool_choice: ToolChoice = ToolChoice(),
     template_kwargs: JsonObject | None = None,
+    parallel_tool_calls: bool = True,
     store: bool = True,
     stream: bool = False,
     echoed: JsonObject | None = None,
@@ -86,6 +87,7 @@ def request(
         tools=tools,
         tool_choice=tool_choice,
         template_kwargs=template_kwargs or {},
+        parallel_tool_calls=parallel_tool_calls,
         store=store,
         stream=stream,
         echo=echoed or echo(),
@@ -125,7 +127,10 @@ VALID = [
     ),
     pytest.param(
         body(metadata={"k": "v"}, parallel_tool_calls=False, truncation="auto", user="u1"),
-        request(echoed=echo(metadata={"k": "v"}, parallel_tool_calls=False, truncation="auto", user="u1")),
+        request(
+            parallel_tool_calls=False,
+            echoed=echo(metadata={"k": "v"}, parallel_tool_calls=False, truncation="auto", user="u1"),
+        ),
         id="echo-only-fields",
     ),
     pytest.param(
