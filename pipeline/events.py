@@ -73,6 +73,8 @@ class Usage:
     completion_tokens: int
     # Of the prompt tokens, those served from the prompt cache.
     cached_tokens: int = 0
+    # Of the completion tokens, those spent inside the think markers.
+    reasoning_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -60,6 +60,11 @@ class MarkupSplitter:
         self._trim_next = self._section is not Section.ANSWER
 
     @property
+    def reasoning(self) -> bool:
+        """Inside the think markers now."""
+        return self._section is Section.REASONING
+
+    @property
     def tool_calls(self) -> int:
         return self._calls
 

@@ -45,6 +45,7 @@ class RowText:
     timeline: Timeline
     # The client wants at most one tool call (`parallel_tool_calls: false`).
     single_call: bool = False
+    reasoning_tokens: int = 0
     completion_tokens: int = 0
 
 
@@ -97,7 +98,10 @@ class CompletionSink:
         row.completion_tokens += len(delta.new_token_ids)
         result = row.stops.feed(self._detokenize(row, delta), final=delta.finish is not None)
         ended = result.stop is not None or delta.finish is not None
+        was_reasoning = row.markup.reasoning
         events = row.markup.feed(result.text, final=ended)
+        if was_reasoning or row.markup.reasoning:
+            row.reasoning_tokens += len(delta.new_token_ids)
         if delta.logprobs is not None:
             events.append(self._logprobs(delta.new_token_ids, delta.logprobs))
         if row.single_call and not ended and any(isinstance(event, ToolCall) for event in events):
@@ -157,6 +161,7 @@ class CompletionSink:
             prompt_tokens=len(prepared.prompt_tokens),
             completion_tokens=row.completion_tokens,
             cached_tokens=row.admitted.cached_tokens,
+            reasoning_tokens=row.reasoning_tokens,
         )
         if events:
             prepared.reply.put(events)

@@ -29,6 +29,8 @@ def test_non_streaming_fields(client: openai.OpenAI, server: Server) -> None:
     assert choice.finish_reason == "length"
     assert completion.usage is not None
     assert completion.usage.completion_tokens == 7
+    assert completion.usage.completion_tokens_details is not None
+    assert completion.usage.completion_tokens_details.reasoning_tokens == 0
 
 
 def test_usage_counts_the_rendered_template(client: openai.OpenAI, tokenizer: Tokenizer) -> None:

@@ -27,6 +27,9 @@ def test_text_inside_think_goes_to_reasoning(client: openai.OpenAI) -> None:
     assert message.content == ""
     extra = message.model_extra or {}
     assert extra["reasoning_content"] == extra["reasoning"] == raw.strip()
+    # Every generated token was spent thinking.
+    assert completion.usage is not None and completion.usage.completion_tokens_details is not None
+    assert completion.usage.completion_tokens_details.reasoning_tokens == completion.usage.completion_tokens == 20
 
 
 def test_streamed_reasoning_deltas(server: Server, client: openai.OpenAI) -> None:

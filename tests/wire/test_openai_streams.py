@@ -49,13 +49,14 @@ def summary(reason: FinishReason = FinishReason.STOP, prompt: int = 5, completio
     )
 
 
-def usage_json(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
-    """OpenAI's usage object: totals, and how many prompt tokens came from the prompt cache."""
+def usage_json(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object: totals, prompt tokens from the prompt cache, completion tokens spent reasoning."""
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
 
 
