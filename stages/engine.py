@@ -17,6 +17,7 @@ import anyio
 import attrs
 import structlog
 from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.admission import Admission, AdmissionStatistics
 from pipeline.channels import Channel, ReplySlot, open_channel
@@ -196,41 +197,59 @@ class Engine:
         # At most one abort per running row between two steps.
         control: Channel[Abort] = open_channel(settings.max_batch, name="control")
         steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
+        self._gateway = self._make_gateway(prepared.receive, control, steps.send, disk)
+        # Started in this order: the model loads first, then downstream to upstream (S6).
+        return [
+            self._gateway,
+            CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer),
+            self._make_prepare(jobs.receive, prepared.send),
+            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer),
+            TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size),
+            ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send),
+        ]
+
+    def _make_gateway(
+        self,
+        inbox: MemoryObjectReceiveStream[Prepared],
+        control: Channel[Abort],
+        out: MemoryObjectSendStream[StepOutputs],
+        disk: DiskTier | None,
+    ) -> GenerationGateway:
+        settings, memory = self._settings, self.fit.memory
         spills: Channel[SpillJob] = open_channel(_SPILL_QUEUE, name="spills")
-        memory = self.fit.memory
         cache_bytes = memory.prompt_cache_bytes
-        self._gateway = GenerationGateway(
-            inbox=prepared.receive,
+        return GenerationGateway(
+            inbox=inbox,
             control=control.receive,
             aborts=control.send,
-            out=steps.send,
+            out=out,
             spills_out=spills.send,
             spills_in=spills.receive,
-            load=partial(load_weights, info),
-            eos_ids=frozenset(tokenizer.eos_token_ids),
+            load=partial(load_weights, self.info),
+            eos_ids=frozenset(self.tokenizer.eos_token_ids),
             max_batch=settings.max_batch,
             prefill_step_size=settings.prefill_step_size,
             ledger=KvLedger(memory.kv_bytes_per_token, memory.usable_bytes),
             cache=PromptCache(max_bytes=cache_bytes, sessions=settings.session_cache) if cache_bytes else None,
             disk=disk,
         )
+
+    def _make_prepare(self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]) -> PrepareStage:
+        settings, info = self._settings, self.info
         reservations = {
             PrepKind.TOKENIZE: Reservation.of(settings.prepare_concurrency),
             PrepKind.CONSTRAIN: Reservation.of(settings.constraint_concurrency),
         }
-        self._compiler = ConstraintCompiler(tokenizer=tokenizer, vocab_size=info.vocab_size)
-        # Started in this order: the model loads first, then downstream to upstream (S6).
-        return [
-            self._gateway,
-            CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer),
-            PrepareStage(
-                inbox=jobs.receive, out=prepared.send, reservations=reservations, context_window=info.context_window,
-                vocab_size=info.vocab_size, max_safe_context=memory.max_safe_context, compiler=self._compiler,
-            ),  # fmt: skip
-            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer),
-            TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size),
-            ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send),
-        ]
+        self._compiler = ConstraintCompiler(tokenizer=self.tokenizer, vocab_size=info.vocab_size)
+        return PrepareStage(
+            inbox=inbox,
+            out=out,
+            reservations=reservations,
+            context_window=info.context_window,
+            vocab_size=info.vocab_size,
+            max_safe_context=self.fit.memory.max_safe_context,
+            compiler=self._compiler,
+        )
 
     def _release(self, request_id: str) -> None:
         del self._open[request_id]
