@@ -36,6 +36,8 @@ from stages.parse import load_json  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
 from wire import responses as responses_wire  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
+from wire.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE  # noqa: E402
+from wire.metrics import render as render_metrics  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.response_store import ResponseStore, StoredResponse, StoreError, open_store  # noqa: E402
 from wire.responses_requests import continued_input, decode_responses, to_chat  # noqa: E402
@@ -306,10 +308,19 @@ async def fit() -> Response:
 
 @app.get("/stats")
 async def stats() -> Response:
+    return json_response(await _snapshot())
+
+
+@app.get("/metrics")
+async def metrics() -> Response:
+    return Response(render_metrics(await _snapshot()), content_type=METRICS_CONTENT_TYPE)
+
+
+async def _snapshot() -> JsonObject:
     current = engine()
     snapshot = attrs.asdict(current.statistics())
     store = await _store_call(lambda store: store.statistics())
-    return json_response({"model": current.info.name, "blas": BLAS, **snapshot, "response_store": attrs.asdict(store)})
+    return {"model": current.info.name, "blas": BLAS, **snapshot, "response_store": attrs.asdict(store)}
 
 
 @app.errorhandler(RequestError)
