@@ -183,8 +183,9 @@ async def responses() -> Response:
     request_id = _request_id("resp_")
     replay = (*history, *decoded.input)
 
-    def decode(value: JsonValue) -> ChatRequest:
-        return to_chat(decode_responses(value), history, instructions)
+    def decode(_body: JsonValue) -> ChatRequest:
+        # The body was validated above, before the store lookup; only the splice is left.
+        return to_chat(decoded, history, instructions)
 
     def make_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
         return responses_wire.ResponsesStream(

@@ -71,7 +71,7 @@ def render_chat(tokenizer: Tokenizer, request: ChatRequest) -> list[int]:
         raise invalid(f"'chat_template_kwargs' may not set {reserved}", param="chat_template_kwargs")
     kwargs: dict[str, JsonValue] = dict(request.template_kwargs)
     if request.tools and request.tool_choice.mode is not ToolChoiceMode.NONE:
-        kwargs["tools"] = [_template_tool(tool) for tool in request.tools]
+        kwargs["tools"] = [template_tool(tool) for tool in request.tools]
     if request.continue_final:
         kwargs.update(add_generation_prompt=False, continue_final_message=True)
     else:
@@ -109,7 +109,8 @@ def _template_call(call: ToolCallRecord) -> JsonValue:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
 
 
-def _template_tool(tool: Tool) -> JsonValue:
+def template_tool(tool: Tool) -> JsonValue:
+    """A tool as chat templates and mlx-lm's tool parsers read it: OpenAI's function shape."""
     # Key order is the client's usual one: templates print the tool as JSON.
     function: JsonObject = {"name": tool.name}
     if tool.description is not None:

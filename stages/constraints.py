@@ -78,11 +78,11 @@ class ConstraintCompiler:
                 self._compiled.move_to_end(grammar)
                 self.hits += 1
                 return cached
-        tokenizer = self._llguidance_tokenizer()
-        error = LLMatcher.validate_grammar(grammar, tokenizer)
-        if error:
-            raise invalid(f"Invalid {constraint.param}: {error.strip()}", param=constraint.param)
-        compiled = CompiledConstraint(prototype=LLMatcher(tokenizer, grammar))
+        # Building the matcher is the compile; an invalid grammar leaves it in error.
+        matcher = LLMatcher(self._llguidance_tokenizer(), grammar)
+        if matcher.is_error():
+            raise invalid(f"Invalid {constraint.param}: {matcher.get_error().strip()}", param=constraint.param)
+        compiled = CompiledConstraint(prototype=matcher)
         with self._lock:
             self.misses += 1
             self._compiled[grammar] = compiled

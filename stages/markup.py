@@ -22,7 +22,9 @@ import attrs
 
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
 from pipeline.requests import Tool
+from stages.chat import template_tool
 from stages.model import Tokenizer
+from stages.stops import earliest, partial_suffix
 
 ToolParser = Callable[[str, Any], Any]
 
@@ -74,9 +76,9 @@ class MarkupSplitter:
         buffer, self._held = self._held + text, ""
         while buffer:
             markers = self._markers_here()
-            found = min(((buffer.find(m), m) for m in markers if m in buffer), default=None)
+            found = earliest(buffer, markers)
             if found is None:
-                keep = 0 if final else max((_partial_suffix(buffer, m) for m in markers), default=0)
+                keep = 0 if final else partial_suffix(buffer, markers)
                 self._emit(buffer[: len(buffer) - keep], events)
                 self._held = buffer[len(buffer) - keep :]
                 break
@@ -159,7 +161,7 @@ def markers_for(tokenizer: Tokenizer, tools: Sequence[Tool], *, parse_tools: boo
 def _parse(markers: Markers, text: str) -> tuple[str, str] | None:
     if markers.tool_parser is None:
         return None
-    schema = [{"type": "function", "function": attrs.asdict(tool)} for tool in markers.tools]
+    schema = [template_tool(tool) for tool in markers.tools]
     try:
         parsed = markers.tool_parser(text, schema)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError):
@@ -185,10 +187,3 @@ def _append(events: list[CompletionEvent], event: TextDelta | ReasoningDelta) ->
         events[-1] = attrs.evolve(event, text=last.text + event.text)
     else:
         events.append(event)
-
-
-def _partial_suffix(buffer: str, marker: str) -> int:
-    for size in range(min(len(marker) - 1, len(buffer)), 0, -1):
-        if buffer.endswith(marker[:size]):
-            return size
-    return 0

@@ -9,7 +9,6 @@ thread (it never touches MLX arrays); the weights are loaded by
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -98,26 +97,15 @@ def token_text(tokenizer: Tokenizer, token: int) -> tuple[str, tuple[int, ...]]:
 
 
 def _byte_level_bytes(tokenizer: Tokenizer, token: int) -> bytes | None:
+    from mlx_lm.tokenizer_utils import _byte_decoder
+
     pieces = getattr(tokenizer, "convert_ids_to_tokens", lambda ids: [None])([token])
     piece = pieces[0] if pieces else None
-    decoder = _gpt2_byte_decoder()
+    # GPT-2's printable stand-ins for bytes, as mlx-lm's BPE detokenizer reads them.
+    decoder: dict[str, int] = _byte_decoder()
     if not isinstance(piece, str) or not all(char in decoder for char in piece):
         return None
     return bytes(decoder[char] for char in piece)
-
-
-@functools.cache
-def _gpt2_byte_decoder() -> dict[str, int]:
-    # GPT-2's printable stand-ins for the 256 byte values, as byte-level BPE vocabularies spell them.
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    codes = list(printable)
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            codes.append(256 + extra)
-            extra += 1
-    return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
 
 
 @attrs.frozen(kw_only=True)

@@ -2,10 +2,13 @@
 
 The matcher holds back only text that could still become a stop string
 (the longest suffix that is a prefix of one), so no part of a stop string
-is ever streamed and ordinary text is not delayed. Pure; no I/O.
+is ever streamed and ordinary text is not delayed. The markup splitter
+holds back its markers with the same two functions. Pure; no I/O.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import attrs
 
@@ -28,24 +31,28 @@ class StopMatcher:
         `final`, nothing is held back.
         """
         buffer = self._held + text
-        found = self._earliest_stop(buffer)
+        found = earliest(buffer, self._stops)
         if found is not None:
             index, stop = found
             self._held = ""
             return StopResult(text=buffer[:index], stop=stop)
-        keep = 0 if final else self._partial_suffix(buffer)
+        keep = 0 if final else partial_suffix(buffer, self._stops)
         self._held = buffer[len(buffer) - keep :] if keep else ""
         return StopResult(text=buffer[: len(buffer) - keep])
 
-    def _earliest_stop(self, buffer: str) -> tuple[int, str] | None:
-        hits = [(buffer.find(stop), stop) for stop in self._stops if stop in buffer]
-        return min(hits, default=None)
 
-    def _partial_suffix(self, buffer: str) -> int:
-        longest = 0
-        for stop in self._stops:
-            for size in range(min(len(stop) - 1, len(buffer)), longest, -1):
-                if buffer.endswith(stop[:size]):
-                    longest = size
-                    break
-        return longest
+
+def earliest(buffer: str, needles: Sequence[str]) -> tuple[int, str] | None:
+    """Where the first of `needles` starts in `buffer`, and which one; None if none does."""
+    return min(((buffer.find(needle), needle) for needle in needles if needle in buffer), default=None)
+
+
+def partial_suffix(buffer: str, needles: Sequence[str]) -> int:
+    """The length of the longest end of `buffer` that could still grow into one of `needles`."""
+    longest = 0
+    for needle in needles:
+        for size in range(min(len(needle) - 1, len(buffer)), longest, -1):
+            if buffer.endswith(needle[:size]):
+                longest = size
+                break
+    return longest
