@@ -1,8 +1,8 @@
-"""wire/: places where the Responses wire format departs from OpenAI's API.
+"""wire/: places where the Responses wire format once departed from OpenAI's API.
 
-Each test states what the real API does; they fail against the current
-code and are kept apart from the tables that pass, so they can be fixed
-(and then folded into those tables) one at a time.
+Each test states what the real API does: neutral values of unserved
+fields are accepted, the requested text format and effort are echoed, and
+the item max_output_tokens cut is `incomplete`.
 """
 
 from __future__ import annotations
