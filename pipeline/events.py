@@ -67,6 +67,15 @@ class Logprobs:
 CompletionEvent = Union[TextDelta, ReasoningDelta, ToolCall, Logprobs]
 
 
+def append_text(events: list[CompletionEvent], event: TextDelta | ReasoningDelta) -> None:
+    """Append `event`, joining it to a last event of the same kind: one run, one event."""
+    last = events[-1] if events else None
+    if isinstance(last, (TextDelta, ReasoningDelta)) and type(last) is type(event):
+        events[-1] = attrs.evolve(event, text=last.text + event.text)
+    else:
+        events.append(event)
+
+
 @attrs.frozen(kw_only=True)
 class Usage:
     prompt_tokens: int

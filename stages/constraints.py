@@ -55,8 +55,6 @@ class ConstraintCompiler:
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _ll_tokenizer: LLTokenizer | None = attrs.field(default=None, init=False)
     _compiled: OrderedDict[str, CompiledConstraint] = attrs.field(factory=OrderedDict, init=False)
-    hits: int = attrs.field(default=0, init=False)
-    misses: int = attrs.field(default=0, init=False)
 
     def compile_for(self, request: GenerationRequest) -> CompiledConstraint | None:
         """The compiled constraint of `request`, if it has one.
@@ -76,7 +74,6 @@ class ConstraintCompiler:
             cached = self._compiled.get(grammar)
             if cached is not None:
                 self._compiled.move_to_end(grammar)
-                self.hits += 1
                 return cached
         # Building the matcher is the compile; an invalid grammar leaves it in error.
         matcher = LLMatcher(self._llguidance_tokenizer(), grammar)
@@ -84,7 +81,6 @@ class ConstraintCompiler:
             raise invalid(f"Invalid {constraint.param}: {matcher.get_error().strip()}", param=constraint.param)
         compiled = CompiledConstraint(prototype=matcher)
         with self._lock:
-            self.misses += 1
             self._compiled[grammar] = compiled
             while len(self._compiled) > _CACHE_ENTRIES:
                 self._compiled.popitem(last=False)

@@ -80,7 +80,6 @@ class Engine:
     _gateway: GenerationGateway = attrs.field(init=False)
     fit: Fit = attrs.field(init=False)
     _counting: anyio.CapacityLimiter = attrs.field(init=False)
-    _compiler: ConstraintCompiler = attrs.field(init=False)
     info: ModelInfo = attrs.field(init=False)
     tokenizer: Tokenizer = attrs.field(init=False)
 
@@ -240,7 +239,6 @@ class Engine:
             PrepKind.TOKENIZE: Reservation.of(settings.prepare_concurrency),
             PrepKind.CONSTRAIN: Reservation.of(settings.constraint_concurrency),
         }
-        self._compiler = ConstraintCompiler(tokenizer=self.tokenizer, vocab_size=info.vocab_size)
         return PrepareStage(
             inbox=inbox,
             out=out,
@@ -248,7 +246,7 @@ class Engine:
             context_window=info.context_window,
             vocab_size=info.vocab_size,
             max_safe_context=self.fit.memory.max_safe_context,
-            compiler=self._compiler,
+            compiler=ConstraintCompiler(tokenizer=self.tokenizer, vocab_size=info.vocab_size),
         )
 
     def _release(self, request_id: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
+from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall, append_text
 from pipeline.requests import Tool
 from stages.chat import template_tool
 from stages.model import Tokenizer
@@ -125,7 +125,7 @@ class MarkupSplitter:
             return
         text, self._space = self._space + body, text[len(body) :]
         kind = ReasoningDelta if self._section is Section.REASONING else TextDelta
-        _append(events, kind(text=text))
+        append_text(events, kind(text=text))
 
     def _flush(self, events: list[CompletionEvent]) -> None:
         if self._section is Section.TOOL_CALL and self._call_text:
@@ -134,7 +134,7 @@ class MarkupSplitter:
         elif self._space:
             # No marker followed: the whitespace was the model's text after all.
             kind = ReasoningDelta if self._section is Section.REASONING else TextDelta
-            _append(events, kind(text=self._space))
+            append_text(events, kind(text=self._space))
         self._section, self._space = Section.ANSWER, ""
 
     def _parse_call(self) -> CompletionEvent:
@@ -179,11 +179,3 @@ def _parse(markers: Markers, text: str) -> tuple[str, str] | None:
     if not isinstance(arguments, dict):
         return None
     return parsed["name"], json.dumps(arguments, ensure_ascii=False)
-
-
-def _append(events: list[CompletionEvent], event: TextDelta | ReasoningDelta) -> None:
-    last = events[-1] if events else None
-    if isinstance(last, (TextDelta, ReasoningDelta)) and type(last) is type(event):
-        events[-1] = attrs.evolve(event, text=last.text + event.text)
-    else:
-        events.append(event)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import attrs
 
 from pipeline.errors import ErrorKind, RequestError
-from pipeline.events import CompletionEvent, ReasoningDelta, Summary, TextDelta, ToolCall, Usage
+from pipeline.events import CompletionEvent, ReasoningDelta, Summary, TextDelta, ToolCall, Usage, append_text
 from pipeline.requests import JsonObject, JsonValue
 from wire.logprobs import chat_logprobs, legacy_logprobs
 from wire.sse import frame, raw_frame
@@ -171,27 +171,22 @@ def _text_choice(text: str, finish_reason: str | None = None) -> JsonObject:
 
 def _chat_deltas(events: Sequence[CompletionEvent]) -> list[JsonObject]:
     """One delta per run of events of one kind, in order."""
-    deltas: list[JsonObject] = []
+    runs: list[CompletionEvent] = []
     for event in events:
-        if isinstance(event, TextDelta) and event.text:
-            deltas.append({"content": event.text})
-        elif isinstance(event, ReasoningDelta) and event.text:
-            deltas.append(_reasoning(event.text))
+        if isinstance(event, (TextDelta, ReasoningDelta)) and event.text:
+            append_text(runs, event)
         elif isinstance(event, ToolCall):
+            runs.append(event)
+    deltas: list[JsonObject] = []
+    for run in runs:
+        if isinstance(run, TextDelta):
+            deltas.append({"content": run.text})
+        elif isinstance(run, ReasoningDelta):
+            deltas.append(_reasoning(run.text))
+        elif isinstance(run, ToolCall):
             # The whole call in one fragment: a valid stream of one piece.
-            deltas.append({"tool_calls": [_tool_call(event, streamed=True)]})
-    return _merge_runs(deltas)
-
-
-def _merge_runs(deltas: list[JsonObject]) -> list[JsonObject]:
-    merged: list[JsonObject] = []
-    for delta in deltas:
-        last = merged[-1] if merged else None
-        if last is not None and last.keys() == delta.keys() and "tool_calls" not in delta:
-            merged[-1] = {key: str(last[key]) + str(value) for key, value in delta.items()}
-        else:
-            merged.append(delta)
-    return merged
+            deltas.append({"tool_calls": [_tool_call(run, streamed=True)]})
+    return deltas
 
 
 def _reasoning(text: str) -> JsonObject:
