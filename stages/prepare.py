@@ -111,15 +111,11 @@ class PrepareStage:
                 f"'logit_bias' token ids {outside} are outside the vocabulary (0..{self._vocab_size - 1})",
                 param="logit_bias",
             )
-        if prompt >= window or (wanted is not None and prompt + wanted > window):
-            raise invalid(
-                f"This model's maximum context length is {window} tokens. However, you requested "
-                f"{prompt + (wanted or 0)} tokens ({prompt} in the prompt, {wanted or 0} for the completion). "
-                "Please reduce the prompt or max_tokens.",
-                param="max_tokens" if wanted is not None else _prompt_param(job),
-                code="context_length_exceeded",
-            )
-        safe = self._budget_limit(job, prompt, wanted)
+        _refuse_past(job, prompt, wanted, f"This model's maximum context length is {window} tokens.", window, "context_length_exceeded")
+        safe = min(window, self._max_safe_context or window)
+        # The memory budget's limit: a request past it fails here, before any model work.
+        budget = f"This server's memory budget admits at most {safe} tokens per request (prompt plus completion)."
+        _refuse_past(job, prompt, wanted, budget, safe, "context_over_budget")
         return Prepared(
             request_id=job.request_id,
             request=job.request,
@@ -130,18 +126,16 @@ class PrepareStage:
             timeline=job.timeline.stamp(Mark.PREPARED),
         )
 
-    def _budget_limit(self, job: PrepareJob, prompt: int, wanted: int | None) -> int:
-        """The longest row memory admits; a request past it fails here, before any model work."""
-        safe = min(self._context_window, self._max_safe_context or self._context_window)
-        if prompt >= safe or (wanted is not None and prompt + wanted > safe):
-            raise invalid(
-                f"This server's memory budget admits at most {safe} tokens per request (prompt plus completion). "
-                f"However, you requested {prompt + (wanted or 0)} tokens ({prompt} in the prompt, {wanted or 0} "
-                "for the completion). Please reduce the prompt or max_tokens.",
-                param="max_tokens" if wanted is not None else _prompt_param(job),
-                code="context_over_budget",
-            )
-        return safe
+
+def _refuse_past(job: PrepareJob, prompt: int, wanted: int | None, limit_text: str, limit: int, code: str) -> None:
+    """A 400 naming `limit` when the prompt, plus max_tokens if given, does not fit under it."""
+    if prompt >= limit or (wanted is not None and prompt + wanted > limit):
+        raise invalid(
+            f"{limit_text} However, you requested {prompt + (wanted or 0)} tokens ({prompt} in the prompt, "
+            f"{wanted or 0} for the completion). Please reduce the prompt or max_tokens.",
+            param="max_tokens" if wanted is not None else _prompt_param(job),
+            code=code,
+        )
 
 
 def _prompt_param(job: PrepareJob) -> str:
