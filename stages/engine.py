@@ -79,7 +79,8 @@ class Engine:
     _supervisor: Supervisor = attrs.field(init=False)
     _gateway: GenerationGateway = attrs.field(init=False)
     fit: Fit = attrs.field(init=False)
-    _counting: anyio.CapacityLimiter = attrs.field(init=False)
+    # Chat templates render under one reservation, for generation and for counting alike.
+    _tokenizing: Reservation = attrs.field(init=False)
     info: ModelInfo = attrs.field(init=False)
     tokenizer: Tokenizer = attrs.field(init=False)
 
@@ -90,7 +91,7 @@ class Engine:
             timeout=settings.admission_timeout,
             retry_after=settings.retry_after,
         )
-        self._counting = anyio.CapacityLimiter(settings.prepare_concurrency)
+        self._tokenizing = Reservation.of(settings.prepare_concurrency)
 
     @property
     def dead(self) -> bool:
@@ -147,7 +148,7 @@ class Engine:
         Raises:
             RequestError: the template refused the conversation.
         """
-        tokens = await anyio.to_thread.run_sync(render_chat, self.tokenizer, request, limiter=self._counting)
+        tokens = await anyio.to_thread.run_sync(render_chat, self.tokenizer, request, limiter=self._tokenizing.threads)
         return len(tokens)
 
     async def drain(self, timeout: float) -> None:
@@ -236,7 +237,7 @@ class Engine:
     def _make_prepare(self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]) -> PrepareStage:
         settings, info = self._settings, self.info
         reservations = {
-            PrepKind.TOKENIZE: Reservation.of(settings.prepare_concurrency),
+            PrepKind.TOKENIZE: self._tokenizing,
             PrepKind.CONSTRAIN: Reservation.of(settings.constraint_concurrency),
         }
         return PrepareStage(
