@@ -7,7 +7,8 @@ Events carry deltas; a protocol turns a list of them into frames.
 from __future__ import annotations
 
 import enum
-from typing import Union
+from collections.abc import Sequence
+from typing import Union, cast
 
 import attrs
 
@@ -101,3 +102,17 @@ class Summary:
     finish_reason: FinishReason
     usage: Usage
     stop_sequence: str | None = None
+
+
+def content_runs(events: Sequence[CompletionEvent]) -> list[TextDelta | ReasoningDelta | ToolCall]:
+    """The content of `events`: adjacent text (or reasoning) joined into one run, each call its own.
+
+    Empty text and logprobs are left out: what a whole message's body shows.
+    """
+    runs: list[CompletionEvent] = []
+    for event in events:
+        if isinstance(event, (TextDelta, ReasoningDelta)) and event.text:
+            append_text(runs, event)
+        elif isinstance(event, ToolCall):
+            runs.append(event)
+    return cast("list[TextDelta | ReasoningDelta | ToolCall]", runs)  # only those were appended

@@ -17,7 +17,17 @@ from collections.abc import Sequence
 import attrs
 
 from pipeline.errors import ErrorKind, RequestError
-from pipeline.events import CompletionEvent, FinishReason, Logprobs, ReasoningDelta, Summary, TextDelta, ToolCall, Usage
+from pipeline.events import (
+    CompletionEvent,
+    FinishReason,
+    Logprobs,
+    ReasoningDelta,
+    Summary,
+    TextDelta,
+    ToolCall,
+    Usage,
+    content_runs,
+)
 from pipeline.requests import JsonObject, JsonValue
 from wire.sse import frame
 
@@ -66,19 +76,13 @@ def tool_use_id(call: ToolCall) -> str:
 
 def content_blocks(events: Sequence[CompletionEvent]) -> list[JsonValue]:
     """The `content` of a whole message: runs of one kind become one block."""
-    blocks: list[JsonValue] = []
-    for event in events:
-        last = blocks[-1] if blocks else None
-        if isinstance(event, Logprobs):
-            continue  # Messages has no logprobs
-        if isinstance(event, ToolCall):
-            blocks.append(_tool_use_block(event, arguments=event.arguments))
-        elif isinstance(last, dict) and last["type"] == _block_type(event):
-            key = _block_type(event)
-            last[key] = str(last[key]) + event.text
-        elif event.text:
-            blocks.append(_open_block(event) | {_block_type(event): event.text})
-    return blocks
+    # Messages has no logprobs; content_runs leaves them out.
+    return [
+        _tool_use_block(run, arguments=run.arguments)
+        if isinstance(run, ToolCall)
+        else _open_block(run) | {_block_type(run): run.text}
+        for run in content_runs(events)
+    ]
 
 
 @attrs.define(kw_only=True)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import attrs
 
 from pipeline.errors import ErrorKind, RequestError
-from pipeline.events import CompletionEvent, ReasoningDelta, Summary, TextDelta, ToolCall, Usage, append_text
+from pipeline.events import CompletionEvent, ReasoningDelta, Summary, TextDelta, ToolCall, Usage, content_runs
 from pipeline.requests import JsonObject, JsonValue
 from wire.logprobs import chat_logprobs, legacy_logprobs
 from wire.sse import frame, raw_frame
@@ -171,19 +171,13 @@ def _text_choice(text: str, finish_reason: str | None = None) -> JsonObject:
 
 def _chat_deltas(events: Sequence[CompletionEvent]) -> list[JsonObject]:
     """One delta per run of events of one kind, in order."""
-    runs: list[CompletionEvent] = []
-    for event in events:
-        if isinstance(event, (TextDelta, ReasoningDelta)) and event.text:
-            append_text(runs, event)
-        elif isinstance(event, ToolCall):
-            runs.append(event)
     deltas: list[JsonObject] = []
-    for run in runs:
+    for run in content_runs(events):
         if isinstance(run, TextDelta):
             deltas.append({"content": run.text})
         elif isinstance(run, ReasoningDelta):
             deltas.append(_reasoning(run.text))
-        elif isinstance(run, ToolCall):
+        else:
             # The whole call in one fragment: a valid stream of one piece.
             deltas.append({"tool_calls": [_tool_call(run, streamed=True)]})
     return deltas
