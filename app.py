@@ -8,7 +8,7 @@ the reply through the API's stream protocol or collect it into one body.
 
 from __future__ import annotations
 
-from stages.blas import preload_blas
+from stages.models.blas import preload_blas
 
 # Before anything imports mlx: the BLAS is chosen when mlx first loads.
 BLAS = preload_blas()

@@ -7,7 +7,7 @@ batch size N, and for N = 1 also `stream_generate`, and prints one marked
 JSON line per measurement for the parent to collect.
 
 This module imports mlx only inside the child, after the BLAS preload:
-the BLAS is chosen when mlx is first imported (stages/blas.py).
+the BLAS is chosen when mlx is first imported (stages/models/blas.py).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         max_tokens=args.max_tokens,
         requests_per_client=args.requests_per_client,
     )
-    from stages.blas import preload_blas
+    from stages.models.blas import preload_blas
 
     blas = preload_blas()
     import mlx_lm  # only now: mlx binds its BLAS when it is first imported

@@ -67,7 +67,7 @@ class Turn:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    from stages.demo_model import DEMO_MODELS, ensure_demo_model
+    from stages.models.demo import DEMO_MODELS, ensure_demo_model
 
     path = str(ensure_demo_model(args.model)) if args.model in DEMO_MODELS else args.model
     texts = _Texts(Path(path))

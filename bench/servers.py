@@ -1,7 +1,7 @@
 """Start the servers under test as subprocesses on free loopback ports.
 
 Both servers load the same model directory and the same BLAS: mlx-relay
-preloads OpenBLAS itself (stages/blas.py), and mlx_lm.server gets the same
+preloads OpenBLAS itself (stages/models/blas.py), and mlx_lm.server gets the same
 preload from a two-line launcher, so the comparison is between servers,
 not between matrix libraries.
 """
@@ -27,7 +27,7 @@ STARTUP_TIMEOUT = 300.0
 # hypercorn is started with --graceful-timeout 30; allow it that and a little.
 STOP_TIMEOUT = 45.0
 # mlx_lm.server has no BLAS choice of its own: preload, then run its own main().
-_MLX_LM_LAUNCHER = "from stages.blas import preload_blas; preload_blas(); from mlx_lm.server import main; main()"
+_MLX_LM_LAUNCHER = "from stages.models.blas import preload_blas; preload_blas(); from mlx_lm.server import main; main()"
 
 
 @attrs.frozen

@@ -70,13 +70,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def _model_path(model: str) -> str:
     """The directory (or repo id) every contender loads; demo models are built on first use."""
-    from stages.demo_model import DEMO_MODELS, ensure_demo_model
+    from stages.models.demo import DEMO_MODELS, ensure_demo_model
 
     return str(ensure_demo_model(model)) if model in DEMO_MODELS else model
 
 
 def _run_all(args: argparse.Namespace, workload: Workload, skip: set[str]) -> tuple[report.Results, dict[str, Any]]:
-    from stages.demo_model import DEMO_MODELS
+    from stages.models.demo import DEMO_MODELS
 
     path = _model_path(args.model)
     meta: dict[str, Any] = {"model": args.model, "model_path": path, "platform": platform.platform()}

@@ -21,7 +21,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pipeline.errors import invalid
 from pipeline.requests import ChatRequest, JsonObject, JsonValue, Message, Role, Tool, ToolCallRecord, ToolChoiceMode
 from stages.messages import Parsed, PrepareJob, PrepKind
-from stages.model import Tokenizer
+from stages.models.loading import Tokenizer
 
 
 @attrs.define

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from llguidance import LLMatcher, LLTokenizer
     from llguidance._lib import JsonCompileOptions
 
-    from stages.model import Tokenizer
+    from stages.models.loading import Tokenizer
 
 # Compiled grammars kept for reuse; a schema's compile can cost milliseconds.
 _CACHE_ENTRIES = 128

@@ -28,14 +28,14 @@ from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
 from stages.chat import ChatStage, render_chat
 from stages.constraints import ConstraintCompiler
-from stages.cache_disk import DiskTier, SpillJob, model_fingerprint
+from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
 from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.memory import Fit, KvLedger, assess
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
-from stages.model import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
+from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation
-from stages.prompt_cache import PromptCache, PromptCacheStatistics
+from stages.cache.prompt import PromptCache, PromptCacheStatistics
 from stages.sink import CompletionSink
 from stages.text import TextStage
 

@@ -4,7 +4,7 @@ Inbox: `Prepared` requests (the pending queue), and `Abort`s on the control
 channel. Outbox: one `StepOutputs` per decode step, for all rows, to the
 sink; evicted prompt-cache entries to the spill worker.
 Owns: the model, mlx-lm's `BatchGenerator`, the row table, the prompt cache
-(`stages/prompt_cache.py`) and the batch's KV ledger (`stages/memory.py`),
+(`stages/cache/prompt.py`) and the batch's KV ledger (`stages/memory.py`),
 all on one long-lived model thread (S12). The thread crosses to the event
 loop once per step (`_exchange`): it hands over the step's outputs and the
 spills, and takes new rows and aborts in the same call; it blocks there
@@ -34,11 +34,12 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.events import FinishReason
-from stages.cache_disk import DiskTier, SpillJob, Tensor
-from stages.cache_link import DiskLink
+from stages.cache.disk import DiskTier, SpillJob, Tensor
+from stages.cache.link import DiskLink
 from stages.memory import KvLedger
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta
-from stages.prompt_cache import Entry, Key, PromptCache, PromptCacheStatistics
+from stages.cache.prompt import PromptCache, PromptCacheStatistics
+from stages.cache.tier import Entry, Key
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher

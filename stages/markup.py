@@ -23,7 +23,7 @@ import attrs
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall, append_text
 from pipeline.requests import Tool
 from stages.chat import template_tool
-from stages.model import Tokenizer
+from stages.models.loading import Tokenizer
 from stages.stops import earliest, partial_suffix
 
 ToolParser = Callable[[str, Any], Any]

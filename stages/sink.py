@@ -27,7 +27,7 @@ from pipeline.tracing import Mark, Timeline
 from stages.gateway import send_abort
 from stages.markup import Markers, MarkupSplitter, Section, markers_for
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores
-from stages.model import StreamingDetokenizer, Tokenizer, completion_detokenizer, token_text
+from stages.models.loading import StreamingDetokenizer, Tokenizer, completion_detokenizer, token_text
 from stages.stops import StopMatcher
 
 log = structlog.get_logger(stage="sink")

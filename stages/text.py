@@ -19,7 +19,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pipeline.errors import invalid
 from pipeline.requests import TextRequest
 from stages.messages import Parsed, PrepareJob, PrepKind
-from stages.model import Tokenizer
+from stages.models.loading import Tokenizer
 
 
 @attrs.define

@@ -25,7 +25,7 @@ STARTUP_TIMEOUT = 120.0
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from stages.demo_model import ensure_demo_model
+    from stages.models.demo import ensure_demo_model
 
     return ensure_demo_model("tiny")
 

@@ -32,7 +32,7 @@ FORBIDDEN = {
     "pipeline": {"stages", "wire", *MLX, *ABOVE},
 }
 # The gateway's model thread and its helpers, and model loading / the demo model builder.
-MLX_CORE_ALLOWED = {"stages/gateway.py", "stages/model.py", "stages/sampling.py", "stages/demo_model.py"}
+MLX_CORE_ALLOWED = {"stages/gateway.py", "stages/models/loading.py", "stages/sampling.py", "stages/models/demo.py"}
 
 
 def modules() -> list[Path]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.model import ModelInfo, Tokenizer, load_tokenizer, resolve_model
+from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, resolve_model
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from pipeline.requests import ChatRequest, GenerationParams, JsonValue, Message,
 from pipeline.tracing import Timeline
 from stages.chat import ChatStage, render_chat
 from stages.messages import Parsed, PrepareJob, PrepKind, Reply
-from stages.model import Tokenizer
+from stages.models.loading import Tokenizer
 from wire.openai_requests import decode_chat
 
 PARAMS = GenerationParams(max_tokens=8, sampling=Sampling())

@@ -1,4 +1,4 @@
-"""stages/demo_model.py: the project's own model, built locally, read by mlx-lm like any other."""
+"""stages/models/demo.py: the project's own model, built locally, read by mlx-lm like any other."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import mlx_lm
 import pytest
 from mlx.utils import tree_flatten
 
-from stages.demo_model import BUILDER_VERSION, DEMO_MODELS, EOS_TOKENS, MARKER_TOKENS, SPECIAL_TOKENS, ensure_demo_model
-from stages.model import ModelInfo, Tokenizer
+from stages.models.demo import BUILDER_VERSION, DEMO_MODELS, EOS_TOKENS, MARKER_TOKENS, SPECIAL_TOKENS, ensure_demo_model
+from stages.models.loading import ModelInfo, Tokenizer
 
 FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
 

@@ -10,7 +10,7 @@ from mlx_lm.tool_parsers.json_tools import parse_tool_call
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
 from pipeline.requests import Tool
 from stages.markup import Markers, MarkupSplitter, Section
-from stages.model import Tokenizer
+from stages.models.loading import Tokenizer
 
 MARKERS = Markers(think=("<think>", "</think>"), tool_call=("<tool_call>", "</tool_call>"), tool_parser=parse_tool_call)
 

@@ -20,7 +20,7 @@ from pipeline.tracing import Mark, Timeline
 from stages.chat import render_chat
 from stages.constraints import ConstraintCompiler
 from stages.messages import Prepared, PrepareJob, PrepKind, Reply
-from stages.model import Tokenizer
+from stages.models.loading import Tokenizer
 from stages.prepare import PrepareStage, Reservation
 from stages.text import encode_prompt
 

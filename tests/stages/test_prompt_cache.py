@@ -1,4 +1,4 @@
-"""stages/prompt_cache.py: longest-prefix reuse, byte-capped eviction, sessions, spills and restores.
+"""stages/cache/prompt.py: longest-prefix reuse, byte-capped eviction, sessions, spills and restores.
 
 Entries hold real mlx-lm `KVCache` layers whose keys encode each position,
 so a test can see exactly which positions a view kept.
@@ -14,8 +14,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from stages.cache_disk import DiskStatistics
-from stages.prompt_cache import RESTORE_GAIN, Entry, Key, PromptCache
+from stages.cache.tier import DiskStatistics
+from stages.cache.prompt import RESTORE_GAIN, PromptCache
+from stages.cache.tier import Entry, Key
 
 LAYERS, HEADS, DIM = 2, 2, 4
 # float32 keys and values of every layer: bytes one token costs.

@@ -1,4 +1,4 @@
-"""stages/cache_disk.py and cache_link.py: spill, restore, and never a wrong or damaged file.
+"""stages/cache/disk.py and cache_link.py: spill, restore, and never a wrong or damaged file.
 
 Entries go through the same path the gateway uses: `DiskLink.spill` takes
 memoryviews, `DiskTier.write` writes them (the worker's side), and
@@ -13,10 +13,10 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from stages.cache_disk import DiskTier, SpillJob
-from stages.cache_link import DiskLink
+from stages.cache.disk import DiskTier, SpillJob
+from stages.cache.link import DiskLink
 from stages.gateway import restore_layer
-from stages.prompt_cache import Entry
+from stages.cache.tier import Entry
 from tests.stages.test_prompt_cache import kv
 
 FINGERPRINT = "f" * 64

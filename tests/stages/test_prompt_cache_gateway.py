@@ -20,12 +20,12 @@ import pytest
 from pipeline.channels import Channel, open_channel
 from pipeline.requests import GenerationParams, Sampling, TextRequest
 from pipeline.tracing import Timeline
-from stages.cache_disk import SpillJob
+from stages.cache.disk import SpillJob
 from stages.gateway import GenerationGateway, send_abort
 from stages.memory import KvLedger
 from stages.messages import Abort, Prepared, Reply, StepOutputs
-from stages.model import ModelInfo, load_weights, resolve_model
-from stages.prompt_cache import PromptCache
+from stages.models.loading import ModelInfo, load_weights, resolve_model
+from stages.cache.prompt import PromptCache
 
 EOS = frozenset({0, 2})
 # The tiny model's KV: 2 layers x 2 heads x 16 dims x (keys, values) x float32.

@@ -20,7 +20,7 @@ from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summa
 from pipeline.requests import Accepted, ChatRequest, GenerationParams, GenerationRequest, Message, Role, Sampling, TextRequest
 from pipeline.tracing import Mark, Timeline
 from stages.messages import Abort, Admitted, Prepared, Reply, StepOutputs, TokenDelta
-from stages.model import Tokenizer
+from stages.models.loading import Tokenizer
 from stages.sink import CompletionSink
 
 PROMPT = (5, 6, 7, 8)

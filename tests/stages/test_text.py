@@ -10,7 +10,7 @@ from pipeline.errors import ErrorKind, RequestError
 from pipeline.requests import ChatRequest, GenerationParams, Message, Role, Sampling, TextRequest
 from pipeline.tracing import Timeline
 from stages.messages import Parsed, PrepareJob, PrepKind, Reply
-from stages.model import ModelInfo, Tokenizer
+from stages.models.loading import ModelInfo, Tokenizer
 from stages.text import TextStage, encode_prompt
 
 PARAMS = GenerationParams(max_tokens=4, sampling=Sampling())

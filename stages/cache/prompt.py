@@ -27,35 +27,19 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import attrs
 from mlx_lm.models.cache import PromptTrie
 
-if TYPE_CHECKING:
-    from stages.cache_disk import DiskStatistics
+from stages.cache.tier import DiskStatistics, Entry, Key, LowerTier, nearest
 
-Key = tuple[int, ...]
 # PromptTrie keeps one trie per model; this cache serves one.
 _MODEL = "served"
 # Restore from disk only for at least this many more tokens than memory has:
 # reading and checking a file costs about as much as prefilling a few dozen
 # tokens on a CPU.
 RESTORE_GAIN = 64
-
-
-@attrs.define(eq=False)
-class Entry:
-    tokens: Key
-    cache: list[Any]
-    prompt_len: int
-    session: str | None = None
-    # A copy is already on disk: evicting this one needs no new write.
-    on_disk: bool = False
-    nbytes: int = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self.nbytes = sum(int(layer.nbytes) for layer in self.cache)
 
 
 @attrs.frozen(kw_only=True)
@@ -67,18 +51,6 @@ class Hit:
     source: Key
     # The prompt contains the source entry's whole prompt: the same conversation, one turn on.
     continues: bool
-
-
-class LowerTier(Protocol):
-    """A slower tier under the memory one (the disk), as the cache uses it."""
-
-    def longest(self, tokens: Sequence[int]) -> tuple[Key, int] | None: ...
-
-    def restore(self, key: Key) -> Entry | None: ...
-
-    def spill(self, entry: Entry) -> None: ...
-
-    def statistics(self) -> DiskStatistics: ...
 
 
 @attrs.frozen(kw_only=True)
@@ -206,23 +178,6 @@ class PromptCache:
         self._counts["cached_tokens"] += tokens
         if session is not None:
             self._counts["session_hits" if hit else "session_misses"] += 1
-
-
-def nearest(trie: PromptTrie, model: str, tokens: Sequence[int]) -> tuple[Key | None, int]:
-    """The stored key sharing the longest prefix with `tokens`, and how many tokens it shares.
-
-    Either a stored prefix of `tokens`, or a key that shares its first
-    `common_prefix` tokens and then goes on differently: whichever shares more.
-    """
-    found = trie.search(model, list(tokens))
-    if found.exact is not None:
-        return tuple(found.exact), len(tokens)
-    best, shared = None, 0
-    if found.shorter:
-        best, shared = found.shorter, len(found.shorter)
-    if found.longer and found.common_prefix > shared:
-        best, shared = found.longer, found.common_prefix
-    return (tuple(best), shared) if best else (None, 0)
 
 
 def _view(cache: list[Any], tokens: int) -> list[Any]:

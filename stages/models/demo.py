@@ -13,7 +13,7 @@ model"). It holds:
 - `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`: a
   byte-level BPE trained with `tokenizers` on a corpus made without the
   network (an embedded paragraph and the docstrings of a fixed list of
-  stdlib modules), and a ChatML template (`stages/demo_template.py`).
+  stdlib modules), and a ChatML template (`stages/models/demo_template.py`).
   `<|endoftext|>`, `<|im_start|>` and `<|im_end|>` are special tokens;
   `<think>`, `</think>`, `<tool_call>`, `</tool_call>` are single
   non-special tokens (as in Qwen3), so decoded text keeps them and mlx-lm
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from stages.demo_template import CHAT_TEMPLATE
+from stages.models.demo_template import CHAT_TEMPLATE
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -287,7 +287,7 @@ def _write_json(path: Path, value: Mapping[str, object]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Build (if needed) one demo model and print its directory."""
-    parser = argparse.ArgumentParser(prog="python -m stages.demo_model", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m stages.models.demo", description=main.__doc__)
     parser.add_argument("--name", choices=sorted(DEMO_MODELS), default="demo")
     parser.add_argument("--cache-root", type=Path, default=None, help=f"default: ${CACHE_ENV} or ~/.cache/mlx-relay")
     args = parser.parse_args(argv)

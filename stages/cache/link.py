@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 import structlog
 
-from stages.cache_disk import DiskStatistics, DiskTier, SpillJob, Tensor, tensor, token_tensor
-from stages.prompt_cache import Entry, Key
+from stages.cache.disk import DiskTier, SpillJob, Tensor, tensor, token_tensor
+from stages.cache.tier import DiskStatistics, Entry, Key
 
 log = structlog.get_logger(stage="gateway")
 

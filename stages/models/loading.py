@@ -130,7 +130,7 @@ def resolve_model(model: str | None, *, demo: str = "demo", name: str | None = N
     from mlx_lm.utils import _download, load_config
 
     if model is None:
-        from stages.demo_model import ensure_demo_model
+        from stages.models.demo import ensure_demo_model
 
         path, served = ensure_demo_model(demo), f"mlx-relay/{demo}"
     else:

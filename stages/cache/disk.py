@@ -41,7 +41,7 @@ import attrs
 import structlog
 from mlx_lm.models.cache import PromptTrie
 
-from stages.prompt_cache import Key, nearest
+from stages.cache.tier import DiskStatistics, Key, nearest
 
 log = structlog.get_logger(stage="gateway")
 
@@ -93,20 +93,6 @@ class Restored:
     tokens: Key
     prompt_len: int
     tensors: dict[str, Tensor]
-
-
-@attrs.frozen(kw_only=True)
-class DiskStatistics:
-    entries: int
-    bytes: int
-    max_bytes: int
-    spills: int
-    spills_dropped: int
-    spill_errors: int
-    restores: int
-    corrupt: int
-    last_restore_seconds: float | None
-    last_restore_at: float | None
 
 
 @attrs.define

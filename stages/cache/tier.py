@@ -1,0 +1,74 @@
+"""What the memory tier and a lower (disk) tier share: keys, prefix search, the lower tier's interface.
+
+Both tiers import this module and neither imports the other's internals, so
+the disk tier can be read and tested without the memory tier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import attrs
+from mlx_lm.models.cache import PromptTrie
+
+Key = tuple[int, ...]
+
+
+@attrs.define(eq=False)
+class Entry:
+    tokens: Key
+    cache: list[Any]
+    prompt_len: int
+    session: str | None = None
+    # A copy is already on disk: evicting this one needs no new write.
+    on_disk: bool = False
+    nbytes: int = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.nbytes = sum(int(layer.nbytes) for layer in self.cache)
+
+
+@attrs.frozen(kw_only=True)
+class DiskStatistics:
+    entries: int
+    bytes: int
+    max_bytes: int
+    spills: int
+    spills_dropped: int
+    spill_errors: int
+    restores: int
+    corrupt: int
+    last_restore_seconds: float | None
+    last_restore_at: float | None
+
+
+
+class LowerTier(Protocol):
+    """A slower tier under the memory one (the disk), as the cache uses it."""
+
+    def longest(self, tokens: Sequence[int]) -> tuple[Key, int] | None: ...
+
+    def restore(self, key: Key) -> Entry | None: ...
+
+    def spill(self, entry: Entry) -> None: ...
+
+    def statistics(self) -> DiskStatistics: ...
+
+
+
+def nearest(trie: PromptTrie, model: str, tokens: Sequence[int]) -> tuple[Key | None, int]:
+    """The stored key sharing the longest prefix with `tokens`, and how many tokens it shares.
+
+    Either a stored prefix of `tokens`, or a key that shares its first
+    `common_prefix` tokens and then goes on differently: whichever shares more.
+    """
+    found = trie.search(model, list(tokens))
+    if found.exact is not None:
+        return tuple(found.exact), len(tokens)
+    best, shared = None, 0
+    if found.shorter:
+        best, shared = found.shorter, len(found.shorter)
+    if found.longer and found.common_prefix > shared:
+        best, shared = found.longer, found.common_prefix
+    return (tuple(best), shared) if best else (None, 0)
