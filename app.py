@@ -16,7 +16,6 @@ BLAS = preload_blas()
 import time  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable  # noqa: E402
-from functools import partial  # noqa: E402
 from typing import TypeVar, cast  # noqa: E402
 
 import anyio  # noqa: E402
@@ -25,6 +24,9 @@ import structlog  # noqa: E402
 from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
+from edge import guard  # noqa: E402
+from edge.redact import without_paths  # noqa: E402
+from edge.startup import open_response_store  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
@@ -39,7 +41,8 @@ from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa
 from wire.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE  # noqa: E402
 from wire.metrics import render as render_metrics  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
-from wire.response_store import ResponseStore, StoredResponse, StoreError, open_store  # noqa: E402
+from wire.openapi import document as openapi_document  # noqa: E402
+from wire.response_store import ResponseStore, StoredResponse, StoreError  # noqa: E402
 from wire.responses_requests import continued_input, decode_responses, to_chat  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
@@ -50,6 +53,7 @@ T = TypeVar("T")
 app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
 app.config["RESPONSE_TIMEOUT"] = None
+guard.install(app)
 
 ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
 Persist = Callable[[StreamProtocol], Awaitable[None]]
@@ -64,9 +68,8 @@ async def lifespan() -> AsyncGenerator[None, None]:
     settings = Settings.from_env()
     configure_logging(settings.log_level)
     log.info("server.starting", blas=BLAS, max_batch=settings.max_batch, max_pending=settings.max_pending)
-    store = await anyio.to_thread.run_sync(
-        partial(open_store, settings.response_store, ttl_seconds=settings.response_store_ttl, max_bytes=settings.response_store_bytes)
-    )
+    guard.configure(app, settings)
+    store = await anyio.to_thread.run_sync(open_response_store, settings)
     app.extensions["response_store"] = store
     try:
         async with anyio.create_task_group() as outer:
@@ -99,7 +102,7 @@ async def generate(
     request_id: str, decode: Decoder, make_protocol: ProtocolFactory, *, persist: Persist | None = None
 ) -> Response:
     """Run one generation; `persist` saves the finished result before the client is told it finished."""
-    trace_id = request.headers.get("x-request-id") or request_id
+    trace_id = guard.trace_id(request_id)
     body = cast(bytes, await request.get_data(as_text=False))
     session = request.headers.get("x-session-affinity")
     if session:
@@ -304,7 +307,7 @@ def _with_session(decode: Decoder, session: str) -> Decoder:
 @app.get("/fit")
 async def fit() -> Response:
     """What this machine can serve of this model: memory split, largest safe context, decode bound."""
-    return json_response(attrs.asdict(engine().fit))
+    return json_response(without_paths(attrs.asdict(engine().fit)))
 
 
 @app.get("/stats")
@@ -321,7 +324,14 @@ async def _snapshot() -> JsonObject:
     current = engine()
     snapshot = attrs.asdict(current.statistics())
     store = await _store_call(lambda store: store.statistics())
-    return {"model": current.info.name, "blas": BLAS, **snapshot, "response_store": attrs.asdict(store)}
+    report: JsonObject = {"model": current.info.name, "blas": BLAS, **snapshot, "response_store": attrs.asdict(store)}
+    return cast(JsonObject, without_paths(report))
+
+
+@app.get("/openapi.json")
+async def openapi() -> Response:
+    # Built once, by probing the decoders: off the event loop.
+    return json_response(await anyio.to_thread.run_sync(openapi_document))
 
 
 @app.errorhandler(RequestError)
@@ -331,8 +341,19 @@ async def request_error(error: RequestError) -> Response:
 
 @app.errorhandler(HTTPException)
 async def http_error(error: HTTPException) -> Response:
-    kind = {404: ErrorKind.NOT_FOUND, 405: ErrorKind.METHOD_NOT_ALLOWED}.get(error.code or 500, ErrorKind.INVALID_REQUEST)
+    kind = _HTTP_KINDS.get(error.code or 500, ErrorKind.INVALID_REQUEST)
+    if kind is ErrorKind.TOO_LARGE:
+        return error_response(guard.too_large(guard.policy().max_body_bytes))
     return error_response(RequestError(kind=kind, message=f"{request.method} {request.path}: {error.name}"))
+
+
+_HTTP_KINDS = {
+    404: ErrorKind.NOT_FOUND,
+    405: ErrorKind.METHOD_NOT_ALLOWED,
+    408: ErrorKind.BODY_TIMEOUT,
+    413: ErrorKind.TOO_LARGE,
+    415: ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+}
 
 
 @app.errorhandler(Exception)

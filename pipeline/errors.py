@@ -17,8 +17,12 @@ class ErrorKind(enum.Enum):
     """What went wrong, independent of any API's spelling of it."""
 
     INVALID_REQUEST = "invalid_request"
+    UNAUTHENTICATED = "unauthenticated"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    BODY_TIMEOUT = "body_timeout"
+    TOO_LARGE = "too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     OVERLOADED = "overloaded"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
@@ -26,8 +30,12 @@ class ErrorKind(enum.Enum):
 
 _STATUS = {
     ErrorKind.INVALID_REQUEST: 400,
+    ErrorKind.UNAUTHENTICATED: 401,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.METHOD_NOT_ALLOWED: 405,
+    ErrorKind.BODY_TIMEOUT: 408,
+    ErrorKind.TOO_LARGE: 413,
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorKind.OVERLOADED: 429,
     ErrorKind.UNAVAILABLE: 503,
     ErrorKind.INTERNAL: 500,

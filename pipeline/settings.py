@@ -64,6 +64,15 @@ class Settings:
     response_store: str | None = None
     response_store_ttl: float = attrs.field(default=24 * 3600.0, validator=attrs.validators.gt(0.0))
     response_store_bytes: int = attrs.field(default=256 * 2**20, validator=_positive)
+    # A store that will not open is moved aside (`<name>.corrupt-<time>`) and a fresh one made.
+    reset_store: bool = False
+    # The HTTP edge (edge/guard.py). Keys: "k1,k2" or "@/path/to/file" (one key a line); unset: no auth.
+    api_key: str | None = attrs.field(default=None, repr=False)
+    # Origins allowed to call from a browser, comma-separated ("https://app.example"); unset: none.
+    cors_origins: str | None = None
+    max_body_bytes: int = attrs.field(default=8 * 2**20, validator=_positive)
+    # Seconds a request body may take to arrive before a 408.
+    body_timeout: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

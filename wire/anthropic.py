@@ -34,8 +34,12 @@ from wire.sse import frame
 # Anthropic's status for "overloaded" is its own 529, which clients retry.
 _ERRORS = {
     ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
+    ErrorKind.UNAUTHENTICATED: (401, "authentication_error"),
     ErrorKind.NOT_FOUND: (404, "not_found_error"),
     ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
+    ErrorKind.BODY_TIMEOUT: (408, "invalid_request_error"),
+    ErrorKind.TOO_LARGE: (413, "request_too_large"),
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: (415, "invalid_request_error"),
     ErrorKind.OVERLOADED: (529, "overloaded_error"),
     ErrorKind.UNAVAILABLE: (529, "overloaded_error"),
     ErrorKind.INTERNAL: (500, "api_error"),

@@ -23,8 +23,13 @@ _DONE = raw_frame("[DONE]")
 
 _ERROR_TYPES = {
     ErrorKind.INVALID_REQUEST: "invalid_request_error",
+    # OpenAI answers a missing or wrong key with this type and code "invalid_api_key".
+    ErrorKind.UNAUTHENTICATED: "invalid_request_error",
     ErrorKind.NOT_FOUND: "not_found_error",
     ErrorKind.METHOD_NOT_ALLOWED: "invalid_request_error",
+    ErrorKind.BODY_TIMEOUT: "invalid_request_error",
+    ErrorKind.TOO_LARGE: "invalid_request_error",
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: "invalid_request_error",
     ErrorKind.OVERLOADED: "rate_limit_error",
     ErrorKind.UNAVAILABLE: "server_error",
     ErrorKind.INTERNAL: "server_error",

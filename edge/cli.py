@@ -1,0 +1,156 @@
+"""`mlx-relay serve`: the same app and settings as `hypercorn app:app`, with the edge's safety checks.
+
+Flags are written into the `MLX_RELAY_*` environment before the app reads
+its settings, so a flag overrides the environment and the app has one
+source of configuration either way. Problems a user can fix (a bad
+setting, a public address with no key, a live server on the socket, a
+corrupt response store) end with one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+
+from edge.keys import load_keys
+from edge.sockets import SocketInUse, bind_unix
+from edge.startup import StartupError, open_response_store
+from pipeline.settings import PREFIX, Settings, SettingsError
+
+USAGE_ERROR = 2
+
+
+class ServeError(Exception):
+    """A reason not to start, told to the user in one line."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return USAGE_ERROR
+    try:
+        return serve(args)
+    except (ServeError, SettingsError, StartupError, SocketInUse, OSError) as error:
+        print(f"mlx-relay: {error}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mlx-relay", description="An LLM inference server on MLX.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="serve a model over the OpenAI and Anthropic APIs",
+        description="Serve a model. Every MLX_RELAY_* variable still applies; a flag given here overrides it.",
+    )
+    serve.add_argument("--model", help="model directory or Hugging Face repo id (MLX_RELAY_MODEL); default: the demo model")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
+    serve.add_argument("--unix", metavar="PATH", help="listen on a Unix socket only its owner may use (mode 0600) instead of TCP")
+    serve.add_argument("--api-key", help="key(s) clients must send: 'k1,k2' or '@/path/to/keyfile' (MLX_RELAY_API_KEY)")
+    serve.add_argument(
+        "--insecure-no-auth", action="store_true", help="allow a non-loopback address without an API key"
+    )
+    serve.add_argument(
+        "--reset-store", action="store_true",
+        help="if the SQLite response store will not open, move it aside (<name>.corrupt-<time>) and start empty",
+    )  # fmt: skip
+    serve.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds open streams get at shutdown (default 30)")
+    return parser
+
+
+def serve(args: argparse.Namespace) -> int:
+    _export(args)
+    settings = Settings.from_env()
+    keys = load_keys(settings.api_key)
+    if args.unix is None:
+        _check_exposure(args.host, has_keys=bool(keys), insecure=args.insecure_no_auth)
+    # Opened here first so a corrupt store is reported (or reset) before any model loads.
+    open_response_store(settings).close()
+    listener = bind_unix(args.unix) if args.unix else None
+    try:
+        return _run(_config(args, listener))
+    finally:
+        if listener is not None:
+            # Hypercorn closed the descriptor when it stopped serving; only the file is left.
+            listener.detach()
+            _unlink(args.unix)
+
+
+def _export(args: argparse.Namespace) -> None:
+    flags = {"model": args.model, "api_key": args.api_key, "reset_store": "1" if args.reset_store else None}
+    for name, value in flags.items():
+        if value is not None:
+            os.environ[PREFIX + name.upper()] = value
+
+
+def _check_exposure(host: str, *, has_keys: bool, insecure: bool) -> None:
+    if has_keys or insecure or is_loopback(host):
+        return
+    raise ServeError(
+        f"refusing to listen on {host} without an API key: anyone who can reach it could use the model. "
+        "Set --api-key (or MLX_RELAY_API_KEY), or pass --insecure-no-auth if this network is trusted."
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
+
+
+def _config(args: argparse.Namespace, listener: socket.socket | None) -> object:
+    from hypercorn.config import Config
+
+    config = Config()
+    if listener is not None:
+        config.bind = [f"fd://{listener.fileno()}"]
+    else:
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        config.bind = [f"{host}:{args.port}"]
+    config.graceful_timeout = args.graceful_timeout
+    config.accesslog = None
+    return config
+
+
+def _run(config: object) -> int:
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.utils import LifespanFailureError
+
+    from app import app
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # The same signals `hypercorn app:app` stops on: stop accepting, drain, then stop the engine.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+    try:
+        asyncio.run(run())
+    except LifespanFailureError as error:
+        raise ServeError(f"start-up failed: {error}") from None
+    return 0
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

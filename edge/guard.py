@@ -1,0 +1,128 @@
+"""What every request passes before a route sees it: CORS, the API key, the body's type and size.
+
+Order matters. A CORS preflight is answered first, because browsers send
+it without credentials. Then the key, so an unauthenticated client learns
+nothing else. Then the body: JSON only (a `text/plain` or form POST is
+what a web page can send cross-site without a preflight), and no larger
+than the cap, refused from its declared length before a byte is read.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+from quart import Quart, Response, current_app, request
+
+from edge.keys import key_matches, load_keys, load_origins, presented_key
+from pipeline.errors import ErrorKind, RequestError
+from pipeline.settings import Settings
+
+# Exempt from the key: a load balancer's probe must not need a secret.
+OPEN_PATHS = frozenset({"/health"})
+_PREFLIGHT_MAX_AGE = "600"
+_EXPOSED = "x-request-id, retry-after"
+# A client's trace id is echoed only when it is short and plain; otherwise the server's own id is used.
+_TRACE_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
+
+
+@attrs.frozen(kw_only=True)
+class EdgePolicy:
+    keys: tuple[bytes, ...] = ()
+    origins: frozenset[str] = frozenset()
+    max_body_bytes: int = 8 * 2**20
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EdgePolicy:
+        """Raises: SettingsError for an unreadable key file or a malformed origin."""
+        return cls(
+            keys=load_keys(settings.api_key),
+            origins=load_origins(settings.cors_origins),
+            max_body_bytes=settings.max_body_bytes,
+        )
+
+
+def configure(app: Quart, settings: Settings) -> EdgePolicy:
+    """Apply the settings to the running app: policy for the hooks, Quart's own body limits."""
+    policy = EdgePolicy.from_settings(settings)
+    app.extensions["edge"] = policy
+    # Quart enforces these while reading a body whose length was not declared up front.
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["BODY_TIMEOUT"] = settings.body_timeout
+    return policy
+
+
+def install(app: Quart) -> None:
+    app.before_request(_guard)
+    app.after_request(_allow_origin)
+
+
+def trace_id(fallback: str) -> str:
+    sent = request.headers.get("x-request-id", "")
+    return sent if _TRACE_ID.fullmatch(sent) else fallback
+
+
+def policy() -> EdgePolicy:
+    configured = current_app.extensions.get("edge")
+    return configured if isinstance(configured, EdgePolicy) else EdgePolicy()
+
+
+async def _guard() -> Response | None:
+    current = policy()
+    if request.method == "OPTIONS":
+        return _preflight(current)
+    if current.keys and request.path not in OPEN_PATHS:
+        _authenticate(current)
+    if request.method == "POST":
+        _check_body(current)
+    return None
+
+
+def _preflight(policy: EdgePolicy) -> Response | None:
+    origin = request.headers.get("origin")
+    if origin is None or origin not in policy.origins:
+        return None  # Quart's automatic OPTIONS answer, with no CORS headers: the browser refuses.
+    response = Response("", status=204)
+    response.headers["access-control-allow-origin"] = origin
+    response.headers["access-control-allow-methods"] = "GET, POST, DELETE, OPTIONS"
+    response.headers["access-control-allow-headers"] = request.headers.get(
+        "access-control-request-headers", "authorization, content-type, x-api-key"
+    )
+    response.headers["access-control-max-age"] = _PREFLIGHT_MAX_AGE
+    response.headers["vary"] = "Origin"
+    return response
+
+
+def _authenticate(policy: EdgePolicy) -> None:
+    presented = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    if presented is None:
+        raise RequestError(
+            kind=ErrorKind.UNAUTHENTICATED,
+            message="Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+        )
+    if not key_matches(presented, policy.keys):
+        raise RequestError(kind=ErrorKind.UNAUTHENTICATED, message="Incorrect API key provided", code="invalid_api_key")
+
+
+def _check_body(policy: EdgePolicy) -> None:
+    if request.mimetype != "application/json":
+        raise RequestError(
+            kind=ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+            message="The request body must be JSON, sent with 'Content-Type: application/json'",
+        )
+    declared = request.content_length
+    if declared is not None and declared > policy.max_body_bytes:
+        raise too_large(policy.max_body_bytes)
+
+
+def too_large(limit: int) -> RequestError:
+    return RequestError(kind=ErrorKind.TOO_LARGE, message=f"The request body is larger than this server's limit of {limit} bytes")
+
+
+async def _allow_origin(response: Response) -> Response:
+    origin = request.headers.get("origin")
+    if origin is not None and origin in policy().origins:
+        response.headers["access-control-allow-origin"] = origin
+        response.headers["access-control-expose-headers"] = _EXPOSED
+        response.headers.add("vary", "Origin")
+    return response

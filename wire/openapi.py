@@ -1,0 +1,142 @@
+"""The OpenAPI 3.1 description served at `GET /openapi.json`.
+
+Routes are listed here once, each POST with its decoder and one small body
+the decoder accepts; the request schemas are probed from the decoders
+(`wire.schema_probe`), never written by hand. A test checks that every
+route the app serves is described here and nothing else is.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+
+from pipeline.requests import JsonObject, JsonValue
+from wire.anthropic_requests import decode_count_tokens, decode_messages
+from wire.openai_requests import decode_chat, decode_completion
+from wire.responses_requests import decode_responses
+from wire.schema_probe import Decoder, body_schema
+
+_USER = [{"role": "user", "content": "Hello"}]
+
+
+@attrs.frozen(kw_only=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    # Anthropic routes answer errors in Anthropic's shape.
+    anthropic: bool = False
+    decode: Decoder | None = None
+    example: JsonObject | None = None
+    # True when `stream: true` turns the answer into server-sent events.
+    streams: bool = False
+    public: bool = False
+
+
+OPERATIONS = (
+    Operation(method="post", path="/v1/chat/completions", summary="OpenAI Chat Completions", decode=decode_chat,
+              example={"model": "m", "messages": _USER, "max_tokens": 1, "tool_choice": "auto", "reasoning_effort": "low",
+                       "response_format": {"type": "json_object"}}, streams=True),
+    Operation(method="post", path="/v1/completions", summary="OpenAI Completions (legacy)", decode=decode_completion,
+              example={"model": "m", "prompt": "Hello", "max_tokens": 1}, streams=True),
+    Operation(method="post", path="/v1/responses", summary="OpenAI Responses", decode=decode_responses,
+              example={"model": "m", "input": "Hello", "max_output_tokens": 1}, streams=True),
+    Operation(method="get", path="/v1/responses/{response_id}", summary="A stored response"),
+    Operation(method="delete", path="/v1/responses/{response_id}", summary="Delete a stored response"),
+    Operation(method="get", path="/v1/responses/{response_id}/input_items", summary="A stored response's input items"),
+    Operation(method="post", path="/v1/messages", summary="Anthropic Messages", anthropic=True, decode=decode_messages,
+              example={"model": "m", "messages": _USER, "max_tokens": 1}, streams=True),
+    Operation(method="post", path="/v1/messages/count_tokens", summary="Anthropic token counting", anthropic=True,
+              decode=decode_count_tokens, example={"model": "m", "messages": _USER}),
+    Operation(method="get", path="/v1/models", summary="The served model, as a list"),
+    Operation(method="get", path="/v1/models/{model_id}", summary="The served model"),
+    Operation(method="get", path="/health", summary="Liveness: 200 while the engine serves, 503 otherwise", public=True),
+    Operation(method="get", path="/fit", summary="What this machine can serve of this model"),
+    Operation(method="get", path="/stats", summary="Live counters of every stage"),
+    Operation(method="get", path="/metrics", summary="The same counters in Prometheus text format"),
+    Operation(method="get", path="/openapi.json", summary="This description"),
+)  # fmt: skip
+
+
+@functools.cache
+def document(version: str = "0.1.0") -> JsonObject:
+    """The whole description; probing the decoders takes a few hundred decodes, so it is built once."""
+    paths: JsonObject = {}
+    for operation in OPERATIONS:
+        item = paths.setdefault(operation.path, {})
+        assert isinstance(item, dict)
+        item[operation.method] = _operation(operation)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "mlx-relay", "version": version},
+        "paths": paths,
+        "components": {
+            "schemas": {"OpenAIError": _OPENAI_ERROR, "AnthropicError": _ANTHROPIC_ERROR},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
+        },
+        # Only when MLX_RELAY_API_KEY is set; an unset key leaves every route open.
+        "security": [{"bearer": []}, {"apiKey": []}, {}],
+    }
+
+
+def _operation(operation: Operation) -> JsonObject:
+    error: JsonObject = {"$ref": "#/components/schemas/" + ("AnthropicError" if operation.anthropic else "OpenAIError")}
+    error_response: JsonObject = {"description": "An error", "content": {"application/json": {"schema": error}}}
+    ok: JsonObject = {"application/json": {"schema": {"type": "object"}}}
+    if operation.path == "/metrics":
+        ok = {"text/plain": {"schema": {"type": "string"}}}
+    if operation.streams:
+        ok["text/event-stream"] = {"schema": {"type": "string"}}
+    described: JsonObject = {
+        "summary": operation.summary,
+        "operationId": f"{operation.method}_{operation.path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
+        "responses": {"200": {"description": "Success", "content": ok}, "4XX": error_response, "5XX": error_response},
+    }
+    parameters: list[JsonValue] = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in _path_parameters(operation.path)
+    ]
+    if parameters:
+        described["parameters"] = parameters
+    if operation.public:
+        described["security"] = []
+    if operation.decode is not None and operation.example is not None:
+        schema = body_schema(operation.decode, operation.example)
+        described["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+    return described
+
+
+def _path_parameters(path: str) -> list[str]:
+    return [part[1:-1] for part in path.split("/") if part.startswith("{") and part.endswith("}")]
+
+
+_NULLABLE_STRING: JsonObject = {"type": ["string", "null"]}
+_OPENAI_ERROR: JsonObject = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {"message": {"type": "string"}, "type": {"type": "string"}, "param": _NULLABLE_STRING,
+                           "code": _NULLABLE_STRING},
+        }
+    },
+}  # fmt: skip
+_ANTHROPIC_ERROR: JsonObject = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
