@@ -89,7 +89,6 @@ def _preflight(policy: EdgePolicy) -> Response | None:
         "access-control-request-headers", "authorization, content-type, x-api-key"
     )
     response.headers["access-control-max-age"] = _PREFLIGHT_MAX_AGE
-    response.headers["vary"] = "Origin"
     return response
 
 

@@ -31,7 +31,7 @@ def load_keys(spec: str | None) -> tuple[bytes, ...]:
             lines = Path(spec[1:]).expanduser().read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise SettingsError(f"MLX_RELAY_API_KEY: cannot read the key file: {reason}") from None
+            raise SettingsError(f"MLX_RELAY_API_KEY: cannot read the key file: {reason}") from None
         keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
     else:
         keys = [part.strip() for part in spec.split(",") if part.strip()]

@@ -18,7 +18,7 @@ from wire.openai_requests import decode_chat, decode_completion
 from wire.responses_requests import decode_responses
 from wire.schema_probe import Decoder, body_schema
 
-_USER = [{"role": "user", "content": "Hello"}]
+_USER: list[JsonValue] = [{"role": "user", "content": "Hello"}]
 
 
 @attrs.frozen(kw_only=True)

@@ -113,7 +113,8 @@ class _Probe:
             types.append(_type_of(present))
         if "number" in types and "integer" in types:
             types.remove("integer")
-        names: list[JsonValue] = sorted(set(types), key=[name for name, _ in _CANDIDATES].index)
+        order = [name for name, _ in _CANDIDATES]
+        names: list[JsonValue] = [name for name in order if name in types]
         schema: JsonObject = {"type": names[0] if len(names) == 1 else names} if names else {"not": {}}
         if isinstance(present, dict) and path in self._reads:
             schema.update({k: v for k, v in self.object_schema(path).items() if k != "type"})
