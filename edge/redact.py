@@ -9,6 +9,7 @@ from pipeline.requests import JsonValue
 
 # A Windows drive path; POSIX absolute paths are caught by os.path.isabs.
 _DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
+_SEPARATORS = re.compile(r"[\\/]")
 
 
 def without_paths(value: JsonValue) -> JsonValue:
@@ -22,7 +23,7 @@ def without_paths(value: JsonValue) -> JsonValue:
     if isinstance(value, list):
         return [without_paths(item) for item in value]
     if isinstance(value, str) and _is_path(value):
-        return os.path.basename(value.rstrip("/\\")) or "/"
+        return _SEPARATORS.split(value.rstrip("/\\"))[-1] or "/"
     return value
 
 

@@ -7,7 +7,7 @@ checked against the rules:
 - `wire/` imports neither `stages/`, `anyio`, `quart` nor `mlx`;
 - `stages/` imports neither `wire/` nor `quart`;
 - `pipeline/` imports nothing of ours (`stages`, `wire`, `app`) and no `mlx`;
-- no layer imports `app`, `tests` or `bench`, which sit above all three;
+- no layer imports `app`, `edge`, `tests` or `bench`, which sit above all three;
 - only the model thread's modules and model loading import `mlx.core`.
 
 `mlx` here means the whole MLX stack, `mlx` and `mlx_lm`.
@@ -24,8 +24,8 @@ from tests.conftest import REPO
 
 LAYERS = ("pipeline", "stages", "wire")
 MLX = {"mlx", "mlx_lm"}
-# app.py imports every layer, and tests/ and bench/ sit above it: no layer imports them.
-ABOVE = {"app", "tests", "bench"}
+# app.py and the HTTP edge (edge/) import every layer, and tests/ and bench/ sit above them: no layer imports them.
+ABOVE = {"app", "edge", "tests", "bench"}
 FORBIDDEN = {
     "wire": {"stages", "anyio", "quart", *MLX, *ABOVE},
     "stages": {"wire", "quart", *ABOVE},
@@ -98,6 +98,7 @@ def test_layer_imports(path: Path) -> None:
         pytest.param("stages/x.py", "from wire import sse\n", ["wire", "wire.sse"], id="stages-wire"),
         pytest.param("stages/x.py", "import quart\n", ["quart"], id="stages-quart"),
         pytest.param("stages/x.py", "import app\n", ["app"], id="stages-app"),
+        pytest.param("wire/x.py", "from edge.guard import trace_id\n", ["edge.guard", "edge.guard.trace_id"], id="wire-edge"),
         pytest.param("stages/sink.py", "import mlx.core as mx\n", ["mlx.core"], id="sink-mlx-core"),
         pytest.param("stages/chat.py", "from mlx import core\n", ["mlx.core"], id="chat-from-mlx-import-core"),
         pytest.param("pipeline/x.py", "from stages import messages\n", ["stages", "stages.messages"],

@@ -73,6 +73,8 @@ def served_schema(fuzz_server: Server) -> Any:
 def _bounded(case: Any) -> None:
     # Generation length is the one cost the schema leaves open: keep each example to a few tokens.
     if isinstance(case.body, dict):
+        if not any(case.body.get(field) is not None for field in _MAX_TOKEN_FIELDS):
+            case.body["max_output_tokens" if case.path == "/v1/responses" else "max_tokens"] = 4
         for field in _MAX_TOKEN_FIELDS:
             if isinstance(case.body.get(field), int) and not isinstance(case.body[field], bool):
                 case.body[field] = max(-1, min(case.body[field], 4))

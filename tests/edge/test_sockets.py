@@ -1,0 +1,46 @@
+"""The Unix socket `mlx-relay serve --unix` listens on."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from edge.sockets import SocketInUse, bind_unix
+
+
+def test_the_socket_is_owner_only_from_the_start(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    with contextlib.closing(bind_unix(str(path))):
+        mode = path.stat().st_mode
+        assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+
+
+def test_a_stale_socket_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    with contextlib.closing(socket.socket(socket.AF_UNIX)) as old:
+        old.bind(str(path))
+    with contextlib.closing(bind_unix(str(path))) as listener:
+        with contextlib.closing(socket.socket(socket.AF_UNIX)) as client:
+            client.connect(str(path))
+            accepted, _ = listener.accept()
+            accepted.close()
+
+
+def test_a_live_socket_is_not_taken_over(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    with contextlib.closing(bind_unix(str(path))):
+        with pytest.raises(SocketInUse, match="already listening"):
+            bind_unix(str(path))
+        assert path.exists()
+
+
+def test_a_regular_file_is_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "notes"
+    path.write_text("mine")
+    with pytest.raises(SocketInUse, match="not a socket"):
+        bind_unix(str(path))
+    assert path.read_text() == "mine"
