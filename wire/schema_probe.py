@@ -127,7 +127,11 @@ class _Probe:
         try:
             self._decode(body)
         except RequestError as error:
-            return error.param is None or _steps(error.param)[: len(path)] == [str(step) for step in path]
+            if error.param is None:
+                return True
+            steps, wanted = _steps(error.param), [str(step) for step in path]
+            # Some helpers name a nested field by its key alone (`read_bool(item, "strict")` → "strict").
+            return steps[: len(wanted)] == wanted or steps == wanted[-1:]
         return False
 
 
