@@ -18,7 +18,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from edge.keys import load_keys
+from edge.guard import EdgePolicy
 from edge.sockets import SocketInUse, bind_unix
 from edge.startup import StartupError, open_response_store
 from pipeline.settings import PREFIX, Settings, SettingsError
@@ -70,9 +70,10 @@ def _parser() -> argparse.ArgumentParser:
 def serve(args: argparse.Namespace) -> int:
     _export(args)
     settings = Settings.from_env()
-    keys = load_keys(settings.api_key)
+    # Keys and origins are read here too, so a bad one is one line, not a lifespan traceback.
+    policy = EdgePolicy.from_settings(settings)
     if args.unix is None:
-        _check_exposure(args.host, has_keys=bool(keys), insecure=args.insecure_no_auth)
+        _check_exposure(args.host, has_keys=bool(policy.keys), insecure=args.insecure_no_auth)
     # Opened here first so a corrupt store is reported (or reset) before any model loads.
     open_response_store(settings).close()
     listener = bind_unix(args.unix) if args.unix else None

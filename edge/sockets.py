@@ -26,16 +26,16 @@ def bind_unix(path: str) -> socket.socket:
     """A listening socket at `path`, mode 0600.
 
     Raises:
-        SocketInUse: a server answers on `path`, or `path` is not a socket.
+        SocketInUse: a server answers on `path`, `path` is not a socket, or it cannot be bound.
     """
     _clear_stale(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     previous = os.umask(_OWNER_ONLY)
     try:
         listener.bind(path)
-    except OSError:
+    except OSError as error:
         listener.close()
-        raise
+        raise SocketInUse(f"cannot listen on {path}: {error.strerror or error}") from None
     finally:
         os.umask(previous)
     os.chmod(path, 0o600)
