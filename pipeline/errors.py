@@ -81,3 +81,23 @@ def engine_dead() -> RequestError:
     return RequestError(
         kind=ErrorKind.UNAVAILABLE, message="The inference engine has stopped; see the server log", code="engine_dead"
     )
+
+
+def internal_error() -> RequestError:
+    """Our bug, met while handling one request: the request fails, the server carries on."""
+    return RequestError(
+        kind=ErrorKind.INTERNAL,
+        message="The server hit an internal error while handling this request; the server log has the details",
+        code="internal_error",
+    )
+
+
+# Characters of the client's input an error message may quote.
+EXCERPT_CHARS = 200
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
