@@ -25,7 +25,7 @@ import structlog  # noqa: E402
 from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
-from pipeline.errors import ErrorKind, RequestError  # noqa: E402
+from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
@@ -337,8 +337,9 @@ async def http_error(error: HTTPException) -> Response:
 
 @app.errorhandler(Exception)
 async def unexpected_error(error: Exception) -> Response:
-    log.error("http.unexpected_error", path=request.path, exc_info=error)
-    return error_response(RequestError(kind=ErrorKind.INTERNAL, message="Internal server error"))
+    # The route's own isolation boundary, as pipeline/actor.py is the actors': this request fails, nothing else.
+    log.error("request.internal_error", path=request.path, trace_id=request.headers.get("x-request-id"), exc_info=error)
+    return error_response(internal_error())
 
 
 def error_response(error: RequestError) -> Response:

@@ -46,17 +46,24 @@ T = TypeVar("T")
 
 
 @contextlib.contextmanager
-def isolated(reply: ReplySlot[Any], *, stage: str) -> Iterator[None]:
-    """Run one item's work so that its failure fails `reply` and nothing else."""
+def isolated(
+    reply: ReplySlot[Any], *, stage: str, fail: Callable[[RequestError], object] | None = None
+) -> Iterator[None]:
+    """Run one item's work so that its failure fails `reply` and nothing else.
+
+    `fail` delivers the error instead of `reply.fail`, for work off the
+    event loop (the model thread hands it over at its next crossing).
+    """
+    deliver = reply.fail if fail is None else fail
     try:
         yield
     except _ACTOR_FAILURES:
         raise
     except RequestError as error:
-        reply.fail(error)
+        deliver(error)
     except Exception as error:  # noqa: BLE001 -- the isolation boundary itself
         log.error("request.internal_error", **reply.log_context, failed_stage=stage, exc_info=error)
-        reply.fail(internal_error())
+        deliver(internal_error())
 
 
 @contextlib.contextmanager

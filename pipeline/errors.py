@@ -34,6 +34,23 @@ _STATUS = {
 }
 
 
+# Characters of the client's input an error message may quote.
+EXCERPT_CHARS = 200
+# A whole message's bound, whatever went into it: a 400 stays a short answer.
+MESSAGE_CHARS = 2000
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def _bounded(text: str) -> str:
+    return excerpt(text, MESSAGE_CHARS)
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class RequestError(Exception):
     """A failure of one request, safe to show to its client.
@@ -43,7 +60,7 @@ class RequestError(Exception):
     """
 
     kind: ErrorKind
-    message: str
+    message: str = attrs.field(converter=_bounded)
     param: str | None = None
     code: str | None = None
     retry_after: float | None = None
@@ -92,12 +109,6 @@ def internal_error() -> RequestError:
     )
 
 
-# Characters of the client's input an error message may quote.
-EXCERPT_CHARS = 200
-
-
-def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
-    """`text` cut to `limit` characters, saying how much was left out."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+def quote(value: object) -> str:
+    """A value of the client's, as a message quotes it: its repr, cut short."""
+    return excerpt(repr(value), 80)

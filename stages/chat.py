@@ -9,7 +9,6 @@ On error: a template that rejects the messages fails that reply (400).
 
 from __future__ import annotations
 
-import json
 from functools import partial
 
 import anyio
@@ -20,6 +19,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.actor import serve_items
 from pipeline.errors import excerpt, invalid
+from pipeline.jsontext import loads
 from pipeline.requests import ChatRequest, JsonObject, JsonValue, Message, Role, Tool, ToolCallRecord, ToolChoiceMode
 from stages.messages import Parsed, PrepareJob, PrepKind, PromptText
 from stages.models.loading import Tokenizer
@@ -119,8 +119,8 @@ def _template_call(call: ToolCallRecord) -> JsonValue:
     # Templates index into `arguments` or pipe it to tojson: give them an
     # object where the JSON text is one, as mlx_lm.server does.
     try:
-        arguments: JsonValue = json.loads(call.arguments)
-    except json.JSONDecodeError:
+        arguments: JsonValue = loads(call.arguments)
+    except ValueError:
         arguments = call.arguments
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
 

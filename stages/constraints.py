@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from pipeline.errors import invalid
+from pipeline.errors import invalid, quote
 from pipeline.requests import ChatRequest, Constraint, ConstraintKind, GenerationRequest, Tool, ToolChoice, ToolChoiceMode
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def tool_call_constraint(tokenizer: Tokenizer, tools: tuple[Tool, ...], choice: 
         raise invalid("tool_choice 'required' needs a model whose tool calls are JSON between markers", param="tool_choice")
     allowed = tools if choice.mode is ToolChoiceMode.REQUIRED else tuple(t for t in tools if t.name == choice.name)
     if not allowed:
-        raise invalid(f"tool_choice names {choice.name!r}, which is not among the tools", param="tool_choice")
+        raise invalid(f"tool_choice names {quote(choice.name)}, which is not among the tools", param="tool_choice")
     calls = [
         {
             "type": "object",

@@ -63,3 +63,6 @@ def load_json(body: bytes) -> JsonValue:
         raise invalid("The request body is not valid UTF-8") from None
     except json.JSONDecodeError as error:
         raise invalid(f"The request body is not valid JSON: {error.msg} (line {error.lineno} column {error.colno})") from None
+    except ValueError:
+        # Python's int() refuses numbers of more than 4300 digits.
+        raise invalid("The request body holds a number too long to read") from None
