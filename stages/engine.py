@@ -249,6 +249,7 @@ class Engine:
         reservations = {
             PrepKind.TOKENIZE: self._tokenizing,
             PrepKind.CONSTRAIN: Reservation.of(settings.constraint_concurrency),
+            PrepKind.CONSTRAIN_LARGE: Reservation.of(1),
         }
         return PrepareStage(
             inbox=inbox,

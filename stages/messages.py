@@ -33,6 +33,8 @@ class PrepKind(enum.Enum):
     TOKENIZE = "tokenize"
     # Compiling a structured-output grammar (llguidance).
     CONSTRAIN = "constrain"
+    # Compiling a large one, apart, so it never holds up the small ones.
+    CONSTRAIN_LARGE = "constrain_large"
 
 
 @attrs.frozen(kw_only=True)

@@ -16,7 +16,8 @@ On error: each job is isolated (`pipeline/actor.py`): a `RequestError`
 memory budget admits, logit bias outside the vocabulary, an invalid
 structured-output grammar) fails that reply with its 4xx, anything else
 with 500; the stage carries on. Grammars compile under their own
-reservation (`PrepKind.CONSTRAIN`), after tokenizing.
+reservation (`PrepKind.CONSTRAIN`), after tokenizing, and large ones under
+another (`PrepKind.CONSTRAIN_LARGE`) so that they never starve small ones.
 """
 
 from __future__ import annotations
@@ -142,10 +143,16 @@ class PrepareStage:
             job, prompt, wanted, budget, safe, "context_over_budget", at_least=at_least)  # fmt: skip
 
     async def _constrain(self, job: PrepareJob) -> CompiledConstraint | None:
-        """The request's grammar, compiled under the constraint reservation."""
-        reservation = self._reservations[PrepKind.CONSTRAIN]
+        """The request's grammar, made under the constraint reservation and
+        compiled under it, or under the large-grammar one when it is large."""
+        small = self._reservations[PrepKind.CONSTRAIN]
+        async with small.slots:
+            grammar = await anyio.to_thread.run_sync(self._compiler.grammar_for, job.request, limiter=small.threads)
+        if grammar is None:
+            return None
+        reservation = self._reservations.get(PrepKind.CONSTRAIN_LARGE, small) if grammar.large else small
         async with reservation.slots:
-            return await anyio.to_thread.run_sync(self._compiler.compile_for, job.request, limiter=reservation.threads)
+            return await anyio.to_thread.run_sync(self._compiler.compile_grammar, grammar, limiter=reservation.threads)
 
     def _check(self, job: PrepareJob, tokens: list[int]) -> Prepared:
         window, prompt, wanted = self._context_window, len(tokens), job.params.max_tokens
