@@ -27,7 +27,7 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 from edge import guard  # noqa: E402
 from edge.redact import without_paths  # noqa: E402
 from edge.startup import open_response_store  # noqa: E402
-from pipeline.errors import ErrorKind, RequestError  # noqa: E402
+from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
@@ -358,8 +358,9 @@ _HTTP_KINDS = {
 
 @app.errorhandler(Exception)
 async def unexpected_error(error: Exception) -> Response:
-    log.error("http.unexpected_error", path=request.path, exc_info=error)
-    return error_response(RequestError(kind=ErrorKind.INTERNAL, message="Internal server error"))
+    # The route's own isolation boundary, as pipeline/actor.py is the actors': this request fails, nothing else.
+    log.error("request.internal_error", path=request.path, trace_id=request.headers.get("x-request-id"), exc_info=error)
+    return error_response(internal_error())
 
 
 def error_response(error: RequestError) -> Response:

@@ -52,8 +52,9 @@ class ReplySlot(Generic[R]):
     `finish` and `fail`; each returns False once the slot is done, which
     tells the producer to drop the request. The reader awaits `accepted()`,
     iterates event batches, then reads `summary`. `close()` is synchronous
-    so that it is safe in a cancelled task (S9); if a row is running it
-    calls the abort hook the gateway bound with `bind_abort`.
+    so that it is safe in a cancelled task (S9); if a row is running,
+    `close()` and `fail()` call the abort hook the gateway bound with
+    `bind_abort`.
     """
 
     request_id: str
@@ -116,6 +117,9 @@ class ReplySlot(Generic[R]):
         if self.done:
             return False
         self._error = error
+        # A failed row leaves the batch as a closed one does.
+        if self._abort is not None:
+            self._abort()
         self._settle()
         return True
 

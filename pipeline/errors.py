@@ -42,6 +42,23 @@ _STATUS = {
 }
 
 
+# Characters of the client's input an error message may quote.
+EXCERPT_CHARS = 200
+# A whole message's bound, whatever went into it: a 400 stays a short answer.
+MESSAGE_CHARS = 2000
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def _bounded(text: str) -> str:
+    return excerpt(text, MESSAGE_CHARS)
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class RequestError(Exception):
     """A failure of one request, safe to show to its client.
@@ -51,7 +68,7 @@ class RequestError(Exception):
     """
 
     kind: ErrorKind
-    message: str
+    message: str = attrs.field(converter=_bounded)
     param: str | None = None
     code: str | None = None
     retry_after: float | None = None
@@ -89,3 +106,17 @@ def engine_dead() -> RequestError:
     return RequestError(
         kind=ErrorKind.UNAVAILABLE, message="The inference engine has stopped; see the server log", code="engine_dead"
     )
+
+
+def internal_error() -> RequestError:
+    """Our bug, met while handling one request: the request fails, the server carries on."""
+    return RequestError(
+        kind=ErrorKind.INTERNAL,
+        message="The server hit an internal error while handling this request; the server log has the details",
+        code="internal_error",
+    )
+
+
+def quote(value: object) -> str:
+    """A value of the client's, as a message quotes it: its repr, cut short."""
+    return excerpt(repr(value), 80)

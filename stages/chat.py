@@ -9,7 +9,6 @@ On error: a template that rejects the messages fails that reply (400).
 
 from __future__ import annotations
 
-import json
 from functools import partial
 
 import anyio
@@ -18,9 +17,11 @@ import jinja2
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.errors import invalid
+from pipeline.actor import serve_items
+from pipeline.errors import excerpt, invalid
+from pipeline.jsontext import loads
 from pipeline.requests import ChatRequest, JsonObject, JsonValue, Message, Role, Tool, ToolCallRecord, ToolChoiceMode
-from stages.messages import Parsed, PrepareJob, PrepKind
+from stages.messages import Parsed, PrepareJob, PrepKind, PromptText
 from stages.models.loading import Tokenizer
 
 
@@ -33,17 +34,16 @@ class ChatStage:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._out:
             task_status.started()
-            async for parsed in self._inbox:
-                await self._on_parsed(parsed)
+            await serve_items(self._inbox, self._on_parsed, stage="chat")
 
     async def _on_parsed(self, parsed: Parsed) -> None:
         request = parsed.request
-        if parsed.reply.closed or not isinstance(request, ChatRequest):
+        if not isinstance(request, ChatRequest):
             return
         job = PrepareJob(
             request_id=parsed.request_id,
             kind=PrepKind.TOKENIZE,
-            tokenize=partial(render_chat, self._tokenizer, request),
+            tokenize=partial(render_chat_text, self._tokenizer, request),
             request=request,
             params=request.params,
             reply=parsed.reply,
@@ -60,7 +60,16 @@ _RESERVED_KWARGS = frozenset(
 
 
 def render_chat(tokenizer: Tokenizer, request: ChatRequest) -> list[int]:
-    """Prompt tokens for a chat request, through the model's own template.
+    """Prompt tokens for a chat request, through the model's own template, in one piece.
+
+    Raises:
+        RequestError: the template refused the conversation.
+    """
+    return tokenizer.encode(render_chat_text(tokenizer, request).text, add_special_tokens=False)
+
+
+def render_chat_text(tokenizer: Tokenizer, request: ChatRequest) -> PromptText:
+    """A chat request's prompt text, through the model's own template.
 
     Raises:
         RequestError: the template refused the conversation.
@@ -77,10 +86,17 @@ def render_chat(tokenizer: Tokenizer, request: ChatRequest) -> list[int]:
     else:
         kwargs.setdefault("add_generation_prompt", True)
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
-    except (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, LookupError) as error:
-        # Whatever the template raises on this input fails this request, not the engine.
-        raise invalid(f"The model's chat template rejected the messages: {error}", param="messages") from None
+        text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    except jinja2.TemplateError as error:
+        # The template's own words (raise_exception in the template), bounded.
+        raise invalid(f"The model's chat template rejected the messages: {excerpt(str(error))}", param="messages") from None
+    except (TypeError, ValueError, ArithmeticError, LookupError):
+        # A template that trips over this input: its library's words would mean nothing to the client.
+        raise invalid("The model's chat template cannot render these messages", param="messages") from None
+    if not isinstance(text, str):
+        raise TypeError("the chat template did not render text")
+    # The template writes any BOS itself.
+    return PromptText(text, add_special_tokens=False)
 
 
 def _template_message(message: Message) -> JsonObject:
@@ -103,8 +119,8 @@ def _template_call(call: ToolCallRecord) -> JsonValue:
     # Templates index into `arguments` or pipe it to tojson: give them an
     # object where the JSON text is one, as mlx_lm.server does.
     try:
-        arguments: JsonValue = json.loads(call.arguments)
-    except json.JSONDecodeError:
+        arguments: JsonValue = loads(call.arguments)
+    except ValueError:
         arguments = call.arguments
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
 

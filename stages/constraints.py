@@ -7,8 +7,15 @@ compiled into an `LLMatcher` prototype. Compiling runs in the preparation
 executor under its own reservation, never on the event loop; compiled
 prototypes are cached by grammar text, and each row gets a deep copy for
 the model thread (`stages/sampling.py` applies its token mask).
-On error: an invalid schema, regex or grammar is a `RequestError` (400)
-that names the field and quotes llguidance's message.
+Budget: a constraint is measured before llguidance sees it (at most
+`MAX_CHOICES` choices, `MAX_GRAMMAR_CHARS` of grammar text), and compiles
+under `LLParserLimits` tighter than llguidance's defaults; a grammar past
+`LARGE_GRAMMAR_CHARS` compiles under a reservation of its own
+(`PrepKind.CONSTRAIN_LARGE`, `stages/prepare.py`), so one costly grammar
+never holds the slot the cheap ones use.
+On error: an invalid or oversized schema, regex or grammar is a
+`RequestError` (400) that names the field and gives llguidance's reason
+in a bounded excerpt, never a Rust panic or backtrace.
 """
 
 from __future__ import annotations
@@ -20,17 +27,36 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from pipeline.errors import invalid
+from pipeline.errors import excerpt, invalid, quote
 from pipeline.requests import ChatRequest, Constraint, ConstraintKind, GenerationRequest, Tool, ToolChoice, ToolChoiceMode
 
 if TYPE_CHECKING:
-    from llguidance import LLMatcher, LLTokenizer
+    from llguidance import LLMatcher, LLParserLimits, LLTokenizer
     from llguidance._lib import JsonCompileOptions
 
     from stages.models.loading import Tokenizer
 
 # Compiled grammars kept for reuse; a schema's compile can cost milliseconds.
 _CACHE_ENTRIES = 128
+# Building the lexer for n literal choices costs about n**1.5 (3,000: 0.2 s;
+# 20,000: 4 s on a laptop core); a menu this long is a prompt's job.
+MAX_CHOICES = 1024
+# Grammar text (Lark, regex, a JSON schema as JSON, or what llguidance made of it).
+MAX_GRAMMAR_CHARS = 64 * 1024
+# Grammars longer than this compile in the large-grammar slot.
+LARGE_GRAMMAR_CHARS = 8 * 1024
+
+
+@attrs.frozen
+class Grammar:
+    """A constraint's llguidance grammar text, measured."""
+
+    text: str
+    param: str
+
+    @property
+    def large(self) -> bool:
+        return len(self.text) > LARGE_GRAMMAR_CHARS
 # JSON as clients expect to read it, with no room for runs of whitespace:
 # a model may otherwise spend its whole budget on newlines.
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -56,51 +82,38 @@ class ConstraintCompiler:
     _ll_tokenizer: LLTokenizer | None = attrs.field(default=None, init=False)
     _compiled: OrderedDict[str, CompiledConstraint] = attrs.field(factory=OrderedDict, init=False)
 
-    def compile_for(self, request: GenerationRequest) -> CompiledConstraint | None:
-        """The compiled constraint of `request`, if it has one.
+    def grammar_for(self, request: GenerationRequest) -> Grammar | None:
+        """The grammar of `request`'s constraint, if it has one; cheap next to compiling it.
 
         Raises:
-            RequestError: the constraint is invalid, or the tool choice cannot be enforced.
+            RequestError: the constraint is invalid or over budget, or the tool choice cannot be enforced.
         """
         constraint = constraint_of(self._tokenizer, request)
-        return None if constraint is None else self.compile(constraint)
+        return None if constraint is None else grammar_of(constraint)
 
     def compile(self, constraint: Constraint) -> CompiledConstraint:
-        """Raises: RequestError: the constraint is not a valid grammar."""
+        """Raises: RequestError: the constraint is not a valid grammar, or is over budget."""
+        return self.compile_grammar(grammar_of(constraint))
+
+    def compile_grammar(self, grammar: Grammar) -> CompiledConstraint:
+        """Raises: RequestError: the grammar does not compile within the limits."""
         from llguidance import LLMatcher
 
-        grammar = self._grammar(constraint)
         with self._lock:
-            cached = self._compiled.get(grammar)
+            cached = self._compiled.get(grammar.text)
             if cached is not None:
-                self._compiled.move_to_end(grammar)
+                self._compiled.move_to_end(grammar.text)
                 return cached
         # Building the matcher is the compile; an invalid grammar leaves it in error.
-        matcher = LLMatcher(self._llguidance_tokenizer(), grammar)
+        matcher = LLMatcher(self._llguidance_tokenizer(), grammar.text, limits=_limits())
         if matcher.is_error():
-            raise invalid(f"Invalid {constraint.param}: {matcher.get_error().strip()}", param=constraint.param)
+            raise invalid(f"Invalid {grammar.param}: {_reason(matcher.get_error())}", param=grammar.param)
         compiled = CompiledConstraint(prototype=matcher)
         with self._lock:
-            self._compiled[grammar] = compiled
+            self._compiled[grammar.text] = compiled
             while len(self._compiled) > _CACHE_ENTRIES:
                 self._compiled.popitem(last=False)
         return compiled
-
-    def _grammar(self, constraint: Constraint) -> str:
-        from llguidance import LLMatcher
-
-        spec, kind = constraint.spec, constraint.kind
-        try:
-            if kind is ConstraintKind.JSON_SCHEMA:
-                return str(LLMatcher.grammar_from_json_schema(json.dumps(spec), defaults=_JSON_OPTIONS))
-            if kind is ConstraintKind.REGEX:
-                return str(LLMatcher.grammar_from_regex(str(spec)))
-            if kind is ConstraintKind.CHOICE:
-                choices = spec if isinstance(spec, list) else [spec]
-                return str(LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(str(c)) for c in choices)))
-            return str(LLMatcher.grammar_from_lark(str(spec)))
-        except (ValueError, TypeError) as error:
-            raise invalid(f"Invalid {constraint.param}: {error}", param=constraint.param) from None
 
     def _llguidance_tokenizer(self) -> LLTokenizer:
         # Built once, on first use: it walks the whole vocabulary (about a second for large ones).
@@ -113,6 +126,60 @@ class ConstraintCompiler:
                 eos = sorted(self._tokenizer.eos_token_ids)
                 self._ll_tokenizer = from_tokenizer(hf, n_vocab=self._vocab_size, eos_token=eos)
             return self._ll_tokenizer
+
+
+def _limits() -> LLParserLimits:
+    from llguidance import LLParserLimits
+
+    # Fuel and sizes below llguidance's defaults (1M lexer fuel, 500k
+    # symbols, 250k lexer states): room for any grammar under
+    # MAX_GRAMMAR_CHARS that clients write, and a fast error for one that
+    # explodes. Errors name no parser state or grammar internals.
+    return LLParserLimits(initial_lexer_fuel=500_000, max_grammar_size=100_000, max_lexer_states=50_000, verbose_errors=False)
+
+
+def grammar_of(constraint: Constraint) -> Grammar:
+    """A constraint's grammar text, within the budget.
+
+    Raises:
+        RequestError: the constraint is invalid, or past `MAX_CHOICES` / `MAX_GRAMMAR_CHARS`.
+    """
+    from llguidance import LLMatcher
+
+    spec, kind, param = constraint.spec, constraint.kind, constraint.param
+    _within_budget(constraint)
+    try:
+        if kind is ConstraintKind.JSON_SCHEMA:
+            text = LLMatcher.grammar_from_json_schema(json.dumps(spec), defaults=_JSON_OPTIONS)
+        elif kind is ConstraintKind.REGEX:
+            text = LLMatcher.grammar_from_regex(str(spec))
+        elif kind is ConstraintKind.CHOICE:
+            choices = spec if isinstance(spec, list) else [spec]
+            text = LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(str(c)) for c in choices))
+        else:
+            text = LLMatcher.grammar_from_lark(str(spec))
+    except (ValueError, TypeError) as error:
+        raise invalid(f"Invalid {param}: {_reason(str(error))}", param=param) from None
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise invalid(f"'{param}' makes a grammar of {len(text)} characters; this server compiles at most {MAX_GRAMMAR_CHARS}", param=param)
+    return Grammar(str(text), param)
+
+
+def _within_budget(constraint: Constraint) -> None:
+    spec, param = constraint.spec, constraint.param
+    if constraint.kind is ConstraintKind.CHOICE and isinstance(spec, list) and len(spec) > MAX_CHOICES:
+        raise invalid(f"'{param}' holds {len(spec)} choices; this server takes at most {MAX_CHOICES}", param=param)
+    size = len(spec) if isinstance(spec, str) else len(json.dumps(spec))
+    if size > MAX_GRAMMAR_CHARS:
+        raise invalid(f"'{param}' is {size} characters long; this server compiles at most {MAX_GRAMMAR_CHARS}", param=param)
+
+
+def _reason(message: str) -> str:
+    """llguidance's reason, without a Rust panic's backtrace or anything past a short excerpt."""
+    head = message.split("<backtrace>", 1)[0].strip()
+    if head.startswith("panic"):
+        return "the grammar is too large or too complex to compile"
+    return excerpt(" ".join(head.split()) or "the grammar does not compile", 300)
 
 
 def needs_constraint(request: GenerationRequest) -> bool:
@@ -146,7 +213,7 @@ def tool_call_constraint(tokenizer: Tokenizer, tools: tuple[Tool, ...], choice: 
         raise invalid("tool_choice 'required' needs a model whose tool calls are JSON between markers", param="tool_choice")
     allowed = tools if choice.mode is ToolChoiceMode.REQUIRED else tuple(t for t in tools if t.name == choice.name)
     if not allowed:
-        raise invalid(f"tool_choice names {choice.name!r}, which is not among the tools", param="tool_choice")
+        raise invalid(f"tool_choice names {quote(choice.name)}, which is not among the tools", param="tool_choice")
     calls = [
         {
             "type": "object",

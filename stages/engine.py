@@ -21,12 +21,12 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.admission import Admission, AdmissionStatistics
 from pipeline.channels import Channel, ReplySlot, open_channel
-from pipeline.errors import engine_dead, shutting_down
+from pipeline.errors import engine_dead, invalid, shutting_down
 from pipeline.requests import ChatRequest, GenerationRequest
 from pipeline.settings import Settings
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
-from stages.chat import ChatStage, render_chat
+from stages.chat import ChatStage, render_chat_text
 from stages.constraints import ConstraintCompiler
 from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
 from stages.gateway import GatewayStatistics, GenerationGateway
@@ -34,10 +34,11 @@ from stages.memory import Fit, KvLedger, assess
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
 from stages.parse import ParseStage
-from stages.prepare import PrepareStage, Reservation
+from stages.prepare import PrepareStage, Reservation, encode_bounded
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
 from stages.sink import CompletionSink
 from stages.text import TextStage
+from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")
 
@@ -83,6 +84,7 @@ class Engine:
     _tokenizing: Reservation = attrs.field(init=False)
     info: ModelInfo = attrs.field(init=False)
     tokenizer: Tokenizer = attrs.field(init=False)
+    _encoder: BoundedEncoder = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         settings = self._settings
@@ -107,6 +109,7 @@ class Engine:
             partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
         )
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
+        self._encoder = await anyio.to_thread.run_sync(BoundedEncoder.of, self.tokenizer)
         self.fit = await anyio.to_thread.run_sync(
             partial(
                 assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
@@ -146,9 +149,16 @@ class Engine:
         """Prompt tokens of a chat request, rendered as generation would render it.
 
         Raises:
-            RequestError: the template refused the conversation.
+            RequestError: the template refused the conversation, or the
+                prompt is past the context window (counting stops there).
         """
-        tokens = await anyio.to_thread.run_sync(render_chat, self.tokenizer, request, limiter=self._tokenizing.threads)
+        reservation, window = self._tokenizing, self.info.context_window
+        async with reservation.slots:
+            text = await anyio.to_thread.run_sync(render_chat_text, self.tokenizer, request, limiter=reservation.threads)
+        tokens = await encode_bounded(self._encoder, text, reservation, at_most=window)
+        if tokens is None:
+            raise invalid(f"prompt is too long: more than {window} tokens, this model's maximum", param="messages",
+                          code="context_length_exceeded")  # fmt: skip
         return len(tokens)
 
     async def drain(self, timeout: float) -> None:
@@ -239,6 +249,7 @@ class Engine:
         reservations = {
             PrepKind.TOKENIZE: self._tokenizing,
             PrepKind.CONSTRAIN: Reservation.of(settings.constraint_concurrency),
+            PrepKind.CONSTRAIN_LARGE: Reservation.of(1),
         }
         return PrepareStage(
             inbox=inbox,
@@ -248,6 +259,7 @@ class Engine:
             vocab_size=info.vocab_size,
             max_safe_context=self.fit.memory.max_safe_context,
             compiler=ConstraintCompiler(tokenizer=self.tokenizer, vocab_size=info.vocab_size),
+            encoder=self._encoder,
         )
 
     def _release(self, request_id: str) -> None:

@@ -14,8 +14,11 @@ backs up into admission (429). The spill worker is a task of the gateway
 that writes evicted entries to the disk tier on a thread of its own.
 On cancel: a host cancel interrupts the blocking wait or is noticed at the
 next step; the thread then frees the generator and the model.
-On error: an exception here is an engine failure and propagates (S20); a
-disk-tier write that fails is counted and dropped.
+On error: a failure while admitting one row (its cache lookup, sampler,
+grammar matcher) fails that row alone (`pipeline/actor.py`), handed to its
+reply at the next crossing. A failure of the step itself (MLX) is an
+engine failure and propagates (S20): the only one that marks the engine
+dead. A disk-tier write that fails, for any reason, is counted and dropped.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from pipeline.actor import isolated, isolated_task
+from pipeline.errors import RequestError
 from pipeline.events import FinishReason
 from stages.cache.disk import DiskTier, SpillJob, Tensor
 from stages.cache.link import DiskLink
@@ -50,6 +55,14 @@ log = structlog.get_logger(stage="gateway")
 T = TypeVar("T")
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
+
+
+@attrs.frozen(kw_only=True)
+class Failed:
+    """A row that failed on the model thread, for its reply on the event loop."""
+
+    row: Prepared
+    error: RequestError
 
 
 @attrs.frozen(kw_only=True)
@@ -105,6 +118,7 @@ class GenerationGateway:
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)
     _waiting: list[Prepared] = attrs.field(factory=list, init=False)
     _spill_outbox: list[SpillJob] = attrs.field(factory=list, init=False)
+    _failed: list[Failed] = attrs.field(factory=list, init=False)
     # Published for statistics().
     _active: int = attrs.field(default=0, init=False)
     _steps: int = attrs.field(default=0, init=False)
@@ -144,7 +158,10 @@ class GenerationGateway:
         writes = anyio.CapacityLimiter(1)
         async with self._spills_in:
             async for job in self._spills_in:
-                if self._disk is not None:
+                if self._disk is None:
+                    continue
+                # Best effort: whatever a write raises costs that entry, never the engine.
+                with isolated_task("prompt_cache.spill", on_error=self._disk.note_error):
                     await anyio.to_thread.run_sync(self._disk.write, job, limiter=writes)
 
     # -- model thread -------------------------------------------------------
@@ -190,10 +207,11 @@ class GenerationGateway:
         outputs: StepOutputs | None = None
         while True:
             # 1) hand over the last step and the spills, take new rows and aborts
-            spills = tuple(self._spill_outbox)
+            spills, failed = tuple(self._spill_outbox), tuple(self._failed)
             self._spill_outbox.clear()
+            self._failed.clear()
             free = self._max_batch - len(self._rows) - len(self._waiting)
-            intake = anyio.from_thread.run(self._exchange, outputs, free, spills)
+            intake = anyio.from_thread.run(self._exchange, outputs, free, spills, failed)
             if intake.closed:
                 return
             self._remove(generator, intake.aborts)
@@ -212,12 +230,17 @@ class GenerationGateway:
             extent = len(self._waiting[0].prompt_tokens) + self._waiting[0].max_tokens
             if self._rows and not self._ledger.fits(extent):
                 break
-            admitted.append(self._insert(generator, self._waiting.pop(0), extent))
+            row = self._waiting.pop(0)
+            with isolated(row.reply, stage="gateway", fail=lambda error: self._failed.append(Failed(row=row, error=error))):
+                admitted.append(self._insert(generator, row, extent))
         return tuple(admitted)
 
     def _insert(self, generator: BatchGenerator, row: Prepared, extent: int) -> Admitted:
         from stages.sampling import make_row_processors, make_row_sampler
 
+        # What can fail for this row alone comes before the generator holds it.
+        sampler = make_row_sampler(row.params.sampling)
+        processors = make_row_processors(row.params.sampling, row.max_tokens, _matcher(row))
         prompt, session = row.prompt_tokens, row.params.cache_key
         hit = self._cache.fetch(prompt, session=session) if self._cache is not None else None
         cached = hit.tokens if hit is not None else 0
@@ -226,8 +249,8 @@ class GenerationGateway:
             max_tokens=[row.max_tokens],
             caches=[hit.cache] if hit is not None else None,
             all_tokens=[list(prompt[:cached])],
-            samplers=[make_row_sampler(row.params.sampling)],
-            logits_processors=[make_row_processors(row.params.sampling, row.max_tokens, _matcher(row))],
+            samplers=[sampler],
+            logits_processors=[processors],
         )
         replaces = hit.source if hit is not None and hit.continues else None
         self._rows[uid] = _Row(
@@ -290,7 +313,11 @@ class GenerationGateway:
 
     # -- event loop ---------------------------------------------------------
 
-    async def _exchange(self, outputs: StepOutputs | None, free: int, spills: tuple[SpillJob, ...]) -> Intake:
+    async def _exchange(
+        self, outputs: StepOutputs | None, free: int, spills: tuple[SpillJob, ...], failed: tuple[Failed, ...]
+    ) -> Intake:
+        for failure in failed:
+            failure.row.reply.fail(failure.error)
         if outputs is not None and (outputs.admitted or outputs.deltas):
             await self._out.send(outputs)
         self._offer_spills(spills)

@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall, append_text
+from pipeline.jsontext import loads
 from pipeline.requests import Tool
 from stages.chat import template_tool
 from stages.models.loading import Tokenizer
@@ -164,7 +165,8 @@ def _parse(markers: Markers, text: str) -> tuple[str, str] | None:
     schema = [template_tool(tool) for tool in markers.tools]
     try:
         parsed = markers.tool_parser(text, schema)
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError):
+        # Whatever the model wrote that the parser cannot read is text, not a call.
         return None
     if isinstance(parsed, list):
         parsed = parsed[0] if len(parsed) == 1 else None
@@ -173,8 +175,8 @@ def _parse(markers: Markers, text: str) -> tuple[str, str] | None:
     arguments = parsed.get("arguments", {})
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+            arguments = loads(arguments)
+        except ValueError:  # not JSON, or nested past what is safe to read
             return None
     if not isinstance(arguments, dict):
         return None

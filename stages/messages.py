@@ -33,6 +33,8 @@ class PrepKind(enum.Enum):
     TOKENIZE = "tokenize"
     # Compiling a structured-output grammar (llguidance).
     CONSTRAIN = "constrain"
+    # Compiling a large one, apart, so it never holds up the small ones.
+    CONSTRAIN_LARGE = "constrain_large"
 
 
 @attrs.frozen(kw_only=True)
@@ -54,16 +56,27 @@ class Parsed:
     timeline: Timeline
 
 
+@attrs.frozen
+class PromptText:
+    """A prompt still to tokenize (a completion's text, a rendered chat)."""
+
+    text: str
+    # Completions add the tokenizer's own BOS; a rendered chat template has its own.
+    add_special_tokens: bool
+
+
 @attrs.frozen(kw_only=True)
 class PrepareJob:
     """CPU work that turns a request into prompt tokens, run off the loop.
 
-    `tokenize` is pure and thread-safe; it may raise `RequestError`.
+    `tokenize` is pure and thread-safe; it may raise `RequestError`. It
+    gives the prompt's tokens, or its text, which the preparation stage
+    tokenizes within bounds (`stages/tokenize.py`).
     """
 
     request_id: str
     kind: PrepKind
-    tokenize: Callable[[], list[int]]
+    tokenize: Callable[[], list[int] | PromptText]
     request: GenerationRequest
     params: GenerationParams
     reply: Reply

@@ -4,7 +4,8 @@ Inbox: `Submission` from the HTTP handler (via admission).
 Outbox: `Parsed` to the chat stage or the text stage, by request type.
 Owns: nothing between requests.
 On cancel: a submission whose reply is closed is dropped unread.
-On error: bad JSON or a decoder's `RequestError` fails that reply (400).
+On error: bad JSON, JSON nested too deep, or a decoder's `RequestError`
+fails that reply (400); anything else fails it with 500 (`pipeline/actor.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.errors import RequestError, invalid
+from pipeline.actor import serve_items
+from pipeline.errors import invalid
+from pipeline.jsontext import MAX_DEPTH, TooDeep, loads
 from pipeline.requests import ChatRequest, JsonValue
 from pipeline.tracing import Mark
 from stages.messages import Parsed, Submission
@@ -34,17 +37,10 @@ class ParseStage:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._chat, self._text:
             task_status.started()
-            async for submission in self._inbox:
-                await self._on_submission(submission)
+            await serve_items(self._inbox, self._on_submission, stage="parse")
 
     async def _on_submission(self, submission: Submission) -> None:
-        if submission.reply.closed:
-            return
-        try:
-            request = submission.decode(load_json(submission.body))
-        except RequestError as error:
-            submission.reply.fail(error)
-            return
+        request = submission.decode(load_json(submission.body))
         timeline = submission.timeline.stamp(Mark.PARSED)
         log.info(
             "request.parse", **submission.reply.log_context, duration=timeline.between(Mark.RECEIVED, Mark.PARSED)
@@ -53,19 +49,20 @@ class ParseStage:
         await (self._chat if isinstance(request, ChatRequest) else self._text).send(parsed)
 
 
-def _refuse_constant(name: str) -> None:
-    # Python's json reads NaN and Infinity, which JSON does not have.
-    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
-
-
 def load_json(body: bytes) -> JsonValue:
     """Decode a request body.
 
     Raises:
-        RequestError: the body is not UTF-8 JSON.
+        RequestError: the body is not UTF-8 JSON, or nests too deep.
     """
     try:
-        value: JsonValue = json.loads(body, parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise invalid(f"The request body is not valid JSON: {error}") from None
-    return value
+        return loads(body)
+    except TooDeep:
+        raise invalid(f"The request body nests deeper than {MAX_DEPTH} levels") from None
+    except UnicodeDecodeError:
+        raise invalid("The request body is not valid UTF-8") from None
+    except json.JSONDecodeError as error:
+        raise invalid(f"The request body is not valid JSON: {error.msg} (line {error.lineno} column {error.colno})") from None
+    except ValueError:
+        # Python's int() refuses numbers of more than 4300 digits.
+        raise invalid("The request body holds a number too long to read") from None

@@ -10,10 +10,15 @@ token counts and the row's timeline — and the per-request
 log lines.
 On cancel: a reply that refuses a put (its reader left) drops its state;
 the reader's close already sent the gateway its `Abort` (S7).
-On error: nothing here fails per request; an exception is an engine bug.
+On error: each row's work is isolated (`pipeline/actor.py`): an exception
+while handling one row's tokens fails that reply with 500 (which aborts
+its row in the gateway) and drops its state; the other rows carry on.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import anyio
 import attrs
@@ -21,6 +26,7 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from pipeline.actor import isolated
 from pipeline.events import CompletionEvent, FinishReason, Logprobs, Summary, TokenLogprob, ToolCall, Usage
 from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
@@ -68,11 +74,21 @@ class CompletionSink:
 
     def _on_step(self, outputs: StepOutputs) -> None:
         for admitted in outputs.admitted:
-            self._on_admitted(admitted)
+            with self._row_isolated(admitted.prepared):
+                self._on_admitted(admitted)
         for delta in outputs.deltas:
             row = self._rows.get(delta.request_id)
             if row is not None:
-                self._on_delta(row, delta, outputs.stepped_at)
+                with self._row_isolated(row.admitted.prepared):
+                    self._on_delta(row, delta, outputs.stepped_at)
+
+    @contextlib.contextmanager
+    def _row_isolated(self, prepared: Prepared) -> Iterator[None]:
+        with isolated(prepared.reply, stage="sink"):
+            yield
+        # A row whose reply failed (or left) has no reader for its text.
+        if prepared.reply.done:
+            self._rows.pop(prepared.request_id, None)
 
     def _on_admitted(self, admitted: Admitted) -> None:
         prepared = admitted.prepared
@@ -89,8 +105,7 @@ class CompletionSink:
 
     def _on_delta(self, row: RowText, delta: TokenDelta, stepped_at: float) -> None:
         reply = row.admitted.prepared.reply
-        if reply.closed:
-            del self._rows[delta.request_id]
+        if reply.done:
             return
         if row.completion_tokens == 0:
             row.timeline = row.timeline.stamp(Mark.FIRST_TOKEN, stepped_at)

@@ -16,9 +16,10 @@ import attrs
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from pipeline.actor import serve_items
 from pipeline.errors import invalid
 from pipeline.requests import TextRequest
-from stages.messages import Parsed, PrepareJob, PrepKind
+from stages.messages import Parsed, PrepareJob, PrepKind, PromptText
 from stages.models.loading import Tokenizer
 
 
@@ -32,17 +33,16 @@ class TextStage:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._out:
             task_status.started()
-            async for parsed in self._inbox:
-                await self._on_parsed(parsed)
+            await serve_items(self._inbox, self._on_parsed, stage="text")
 
     async def _on_parsed(self, parsed: Parsed) -> None:
         request = parsed.request
-        if parsed.reply.closed or not isinstance(request, TextRequest):
+        if not isinstance(request, TextRequest):
             return
         job = PrepareJob(
             request_id=parsed.request_id,
             kind=PrepKind.TOKENIZE,
-            tokenize=partial(encode_prompt, self._tokenizer, self._vocab_size, request.prompt),
+            tokenize=partial(prompt_of, self._vocab_size, request.prompt),
             request=request,
             params=request.params,
             reply=parsed.reply,
@@ -52,13 +52,23 @@ class TextStage:
 
 
 def encode_prompt(tokenizer: Tokenizer, vocab_size: int, prompt: str | tuple[int, ...]) -> list[int]:
-    """Prompt tokens for a text completion.
+    """Prompt tokens for a text completion, in one piece.
+
+    Raises:
+        RequestError: a token id is outside the model's vocabulary.
+    """
+    checked = prompt_of(vocab_size, prompt)
+    return checked if isinstance(checked, list) else tokenizer.encode(checked.text)
+
+
+def prompt_of(vocab_size: int, prompt: str | tuple[int, ...]) -> list[int] | PromptText:
+    """A text completion's prompt: its checked token ids, or its text to tokenize.
 
     Raises:
         RequestError: a token id is outside the model's vocabulary.
     """
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
+        return PromptText(prompt, add_special_tokens=True)
     for token in prompt:
         if not 0 <= token < vocab_size:
             raise invalid(f"Token id {token} is outside the vocabulary (0..{vocab_size - 1})", param="prompt")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.errors import invalid, unsupported
+from pipeline.errors import invalid, quote, unsupported
 from pipeline.requests import (
     ChatRequest,
     GenerationParams,
@@ -179,7 +179,7 @@ def _text_of_blocks(blocks: list[JsonValue], param: str) -> str:
 def _unsupported_block(kind: JsonValue, where: str) -> Exception:
     if kind in ("image", "document"):
         return invalid(f"{where}: '{kind}' content is not supported: the served model reads text only", param=where)
-    return invalid(f"{where}.type: unsupported content block type {kind!r}", param=f"{where}.type")
+    return invalid(f"{where}.type: unsupported content block type {quote(kind)}", param=f"{where}.type")
 
 
 def _read_sampling(body: Body) -> Sampling:

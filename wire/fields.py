@@ -7,19 +7,28 @@ the client sent it (`messages[2].content`).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 
-from pipeline.errors import invalid
+from pipeline.errors import excerpt, invalid, quote
+from pipeline.jsontext import MAX_DEPTH, TooDeep, loads
 from pipeline.requests import JsonObject, JsonValue, Tool, ToolChoice, ToolChoiceMode
 
 Body = Mapping[str, JsonValue]
 
 
 def as_body(value: JsonValue) -> JsonObject:
+    """The request body: an object, whose `model` (every API has one) is a string when given."""
     if not isinstance(value, dict):
-        raise invalid(f"The request body must be a JSON object, got {type(value).__name__}")
+        raise invalid(f"The request body must be a JSON object, got {_json_type(value)}")
+    read_str(value, "model")
     return value
+
+
+def _json_type(value: JsonValue) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
 
 
 def as_object(value: JsonValue, param: str) -> JsonObject:
@@ -83,9 +92,14 @@ def read_object(body: Body, key: str) -> JsonObject | None:
 
 def _check_range(key: str, value: float, minimum: float | None, maximum: float | None) -> None:
     if minimum is not None and value < minimum:
-        raise invalid(f"'{key}' must be >= {minimum}, got {value}", param=key)
+        raise invalid(f"'{key}' must be >= {minimum}, got {_quoted(value)}", param=key)
     if maximum is not None and value > maximum:
-        raise invalid(f"'{key}' must be <= {maximum}, got {value}", param=key)
+        raise invalid(f"'{key}' must be <= {maximum}, got {_quoted(value)}", param=key)
+
+
+def _quoted(value: float) -> str:
+    # An integer of thousands of digits is the client's to keep.
+    return excerpt(repr(value), 40) if isinstance(value, float) or abs(value) < 10**40 else "an integer of more than 40 digits"
 
 
 def read_function(item: Body, param: str, *, schema_key: str) -> Tool:
@@ -124,5 +138,22 @@ def named_tool(name: JsonValue, tools: tuple[Tool, ...], param: str) -> ToolChoi
     """The choice of one tool by name, which must be among `tools`."""
     chosen = as_str(name, param)
     if chosen not in {tool.name for tool in tools}:
-        raise invalid(f"'{param}' {chosen!r} is not among the tools", param=param)
+        raise invalid(f"'{param}' {quote(chosen)} is not among the tools", param=param)
     return ToolChoice(mode=ToolChoiceMode.NAMED, name=chosen)
+
+
+def read_arguments(value: JsonValue, param: str) -> str:
+    """A past tool call's `arguments`: JSON text (an object is written as text).
+
+    The text is kept as sent, but templates read it as JSON: JSON nested
+    too deep to read safely is refused here, naming the field.
+    """
+    if not isinstance(value, str):
+        return json.dumps(value)
+    try:
+        loads(value)
+    except TooDeep:
+        raise invalid(f"'{param}' nests deeper than {MAX_DEPTH} levels", param=param) from None
+    except ValueError:
+        pass  # not JSON: templates get the text itself
+    return value

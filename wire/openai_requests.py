@@ -9,9 +9,8 @@ dropped; fields that cannot change the output (`user`, `metadata`,
 
 from __future__ import annotations
 
-import json
 
-from pipeline.errors import invalid, unsupported
+from pipeline.errors import invalid, quote, unsupported
 from pipeline.requests import (
     ChatRequest,
     GenerationParams,
@@ -27,6 +26,7 @@ from pipeline.requests import (
 )
 from wire.structured import openai_constraint
 from wire.fields import (
+    read_arguments,
     Body,
     as_body,
     as_list,
@@ -44,6 +44,8 @@ from wire.fields import (
 
 _ROLES = {role.value: role for role in Role}
 _MAX_TOP_LOGPROBS = 20
+# A seed is 64 bits, signed or not: the sampler keys its generator with seed mod 2**64.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 _EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
 
 
@@ -131,7 +133,7 @@ def _read_message(value: JsonValue, param: str) -> Message:
     role_name = as_str(item.get("role"), f"{param}.role")
     role = _ROLES.get(role_name)
     if role is None:
-        raise invalid(f"'{param}.role' must be one of {sorted(_ROLES)}, got {role_name!r}", param=f"{param}.role")
+        raise invalid(f"'{param}.role' must be one of {sorted(_ROLES)}, got {quote(role_name)}", param=f"{param}.role")
     content = _read_content(item.get("content"), f"{param}.content", allow_null=role is Role.ASSISTANT)
     reasoning = read_str(item, "reasoning_content", param=f"{param}.reasoning_content")
     return Message(
@@ -151,12 +153,12 @@ def _read_message_calls(value: JsonValue, param: str) -> tuple[ToolCallRecord, .
     for index, raw in enumerate(as_list(value, param)):
         call = as_object(raw, f"{param}[{index}]")
         function = as_object(call.get("function"), f"{param}[{index}].function")
-        arguments = function.get("arguments", "{}")
+        arguments = read_arguments(function.get("arguments", "{}"), f"{param}[{index}].function.arguments")
         calls.append(
             ToolCallRecord(
                 id=read_str(call, "id", param=f"{param}[{index}].id") or f"call_{index}",
                 name=as_str(function.get("name"), f"{param}[{index}].function.name"),
-                arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+                arguments=arguments,
             )
         )
     return tuple(calls)
@@ -212,7 +214,7 @@ def _read_content(value: JsonValue, param: str, *, allow_null: bool) -> str:
         part_param = f"{param}[{index}]"
         kind = as_object(part, part_param).get("type")
         if kind not in ("text", "input_text"):
-            raise invalid(f"'{part_param}.type' {kind!r} is not supported; only text parts are", param=f"{part_param}.type")
+            raise invalid(f"'{part_param}.type' {quote(kind)} is not supported; only text parts are", param=f"{part_param}.type")
         texts.append(as_str(as_object(part, part_param).get("text"), f"{part_param}.text"))
     return "".join(texts)
 
@@ -270,7 +272,7 @@ def _read_sampling(body: Body) -> Sampling:
         top_p=_default(read_number(body, "top_p", minimum=0, maximum=1), 1.0),
         top_k=0 if top_k is None or top_k < 0 else top_k,
         min_p=_default(read_number(body, "min_p", minimum=0, maximum=1), 0.0),
-        seed=read_int(body, "seed"),
+        seed=read_int(body, "seed", minimum=SEED_MIN, maximum=SEED_MAX),
         presence_penalty=read_number(body, "presence_penalty", minimum=-2, maximum=2),
         frequency_penalty=read_number(body, "frequency_penalty", minimum=-2, maximum=2),
         repetition_penalty=read_number(body, "repetition_penalty", minimum=0.01, maximum=10),
@@ -287,7 +289,7 @@ def _read_logit_bias(body: Body) -> dict[int, float]:
     bias = {}
     for key, value in raw.items():
         if not key.lstrip("-").isdigit() or int(key) < 0:
-            raise invalid(f"'logit_bias' keys must be token ids, got {key!r}", param="logit_bias")
+            raise invalid(f"'logit_bias' keys must be token ids, got {quote(key)}", param="logit_bias")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
             raise invalid(f"'logit_bias[{key}]' must be a number in [-100, 100]", param="logit_bias")
         bias[int(key)] = float(value)

@@ -12,13 +12,12 @@ not served are refused by name.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
 import attrs
 
-from pipeline.errors import invalid, unsupported
+from pipeline.errors import invalid, quote, unsupported
 from pipeline.requests import (
     ChatRequest,
     GenerationParams,
@@ -34,6 +33,7 @@ from pipeline.requests import (
 )
 from wire.structured import responses_constraint
 from wire.fields import (
+    read_arguments,
     Body,
     as_body,
     as_list,
@@ -150,7 +150,7 @@ def _read_input(body: Body) -> tuple[JsonObject, ...]:
 def _read_previous_id(body: Body) -> str | None:
     value = read_str(body, "previous_response_id")
     if value is not None and not _RESPONSE_ID.match(value):
-        raise invalid(f"Invalid 'previous_response_id': {value!r} is not a response id.", param="previous_response_id")
+        raise invalid(f"Invalid 'previous_response_id': {quote(value)} is not a response id.", param="previous_response_id")
     return value
 
 
@@ -169,7 +169,7 @@ def _to_messages(items: Sequence[JsonObject]) -> tuple[Message, ...]:
             messages.append(Message(role=Role.TOOL, content=text, tool_call_id=as_str(item.get("call_id"), f"{param}.call_id")))
         elif kind != "reasoning":
             # Earlier reasoning is not replayed, as chat templates drop it too.
-            raise invalid(f"Invalid '{param}.type': {kind!r} items are not supported.", param=f"{param}.type")
+            raise invalid(f"Invalid '{param}.type': {quote(kind)} items are not supported.", param=f"{param}.type")
     return tuple(messages)
 
 
@@ -177,7 +177,7 @@ def _message(item: JsonObject, param: str) -> Message:
     role_name = as_str(item.get("role"), f"{param}.role")
     role = _ROLES.get(role_name)
     if role is None:
-        raise invalid(f"Invalid '{param}.role': {role_name!r}.", param=f"{param}.role")
+        raise invalid(f"Invalid '{param}.role': {quote(role_name)}.", param=f"{param}.role")
     content = item.get("content")
     text = content if isinstance(content, str) else _text_parts(content, f"{param}.content")
     return Message(role=role, content=text)
@@ -189,7 +189,7 @@ def _text_parts(value: JsonValue, param: str) -> str:
         part = as_object(raw, f"{param}[{index}]")
         if part.get("type") not in _TEXT_PARTS:
             raise invalid(
-                f"Invalid '{param}[{index}].type': {part.get('type')!r} is not supported; the served model reads text only.",
+                f"Invalid '{param}[{index}].type': {quote(part.get('type'))} is not supported; the served model reads text only.",
                 param=f"{param}[{index}].type",
             )
         texts.append(as_str(part.get("text"), f"{param}[{index}].text"))
@@ -197,11 +197,10 @@ def _text_parts(value: JsonValue, param: str) -> str:
 
 
 def _add_call(messages: list[Message], item: JsonObject, param: str) -> None:
-    arguments = item.get("arguments", "{}")
     call = ToolCallRecord(
         id=as_str(item.get("call_id"), f"{param}.call_id"),
         name=as_str(item.get("name"), f"{param}.name"),
-        arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+        arguments=read_arguments(item.get("arguments", "{}"), f"{param}.arguments"),
     )
     last = messages[-1] if messages else None
     # Calls right after an assistant message are that turn's calls.
@@ -272,7 +271,7 @@ def _read_reasoning(body: Body) -> JsonObject:
     if effort is None:
         return {}
     if effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
-        raise invalid(f"Invalid 'reasoning.effort': {effort!r}.", param="reasoning.effort")
+        raise invalid(f"Invalid 'reasoning.effort': {quote(effort)}.", param="reasoning.effort")
     return {"enable_thinking": effort not in ("none", "minimal")}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.errors import invalid
+from pipeline.errors import invalid, quote
 from pipeline.requests import Constraint, ConstraintKind, JsonValue
 from wire.fields import Body, as_list, as_object, as_str
 
@@ -55,7 +55,7 @@ def responses_constraint(body: Body) -> Constraint | None:
         return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=_ANY_OBJECT, param="text.format")
     if kind == "json_schema":
         return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=_schema(format_, "text.format.schema"), param="text.format.schema")
-    raise invalid(f"Invalid 'text.format.type': {kind!r}", param="text.format.type")
+    raise invalid(f"Invalid 'text.format.type': {quote(kind)}", param="text.format.type")
 
 
 def anthropic_constraint(body: Body) -> Constraint | None:
@@ -86,7 +86,7 @@ def _response_format(body: Body) -> Constraint | None:
         spec = as_object(format_.get("json_schema"), "response_format.json_schema")
         param = "response_format.json_schema.schema"
         return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=_schema(spec, param), param=param)
-    raise invalid(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}", param="response_format.type")
+    raise invalid(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {quote(kind)}", param="response_format.type")
 
 
 def _guided(body: Body) -> list[Constraint | None]:

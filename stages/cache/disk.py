@@ -165,8 +165,9 @@ class DiskTier:
                 os.fsync(file.fileno())
             os.replace(temp, path)
         except OSError as error:
-            temp.unlink(missing_ok=True)
-            self._counts["spill_errors"] += 1
+            # The folder itself may be gone or no longer a folder: cleaning up can fail too.
+            _unlink([temp])
+            self.note_error()
             log.warning("prompt_cache.spill_failed", error=type(error).__name__, path=str(path))
             return
         with self._lock:
@@ -206,6 +207,9 @@ class DiskTier:
     def note_dropped(self) -> None:
         self._counts["spills_dropped"] += 1
 
+    def note_error(self) -> None:
+        self._counts["spill_errors"] += 1
+
     def statistics(self) -> DiskStatistics:
         seconds, at = self._last_restore or (None, None)
         return DiskStatistics(
@@ -239,7 +243,7 @@ class DiskTier:
     def _discard(self, path: Path) -> None:
         self._counts["corrupt"] += 1
         log.warning("prompt_cache.corrupt_file", path=str(path))
-        path.unlink(missing_ok=True)
+        _unlink([path])
 
     def _indexed_tokens(self, path: Path) -> Key | None:
         """The tokens a file holds, from its header and token tensor alone."""
@@ -321,5 +325,7 @@ def _tensor(name: str, spec: dict[str, Any], body: memoryview) -> Tensor:
 
 
 def _unlink(paths: Iterable[Path]) -> None:
+    # Best effort: a file that cannot be removed is only space, and the next scan retries.
     for path in paths:
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)

@@ -12,7 +12,7 @@ from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.requests import ChatRequest, GenerationParams, JsonValue, Message, Role, Sampling, TextRequest
 from pipeline.tracing import Timeline
-from stages.chat import ChatStage, render_chat
+from stages.chat import ChatStage, render_chat, render_chat_text
 from stages.messages import Parsed, PrepareJob, PrepKind, Reply
 from stages.models.loading import Tokenizer
 from wire.openai_requests import decode_chat
@@ -155,4 +155,4 @@ async def test_chat_stage_turns_parsed_requests_into_tokenize_jobs(tokenizer: To
     assert (job.kind, job.request, job.params, job.reply, job.timeline) == (
         PrepKind.TOKENIZE, live.request, PARAMS, live.reply, live.timeline
     )
-    assert job.tokenize() == render_chat(tokenizer, request(m(Role.USER, "hi")))
+    assert job.tokenize() == render_chat_text(tokenizer, request(m(Role.USER, "hi")))

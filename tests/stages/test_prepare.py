@@ -23,6 +23,7 @@ from stages.messages import Prepared, PrepareJob, PrepKind, Reply
 from stages.models.loading import Tokenizer
 from stages.prepare import PrepareStage, Reservation
 from stages.text import encode_prompt
+from stages.tokenize import BoundedEncoder
 
 VOCAB = 1024
 WINDOW = 16
@@ -72,6 +73,7 @@ def stage_for(
         context_window=window,
         vocab_size=VOCAB,
         compiler=ConstraintCompiler(tokenizer=tokenizer, vocab_size=VOCAB),
+        encoder=BoundedEncoder.of(tokenizer),
         max_safe_context=max_safe_context,
     )
 

@@ -11,6 +11,7 @@ from pipeline.requests import ChatRequest, GenerationParams, Message, Role, Samp
 from pipeline.tracing import Timeline
 from stages.messages import Parsed, PrepareJob, PrepKind, Reply
 from stages.models.loading import ModelInfo, Tokenizer
+from stages.messages import PromptText
 from stages.text import TextStage, encode_prompt
 
 PARAMS = GenerationParams(max_tokens=4, sampling=Sampling())
@@ -76,7 +77,7 @@ async def test_text_stage_turns_parsed_requests_into_tokenize_jobs(tokenizer: To
                     await inbox.send.send(item)
         jobs = [job async for job in out.receive]
     assert [(job.request_id, job.kind) for job in jobs] == [("live", PrepKind.TOKENIZE), ("bad", PrepKind.TOKENIZE)]
-    assert jobs[0].tokenize() == tokenizer.encode("Once")
+    assert jobs[0].tokenize() == PromptText("Once", add_special_tokens=True)
     assert (jobs[0].reply, jobs[0].params) == (live.reply, PARAMS)
     with pytest.raises(RequestError):
         jobs[1].tokenize()

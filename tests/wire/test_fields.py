@@ -47,8 +47,8 @@ def test_valid_values_read_back(read: Read, expected: object) -> None:
 @pytest.mark.parametrize(
     ("read", "param", "gist"),
     [
-        pytest.param(lambda: fields.as_body([1]), None, "must be a JSON object, got list", id="as_body-array"),
-        pytest.param(lambda: fields.as_body("x"), None, "must be a JSON object, got str", id="as_body-string"),
+        pytest.param(lambda: fields.as_body([1]), None, "must be a JSON object, got an array", id="as_body-array"),
+        pytest.param(lambda: fields.as_body("x"), None, "must be a JSON object, got a string", id="as_body-string"),
         pytest.param(lambda: fields.as_object([], "a.b"), "a.b", "'a.b' must be a JSON object", id="as_object"),
         pytest.param(lambda: fields.as_list({}, "xs"), "xs", "'xs' must be an array", id="as_list"),
         pytest.param(lambda: fields.as_str(3, "s"), "s", "'s' must be a string", id="as_str-int"),
