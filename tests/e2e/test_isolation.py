@@ -120,9 +120,9 @@ def test_the_disk_tier_folder_replaced_by_a_file_fails_spills_quietly(server_fac
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/messages/count_tokens"])
 def test_a_prompt_too_long_by_its_bytes_is_refused_before_tokenizing(server: Server, path: str) -> None:
-    """Repro 5: a 15 MB prompt is a fast context_length_exceeded, not minutes of tokenizing."""
-    # Just under Quart's default body limit (16 MiB).
-    text = "word " * (15 * 10**6 // 5)
+    """Repro 5: a 7 MB prompt is a fast context_length_exceeded, not minutes of tokenizing."""
+    # Just under the default body cap (MLX_RELAY_MAX_BODY_BYTES, 8 MiB).
+    text = "word " * (7 * 10**6 // 5)
     body: dict[str, object] = {"model": "m", "max_tokens": 2}
     body.update({"prompt": text} if path == "/v1/completions" else {"messages": [{"role": "user", "content": text}]})
     response = post(server, path, body)

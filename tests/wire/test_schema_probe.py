@@ -27,6 +27,8 @@ def test_fields_types_and_required_come_from_the_decoder() -> None:
     assert schema == {
         "type": "object",
         "properties": {
+            # Every body's `model` is read by `as_body` itself.
+            "model": {"type": ["string", "null"]},
             "name": {"type": "string"},
             "count": {"type": ["integer", "null"]},
             "legacy": {"type": "null"},
