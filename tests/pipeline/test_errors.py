@@ -12,7 +12,11 @@ from pipeline.errors import ErrorKind, RequestError, engine_dead, invalid, overl
     [
         pytest.param(ErrorKind.INVALID_REQUEST, 400, id="invalid"),
         pytest.param(ErrorKind.NOT_FOUND, 404, id="not-found"),
+        pytest.param(ErrorKind.UNAUTHENTICATED, 401, id="unauthenticated"),
         pytest.param(ErrorKind.METHOD_NOT_ALLOWED, 405, id="method-not-allowed"),
+        pytest.param(ErrorKind.BODY_TIMEOUT, 408, id="body-timeout"),
+        pytest.param(ErrorKind.TOO_LARGE, 413, id="too-large"),
+        pytest.param(ErrorKind.UNSUPPORTED_MEDIA_TYPE, 415, id="unsupported-media-type"),
         pytest.param(ErrorKind.OVERLOADED, 429, id="overloaded"),
         pytest.param(ErrorKind.UNAVAILABLE, 503, id="unavailable"),
         pytest.param(ErrorKind.INTERNAL, 500, id="internal"),
@@ -25,7 +29,7 @@ def test_status_of_each_kind(kind: ErrorKind, status: int) -> None:
 
 def test_every_kind_has_a_status() -> None:
     """No error kind can reach app.py without a status."""
-    assert {RequestError(kind=kind, message="m").status for kind in ErrorKind} <= {400, 404, 405, 429, 500, 503}
+    assert {RequestError(kind=kind, message="m").status for kind in ErrorKind} <= {400, 401, 404, 405, 408, 413, 415, 429, 500, 503}
 
 
 @pytest.mark.parametrize(
