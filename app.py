@@ -26,7 +26,7 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
 from edge.redact import without_paths  # noqa: E402
-from edge.startup import open_response_store  # noqa: E402
+from edge.startup import StartupError, open_response_store  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
@@ -69,7 +69,12 @@ async def lifespan() -> AsyncGenerator[None, None]:
     configure_logging(settings.log_level)
     log.info("server.starting", blas=BLAS, max_batch=settings.max_batch, max_pending=settings.max_pending)
     guard.configure(app, settings)
-    store = await anyio.to_thread.run_sync(open_response_store, settings)
+    try:
+        store = await anyio.to_thread.run_sync(open_response_store, settings)
+    except StartupError as error:
+        # Under `hypercorn app:app` the lifespan failure ends in hypercorn's own traceback; this line comes first.
+        log.error("server.cannot_start", reason=str(error))
+        raise
     app.extensions["response_store"] = store
     try:
         async with anyio.create_task_group() as outer:

@@ -13,6 +13,7 @@ from pipeline.errors import ErrorKind, RequestError, engine_dead, invalid, overl
         pytest.param(ErrorKind.INVALID_REQUEST, 400, id="invalid"),
         pytest.param(ErrorKind.UNAUTHENTICATED, 401, id="unauthenticated"),
         pytest.param(ErrorKind.NOT_FOUND, 404, id="not-found"),
+        pytest.param(ErrorKind.UNAUTHENTICATED, 401, id="unauthenticated"),
         pytest.param(ErrorKind.METHOD_NOT_ALLOWED, 405, id="method-not-allowed"),
         pytest.param(ErrorKind.BODY_TIMEOUT, 408, id="body-timeout"),
         pytest.param(ErrorKind.TOO_LARGE, 413, id="too-large"),
