@@ -157,3 +157,13 @@ def test_a_layout_the_format_cannot_take_is_not_spilled(tmp_path: Path) -> None:
     outbox: list[SpillJob] = []
     DiskLink(disk, outbox, restore_layer).spill(Entry(tokens=TOKENS, cache=cache, prompt_len=1))
     assert outbox == []
+
+
+def test_a_folder_replaced_by_a_file_fails_the_spill_quietly(tmp_path: Path) -> None:
+    """Issue 10 repro 4: cleaning up after a failed write raised too; now the write is counted as an error."""
+    disk = tier(tmp_path / "kv")
+    (tmp_path / "kv").rmdir()
+    (tmp_path / "kv").write_text("not a folder")
+    spill(disk, TOKENS)
+    stats = disk.statistics()
+    assert (stats.spill_errors, stats.spills, stats.entries) == (1, 0, 0)
