@@ -71,6 +71,9 @@ class GatewayStatistics:
     kv_budget_bytes: int
     # What the batch's caches hold after the last step (they grow in 256-token blocks).
     kv_bytes_in_use: int
+    # MLX's allocator after the last step: arrays alive, and freed buffers it keeps for reuse.
+    mlx_active_bytes: int
+    mlx_cache_bytes: int
 
 
 @attrs.frozen(kw_only=True)
@@ -110,6 +113,7 @@ class GenerationGateway:
     _steps: int = attrs.field(default=0, init=False)
     _generated: int = attrs.field(default=0, init=False)
     _kv_in_use: int = attrs.field(default=0, init=False)
+    _mlx_memory: tuple[int, int] = attrs.field(default=(0, 0), init=False)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # `task_status.started` must be called from this task, not the thread.
@@ -130,6 +134,8 @@ class GenerationGateway:
             kv_reserved_bytes=self._ledger.reserved_bytes,
             kv_budget_bytes=self._ledger.budget_bytes,
             kv_bytes_in_use=self._kv_in_use,
+            mlx_active_bytes=self._mlx_memory[0],
+            mlx_cache_bytes=self._mlx_memory[1],
         )
 
     def cache_statistics(self) -> PromptCacheStatistics | None:
@@ -276,6 +282,7 @@ class GenerationGateway:
         self._steps += 1
         self._generated += len(deltas)
         self._kv_in_use = generator.prompt_cache_nbytes
+        self._mlx_memory = _allocator()
         return tuple(deltas)
 
     def _keep(self, row: _Row, cache: list[Any] | None, tokens: Sequence[int]) -> None:
@@ -315,6 +322,12 @@ class GenerationGateway:
             except anyio.WouldBlock:
                 if self._disk is not None:
                     self._disk.note_dropped()
+
+
+def _allocator() -> tuple[int, int]:
+    import mlx.core as mx
+
+    return mx.get_active_memory(), mx.get_cache_memory()
 
 
 def restore_layer(keys: Tensor, values: Tensor) -> Any:

@@ -8,8 +8,9 @@ matcher, the markup splitter (reasoning and tool calls, `stages/markup.py`),
 token counts and the row's timeline — and the per-request
 `request.queue` / `request.prefill` / `request.decode` / `request.finish`
 log lines.
-On cancel: a reply that refuses a put (its reader left) drops its state;
-the reader's close already sent the gateway its `Abort` (S7).
+On cancel: a row whose reader left drops its state at the next step, with
+or without a delta of its own; the reader's close already sent the gateway
+its `Abort` (S7).
 On error: nothing here fails per request; an exception is an engine bug.
 """
 
@@ -60,6 +61,11 @@ class CompletionSink:
     def __attrs_post_init__(self) -> None:
         self._eos_ids = frozenset(self._tokenizer.eos_token_ids)
 
+    @property
+    def open_rows(self) -> int:
+        """Rows whose text state is held: those admitted and not yet finished or left."""
+        return len(self._rows)
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._aborts:
             task_status.started()
@@ -73,6 +79,13 @@ class CompletionSink:
             row = self._rows.get(delta.request_id)
             if row is not None:
                 self._on_delta(row, delta, outputs.stepped_at)
+        self._drop_closed()
+
+    def _drop_closed(self) -> None:
+        # A row whose reader left is removed by the gateway before its next
+        # step, so no delta may ever come to drop its state here.
+        for request_id in [key for key, row in self._rows.items() if row.admitted.prepared.reply.closed]:
+            del self._rows[request_id]
 
     def _on_admitted(self, admitted: Admitted) -> None:
         prepared = admitted.prepared
