@@ -36,6 +36,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pipeline.events import FinishReason
 from stages.cache.disk import DiskTier, SpillJob, Tensor
 from stages.cache.link import DiskLink
+from stages.heap import HeapTrimmer
 from stages.memory import KvLedger
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
@@ -114,6 +115,7 @@ class GenerationGateway:
     _generated: int = attrs.field(default=0, init=False)
     _kv_in_use: int = attrs.field(default=0, init=False)
     _mlx_memory: tuple[int, int] = attrs.field(default=(0, 0), init=False)
+    _heap: HeapTrimmer = attrs.field(factory=HeapTrimmer, init=False)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # `task_status.started` must be called from this task, not the thread.
@@ -209,7 +211,16 @@ class GenerationGateway:
             # 3) step every row at once
             deltas = self._step(generator) if self._rows else ()
             self._active = len(self._rows)
+            # 4) give freed buffers back: MLX's cache when the batch empties, the C heap's pages on a clock
+            self._release_memory(idle=not self._rows and bool(deltas))
             outputs = StepOutputs(admitted=admitted, deltas=deltas, stepped_at=time.monotonic())
+
+    def _release_memory(self, *, idle: bool) -> None:
+        import mlx.core as mx
+
+        if idle:
+            mx.clear_cache()
+        self._heap.maybe(force=idle)
 
     def _admit(self, generator: BatchGenerator) -> tuple[Admitted, ...]:
         admitted = []

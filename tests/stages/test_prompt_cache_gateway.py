@@ -21,7 +21,7 @@ from pipeline.channels import Channel, open_channel
 from pipeline.requests import GenerationParams, Sampling, TextRequest
 from pipeline.tracing import Timeline
 from stages.cache.disk import SpillJob
-from stages.gateway import GenerationGateway, send_abort
+from stages.gateway import GatewayStatistics, GenerationGateway, send_abort
 from stages.memory import KvLedger
 from stages.messages import Abort, Prepared, Reply, StepOutputs
 from stages.models.loading import ModelInfo, load_weights, resolve_model
@@ -79,6 +79,7 @@ class Harness:
     cache: PromptCache | None
     budget: int = 1 << 30
     max_batch: int = 4
+    gateway_statistics: GatewayStatistics | None = None
 
     async def run(self, *waves: Sequence[Prepared], abort_after: dict[str, int] | None = None) -> Run:
         """Send each wave at once and wait for all of its rows to finish before the next."""
@@ -102,6 +103,7 @@ class Harness:
                         inbox.send.send_nowait(item)
                     await _until_done(steps, run, {r.request_id for r in wave}, control, abort_after or {})
                 inbox.send.close()
+        self.gateway_statistics = gateway.statistics()
         return run
 
 
@@ -184,3 +186,36 @@ def test_the_ledger_counts_the_padded_batch() -> None:
     ledger.release(2)
     ledger.release(2)
     assert ledger.reserved_bytes == 100
+
+
+async def test_the_cache_counts_exactly_the_memory_it_holds(model_info: ModelInfo) -> None:
+    """Entries from a padded batch, an abort and a hit hold their own arrays only: dropping the
+    cache frees exactly the bytes it reports (a view of the batch's arrays would free more)."""
+    import gc
+
+    import mlx.core as mx
+
+    held = cache()
+    harness = Harness(model_info, held)
+    rows = [row("short", tuple(range(20, 50))), row("long", SYSTEM, max_tokens=30), row("cut", tuple(range(700, 900)), max_tokens=40)]
+    await harness.run(rows, abort_after={"cut": 5})
+    await harness.run([row("again", SYSTEM + (901, 902))])
+    stats = harness.gateway_statistics
+    assert stats is not None and (stats.active, stats.waiting_for_memory, stats.kv_reserved_bytes) == (0, 0, 0)
+    counted = held.statistics()
+    assert counted.entries == 3 and counted.bytes > 0
+    gc.collect()
+    a0 = mx.get_active_memory()
+    del harness
+    gc.collect()
+    before = mx.get_active_memory()
+    print("HARNESS", a0 - before)
+    for key in list(held._plain):
+        n = held._plain[key].nbytes
+        b = mx.get_active_memory()
+        held._drop(key)
+        gc.collect()
+        print("DROP", len(key), n, b - mx.get_active_memory())
+    del held
+    gc.collect()
+    assert before - mx.get_active_memory() == counted.bytes
