@@ -89,7 +89,23 @@ async def _soak(args: argparse.Namespace, url: str, pid: int) -> tuple[list[dict
         rows = await _sample(http, pid, started_at, deadline, args.interval, tally)
         await asyncio.gather(*load)
         rows.append(await _row(http, pid, started_at, tally))
+        tally.after = await _leftovers(http)
     return rows, tally
+
+
+async def _leftovers(http: httpx.AsyncClient) -> dict[str, int]:
+    """Per-request state still held once every client is done: all zero, or something leaks."""
+    await asyncio.sleep(2.0)
+    stats = (await http.get("/stats")).json()
+    gateway = stats["gateway"]
+    return {
+        "admission_in_flight": stats["admission"]["in_flight"],
+        "gateway_active": gateway["active"],
+        "gateway_pending": gateway["pending"],
+        "gateway_waiting_for_memory": gateway["waiting_for_memory"],
+        "kv_reserved_bytes": gateway["kv_reserved_bytes"],
+        "sink_rows": stats.get("sink_rows", -1),
+    }
 
 
 async def _sample(
@@ -195,6 +211,7 @@ def _publish(args: argparse.Namespace, rows: list[dict[str, float]], tally: Tall
         "requests": dict(tally.done),
         "failed": dict(tally.failed),
         "last_error": tally.last_error,
+        "after_load": tally.after,
     }
     (args.out / "soak.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(rows, summary, args.out / "soak.png")

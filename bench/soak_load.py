@@ -50,6 +50,8 @@ class Tally:
     done: Counter[str] = attrs.field(factory=Counter)
     failed: Counter[str] = attrs.field(factory=Counter)
     last_error: str = ""
+    # Per-request state the server still holds after the load (bench/soak.py).
+    after: dict[str, int] = attrs.field(factory=dict)
 
     @property
     def total(self) -> int:

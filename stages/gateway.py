@@ -204,7 +204,7 @@ class GenerationGateway:
             intake = anyio.from_thread.run(self._exchange, outputs, free, spills)
             if intake.closed:
                 return
-            self._remove(generator, intake.aborts)
+            removed = self._remove(generator, intake.aborts)
             self._waiting.extend(intake.admitted)
             # 2) admit the waiting rows whose KV fits
             admitted = self._admit(generator)
@@ -213,7 +213,7 @@ class GenerationGateway:
             self._active = len(self._rows)
             # 4) give freed buffers back: MLX's cache when the batch empties, the C heap's pages on a clock
             self._release_memory(idle=not self._rows and bool(deltas))
-            outputs = StepOutputs(admitted=admitted, deltas=deltas, stepped_at=time.monotonic())
+            outputs = StepOutputs(admitted=admitted, deltas=deltas, stepped_at=time.monotonic(), removed=removed)
 
     def _release_memory(self, *, idle: bool) -> None:
         import mlx.core as mx
@@ -259,12 +259,14 @@ class GenerationGateway:
         self._ledger.reserve(uid, extent)
         return Admitted(prepared=row, admitted_at=time.monotonic(), cached_tokens=cached)
 
-    def _remove(self, generator: BatchGenerator, aborts: tuple[Abort, ...]) -> None:
+    def _remove(self, generator: BatchGenerator, aborts: tuple[Abort, ...]) -> tuple[str, ...]:
+        """Drop aborted rows, keeping their KV; the ids of the rows that were in the batch."""
         gone = {abort.request_id for abort in aborts}
         self._waiting = [row for row in self._waiting if row.request_id not in gone]
-        uids = [self._uids.pop(request_id) for request_id in gone if request_id in self._uids]
+        removed = tuple(request_id for request_id in gone if request_id in self._uids)
+        uids = [self._uids.pop(request_id) for request_id in removed]
         if not uids:
-            return
+            return ()
         # An aborted row's KV is still a valid prefix: a stop string, or a client that retries.
         caches = generator.remove(uids, return_prompt_caches=self._cache is not None)
         for uid in uids:
@@ -274,6 +276,7 @@ class GenerationGateway:
             if len(tokens) > row.cached:
                 self._keep(row, cache, tokens)
         log.info("gateway.abort", rows=len(uids))
+        return removed
 
     def _step(self, generator: BatchGenerator) -> tuple[TokenDelta, ...]:
         from stages.sampling import token_scores
@@ -309,7 +312,7 @@ class GenerationGateway:
     # -- event loop ---------------------------------------------------------
 
     async def _exchange(self, outputs: StepOutputs | None, free: int, spills: tuple[SpillJob, ...]) -> Intake:
-        if outputs is not None and (outputs.admitted or outputs.deltas):
+        if outputs is not None and (outputs.admitted or outputs.deltas or outputs.removed):
             await self._out.send(outputs)
         self._offer_spills(spills)
         aborts = _drain(self._control, limit=None)

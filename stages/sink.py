@@ -8,9 +8,9 @@ matcher, the markup splitter (reasoning and tool calls, `stages/markup.py`),
 token counts and the row's timeline — and the per-request
 `request.queue` / `request.prefill` / `request.decode` / `request.finish`
 log lines.
-On cancel: a row whose reader left drops its state at the next step, with
-or without a delta of its own; the reader's close already sent the gateway
-its `Abort` (S7).
+On cancel: a row whose reader left drops its state at its next delta, or
+when the gateway reports it removed (`StepOutputs.removed`), whichever
+comes first; the reader's close already sent the gateway its `Abort` (S7).
 On error: nothing here fails per request; an exception is an engine bug.
 """
 
@@ -79,13 +79,9 @@ class CompletionSink:
             row = self._rows.get(delta.request_id)
             if row is not None:
                 self._on_delta(row, delta, outputs.stepped_at)
-        self._drop_closed()
-
-    def _drop_closed(self) -> None:
-        # A row whose reader left is removed by the gateway before its next
-        # step, so no delta may ever come to drop its state here.
-        for request_id in [key for key, row in self._rows.items() if row.admitted.prepared.reply.closed]:
-            del self._rows[request_id]
+        # No delta follows a removed row's last one: its state goes now.
+        for request_id in outputs.removed:
+            self._rows.pop(request_id, None)
 
     def _on_admitted(self, admitted: Admitted) -> None:
         prepared = admitted.prepared

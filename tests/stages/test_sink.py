@@ -303,7 +303,7 @@ async def test_one_canonical_finish_line_per_request(tokenizer: Tokenizer) -> No
 
 @pytest.mark.parametrize("finish_first", [False, True])
 async def test_no_row_state_outlives_its_request(tokenizer: Tokenizer, finish_first: bool) -> None:
-    """A reader that leaves between steps gets no further delta (the gateway removed its row): its state goes anyway."""
+    """A reader that leaves between steps gets no further delta (the gateway removed its row): its state goes with the removal."""
     left, done = row("left"), row("done")
     tokens = tokenizer.encode(TEXT)
     steps: Channel[StepOutputs] = open_channel(8, name="steps")
@@ -320,6 +320,7 @@ async def test_no_row_state_outlives_its_request(tokenizer: Tokenizer, finish_fi
                 left.reply.close()
                 finish = FinishReason.LENGTH if finish_first else None
                 last = (TokenDelta(request_id="done", new_token_ids=tokens[:1], finish=finish),)
-                await steps.send.send(StepOutputs(admitted=(), deltas=last, stepped_at=3.0))
+                # As the gateway reports it: "left" was removed before this step, with no delta of its own.
+                await steps.send.send(StepOutputs(admitted=(), deltas=last, stepped_at=3.0, removed=("left",)))
                 await anyio.wait_all_tasks_blocked()
                 assert sink.open_rows == (0 if finish_first else 1)
