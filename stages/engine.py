@@ -64,6 +64,8 @@ class EngineStatistics:
     admission: AdmissionReport
     gateway: GatewayStatistics
     prompt_cache: PromptCacheStatistics | None
+    # Rows whose text state the sink holds; 0 whenever no request is in flight.
+    sink_rows: int
     submitted: int
     running: bool
     dead: bool
@@ -79,6 +81,7 @@ class Engine:
     _parse_inbox: Channel[Submission] = attrs.field(init=False)
     _supervisor: Supervisor = attrs.field(init=False)
     _gateway: GenerationGateway = attrs.field(init=False)
+    _sink: CompletionSink = attrs.field(init=False)
     fit: Fit = attrs.field(init=False)
     # Chat templates render under one reservation, for generation and for counting alike.
     _tokenizing: Reservation = attrs.field(init=False)
@@ -182,6 +185,7 @@ class Engine:
             admission=admission,
             gateway=self._gateway.statistics(),
             prompt_cache=self._gateway.cache_statistics(),
+            sink_rows=self._sink.open_rows,
             submitted=self._submitted,
             running=self._supervisor.running,
             dead=self._supervisor.dead,
@@ -208,10 +212,11 @@ class Engine:
         control: Channel[Abort] = open_channel(settings.max_batch, name="control")
         steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
         self._gateway = self._make_gateway(prepared.receive, control, steps.send, disk)
+        self._sink = CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer)
         # Started in this order: the model loads first, then downstream to upstream (S6).
         return [
             self._gateway,
-            CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer),
+            self._sink,
             self._make_prepare(jobs.receive, prepared.send),
             ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer),
             TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size),

@@ -41,6 +41,7 @@ from pipeline.errors import RequestError
 from pipeline.events import FinishReason
 from stages.cache.disk import DiskTier, SpillJob, Tensor
 from stages.cache.link import DiskLink
+from stages.heap import HeapTrimmer
 from stages.memory import KvLedger
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
@@ -84,6 +85,9 @@ class GatewayStatistics:
     kv_budget_bytes: int
     # What the batch's caches hold after the last step (they grow in 256-token blocks).
     kv_bytes_in_use: int
+    # MLX's allocator after the last step: arrays alive, and freed buffers it keeps for reuse.
+    mlx_active_bytes: int
+    mlx_cache_bytes: int
 
 
 @attrs.frozen(kw_only=True)
@@ -124,6 +128,8 @@ class GenerationGateway:
     _steps: int = attrs.field(default=0, init=False)
     _generated: int = attrs.field(default=0, init=False)
     _kv_in_use: int = attrs.field(default=0, init=False)
+    _mlx_memory: tuple[int, int] = attrs.field(default=(0, 0), init=False)
+    _heap: HeapTrimmer = attrs.field(factory=HeapTrimmer, init=False)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # `task_status.started` must be called from this task, not the thread.
@@ -144,6 +150,8 @@ class GenerationGateway:
             kv_reserved_bytes=self._ledger.reserved_bytes,
             kv_budget_bytes=self._ledger.budget_bytes,
             kv_bytes_in_use=self._kv_in_use,
+            mlx_active_bytes=self._mlx_memory[0],
+            mlx_cache_bytes=self._mlx_memory[1],
         )
 
     def cache_statistics(self) -> PromptCacheStatistics | None:
@@ -214,14 +222,23 @@ class GenerationGateway:
             intake = anyio.from_thread.run(self._exchange, outputs, free, spills, failed)
             if intake.closed:
                 return
-            self._remove(generator, intake.aborts)
+            removed = self._remove(generator, intake.aborts)
             self._waiting.extend(intake.admitted)
             # 2) admit the waiting rows whose KV fits
             admitted = self._admit(generator)
             # 3) step every row at once
             deltas = self._step(generator) if self._rows else ()
             self._active = len(self._rows)
-            outputs = StepOutputs(admitted=admitted, deltas=deltas, stepped_at=time.monotonic())
+            # 4) give freed buffers back: MLX's cache when the batch empties, the C heap's pages on a clock
+            self._release_memory(idle=not self._rows and bool(deltas))
+            outputs = StepOutputs(admitted=admitted, deltas=deltas, stepped_at=time.monotonic(), removed=removed)
+
+    def _release_memory(self, *, idle: bool) -> None:
+        import mlx.core as mx
+
+        if idle:
+            mx.clear_cache()
+        self._heap.maybe(force=idle)
 
     def _admit(self, generator: BatchGenerator) -> tuple[Admitted, ...]:
         admitted = []
@@ -265,12 +282,14 @@ class GenerationGateway:
         self._ledger.reserve(uid, extent)
         return Admitted(prepared=row, admitted_at=time.monotonic(), cached_tokens=cached)
 
-    def _remove(self, generator: BatchGenerator, aborts: tuple[Abort, ...]) -> None:
+    def _remove(self, generator: BatchGenerator, aborts: tuple[Abort, ...]) -> tuple[str, ...]:
+        """Drop aborted rows, keeping their KV; the ids of the rows that were in the batch."""
         gone = {abort.request_id for abort in aborts}
         self._waiting = [row for row in self._waiting if row.request_id not in gone]
-        uids = [self._uids.pop(request_id) for request_id in gone if request_id in self._uids]
+        removed = tuple(request_id for request_id in gone if request_id in self._uids)
+        uids = [self._uids.pop(request_id) for request_id in removed]
         if not uids:
-            return
+            return ()
         # An aborted row's KV is still a valid prefix: a stop string, or a client that retries.
         caches = generator.remove(uids, return_prompt_caches=self._cache is not None)
         for uid in uids:
@@ -280,6 +299,7 @@ class GenerationGateway:
             if len(tokens) > row.cached:
                 self._keep(row, cache, tokens)
         log.info("gateway.abort", rows=len(uids))
+        return removed
 
     def _step(self, generator: BatchGenerator) -> tuple[TokenDelta, ...]:
         from stages.sampling import token_scores
@@ -299,6 +319,7 @@ class GenerationGateway:
         self._steps += 1
         self._generated += len(deltas)
         self._kv_in_use = generator.prompt_cache_nbytes
+        self._mlx_memory = _allocator()
         return tuple(deltas)
 
     def _keep(self, row: _Row, cache: list[Any] | None, tokens: Sequence[int]) -> None:
@@ -318,7 +339,7 @@ class GenerationGateway:
     ) -> Intake:
         for failure in failed:
             failure.row.reply.fail(failure.error)
-        if outputs is not None and (outputs.admitted or outputs.deltas):
+        if outputs is not None and (outputs.admitted or outputs.deltas or outputs.removed):
             await self._out.send(outputs)
         self._offer_spills(spills)
         aborts = _drain(self._control, limit=None)
@@ -342,6 +363,12 @@ class GenerationGateway:
             except anyio.WouldBlock:
                 if self._disk is not None:
                     self._disk.note_dropped()
+
+
+def _allocator() -> tuple[int, int]:
+    import mlx.core as mx
+
+    return mx.get_active_memory(), mx.get_cache_memory()
 
 
 def restore_layer(keys: Tensor, values: Tensor) -> Any:

@@ -133,3 +133,5 @@ class StepOutputs:
     admitted: tuple[Admitted, ...]
     deltas: tuple[TokenDelta, ...]
     stepped_at: float
+    # Rows the gateway dropped before this step (their reader left): no delta will follow.
+    removed: tuple[str, ...] = ()

@@ -8,8 +8,9 @@ matcher, the markup splitter (reasoning and tool calls, `stages/markup.py`),
 token counts and the row's timeline — and the per-request
 `request.queue` / `request.prefill` / `request.decode` / `request.finish`
 log lines.
-On cancel: a reply that refuses a put (its reader left) drops its state;
-the reader's close already sent the gateway its `Abort` (S7).
+On cancel: a row whose reader left drops its state at its next delta, or
+when the gateway reports it removed (`StepOutputs.removed`), whichever
+comes first; the reader's close already sent the gateway its `Abort` (S7).
 On error: each row's work is isolated (`pipeline/actor.py`): an exception
 while handling one row's tokens fails that reply with 500 (which aborts
 its row in the gateway) and drops its state; the other rows carry on.
@@ -66,6 +67,11 @@ class CompletionSink:
     def __attrs_post_init__(self) -> None:
         self._eos_ids = frozenset(self._tokenizer.eos_token_ids)
 
+    @property
+    def open_rows(self) -> int:
+        """Rows whose text state is held: those admitted and not yet finished or left."""
+        return len(self._rows)
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._aborts:
             task_status.started()
@@ -81,6 +87,9 @@ class CompletionSink:
             if row is not None:
                 with self._row_isolated(row.admitted.prepared):
                     self._on_delta(row, delta, outputs.stepped_at)
+        # No delta follows a removed row's last one: its state goes now.
+        for request_id in outputs.removed:
+            self._rows.pop(request_id, None)
 
     @contextlib.contextmanager
     def _row_isolated(self, prepared: Prepared) -> Iterator[None]:

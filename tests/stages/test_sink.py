@@ -299,3 +299,28 @@ async def test_one_canonical_finish_line_per_request(tokenizer: Tokenizer) -> No
     assert finish["prefill"] == pytest.approx(3.0 - 1.5)
     assert finish["decode"] == pytest.approx(last_step - 3.0)
     assert finish["total"] == pytest.approx(last_step - 1.0)
+
+
+@pytest.mark.parametrize("finish_first", [False, True])
+async def test_no_row_state_outlives_its_request(tokenizer: Tokenizer, finish_first: bool) -> None:
+    """A reader that leaves between steps gets no further delta (the gateway removed its row): its state goes with the removal."""
+    left, done = row("left"), row("done")
+    tokens = tokenizer.encode(TEXT)
+    steps: Channel[StepOutputs] = open_channel(8, name="steps")
+    control: Channel[Abort] = open_channel(16, name="control")
+    sink = CompletionSink(inbox=steps.receive, aborts=control.send, tokenizer=tokenizer)
+    with control.receive, anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            await group.start(sink.run)
+            async with steps.send:
+                first = (TokenDelta(request_id="left", new_token_ids=tokens[:2]),)
+                await steps.send.send(StepOutputs(admitted=(left.admitted, done.admitted), deltas=first, stepped_at=2.0))
+                await anyio.wait_all_tasks_blocked()
+                assert sink.open_rows == 2
+                left.reply.close()
+                finish = FinishReason.LENGTH if finish_first else None
+                last = (TokenDelta(request_id="done", new_token_ids=tokens[:1], finish=finish),)
+                # As the gateway reports it: "left" was removed before this step, with no delta of its own.
+                await steps.send.send(StepOutputs(admitted=(), deltas=last, stepped_at=3.0, removed=("left",)))
+                await anyio.wait_all_tasks_blocked()
+                assert sink.open_rows == (0 if finish_first else 1)
