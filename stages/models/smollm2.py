@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import sys
 from pathlib import Path
 
 from stages.models.publish import build_once, default_cache_root
@@ -54,3 +55,13 @@ def ensure_smollm2_model(cache_root: Path | None = None) -> Path:
     root = cache_root if cache_root is not None else default_cache_root()
     target = root / f"smollm2-135m-instruct-{version}-{CONVERTER_VERSION}"
     return build_once(target, lambda dest: convert_gguf(source, dest))
+
+
+def main() -> int:
+    """Convert SmolLM2 (if not cached yet) and print its directory."""
+    print(ensure_smollm2_model())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
