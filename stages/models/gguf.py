@@ -57,7 +57,7 @@ def convert_gguf(source: Path, dest: Path) -> None:
         GGUFError: not a llama-architecture GGUF with a GPT-2 BPE vocabulary,
             or it uses a feature (RoPE scaling, unknown tensors) not converted.
     """
-    tensors, metadata = mx.load(str(source), return_metadata=True)
+    tensors, metadata = read_gguf(source)
     config = model_config(metadata)
     weights = mlx_weights(tensors, config)
     # Without an `output` tensor the head is the embedding matrix.
@@ -66,6 +66,14 @@ def convert_gguf(source: Path, dest: Path) -> None:
     write_tokenizer(metadata, dest)
     (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+
+
+def read_gguf(source: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
+    """The tensors and metadata of a GGUF file, as `mx.load` reads them."""
+    loaded = mx.load(str(source), return_metadata=True)
+    if not (isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[0], dict)):
+        raise GGUFError(f"{source} did not load as a GGUF file")
+    return loaded[0], dict(loaded[1])
 
 
 def model_config(metadata: Mapping[str, Any]) -> dict[str, Any]:

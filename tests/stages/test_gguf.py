@@ -16,6 +16,7 @@ from stages.models.gguf import (
     model_config,
     permute_rows,
     quantization_config,
+    read_gguf,
     unpermute_rows,
 )
 from stages.models.smollm2 import gguf_path
@@ -23,7 +24,7 @@ from stages.models.smollm2 import gguf_path
 
 @pytest.fixture(scope="module")
 def metadata() -> dict[str, Any]:
-    return mx.load(str(gguf_path()), return_metadata=True)[1]
+    return read_gguf(gguf_path())[1]
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import mlx.core as mx
 import pytest
 from tokenizers import Tokenizer
 
+from stages.models.gguf import read_gguf
 from stages.models.gguf_vocab import build_tokenizer, tokenizer_config
 from stages.models.loading import load_tokenizer, resolve_model
 from stages.models.smollm2 import gguf_path
@@ -27,7 +28,7 @@ REFERENCE_IDS = {
 
 @pytest.fixture(scope="module")
 def metadata() -> dict[str, Any]:
-    return mx.load(str(gguf_path()), return_metadata=True)[1]
+    return read_gguf(gguf_path())[1]
 
 
 @pytest.fixture(scope="module")
