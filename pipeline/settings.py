@@ -32,11 +32,14 @@ _non_negative = attrs.validators.ge(0.0)
 
 @attrs.frozen(kw_only=True)
 class Settings:
-    """Every knob of the server; the defaults suit the demo model on a laptop."""
+    """Every knob of the server; the defaults suit the built-in models on a laptop."""
 
-    # A local directory or a Hugging Face repo id; None serves the demo model.
+    # A built-in model (smollm2, demo, tiny), a local directory or a Hugging
+    # Face repo id; None serves `demo_model`.
     model: str | None = None
-    demo_model: str = "demo"
+    # The built-in model served when `model` is unset: SmolLM2 answers;
+    # the random-weight `demo` and `tiny` are for shape and speed tests.
+    demo_model: str = "smollm2"
     model_name: str | None = None
     max_batch: int = attrs.field(default=16, validator=_positive)
     max_pending: int = attrs.field(default=64, validator=attrs.validators.ge(0))
@@ -85,7 +88,7 @@ class Settings:
         values: dict[str, object] = {}
         for field in attrs.fields(cls):
             raw = env.get(PREFIX + field.name.upper())
-            # An empty optional variable is an unset one (`MLX_RELAY_MODEL=` serves the demo model).
+            # An empty optional variable is an unset one (`MLX_RELAY_MODEL=` serves the built-in model).
             if raw == "" and field.default is None:
                 continue
             if raw is not None:

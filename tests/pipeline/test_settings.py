@@ -11,7 +11,7 @@ from pipeline.settings import Settings, SettingsError
 def test_defaults_with_an_empty_environment() -> None:
     """No variables set: the defaults, which serve the demo model."""
     assert Settings.from_env({}) == Settings()
-    assert Settings().model is None and Settings().demo_model == "demo"
+    assert Settings().model is None and Settings().demo_model == "smollm2"
 
 
 @pytest.mark.parametrize(

