@@ -313,13 +313,13 @@ async def test_no_row_state_outlives_its_request(tokenizer: Tokenizer, finish_fi
         async with anyio.create_task_group() as group:
             await group.start(sink.run)
             async with steps.send:
-                first = (TokenDelta(request_id="left", new_token_ids=tokens[:2]),)
+                first = (TokenDelta(request_id="left", new_token_ids=tuple(tokens[:2])),)
                 await steps.send.send(StepOutputs(admitted=(left.admitted, done.admitted), deltas=first, stepped_at=2.0))
                 await anyio.wait_all_tasks_blocked()
                 assert sink.open_rows == 2
                 left.reply.close()
                 finish = FinishReason.LENGTH if finish_first else None
-                last = (TokenDelta(request_id="done", new_token_ids=tokens[:1], finish=finish),)
+                last = (TokenDelta(request_id="done", new_token_ids=tuple(tokens[:1]), finish=finish),)
                 # As the gateway reports it: "left" was removed before this step, with no delta of its own.
                 await steps.send.send(StepOutputs(admitted=(), deltas=last, stepped_at=3.0, removed=("left",)))
                 await anyio.wait_all_tasks_blocked()
