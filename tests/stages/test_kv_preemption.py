@@ -28,6 +28,12 @@ SAMPLINGS = {
 }
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    # The gateway's thread is backend-neutral code already tested on both; this is about the model's tokens.
+    return "asyncio"
+
+
 @pytest.fixture(scope="module")
 def model_info(tiny_model: Path) -> ModelInfo:
     return resolve_model(str(tiny_model))
