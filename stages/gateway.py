@@ -41,6 +41,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pipeline.events import FinishReason
 from stages.cache.disk import DiskTier, SpillJob, Tensor
 from stages.cache.link import DiskLink
+from stages.kv.rows import Resume, Row, Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
@@ -83,54 +84,6 @@ class GatewayStatistics:
     kv_bytes_in_use: int
 
 
-@attrs.frozen(kw_only=True)
-class _Resume:
-    """What a preempted row carries back to the queue: its place, its tokens, its sampling state."""
-
-    arrival: int
-    generated: tuple[int, ...]
-    sampler: Any
-    processors: list[Any]
-    replaces: Key | None
-
-
-@attrs.frozen(kw_only=True)
-class _Waiting:
-    prepared: Prepared
-    resume: _Resume | None = None
-
-    @property
-    def tokens(self) -> tuple[int, ...]:
-        return self.prepared.prompt_tokens + (self.resume.generated if self.resume else ())
-
-
-@attrs.define(kw_only=True)
-class _Row:
-    prepared: Prepared
-    cached: int
-    # The entry this row's conversation continues from: its own entry replaces it.
-    replaces: Key | None
-    resume: _Resume
-    generated: list[int] = attrs.Factory(list)
-
-    @property
-    def request_id(self) -> str:
-        return self.prepared.request_id
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prepared.prompt_tokens)
-
-    @property
-    def session(self) -> str | None:
-        return self.prepared.params.cache_key
-
-    @property
-    def logprobs(self) -> int | None:
-        # Alternatives per token to report, when the client asked for logprobs.
-        return self.prepared.params.logprobs
-
-
 @attrs.define
 class GenerationGateway:
     _inbox: MemoryObjectReceiveStream[Prepared] = attrs.field(alias="inbox")
@@ -149,9 +102,9 @@ class GenerationGateway:
     # Rows whose prompts prefill together (the plan's figure); None: max_batch.
     _prefill_rows: int | None = attrs.field(default=None, alias="prefill_rows")
     # Touched only by the model thread.
-    _rows: dict[int, _Row] = attrs.field(factory=dict, init=False)
+    _rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)
-    _waiting: list[_Waiting] = attrs.field(factory=list, init=False)
+    _waiting: list[Waiting] = attrs.field(factory=list, init=False)
     _spill_outbox: list[SpillJob] = attrs.field(factory=list, init=False)
     # Published for statistics().
     _active: int = attrs.field(default=0, init=False)
@@ -247,7 +200,7 @@ class GenerationGateway:
             if intake.closed:
                 return
             self._remove(generator, intake.aborts)
-            self._waiting.extend(_Waiting(prepared=row) for row in intake.admitted)
+            self._waiting.extend(Waiting(prepared=row) for row in intake.admitted)
             # 2) admit the waiting rows whose KV fits; preempt if the next step would not
             admitted = self._admit(generator)
             self._preempt(generator)
@@ -270,13 +223,13 @@ class GenerationGateway:
                 admitted.append(Admitted(prepared=waiting.prepared, admitted_at=time.monotonic(), cached_tokens=cached))
         return tuple(admitted)
 
-    def _insert(self, generator: BatchGenerator, waiting: _Waiting) -> int:
+    def _insert(self, generator: BatchGenerator, waiting: Waiting) -> int:
         from stages.sampling import make_row_processors, make_row_sampler
 
         row, tokens = waiting.prepared, waiting.tokens
         hit = self._cache.fetch(tokens, session=row.params.cache_key) if self._cache is not None else None
         cached = hit.tokens if hit is not None else 0
-        resume = waiting.resume or _Resume(
+        resume = waiting.resume or Resume(
             arrival=self._kv.arrive(),
             generated=(),
             sampler=make_row_sampler(row.params.sampling),
@@ -291,7 +244,7 @@ class GenerationGateway:
             samplers=[resume.sampler],
             logits_processors=[resume.processors],
         )
-        self._rows[uid] = _Row(prepared=row, cached=cached, replaces=resume.replaces, resume=resume, generated=list(resume.generated))
+        self._rows[uid] = Row(prepared=row, cached=cached, replaces=resume.replaces, resume=resume, generated=list(resume.generated))
         self._uids[row.request_id] = uid
         self._kv.admit(uid, len(tokens), resume.arrival)
         if waiting.resume is not None:
@@ -317,7 +270,7 @@ class GenerationGateway:
             rewind_row(row.resume.sampler, row.resume.processors, len(row.generated))
             # Its own entry (a prefix of where it goes on) now stands for the conversation it continued.
             resume = attrs.evolve(row.resume, generated=tuple(row.generated), replaces=None)
-            self._waiting.insert(0, _Waiting(prepared=row.prepared, resume=resume))
+            self._waiting.insert(0, Waiting(prepared=row.prepared, resume=resume))
             self._kv.preemptions += 1
         log.info("gateway.preempt", rows=len(victims), held_bytes=self._kv.held_bytes)
 
@@ -360,7 +313,7 @@ class GenerationGateway:
         self._kv_in_use = generator.prompt_cache_nbytes
         return tuple(deltas)
 
-    def _keep(self, row: _Row, cache: list[Any] | None, tokens: Sequence[int]) -> None:
+    def _keep(self, row: Row, cache: list[Any] | None, tokens: Sequence[int]) -> None:
         import mlx.core as mx
 
         if self._cache is None or not cache:
