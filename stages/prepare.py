@@ -50,7 +50,8 @@ class PrepareStage:
     _context_window: int = attrs.field(alias="context_window")
     _vocab_size: int = attrs.field(alias="vocab_size")
     _compiler: ConstraintCompiler = attrs.field(alias="compiler")
-    # The longest row (prompt + max_tokens) the memory budget admits; None: the window.
+    # The longest row (prompt + max_tokens) whose KV fits the budget alone; None: the window.
+    # Rows are not reserved at this length: the gateway's scheduler accounts what they hold.
     _max_safe_context: int | None = attrs.field(default=None, alias="max_safe_context")
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -113,7 +114,8 @@ class PrepareStage:
             )
         _refuse_past(job, prompt, wanted, f"This model's maximum context length is {window} tokens.", window, "context_length_exceeded")
         safe = min(window, self._max_safe_context or window)
-        # The memory budget's limit: a request past it fails here, before any model work.
+        # A row that could not fit even alone fails here, before any model work; without
+        # max_tokens a row may run up to it (the full window wherever one such row fits).
         budget = f"This server's memory budget admits at most {safe} tokens per request (prompt plus completion)."
         _refuse_past(job, prompt, wanted, budget, safe, "context_over_budget")
         return Prepared(

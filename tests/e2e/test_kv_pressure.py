@@ -28,7 +28,8 @@ from tests.conftest import Server, ServerFactory
 from tests.e2e.conftest import stats
 from tests.e2e.test_concurrency import stream_text
 
-pytestmark = pytest.mark.slow
+# Sixteen streams of hundreds of tokens, twice, on a shared CPU: minutes, not seconds.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROWS = 16
 PROMPT_CACHE = 32 << 20
