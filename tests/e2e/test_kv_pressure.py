@@ -80,15 +80,34 @@ def run_all(server: Server, max_tokens: int | None) -> tuple[list[tuple[str, str
 def test_sixteen_streams_without_max_tokens_run_together_where_they_fit(
     server_factory: ServerFactory, tiny_model: Path
 ) -> None:
-    """Room for sixteen rows at the full window: all sixteen start at once, and run to the window."""
+    """Room for sixteen rows at the full window: all sixteen start at once (then the clients leave)."""
     info = resolve_model(str(tiny_model))
     shape = read_model_shape(info.path, info.context_window)
     ample = server_factory(memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(info.context_window + 256))),
                            prompt_cache_bytes=str(PROMPT_CACHE))  # fmt: skip
-    results, most = run_all(ample, None)
+    leave, started = threading.Event(), threading.Barrier(ROWS)
+
+    def stream(body: dict[str, object]) -> int:
+        started.wait(timeout=30)
+        chunks = 0
+        with httpx.stream("POST", f"{ample.v1}/chat/completions", json={**body, "stream": True}, timeout=120) as response:
+            for _ in response.iter_lines():
+                chunks += 1
+                if leave.is_set():
+                    break
+        return chunks
+
+    with ThreadPoolExecutor(ROWS) as pool:
+        streams = [pool.submit(stream, body) for body in bodies(None)]
+        deadline, most = time.monotonic() + 60, 0
+        while most < ROWS and time.monotonic() < deadline:
+            gateway = stats(ample)["gateway"]
+            most = max(most, int(gateway["active"]))  # type: ignore[index]
+            time.sleep(0.05)
+        leave.set()
+        assert all(stream.result() > 0 for stream in streams)
     assert most == ROWS
-    assert all(finish == "length" and text for text, finish in results)
-    assert stats(ample)["gateway"]["preemptions"] == 0  # type: ignore[index]
+    assert gateway["waiting_for_memory"] == 0 and gateway["preemptions"] == 0  # type: ignore[index]
 
 
 def test_a_budget_too_small_for_sixteen_growing_rows_preempts_and_resumes_them(
