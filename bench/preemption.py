@@ -47,7 +47,8 @@ def budget_for(shape: ModelShape, usable: int, streams: int) -> int:
 
     def room(budget: int) -> int:
         try:
-            return plan(shape, machine, budget=budget, prompt_cache=PROMPT_CACHE, max_batch=streams, prefill_step=512).usable_bytes
+            memory = plan(shape, machine, budget=budget, prompt_cache=PROMPT_CACHE, max_batch=streams, prefill_step=512)
+            return memory.usable_bytes
         except BudgetError:
             return -1
 

@@ -10,13 +10,11 @@ loop once per step (`_exchange`): it hands over the step's outputs and the
 spills, and takes new rows and aborts in the same call; it blocks there
 only while the batch is empty. A row is admitted into the batch only when
 the KV the batch holds, with it, fits the budget; until then it waits here,
-and upstream backs up into admission (429). When the running rows' next
-step would outgrow the budget, the scheduler names the rows to preempt:
-their KV goes to the prompt cache, they go back to the head of the queue
-and resume (from the cache, or by recomputing) with their sampler and
-processors rewound to the last token they returned, so the output is the
-one they would have produced. The spill worker is a task of the gateway
-that writes evicted entries to the disk tier on a thread of its own.
+and upstream backs up into admission (429). Rows the scheduler preempts
+(their next step would outgrow the budget) leave their KV to the prompt
+cache and resume from the head of the queue with their sampler and
+processors rewound, so their output is unchanged. The spill worker, a task
+of the gateway, writes evicted entries to the disk tier on its own thread.
 On cancel: a host cancel interrupts the blocking wait or is noticed at the
 next step; the thread then frees the generator and the model.
 On error: an exception here is an engine failure and propagates (S20); a
@@ -244,7 +242,8 @@ class GenerationGateway:
             samplers=[resume.sampler],
             logits_processors=[resume.processors],
         )
-        self._rows[uid] = Row(prepared=row, cached=cached, replaces=resume.replaces, resume=resume, generated=list(resume.generated))
+        self._rows[uid] = Row(prepared=row, cached=cached, replaces=resume.replaces, resume=resume)
+        self._rows[uid].generated.extend(resume.generated)
         self._uids[row.request_id] = uid
         self._kv.admit(uid, len(tokens), resume.arrival)
         if waiting.resume is not None:
@@ -255,8 +254,7 @@ class GenerationGateway:
     def _preempt(self, generator: BatchGenerator) -> None:
         from stages.sampling import rewind_row
 
-        victims = self._kv.victims()
-        if not victims:
+        if not (victims := self._kv.victims()):
             return
         caches = generator.remove(victims, return_prompt_caches=self._cache is not None)
         # Latest arrival first: each goes in front of the one before, so the earliest leads the queue.

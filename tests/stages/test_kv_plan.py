@@ -13,7 +13,8 @@ from stages.kv.plan import BudgetError, assess, plan, predicted_decode_rate, tra
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import BLOCK, ModelShape, read_model_shape
 
-MACHINE = Machine(ram_bytes=16 * 2**30, chip="Apple M2", cpus=8, bandwidth_bytes_per_s=100e9, bandwidth_source="published", backend="metal")
+MACHINE = Machine(ram_bytes=16 * 2**30, chip="Apple M2", cpus=8, bandwidth_bytes_per_s=100e9,
+                  bandwidth_source="published", backend="metal")  # fmt: skip
 
 
 def model_dir(tmp_path: Path, **config: object) -> Path:
