@@ -103,7 +103,7 @@ async def _leftovers(http: httpx.AsyncClient) -> dict[str, int]:
         "gateway_active": gateway["active"],
         "gateway_pending": gateway["pending"],
         "gateway_waiting_for_memory": gateway["waiting_for_memory"],
-        "kv_reserved_bytes": gateway["kv_reserved_bytes"],
+        "kv_held_bytes": gateway["kv_held_bytes"],
         "sink_rows": stats.get("sink_rows", -1),
     }
 

@@ -2,11 +2,13 @@
 
 `hypercorn app:app` takes no application arguments, so the environment is
 the configuration. A bad value fails start-up with a message that names
-the variable.
+the variable, and so does a `MLX_RELAY_*` variable that names no setting
+(a misspelt one would otherwise be silently ignored).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -14,6 +16,8 @@ from typing import TypeVar
 import attrs
 
 PREFIX = "MLX_RELAY_"
+# Variables of this prefix that other modules read, outside the settings.
+OTHER_VARIABLES = frozenset({"MLX_RELAY_DEMO_CACHE"})
 T = TypeVar("T")
 
 
@@ -85,6 +89,7 @@ class Settings:
             SettingsError: a variable has a value of the wrong type or range.
         """
         env = os.environ if environ is None else environ
+        _refuse_unknown(env, {PREFIX + field.name.upper() for field in attrs.fields(cls)} | OTHER_VARIABLES)
         values: dict[str, object] = {}
         for field in attrs.fields(cls):
             raw = env.get(PREFIX + field.name.upper())
@@ -99,9 +104,31 @@ class Settings:
             raise SettingsError(f"invalid {PREFIX}* setting: {error}") from None
 
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _refuse_unknown(env: Mapping[str, str], known: set[str]) -> None:
+    unknown = sorted(name for name in env if name.startswith(PREFIX) and name not in known)
+    if not unknown:
+        return
+    name = unknown[0]
+    # Compared without the prefix, which every name shares.
+    close = difflib.get_close_matches(name.removeprefix(PREFIX), sorted(k.removeprefix(PREFIX) for k in known), n=1)
+    hint = f" (did you mean {PREFIX}{close[0]}?)" if close else f" (known: {', '.join(sorted(known))})"
+    raise SettingsError(f"{name} is not a setting of this server{hint}")
+
+
+def _boolean(raw: str) -> bool:
+    word = raw.strip().lower()
+    if word not in _TRUE | _FALSE:
+        raise ValueError(raw)
+    return word in _TRUE
+
+
 def _parser(default: object) -> Callable[[str], object]:
     if isinstance(default, bool):
-        return lambda raw: raw.strip().lower() in {"1", "true", "yes", "on"}
+        return _boolean
     if isinstance(default, int):
         return int
     if isinstance(default, float):
@@ -113,4 +140,5 @@ def _convert(name: str, raw: str, parse: Callable[[str], T]) -> T:
     try:
         return parse(raw)
     except ValueError:
-        raise SettingsError(f"{PREFIX}{name.upper()}={raw!r} is not a valid value") from None
+        expected = " (expected one of: 1, true, yes, on, 0, false, no, off)" if parse is _boolean else ""
+        raise SettingsError(f"{PREFIX}{name.upper()}={raw!r} is not a valid value{expected}") from None

@@ -30,7 +30,8 @@ from stages.chat import ChatStage, render_chat_text
 from stages.constraints import ConstraintCompiler
 from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
 from stages.gateway import GatewayStatistics, GenerationGateway
-from stages.memory import Fit, KvLedger, assess
+from stages.kv.plan import Fit, assess
+from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
 from stages.parse import ParseStage
@@ -244,7 +245,8 @@ class Engine:
             eos_ids=frozenset(self.tokenizer.eos_token_ids),
             max_batch=settings.max_batch,
             prefill_step_size=settings.prefill_step_size,
-            ledger=KvLedger(memory.kv_bytes_per_token, memory.usable_bytes),
+            scheduler=KvScheduler(self.fit.model, memory.usable_bytes),
+            prefill_rows=memory.prefill_rows,
             cache=PromptCache(max_bytes=cache_bytes, sessions=settings.session_cache) if cache_bytes else None,
             disk=disk,
         )

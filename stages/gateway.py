@@ -4,14 +4,17 @@ Inbox: `Prepared` requests (the pending queue), and `Abort`s on the control
 channel. Outbox: one `StepOutputs` per decode step, for all rows, to the
 sink; evicted prompt-cache entries to the spill worker.
 Owns: the model, mlx-lm's `BatchGenerator`, the row table, the prompt cache
-(`stages/cache/prompt.py`) and the batch's KV ledger (`stages/memory.py`),
+(`stages/cache/prompt.py`) and the batch's KV account (`stages/kv/scheduler.py`),
 all on one long-lived model thread (S12). The thread crosses to the event
 loop once per step (`_exchange`): it hands over the step's outputs and the
 spills, and takes new rows and aborts in the same call; it blocks there
 only while the batch is empty. A row is admitted into the batch only when
-its reserved KV fits the budget; until then it waits here, and upstream
-backs up into admission (429). The spill worker is a task of the gateway
-that writes evicted entries to the disk tier on a thread of its own.
+the KV the batch holds, with it, fits the budget; until then it waits here,
+and upstream backs up into admission (429). Rows the scheduler preempts
+(their next step would outgrow the budget) leave their KV to the prompt
+cache and resume from the head of the queue with their sampler and
+processors rewound, so their output is unchanged. The spill worker, a task
+of the gateway, writes evicted entries to the disk tier on its own thread.
 On cancel: a host cancel interrupts the blocking wait or is noticed at the
 next step; the thread then frees the generator and the model.
 On error: a failure while admitting one row (its cache lookup, sampler,
@@ -42,7 +45,8 @@ from pipeline.events import FinishReason
 from stages.cache.disk import DiskTier, SpillJob, Tensor
 from stages.cache.link import DiskLink
 from stages.heap import HeapTrimmer
-from stages.memory import KvLedger
+from stages.kv.rows import Resume, Row, Waiting
+from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
 from stages.cache.tier import Entry, Key
@@ -79,27 +83,20 @@ class GatewayStatistics:
     pending: int
     steps: int
     generated_tokens: int
-    # Rows taken from the queue whose KV does not fit beside the running ones yet.
+    # Rows taken from the queue whose KV does not fit beside the running ones yet
+    # (preempted rows among them).
     waiting_for_memory: int
-    kv_reserved_bytes: int
+    # The KV the running rows hold, as the batch pads them, in whole cache blocks.
+    kv_held_bytes: int
     kv_budget_bytes: int
+    # Rows moved out of the batch under memory pressure, and rows that came back.
+    preemptions: int
+    resumed: int
     # What the batch's caches hold after the last step (they grow in 256-token blocks).
     kv_bytes_in_use: int
     # MLX's allocator after the last step: arrays alive, and freed buffers it keeps for reuse.
     mlx_active_bytes: int
     mlx_cache_bytes: int
-
-
-@attrs.frozen(kw_only=True)
-class _Row:
-    request_id: str
-    prompt_len: int
-    cached: int
-    session: str | None
-    # The entry this row's conversation continues from: its own entry replaces it.
-    replaces: Key | None
-    # Alternatives per token to report, when the client asked for logprobs.
-    logprobs: int | None = None
 
 
 @attrs.define
@@ -114,13 +111,15 @@ class GenerationGateway:
     _eos_ids: frozenset[int] = attrs.field(alias="eos_ids")
     _max_batch: int = attrs.field(alias="max_batch")
     _prefill_step_size: int = attrs.field(alias="prefill_step_size")
-    _ledger: KvLedger = attrs.field(alias="ledger")
+    _kv: KvScheduler = attrs.field(alias="scheduler")
     _cache: PromptCache | None = attrs.field(default=None, alias="cache")
     _disk: DiskTier | None = attrs.field(default=None, alias="disk")
+    # Rows whose prompts prefill together (the plan's figure); None: max_batch.
+    _prefill_rows: int | None = attrs.field(default=None, alias="prefill_rows")
     # Touched only by the model thread.
-    _rows: dict[int, _Row] = attrs.field(factory=dict, init=False)
+    _rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)
-    _waiting: list[Prepared] = attrs.field(factory=list, init=False)
+    _waiting: list[Waiting] = attrs.field(factory=list, init=False)
     _spill_outbox: list[SpillJob] = attrs.field(factory=list, init=False)
     _failed: list[Failed] = attrs.field(factory=list, init=False)
     # Published for statistics().
@@ -147,11 +146,13 @@ class GenerationGateway:
             steps=self._steps,
             generated_tokens=self._generated,
             waiting_for_memory=len(self._waiting),
-            kv_reserved_bytes=self._ledger.reserved_bytes,
-            kv_budget_bytes=self._ledger.budget_bytes,
+            kv_held_bytes=self._kv.held_bytes,
+            kv_budget_bytes=self._kv.budget_bytes,
             kv_bytes_in_use=self._kv_in_use,
             mlx_active_bytes=self._mlx_memory[0],
             mlx_cache_bytes=self._mlx_memory[1],
+            preemptions=self._kv.preemptions,
+            resumed=self._kv.resumed,
         )
 
     def cache_statistics(self) -> PromptCacheStatistics | None:
@@ -184,7 +185,7 @@ class GenerationGateway:
             model,
             stop_tokens=[[token] for token in sorted(self._eos_ids)],
             completion_batch_size=self._max_batch,
-            prefill_batch_size=self._max_batch,
+            prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch),
             prefill_step_size=self._prefill_step_size,
         )
         anyio.from_thread.run_sync(started)
@@ -223,9 +224,10 @@ class GenerationGateway:
             if intake.closed:
                 return
             removed = self._remove(generator, intake.aborts)
-            self._waiting.extend(intake.admitted)
-            # 2) admit the waiting rows whose KV fits
+            self._waiting.extend(Waiting(prepared=row) for row in intake.admitted)
+            # 2) admit the waiting rows whose KV fits; preempt if the next step would not
             admitted = self._admit(generator)
+            self._preempt(generator)
             # 3) step every row at once
             deltas = self._step(generator) if self._rows else ()
             self._active = len(self._rows)
@@ -243,49 +245,75 @@ class GenerationGateway:
     def _admit(self, generator: BatchGenerator) -> tuple[Admitted, ...]:
         admitted = []
         # First come, first served: a large row is not overtaken by smaller ones for ever.
+        # A row alone always runs: the preparation stage refused any that cannot fit alone.
         while self._waiting:
-            extent = len(self._waiting[0].prompt_tokens) + self._waiting[0].max_tokens
-            if self._rows and not self._ledger.fits(extent):
+            if self._rows and not self._kv.can_admit(len(self._waiting[0].tokens)):
                 break
-            row = self._waiting.pop(0)
+            waiting = self._waiting.pop(0)
+            row = waiting.prepared
             with isolated(row.reply, stage="gateway", fail=lambda error: self._failed.append(Failed(row=row, error=error))):
-                admitted.append(self._insert(generator, row, extent))
+                cached = self._insert(generator, waiting)
+                # A resumed row was announced once, when it first started.
+                if waiting.resume is None:
+                    admitted.append(Admitted(prepared=row, admitted_at=time.monotonic(), cached_tokens=cached))
         return tuple(admitted)
 
-    def _insert(self, generator: BatchGenerator, row: Prepared, extent: int) -> Admitted:
+    def _insert(self, generator: BatchGenerator, waiting: Waiting) -> int:
         from stages.sampling import make_row_processors, make_row_sampler
 
-        # What can fail for this row alone comes before the generator holds it.
-        sampler = make_row_sampler(row.params.sampling)
-        processors = make_row_processors(row.params.sampling, row.max_tokens, _matcher(row))
-        prompt, session = row.prompt_tokens, row.params.cache_key
-        hit = self._cache.fetch(prompt, session=session) if self._cache is not None else None
+        # What can fail for this row alone (cache lookup, sampler, grammar matcher) comes before the generator holds it.
+        row, tokens = waiting.prepared, waiting.tokens
+        hit = self._cache.fetch(tokens, session=row.params.cache_key) if self._cache is not None else None
         cached = hit.tokens if hit is not None else 0
+        resume = waiting.resume or Resume(
+            arrival=self._kv.arrive(),
+            generated=(),
+            sampler=make_row_sampler(row.params.sampling),
+            processors=make_row_processors(row.params.sampling, row.max_tokens, _matcher(row)),
+            replaces=hit.source if hit is not None and hit.continues else None,
+        )
         (uid,) = generator.insert(
-            [list(prompt[cached:])],
-            max_tokens=[row.max_tokens],
+            [list(tokens[cached:])],
+            max_tokens=[row.max_tokens - len(resume.generated)],
             caches=[hit.cache] if hit is not None else None,
-            all_tokens=[list(prompt[:cached])],
-            samplers=[sampler],
-            logits_processors=[processors],
+            all_tokens=[list(tokens[:cached])],
+            samplers=[resume.sampler],
+            logits_processors=[resume.processors],
         )
-        replaces = hit.source if hit is not None and hit.continues else None
-        self._rows[uid] = _Row(
-            request_id=row.request_id,
-            prompt_len=len(prompt),
-            cached=cached,
-            session=session,
-            replaces=replaces,
-            logprobs=row.params.logprobs,
-        )
+        self._rows[uid] = Row(prepared=row, cached=cached, replaces=resume.replaces, resume=resume)
+        self._rows[uid].generated.extend(resume.generated)
         self._uids[row.request_id] = uid
-        self._ledger.reserve(uid, extent)
-        return Admitted(prepared=row, admitted_at=time.monotonic(), cached_tokens=cached)
+        self._kv.admit(uid, len(tokens), resume.arrival)
+        if waiting.resume is not None:
+            self._kv.resumed += 1
+            log.info("gateway.resume", request_id=row.request_id, tokens=len(tokens), cached=cached)
+        return cached
+
+    def _preempt(self, generator: BatchGenerator) -> None:
+        from stages.sampling import rewind_row
+
+        if not (victims := self._kv.victims()):
+            return
+        caches = generator.remove(victims, return_prompt_caches=self._cache is not None)
+        # Latest arrival first: each goes in front of the one before, so the earliest leads the queue.
+        for uid in victims:
+            row = self._rows.pop(uid)
+            del self._uids[row.request_id]
+            self._kv.release(uid)
+            cache, tokens = caches.get(uid, (None, ()))
+            if len(tokens) > row.cached:
+                self._keep(row, cache, tokens)
+            rewind_row(row.resume.sampler, row.resume.processors, len(row.generated))
+            # Its own entry (a prefix of where it goes on) now stands for the conversation it continued.
+            resume = attrs.evolve(row.resume, generated=tuple(row.generated), replaces=None)
+            self._waiting.insert(0, Waiting(prepared=row.prepared, resume=resume))
+            self._kv.preemptions += 1
+        log.info("gateway.preempt", rows=len(victims), held_bytes=self._kv.held_bytes)
 
     def _remove(self, generator: BatchGenerator, aborts: tuple[Abort, ...]) -> tuple[str, ...]:
         """Drop aborted rows, keeping their KV; the ids of the rows that were in the batch."""
         gone = {abort.request_id for abort in aborts}
-        self._waiting = [row for row in self._waiting if row.request_id not in gone]
+        self._waiting = [row for row in self._waiting if row.prepared.request_id not in gone]
         removed = tuple(request_id for request_id in gone if request_id in self._uids)
         uids = [self._uids.pop(request_id) for request_id in removed]
         if not uids:
@@ -294,7 +322,7 @@ class GenerationGateway:
         caches = generator.remove(uids, return_prompt_caches=self._cache is not None)
         for uid in uids:
             row = self._rows.pop(uid)
-            self._ledger.release(uid)
+            self._kv.release(uid)
             cache, tokens = caches.get(uid, (None, ()))
             if len(tokens) > row.cached:
                 self._keep(row, cache, tokens)
@@ -310,19 +338,22 @@ class GenerationGateway:
         for response in generated:
             finish = _FINISH.get(response.finish_reason) if response.finish_reason else None
             row = self._rows[response.uid]
+            row.generated.append(response.token)
+            self._kv.advance(response.uid)
             scores = None if row.logprobs is None else (token_scores(response.logprobs, response.token, row.logprobs),)
             deltas.append(TokenDelta(request_id=row.request_id, new_token_ids=(response.token,), finish=finish, logprobs=scores))
             if finish is not None:
                 del self._rows[response.uid], self._uids[row.request_id]
-                self._ledger.release(response.uid)
+                self._kv.release(response.uid)
                 self._keep(row, response.prompt_cache, response.all_tokens)
+        self._kv.settle()
         self._steps += 1
         self._generated += len(deltas)
         self._kv_in_use = generator.prompt_cache_nbytes
         self._mlx_memory = _allocator()
         return tuple(deltas)
 
-    def _keep(self, row: _Row, cache: list[Any] | None, tokens: Sequence[int]) -> None:
+    def _keep(self, row: Row, cache: list[Any] | None, tokens: Sequence[int]) -> None:
         import mlx.core as mx
 
         if self._cache is None or not cache:

@@ -82,7 +82,8 @@ class PrepareStage:
     _vocab_size: int = attrs.field(alias="vocab_size")
     _compiler: ConstraintCompiler = attrs.field(alias="compiler")
     _encoder: BoundedEncoder = attrs.field(alias="encoder")
-    # The longest row (prompt + max_tokens) the memory budget admits; None: the window.
+    # The longest row (prompt + max_tokens) whose KV fits the budget alone; None: the window.
+    # Rows are not reserved at this length: the gateway's scheduler accounts what they hold.
     _max_safe_context: int | None = attrs.field(default=None, alias="max_safe_context")
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import mlx.core as mx
@@ -33,6 +33,9 @@ class KeyedSampler:
     def __init__(self, sampling: Sampling) -> None:
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
         self._key = mx.random.key(seed % 2**64)
+        self._calls = 0
+        # The key before the latest call: mlx-lm samples one token ahead of what it returns.
+        self._before: tuple[int, mx.array] | None = None
         self._inverse_temperature = 1.0 / sampling.temperature
         self._filters: list[Callable[[mx.array], mx.array]] = []
         if 0.0 < sampling.top_p < 1.0:
@@ -44,10 +47,26 @@ class KeyedSampler:
             self._filters.append(lambda x: apply_top_k(x, sampling.top_k) if sampling.top_k < x.shape[-1] else x)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
+        self._before = (self._calls, self._key)
+        self._calls += 1
         self._key, step_key = mx.random.split(self._key)
         for keep in self._filters:
             logprobs = keep(logprobs)
         return mx.random.categorical(logprobs * self._inverse_temperature, key=step_key)
+
+
+    def rewind(self, calls: int) -> None:
+        """Back to the key after `calls` calls, for a preempted row that resumes.
+
+        mlx-lm has sampled one token past the last one it returned; the
+        resumed row samples that token again, from the same key.
+        """
+        if calls == self._calls:
+            return
+        if self._before is None or self._before[0] != calls:
+            raise ValueError(f"cannot rewind a sampler from {self._calls} calls to {calls}")
+        self._calls, self._key = self._before
+        self._before = None
 
 
 def make_row_sampler(sampling: Sampling) -> Sampler:
@@ -88,15 +107,31 @@ class ConstraintProcessor:
 
     def __init__(self, matcher: LLMatcher) -> None:
         self._matcher = matcher
-        self._started = False
+        self._calls = 0
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        if self._started:
+        if self._calls:
             self._matcher.consume_token(cast(int, tokens[-1].item()))
-        self._started = True
+        self._calls += 1
         words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(words, bitorder="little")[: logits.shape[-1]].astype(np.bool_)
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+
+    def rewind(self, calls: int) -> None:
+        """Back to the grammar state after `calls` calls (a preempted row resumes)."""
+        consumed, kept = max(0, self._calls - 1), max(0, calls - 1)
+        if consumed > kept:
+            self._matcher.rollback(consumed - kept)
+        self._calls = calls
+
+
+def rewind_row(sampler: object, processors: Sequence[object], calls: int) -> None:
+    """Put a row's sampler and stateful processors back to `calls` steps; stateless ones need nothing."""
+    for part in (sampler, *processors):
+        rewind = getattr(part, "rewind", None)
+        if rewind is not None:
+            rewind(calls)
 
 
 def token_scores(logprobs: mx.array, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:

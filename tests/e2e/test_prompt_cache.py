@@ -232,7 +232,13 @@ def test_fit_reports_the_machine_the_split_and_the_largest_safe_context(tight_se
     assert memory["kv_bytes_per_token"] == 2 * 2 * 16 * 2 * 4  # tiny: layers x kv heads x head_dim x K,V x f32
     split = memory["weights_bytes"] + memory["transient_bytes"] + memory["prompt_cache_bytes"] + memory["usable_bytes"]
     assert split == BUDGET
-    assert memory["max_safe_context"] == memory["usable_bytes"] // memory["kv_bytes_per_token"] < 2048
+    # The longest row whose KV (whole 256-token blocks) fits beside the prefill working set at that context.
+    safe = memory["max_safe_context"]
+    assert safe < 2048 and -(-safe // 256) * 256 * memory["kv_bytes_per_token"] <= memory["usable_bytes"]
+    # /fit explains the prefill figure: the backend, fused or not, and the formula's inputs.
+    working = memory["transient"]
+    assert working["backend"] == body["machine"]["backend"] and working["bytes"] == memory["transient_bytes"]
+    assert working["prefill_step"] == 32 and working["prefill_rows"] <= 2 and working["formula"]
     assert body["decode_tokens_per_s"]["empty_context"] > body["decode_tokens_per_s"]["max_safe_context"] > 0
     admission = stats(tight_server)["admission"]
     assert isinstance(admission, dict)

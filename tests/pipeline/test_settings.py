@@ -33,8 +33,10 @@ def test_defaults_with_an_empty_environment() -> None:
         pytest.param({"MLX_RELAY_LOG_LEVEL": "debug"}, {"log_level": "debug"}, id="log_level"),
         pytest.param({"MLX_RELAY_LOG_LEVEL": "WARNING"}, {"log_level": "WARNING"}, id="log_level-upper"),
         pytest.param(
-            {"MAX_BATCH": "1", "mlx_relay_max_batch": "1", "MLX_RELAY_UNKNOWN": "x"}, {}, id="other-variables-ignored"
+            {"MAX_BATCH": "1", "mlx_relay_max_batch": "1", "MLX_RELAY_DEMO_CACHE": "/tmp"}, {}, id="other-variables-ignored"
         ),
+        pytest.param({"MLX_RELAY_SESSION_CACHE": "off"}, {"session_cache": False}, id="boolean-off"),
+        pytest.param({"MLX_RELAY_SESSION_CACHE": " True "}, {"session_cache": True}, id="boolean-true"),
     ],
 )
 def test_from_env_reads_each_variable(environ: dict[str, str], expected: dict[str, object]) -> None:
@@ -63,6 +65,9 @@ def test_from_env_reads_each_variable(environ: dict[str, str], expected: dict[st
         pytest.param("MLX_RELAY_PREPARE_CONCURRENCY", "0", id="prepare_concurrency-zero"),
         # configure_logging looks the level up by name; an unknown one must fail here, clearly.
         pytest.param("MLX_RELAY_LOG_LEVEL", "verbose", id="log_level-unknown"),
+        # A typo must not silently read as false.
+        pytest.param("MLX_RELAY_SESSION_CACHE", "ture", id="boolean-typo"),
+        pytest.param("MLX_RELAY_SESSION_CACHE", "", id="boolean-empty"),
     ],
 )
 def test_a_bad_value_is_a_settings_error_naming_the_setting(variable: str, value: str) -> None:
@@ -72,6 +77,26 @@ def test_a_bad_value_is_a_settings_error_naming_the_setting(variable: str, value
     assert isinstance(caught.value, ValueError)
     field = variable.removeprefix("MLX_RELAY_").lower()
     assert field in str(caught.value).lower()
+
+
+@pytest.mark.parametrize(
+    ("variable", "suggestion"),
+    [
+        pytest.param("MLX_RELAY_MEMORY_BUDGT", "MLX_RELAY_MEMORY_BUDGET", id="typo"),
+        pytest.param("MLX_RELAY_MAXBATCH", "MLX_RELAY_MAX_BATCH", id="missing-underscore"),
+        pytest.param("MLX_RELAY_ZZZ", None, id="nothing-close"),
+    ],
+)
+def test_an_unknown_variable_stops_start_up_naming_it(variable: str, suggestion: str | None) -> None:
+    """A misspelt MLX_RELAY_* variable would be silently ignored: it fails, with a did-you-mean."""
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env({variable: "1"})
+    message = str(caught.value)
+    assert message.startswith(variable)
+    if suggestion is not None:
+        assert f"did you mean {suggestion}?" in message
+    else:
+        assert "MLX_RELAY_MEMORY_BUDGET" in message  # the known names are listed
 
 
 def test_from_env_reads_the_process_environment_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,11 +14,12 @@ from pipeline.errors import ErrorKind, RequestError
 from stages.cache.disk import SpillJob
 from stages.constraints import CompiledConstraint
 from stages.gateway import GenerationGateway
-from stages.memory import KvLedger
+from stages.kv.scheduler import KvScheduler
+from stages.kv.shape import read_model_shape
 from stages.messages import Abort, Prepared, StepOutputs
 from stages.models.loading import ModelInfo, load_weights
 # model_info is that module's fixture, shared here.
-from tests.stages.test_prompt_cache_gateway import EOS, SYSTEM, TOKEN_BYTES, Run, _until_done, model_info, row  # noqa: F401
+from tests.stages.test_prompt_cache_gateway import EOS, SYSTEM, Run, _until_done, model_info, row  # noqa: F401
 
 
 class BrokenMatcher:
@@ -37,7 +38,8 @@ async def test_a_row_failing_at_admission_fails_alone(model_info: ModelInfo) -> 
     gateway = GenerationGateway(
         inbox=inbox.receive, control=control.receive, aborts=control.send, out=steps.send,
         spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, model_info),
-        eos_ids=EOS, max_batch=4, prefill_step_size=64, ledger=KvLedger(TOKEN_BYTES, 1 << 30),
+        eos_ids=EOS, max_batch=4, prefill_step_size=64,
+        scheduler=KvScheduler(read_model_shape(model_info.path, model_info.context_window), 1 << 30),
     )  # fmt: skip
     bad = attrs.evolve(row("bad", SYSTEM[:8]), constraint=CompiledConstraint(prototype=BrokenMatcher()))  # type: ignore[arg-type]
     good = row("good", SYSTEM[:8])

@@ -1,10 +1,12 @@
-"""The gateway with the prompt cache and the KV ledger, on the tiny demo model.
+"""The gateway with the prompt cache and the KV scheduler, on the tiny demo model.
 
 The gateway is driven through its own channels, as the engine wires it:
 `Prepared` rows in, `StepOutputs` out. The invariants: a row that starts
 from cached KV produces exactly the tokens it would have produced from
 scratch (greedy, and seeded sampling), rows in one batch may start from
-different entries, and a row whose KV does not fit waits for the budget.
+different entries, a row whose KV does not fit waits for the budget, and a
+row preempted under memory pressure resumes with the tokens it would have
+produced without it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from pipeline.requests import GenerationParams, Sampling, TextRequest
 from pipeline.tracing import Timeline
 from stages.cache.disk import SpillJob
 from stages.gateway import GatewayStatistics, GenerationGateway, send_abort
-from stages.memory import KvLedger
+from stages.kv.scheduler import KvScheduler
+from stages.kv.shape import read_model_shape
 from stages.messages import Abort, Prepared, Reply, StepOutputs
 from stages.models.loading import ModelInfo, load_weights, resolve_model
 from stages.cache.prompt import PromptCache
@@ -81,6 +84,7 @@ class Harness:
     budget: int = 1 << 30
     max_batch: int = 4
     gateway_statistics: GatewayStatistics | None = None
+    scheduler: KvScheduler | None = None
 
     async def run(self, *waves: Sequence[Prepared], abort_after: dict[str, int] | None = None) -> Run:
         """Send each wave at once and wait for all of its rows to finish before the next."""
@@ -92,7 +96,7 @@ class Harness:
             inbox=inbox.receive, control=control.receive, aborts=control.send, out=steps.send,
             spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, self.model_info),
             eos_ids=EOS, max_batch=self.max_batch, prefill_step_size=64,
-            ledger=KvLedger(TOKEN_BYTES, self.budget), cache=self.cache,
+            scheduler=self._scheduler(), cache=self.cache,
         )  # fmt: skip
         run = Run()
         with anyio.fail_after(60), steps.receive:
@@ -106,6 +110,13 @@ class Harness:
                 inbox.send.close()
         self.gateway_statistics = gateway.statistics()
         return run
+
+    def _scheduler(self) -> KvScheduler:
+        if self.scheduler is None:
+            shape = read_model_shape(self.model_info.path, self.model_info.context_window)
+            assert shape.kv_bytes_per_token == TOKEN_BYTES
+            self.scheduler = KvScheduler(shape, self.budget)
+        return self.scheduler
 
 
 async def _until_done(
@@ -161,8 +172,8 @@ async def test_an_aborted_row_leaves_its_kv_for_the_next_request(model_info: Mod
 
 
 async def test_a_row_waits_until_its_kv_fits_beside_the_others(model_info: ModelInfo) -> None:
-    """Two rows of 312 tokens each; the budget holds one: the second is admitted after the first ends."""
-    budget = 400 * TOKEN_BYTES
+    """Two rows of 312 tokens each; the budget holds one (with a block to grow): the second waits for the first."""
+    budget = 768 * TOKEN_BYTES
     harness = Harness(model_info, None, budget=budget)
     first, second = row("first", SYSTEM), row("second", tuple(range(700, 1000)))
     run = await harness.run([first, second])
@@ -171,22 +182,10 @@ async def test_a_row_waits_until_its_kv_fits_beside_the_others(model_info: Model
 
 
 async def test_rows_that_fit_together_share_the_batch(model_info: ModelInfo) -> None:
-    harness = Harness(model_info, None, budget=2 * 312 * TOKEN_BYTES)
+    # Each row holds 2 blocks and may grow into a third.
+    harness = Harness(model_info, None, budget=2 * 768 * TOKEN_BYTES)
     run = await harness.run([row("first", SYSTEM), row("second", tuple(range(700, 1000)))])
     assert run.admitted_at("second") == run.admitted_at("first")
-
-
-def test_the_ledger_counts_the_padded_batch() -> None:
-    """n rows reserve n x the longest row, as BatchKVCache pads them."""
-    ledger = KvLedger(bytes_per_token=10, budget_bytes=1000)
-    assert ledger.fits(100)
-    ledger.reserve(1, 10)
-    assert ledger.fits(50) and not ledger.fits(51)
-    ledger.reserve(2, 50)
-    assert ledger.reserved_bytes == 2 * 50 * 10
-    ledger.release(2)
-    ledger.release(2)
-    assert ledger.reserved_bytes == 100
 
 
 async def test_the_cache_counts_the_memory_it_holds(model_info: ModelInfo) -> None:
@@ -207,7 +206,7 @@ async def test_the_cache_counts_the_memory_it_holds(model_info: ModelInfo) -> No
     assert [step.removed for step in first.steps if step.removed] == [("cut",)]
     await harness.run([row("again", SYSTEM + (901, 902))])
     stats = harness.gateway_statistics
-    assert stats is not None and (stats.active, stats.waiting_for_memory, stats.kv_reserved_bytes) == (0, 0, 0)
+    assert stats is not None and (stats.active, stats.waiting_for_memory, stats.kv_held_bytes) == (0, 0, 0)
     counted = held.statistics()
     assert counted.entries == 3  # "again" replaced "long"
     assert sum(array.nbytes for array in _arrays_reached_from(held)) == counted.bytes

@@ -8,7 +8,10 @@ import mlx.core as mx
 import pytest
 
 from pipeline.requests import Sampling
-from stages.sampling import KeyedSampler, make_row_processors, make_row_sampler
+from pipeline.requests import Constraint, ConstraintKind
+from stages.constraints import ConstraintCompiler
+from stages.models.loading import ModelInfo, Tokenizer
+from stages.sampling import ConstraintProcessor, KeyedSampler, make_row_processors, make_row_sampler
 
 VOCAB = 64
 DRAWS = 24
@@ -142,3 +145,41 @@ def test_penalties_count_tokens_from_the_whole_completion(sampling: Sampling) ->
     history = mx.array([ARGMAX] + [1] * 40)
     penalised = penalty(history, logprobs())
     assert float(penalised[0, ARGMAX].item()) < float(logprobs()[0, ARGMAX].item())
+
+
+def test_a_rewound_sampler_draws_again_what_it_drew() -> None:
+    """mlx-lm samples one token past the last it returned; a preempted row resumes from that key."""
+    reference = draws(KeyedSampler(Sampling(seed=5)), logprobs(), 9)
+    sampler = KeyedSampler(Sampling(seed=5))
+    first = draws(sampler, logprobs(), 6)
+    sampler.rewind(5)
+    # The sixth draw again, from the same key, then on as if nothing happened.
+    assert first[:5] + draws(sampler, logprobs(), 4) == reference
+    assert first == reference[:6]
+
+
+def test_a_sampler_rewinds_one_call_at_most() -> None:
+    sampler = KeyedSampler(Sampling(seed=5))
+    draws(sampler, logprobs(), 3)
+    sampler.rewind(3)  # no-op
+    with pytest.raises(ValueError, match="rewind"):
+        sampler.rewind(1)
+
+
+def test_a_rewound_grammar_sees_the_resumed_tokens_as_before(tokenizer: Tokenizer, model_info: ModelInfo) -> None:
+    """The constraint processor rolls its matcher back to the state before the token it will see again."""
+    compiler = ConstraintCompiler(tokenizer=tokenizer, vocab_size=model_info.vocab_size)
+    constraint = Constraint(kind=ConstraintKind.REGEX, spec="[a-z]+ [a-z]+ [a-z]+!", param="test")
+    processor = ConstraintProcessor(compiler.compile(constraint).matcher())
+    logits = mx.zeros((1, model_info.vocab_size))
+    tokens: list[int] = []
+    masks = []
+    for _ in range(4):
+        masked = processor(mx.array(tokens or [0]), logits)
+        masks.append(masked)
+        tokens.append(int(mx.argmax(masked, axis=-1).item()))
+    # Four calls, three tokens consumed: preempted after returning three tokens, the row resumes at call four.
+    processor.rewind(3)
+    assert mx.array_equal(processor(mx.array(tokens[:3]), logits), masks[3])
+    processor.rewind(0)
+    assert mx.array_equal(processor(mx.array([0]), logits), masks[0])

@@ -1,0 +1,131 @@
+"""Sixteen streams without max_tokens, through hypercorn, with an ample and a tight KV budget.
+
+With room, all sixteen run together (`/stats` shows 16 active rows). With a
+budget that holds sixteen rows only while they are short, rows are
+preempted as they grow and resumed later: `/stats` counts both, nothing
+crashes, and every stream's text equals the one it had with room.
+
+(The tiny demo model here; once the Qwen3-0.6B-shaped model of
+stages/models/shaped.py is on main, it is the one to run this at real
+per-token KV sizes, under a 12 GiB budget.)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stages.kv.machine import read_machine
+from stages.kv.plan import BudgetError, plan
+from stages.kv.shape import ModelShape, read_model_shape
+from stages.models.loading import resolve_model
+from tests.conftest import Server, ServerFactory
+from tests.e2e.conftest import stats
+from tests.e2e.test_concurrency import stream_text
+
+# Sixteen streams of hundreds of tokens, twice, on a shared CPU: minutes, not seconds.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+ROWS = 16
+PROMPT_CACHE = 32 << 20
+
+
+def bodies(max_tokens: int | None) -> list[dict[str, object]]:
+    limit = {} if max_tokens is None else {"max_tokens": max_tokens}
+    return [{"messages": [{"role": "user", "content": f"Tell me about {i}."}], "temperature": 0.0, **limit} for i in range(ROWS)]
+
+
+def budget_for(shape: ModelShape, usable: int) -> int:
+    """The smallest MLX_RELAY_MEMORY_BUDGET whose plan leaves `usable` bytes for the batch's KV."""
+    machine = read_machine()
+
+    def kv_room(budget: int) -> int:
+        try:
+            return plan(shape, machine, budget=budget, prompt_cache=PROMPT_CACHE, max_batch=ROWS, prefill_step=512).usable_bytes
+        except BudgetError:
+            return -1
+
+    low, high = shape.weights_bytes, shape.weights_bytes + (1 << 34)
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if kv_room(middle) >= usable else (middle + 1, high)
+    return low
+
+
+def run_all(server: Server, max_tokens: int | None) -> tuple[list[tuple[str, str]], int]:
+    """Every stream's text and finish, and the most rows /stats saw running at once."""
+    seen, done = [0], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen[0] = max(seen[0], int(stats(server)["gateway"]["active"]))  # type: ignore[index]
+            time.sleep(0.05)
+
+    barrier = threading.Barrier(ROWS)
+    with ThreadPoolExecutor(ROWS + 1) as pool:
+        watcher = pool.submit(watch)
+        try:
+            results = list(pool.map(lambda body: stream_text(server, body, barrier), bodies(max_tokens)))
+        finally:
+            done.set()
+        watcher.result()
+    return results, seen[0]
+
+
+def test_sixteen_streams_without_max_tokens_run_together_where_they_fit(
+    server_factory: ServerFactory, tiny_model: Path
+) -> None:
+    """Room for sixteen rows at the full window: all sixteen start at once (then the clients leave)."""
+    info = resolve_model(str(tiny_model))
+    shape = read_model_shape(info.path, info.context_window)
+    ample = server_factory(memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(info.context_window + 256))),
+                           prompt_cache_bytes=str(PROMPT_CACHE))  # fmt: skip
+    leave, started = threading.Event(), threading.Barrier(ROWS)
+
+    def stream(body: dict[str, object]) -> int:
+        started.wait(timeout=30)
+        chunks = 0
+        with httpx.stream("POST", f"{ample.v1}/chat/completions", json={**body, "stream": True}, timeout=120) as response:
+            for _ in response.iter_lines():
+                chunks += 1
+                if leave.is_set():
+                    break
+        return chunks
+
+    with ThreadPoolExecutor(ROWS) as pool:
+        streams = [pool.submit(stream, body) for body in bodies(None)]
+        deadline, most = time.monotonic() + 60, 0
+        while most < ROWS and time.monotonic() < deadline:
+            gateway = stats(ample)["gateway"]
+            most = max(most, int(gateway["active"]))  # type: ignore[index]
+            time.sleep(0.05)
+        leave.set()
+        assert all(stream.result() > 0 for stream in streams)
+    assert most == ROWS
+    assert gateway["waiting_for_memory"] == 0 and gateway["preemptions"] == 0  # type: ignore[index]
+
+
+def test_a_budget_too_small_for_sixteen_growing_rows_preempts_and_resumes_them(
+    server_factory: ServerFactory, tiny_model: Path
+) -> None:
+    """Sixteen rows fit while they are under 512 tokens: past it, the latest arrivals yield and come back."""
+    info = resolve_model(str(tiny_model))
+    shape = read_model_shape(info.path, info.context_window)
+    ample = server_factory(prompt_cache_bytes=str(PROMPT_CACHE))
+    free, _ = run_all(ample, 540)
+    tight = server_factory(memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(512))),
+                           prompt_cache_bytes=str(PROMPT_CACHE))  # fmt: skip
+    fit = httpx.get(f"{tight.base_url}/fit", timeout=10).json()
+    assert fit["memory"]["max_safe_context"] == info.context_window
+    assert fit["memory"]["transient"]["backend"] == fit["machine"]["backend"]
+    pressed, most = run_all(tight, 540)
+    assert most == ROWS
+    gateway = stats(tight)["gateway"]
+    assert gateway["preemptions"] > 0 and gateway["resumed"] == gateway["preemptions"]  # type: ignore[index]
+    assert gateway["kv_held_bytes"] == 0 and gateway["active"] == 0  # type: ignore[index]
+    assert pressed == free
