@@ -28,6 +28,9 @@ from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
 from stages.chat import ChatStage, render_chat
 from stages.constraints import ConstraintCompiler
+from stages.families import choose_family
+from stages.families.base import Family
+from stages.families.preamble import template_ignores_tools
 from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
 from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.memory import Fit, KvLedger, assess
@@ -83,6 +86,8 @@ class Engine:
     _tokenizing: Reservation = attrs.field(init=False)
     info: ModelInfo = attrs.field(init=False)
     tokenizer: Tokenizer = attrs.field(init=False)
+    family: Family = attrs.field(init=False)
+    _preamble: Family | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         settings = self._settings
@@ -107,6 +112,7 @@ class Engine:
             partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
         )
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
+        self.family, self._preamble = await anyio.to_thread.run_sync(self._markup)
         self.fit = await anyio.to_thread.run_sync(
             partial(
                 assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
@@ -148,7 +154,9 @@ class Engine:
         Raises:
             RequestError: the template refused the conversation.
         """
-        tokens = await anyio.to_thread.run_sync(render_chat, self.tokenizer, request, limiter=self._tokenizing.threads)
+        tokens = await anyio.to_thread.run_sync(
+            partial(render_chat, self.tokenizer, request, preamble=self._preamble), limiter=self._tokenizing.threads
+        )
         return len(tokens)
 
     async def drain(self, timeout: float) -> None:
@@ -201,9 +209,9 @@ class Engine:
         # Started in this order: the model loads first, then downstream to upstream (S6).
         return [
             self._gateway,
-            CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer),
+            CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer, family=self.family),
             self._make_prepare(jobs.receive, prepared.send),
-            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer),
+            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer, preamble=self._preamble),
             TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size),
             ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send),
         ]
@@ -247,8 +255,16 @@ class Engine:
             context_window=info.context_window,
             vocab_size=info.vocab_size,
             max_safe_context=self.fit.memory.max_safe_context,
-            compiler=ConstraintCompiler(tokenizer=self.tokenizer, vocab_size=info.vocab_size),
+            compiler=ConstraintCompiler(tokenizer=self.tokenizer, vocab_size=info.vocab_size, family=self.family),
         )
+
+    def _markup(self) -> tuple[Family, Family | None]:
+        """The model's family, and itself again where the template ignores `tools` (a preamble then describes them)."""
+        settings, tokenizer = self._settings, self.tokenizer
+        family = choose_family(tokenizer, tool_parser=settings.tool_parser, reasoning_parser=settings.reasoning_parser)
+        ignores = template_ignores_tools(lambda messages, tools: tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True))
+        log.info("engine.markup", family=family.name, think=family.think, tool_preamble=ignores)
+        return family, family if ignores else None
 
     def _release(self, request_id: str) -> None:
         del self._open[request_id]

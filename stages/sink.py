@@ -25,6 +25,8 @@ from pipeline.events import CompletionEvent, FinishReason, Logprobs, Summary, To
 from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
 from stages.gateway import send_abort
+from stages.families import choose_family
+from stages.families.base import Family
 from stages.markup import Markers, MarkupSplitter, Section, markers_for
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores
 from stages.models.loading import StreamingDetokenizer, Tokenizer, completion_detokenizer, token_text
@@ -54,11 +56,15 @@ class CompletionSink:
     _inbox: MemoryObjectReceiveStream[StepOutputs] = attrs.field(alias="inbox")
     _aborts: MemoryObjectSendStream[Abort] = attrs.field(alias="aborts")
     _tokenizer: Tokenizer = attrs.field(alias="tokenizer")
+    # The model's markup; chosen from the tokenizer when not given.
+    _family: Family | None = attrs.field(default=None, alias="family")
     _rows: dict[str, RowText] = attrs.field(factory=dict, init=False)
     _eos_ids: frozenset[int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._eos_ids = frozenset(self._tokenizer.eos_token_ids)
+        if self._family is None:
+            self._family = choose_family(self._tokenizer)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._aborts:
@@ -132,7 +138,9 @@ class CompletionSink:
             # A raw completion is plain text: nothing in it is markup.
             return MarkupSplitter(Markers())
         parse_tools = bool(request.tools) and request.tool_choice.mode is not ToolChoiceMode.NONE
-        markers = markers_for(self._tokenizer, request.tools, parse_tools=parse_tools)
+        forced = request.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
+        assert self._family is not None
+        markers = markers_for(self._family, request.tools, parse_tools=parse_tools, forced=forced)
         return MarkupSplitter(markers, section=self._opening_section(markers, prepared.prompt_tokens))
 
     def _opening_section(self, markers: Markers, prompt: tuple[int, ...]) -> Section:
