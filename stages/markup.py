@@ -76,12 +76,12 @@ class MarkupSplitter:
         buffer, self._held = self._held + text, ""
         while buffer:
             if self._section is Section.ANSWER and self._boundary and self._leading():
-                leading = self._open_leading(buffer, final=final)
-                if leading is None:
+                rest = self._open_leading(buffer, final=final)
+                if rest is None:
                     self._held = buffer
                     break
-                if leading:
-                    buffer = leading
+                if rest is not buffer:
+                    buffer = rest
                     continue
             markers = self._markers_here()
             found = _first(buffer, markers)
@@ -95,8 +95,8 @@ class MarkupSplitter:
                 self._held = buffer[len(buffer) - keep :]
                 break
             index, marker = found
-            if self._section is Section.TOOL_CALL and marker != self._closer and self._parsed(self._call_text + buffer[:index]) is None:
-                # An opener inside an unfinished call is part of its arguments.
+            if self._section is Section.TOOL_CALL and self._inside_call(marker, self._call_text + buffer[:index]):
+                # A marker inside an unfinished call, or inside one of its JSON strings, is part of its arguments.
                 self._call_text += buffer[: index + len(marker)]
                 buffer = buffer[index + len(marker) :]
                 continue
@@ -107,21 +107,27 @@ class MarkupSplitter:
             self._flush(events)
         return events
 
+    def _inside_call(self, marker: str, body: str) -> bool:
+        family = self._markers.family
+        if marker != self._closer:
+            return self._parsed(body) is None
+        return family is not None and family.json_bodies and _in_json_string(body)
+
     def _leading(self) -> tuple[str, ...]:
         family = self._markers.family
         return family.leading if family is not None else ()
 
     def _open_leading(self, buffer: str, *, final: bool) -> str | None:
-        """At a boundary: the text after a leading opener ("" if none opens), or None to wait."""
+        """At a boundary: the text after a leading opener, `buffer` itself if none opens, or None to wait."""
         stripped = buffer.lstrip()
         hit = next((opener for opener in self._leading() if stripped.startswith(opener)), None)
         if hit is not None:
             self._open_call(hit, None)
-            return stripped[len(hit) :] or ""
+            return stripped[len(hit) :]
         if not final and (not stripped or any(opener.startswith(stripped) for opener in self._leading())):
             return None
         self._boundary = False
-        return ""
+        return buffer
 
     def _markers_here(self) -> list[str]:
         """The markers that end the current section or open another."""
@@ -204,8 +210,8 @@ class MarkupSplitter:
         text, self._call_text = self._call_text, ""
         parsed = self._parsed(text)
         if parsed is None:
-            # Unparseable markup is kept as the text the model wrote.
-            return [TextDelta(text=f"{self._opener}{text}{self._closer or ''}")] if text or self._opener.strip() else []
+            # Unparseable markup is kept as the text the model wrote; a call cut off at its opener is dropped.
+            return [TextDelta(text=f"{self._opener}{text}{self._closer or ''}")] if text.strip() else []
         events: list[CompletionEvent] = []
         for name, arguments in parsed:
             events.append(ToolCall(index=self._calls, id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=arguments))
@@ -220,6 +226,19 @@ def markers_for(family: Family, tools: Sequence[Tool], *, parse_tools: bool, for
     """
     calls = parse_tools and (family.auto_calls or forced)
     return Markers(think=family.think, family=family if calls else None, tools=tuple(tools))
+
+
+def _in_json_string(body: str) -> bool:
+    """`body` ends inside a JSON string (counted from its first `{`)."""
+    inside, escaped = False, False
+    for char in body[max(body.find("{"), 0) if "{" in body else len(body) :]:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = inside
+        elif char == '"':
+            inside = not inside
+    return inside
 
 
 def _first(buffer: str, markers: Sequence[str]) -> tuple[int, str] | None:

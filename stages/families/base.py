@@ -46,6 +46,8 @@ class Family:
     dropped: tuple[str, ...] = ()
     # False for a model with no call markup: its calls are parsed only when forced.
     auto_calls: bool = True
+    # A call's body is JSON: a closer inside one of its strings is text.
+    json_bodies: bool = True
     # The grammar for `tool_choice: required` where it differs from a named call's.
     forced_required: ForcedGrammar | None = None
 

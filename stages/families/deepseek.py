@@ -79,5 +79,6 @@ FAMILY = Family(
     example=f"{CALLS_BEGIN}{CALL_BEGIN}<function-name>{SEP}<args-json-object>{CALL_END}{CALLS_END}",
     think=("<think>", "</think>"),
     calls=((CALL_BEGIN, CALL_END), (INVOKE_BEGIN, INVOKE_END)),
+    json_bodies=False,
     dropped=(CALLS_BEGIN, CALLS_END, f"<{DSML}function_calls>", f"</{DSML}function_calls>"),
 )

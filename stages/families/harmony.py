@@ -44,6 +44,6 @@ FAMILY = Family(
     example=f"{CHANNEL}commentary to=functions.<function-name> {CONSTRAIN}json{MESSAGE}<args-json-object>",
     think=(f"{CHANNEL}analysis{MESSAGE}", END),
     calls=((f"{CHANNEL}commentary to=", None),),
-    leading=(" to=",),
+    leading=("to=",),
     dropped=(f"{START}assistant", f"{CHANNEL}final{MESSAGE}", f"{CHANNEL}commentary{MESSAGE}", END),
 )
