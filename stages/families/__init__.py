@@ -69,6 +69,8 @@ def _detect(tokenizer: Tokenizer, vocab: Mapping[str, int], template: str) -> Fa
         return mistral.COMPACT if mistral.ARGS in vocab else mistral.FAMILY
     if phi4.START in vocab:
         return phi4.FAMILY
+    if llama3.PYTHON_TAG in vocab and "<|start_header_id|>" in template:
+        return llama3.FAMILY
     inferred = mlxlm.family_of(tokenizer)
     if inferred is not None:
         return inferred

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline.requests import Tool
-from stages.chat import template_tool
 from stages.families import hermes
 from stages.families.base import Family, MarkerRef, ParsedCall, named_call
 from stages.models.loading import Tokenizer
@@ -21,6 +20,8 @@ def family_of(tokenizer: Tokenizer) -> Family | None:
     json_markup = getattr(parser, "__module__", "").endswith("json_tools")
 
     def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
+        from stages.chat import template_tool  # the chat stage imports the families
+
         schema = [template_tool(tool) for tool in tools]
         try:
             parsed: Any = parser(body, schema)
