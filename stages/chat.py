@@ -82,6 +82,9 @@ def render_chat(tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family 
     if reserved:
         raise invalid(f"'chat_template_kwargs' may not set {reserved}", param="chat_template_kwargs")
     kwargs: dict[str, JsonValue] = dict(request.template_kwargs)
+    if request.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
+        # A forced call is written at once, in the answer: no think section opened before it.
+        kwargs.setdefault("enable_thinking", False)
     if uses_tools:
         kwargs["tools"] = [template_tool(tool) for tool in request.tools]
     if request.continue_final:

@@ -141,7 +141,9 @@ class CompletionSink:
         forced = request.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
         assert self._family is not None
         markers = markers_for(self._family, request.tools, parse_tools=parse_tools, forced=forced)
-        return MarkupSplitter(markers, section=self._opening_section(markers, prepared.prompt_tokens))
+        # A forced call's grammar writes the call at once, whatever the prompt opened.
+        section = Section.ANSWER if forced else self._opening_section(markers, prepared.prompt_tokens)
+        return MarkupSplitter(markers, section=section)
 
     def _opening_section(self, markers: Markers, prompt: tuple[int, ...]) -> Section:
         """REASONING when the template's generation prompt opened a think block."""
