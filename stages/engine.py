@@ -235,6 +235,7 @@ class Engine:
             spills_in=spills.receive,
             load=partial(load_weights, self.info),
             eos_ids=frozenset(self.tokenizer.eos_token_ids),
+            think_ids=self._think_ids(),
             max_batch=settings.max_batch,
             prefill_step_size=settings.prefill_step_size,
             ledger=KvLedger(memory.kv_bytes_per_token, memory.usable_bytes),
@@ -257,6 +258,13 @@ class Engine:
             max_safe_context=self.fit.memory.max_safe_context,
             compiler=ConstraintCompiler(tokenizer=self.tokenizer, vocab_size=info.vocab_size, family=self.family),
         )
+
+    def _think_ids(self) -> tuple[int, int] | None:
+        """The think markers as token ids, where each is one token (a thinking budget needs them)."""
+        if self.family.think is None:
+            return None
+        ids = [self.tokenizer.encode(marker, add_special_tokens=False) for marker in self.family.think]
+        return (ids[0][0], ids[1][0]) if all(len(marker) == 1 for marker in ids) else None
 
     def _markup(self) -> tuple[Family, Family | None]:
         """The model's family, and itself again where the template ignores `tools` (a preamble then describes them)."""

@@ -126,3 +126,13 @@ def named_tool(name: JsonValue, tools: tuple[Tool, ...], param: str) -> ToolChoi
     if chosen not in {tool.name for tool in tools}:
         raise invalid(f"'{param}' {chosen!r} is not among the tools", param=param)
     return ToolChoice(mode=ToolChoiceMode.NAMED, name=chosen)
+
+
+# gpt-oss's template reads `reasoning_effort` and knows only these three.
+_TEMPLATE_EFFORT = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+
+
+def effort_kwargs(effort: str) -> dict[str, JsonValue]:
+    """Template arguments for a reasoning effort: thinking on or off (Qwen3,
+    DeepSeek, through mlx-lm's `enable_thinking`) and gpt-oss's level."""
+    return {"enable_thinking": effort not in ("none", "minimal"), "reasoning_effort": _TEMPLATE_EFFORT[effort]}

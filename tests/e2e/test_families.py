@@ -131,3 +131,21 @@ def test_reasoning_split_in_every_api(family_server: Server) -> None:
         model="m", input="Weather in Paris?", max_output_tokens=12, temperature=0, reasoning={"effort": "high"}, store=False
     )
     assert [item.type for item in response.output] == ["reasoning"]
+
+
+def test_thinking_budget_closes_the_think_section(family_server: Server) -> None:
+    if family_server.client().models.list().data[0].id != "deepseek":
+        pytest.skip("DeepSeek's template opens a think section on request; its markers are single tokens")
+    client = family_server.anthropic_client()
+    greedy: dict[str, Any] = {"temperature": 0}  # this SDK's create() takes no temperature argument
+    unbounded = client.messages.create(
+        model="m", max_tokens=24, messages=ASK, thinking={"type": "enabled", "budget_tokens": 1024}, extra_body=greedy
+    )
+    bounded = client.messages.create(
+        model="m", max_tokens=24, messages=ASK, thinking={"type": "enabled", "budget_tokens": 4}, extra_body=greedy
+    )
+    assert [block.type for block in unbounded.content] == ["thinking"]
+    kinds = [block.type for block in bounded.content]
+    assert kinds[0] == "thinking" and "text" in kinds, bounded.content
+    # Four thinking tokens, then the forced end marker, then the answer.
+    assert bounded.content[0].thinking == unbounded.content[0].thinking[: len(bounded.content[0].thinking)]  # type: ignore[union-attr]

@@ -84,3 +84,14 @@ def test_forced_call_is_in_the_family_markup_and_parses_back(family_case: tuple[
     calls = [e for e in events if isinstance(e, ToolCall)]
     assert [c.name for c in calls] == ["get_weather"] and len(events) == 1, events
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER.parameters)
+
+
+@pytest.mark.parametrize(("effort", "level"), [("high", "high"), ("minimal", "low"), ("medium", "medium")])
+def test_reasoning_effort_reaches_gpt_oss_template(family_case: tuple[str, Tokenizer, str], effort: str, level: str) -> None:
+    from wire.openai_requests import decode_chat
+
+    name, tokenizer, _ = family_case
+    if name != "harmony":
+        pytest.skip("gpt-oss's template is the one that reads reasoning_effort")
+    request = decode_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": effort})
+    assert f"Reasoning: {level}" in tokenizer.decode(render_chat(tokenizer, request))
