@@ -122,6 +122,8 @@ class GenerationParams:
     constraint: Constraint | None = None
     # Return each token's logprob and this many alternatives; None: no logprobs.
     logprobs: int | None = None
+    # Thinking tokens allowed before the think section is closed for the model (Anthropic `budget_tokens`).
+    thinking_budget: int | None = None
 
 
 @attrs.frozen(kw_only=True)

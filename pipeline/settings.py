@@ -45,6 +45,13 @@ class Settings:
     # the random-weight `demo` and `tiny` are for shape and speed tests.
     demo_model: str = "smollm2"
     model_name: str | None = None
+    # A model family's call markup / think markers, where the template and vocabulary mislead (stages/families/).
+    tool_parser: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(("harmony", "deepseek", "mistral", "phi4", "hermes", "llama3", "json", "mlx-lm")))
+    )
+    reasoning_parser: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(("none", "think", "mistral", "harmony")))
+    )
     max_batch: int = attrs.field(default=16, validator=_positive)
     max_pending: int = attrs.field(default=64, validator=attrs.validators.ge(0))
     admission_timeout: float = attrs.field(default=2.0, validator=_non_negative)

@@ -21,6 +21,8 @@ from pipeline.actor import serve_items
 from pipeline.errors import excerpt, invalid
 from pipeline.jsontext import loads
 from pipeline.requests import ChatRequest, JsonObject, JsonValue, Message, Role, Tool, ToolCallRecord, ToolChoiceMode
+from stages.families.base import Family
+from stages.families.preamble import tool_preamble
 from stages.messages import Parsed, PrepareJob, PrepKind, PromptText
 from stages.models.loading import Tokenizer
 
@@ -30,6 +32,8 @@ class ChatStage:
     _inbox: MemoryObjectReceiveStream[Parsed] = attrs.field(alias="inbox")
     _out: MemoryObjectSendStream[PrepareJob] = attrs.field(alias="out")
     _tokenizer: Tokenizer = attrs.field(alias="tokenizer")
+    # Set where the template ignores `tools`: they are described in a system preamble instead.
+    _preamble: Family | None = attrs.field(default=None, alias="preamble")
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._out:
@@ -43,7 +47,7 @@ class ChatStage:
         job = PrepareJob(
             request_id=parsed.request_id,
             kind=PrepKind.TOKENIZE,
-            tokenize=partial(render_chat_text, self._tokenizer, request),
+            tokenize=partial(render_chat_text, self._tokenizer, request, preamble=self._preamble),
             request=request,
             params=request.params,
             reply=parsed.reply,
@@ -59,27 +63,38 @@ _RESERVED_KWARGS = frozenset(
 )  # fmt: skip
 
 
-def render_chat(tokenizer: Tokenizer, request: ChatRequest) -> list[int]:
+def render_chat(tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None) -> list[int]:
     """Prompt tokens for a chat request, through the model's own template, in one piece.
 
     Raises:
         RequestError: the template refused the conversation.
     """
-    return tokenizer.encode(render_chat_text(tokenizer, request).text, add_special_tokens=False)
+    return tokenizer.encode(render_chat_text(tokenizer, request, preamble=preamble).text, add_special_tokens=False)
 
 
-def render_chat_text(tokenizer: Tokenizer, request: ChatRequest) -> PromptText:
+def render_chat_text(tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None) -> PromptText:
     """A chat request's prompt text, through the model's own template.
+
+    With `preamble` (the template ignores `tools`), the tools and the way
+    to call them in that family's markup are described in a system message,
+    and earlier calls and results are written as text the template renders.
 
     Raises:
         RequestError: the template refused the conversation.
     """
-    messages = [_template_message(message) for message in request.messages]
+    uses_tools = bool(request.tools) and request.tool_choice.mode is not ToolChoiceMode.NONE
+    if preamble is not None and (uses_tools or any(m.tool_calls or m.role is Role.TOOL for m in request.messages)):
+        messages = tool_preamble(preamble, request.tools if uses_tools else (), request.messages)
+    else:
+        messages = [_template_message(message) for message in request.messages]
     reserved = sorted(_RESERVED_KWARGS.intersection(request.template_kwargs))
     if reserved:
         raise invalid(f"'chat_template_kwargs' may not set {reserved}", param="chat_template_kwargs")
     kwargs: dict[str, JsonValue] = dict(request.template_kwargs)
-    if request.tools and request.tool_choice.mode is not ToolChoiceMode.NONE:
+    if request.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED):
+        # A forced call is written at once, in the answer: no think section opened before it.
+        kwargs.setdefault("enable_thinking", False)
+    if uses_tools:
         kwargs["tools"] = [template_tool(tool) for tool in request.tools]
     if request.continue_final:
         kwargs.update(add_generation_prompt=False, continue_final_message=True)

@@ -23,12 +23,15 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from pipeline.errors import excerpt, invalid, quote
 from pipeline.requests import ChatRequest, Constraint, ConstraintKind, GenerationRequest, Tool, ToolChoice, ToolChoiceMode
+from stages.families import choose_family
+from stages.families.base import Family
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher, LLParserLimits, LLTokenizer
@@ -78,6 +81,8 @@ class ConstraintCompiler:
 
     _tokenizer: Tokenizer = attrs.field(alias="tokenizer")
     _vocab_size: int = attrs.field(alias="vocab_size")
+    # The model's markup, for forced tool calls; chosen from the tokenizer when not given.
+    _family: Family | None = attrs.field(default=None, alias="family")
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _ll_tokenizer: LLTokenizer | None = attrs.field(default=None, init=False)
     _compiled: OrderedDict[str, CompiledConstraint] = attrs.field(factory=OrderedDict, init=False)
@@ -88,7 +93,9 @@ class ConstraintCompiler:
         Raises:
             RequestError: the constraint is invalid or over budget, or the tool choice cannot be enforced.
         """
-        constraint = constraint_of(self._tokenizer, request)
+        if self._family is None:
+            self._family = choose_family(self._tokenizer)
+        constraint = constraint_of(self._tokenizer, self._family, request)
         return None if constraint is None else grammar_of(constraint)
 
     def compile(self, constraint: Constraint) -> CompiledConstraint:
@@ -186,11 +193,11 @@ def needs_constraint(request: GenerationRequest) -> bool:
     return request.params.constraint is not None or _forces_tool(request)
 
 
-def constraint_of(tokenizer: Tokenizer, request: GenerationRequest) -> Constraint | None:
+def constraint_of(tokenizer: Tokenizer, family: Family, request: GenerationRequest) -> Constraint | None:
     if isinstance(request, ChatRequest) and _forces_tool(request):
         if request.params.constraint is not None:
             raise invalid("A forced tool call and a response format cannot both constrain one output", param="tool_choice")
-        return tool_call_constraint(tokenizer, request.tools, request.tool_choice)
+        return tool_call_constraint(tokenizer, family, request.tools, request.tool_choice)
     return request.params.constraint
 
 
@@ -198,33 +205,24 @@ def _forces_tool(request: GenerationRequest) -> bool:
     return isinstance(request, ChatRequest) and request.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
 
 
-def tool_call_constraint(tokenizer: Tokenizer, tools: tuple[Tool, ...], choice: ToolChoice) -> Constraint:
+def tool_call_constraint(tokenizer: Tokenizer, family: Family, tools: tuple[Tool, ...], choice: ToolChoice) -> Constraint:
     """A grammar that makes the model write exactly one call to an allowed tool.
 
-    It follows the model's own markup, so the sink parses the call as if
-    the model had chosen it: `<start>{"name": ..., "arguments": {...}}<end>`.
+    It follows the family's own markup (`stages/families/`), so the sink
+    parses the call as if the model had chosen it; a model with no call
+    markup writes the call's JSON alone (a list of calls for `required`).
 
     Raises:
-        RequestError: the model's tool-call markup is not JSON between markers,
-            or the named tool is not among `tools`.
+        RequestError: the family's calls cannot be forced, or the named tool is not among `tools`.
     """
-    start, end = tokenizer.tool_call_start, tokenizer.tool_call_end
-    if not start or not end or not _json_markup(tokenizer):
-        raise invalid("tool_choice 'required' needs a model whose tool calls are JSON between markers", param="tool_choice")
     allowed = tools if choice.mode is ToolChoiceMode.REQUIRED else tuple(t for t in tools if t.name == choice.name)
     if not allowed:
         raise invalid(f"tool_choice names {quote(choice.name)}, which is not among the tools", param="tool_choice")
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": tool.name}, "arguments": tool.parameters or {"type": "object"}},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for tool in allowed
-    ]
-    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": dict(_JSON_OPTIONS)}
-    lark = f"start: {_marker(tokenizer, start)} {json.dumps(chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10))} {_marker(tokenizer, end)}"
+    grammar = family.forced_required if choice.mode is ToolChoiceMode.REQUIRED and family.forced_required else family.forced
+    try:
+        lark = grammar(allowed, partial(_marker, tokenizer))
+    except NotImplementedError:
+        raise invalid(f"tool_choice {choice.mode.value!r} cannot be enforced in this model's tool-call markup", param="tool_choice") from None
     return Constraint(kind=ConstraintKind.GRAMMAR, spec=lark, param="tool_choice")
 
 
@@ -233,8 +231,3 @@ def _marker(tokenizer: Tokenizer, text: str) -> str:
     llguidance matches as a token rather than as its text."""
     ids = tokenizer.encode(text, add_special_tokens=False)
     return f"<[{ids[0]}]>" if len(ids) == 1 else json.dumps(text)
-
-
-def _json_markup(tokenizer: Tokenizer) -> bool:
-    parser = tokenizer.tool_parser
-    return parser is not None and getattr(parser, "__module__", "").endswith("json_tools")

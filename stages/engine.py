@@ -28,6 +28,9 @@ from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
 from stages.chat import ChatStage, render_chat_text
 from stages.constraints import ConstraintCompiler
+from stages.families import choose_family
+from stages.families.base import Family
+from stages.families.preamble import template_ignores_tools
 from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
 from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.kv.plan import Fit, assess
@@ -89,6 +92,8 @@ class Engine:
     info: ModelInfo = attrs.field(init=False)
     tokenizer: Tokenizer = attrs.field(init=False)
     _encoder: BoundedEncoder = attrs.field(init=False)
+    family: Family = attrs.field(init=False)
+    _preamble: Family | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         settings = self._settings
@@ -114,6 +119,7 @@ class Engine:
         )
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
         self._encoder = await anyio.to_thread.run_sync(BoundedEncoder.of, self.tokenizer)
+        self.family, self._preamble = await anyio.to_thread.run_sync(self._markup)
         self.fit = await anyio.to_thread.run_sync(
             partial(
                 assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
@@ -157,8 +163,9 @@ class Engine:
                 prompt is past the context window (counting stops there).
         """
         reservation, window = self._tokenizing, self.info.context_window
+        render = partial(render_chat_text, self.tokenizer, request, preamble=self._preamble)
         async with reservation.slots:
-            text = await anyio.to_thread.run_sync(render_chat_text, self.tokenizer, request, limiter=reservation.threads)
+            text = await anyio.to_thread.run_sync(render, limiter=reservation.threads)
         tokens = await encode_bounded(self._encoder, text, reservation, at_most=window)
         if tokens is None:
             raise invalid(f"prompt is too long: more than {window} tokens, this model's maximum", param="messages",
@@ -213,13 +220,13 @@ class Engine:
         control: Channel[Abort] = open_channel(settings.max_batch, name="control")
         steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
         self._gateway = self._make_gateway(prepared.receive, control, steps.send, disk)
-        self._sink = CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer)
+        self._sink = CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer, family=self.family)
         # Started in this order: the model loads first, then downstream to upstream (S6).
         return [
             self._gateway,
             self._sink,
             self._make_prepare(jobs.receive, prepared.send),
-            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer),
+            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer, preamble=self._preamble),
             TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size),
             ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send),
         ]
@@ -243,6 +250,7 @@ class Engine:
             spills_in=spills.receive,
             load=partial(load_weights, self.info),
             eos_ids=frozenset(self.tokenizer.eos_token_ids),
+            think_ids=self._think_ids(),
             max_batch=settings.max_batch,
             prefill_step_size=settings.prefill_step_size,
             scheduler=KvScheduler(self.fit.model, memory.usable_bytes),
@@ -265,9 +273,24 @@ class Engine:
             context_window=info.context_window,
             vocab_size=info.vocab_size,
             max_safe_context=self.fit.memory.max_safe_context,
-            compiler=ConstraintCompiler(tokenizer=self.tokenizer, vocab_size=info.vocab_size),
+            compiler=ConstraintCompiler(tokenizer=self.tokenizer, vocab_size=info.vocab_size, family=self.family),
             encoder=self._encoder,
         )
+
+    def _think_ids(self) -> tuple[int, int] | None:
+        """The think markers as token ids, where each is one token (a thinking budget needs them)."""
+        if self.family.think is None:
+            return None
+        ids = [self.tokenizer.encode(marker, add_special_tokens=False) for marker in self.family.think]
+        return (ids[0][0], ids[1][0]) if all(len(marker) == 1 for marker in ids) else None
+
+    def _markup(self) -> tuple[Family, Family | None]:
+        """The model's family, and itself again where the template ignores `tools` (a preamble then describes them)."""
+        settings, tokenizer = self._settings, self.tokenizer
+        family = choose_family(tokenizer, tool_parser=settings.tool_parser, reasoning_parser=settings.reasoning_parser)
+        ignores = template_ignores_tools(lambda messages, tools: tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True))
+        log.info("engine.markup", family=family.name, think=family.think, tool_preamble=ignores)
+        return family, family if ignores else None
 
     def _release(self, request_id: str) -> None:
         del self._open[request_id]

@@ -54,6 +54,7 @@ from stages.cache.tier import Entry, Key
 if TYPE_CHECKING:
     from llguidance import LLMatcher
     from mlx_lm.generate import BatchGenerator
+    from stages.sampling import ThinkBudget
 
 log = structlog.get_logger(stage="gateway")
 
@@ -116,6 +117,8 @@ class GenerationGateway:
     _disk: DiskTier | None = attrs.field(default=None, alias="disk")
     # Rows whose prompts prefill together (the plan's figure); None: max_batch.
     _prefill_rows: int | None = attrs.field(default=None, alias="prefill_rows")
+    # The think markers' token ids (start, end), where each is one token: thinking budgets need them.
+    _think_ids: tuple[int, int] | None = attrs.field(default=None, alias="think_ids")
     # Touched only by the model thread.
     _rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)
@@ -258,6 +261,15 @@ class GenerationGateway:
                     admitted.append(Admitted(prepared=row, admitted_at=time.monotonic(), cached_tokens=cached))
         return tuple(admitted)
 
+    def _budget(self, row: Prepared) -> ThinkBudget | None:
+        budget = row.params.thinking_budget
+        if budget is None or self._think_ids is None:
+            return None
+        from stages.sampling import ThinkBudget
+
+        start, end = self._think_ids
+        return ThinkBudget(budget=budget, start=start, end=end, opened=_opened(row.prompt_tokens[-64:], start, end))
+
     def _insert(self, generator: BatchGenerator, waiting: Waiting) -> int:
         from stages.sampling import make_row_processors, make_row_sampler
 
@@ -269,7 +281,7 @@ class GenerationGateway:
             arrival=self._kv.arrive(),
             generated=(),
             sampler=make_row_sampler(row.params.sampling),
-            processors=make_row_processors(row.params.sampling, row.max_tokens, _matcher(row)),
+            processors=make_row_processors(row.params.sampling, row.max_tokens, _matcher(row), self._budget(row)),
             replaces=hit.source if hit is not None and hit.continues else None,
         )
         (uid,) = generator.insert(
@@ -445,6 +457,12 @@ def _drain(stream: MemoryObjectReceiveStream[T], *, limit: int | None) -> list[T
         except (anyio.WouldBlock, anyio.EndOfStream):
             break
     return items
+
+
+def _opened(prompt: tuple[int, ...], start: int, end: int) -> bool:
+    """The prompt ends inside a think section its template opened."""
+    last_start = max((i for i, token in enumerate(prompt) if token == start), default=-1)
+    return last_start >= 0 and end not in prompt[last_start:]
 
 
 def _matcher(row: Prepared) -> LLMatcher | None:

@@ -1,10 +1,10 @@
 """The model's output markup: answer text, reasoning, and tool calls.
 
 `MarkupSplitter` reads decoded text (after stop strings are applied) and
-splits it into completion events by the markers mlx-lm infers for the
-model (`<think>`…`</think>`, `<tool_call>`…`</tool_call>` and the other
-families): reasoning goes to `ReasoningDelta`, each closed tool call is
-parsed with mlx-lm's tool parser for the model into one `ToolCall`, and
+splits it into completion events by the markup of the model's family
+(`stages/families/`): reasoning goes to `ReasoningDelta`, each call
+section is parsed by the family's parser into `ToolCall`s, layout markers
+(message headers, the brackets around a list of calls) are removed, and
 the rest is `TextDelta`. Like the stop matcher it holds back only a suffix
 that could still become a marker, so no marker is ever streamed as text.
 Pure; no I/O.
@@ -15,19 +15,14 @@ from __future__ import annotations
 import enum
 import json
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import attrs
 
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall, append_text
-from pipeline.jsontext import loads
 from pipeline.requests import Tool
-from stages.chat import template_tool
-from stages.models.loading import Tokenizer
-from stages.stops import earliest, partial_suffix
-
-ToolParser = Callable[[str, Any], Any]
+from stages.families.base import Family
+from stages.stops import partial_suffix
 
 
 class Section(enum.Enum):
@@ -41,8 +36,8 @@ class Markers:
     """What to look for in one request's output; None disables a kind."""
 
     think: tuple[str, str] | None = None
-    tool_call: tuple[str, str] | None = None
-    tool_parser: ToolParser | None = None
+    # The family whose calls are parsed; None when the request has no tools.
+    family: Family | None = None
     tools: tuple[Tool, ...] = ()
 
 
@@ -52,8 +47,12 @@ class MarkupSplitter:
     # The template may open the reasoning section itself (the prompt ends in `<think>`).
     _section: Section = attrs.field(default=Section.ANSWER, alias="section")
     _held: str = attrs.field(default="", init=False)
+    _opener: str = attrs.field(default="", init=False)
+    _closer: str | None = attrs.field(default=None, init=False)
     _call_text: str = attrs.field(default="", init=False)
     _calls: int = attrs.field(default=0, init=False)
+    # At the start of a message (only whitespace since): where `leading` openers count.
+    _boundary: bool = attrs.field(default=True, init=False)
     # Whitespace next to a marker is layout, not content: it is dropped
     # after one, and held back until the next text shows none follows.
     _trim_next: bool = attrs.field(init=False)
@@ -76,14 +75,31 @@ class MarkupSplitter:
         events: list[CompletionEvent] = []
         buffer, self._held = self._held + text, ""
         while buffer:
+            if self._section is Section.ANSWER and self._boundary and self._leading():
+                rest = self._open_leading(buffer, final=final)
+                if rest is None:
+                    self._held = buffer
+                    break
+                if rest is not buffer:
+                    buffer = rest
+                    continue
             markers = self._markers_here()
-            found = earliest(buffer, markers)
+            found = _first(buffer, markers)
+            if found is not None and not final and self._may_grow(buffer[found[0] :], markers):
+                self._emit(buffer[: found[0]], events)
+                self._held = buffer[found[0] :]
+                break
             if found is None:
                 keep = 0 if final else partial_suffix(buffer, markers)
                 self._emit(buffer[: len(buffer) - keep], events)
                 self._held = buffer[len(buffer) - keep :]
                 break
             index, marker = found
+            if self._section is Section.TOOL_CALL and self._inside_call(marker, self._call_text + buffer[:index]):
+                # A marker inside an unfinished call, or inside one of its JSON strings, is part of its arguments.
+                self._call_text += buffer[: index + len(marker)]
+                buffer = buffer[index + len(marker) :]
+                continue
             self._emit(buffer[:index], events)
             buffer = buffer[index + len(marker) :]
             self._cross(marker, events)
@@ -91,27 +107,65 @@ class MarkupSplitter:
             self._flush(events)
         return events
 
+    def _inside_call(self, marker: str, body: str) -> bool:
+        family = self._markers.family
+        if marker != self._closer:
+            return self._parsed(body) is None
+        return family is not None and family.json_bodies and _in_json_string(body)
+
+    def _leading(self) -> tuple[str, ...]:
+        family = self._markers.family
+        return family.leading if family is not None else ()
+
+    def _open_leading(self, buffer: str, *, final: bool) -> str | None:
+        """At a boundary: the text after a leading opener, `buffer` itself if none opens, or None to wait."""
+        stripped = buffer.lstrip()
+        hit = next((opener for opener in self._leading() if stripped.startswith(opener)), None)
+        if hit is not None:
+            self._open_call(hit, None)
+            return stripped[len(hit) :]
+        if not final and (not stripped or any(opener.startswith(stripped) for opener in self._leading())):
+            return None
+        self._boundary = False
+        return buffer
+
     def _markers_here(self) -> list[str]:
         """The markers that end the current section or open another."""
-        think, tool = self._markers.think, self._markers.tool_call
+        think, family = self._markers.think, self._markers.family
         if self._section is Section.REASONING:
             return [think[1]] if think else []
         if self._section is Section.TOOL_CALL:
-            return [tool[1]] if tool else []
-        return [pair[0] for pair in (think, tool) if pair is not None]
+            return [self._closer] if self._closer else [opener for opener, _ in family.calls] if family else []
+        markers = [think[0]] if think else []
+        if family is not None:
+            markers += [opener for opener, _ in family.calls] + list(family.dropped)
+        return markers
+
+    def _may_grow(self, tail: str, markers: list[str]) -> bool:
+        """`tail` is a whole marker that is also the start of a longer one."""
+        return any(len(marker) > len(tail) and marker.startswith(tail) for marker in markers)
 
     def _cross(self, marker: str, events: list[CompletionEvent]) -> None:
-        think, tool = self._markers.think, self._markers.tool_call
+        think, family = self._markers.think, self._markers.family
         if self._section is Section.TOOL_CALL:
-            events.append(self._parse_call())
+            events.extend(self._parse_call())
             self._section = Section.ANSWER
+            if marker != self._closer:
+                self._cross(marker, events)
+                return
         elif self._section is Section.REASONING:
-            self._section = Section.ANSWER
+            self._section, self._boundary = Section.ANSWER, True
         elif think is not None and marker == think[0]:
             self._section = Section.REASONING
-        elif tool is not None and marker == tool[0]:
-            self._section = Section.TOOL_CALL
+        elif family is not None and marker in family.dropped:
+            self._boundary = True
+        elif family is not None:
+            self._open_call(marker, dict(family.calls)[marker])
         self._trim_next, self._space = True, ""
+
+    def _open_call(self, opener: str, closer: str | None) -> None:
+        self._section, self._opener, self._closer, self._call_text = Section.TOOL_CALL, opener, closer, ""
+        self._boundary = False
 
     def _emit(self, text: str, events: list[CompletionEvent]) -> None:
         if self._trim_next:
@@ -124,60 +178,70 @@ class MarkupSplitter:
         if not body:
             self._space += text
             return
+        if self._section is Section.ANSWER:
+            self._boundary = False
         text, self._space = self._space + body, text[len(body) :]
         kind = ReasoningDelta if self._section is Section.REASONING else TextDelta
         append_text(events, kind(text=text))
 
     def _flush(self, events: list[CompletionEvent]) -> None:
-        if self._section is Section.TOOL_CALL and self._call_text:
+        if self._section is Section.TOOL_CALL:
             # Some families close a call with EOS rather than an end marker.
-            events.append(self._parse_call())
+            events.extend(self._parse_call())
         elif self._space:
             # No marker followed: the whitespace was the model's text after all.
             kind = ReasoningDelta if self._section is Section.REASONING else TextDelta
             append_text(events, kind(text=self._space))
         self._section, self._space = Section.ANSWER, ""
 
-    def _parse_call(self) -> CompletionEvent:
-        text, self._call_text = self._call_text, ""
-        parsed = _parse(self._markers, text)
-        if parsed is None:
-            # Unparseable markup is kept as the text the model wrote.
-            start, end = self._markers.tool_call or ("", "")
-            return TextDelta(text=f"{start}{text}{end}")
-        name, arguments = parsed
-        call = ToolCall(index=self._calls, id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=arguments)
-        self._calls += 1
-        return call
-
-
-def markers_for(tokenizer: Tokenizer, tools: Sequence[Tool], *, parse_tools: bool) -> Markers:
-    """The markers of a request: thinking if the model has it, tools if asked for."""
-    think = (tokenizer.think_start, tokenizer.think_end) if tokenizer.think_start and tokenizer.think_end else None
-    start, end, parser = tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser
-    tool_call = (start, end) if parse_tools and start and end and parser else None
-    return Markers(think=think, tool_call=tool_call, tool_parser=parser, tools=tuple(tools))
-
-
-def _parse(markers: Markers, text: str) -> tuple[str, str] | None:
-    if markers.tool_parser is None:
-        return None
-    schema = [template_tool(tool) for tool in markers.tools]
-    try:
-        parsed = markers.tool_parser(text, schema)
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError):
-        # Whatever the model wrote that the parser cannot read is text, not a call.
-        return None
-    if isinstance(parsed, list):
-        parsed = parsed[0] if len(parsed) == 1 else None
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
-        return None
-    arguments = parsed.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = loads(arguments)
-        except ValueError:  # not JSON, or nested past what is safe to read
+    def _parsed(self, body: str) -> list[tuple[str, str]] | None:
+        family = self._markers.family
+        if family is None:
             return None
-    if not isinstance(arguments, dict):
-        return None
-    return parsed["name"], json.dumps(arguments, ensure_ascii=False)
+        try:
+            calls = family.parse(self._opener, body, self._markers.tools)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError):
+            return None
+        if not calls:
+            return None
+        return [(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in calls]
+
+    def _parse_call(self) -> list[CompletionEvent]:
+        text, self._call_text = self._call_text, ""
+        parsed = self._parsed(text)
+        if parsed is None:
+            # Unparseable markup is kept as the text the model wrote; a call cut off at its opener is dropped.
+            return [TextDelta(text=f"{self._opener}{text}{self._closer or ''}")] if text.strip() else []
+        events: list[CompletionEvent] = []
+        for name, arguments in parsed:
+            events.append(ToolCall(index=self._calls, id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=arguments))
+            self._calls += 1
+        return events
+
+
+def markers_for(family: Family, tools: Sequence[Tool], *, parse_tools: bool, forced: bool = False) -> Markers:
+    """The markers of a request: thinking if the model has it, tools if asked for.
+
+    A family with no call markup (plain JSON) parses calls only when forced.
+    """
+    calls = parse_tools and (family.auto_calls or forced)
+    return Markers(think=family.think, family=family if calls else None, tools=tuple(tools))
+
+
+def _in_json_string(body: str) -> bool:
+    """`body` ends inside a JSON string (counted from its first `{`)."""
+    inside, escaped = False, False
+    for char in body[max(body.find("{"), 0) if "{" in body else len(body) :]:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = inside
+        elif char == '"':
+            inside = not inside
+    return inside
+
+
+def _first(buffer: str, markers: Sequence[str]) -> tuple[int, str] | None:
+    """The earliest marker in `buffer`; of two at one place, the longer."""
+    found = [(buffer.find(marker), marker) for marker in markers if marker and marker in buffer]
+    return min(found, key=lambda hit: (hit[0], -len(hit[1])), default=None)

@@ -76,7 +76,9 @@ def make_row_sampler(sampling: Sampling) -> Sampler:
     return KeyedSampler(sampling)
 
 
-def make_row_processors(sampling: Sampling, max_tokens: int, constraint: LLMatcher | None = None) -> list[LogitsProcessor]:
+def make_row_processors(
+    sampling: Sampling, max_tokens: int, constraint: LLMatcher | None = None, budget: ThinkBudget | None = None
+) -> list[LogitsProcessor]:
     # OpenAI's penalties count every generated token, so the window is the
     # whole completion rather than mlx-lm's default of the last 20.
     window = max(1, max_tokens)
@@ -89,6 +91,8 @@ def make_row_processors(sampling: Sampling, max_tokens: int, constraint: LLMatch
         frequency_penalty=sampling.frequency_penalty,
         frequency_context_size=window,
     )
+    if budget is not None:
+        processors.append(budget)
     if constraint is not None:
         # Last, so no bias or penalty can lift a forbidden token back up.
         processors.append(ConstraintProcessor(constraint))
@@ -132,6 +136,31 @@ def rewind_row(sampler: object, processors: Sequence[object], calls: int) -> Non
         rewind = getattr(part, "rewind", None)
         if rewind is not None:
             rewind(calls)
+class ThinkBudget:
+    """Closes the think section when `budget` thinking tokens are spent.
+    Counts the tokens sampled inside the section (opened by the prompt or
+    by the start marker); once the count reaches the budget, only the end
+    marker may be sampled, so the model goes on to its answer.
+    """
+    def __init__(self, *, budget: int, start: int, end: int, opened: bool) -> None:
+        self._budget, self._start, self._end = budget, start, end
+        self._inside, self._spent, self._started = opened, 0, False
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self._started:
+            self._see(cast(int, tokens[-1].item()))
+        self._started = True
+        if not self._inside or self._spent < self._budget:
+            return logits
+        only_end = mx.full(logits.shape, -mx.inf, dtype=logits.dtype)
+        only_end[..., self._end] = 0.0
+        return logits + only_end
+    def _see(self, token: int) -> None:
+        if token == self._start:
+            self._inside, self._spent = True, 0
+        elif token == self._end:
+            self._inside = False
+        elif self._inside:
+            self._spent += 1
 
 
 def token_scores(logprobs: mx.array, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:

@@ -32,6 +32,8 @@ from pipeline.events import CompletionEvent, FinishReason, Logprobs, Summary, To
 from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
 from stages.gateway import send_abort
+from stages.families import choose_family
+from stages.families.base import Family
 from stages.markup import Markers, MarkupSplitter, Section, markers_for
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores
 from stages.models.loading import StreamingDetokenizer, Tokenizer, completion_detokenizer, token_text
@@ -61,11 +63,15 @@ class CompletionSink:
     _inbox: MemoryObjectReceiveStream[StepOutputs] = attrs.field(alias="inbox")
     _aborts: MemoryObjectSendStream[Abort] = attrs.field(alias="aborts")
     _tokenizer: Tokenizer = attrs.field(alias="tokenizer")
+    # The model's markup; chosen from the tokenizer when not given.
+    _family: Family | None = attrs.field(default=None, alias="family")
     _rows: dict[str, RowText] = attrs.field(factory=dict, init=False)
     _eos_ids: frozenset[int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._eos_ids = frozenset(self._tokenizer.eos_token_ids)
+        if self._family is None:
+            self._family = choose_family(self._tokenizer)
 
     @property
     def open_rows(self) -> int:
@@ -156,8 +162,12 @@ class CompletionSink:
             # A raw completion is plain text: nothing in it is markup.
             return MarkupSplitter(Markers())
         parse_tools = bool(request.tools) and request.tool_choice.mode is not ToolChoiceMode.NONE
-        markers = markers_for(self._tokenizer, request.tools, parse_tools=parse_tools)
-        return MarkupSplitter(markers, section=self._opening_section(markers, prepared.prompt_tokens))
+        forced = request.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
+        assert self._family is not None
+        markers = markers_for(self._family, request.tools, parse_tools=parse_tools, forced=forced)
+        # A forced call's grammar writes the call at once, whatever the prompt opened.
+        section = Section.ANSWER if forced else self._opening_section(markers, prepared.prompt_tokens)
+        return MarkupSplitter(markers, section=section)
 
     def _opening_section(self, markers: Markers, prompt: tuple[int, ...]) -> Section:
         """REASONING when the template's generation prompt opened a think block."""

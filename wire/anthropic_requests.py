@@ -72,6 +72,7 @@ def _decode(body: Body, *, max_tokens: int) -> ChatRequest:
             stop=read_stops(body.get("stop_sequences"), "stop_sequences", allow_string=False),
             # `output_config.effort` and `task_budget` are advisory; `format` constrains.
             constraint=anthropic_constraint(body),
+            thinking_budget=_thinking_budget(body),
         ),
         template_kwargs=_read_thinking(body),
         tools=tools,
@@ -230,6 +231,14 @@ def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
 def _disables_parallel(body: Body) -> bool:
     choice = body.get("tool_choice")
     return isinstance(choice, dict) and read_bool(choice, "disable_parallel_tool_use") is True
+
+
+def _thinking_budget(body: Body) -> int | None:
+    """`thinking.budget_tokens` of enabled thinking: the sampler closes the think section when it is spent."""
+    raw = body.get("thinking")
+    if not isinstance(raw, dict) or raw.get("type") != "enabled":
+        return None
+    return read_int(raw, "budget_tokens", minimum=1)
 
 
 def _read_thinking(body: Body) -> dict[str, JsonValue]:

@@ -157,3 +157,9 @@ def read_arguments(value: JsonValue, param: str) -> str:
     except ValueError:
         pass  # not JSON: templates get the text itself
     return value
+# gpt-oss's template reads `reasoning_effort` and knows only these three.
+_TEMPLATE_EFFORT = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+def effort_kwargs(effort: str) -> dict[str, JsonValue]:
+    """Template arguments for a reasoning effort: thinking on or off (Qwen3,
+    DeepSeek, through mlx-lm's `enable_thinking`) and gpt-oss's level."""
+    return {"enable_thinking": effort not in ("none", "minimal"), "reasoning_effort": _TEMPLATE_EFFORT[effort]}

@@ -30,6 +30,7 @@ from wire.fields import (
     Body,
     as_body,
     as_list,
+    effort_kwargs,
     as_object,
     as_str,
     named_tool,
@@ -57,7 +58,9 @@ def decode_chat(value: JsonValue) -> ChatRequest:
     kwargs = dict(read_object(body, "chat_template_kwargs") or {})
     effort = read_str(body, "reasoning_effort")
     if effort is not None:
-        kwargs.setdefault("enable_thinking", _thinking_for_effort(effort))
+        _check_effort(effort)
+        for key, value in effort_kwargs(effort).items():
+            kwargs.setdefault(key, value)
     tools = _read_tools(body)
     return ChatRequest(
         messages=_read_messages(body),
@@ -195,10 +198,9 @@ def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
     raise invalid("'tool_choice' must be 'none', 'auto', 'required' or a function", param="tool_choice")
 
 
-def _thinking_for_effort(effort: str) -> bool:
+def _check_effort(effort: str) -> None:
     if effort not in _EFFORTS:
         raise invalid(f"'reasoning_effort' must be one of {sorted(_EFFORTS)}", param="reasoning_effort")
-    return effort not in ("none", "minimal")
 
 
 def _read_content(value: JsonValue, param: str, *, allow_null: bool) -> str:

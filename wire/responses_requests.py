@@ -37,6 +37,7 @@ from wire.fields import (
     Body,
     as_body,
     as_list,
+    effort_kwargs,
     as_object,
     as_str,
     named_tool,
@@ -272,7 +273,7 @@ def _read_reasoning(body: Body) -> JsonObject:
         return {}
     if effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
         raise invalid(f"Invalid 'reasoning.effort': {quote(effort)}.", param="reasoning.effort")
-    return {"enable_thinking": effort not in ("none", "minimal")}
+    return effort_kwargs(effort)
 
 
 def continued_input(stored_input: Sequence[JsonValue], stored_output: Sequence[JsonValue]) -> tuple[JsonObject, ...]:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from mlx_lm.tool_parsers.json_tools import parse_tool_call
 
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
 from pipeline.requests import Tool
+from stages.families import hermes
 from stages.markup import Markers, MarkupSplitter, Section
 from stages.models.loading import Tokenizer
 
-MARKERS = Markers(think=("<think>", "</think>"), tool_call=("<tool_call>", "</tool_call>"), tool_parser=parse_tool_call)
+MARKERS = Markers(think=("<think>", "</think>"), family=hermes.FAMILY)
 
 
 def merged(events: list[CompletionEvent]) -> list[tuple[str, str]]:
@@ -107,12 +107,13 @@ def test_no_markers_is_plain_text() -> None:
 @pytest.mark.parametrize("per_step", [1, 2, 3])
 def test_real_tokens_through_the_detokenizer(tokenizer: Tokenizer, per_step: int) -> None:
     """The path the sink takes: model tokens → mlx-lm's streaming detokenizer → splitter."""
+    from stages.families import choose_family
     from stages.markup import markers_for
 
     text = '<think>\nweigh é options\n</think>\n\nCalling: <tool_call>\n{"name": "f", "arguments": {"q": "ü"}}\n</tool_call>'
     tokens = tokenizer.encode(text, add_special_tokens=False)
-    markers = markers_for(tokenizer, (Tool(name="f"),), parse_tools=True)
-    assert markers.think is not None and markers.tool_call is not None  # inferred by mlx-lm, not hard-coded
+    markers = markers_for(choose_family(tokenizer), (Tool(name="f"),), parse_tools=True)
+    assert markers.think is not None and markers.family is not None and markers.family.name == "mlx-lm"  # inferred, not hard-coded
     splitter, detokenizer = MarkupSplitter(markers), tokenizer.detokenizer
     events: list[CompletionEvent] = []
     for start in range(0, len(tokens), per_step):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 
 from pipeline.requests import (
@@ -217,8 +218,11 @@ VALID_MESSAGES = [
     pytest.param(body(temperature=1), chat(temperature=1.0), id="temperature-at-maximum"),
     pytest.param(
         body(thinking={"type": "enabled", "budget_tokens": 1024}),
-        chat(template_kwargs={"enable_thinking": True}),
-        id="thinking-enabled",
+        attrs.evolve(
+            chat(template_kwargs={"enable_thinking": True}),
+            params=attrs.evolve(chat().params, thinking_budget=1024),
+        ),
+        id="thinking-enabled-with-its-budget",
     ),
     pytest.param(
         body(thinking={"type": "disabled"}), chat(template_kwargs={"enable_thinking": False}), id="thinking-disabled"

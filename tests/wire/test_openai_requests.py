@@ -323,14 +323,18 @@ VALID_CHAT = [
     pytest.param(chat_body(prompt_cache_key="conv-1"), chat(cache_key="conv-1"), id="prompt_cache_key"),
     pytest.param(chat_body(session_id="s-9"), chat(cache_key="s-9"), id="session_id-as-cache-key"),
     pytest.param(
-        chat_body(reasoning_effort="low"), chat(template_kwargs={"enable_thinking": True}), id="reasoning_effort-low"
+        chat_body(reasoning_effort="low"),
+        chat(template_kwargs={"enable_thinking": True, "reasoning_effort": "low"}),
+        id="reasoning_effort-low"
     ),
     pytest.param(
-        chat_body(reasoning_effort="none"), chat(template_kwargs={"enable_thinking": False}), id="reasoning_effort-none"
+        chat_body(reasoning_effort="none"),
+        chat(template_kwargs={"enable_thinking": False, "reasoning_effort": "low"}),
+        id="reasoning_effort-none"
     ),
     pytest.param(
         chat_body(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}),
-        chat(template_kwargs={"enable_thinking": True}),
+        chat(template_kwargs={"enable_thinking": True, "reasoning_effort": "low"}),
         id="explicit-template-kwargs-win-over-reasoning_effort",
     ),
 ]

