@@ -65,6 +65,10 @@ class Settings:
     response_store_ttl: float = attrs.field(default=24 * 3600.0, validator=attrs.validators.gt(0.0))
     response_store_bytes: int = attrs.field(default=256 * 2**20, validator=_positive)
 
+    # Seconds between keepalive frames of a stream that has nothing to send yet
+    # (waiting in the queue, or in a long prefill).
+    keepalive_interval: float = attrs.field(default=5.0, validator=attrs.validators.gt(0.0))
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from the environment.

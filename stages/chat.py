@@ -20,7 +20,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.errors import invalid
 from pipeline.requests import ChatRequest, JsonObject, JsonValue, Message, Role, Tool, ToolCallRecord, ToolChoiceMode
-from stages.messages import Parsed, PrepareJob, PrepKind
+from stages.context_edits import apply_edits
+from stages.messages import Parsed, PrepareJob, PrepKind, Rendered
 from stages.models.loading import Tokenizer
 
 
@@ -43,7 +44,7 @@ class ChatStage:
         job = PrepareJob(
             request_id=parsed.request_id,
             kind=PrepKind.TOKENIZE,
-            tokenize=partial(render_chat, self._tokenizer, request),
+            tokenize=partial(render_edited if request.context_edits else render_chat, self._tokenizer, request),
             request=request,
             params=request.params,
             reply=parsed.reply,
@@ -81,6 +82,24 @@ def render_chat(tokenizer: Tokenizer, request: ChatRequest) -> list[int]:
     except (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, LookupError) as error:
         # Whatever the template raises on this input fails this request, not the engine.
         raise invalid(f"The model's chat template rejected the messages: {error}", param="messages") from None
+
+
+def render_edited(tokenizer: Tokenizer, request: ChatRequest) -> Rendered:
+    """Prompt tokens for `request` after its context edits, and what they removed.
+
+    Raises:
+        RequestError: the template refused the conversation.
+    """
+    renders: list[tuple[ChatRequest, list[int]]] = []
+
+    def count(candidate: ChatRequest) -> int:
+        renders.append((candidate, render_chat(tokenizer, candidate)))
+        return len(renders[-1][1])
+
+    edited = apply_edits(request, count)
+    # The edited conversation was rendered to count it: keep that render.
+    tokens = next(tokens for candidate, tokens in reversed(renders) if candidate is edited.request)
+    return Rendered(tokens=tokens, applied_edits=edited.applied)
 
 
 def _template_message(message: Message) -> JsonObject:

@@ -26,7 +26,7 @@ from pipeline.requests import ChatRequest, GenerationRequest
 from pipeline.settings import Settings
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
-from stages.chat import ChatStage, render_chat
+from stages.chat import ChatStage, render_chat, render_edited
 from stages.constraints import ConstraintCompiler
 from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
 from stages.gateway import GatewayStatistics, GenerationGateway
@@ -148,6 +148,9 @@ class Engine:
         Raises:
             RequestError: the template refused the conversation.
         """
+        if request.context_edits:
+            rendered = await anyio.to_thread.run_sync(render_edited, self.tokenizer, request, limiter=self._tokenizing.threads)
+            return len(rendered.tokens)
         tokens = await anyio.to_thread.run_sync(render_chat, self.tokenizer, request, limiter=self._tokenizing.threads)
         return len(tokens)
 

@@ -16,7 +16,7 @@ import attrs
 
 from pipeline.channels import ReplySlot
 from pipeline.events import FinishReason
-from pipeline.requests import Accepted, GenerationParams, GenerationRequest, JsonValue
+from pipeline.requests import Accepted, AppliedEdit, GenerationParams, GenerationRequest, JsonValue
 from pipeline.tracing import Timeline
 
 if TYPE_CHECKING:
@@ -55,6 +55,14 @@ class Parsed:
 
 
 @attrs.frozen(kw_only=True)
+class Rendered:
+    """Prompt tokens of a chat whose history was edited first, and what the edits removed."""
+
+    tokens: list[int]
+    applied_edits: tuple[AppliedEdit, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
 class PrepareJob:
     """CPU work that turns a request into prompt tokens, run off the loop.
 
@@ -63,7 +71,7 @@ class PrepareJob:
 
     request_id: str
     kind: PrepKind
-    tokenize: Callable[[], list[int]]
+    tokenize: Callable[[], list[int] | Rendered]
     request: GenerationRequest
     params: GenerationParams
     reply: Reply

@@ -27,7 +27,7 @@ from pipeline.errors import RequestError, invalid
 from pipeline.requests import Accepted, ChatRequest
 from pipeline.tracing import Mark
 from stages.constraints import CompiledConstraint, ConstraintCompiler, needs_constraint
-from stages.messages import Prepared, PrepareJob, PrepKind
+from stages.messages import Prepared, PrepareJob, PrepKind, Rendered
 
 log = structlog.get_logger(stage="prepare")
 
@@ -68,7 +68,8 @@ class PrepareStage:
 
     async def _work(self, job: PrepareJob, reservation: Reservation) -> None:
         try:
-            tokens = await anyio.to_thread.run_sync(job.tokenize, limiter=reservation.threads)
+            rendered = await anyio.to_thread.run_sync(job.tokenize, limiter=reservation.threads)
+            tokens, edits = (rendered.tokens, rendered.applied_edits) if isinstance(rendered, Rendered) else (rendered, ())
             prepared = self._check(job, tokens)
         except RequestError as error:
             job.reply.fail(error)
@@ -80,7 +81,7 @@ class PrepareStage:
             if compiled is None:
                 return
             prepared = attrs.evolve(prepared, constraint=compiled)
-        if not job.reply.accept(Accepted(request=job.request, prompt_tokens=len(tokens))):
+        if not job.reply.accept(Accepted(request=job.request, prompt_tokens=len(tokens), applied_edits=edits)):
             return
         log.info(
             "request.prepare",
@@ -102,6 +103,9 @@ class PrepareStage:
 
     def _check(self, job: PrepareJob, tokens: list[int]) -> Prepared:
         window, prompt, wanted = self._context_window, len(tokens), job.params.max_tokens
+        safe = min(window, self._max_safe_context or window)
+        if wanted is not None and job.params.clamp_max_tokens and prompt < safe:
+            wanted = min(wanted, safe - prompt)
         if prompt == 0:
             raise invalid("The prompt is empty after tokenization", param="prompt")
         # An id past the logits row would crash the model thread, not fail the request.
@@ -112,7 +116,6 @@ class PrepareStage:
                 param="logit_bias",
             )
         _refuse_past(job, prompt, wanted, f"This model's maximum context length is {window} tokens.", window, "context_length_exceeded")
-        safe = min(window, self._max_safe_context or window)
         # The memory budget's limit: a request past it fails here, before any model work.
         budget = f"This server's memory budget admits at most {safe} tokens per request (prompt plus completion)."
         _refuse_past(job, prompt, wanted, budget, safe, "context_over_budget")

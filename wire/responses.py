@@ -20,7 +20,7 @@ import attrs
 from pipeline.errors import RequestError
 from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summary, TextDelta, ToolCall, Usage
 from pipeline.requests import JsonObject, JsonValue
-from wire.sse import frame
+from wire.sse import comment, frame
 
 
 def usage_body(usage: Usage) -> JsonObject:
@@ -121,6 +121,9 @@ class ResponsesStream:
         self.final = self._finished(summary, [item.done(cut=cut and i == last) for i, item in enumerate(self._items)])
         name = "response.completed" if self.final["status"] == "completed" else "response.incomplete"
         return closing + self._event(name, response=self.final)
+
+    def keepalive(self) -> bytes:
+        return comment("keepalive")
 
     def error(self, error: RequestError) -> bytes:
         failed = self._response("failed", output=[])
