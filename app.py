@@ -205,6 +205,9 @@ async def responses() -> Response:
         instructions = decoded.instructions if decoded.instructions is not None else previous.instructions
     request_id = _request_id("resp_")
     replay = (*history, *decoded.input)
+    if decoded.skipped_tools:
+        # Hosted tools run on OpenAI's side; this server offers the model the others.
+        log.info("request.hosted_tools_skipped", trace_id=request.headers.get("x-request-id") or request_id, tools=list(decoded.skipped_tools))
 
     def decode(_body: JsonValue) -> ChatRequest:
         # The body was validated above, before the store lookup; only the splice is left.
@@ -219,6 +222,8 @@ async def responses() -> Response:
             instructions=instructions,
             previous_response_id=decoded.previous_response_id,
             store=decoded.store,
+            tool_specs=decoded.tool_specs,
+            grammar_call=decoded.grammar_call,
         )
 
     async def persist(protocol: StreamProtocol) -> None:

@@ -127,6 +127,17 @@ DEMO_MODELS: Mapping[str, DemoSpec] = MappingProxyType(
             vocab_size=1024,
             max_position_embeddings=2048,
         ),
+        # The tiny model with a window that fits agent clients' prompts (Claude Code, Codex: 10k–30k tokens).
+        "tiny-64k": DemoSpec(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            # A larger vocabulary: fewer prompt tokens, so a CPU prefills these prompts in time.
+            vocab_size=8192,
+            max_position_embeddings=65536,
+        ),
     }
 )
 
