@@ -28,6 +28,8 @@ from edge import guard  # noqa: E402
 from edge.redact import without_paths  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
+from pipeline.errors import ErrorKind, RequestError  # noqa: E402
+from pipeline.events import CompletionEvent  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
@@ -37,6 +39,7 @@ from stages.messages import Decoder, Reply  # noqa: E402
 from stages.parse import load_json  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
 from wire import responses as responses_wire  # noqa: E402
+from wire.anthropic_context import applied_edits_body  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
 from wire.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE  # noqa: E402
 from wire.metrics import render as render_metrics  # noqa: E402
@@ -76,6 +79,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
         log.error("server.cannot_start", reason=str(error))
         raise
     app.extensions["response_store"] = store
+    app.extensions["keepalive_interval"] = settings.keepalive_interval
     try:
         async with anyio.create_task_group() as outer:
             app.extensions["engine"] = await outer.start(Engine(settings=settings).run)
@@ -135,8 +139,8 @@ async def sse_body(reply: Reply, protocol: StreamProtocol, persist: Persist | No
     with reply:
         yield protocol.start()
         try:
-            async for events in reply:
-                yield protocol.add_events(events)
+            async for events in _batches(reply, cast(float, app.extensions["keepalive_interval"])):
+                yield protocol.keepalive() if events is None else protocol.add_events(events)
             tail = protocol.finish(reply.summary)
             if persist is not None:
                 await persist(protocol)
@@ -144,6 +148,19 @@ async def sse_body(reply: Reply, protocol: StreamProtocol, persist: Persist | No
             yield protocol.error(error)
             return
         yield tail
+
+
+async def _batches(reply: Reply, interval: float) -> AsyncIterator[list[CompletionEvent] | None]:
+    """The reply's event batches, and None each time `interval` passes without one."""
+    while True:
+        batch: list[CompletionEvent] | None = None
+        with anyio.move_on_after(interval):
+            try:
+                batch = await reply.__anext__()
+            except StopAsyncIteration:
+                return
+        # A wait cut short loses nothing: the reply keeps its events until read.
+        yield batch
 
 
 def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
@@ -174,8 +191,15 @@ async def count_tokens() -> Response:
 
 
 def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+    chat = accepted.request
+    assert isinstance(chat, ChatRequest)
     return anthropic.MessagesStream(
-        id=request_id, model=engine().info.name, input_tokens=accepted.prompt_tokens
+        id=request_id,
+        # Any model name is served by the one model, and echoed as asked (clients check it).
+        model=chat.model or engine().info.name,
+        input_tokens=accepted.prompt_tokens,
+        context_management=applied_edits_body(accepted.applied_edits) if chat.context_edits else None,
+        omit_thinking=chat.omit_reasoning,
     )
 
 
@@ -190,6 +214,9 @@ async def responses() -> Response:
         instructions = decoded.instructions if decoded.instructions is not None else previous.instructions
     request_id = _request_id("resp_")
     replay = (*history, *decoded.input)
+    if decoded.skipped_tools:
+        # Hosted tools run on OpenAI's side; this server offers the model the others.
+        log.info("request.hosted_tools_skipped", trace_id=request.headers.get("x-request-id") or request_id, tools=list(decoded.skipped_tools))
 
     def decode(_body: JsonValue) -> ChatRequest:
         # The body was validated above, before the store lookup; only the splice is left.
@@ -204,6 +231,8 @@ async def responses() -> Response:
             instructions=instructions,
             previous_response_id=decoded.previous_response_id,
             store=decoded.store,
+            tool_specs=decoded.tool_specs,
+            grammar_call=decoded.grammar_call,
         )
 
     async def persist(protocol: StreamProtocol) -> None:

@@ -22,6 +22,10 @@ class StreamProtocol(Protocol):
 
     def finish(self, summary: Summary) -> bytes: ...
 
+    def keepalive(self) -> bytes:
+        """A frame clients ignore, sent while no output comes (queue, prefill) so none sits in silence."""
+        ...
+
     def error(self, error: RequestError) -> bytes:
         """The terminal frame for a stream that failed after it began."""
         ...

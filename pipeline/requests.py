@@ -124,6 +124,52 @@ class GenerationParams:
     logprobs: int | None = None
     # Thinking tokens allowed before the think section is closed for the model (Anthropic `budget_tokens`).
     thinking_budget: int | None = None
+    # A max_tokens past what the window leaves is cut to fit (the turn then
+    # ends at the limit) rather than refused: Anthropic clients always ask
+    # for their own model's maximum.
+    clamp_max_tokens: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ClearThinking:
+    """Drop the reasoning of earlier assistant turns before rendering.
+
+    `keep_turns` is how many of the most recent assistant turns keep theirs;
+    None keeps every turn's (Anthropic's `keep: "all"`).
+    """
+
+    keep_turns: int | None = 1
+
+
+@attrs.frozen(kw_only=True)
+class ClearToolUses:
+    """Replace the oldest tool results with a placeholder once the prompt is large.
+
+    It triggers when the prompt passes `trigger_tokens`, or holds more than
+    `trigger_tool_uses` tool uses (whichever is set); the `keep` most recent
+    uses stay, and so do uses of `exclude_tools`. Nothing is cleared unless
+    at least `clear_at_least` prompt tokens go. `clear_inputs` also empties
+    the calls' arguments: all of them (True) or those of the named tools.
+    """
+
+    trigger_tokens: int | None = 100_000
+    trigger_tool_uses: int | None = None
+    keep: int = 3
+    clear_at_least: int = 0
+    exclude_tools: frozenset[str] = frozenset()
+    clear_inputs: bool | frozenset[str] = False
+
+
+ContextEdit = Union[ClearThinking, ClearToolUses]
+
+
+@attrs.frozen(kw_only=True)
+class AppliedEdit:
+    """What one context edit removed: `cleared` turns or tool uses, and the prompt tokens they held."""
+
+    edit: ContextEdit
+    cleared: int
+    cleared_input_tokens: int
 
 
 @attrs.frozen(kw_only=True)
@@ -144,6 +190,12 @@ class ChatRequest:
     continue_final: bool = False
     stream: bool = False
     include_usage: bool = False
+    # History edits applied before rendering, in order (Anthropic's context management).
+    context_edits: tuple[ContextEdit, ...] = ()
+    # The model name the client asked for, echoed where the API echoes it.
+    model: str | None = None
+    # The model still reasons, but the reply shows none of it (Anthropic's `display: "omitted"`).
+    omit_reasoning: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -176,3 +228,5 @@ class Accepted:
 
     request: GenerationRequest
     prompt_tokens: int
+    # The context edits that changed the prompt, in the order they ran.
+    applied_edits: tuple[AppliedEdit, ...] = ()

@@ -88,6 +88,10 @@ class Settings:
     # Seconds a request body may take to arrive before a 408.
     body_timeout: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
 
+    # Seconds between keepalive frames of a stream that has nothing to send yet
+    # (waiting in the queue, or in a long prefill).
+    keepalive_interval: float = attrs.field(default=5.0, validator=attrs.validators.gt(0.0))
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from the environment.

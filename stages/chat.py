@@ -21,9 +21,10 @@ from pipeline.actor import serve_items
 from pipeline.errors import excerpt, invalid
 from pipeline.jsontext import loads
 from pipeline.requests import ChatRequest, JsonObject, JsonValue, Message, Role, Tool, ToolCallRecord, ToolChoiceMode
+from stages.context_edits import apply_edits
 from stages.families.base import Family
 from stages.families.preamble import tool_preamble
-from stages.messages import Parsed, PrepareJob, PrepKind, PromptText
+from stages.messages import Parsed, PrepareJob, PrepKind, PromptText, Rendered
 from stages.models.loading import Tokenizer
 
 
@@ -47,7 +48,7 @@ class ChatStage:
         job = PrepareJob(
             request_id=parsed.request_id,
             kind=PrepKind.TOKENIZE,
-            tokenize=partial(render_chat_text, self._tokenizer, request, preamble=self._preamble),
+            tokenize=partial(render_edited if request.context_edits else render_chat_text, self._tokenizer, request, preamble=self._preamble),
             request=request,
             params=request.params,
             reply=parsed.reply,
@@ -112,6 +113,24 @@ def render_chat_text(tokenizer: Tokenizer, request: ChatRequest, *, preamble: Fa
         raise TypeError("the chat template did not render text")
     # The template writes any BOS itself.
     return PromptText(text, add_special_tokens=False)
+
+
+def render_edited(tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None) -> Rendered:
+    """Prompt tokens for `request` after its context edits, and what they removed.
+
+    Raises:
+        RequestError: the template refused the conversation.
+    """
+    renders: list[tuple[ChatRequest, list[int]]] = []
+
+    def count(candidate: ChatRequest) -> int:
+        renders.append((candidate, render_chat(tokenizer, candidate, preamble=preamble)))
+        return len(renders[-1][1])
+
+    edited = apply_edits(request, count)
+    # The edited conversation was rendered to count it: keep that render.
+    tokens = next(tokens for candidate, tokens in reversed(renders) if candidate is edited.request)
+    return Rendered(tokens=tokens, applied_edits=edited.applied)
 
 
 def _template_message(message: Message) -> JsonObject:

@@ -26,7 +26,7 @@ from pipeline.requests import ChatRequest, GenerationRequest
 from pipeline.settings import Settings
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
-from stages.chat import ChatStage, render_chat_text
+from stages.chat import ChatStage, render_chat_text, render_edited
 from stages.constraints import ConstraintCompiler
 from stages.families import choose_family
 from stages.families.base import Family
@@ -162,6 +162,10 @@ class Engine:
             RequestError: the template refused the conversation, or the
                 prompt is past the context window (counting stops there).
         """
+        if request.context_edits:
+            edited = partial(render_edited, self.tokenizer, request, preamble=self._preamble)
+            rendered = await anyio.to_thread.run_sync(edited, limiter=self._tokenizing.threads)
+            return len(rendered.tokens)
         reservation, window = self._tokenizing, self.info.context_window
         render = partial(render_chat_text, self.tokenizer, request, preamble=self._preamble)
         async with reservation.slots:

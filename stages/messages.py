@@ -16,7 +16,7 @@ import attrs
 
 from pipeline.channels import ReplySlot
 from pipeline.events import FinishReason
-from pipeline.requests import Accepted, GenerationParams, GenerationRequest, JsonValue
+from pipeline.requests import Accepted, AppliedEdit, GenerationParams, GenerationRequest, JsonValue
 from pipeline.tracing import Timeline
 
 if TYPE_CHECKING:
@@ -66,6 +66,14 @@ class PromptText:
 
 
 @attrs.frozen(kw_only=True)
+class Rendered:
+    """Prompt tokens of a chat whose history was edited first, and what the edits removed."""
+
+    tokens: list[int]
+    applied_edits: tuple[AppliedEdit, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
 class PrepareJob:
     """CPU work that turns a request into prompt tokens, run off the loop.
 
@@ -76,7 +84,7 @@ class PrepareJob:
 
     request_id: str
     kind: PrepKind
-    tokenize: Callable[[], list[int] | PromptText]
+    tokenize: Callable[[], list[int] | PromptText | Rendered]
     request: GenerationRequest
     params: GenerationParams
     reply: Reply

@@ -32,10 +32,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.actor import isolated, serve_items
 from pipeline.errors import RequestError, invalid
-from pipeline.requests import Accepted, ChatRequest
+from pipeline.requests import Accepted, AppliedEdit, ChatRequest
 from pipeline.tracing import Mark
 from stages.constraints import CompiledConstraint, ConstraintCompiler, needs_constraint
-from stages.messages import Prepared, PrepareJob, PrepKind, PromptText
+from stages.messages import Prepared, PrepareJob, PrepKind, PromptText, Rendered
 from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="prepare")
@@ -99,11 +99,11 @@ class PrepareStage:
     async def _work(self, job: PrepareJob, reservation: Reservation) -> None:
         # A task of its own: isolated here, as serve_items isolates the loop's items.
         with isolated(job.reply, stage="prepare"):
-            tokens = await self._tokens(job, reservation)
+            tokens, edits = await self._tokens(job, reservation)
             prepared = self._check(job, tokens)
             if needs_constraint(job.request):
                 prepared = attrs.evolve(prepared, constraint=await self._constrain(job))
-            if not job.reply.accept(Accepted(request=job.request, prompt_tokens=len(tokens))):
+            if not job.reply.accept(Accepted(request=job.request, prompt_tokens=len(tokens), applied_edits=edits)):
                 return
             log.info(
                 "request.prepare",
@@ -113,29 +113,35 @@ class PrepareStage:
             )
             await self._out.send(prepared)
 
-    async def _tokens(self, job: PrepareJob, reservation: Reservation) -> list[int]:
+    async def _tokens(self, job: PrepareJob, reservation: Reservation) -> tuple[list[int], tuple[AppliedEdit, ...]]:
         """Renders under the slot `_on_job` took, then tokenizes the text in bounded pieces."""
         try:
             prompt = await anyio.to_thread.run_sync(job.tokenize, limiter=reservation.threads)
         finally:
             reservation.slots.release()
+        if isinstance(prompt, Rendered):
+            return prompt.tokens, prompt.applied_edits
         if not isinstance(prompt, PromptText):
-            return prompt
+            return prompt, ()
         at_most = self._room(job)
         tokens = await encode_bounded(self._encoder, prompt, reservation, at_most=at_most)
         if tokens is None:
             # Past the limit: the exact count is not worth the work.
-            raise self._refusal(job, at_most + 1, at_least=True) or invalid("The prompt is too long", param=_prompt_param(job))
-        return tokens
+            raise self._refusal(job, at_most + 1, None if job.params.clamp_max_tokens else job.params.max_tokens,
+                                at_least=True) or invalid("The prompt is too long", param=_prompt_param(job))  # fmt: skip
+        return tokens, ()
 
     def _room(self, job: PrepareJob) -> int:
         """The most prompt tokens the job can have and still fit."""
         limit, wanted = min(self._context_window, self._max_safe_context or self._context_window), job.params.max_tokens
+        # A max_tokens that is clamped to what the window leaves asks for no room of its own.
+        if job.params.clamp_max_tokens:
+            wanted = None
         return max(0, limit - 1 if wanted is None else limit - wanted)
 
-    def _refusal(self, job: PrepareJob, prompt: int, *, at_least: bool) -> RequestError | None:
+    def _refusal(self, job: PrepareJob, prompt: int, wanted: int | None, *, at_least: bool) -> RequestError | None:
         """The 400 for a prompt (of at least `prompt` tokens if `at_least`) that does not fit the window or the budget."""
-        window, wanted = self._context_window, job.params.max_tokens
+        window = self._context_window
         safe = min(window, self._max_safe_context or window)
         # The memory budget's limit: a request past it fails here, before any model work.
         budget = f"This server's memory budget admits at most {safe} tokens per request (prompt plus completion)."
@@ -157,6 +163,9 @@ class PrepareStage:
 
     def _check(self, job: PrepareJob, tokens: list[int]) -> Prepared:
         window, prompt, wanted = self._context_window, len(tokens), job.params.max_tokens
+        safe = min(window, self._max_safe_context or window)
+        if wanted is not None and job.params.clamp_max_tokens and prompt < safe:
+            wanted = min(wanted, safe - prompt)
         if prompt == 0:
             raise invalid("The prompt is empty after tokenization", param="prompt")
         # An id past the logits row would crash the model thread, not fail the request.
@@ -167,10 +176,9 @@ class PrepareStage:
                 f"'logit_bias' token ids [{quoted}] are outside the vocabulary (0..{self._vocab_size - 1})",
                 param="logit_bias",
             )
-        refusal = self._refusal(job, prompt, at_least=False)
+        refusal = self._refusal(job, prompt, wanted, at_least=False)
         if refusal is not None:
             raise refusal
-        safe = min(window, self._max_safe_context or window)
         return Prepared(
             request_id=job.request_id,
             request=job.request,

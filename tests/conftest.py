@@ -87,7 +87,11 @@ def start_server(log_dir: Path, **settings: str) -> Server:
     port = _free_port()
     env = {**os.environ, "MLX_RELAY_DEMO_MODEL": "tiny", **{f"MLX_RELAY_{k.upper()}": v for k, v in settings.items()}}
     log_path = log_dir / f"server-{port}.log"
-    command = [sys.executable, "-m", "hypercorn", "app:app", "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "30"]
+    # The access log lets a test read every status the server answered.
+    command = [
+        sys.executable, "-m", "hypercorn", "app:app", "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "30",
+        "--access-logfile", "-",
+    ]  # fmt: skip
     with log_path.open("wb") as log_file:
         # A session of its own: hypercorn serves from a spawned worker process,
         # and teardown must be able to kill both.

@@ -94,22 +94,31 @@ class MessagesStream:
     id: str
     model: str
     input_tokens: int
+    # The response's `context_management` report, when the request asked for edits.
+    context_management: JsonObject | None = None
+    # Thinking blocks keep their place but carry no text (`display: "omitted"`).
+    omit_thinking: bool = False
     _index: int = attrs.field(default=-1, init=False)
     _open: str | None = attrs.field(default=None, init=False)
 
     def start(self) -> bytes:
         message = self._message(content=[], stop=None, usage={"input_tokens": self.input_tokens, "output_tokens": 0})
-        return _event("message_start", {"message": message}) + _event("ping", {})
+        return _event("message_start", {"message": message}) + self.keepalive()
+
+    def keepalive(self) -> bytes:
+        return _event("ping", {})
 
     def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
         return b"".join(self._on_event(event) for event in events)
 
     def finish(self, summary: Summary) -> bytes:
         delta: JsonObject = {"stop_reason": stop_reason(summary), "stop_sequence": summary.stop_sequence}
-        usage = usage_body(summary.usage)
+        closing: JsonObject = {"delta": delta, "usage": usage_body(summary.usage)}
+        if self.context_management is not None:
+            closing["context_management"] = self.context_management
         return (
             self._close()
-            + _event("message_delta", {"delta": delta, "usage": usage})
+            + _event("message_delta", closing)
             + _event("message_stop", {})
         )
 
@@ -117,10 +126,13 @@ class MessagesStream:
         return frame(error_body(error), event="error")
 
     def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
-        return self._message(content=content_blocks(events), stop=summary, usage=usage_body(summary.usage))
+        content = content_blocks(events)
+        if self.omit_thinking:
+            content = [_without_thinking(block) for block in content]
+        return self._message(content=content, stop=summary, usage=usage_body(summary.usage))
 
     def _message(self, *, content: list[JsonValue], stop: Summary | None, usage: JsonObject) -> JsonObject:
-        return {
+        message: JsonObject = {
             "id": self.id,
             "type": "message",
             "role": "assistant",
@@ -130,6 +142,9 @@ class MessagesStream:
             "stop_sequence": stop.stop_sequence if stop else None,
             "usage": usage,
         }
+        if self.context_management is not None:
+            message["context_management"] = self.context_management
+        return message
 
     def _on_event(self, event: CompletionEvent) -> bytes:
         if isinstance(event, ToolCall):
@@ -140,6 +155,8 @@ class MessagesStream:
             return b""
         kind = _block_type(event)
         head = b"" if self._open == kind else self._close() + self._start(_open_block(event))
+        if kind == "thinking" and self.omit_thinking:
+            return head
         delta: JsonObject = {"type": f"{kind}_delta", _block_type(event): event.text}
         return head + self._delta(delta)
 
@@ -158,6 +175,12 @@ class MessagesStream:
         tail = self._delta({"type": "signature_delta", "signature": ""}) if self._open == "thinking" else b""
         self._open = None
         return tail + _event("content_block_stop", {"index": self._index})
+
+
+def _without_thinking(block: JsonValue) -> JsonValue:
+    if isinstance(block, dict) and block.get("type") == "thinking":
+        return {**block, "thinking": ""}
+    return block
 
 
 def _event(name: str, data: JsonObject) -> bytes:

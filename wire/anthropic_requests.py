@@ -27,6 +27,7 @@ from pipeline.requests import (
     ToolChoice,
     ToolChoiceMode,
 )
+from wire.anthropic_context import read_context_management
 from wire.structured import anthropic_constraint
 from wire.fields import (
     Body,
@@ -43,7 +44,8 @@ from wire.fields import (
 )
 
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
-_REFUSED_FIELDS = ("container", "mcp_servers", "context_management")
+_REFUSED_FIELDS = ("container", "mcp_servers")
+_DISPLAYS = ("summarized", "omitted")
 
 
 def decode_messages(value: JsonValue) -> ChatRequest:
@@ -61,13 +63,14 @@ def _decode(body: Body, *, max_tokens: int) -> ChatRequest:
     for key in _REFUSED_FIELDS:
         if body.get(key) is not None:
             raise unsupported(key)
-    as_str(body.get("model"), "model")
-    messages = _read_messages(body)
+    model = as_str(body.get("model"), "model")
+    system, messages = _read_messages(body)
     tools = _read_tools(body)
     return ChatRequest(
-        messages=_read_system(body) + messages,
+        messages=_read_system(body, system) + messages,
         params=GenerationParams(
             max_tokens=max_tokens,
+            clamp_max_tokens=True,
             sampling=_read_sampling(body),
             stop=read_stops(body.get("stop_sequences"), "stop_sequences", allow_string=False),
             # `output_config.effort` and `task_budget` are advisory; `format` constrains.
@@ -80,6 +83,9 @@ def _decode(body: Body, *, max_tokens: int) -> ChatRequest:
         parallel_tool_calls=not _disables_parallel(body),
         continue_final=messages[-1].role is Role.ASSISTANT,
         stream=bool(read_bool(body, "stream")),
+        context_edits=read_context_management(body),
+        model=model,
+        omit_reasoning=_omits_thinking(body),
     )
 
 
@@ -90,35 +96,51 @@ def _read_max_tokens(body: Body) -> int:
     return value
 
 
-def _read_system(body: Body) -> tuple[Message, ...]:
+def _read_system(body: Body, folded: list[str]) -> tuple[Message, ...]:
+    """One system message: the `system` field, then any `system` entries of `messages`, in order."""
     raw = body.get("system")
-    if raw is None:
+    texts = [] if raw is None else [raw if isinstance(raw, str) else _text_of_blocks(as_list(raw, "system"), "system")]
+    texts.extend(folded)
+    if not texts:
         return ()
-    text = raw if isinstance(raw, str) else _text_of_blocks(as_list(raw, "system"), "system")
-    return (Message(role=Role.SYSTEM, content=text),)
+    return (Message(role=Role.SYSTEM, content="\n\n".join(text for text in texts if text)),)
 
 
-def _read_messages(body: Body) -> tuple[Message, ...]:
+def _read_messages(body: Body) -> tuple[list[str], tuple[Message, ...]]:
+    """The system texts found among the messages, and the conversation itself."""
     raw = body.get("messages")
     if raw is None:
         raise invalid("messages: Field required", param="messages")
     items = as_list(raw, "messages")
     if not items:
         raise invalid("messages: at least one message is required", param="messages")
+    system: list[str] = []
     messages: list[Message] = []
     for index, item in enumerate(items):
-        messages.extend(_read_message(item, f"messages.{index}"))
+        param = f"messages.{index}"
+        entry = as_object(item, param)
+        if entry.get("role") == "system":
+            # Claude Code sends system reminders as messages; Anthropic folds them into the system prompt.
+            system.append(_system_entry(entry, param))
+            continue
+        messages.extend(_read_message(entry, param))
     if not messages:
         raise invalid("messages: every message is empty", param="messages")
-    return tuple(messages)
+    return system, tuple(messages)
 
 
-def _read_message(value: JsonValue, param: str) -> list[Message]:
-    item = as_object(value, param)
+def _system_entry(item: JsonObject, param: str) -> str:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    return _text_of_blocks(as_list(content, f"{param}.content"), f"{param}.content")
+
+
+def _read_message(item: JsonObject, param: str) -> list[Message]:
     role_name = as_str(item.get("role"), f"{param}.role")
     role = _ROLES.get(role_name)
     if role is None:
-        raise invalid(f"{param}.role: Input should be 'user' or 'assistant'", param=f"{param}.role")
+        raise invalid(f"{param}.role: Input should be 'user', 'assistant' or 'system'", param=f"{param}.role")
     content = item.get("content")
     if isinstance(content, str):
         return [Message(role=role, content=content)]
@@ -239,14 +261,21 @@ def _thinking_budget(body: Body) -> int | None:
     if not isinstance(raw, dict) or raw.get("type") != "enabled":
         return None
     return read_int(raw, "budget_tokens", minimum=1)
+def _omits_thinking(body: Body) -> bool:
+    thinking = body.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("display") == "omitted"
 
 
 def _read_thinking(body: Body) -> dict[str, JsonValue]:
     raw = body.get("thinking")
     if raw is None:
         return {}
-    kind = as_object(raw, "thinking").get("type")
+    thinking = as_object(raw, "thinking")
+    kind = thinking.get("type")
     if kind not in ("enabled", "disabled", "adaptive"):
         raise invalid("thinking.type: must be 'enabled', 'disabled' or 'adaptive'", param="thinking.type")
+    # `display` only changes what is shown of the thinking; this server shows it as generated.
+    if thinking.get("display", "summarized") not in _DISPLAYS:
+        raise invalid("thinking.display: must be 'summarized' or 'omitted'", param="thinking.display")
     # mlx-lm maps enable_thinking onto whatever switch the template has.
     return {"enable_thinking": kind != "disabled"}

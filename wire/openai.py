@@ -17,7 +17,7 @@ from pipeline.errors import ErrorKind, RequestError
 from pipeline.events import CompletionEvent, ReasoningDelta, Summary, TextDelta, ToolCall, Usage, content_runs
 from pipeline.requests import JsonObject, JsonValue
 from wire.logprobs import chat_logprobs, legacy_logprobs
-from wire.sse import frame, raw_frame
+from wire.sse import comment, frame, raw_frame
 
 _DONE = raw_frame("[DONE]")
 
@@ -94,6 +94,9 @@ class _OpenAIStream:
 
     def _usage_tail(self, summary: Summary) -> bytes:
         return self._chunk([], usage_body(summary.usage)) if self.include_usage else b""
+
+    def keepalive(self) -> bytes:
+        return comment("keepalive")
 
     def error(self, error: RequestError) -> bytes:
         return frame(error_body(error)) + _DONE

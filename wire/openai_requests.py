@@ -54,6 +54,7 @@ def decode_chat(value: JsonValue) -> ChatRequest:
     body = as_body(value)
     _refuse_unsupported(body)
     _refuse_chat_only(body)
+    continue_final = read_bool(body, "continue_final_message") is True
     stream, include_usage = _read_stream(body)
     kwargs = dict(read_object(body, "chat_template_kwargs") or {})
     effort = read_str(body, "reasoning_effort")
@@ -62,13 +63,18 @@ def decode_chat(value: JsonValue) -> ChatRequest:
         for key, value in effort_kwargs(effort).items():
             kwargs.setdefault(key, value)
     tools = _read_tools(body)
+    messages = _read_messages(body)
+    if continue_final and messages[-1].role is not Role.ASSISTANT:
+        raise invalid("'continue_final_message' needs the last message to be the assistant's", param="continue_final_message")
     return ChatRequest(
-        messages=_read_messages(body),
+        messages=messages,
         params=_read_params(body, max_tokens_keys=("max_completion_tokens", "max_tokens"), logprobs=_chat_logprobs(body)),
         template_kwargs=kwargs,
         tools=tools,
         tool_choice=_read_tool_choice(body, tools),
         parallel_tool_calls=read_bool(body, "parallel_tool_calls") is not False,
+        # vLLM's extension: the answer continues the last (assistant) message.
+        continue_final=continue_final,
         stream=stream,
         include_usage=include_usage,
     )
@@ -81,6 +87,8 @@ def decode_completion(value: JsonValue) -> TextRequest:
         raise unsupported("echo")
     if read_str(body, "suffix"):
         raise unsupported("suffix")
+    if read_bool(body, "continue_final_message"):
+        raise unsupported("continue_final_message")
     if (read_int(body, "best_of", minimum=1) or 1) > 1:
         raise unsupported("best_of")
     stream, include_usage = _read_stream(body)
@@ -94,9 +102,39 @@ def decode_completion(value: JsonValue) -> TextRequest:
     )
 
 
+# vLLM / llama.cpp extensions that would change the output, with the value
+# that leaves it as it is (None: only absent is neutral).
+_EXTENSIONS: dict[str, object] = {
+    "min_tokens": 0,
+    "ignore_eos": False,
+    "stop_token_ids": [],
+    "typical_p": 1.0,
+    "chat_template": None,
+    "prompt_logprobs": None,
+    "adapters": None,
+    "draft_model": None,
+    "guided_decoding_backend": None,
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "truncate_prompt_tokens": None,
+    "add_generation_prompt": True,
+    "mirostat": 0,
+    "n_probs": 0,
+}
+
+
 def _refuse_unsupported(body: Body) -> None:
     if (read_int(body, "n", minimum=1) or 1) > 1:
         raise unsupported("n")
+    continuing = body.get("continue_final_message") is True
+    for key, neutral in _EXTENSIONS.items():
+        value = body.get(key)
+        # A continued message has no generation prompt: vLLM asks for both flags together.
+        if key == "add_generation_prompt" and continuing and value is False:
+            continue
+        if value is not None and value != neutral:
+            raise unsupported(key)
 
 
 def _refuse_chat_only(body: Body) -> None:

@@ -13,14 +13,17 @@ object, which the app stores for `previous_response_id`.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
 from pipeline.errors import RequestError
 from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summary, TextDelta, ToolCall, Usage
 from pipeline.requests import JsonObject, JsonValue
-from wire.sse import frame
+from wire.responses_tools import ToolSpec, custom_input
+from wire.sse import comment, frame
+
+Specs = Mapping[str, ToolSpec]
 
 
 def usage_body(usage: Usage) -> JsonObject:
@@ -33,11 +36,17 @@ def usage_body(usage: Usage) -> JsonObject:
     }
 
 
-def output_items(events: Sequence[CompletionEvent], *, cut: bool = False) -> list[JsonObject]:
-    """The finished `output` of a whole response; with `cut`, its last item was cut short."""
+def output_items(
+    events: Sequence[CompletionEvent], *, cut: bool = False, specs: Specs | None = None, grammar_call: str | None = None
+) -> list[JsonObject]:
+    """The finished `output` of a whole response; with `cut`, its last item was cut short.
+
+    `specs` says which tool names are custom or namespaced; with
+    `grammar_call`, the output text is that custom tool's input.
+    """
     items: list[_Item] = []
     for event in _content(events):
-        _add(items, event)
+        _add(items, event, specs or {}, grammar_call)
     return [item.done(cut=cut and index == len(items) - 1) for index, item in enumerate(items)]
 
 
@@ -60,16 +69,27 @@ class _Item:
     id: str
     text: str = ""
     call: ToolCall | None = None
+    spec: ToolSpec | None = None
+
+    @property
+    def custom(self) -> bool:
+        return self.spec is not None and self.spec.kind == "custom"
+
+    @property
+    def is_call(self) -> bool:
+        return self.call is not None or self.kind == "custom_tool_call"
+
+    def input(self) -> str:
+        """A custom call's input: the model's argument, or the text it wrote under the tool's grammar."""
+        return custom_input(self.call.arguments) if self.call is not None else self.text
 
     def part(self) -> JsonObject:
         return _text_part(self.text) if self.kind == "message" else {"type": "reasoning_text", "text": self.text}
 
     def shown(self, status: str) -> JsonObject:
         finished = status != "in_progress"
-        if self.call is not None:
-            call = self.call
-            arguments = call.arguments if finished else ""
-            return {"type": "function_call", "id": self.id, "call_id": call.id, "name": call.name, "arguments": arguments, "status": status}
+        if self.is_call:
+            return self._call(finished, status)
         content: list[JsonValue] = [self.part()] if finished else []
         if self.kind == "message":
             return {"type": "message", "id": self.id, "role": "assistant", "status": status, "content": content}
@@ -78,11 +98,34 @@ class _Item:
     def done(self, *, cut: bool = False) -> JsonObject:
         return self.shown("incomplete" if cut else "completed")
 
+    def _call(self, finished: bool, status: str) -> JsonObject:
+        spec = self.spec
+        call_id = self.call.id if self.call is not None else "call_" + self.id.removeprefix("ctc_")
+        name = spec.name if spec is not None else self.call.name if self.call is not None else ""
+        shown: JsonObject = {"id": self.id, "call_id": call_id, "name": name}
+        if self.custom:
+            shown = {"type": "custom_tool_call", **shown, "input": self.input() if finished else ""}
+        else:
+            assert self.call is not None
+            shown = {"type": "function_call", **shown, "arguments": self.call.arguments if finished else ""}
+        if spec is not None and spec.namespace is not None:
+            shown["namespace"] = spec.namespace
+        return {**shown, "status": status}
 
-def _add(items: list[_Item], event: TextDelta | ReasoningDelta | ToolCall) -> bool:
+
+def _add(items: list[_Item], event: TextDelta | ReasoningDelta | ToolCall, specs: Specs, grammar_call: str | None) -> bool:
     """Add `event` to the last item or a new one; True if it opened one."""
     if isinstance(event, ToolCall):
-        items.append(_Item(kind="function_call", id=f"fc_{uuid.uuid4().hex}", call=event))
+        spec = specs.get(event.name)
+        prefix = "ctc" if spec is not None and spec.kind == "custom" else "fc"
+        items.append(_Item(kind="function_call", id=f"{prefix}_{uuid.uuid4().hex}", call=event, spec=spec))
+        return True
+    if grammar_call is not None and isinstance(event, TextDelta):
+        # The whole answer is the forced custom tool's input.
+        if items and items[-1].kind == "custom_tool_call":
+            items[-1].text += event.text
+            return False
+        items.append(_Item(kind="custom_tool_call", id=f"ctc_{uuid.uuid4().hex}", text=event.text, spec=specs[grammar_call]))
         return True
     kind = "reasoning" if isinstance(event, ReasoningDelta) else "message"
     if items and items[-1].kind == kind:
@@ -103,6 +146,9 @@ class ResponsesStream:
     instructions: str | None
     previous_response_id: str | None
     store: bool
+    # Custom and namespaced tools by offered name; the forced grammar-bound custom tool.
+    tool_specs: Specs = attrs.field(factory=dict)
+    grammar_call: str | None = None
     final: JsonObject | None = attrs.field(default=None, init=False)
     _sequence: int = attrs.field(default=0, init=False)
     _items: list[_Item] = attrs.field(factory=list, init=False)
@@ -122,13 +168,17 @@ class ResponsesStream:
         name = "response.completed" if self.final["status"] == "completed" else "response.incomplete"
         return closing + self._event(name, response=self.final)
 
+    def keepalive(self) -> bytes:
+        return comment("keepalive")
+
     def error(self, error: RequestError) -> bytes:
         failed = self._response("failed", output=[])
         failed["error"] = {"code": "server_error", "message": error.message}
         return self._event("response.failed", response=failed)
 
     def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
-        self.final = self._finished(summary, output_items(events, cut=summary.finish_reason is FinishReason.LENGTH))
+        cut = summary.finish_reason is FinishReason.LENGTH
+        self.final = self._finished(summary, output_items(events, cut=cut, specs=self.tool_specs, grammar_call=self.grammar_call))
         return self.final
 
     def _finished(self, summary: Summary, output: list[JsonObject]) -> JsonObject:
@@ -162,12 +212,16 @@ class ResponsesStream:
 
     def _on_event(self, event: TextDelta | ReasoningDelta | ToolCall) -> bytes:
         frames = b""
-        if _add(self._items, event):
+        if _add(self._items, event, self.tool_specs, self.grammar_call):
             frames += self._close(len(self._items) - 2) if len(self._items) > 1 else b""
             frames += self._open(len(self._items) - 1)
         index = len(self._items) - 1
-        item_id = self._items[index].id
-        if isinstance(event, ToolCall):
+        item = self._items[index]
+        item_id = item.id
+        if item.custom:
+            text = item.input() if isinstance(event, ToolCall) else event.text
+            delta = self._event("response.custom_tool_call_input.delta", item_id=item_id, output_index=index, delta=text)
+        elif isinstance(event, ToolCall):
             delta = self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=event.arguments)
         elif isinstance(event, ReasoningDelta):
             delta = self._event(
@@ -182,19 +236,21 @@ class ResponsesStream:
     def _open(self, index: int) -> bytes:
         item = self._items[index]
         frames = self._event("response.output_item.added", output_index=index, item=item.shown("in_progress"))
-        if item.call is None:
+        if not item.is_call:
             empty = _Item(kind=item.kind, id=item.id).part()
             frames += self._event("response.content_part.added", item_id=item.id, output_index=index, content_index=0, part=empty)
         return frames
 
     def _close(self, index: int, *, cut: bool = False) -> bytes:
         item = self._items[index]
-        if item.call is not None:
+        if item.custom:
+            frames = self._event("response.custom_tool_call_input.done", item_id=item.id, output_index=index, input=item.input())
+        elif item.call is not None:
             frames = self._event(
                 "response.function_call_arguments.done",
                 item_id=item.id,
                 output_index=index,
-                name=item.call.name,
+                name=item.spec.name if item.spec is not None else item.call.name,
                 arguments=item.call.arguments,
             )
         else:

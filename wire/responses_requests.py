@@ -5,15 +5,15 @@ body into `ResponsesRequest` (everything a 400 can be about, before any
 store lookup), and `to_chat` turns it — with the stored history that
 `previous_response_id` names spliced in front — into a `ChatRequest`.
 Input items are kept as the client sent them, so a stored conversation
-replays through the same decoder. Built-in tool types are dropped (no
-built-in tools are served); fields that would change the output and are
-not served are refused by name.
+replays through the same decoder. Tools are read by `wire.responses_tools`
+(custom and namespace tools offered, hosted ones skipped); fields that
+would change the output and are not served are refused by name.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -29,20 +29,17 @@ from pipeline.requests import (
     Tool,
     ToolCallRecord,
     ToolChoice,
-    ToolChoiceMode,
 )
+from wire.responses_tools import ResponsesTools, ToolSpec, call_arguments, qualified, read_tool_choice, read_tools
 from wire.structured import responses_constraint
 from wire.fields import (
-    read_arguments,
     Body,
     as_body,
     as_list,
     effort_kwargs,
     as_object,
     as_str,
-    named_tool,
     read_bool,
-    read_function,
     read_int,
     read_number,
     read_str,
@@ -70,6 +67,12 @@ class ResponsesRequest:
     stream: bool
     # Fields the response object echoes back.
     echo: JsonObject
+    # What each offered tool name is in the client's terms (custom, namespaced).
+    tool_specs: Mapping[str, ToolSpec] = attrs.field(factory=dict)
+    # Hosted tools the request listed, which the model is not offered.
+    skipped_tools: tuple[str, ...] = ()
+    # A forced custom tool whose grammar holds the whole output: the output is its input.
+    grammar_call: str | None = None
 
 
 def decode_responses(value: JsonValue) -> ResponsesRequest:
@@ -78,7 +81,13 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
     items = _read_input(body)
     # Validate the items now: a bad item is a 400 before any store lookup.
     _to_messages(items)
-    tools = _read_tools(body)
+    tools = read_tools(body.get("tools"))
+    choice = read_tool_choice(body.get("tool_choice"), tools)
+    constraint = responses_constraint(body)
+    if choice.grammar_call is not None:
+        if constraint is not None:
+            raise invalid("A forced custom tool and a text format cannot both constrain one output", param="tool_choice")
+        constraint = tools.specs[choice.grammar_call].grammar
     max_tokens = read_int(body, "max_output_tokens", minimum=1)
     temperature = read_number(body, "temperature", minimum=0, maximum=2)
     top_p = read_number(body, "top_p", minimum=0, maximum=1)
@@ -89,10 +98,10 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
         params=GenerationParams(
             max_tokens=max_tokens,
             sampling=Sampling(temperature=1.0 if temperature is None else temperature, top_p=1.0 if top_p is None else top_p),
-            constraint=responses_constraint(body),
+            constraint=constraint,
         ),
-        tools=tools,
-        tool_choice=_read_tool_choice(body, tools),
+        tools=tools.tools,
+        tool_choice=choice.choice,
         template_kwargs=_read_reasoning(body),
         parallel_tool_calls=read_bool(body, "parallel_tool_calls") is not False,
         store=read_bool(body, "store") is not False,
@@ -104,12 +113,15 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
             "metadata": read_object_or_empty(body, "metadata"),
             "parallel_tool_calls": read_bool(body, "parallel_tool_calls") is not False,
             "tool_choice": body.get("tool_choice", "auto"),
-            "tools": [_echo_tool(tool) for tool in tools],
+            "tools": _echo_tools(body, tools),
             "truncation": body.get("truncation", "disabled"),
             "user": body.get("user"),
             "text": {"format": _format_echo(body)},
             "reasoning": {"effort": _effort(body), "summary": None},
         },
+        tool_specs=tools.specs,
+        skipped_tools=tools.skipped,
+        grammar_call=choice.grammar_call,
     )
 
 
@@ -162,9 +174,9 @@ def _to_messages(items: Sequence[JsonObject]) -> tuple[Message, ...]:
         kind = item.get("type", "message")
         if kind == "message":
             messages.append(_message(item, param))
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             _add_call(messages, item, param)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             text = output if isinstance(output, str) else _text_parts(output, f"{param}.output")
             messages.append(Message(role=Role.TOOL, content=text, tool_call_id=as_str(item.get("call_id"), f"{param}.call_id")))
@@ -198,10 +210,11 @@ def _text_parts(value: JsonValue, param: str) -> str:
 
 
 def _add_call(messages: list[Message], item: JsonObject, param: str) -> None:
+    name = as_str(item.get("name"), f"{param}.name")
     call = ToolCallRecord(
         id=as_str(item.get("call_id"), f"{param}.call_id"),
-        name=as_str(item.get("name"), f"{param}.name"),
-        arguments=read_arguments(item.get("arguments", "{}"), f"{param}.arguments"),
+        name=qualified(name, read_str(item, "namespace", param=f"{param}.namespace")),
+        arguments=call_arguments(item, param),
     )
     last = messages[-1] if messages else None
     # Calls right after an assistant message are that turn's calls.
@@ -211,35 +224,17 @@ def _add_call(messages: list[Message], item: JsonObject, param: str) -> None:
         messages.append(Message(role=Role.ASSISTANT, content="", tool_calls=(call,)))
 
 
-def _read_tools(body: Body) -> tuple[Tool, ...]:
-    raw = body.get("tools")
-    if raw is None:
-        return ()
-    tools = []
-    for index, value in enumerate(as_list(raw, "tools")):
-        item = as_object(value, f"tools[{index}]")
+def _echo_tools(body: Body, tools: ResponsesTools) -> JsonValue:
+    """The tools as the client sent them; function tools in their full shape."""
+    echoed: list[JsonValue] = []
+    for value in as_list(body.get("tools") or [], "tools"):
+        item = as_object(value, "tools")
         if item.get("type") == "function":
-            tools.append(read_function(item, f"tools[{index}]", schema_key="parameters"))
-    return tuple(tools)
-
-
-def _echo_tool(tool: Tool) -> JsonValue:
-    return {"type": "function", "name": tool.name, "description": tool.description, "parameters": tool.parameters, "strict": False}
-
-
-def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
-    raw = body.get("tool_choice")
-    if raw is None or raw == "auto":
-        return ToolChoice()
-    if raw == "none":
-        return ToolChoice(mode=ToolChoiceMode.NONE)
-    if not tools:
-        raise invalid("Invalid 'tool_choice': there are no function tools to choose from.", param="tool_choice")
-    if raw == "required":
-        return ToolChoice(mode=ToolChoiceMode.REQUIRED)
-    if isinstance(raw, dict) and raw.get("type") == "function":
-        return named_tool(raw.get("name"), tools, "tool_choice.name")
-    raise invalid("Invalid 'tool_choice': must be 'none', 'auto', 'required' or a function.", param="tool_choice")
+            tool = next(t for t in tools.tools if t.name == item.get("name"))
+            echoed.append({"type": "function", "name": tool.name, "description": tool.description, "parameters": tool.parameters, "strict": False})
+        else:
+            echoed.append(item)
+    return echoed
 
 
 def _refuse_unserved(body: Body) -> None:

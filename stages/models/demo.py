@@ -91,6 +91,10 @@ class DemoSpec:
     intermediate_size: int
     vocab_size: int
     max_position_embeddings: int
+    # Random weights almost never end a turn; agent clients need turns that
+    # end. With this set, one residual dimension is held high and feeds only
+    # the end-of-turn logit, so answers end after a few dozen tokens.
+    ends_turns: bool = False
 
     def parameter_count(self) -> int:
         """Parameters of the built model (untied embeddings, no biases)."""
@@ -123,6 +127,18 @@ DEMO_MODELS: Mapping[str, DemoSpec] = MappingProxyType(
             intermediate_size=128,
             vocab_size=1024,
             max_position_embeddings=2048,
+        ),
+        # The tiny model with a window that fits agent clients' prompts (Claude Code, Codex: 10k–30k tokens).
+        "tiny-64k": DemoSpec(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            # A larger vocabulary: fewer prompt tokens, so a CPU prefills these prompts in time.
+            vocab_size=8192,
+            max_position_embeddings=65536,
+            ends_turns=True,
         ),
     }
 )
@@ -157,7 +173,8 @@ def _build(spec: DemoSpec, dest: Path) -> None:
     _write_json(dest / "tokenizer_config.json", _tokenizer_config(spec))
     (dest / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
     _write_json(dest / "config.json", config)
-    _write_weights(dest / "model.safetensors", config, [vocab[t] for t in SPECIAL_TOKENS + MARKER_TOKENS])
+    turn_end = vocab["<|im_end|>"] if spec.ends_turns else None
+    _write_weights(dest / "model.safetensors", config, [vocab[t] for t in SPECIAL_TOKENS + MARKER_TOKENS], turn_end)
 
 
 def _train_tokenizer(vocab_size: int) -> Tokenizer:
@@ -238,7 +255,12 @@ def _model_config(spec: DemoSpec, vocab: Mapping[str, int]) -> dict[str, object]
     }
 
 
-def _write_weights(path: Path, config: dict[str, object], silenced_ids: list[int]) -> None:
+# The held dimension's value in every embedding, and its weight toward the end-of-turn token.
+_TURN_END_CARRIER = 8.0
+_TURN_END_GAIN = 0.5
+
+
+def _write_weights(path: Path, config: dict[str, object], silenced_ids: list[int], turn_end: int | None = None) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
@@ -247,6 +269,12 @@ def _write_weights(path: Path, config: dict[str, object], silenced_ids: list[int
     model = llama.Model(llama.ModelArgs.from_dict(config))
     lm_head = model.lm_head.weight
     lm_head[mx.array(silenced_ids)] = 0.0
+    if turn_end is not None:
+        embed = model.model.embed_tokens.weight
+        embed[:, 0] = _TURN_END_CARRIER
+        model.model.embed_tokens.weight = embed
+        lm_head[:, 0] = 0.0
+        lm_head[turn_end, 0] = _TURN_END_GAIN
     model.lm_head.weight = lm_head
     weights = dict(tree_flatten(model.parameters()))
     mx.eval(weights)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -65,3 +65,12 @@ def stats(server: Server) -> dict[str, object]:
     response.raise_for_status()
     body: dict[str, object] = response.json()
     return body
+
+
+@pytest.fixture(scope="session")
+def agent_server(server_factory: Callable[..., Server]) -> Server:
+    """A server of the tiny model with a 64k window whose turns end: agent clients' prompts fit."""
+    from stages.models.demo import ensure_demo_model
+
+    ensure_demo_model("tiny-64k")
+    return server_factory(demo_model="tiny-64k", keepalive_interval="1")

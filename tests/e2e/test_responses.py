@@ -170,7 +170,8 @@ def test_function_tools_and_outputs_round_trip(client: openai.OpenAI) -> None:
         tools=[tool, {"type": "web_search"}],  # type: ignore[list-item]
         max_output_tokens=2,
     )
-    assert [t.type for t in response.tools] == ["function"]
+    # Echoed as sent; the hosted web_search is not offered to the model.
+    assert [t.type for t in response.tools] == ["function", "web_search"]
     assert response.usage is not None and response.usage.output_tokens == 2
 
 

@@ -15,7 +15,10 @@ import pytest
 
 from pipeline.requests import (
     ChatRequest,
+    ClearThinking,
+    ClearToolUses,
     Constraint,
+    ContextEdit,
     ConstraintKind,
     GenerationParams,
     JsonValue,
@@ -53,17 +56,24 @@ def chat(
     continue_final: bool = False,
     parallel_tool_calls: bool = True,
     stream: bool = False,
+    context_edits: tuple[ContextEdit, ...] = (),
+    omit_reasoning: bool = False,
     **sampling: Any,
 ) -> ChatRequest:
     return ChatRequest(
         messages=messages or (HI,),
-        params=GenerationParams(max_tokens=max_tokens, sampling=Sampling(**sampling), stop=stop, constraint=constraint),
+        params=GenerationParams(
+            max_tokens=max_tokens, sampling=Sampling(**sampling), stop=stop, constraint=constraint, clamp_max_tokens=True
+        ),
         template_kwargs=template_kwargs or {},
         tools=tools,
         tool_choice=tool_choice,
         continue_final=continue_final,
         parallel_tool_calls=parallel_tool_calls,
         stream=stream,
+        model="claude-test",
+        context_edits=context_edits,
+        omit_reasoning=omit_reasoning,
     )
 
 
@@ -271,6 +281,60 @@ VALID_MESSAGES = [
     ),
     pytest.param(body(output_config={"effort": "high"}), chat(), id="output_config-effort-only-is-advisory"),
     pytest.param(body(stream=True), chat(stream=True), id="stream"),
+    pytest.param(
+        body(
+            system=[{"type": "text", "text": "S1", "cache_control": {"type": "ephemeral"}}],
+            messages=[
+                {"role": "system", "content": "S2"},
+                USER_HI,
+                {"role": "system", "content": [text("S3")]},
+            ],
+        ),
+        chat(Message(role=Role.SYSTEM, content="S1\n\nS2\n\nS3"), HI),
+        id="system-entries-in-messages-fold-into-the-system-prompt-in-order",
+    ),
+    pytest.param(
+        body(thinking={"type": "enabled", "budget_tokens": 31999, "display": "omitted"}),
+        chat(template_kwargs={"enable_thinking": True}, omit_reasoning=True),
+        id="thinking-display-omitted",
+    ),
+    pytest.param(
+        body(context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}),
+        chat(context_edits=(ClearThinking(keep_turns=None),)),
+        id="context_management-clear-thinking-keep-all",
+    ),
+    pytest.param(
+        body(context_management={"edits": [{"type": "clear_thinking_20251015"}, {"type": "clear_tool_uses_20250919"}]}),
+        chat(context_edits=(ClearThinking(keep_turns=1), ClearToolUses())),
+        id="context_management-defaults",
+    ),
+    pytest.param(
+        body(
+            context_management={
+                "edits": [
+                    {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 2}},
+                    {
+                        "type": "clear_tool_uses_20250919",
+                        "trigger": {"type": "tool_uses", "value": 4},
+                        "keep": {"type": "tool_uses", "value": 1},
+                        "clear_at_least": {"type": "input_tokens", "value": 50},
+                        "exclude_tools": ["Read"],
+                        "clear_tool_inputs": ["Edit"],
+                    },
+                ]
+            }
+        ),
+        chat(
+            context_edits=(
+                ClearThinking(keep_turns=2),
+                ClearToolUses(
+                    trigger_tokens=None, trigger_tool_uses=4, keep=1, clear_at_least=50,
+                    exclude_tools=frozenset({"Read"}), clear_inputs=frozenset({"Edit"}),
+                ),
+            )
+        ),
+        id="context_management-every-option",
+    ),
     pytest.param(
         body(metadata={"user_id": "u1"}, service_tier="auto", container=None, stream=False),
         chat(),

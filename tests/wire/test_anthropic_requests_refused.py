@@ -57,8 +57,9 @@ BAD_MESSAGES = [
         body(messages=[{"role": "user", "content": []}]), "messages", "every message is empty", id="every-message-empty"
     ),
     bad(messages(5), "messages.0", "must be a JSON object", id="message-not-object"),
-    bad(messages({"role": "system", "content": "x"}), "messages.0.role", "'user' or 'assistant'", id="role-system"),
-    bad(messages({"role": "tool", "content": "x"}), "messages.0.role", "'user' or 'assistant'", id="role-tool"),
+    bad(messages({"role": "system", "content": "x"}), "messages", "every message is empty", id="only-system"),
+    bad(messages({"role": "tool", "content": "x"}), "messages.0.role", "'user', 'assistant' or 'system'", id="role-tool"),
+    bad(messages({"role": "system", "content": 5}), "messages.0.content", "must be an array", id="system-entry-number"),
     bad(messages({"content": "x"}), "messages.0.role", "must be a string", id="role-missing"),
     bad(messages({"role": "user"}), "messages.0.content", "must be an array", id="content-missing"),
     bad(messages({"role": "user", "content": 5}), "messages.0.content", "must be an array", id="content-number"),
@@ -221,7 +222,29 @@ BAD_MESSAGES = [
     bad(body(stream="yes"), "stream", "must be a boolean", id="stream-string"),
     refused(body(container="cntr_1"), "container", id="container"),
     refused(body(mcp_servers=[{"type": "url", "url": "https://x", "name": "x"}]), "mcp_servers", id="mcp_servers"),
-    refused(body(context_management={"edits": []}), "context_management", id="context_management"),
+    refused(
+        body(context_management={"edits": [{"type": "compact_20260112"}]}),
+        "context_management.edits.0.type",
+        id="context_management-compaction",
+    ),
+    bad(
+        body(context_management={"edits": [{"type": "clear_everything"}]}),
+        "context_management.edits.0.type",
+        "unknown context management edit",
+        id="context_management-unknown-edit",
+    ),
+    bad(
+        body(context_management={"edits": [{"type": "clear_tool_uses_20250919", "keep": {"type": "input_tokens", "value": 3}}]}),
+        "context_management.edits.0.keep.type",
+        "must be 'tool_uses'",
+        id="context_management-keep-wrong-unit",
+    ),
+    bad(
+        body(thinking={"type": "enabled", "budget_tokens": 1024, "display": "full"}),
+        "thinking.display",
+        "'summarized' or 'omitted'",
+        id="thinking-display-unknown",
+    ),
 ]
 
 
@@ -240,9 +263,9 @@ BAD_COUNT_TOKENS = [
     bad({"model": "m"}, "messages", "Field required", id="messages-missing"),
     bad(
         {"model": "m", "messages": [{"role": "system", "content": "x"}]},
-        "messages.0.role",
-        "'user' or 'assistant'",
-        id="role-system",
+        "messages",
+        "every message is empty",
+        id="only-system",
     ),
     refused(
         {"model": "m", "messages": [USER_HI], "tools": [{"type": "web_search_20250305", "name": "w"}]},

@@ -53,6 +53,7 @@ def chat(
     logprobs: int | None = None,
     stream: bool = False,
     include_usage: bool = False,
+    continue_final: bool = False,
     **sampling: Any,
 ) -> ChatRequest:
     params = GenerationParams(
@@ -71,6 +72,7 @@ def chat(
         tool_choice=tool_choice,
         stream=stream,
         include_usage=include_usage,
+        continue_final=continue_final,
     )
 
 
@@ -104,6 +106,20 @@ WEATHER_TOOL = Tool(name="get_weather", parameters={"type": "object"})
 
 VALID_CHAT = [
     pytest.param(chat_body(), chat(), id="minimal"),
+    pytest.param(
+        chat_body(
+            messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}],
+            continue_final_message=True,
+            add_generation_prompt=False,
+        ),
+        chat((Message(role=Role.USER, content="hi"), Message(role=Role.ASSISTANT, content="Hel")), continue_final=True),
+        id="continue_final_message",
+    ),
+    pytest.param(
+        chat_body(min_tokens=0, ignore_eos=False, stop_token_ids=[], typical_p=1.0, skip_special_tokens=True),
+        chat(),
+        id="extension-fields-at-their-neutral-values",
+    ),
     pytest.param(
         chat_body(
             messages=[

@@ -208,6 +208,20 @@ BAD_CHAT = [
     unsupported(chat_body(prediction={"type": "content", "content": "x"}), "prediction", id="prediction"),
     unsupported(chat_body(audio={"voice": "alloy"}), "audio", id="audio"),
     unsupported(chat_body(web_search_options={}), "web_search_options", id="web_search_options"),
+    *[
+        unsupported(chat_body(**{key: value}), key, id=f"extension-{key}")
+        for key, value in [
+            ("min_tokens", 5), ("ignore_eos", True), ("stop_token_ids", [7]), ("typical_p", 0.9),
+            ("chat_template", "{{ messages }}"), ("prompt_logprobs", 1), ("adapters", "sql-lora"),
+            ("draft_model", "small"), ("add_generation_prompt", False),
+        ]
+    ],
+    bad(
+        chat_body(continue_final_message=True),
+        "continue_final_message",
+        "needs the last message to be the assistant's",
+        id="continue_final_message-after-a-user-message",
+    ),
     bad(chat_body(response_format="json"), "response_format", "must be a JSON object", id="response_format-string"),
     bad(chat_body(response_format={"type": "xml"}), "response_format.type", "'xml'", id="response_format-unknown-type"),
     bad(

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 
 from pipeline.requests import Constraint, ConstraintKind, GenerationParams, JsonObject, JsonValue, Message, Role, Sampling, Tool, ToolChoice, ToolChoiceMode
 from wire.responses_requests import ResponsesRequest, decode_responses
+from wire.responses_tools import ToolSpec
 
 
 UNSUPPORTED = "unsupported_parameter"
@@ -21,6 +23,23 @@ SCHEMA: dict[str, JsonValue] = {"type": "object", "properties": {"n": {"type": "
 WEATHER: dict[str, JsonValue] = {"type": "function", "name": "get_weather", "description": "Now.", "parameters": SCHEMA}
 WEATHER_TOOL = Tool(name="get_weather", description="Now.", parameters=SCHEMA)
 WEATHER_ECHO: dict[str, JsonValue] = {**WEATHER, "strict": False}
+LARK = 'start: "*** Begin Patch" LF body "*** End Patch"\nbody: /[^*]*/\nLF: "\\n"'
+PATCH: dict[str, JsonValue] = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": LARK},
+}
+PATCH_SPEC = ToolSpec(
+    kind="custom",
+    name="apply_patch",
+    grammar=Constraint(kind=ConstraintKind.GRAMMAR, spec=LARK, param="tools[0].format.definition"),
+)
+PATCH_TOOL = Tool(
+    name="apply_patch",
+    description=f"Edit files.\n\nThe `input` argument is freeform text that must match this Lark grammar:\n{LARK}",
+    parameters={"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]},
+)
 USER_HI_ITEM: JsonObject = {"type": "message", "role": "user", "content": "hi"}
 HI = Message(role=Role.USER, content="hi")
 
@@ -59,6 +78,9 @@ def request(
     store: bool = True,
     stream: bool = False,
     echoed: JsonObject | None = None,
+    tool_specs: dict[str, ToolSpec] | None = None,
+    skipped_tools: tuple[str, ...] = (),
+    grammar_call: str | None = None,
     **sampling: Any,
 ) -> ResponsesRequest:
     return ResponsesRequest(
@@ -73,6 +95,9 @@ def request(
         store=store,
         stream=stream,
         echo=echoed or echo(),
+        tool_specs=tool_specs if tool_specs is not None else {t.name: ToolSpec(kind="function", name=t.name) for t in tools},
+        skipped_tools=skipped_tools,
+        grammar_call=grammar_call,
     )
 
 
@@ -120,8 +145,54 @@ VALID = [
     ),
     pytest.param(
         body(tools=[{"type": "web_search"}, WEATHER, {"type": "file_search", "vector_store_ids": ["vs_1"]}]),
-        request(tools=(WEATHER_TOOL,), echoed=echo(tools=[WEATHER_ECHO])),
-        id="built-in-tools-dropped",
+        request(
+            tools=(WEATHER_TOOL,),
+            skipped_tools=("web_search", "file_search"),
+            echoed=echo(tools=[{"type": "web_search"}, WEATHER_ECHO, {"type": "file_search", "vector_store_ids": ["vs_1"]}]),
+        ),
+        id="hosted-tools-not-offered-but-reported",
+    ),
+    pytest.param(
+        body(tools=[PATCH]),
+        request(tools=(PATCH_TOOL,), tool_specs={"apply_patch": PATCH_SPEC}, echoed=echo(tools=[PATCH])),
+        id="custom-tool-offered-as-one-string-argument",
+    ),
+    pytest.param(
+        body(tools=[PATCH], tool_choice={"type": "custom", "name": "apply_patch"}),
+        request(
+            tools=(PATCH_TOOL,),
+            tool_specs={"apply_patch": PATCH_SPEC},
+            constraint=PATCH_SPEC.grammar,
+            grammar_call="apply_patch",
+            echoed=echo(tools=[PATCH], tool_choice={"type": "custom", "name": "apply_patch"}),
+        ),
+        id="forced-custom-tool-with-grammar-constrains-the-whole-output",
+    ),
+    pytest.param(
+        body(tools=[{"type": "namespace", "name": "crm", "description": "CRM.", "tools": [WEATHER]}]),
+        request(
+            tools=(attrs.evolve(WEATHER_TOOL, name="crm.get_weather"),),
+            tool_specs={"crm.get_weather": ToolSpec(kind="function", name="get_weather", namespace="crm")},
+            echoed=echo(tools=[{"type": "namespace", "name": "crm", "description": "CRM.", "tools": [WEATHER]}]),
+        ),
+        id="namespace-members-under-qualified-names",
+    ),
+    pytest.param(
+        body(input=[
+            USER_HI_ITEM,
+            {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch\n"},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done"},
+            {"type": "function_call", "call_id": "c2", "name": "get_weather", "namespace": "crm", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c2", "output": "Sunny"},
+        ]),
+        request(
+            USER_HI_ITEM,
+            {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch\n"},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done"},
+            {"type": "function_call", "call_id": "c2", "name": "get_weather", "namespace": "crm", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c2", "output": "Sunny"},
+        ),
+        id="custom-and-namespaced-calls-replay",
     ),
     pytest.param(
         body(tools=[WEATHER], tool_choice="auto"),

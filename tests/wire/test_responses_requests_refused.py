@@ -161,10 +161,41 @@ BAD = [
         id="tool_choice-anthropic-spelling",
     ),
     bad(
-        body(tools=[WEATHER], tool_choice={"type": "web_search_preview"}),
+        body(tools=[WEATHER, {"type": "web_search_preview"}], tool_choice={"type": "web_search_preview"}),
+        "tool_choice.type",
+        "hosted tool 'web_search_preview' cannot run on this server",
+        id="tool_choice-forces-a-hosted-tool",
+    ),
+    bad(
+        body(tools=[WEATHER], tool_choice={"type": "allowed_tools", "mode": "auto", "tools": []}),
         "tool_choice",
         "must be 'none', 'auto', 'required'",
-        id="tool_choice-built-in",
+        id="tool_choice-allowed_tools",
+    ),
+    refused(body(tools=[{"type": "local_shell"}]), "tools[0].type", id="tool-type-local_shell"),
+    refused(body(tools=[{"type": "apply_patch"}]), "tools[0].type", id="tool-type-hosted-apply_patch"),
+    refused(
+        body(tools=[{"type": "namespace", "name": "n", "tools": [{"type": "mcp", "server_label": "x"}]}]),
+        "tools[0].tools[0].type",
+        id="namespace-member-of-another-type",
+    ),
+    bad(
+        body(tools=[{"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}}]),
+        "tools[0].format.syntax",
+        "expected 'lark' or 'regex'",
+        id="custom-tool-grammar-syntax",
+    ),
+    bad(
+        body(tools=[WEATHER, {"type": "custom", "name": "get_weather"}]),
+        "tools[1].name",
+        "already defined",
+        id="duplicate-tool-name",
+    ),
+    bad(
+        body(tools=[WEATHER], tool_choice={"type": "custom", "name": "get_weather"}),
+        "tool_choice.type",
+        "is a function tool",
+        id="tool_choice-custom-names-a-function",
     ),
     bad(body(text={"format": {"type": "xml"}}), "text.format.type", "'xml'", id="text-format-bad-type"),
     bad(
