@@ -295,7 +295,10 @@ VALID_MESSAGES = [
     ),
     pytest.param(
         body(thinking={"type": "enabled", "budget_tokens": 31999, "display": "omitted"}),
-        chat(template_kwargs={"enable_thinking": True}, omit_reasoning=True),
+        attrs.evolve(
+            chat(template_kwargs={"enable_thinking": True}, omit_reasoning=True),
+            params=attrs.evolve(chat().params, thinking_budget=31999),
+        ),
         id="thinking-display-omitted",
     ),
     pytest.param(
