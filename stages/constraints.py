@@ -22,6 +22,7 @@ import attrs
 
 from pipeline.errors import invalid
 from pipeline.requests import ChatRequest, Constraint, ConstraintKind, GenerationRequest, Tool, ToolChoice, ToolChoiceMode
+from stages.models.mlx_internals import hf_tokenizer, is_json_tool_parser
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher, LLTokenizer
@@ -109,7 +110,7 @@ class ConstraintCompiler:
                 from llguidance.hf import from_tokenizer
 
                 # mlx-lm's wrapper keeps the Hugging Face tokenizer llguidance reads.
-                hf: Any = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
+                hf = hf_tokenizer(self._tokenizer)
                 eos = sorted(self._tokenizer.eos_token_ids)
                 self._ll_tokenizer = from_tokenizer(hf, n_vocab=self._vocab_size, eos_token=eos)
             return self._ll_tokenizer
@@ -169,5 +170,4 @@ def _marker(tokenizer: Tokenizer, text: str) -> str:
 
 
 def _json_markup(tokenizer: Tokenizer) -> bool:
-    parser = tokenizer.tool_parser
-    return parser is not None and getattr(parser, "__module__", "").endswith("json_tools")
+    return is_json_tool_parser(tokenizer.tool_parser)

@@ -16,8 +16,11 @@ from typing import Any, Protocol
 import attrs
 
 from pipeline.requests import JsonValue
+from stages.models.mlx_internals import byte_decoder, keep_leading_space, local_model_path
 
 
+# `MLX_RELAY_MODEL=shaped:<name>` serves a shape-true random-weight model (stages/models/shaped.py).
+SHAPED = "shaped:"
 # Used when a config names no window; a conservative size most models support.
 _FALLBACK_CONTEXT_WINDOW = 4096
 
@@ -74,10 +77,7 @@ def completion_detokenizer(tokenizer: Tokenizer) -> StreamingDetokenizer:
     is text the model wrote, as `decode` keeps it.
     """
     detokenizer = tokenizer.detokenizer
-    if hasattr(detokenizer, "trim_space"):
-        detokenizer.trim_space = False
-    if hasattr(detokenizer, "_maybe_trim_space"):
-        detokenizer._maybe_trim_space = lambda text: text
+    keep_leading_space(detokenizer)
     return detokenizer
 
 
@@ -97,12 +97,10 @@ def token_text(tokenizer: Tokenizer, token: int) -> tuple[str, tuple[int, ...]]:
 
 
 def _byte_level_bytes(tokenizer: Tokenizer, token: int) -> bytes | None:
-    from mlx_lm.tokenizer_utils import _byte_decoder
-
     pieces = getattr(tokenizer, "convert_ids_to_tokens", lambda ids: [None])([token])
     piece = pieces[0] if pieces else None
     # GPT-2's printable stand-ins for bytes, as mlx-lm's BPE detokenizer reads them.
-    decoder: dict[str, int] = _byte_decoder()
+    decoder = byte_decoder()
     if not isinstance(piece, str) or not all(char in decoder for char in piece):
         return None
     return bytes(decoder[char] for char in piece)
@@ -120,21 +118,26 @@ def resolve_model(model: str | None, *, demo: str = "demo", name: str | None = N
     """Find the model directory and read its config.
 
     Args:
-        model: a local directory or a Hugging Face repo id; None builds
-            (once, cached) and serves the bundled demo model `demo`.
+        model: a local directory, a Hugging Face repo id, or `shaped:<name>`
+            (built once, cached); None builds (once, cached) and serves the
+            bundled demo model `demo`.
         name: the id to serve it under; defaults to the argument given.
 
     Raises:
         FileNotFoundError: the directory has no config.json.
     """
-    from mlx_lm.utils import _download, load_config
+    from mlx_lm.utils import load_config
 
     if model is None:
         from stages.models.demo import ensure_demo_model
 
         path, served = ensure_demo_model(demo), f"mlx-relay/{demo}"
+    elif model.startswith(SHAPED):
+        from stages.models.shaped import ensure_shaped_model
+
+        path, served = ensure_shaped_model(model.removeprefix(SHAPED)), f"mlx-relay/{model}"
     else:
-        path, served = _download(model), model
+        path, served = local_model_path(model), model
     config = load_config(path)
     return ModelInfo(
         path=path,
