@@ -79,6 +79,8 @@ class Harness:
     cache: PromptCache | None
     budget: int = 1 << 30
     max_batch: int = 4
+    # Seconds for the whole run; the shape-true models are slow on a busy CPU.
+    timeout: float = 60.0
 
     async def run(self, *waves: Sequence[Prepared], abort_after: dict[str, int] | None = None) -> Run:
         """Send each wave at once and wait for all of its rows to finish before the next."""
@@ -93,7 +95,7 @@ class Harness:
             ledger=KvLedger(TOKEN_BYTES, self.budget), cache=self.cache,
         )  # fmt: skip
         run = Run()
-        with anyio.fail_after(60), steps.receive:
+        with anyio.fail_after(self.timeout), steps.receive:
             async with anyio.create_task_group() as group:
                 await group.start(gateway.run)
                 for wave in waves:
