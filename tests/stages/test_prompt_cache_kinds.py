@@ -8,11 +8,14 @@ shorter entries (a turn's checkpoint) that a diverging prompt still needs.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
+from stages.cache.disk import DiskTier, SpillJob
+from stages.cache.link import DiskLink
 from stages.cache.prompt import PromptCache
 from stages.cache.tier import Entry
 
@@ -104,3 +107,15 @@ def test_views_never_change_the_entry() -> None:
     hit = cache.fetch(TURN[:3] + (1,))
     assert hit is not None
     assert [layer.offset for layer in stored.cache] == [6, 6]
+
+
+def test_the_disk_tier_skips_what_its_format_cannot_hold_and_counts_it(tmp_path: Path) -> None:
+    disk = DiskTier(root=tmp_path, max_bytes=1 << 20, fingerprint="f")
+    disk.scan()
+    outbox: list[SpillJob] = []
+    link = DiskLink(disk, outbox, lambda keys, values: None)
+    link.spill(entry(TURN, recurrent(12), plain(12)))
+    link.spill(entry(TURN[:6], rotating(6), plain(6)))
+    assert outbox == [] and disk.statistics().spills_unsupported == 2
+    link.spill(entry(TURN[:4], plain(4)))
+    assert len(outbox) == 1
