@@ -1,6 +1,6 @@
 """Multi-turn benchmark: time to first token per turn, prompt cache off vs on.
 
-    python -m bench.multiturn [--model demo|tiny|PATH] [--turns 8] [--system-tokens 2000] [--repeats 1]
+    python -m bench.multiturn [--model demo|tiny|shaped:NAME|PATH[,...]] [--turns 8] [--system-tokens 2000] [--repeats 1]
 
 An agent-style conversation: a long system prompt, then turns that each
 resend everything so far (the system prompt, every question, every answer)
@@ -12,7 +12,9 @@ request first. The answers must be byte-identical between the two runs:
 the cache may change speed, never output. `--repeats N` runs N distinct
 conversations on each server and reports each turn's median, which steadies
 the figures on a busy machine. Writes bench/out/multiturn.{json,png} and
-server logs to bench/out/logs/.
+server logs to bench/out/logs/. With several models (one per cache kind:
+`--model shaped:qwen3-0.6b-2l,shaped:gemma3-1b-6l,shaped:qwen3.5-0.8b-4l`)
+it also prints one summary row per model and writes multiturn-kinds.json.
 """
 
 from __future__ import annotations
@@ -42,7 +44,11 @@ HEADER = ("turn", "prompt tokens", "cached (on)", "TTFT off ms", "TTFT on ms", "
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.multiturn", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="demo", help="demo, tiny (built locally), a model directory or a repo id")
+    parser.add_argument(
+        "--model", default="demo",
+        help="demo, tiny, shaped:<name> (built locally; see stages/models/shaped.py), a model directory or a repo id; "
+        "several, comma-separated, give one summary row each (e.g. one per cache kind)",
+    )  # fmt: skip
     parser.add_argument("--turns", type=int, default=8, help="turns in the conversation (default 8)")
     parser.add_argument("--system-tokens", type=int, default=2000, help="system prompt length in tokens (default 2000)")
     parser.add_argument("--question-tokens", type=int, default=100, help="each new question, in tokens (default 100)")
@@ -67,26 +73,42 @@ class Turn:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    from stages.models.demo import DEMO_MODELS, ensure_demo_model
+    kinds = [_one_model(args, model) for model in args.model.split(",")]
+    if len(kinds) > 1:
+        _publish_kinds(args, kinds)
 
-    path = str(ensure_demo_model(args.model)) if args.model in DEMO_MODELS else args.model
+
+def _one_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    from stages.models.demo import DEMO_MODELS, ensure_demo_model
+    from stages.models.loading import SHAPED
+    from stages.models.shaped import SHAPES, MODELS as SHAPED_MODELS, ensure_shaped_model
+
+    if model in DEMO_MODELS:
+        path = str(ensure_demo_model(model))
+    elif model.startswith(SHAPED):
+        path = str(ensure_shaped_model(model.removeprefix(SHAPED)))
+    else:
+        path = model
     texts = _Texts(Path(path))
     started_at = time.perf_counter()
     runs: dict[str, list[list[Turn]]] = {}
     server_stats: dict[str, Any] = {}
     with tqdm(total=len(MODES) * args.turns * args.repeats, unit="turn", desc="bench") as bar:
         for mode in MODES:
-            bar.set_description(f"cache {mode}")
-            env = relay_env(args.model if args.model in DEMO_MODELS else path, frozenset(DEMO_MODELS))
+            bar.set_description(f"{model} cache {mode}")
+            env = relay_env(model if model in DEMO_MODELS else path, frozenset(DEMO_MODELS))
             env["MLX_RELAY_PROMPT_CACHE_BYTES"] = "0" if mode == "off" else str(2**30)
             port = free_port()
             with started(f"multiturn-cache-{mode}", relay_command(port), port, env, args.out / "logs") as server:
                 runs[mode] = [_conversation(server, texts, args, bar, repeat) for repeat in range(args.repeats)]
                 server_stats[mode] = httpx.get(f"{server.url}/stats", timeout=10).json()
-    meta = {"model": args.model, "model_path": path, "platform": platform.platform(), "cpus": os.cpu_count(),
+    shaped = SHAPED_MODELS.get(model.removeprefix(SHAPED)) if model.startswith(SHAPED) else None
+    meta = {"model": model, "model_path": path, "platform": platform.platform(), "cpus": os.cpu_count(),
             "blas": server_stats["on"].get("blas"), "wall_s": time.perf_counter() - started_at,
+            "cache_kind": SHAPES[shaped[0]].cache if shaped else "plain",
             "prompt_cache": server_stats["on"].get("prompt_cache")}  # fmt: skip
-    _publish(args, runs, meta)
+    summary = _publish(args, model, runs, meta)
+    return {"model": model, "cache_kind": meta["cache_kind"], **summary}
 
 
 @attrs.define
@@ -179,7 +201,7 @@ def _rows(runs: dict[str, list[list[Turn]]]) -> list[tuple[str, ...]]:
     return rows
 
 
-def _publish(args: argparse.Namespace, runs: dict[str, list[list[Turn]]], meta: dict[str, Any]) -> None:
+def _publish(args: argparse.Namespace, model: str, runs: dict[str, list[list[Turn]]], meta: dict[str, Any]) -> dict[str, Any]:
     rows = _rows(runs)
     later = [float(row[5].rstrip("x")) for row in rows[1:]]
     pairs = [(a, b) for off, on in zip(runs["off"], runs["on"], strict=True) for a, b in zip(off, on, strict=True)]
@@ -190,7 +212,7 @@ def _publish(args: argparse.Namespace, runs: dict[str, list[list[Turn]]], meta: 
         "identical_answers": [identical, len(pairs)],
         "prompt_tokens_off_equal_on": all(a.prompt_tokens == b.prompt_tokens for a, b in pairs),
     }
-    title = f"{args.model}: {args.turns} turns, {args.system_tokens}-token system prompt, max_tokens={args.max_tokens}"
+    title = f"{model}: {args.turns} turns, {args.system_tokens}-token system prompt, max_tokens={args.max_tokens}"
     title += f", temperature {args.temperature} (seeded)" if args.temperature else ", greedy"
     title += f", median of {args.repeats} conversations" if args.repeats > 1 else ""
     print(f"\nMulti-turn benchmark: {title}\n")
@@ -204,14 +226,33 @@ def _publish(args: argparse.Namespace, runs: dict[str, list[list[Turn]]], meta: 
     )
     line = lambda row: "| " + " | ".join(row) + " |"  # noqa: E731
     print("\nMarkdown:\n\n" + "\n".join([line(HEADER), "|" + " ---: |" * len(HEADER), *map(line, rows)]) + "\n")
-    keys = ("model", "turns", "system_tokens", "question_tokens", "max_tokens", "temperature", "repeats")
-    payload = {"workload": {key: getattr(args, key) for key in keys}, "meta": meta, "summary": summary,
+    keys = ("turns", "system_tokens", "question_tokens", "max_tokens", "temperature", "repeats")
+    workload = {"model": model, **{key: getattr(args, key) for key in keys}}
+    payload = {"workload": workload, "meta": meta, "summary": summary,
                "turns": {mode: [[attrs.asdict(t) for t in conversation] for conversation in conversations]
                          for mode, conversations in runs.items()}}  # fmt: skip
-    name = "multiturn" + (f"-t{args.temperature:g}" if args.temperature else "")
+    name = "multiturn" + (f"-{model.replace(':', '-').replace('/', '-')}" if "," in args.model else "")
+    name += f"-t{args.temperature:g}" if args.temperature else ""
     report.write_json(args.out / f"{name}.json", payload)
     _plot(args.out / f"{name}.png", rows, title)
     print(f"wrote {args.out / f'{name}.json'} and {args.out / f'{name}.png'}")
+    ttft = {mode: statistics.median(t.ttft_s for c in runs[mode] for t in c[1:]) for mode in MODES} if args.turns > 1 else {}
+    return {**summary, "ttft_turn2_on_median_ms": 1000 * ttft.get("on", 0.0),
+            "ttft_turn2_off_median_ms": 1000 * ttft.get("off", 0.0)}  # fmt: skip
+
+
+KIND_HEADER = ("cache kind", "model", "TTFT off ms (turns 2+)", "TTFT on ms (turns 2+)", "off/on", "same answers")
+
+
+def _publish_kinds(args: argparse.Namespace, kinds: list[dict[str, Any]]) -> None:
+    """One row per model (per cache kind): the medians over turns 2 and later."""
+    rows = [(k["cache_kind"], k["model"], f"{k['ttft_turn2_off_median_ms']:.0f}", f"{k['ttft_turn2_on_median_ms']:.0f}",
+             f"{k['speedup_turn2_on_median']:.1f}x", "{}/{}".format(*k["identical_answers"])) for k in kinds]  # fmt: skip
+    line = lambda row: "| " + " | ".join(row) + " |"  # noqa: E731
+    print("\nPer cache kind:\n\n" + "\n".join([line(KIND_HEADER), "|" + " --- |" * len(KIND_HEADER), *map(line, rows)]))
+    name = "multiturn-kinds" + (f"-t{args.temperature:g}" if args.temperature else "")
+    report.write_json(args.out / f"{name}.json", {"kinds": kinds})
+    print(f"wrote {args.out / f'{name}.json'}")
 
 
 def _plot(path: Path, rows: list[tuple[str, ...]], title: str) -> None:

@@ -32,6 +32,7 @@ from pipeline.errors import excerpt, invalid, quote
 from pipeline.requests import ChatRequest, Constraint, ConstraintKind, GenerationRequest, Tool, ToolChoice, ToolChoiceMode
 from stages.families import choose_family
 from stages.families.base import Family
+from stages.models.mlx_internals import hf_tokenizer
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher, LLParserLimits, LLTokenizer
@@ -129,7 +130,7 @@ class ConstraintCompiler:
                 from llguidance.hf import from_tokenizer
 
                 # mlx-lm's wrapper keeps the Hugging Face tokenizer llguidance reads.
-                hf: Any = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
+                hf = hf_tokenizer(self._tokenizer)
                 eos = sorted(self._tokenizer.eos_token_ids)
                 self._ll_tokenizer = from_tokenizer(hf, n_vocab=self._vocab_size, eos_token=eos)
             return self._ll_tokenizer

@@ -47,6 +47,7 @@ from stages.cache.link import DiskLink
 from stages.heap import HeapTrimmer
 from stages.kv.rows import Resume, Row, Waiting
 from stages.kv.scheduler import KvScheduler
+from stages.models.mlx_internals import PLAIN, cache_kind, kv_layer
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
 from stages.cache.tier import Entry, Key
@@ -132,6 +133,8 @@ class GenerationGateway:
     _kv_in_use: int = attrs.field(default=0, init=False)
     _mlx_memory: tuple[int, int] = attrs.field(default=(0, 0), init=False)
     _heap: HeapTrimmer = attrs.field(factory=HeapTrimmer, init=False)
+    # What the model's cache layers are (mlx_internals.cache_kind), known once it is loaded.
+    _cache_kind: str = attrs.field(default=PLAIN, init=False)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # `task_status.started` must be called from this task, not the thread.
@@ -202,15 +205,15 @@ class GenerationGateway:
             mx.clear_cache()
 
     def _prepare_cache(self, model: object) -> None:
-        from mlx_lm.models.cache import KVCache, make_prompt_cache
+        from mlx_lm.models.cache import make_prompt_cache
 
         if self._cache is None:
             return
-        # Views and trims assume plain per-layer KV; rotating or recurrent caches cannot be cut back.
-        if not all(type(layer) is KVCache for layer in make_prompt_cache(model)):
-            log.warning("prompt_cache.unsupported", reason="the model's cache is not a plain KVCache")
-            self._cache = None
-            return
+        # Sliding-window and recurrent layers cannot be cut back to a shorter
+        # prefix once past their window: keep each row's state at its
+        # prompt's end too, which the next turn of its conversation extends.
+        self._cache_kind = cache_kind(make_prompt_cache(model))
+        log.info("prompt_cache.kind", kind=self._cache_kind, checkpoints=self._cache_kind != PLAIN)
         if self._disk is not None:
             self._disk.scan()
             self._cache.lower = DiskLink(self._disk, self._spill_outbox, restore_layer)
@@ -345,7 +348,9 @@ class GenerationGateway:
         from stages.sampling import token_scores
 
         anyio.from_thread.check_cancelled()
-        _, generated = generator.next()
+        prefilled, generated = generator.next()
+        if self._cache_kind != PLAIN:
+            self._checkpoint(generator, prefilled)
         deltas = []
         for response in generated:
             finish = _FINISH.get(response.finish_reason) if response.finish_reason else None
@@ -365,15 +370,24 @@ class GenerationGateway:
         self._mlx_memory = _allocator()
         return tuple(deltas)
 
-    def _keep(self, row: Row, cache: list[Any] | None, tokens: Sequence[int]) -> None:
+    def _checkpoint(self, generator: BatchGenerator, prefilled: Sequence[Any]) -> None:
+        # mlx-lm prefills all but a prompt's last token as one segment; at its
+        # end the row's cache holds exactly the prompt so far (the turn boundary).
+        done = [r.uid for r in prefilled if r.end_of_segment and not r.end_of_prompt and r.uid in self._rows]
+        for uid, (cache, tokens) in generator.extract_cache(done).items():
+            self._keep(self._rows[uid], cache, tuple(tokens), checkpoint=True)
+
+    def _keep(self, row: Row, cache: list[Any] | None, tokens: Sequence[int], *, checkpoint: bool = False) -> None:
+        # A checkpoint holds the prompt so far: all of it is prompt, and it replaces nothing.
         import mlx.core as mx
 
         if self._cache is None or not cache:
             return
         # Evaluated now, the entry's arrays stop referring to the batch's (much larger) ones.
         mx.eval([layer.state for layer in cache])
-        entry = Entry(tokens=tuple(tokens), cache=cache, prompt_len=row.prompt_len, session=row.session)
-        self._cache.store(entry, replaces=row.replaces)
+        prompt_len = len(tokens) if checkpoint else row.prompt_len
+        entry = Entry(tokens=tuple(tokens), cache=cache, prompt_len=prompt_len, session=row.session)
+        self._cache.store(entry, replaces=None if checkpoint else row.replaces)
 
     # -- event loop ---------------------------------------------------------
 
@@ -416,14 +430,7 @@ def _allocator() -> tuple[int, int]:
 
 def restore_layer(keys: Tensor, values: Tensor) -> Any:
     """One layer's KV cache from the disk tier's tensors, evaluated."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
-
-    layer: Any = KVCache()
-    layer.keys, layer.values = _array(keys), _array(values)
-    layer.offset = layer.keys.shape[2]
-    mx.eval(layer.keys, layer.values)
-    return layer
+    return kv_layer(_array(keys), _array(values))
 
 
 def _array(item: Tensor) -> Any:

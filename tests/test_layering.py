@@ -37,6 +37,8 @@ MLX_CORE_ALLOWED = {
     "stages/models/gguf.py",
     # Which backend MLX runs on (the plan prices prefill attention by it).
     "stages/kv/machine.py",
+    # The shape-true model builder, and the adapter that rebuilds cache layers for the model thread.
+    "stages/models/shaped.py", "stages/models/mlx_internals.py",
 }  # fmt: skip
 
 

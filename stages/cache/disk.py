@@ -115,7 +115,8 @@ class DiskTier:
     _last_restore: tuple[float, float] | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._counts = dict.fromkeys(("spills", "spills_dropped", "spill_errors", "restores", "corrupt"), 0)
+        names = ("spills", "spills_dropped", "spill_errors", "spills_unsupported", "restores", "corrupt")
+        self._counts = dict.fromkeys(names, 0)
 
     def scan(self) -> None:
         """Index the folder's files, oldest first; delete temp and unreadable files."""
@@ -209,6 +210,8 @@ class DiskTier:
 
     def note_error(self) -> None:
         self._counts["spill_errors"] += 1
+    def note_unsupported(self) -> None:
+        self._counts["spills_unsupported"] += 1
 
     def statistics(self) -> DiskStatistics:
         seconds, at = self._last_restore or (None, None)

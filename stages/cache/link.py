@@ -17,6 +17,7 @@ import structlog
 
 from stages.cache.disk import DiskTier, SpillJob, Tensor, tensor, token_tensor
 from stages.cache.tier import DiskStatistics, Entry, Key
+from stages.models.mlx_internals import plain_kv
 
 log = structlog.get_logger(stage="gateway")
 
@@ -39,9 +40,12 @@ class DiskLink:
         # The worker reads these views without calling MLX.
         tensors = [token_tensor(entry.tokens)]
         for index, layer in enumerate(entry.cache):
-            keys, values = tensor(f"layers.{index}.keys", layer.keys), tensor(f"layers.{index}.values", layer.values)
+            kv = plain_kv(layer)
+            keys, values = (tensor(f"layers.{index}.{n}", a) for n, a in zip(("keys", "values"), kv)) if kv else (None, None)
             if keys is None or values is None:
-                return  # a dtype or layout the file format does not take
+                # A sliding-window or recurrent layer, or a dtype the file format has no name for.
+                self.disk.note_unsupported()
+                return
             tensors += [keys, values]
         self.outbox.append(SpillJob(tokens=entry.tokens, prompt_len=entry.prompt_len, tensors=tuple(tensors)))
 

@@ -24,7 +24,6 @@ ints, safe to read from the event loop.
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +31,8 @@ from typing import Any
 import attrs
 from mlx_lm.models.cache import PromptTrie
 
-from stages.cache.tier import DiskStatistics, Entry, Key, LowerTier, nearest
+from stages.cache.tier import DiskStatistics, Entry, Key, LowerTier, candidates
+from stages.models.mlx_internals import cut_layer
 
 # PromptTrie keeps one trie per model; this cache serves one.
 _MODEL = "served"
@@ -40,6 +40,8 @@ _MODEL = "served"
 # reading and checking a file costs about as much as prefilling a few dozen
 # tokens on a CPU.
 RESTORE_GAIN = 64
+# An entry, its cache cut to the prompt, and the tokens that cut holds.
+_Found = tuple[Entry | None, list[Any] | None, int]
 
 
 @attrs.frozen(kw_only=True)
@@ -84,24 +86,24 @@ class PromptCache:
         self._counts = dict.fromkeys(names, 0)
 
     def fetch(self, tokens: Sequence[int], *, session: str | None = None) -> Hit | None:
-        """The longest cached prefix of `tokens`, leaving at least one token to prefill.
+        """The longest usable cached prefix of `tokens`, leaving at least one token to prefill.
 
         The returned cache is a fresh view; the caller may hand it to the
-        batch (which copies it) without changing the entry.
+        batch (which copies it) without changing the entry. An entry whose
+        layers cannot be cut back (a sliding window past its size, a
+        recurrent state) serves only prompts that contain all of it.
         """
         limit = len(tokens) - 1
         session = session if self.sessions else None
-        entry, shared = self._nearest(tokens, limit)
+        entry, cache, shared = self._nearest(tokens, limit)
         if self.lower is not None:
-            entry, shared = self._maybe_restore(tokens, limit, entry, shared, session)
-        if entry is None or shared <= 0:
+            entry, cache, shared = self._maybe_restore(tokens, limit, (entry, cache, shared), session)
+        if entry is None or cache is None:
             self._count(hit=False, session=session)
             return None
         self._touch(entry.tokens)
         self._count(hit=True, session=session, tokens=shared)
-        return Hit(
-            cache=_view(entry.cache, shared), tokens=shared, source=entry.tokens, continues=shared >= entry.prompt_len
-        )
+        return Hit(cache=cache, tokens=shared, source=entry.tokens, continues=shared >= entry.prompt_len)
 
     def store(self, entry: Entry, *, replaces: Key | None = None) -> None:
         """Keep `entry`; drop `replaces` and any entry that is a prefix of it; evict to the cap."""
@@ -113,8 +115,11 @@ class PromptCache:
             self._drop(replaces)
         self._drop(entry.tokens)
         self._trie.add(_MODEL, list(entry.tokens), entry)
-        for _, prefix in self._trie.pop_prefixes(_MODEL, list(entry.tokens)):
-            self._forget(prefix)
+        # A prefix can be served by cutting this entry back, unless its layers
+        # cannot be cut: then a prefix (a turn's checkpoint) stays useful.
+        if _cut(entry, len(entry.tokens) - 1) is not None:
+            for _, prefix in self._trie.pop_prefixes(_MODEL, list(entry.tokens)):
+                self._forget(prefix)
         (self._pinned if entry.session else self._plain)[entry.tokens] = entry
         self._bytes += entry.nbytes
         self._evict_to(self.max_bytes)
@@ -128,27 +133,31 @@ class PromptCache:
             **self._counts,
         )
 
-    def _nearest(self, tokens: Sequence[int], limit: int) -> tuple[Entry | None, int]:
+    def _nearest(self, tokens: Sequence[int], limit: int) -> _Found:
         if limit <= 0 or not (self._plain or self._pinned):
-            return None, 0
-        key, shared = nearest(self._trie, _MODEL, tokens)
-        return (self._trie.get(_MODEL, list(key)), min(shared, limit)) if key is not None else (None, 0)
+            return None, None, 0
+        for key, shared in candidates(self._trie, _MODEL, tokens[:limit]):
+            entry = self._trie.get(_MODEL, list(key))
+            cache = _cut(entry, shared)
+            if cache is not None:
+                return entry, cache, shared
+        return None, None, 0
 
-    def _maybe_restore(
-        self, tokens: Sequence[int], limit: int, entry: Entry | None, shared: int, session: str | None
-    ) -> tuple[Entry | None, int]:
+    def _maybe_restore(self, tokens: Sequence[int], limit: int, found: _Found, session: str | None) -> _Found:
         assert self.lower is not None
         below = self.lower.longest(tokens)
-        if below is None or min(below[1], limit) < shared + RESTORE_GAIN:
-            return entry, shared
+        if below is None or min(below[1], limit) < found[2] + RESTORE_GAIN:
+            return found
         restored = self.lower.restore(below[0])
         if restored is None:
-            return entry, shared
+            return found
         # The session that asked for it owns it now; it is served from the
         # object in hand even if it is too large to keep.
         restored.session = session
         self.store(restored)
-        return restored, min(below[1], limit)
+        shared = min(below[1], limit)
+        cache = _cut(restored, shared)
+        return (restored, cache, shared) if cache is not None else found
 
     def _touch(self, key: Key) -> None:
         for order in (self._pinned, self._plain):
@@ -180,11 +189,8 @@ class PromptCache:
             self._counts["session_hits" if hit else "session_misses"] += 1
 
 
-def _view(cache: list[Any], tokens: int) -> list[Any]:
-    """Each layer's cache cut to its first `tokens` positions, sharing the entry's arrays."""
-    views = []
-    for layer in cache:
-        view = copy.copy(layer)
-        view.keys, view.values, view.offset = layer.keys[..., :tokens, :], layer.values[..., :tokens, :], tokens
-        views.append(view)
-    return views
+def _cut(entry: Entry, tokens: int) -> list[Any] | None:
+    """The entry's cache cut to its first `tokens` positions, sharing its arrays; None if a layer cannot be."""
+    held = len(entry.tokens)
+    views = [cut_layer(layer, tokens, held) for layer in entry.cache]
+    return None if tokens <= 0 or any(view is None for view in views) else views

@@ -37,6 +37,9 @@ class DiskStatistics:
     spills: int
     spills_dropped: int
     spill_errors: int
+    # Entries not written because the file format takes only plain KV (a
+    # sliding-window or recurrent layer, or a dtype it has no name for).
+    spills_unsupported: int
     restores: int
     corrupt: int
     last_restore_seconds: float | None
@@ -72,3 +75,22 @@ def nearest(trie: PromptTrie, model: str, tokens: Sequence[int]) -> tuple[Key | 
     if found.longer and found.common_prefix > shared:
         best, shared = found.longer, found.common_prefix
     return (tuple(best), shared) if best else (None, 0)
+
+
+def candidates(trie: PromptTrie, model: str, tokens: Sequence[int]) -> list[tuple[Key, int]]:
+    """Stored keys that share a prefix with `tokens`, and how much, most shared first.
+
+    The best may be one that goes on differently after the shared tokens,
+    usable only by a cache that can be cut back; the longest stored prefix
+    of `tokens` follows it, usable by any cache as it is.
+    """
+    found = trie.search(model, list(tokens))
+    if found.exact is not None:
+        return [(tuple(found.exact), len(tokens))]
+    ranked = []
+    # On a tie the stored prefix comes first: it needs no cutting.
+    if found.shorter:
+        ranked.append((tuple(found.shorter), len(found.shorter)))
+    if found.longer and found.common_prefix > 0:
+        ranked.append((tuple(found.longer), found.common_prefix))
+    return sorted(ranked, key=lambda pair: -pair[1])

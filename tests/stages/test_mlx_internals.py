@@ -1,0 +1,115 @@
+"""One test per mlx-lm detail that stages/models/mlx_internals.py leans on.
+
+An mlx-lm upgrade that renames or reshapes one of them fails here, with a
+message naming it, instead of deep inside a request.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+from stages.models import mlx_internals as internals
+from stages.models.loading import ModelInfo, Tokenizer
+
+
+# What reaching into mlx-lm looks like: its private names, the wrapper's
+# tokenizer (not our own `self._tokenizer`), parser detection by module name,
+# and writes to a cache layer's offset.
+PRIVATE = (r"_maybe_trim_space", r"_byte_decoder", r"\b_download\b", r"(?<!self)\._tokenizer\b", r"json_tools\b\"\)",
+           r"\.offset\s*=[^=]")  # fmt: skip
+
+
+def test_maybe_trim_space(tokenizer: Tokenizer) -> None:
+    detokenizer = tokenizer.detokenizer
+    assert callable(getattr(detokenizer, "_maybe_trim_space", None)), "mlx-lm's BPE detokenizer lost `_maybe_trim_space`"
+    internals.keep_leading_space(detokenizer)
+    detokenizer.reset()
+    for token in tokenizer.encode(" Hello world"):
+        detokenizer.add_token(token)
+    detokenizer.finalize()
+    assert detokenizer.last_segment.startswith(" "), "the stream's leading space is still dropped"
+
+
+def test_byte_decoder() -> None:
+    decoder = internals.byte_decoder()
+    assert len(decoder) == 256 and decoder["Ġ"] == 32, "mlx_lm.tokenizer_utils._byte_decoder changed"
+
+
+def test_tokenizer_wrapper_tokenizer(tokenizer: Tokenizer) -> None:
+    hf = internals.hf_tokenizer(tokenizer)
+    assert hf is not tokenizer, "TokenizerWrapper._tokenizer is gone: llguidance would get the wrapper"
+    assert hf.encode("Hello", add_special_tokens=False) == tokenizer.encode("Hello", add_special_tokens=False)
+
+
+def test_json_tools_parser_module(tokenizer: Tokenizer) -> None:
+    assert internals.is_json_tool_parser(tokenizer.tool_parser), "mlx-lm's json_tools parser is no longer named by its module"
+    assert not internals.is_json_tool_parser(None)
+
+
+def test_download_returns_a_local_directory_as_is(model_info: ModelInfo) -> None:
+    assert internals.local_model_path(str(model_info.path)) == Path(model_info.path), "mlx_lm.utils._download changed"
+
+
+def test_kvcache_keys_values_offset_writes() -> None:
+    keys, values = mx.ones((1, 2, 5, 4)), mx.zeros((1, 2, 5, 4))
+    layer = internals.kv_layer(keys, values)
+    assert type(layer) is KVCache and layer.offset == 5 and layer.state[2] == 5, "KVCache.keys/values/offset changed"
+    got_keys, _ = layer.update_and_fetch(mx.ones((1, 2, 1, 4)), mx.ones((1, 2, 1, 4)))
+    assert got_keys.shape[2] == 6
+    assert internals.plain_kv(layer) is not None and internals.plain_kv(layer)[0].shape[2] == 6  # type: ignore[index]
+
+
+def _rotating(tokens: int, window: int = 8) -> RotatingKVCache:
+    layer = RotatingKVCache(max_size=window)
+    for _ in range(tokens):
+        layer.update_and_fetch(mx.ones((1, 1, 1, 4)), mx.ones((1, 1, 1, 4)))
+    return layer
+
+
+def test_cache_trim_and_is_trimmable() -> None:
+    """Only a KVCache, or a RotatingKVCache inside its window, can be cut back; ArraysCache never."""
+    plain = internals.kv_layer(mx.ones((1, 1, 6, 4)), mx.ones((1, 1, 6, 4)))
+    cut = internals.cut_layer(plain, 4, 6)
+    assert cut is not None and cut.offset == 4 and cut.keys.shape[2] == 4 and plain.offset == 6
+    inside, past = _rotating(6), _rotating(12)
+    assert inside.is_trimmable() and not past.is_trimmable(), "RotatingKVCache.is_trimmable changed"
+    cut = internals.cut_layer(inside, 4, 6)
+    assert cut is not None and cut.offset == 4 and inside.offset == 6
+    assert internals.cut_layer(past, 11, 12) is None
+    assert internals.cut_layer(past, 12, 12) is not None
+    recurrent = ArraysCache(size=2)
+    assert not recurrent.is_trimmable() and internals.cut_layer(recurrent, 3, 4) is None
+
+
+@pytest.mark.parametrize(
+    ("layers", "kind"),
+    [
+        ([KVCache(), KVCache()], "plain"),
+        ([RotatingKVCache(max_size=8), KVCache()], "rotating"),
+        ([ArraysCache(size=2), KVCache()], "recurrent"),
+    ],
+)
+def test_cache_classes(layers: list[object], kind: str) -> None:
+    assert internals.cache_kind(layers) == kind
+
+
+def test_no_other_module_reaches_into_mlx_lm_privately() -> None:
+    """The adapter is the only place a private mlx-lm name appears."""
+    from tests.conftest import REPO
+
+    offenders = []
+    for path in sorted((REPO / "stages").rglob("*.py")) + [REPO / "app.py"]:
+        if path.name == "mlx_internals.py":
+            continue
+        text = path.read_text(encoding="utf-8")
+        for pattern in PRIVATE:
+            if re.search(pattern, text):
+                offenders.append(f"{path.relative_to(REPO)}: {pattern}")
+    assert offenders == []
+    assert "mlx_lm" in inspect.getsource(internals)
