@@ -15,7 +15,7 @@ BLAS = preload_blas()
 
 import time  # noqa: E402
 import uuid  # noqa: E402
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable  # noqa: E402
+from collections.abc import AsyncGenerator, Callable  # noqa: E402
 from typing import TypeVar, cast  # noqa: E402
 
 import anyio  # noqa: E402
@@ -27,9 +27,8 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 from edge import guard  # noqa: E402
 from edge.redact import without_paths  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
+from edge.streaming import Persist, sse_body  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
-from pipeline.errors import ErrorKind, RequestError  # noqa: E402
-from pipeline.events import CompletionEvent  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
@@ -59,7 +58,6 @@ app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
 
 ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
-Persist = Callable[[StreamProtocol], Awaitable[None]]
 
 
 def engine() -> Engine:
@@ -126,41 +124,14 @@ async def generate(
     headers = {"x-request-id": trace_id}
     if accepted.request.stream:
         headers["cache-control"] = "no-cache"
-        return Response(sse_body(reply, protocol, persist), content_type="text/event-stream", headers=headers)
+        interval = cast(float, app.extensions["keepalive_interval"])
+        return Response(sse_body(reply, protocol, persist, interval), content_type="text/event-stream", headers=headers)
     with reply:
         events = [event async for batch in reply for event in batch]
     result = protocol.body(events, reply.summary)
     if persist is not None:
         await persist(protocol)
     return json_response(result, headers=headers)
-
-
-async def sse_body(reply: Reply, protocol: StreamProtocol, persist: Persist | None) -> AsyncIterator[bytes]:
-    with reply:
-        yield protocol.start()
-        try:
-            async for events in _batches(reply, cast(float, app.extensions["keepalive_interval"])):
-                yield protocol.keepalive() if events is None else protocol.add_events(events)
-            tail = protocol.finish(reply.summary)
-            if persist is not None:
-                await persist(protocol)
-        except RequestError as error:
-            yield protocol.error(error)
-            return
-        yield tail
-
-
-async def _batches(reply: Reply, interval: float) -> AsyncIterator[list[CompletionEvent] | None]:
-    """The reply's event batches, and None each time `interval` passes without one."""
-    while True:
-        batch: list[CompletionEvent] | None = None
-        with anyio.move_on_after(interval):
-            try:
-                batch = await reply.__anext__()
-            except StopAsyncIteration:
-                return
-        # A wait cut short loses nothing: the reply keeps its events until read.
-        yield batch
 
 
 def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:

@@ -179,3 +179,14 @@ class ReplySlot(Generic[R]):
         self._wake()
         on_done, self._on_done = self._on_done, lambda: None
         on_done()
+
+
+def drain_nowait(stream: MemoryObjectReceiveStream[T], *, limit: int | None) -> list[T]:
+    """What `stream` holds now, at most `limit` items, without waiting."""
+    items: list[T] = []
+    while limit is None or len(items) < limit:
+        try:
+            items.append(stream.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            break
+    return items

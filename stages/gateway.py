@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.from_thread
@@ -40,43 +40,25 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.actor import isolated, isolated_task
+from pipeline.channels import drain_nowait
 from pipeline.errors import RequestError
 from pipeline.events import FinishReason
-from stages.cache.disk import DiskTier, SpillJob, Tensor
+from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
 from stages.heap import HeapTrimmer
-from stages.kv.rows import Resume, Row, Waiting
+from stages.kv.rows import Failed, Intake, Resume, Row, Waiting
 from stages.kv.scheduler import KvScheduler
-from stages.models.mlx_internals import PLAIN, cache_kind, kv_layer
-from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta
+from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
+from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, send_abort
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
 from stages.cache.tier import Entry, Key
 
 if TYPE_CHECKING:
-    from llguidance import LLMatcher
     from mlx_lm.generate import BatchGenerator
-    from stages.sampling import ThinkBudget
 
 log = structlog.get_logger(stage="gateway")
 
-T = TypeVar("T")
-
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
-
-
-@attrs.frozen(kw_only=True)
-class Failed:
-    """A row that failed on the model thread, for its reply on the event loop."""
-
-    row: Prepared
-    error: RequestError
-
-
-@attrs.frozen(kw_only=True)
-class Intake:
-    aborts: tuple[Abort, ...]
-    admitted: tuple[Prepared, ...]
-    closed: bool
 
 
 @attrs.frozen(kw_only=True)
@@ -264,17 +246,8 @@ class GenerationGateway:
                     admitted.append(Admitted(prepared=row, admitted_at=time.monotonic(), cached_tokens=cached))
         return tuple(admitted)
 
-    def _budget(self, row: Prepared) -> ThinkBudget | None:
-        budget = row.params.thinking_budget
-        if budget is None or self._think_ids is None:
-            return None
-        from stages.sampling import ThinkBudget
-
-        start, end = self._think_ids
-        return ThinkBudget(budget=budget, start=start, end=end, opened=_opened(row.prompt_tokens[-64:], start, end))
-
     def _insert(self, generator: BatchGenerator, waiting: Waiting) -> int:
-        from stages.sampling import make_row_processors, make_row_sampler
+        from stages.sampling import make_row_sampler, row_processors
 
         # What can fail for this row alone (cache lookup, sampler, grammar matcher) comes before the generator holds it.
         row, tokens = waiting.prepared, waiting.tokens
@@ -284,7 +257,7 @@ class GenerationGateway:
             arrival=self._kv.arrive(),
             generated=(),
             sampler=make_row_sampler(row.params.sampling),
-            processors=make_row_processors(row.params.sampling, row.max_tokens, _matcher(row), self._budget(row)),
+            processors=row_processors(row, self._think_ids),
             replaces=hit.source if hit is not None and hit.continues else None,
         )
         (uid,) = generator.insert(
@@ -309,15 +282,8 @@ class GenerationGateway:
 
         if not (victims := self._kv.victims()):
             return
-        caches = generator.remove(victims, return_prompt_caches=self._cache is not None)
         # Latest arrival first: each goes in front of the one before, so the earliest leads the queue.
-        for uid in victims:
-            row = self._rows.pop(uid)
-            del self._uids[row.request_id]
-            self._kv.release(uid)
-            cache, tokens = caches.get(uid, (None, ()))
-            if len(tokens) > row.cached:
-                self._keep(row, cache, tokens)
+        for row in self._take_out(generator, victims):
             rewind_row(row.resume.sampler, row.resume.processors, len(row.generated))
             # Its own entry (a prefix of where it goes on) now stands for the conversation it continued.
             resume = attrs.evolve(row.resume, generated=tuple(row.generated), replaces=None)
@@ -330,19 +296,23 @@ class GenerationGateway:
         gone = {abort.request_id for abort in aborts}
         self._waiting = [row for row in self._waiting if row.prepared.request_id not in gone]
         removed = tuple(request_id for request_id in gone if request_id in self._uids)
-        uids = [self._uids.pop(request_id) for request_id in removed]
-        if not uids:
-            return ()
-        # An aborted row's KV is still a valid prefix: a stop string, or a client that retries.
+        if removed:
+            # An aborted row's KV is still a valid prefix: a stop string, or a client that retries.
+            self._take_out(generator, [self._uids[request_id] for request_id in removed])
+            log.info("gateway.abort", rows=len(removed))
+        return removed
+
+    def _take_out(self, generator: BatchGenerator, uids: list[int]) -> list[Row]:
+        """Rows leave the batch; what they hold beyond their cached start goes to the prompt cache."""
         caches = generator.remove(uids, return_prompt_caches=self._cache is not None)
-        for uid in uids:
-            row = self._rows.pop(uid)
+        rows = [self._rows.pop(uid) for uid in uids]
+        for uid, row in zip(uids, rows):
+            del self._uids[row.request_id]
             self._kv.release(uid)
             cache, tokens = caches.get(uid, (None, ()))
             if len(tokens) > row.cached:
                 self._keep(row, cache, tokens)
-        log.info("gateway.abort", rows=len(uids))
-        return removed
+        return rows
 
     def _step(self, generator: BatchGenerator) -> tuple[TokenDelta, ...]:
         from stages.sampling import token_scores
@@ -367,7 +337,7 @@ class GenerationGateway:
         self._steps += 1
         self._generated += len(deltas)
         self._kv_in_use = generator.prompt_cache_nbytes
-        self._mlx_memory = _allocator()
+        self._mlx_memory = allocator_memory()
         return tuple(deltas)
 
     def _checkpoint(self, generator: BatchGenerator, prefilled: Sequence[Any]) -> None:
@@ -399,14 +369,14 @@ class GenerationGateway:
         if outputs is not None and (outputs.admitted or outputs.deltas or outputs.removed):
             await self._out.send(outputs)
         self._offer_spills(spills)
-        aborts = _drain(self._control, limit=None)
+        aborts = drain_nowait(self._control, limit=None)
         admitted: list[Prepared] = []
         if free == self._max_batch and not aborts:
             try:
                 admitted.append(await self._inbox.receive())
             except anyio.EndOfStream:
                 return Intake(aborts=(), admitted=(), closed=True)
-        admitted.extend(_drain(self._inbox, limit=free - len(admitted)))
+        admitted.extend(drain_nowait(self._inbox, limit=free - len(admitted)))
         live = tuple(row for row in admitted if not row.reply.closed)
         for row in live:
             row.reply.bind_abort(partial(send_abort, self._aborts, row.request_id))
@@ -420,58 +390,3 @@ class GenerationGateway:
             except anyio.WouldBlock:
                 if self._disk is not None:
                     self._disk.note_dropped()
-
-
-def _allocator() -> tuple[int, int]:
-    import mlx.core as mx
-
-    return mx.get_active_memory(), mx.get_cache_memory()
-
-
-def restore_layer(keys: Tensor, values: Tensor) -> Any:
-    """One layer's KV cache from the disk tier's tensors, evaluated."""
-    return kv_layer(_array(keys), _array(values))
-
-
-def _array(item: Tensor) -> Any:
-    import mlx.core as mx
-
-    # memoryview.cast knows no 16-bit floats: read their bits as uint16, then view them.
-    # (Typed loosely: the stubs know neither that nor mx.array's buffer support.)
-    data: Any = item.data
-    if item.dtype == "F32":
-        return mx.array(data.cast("f", item.shape))
-    return mx.array(data.cast("H", item.shape)).view(mx.float16 if item.dtype == "F16" else mx.bfloat16)
-
-
-def send_abort(aborts: MemoryObjectSendStream[Abort], request_id: str) -> None:
-    """Ask the gateway to drop a row before its next step; sync for S9.
-
-    The control channel holds one abort per row, so it is never full; once
-    the engine has stopped there is no row left to drop.
-    """
-    try:
-        aborts.send_nowait(Abort(request_id=request_id))
-    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-        pass
-
-
-def _drain(stream: MemoryObjectReceiveStream[T], *, limit: int | None) -> list[T]:
-    items: list[T] = []
-    while limit is None or len(items) < limit:
-        try:
-            items.append(stream.receive_nowait())
-        except (anyio.WouldBlock, anyio.EndOfStream):
-            break
-    return items
-
-
-def _opened(prompt: tuple[int, ...], start: int, end: int) -> bool:
-    """The prompt ends inside a think section its template opened."""
-    last_start = max((i for i, token in enumerate(prompt) if token == start), default=-1)
-    return last_start >= 0 and end not in prompt[last_start:]
-
-
-def _matcher(row: Prepared) -> LLMatcher | None:
-    # A row's own copy: the matcher advances with the row's tokens.
-    return row.constraint.matcher() if row.constraint is not None else None

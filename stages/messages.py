@@ -12,7 +12,9 @@ import enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import anyio
 import attrs
+from anyio.streams.memory import MemoryObjectSendStream
 
 from pipeline.channels import ReplySlot
 from pipeline.events import FinishReason
@@ -143,3 +145,15 @@ class StepOutputs:
     stepped_at: float
     # Rows the gateway dropped before this step (their reader left): no delta will follow.
     removed: tuple[str, ...] = ()
+
+
+def send_abort(aborts: MemoryObjectSendStream[Abort], request_id: str) -> None:
+    """Ask the gateway to drop a row before its next step; sync for S9.
+
+    The control channel holds one abort per row, so it is never full; once
+    the engine has stopped there is no row left to drop.
+    """
+    try:
+        aborts.send_nowait(Abort(request_id=request_id))
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+        pass

@@ -19,6 +19,7 @@ import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler, make_logits_processors
 
 from pipeline.requests import Sampling
+from stages.messages import Prepared
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher
@@ -177,3 +178,21 @@ def token_scores(logprobs: mx.array, token: int, top: int) -> tuple[float, tuple
     pairs = sorted(zip(cast(list[int], ids.tolist()), cast(list[float], values.tolist())), key=lambda pair: -pair[1])
     # Tokens a grammar or bias ruled out were never candidates (and -inf is not JSON).
     return chosen, tuple(pair for pair in pairs if math.isfinite(pair[1]))
+
+
+def row_processors(row: Prepared, think_ids: tuple[int, int] | None) -> list[LogitsProcessor]:
+    """A row's logits processors: penalties and bias, its thinking budget, its grammar (its own copy)."""
+    budget = row.params.thinking_budget
+    think = None
+    if budget is not None and think_ids is not None:
+        start, end = think_ids
+        think = ThinkBudget(budget=budget, start=start, end=end, opened=_opened(row.prompt_tokens[-64:], start, end))
+    # The matcher advances with the row's tokens, so each row gets its own.
+    matcher = row.constraint.matcher() if row.constraint is not None else None
+    return make_row_processors(row.params.sampling, row.max_tokens, matcher, think)
+
+
+def _opened(prompt: tuple[int, ...], start: int, end: int) -> bool:
+    """The prompt ends inside a think section its template opened."""
+    last_start = max((i for i, token in enumerate(prompt) if token == start), default=-1)
+    return last_start >= 0 and end not in prompt[last_start:]

@@ -31,7 +31,7 @@ from pipeline.actor import isolated
 from pipeline.events import CompletionEvent, FinishReason, Logprobs, Summary, TokenLogprob, ToolCall, Usage
 from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
-from stages.gateway import send_abort
+from stages.messages import send_abort
 from stages.families import choose_family
 from stages.families.base import Family
 from stages.markup import Markers, MarkupSplitter, Section, markers_for

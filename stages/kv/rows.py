@@ -13,7 +13,8 @@ from typing import Any
 import attrs
 
 from stages.cache.tier import Key
-from stages.messages import Prepared
+from pipeline.errors import RequestError
+from stages.messages import Abort, Prepared
 
 
 @attrs.frozen(kw_only=True)
@@ -62,3 +63,20 @@ class Row:
     def logprobs(self) -> int | None:
         # Alternatives per token to report, when the client asked for logprobs.
         return self.prepared.params.logprobs
+
+
+@attrs.frozen(kw_only=True)
+class Failed:
+    """A row that failed on the model thread, for its reply on the event loop."""
+
+    row: Prepared
+    error: RequestError
+
+
+@attrs.frozen(kw_only=True)
+class Intake:
+    """What one crossing to the event loop brought: aborts, new rows, or the inbox closed."""
+
+    aborts: tuple[Abort, ...]
+    admitted: tuple[Prepared, ...]
+    closed: bool

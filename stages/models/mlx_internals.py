@@ -17,7 +17,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stages.cache.disk import Tensor
 
 # -- tokenizers ---------------------------------------------------------------
 
@@ -140,3 +143,26 @@ def kv_layer(keys: Any, values: Any) -> Any:
     layer.keys, layer.values, layer.offset = keys, values, keys.shape[2]
     mx.eval(layer.keys, layer.values)
     return layer
+
+
+def restore_layer(keys: Tensor, values: Tensor) -> Any:
+    """One layer's KV cache from the disk tier's tensors, evaluated."""
+    return kv_layer(_tensor_array(keys), _tensor_array(values))
+
+
+def _tensor_array(item: Tensor) -> Any:
+    import mlx.core as mx
+
+    # memoryview.cast knows no 16-bit floats: read their bits as uint16, then view them.
+    # (Typed loosely: the stubs know neither that nor mx.array's buffer support.)
+    data: Any = item.data
+    if item.dtype == "F32":
+        return mx.array(data.cast("f", item.shape))
+    return mx.array(data.cast("H", item.shape)).view(mx.float16 if item.dtype == "F16" else mx.bfloat16)
+
+
+def allocator_memory() -> tuple[int, int]:
+    """MLX's allocator: bytes in live arrays, and freed buffers it keeps for reuse."""
+    import mlx.core as mx
+
+    return mx.get_active_memory(), mx.get_cache_memory()

@@ -15,7 +15,7 @@ import pytest
 
 from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
-from stages.gateway import restore_layer
+from stages.models.mlx_internals import restore_layer
 from stages.cache.tier import Entry
 from tests.stages.test_prompt_cache import kv
 

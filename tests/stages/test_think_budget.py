@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from stages.gateway import _opened
+from stages.sampling import _opened
 from stages.sampling import ThinkBudget
 
 START, END, VOCAB = 3, 4, 8
