@@ -71,7 +71,7 @@ def shape_from_config(config: dict[str, Any], *, weights_bytes: int, context_win
     text = config.get("text_config") or config
     heads = int(text.get("num_attention_heads") or text.get("n_head") or 1)
     hidden = int(text.get("hidden_size") or text.get("n_embd") or 0)
-    layers = int(text.get("num_hidden_layers") or text.get("n_layer") or 0)
+    layers = _attention_layers(text, int(text.get("num_hidden_layers") or text.get("n_layer") or 0))
     dtype = str(text.get("torch_dtype") or config.get("torch_dtype") or "")
     # A mixture of experts runs its chosen experts' MLPs for each token.
     experts = int(text.get("moe_intermediate_size") or 0) * int(text.get("num_experts_per_tok") or 0)
@@ -89,6 +89,22 @@ def shape_from_config(config: dict[str, Any], *, weights_bytes: int, context_win
         sliding_layers=sliding_layers,
         sliding_window=window,
     )
+
+
+def _attention_layers(text: dict[str, Any], layers: int) -> int:
+    """The layers that keep keys and values per token.
+
+    A hybrid model's recurrent layers (Qwen3-Next, Qwen3.5: every
+    `full_attention_interval`-th layer attends, the others are linear
+    attention) hold a state of fixed size, not a growing KV cache.
+    """
+    interval = text.get("full_attention_interval")
+    if interval:
+        return layers // int(interval)
+    types = text.get("layer_types")
+    if isinstance(types, list) and any(kind == "linear_attention" for kind in types):
+        return sum(1 for kind in types[:layers] if kind != "linear_attention")
+    return layers
 
 
 def _sliding(text: dict[str, Any], layers: int) -> tuple[int, int | None]:

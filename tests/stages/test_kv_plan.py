@@ -47,6 +47,10 @@ def test_kv_bytes_per_token_from_the_config(tmp_path: Path) -> None:
         pytest.param({"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 4},
                      4 * 4 * 64 * 2 * 2, id="layer_types"),  # fmt: skip
         pytest.param({"sliding_window": 512, "sliding_window_pattern": 4}, 2 * 4 * 64 * 2 * 2, id="gemma-pattern"),
+        # Qwen3-Next / Qwen3.5: only every 4th layer attends; the linear-attention layers hold a fixed state.
+        pytest.param({"full_attention_interval": 4}, 2 * 4 * 64 * 2 * 2, id="hybrid-interval"),
+        pytest.param({"layer_types": ["linear_attention"] * 3 + ["full_attention"]} | {"num_hidden_layers": 4},
+                     1 * 4 * 64 * 2 * 2, id="hybrid-layer_types"),  # fmt: skip
     ],
 )
 def test_config_variants(tmp_path: Path, config: dict[str, object], expected: int) -> None:
