@@ -106,6 +106,17 @@ class DemoSpec:
         return self.num_hidden_layers * layer + (2 * self.vocab_size + 1) * self.hidden_size
 
 
+# For tests: builds and loads in about a second.
+_TINY = DemoSpec(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=1024,
+    max_position_embeddings=2048,
+)
+
 DEMO_MODELS: Mapping[str, DemoSpec] = MappingProxyType(
     {
         # About 34M parameters: big enough that batching decode steps pays.
@@ -118,28 +129,10 @@ DEMO_MODELS: Mapping[str, DemoSpec] = MappingProxyType(
             vocab_size=8192,
             max_position_embeddings=4096,
         ),
-        # For tests: builds and loads in about a second.
-        "tiny": DemoSpec(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            vocab_size=1024,
-            max_position_embeddings=2048,
-        ),
-        # The tiny model with a window that fits agent clients' prompts (Claude Code, Codex: 10k–30k tokens).
-        "tiny-64k": DemoSpec(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            # A larger vocabulary: fewer prompt tokens, so a CPU prefills these prompts in time.
-            vocab_size=8192,
-            max_position_embeddings=65536,
-            ends_turns=True,
-        ),
+        "tiny": _TINY,
+        # The tiny model with a window that fits agent clients' prompts (Claude Code, Codex: 10k–30k tokens),
+        # and a larger vocabulary: fewer prompt tokens, so a CPU prefills these prompts in time.
+        "tiny-64k": attrs.evolve(_TINY, vocab_size=8192, max_position_embeddings=65536, ends_turns=True),
     }
 )
 
