@@ -5,9 +5,10 @@ budget that holds sixteen rows only while they are short, rows are
 preempted as they grow and resumed later: `/stats` counts both, nothing
 crashes, and every stream's text equals the one it had with room.
 
-(The tiny demo model here; once the Qwen3-0.6B-shaped model of
-stages/models/shaped.py is on main, it is the one to run this at real
-per-token KV sizes, under a 12 GiB budget.)
+The same sixteen start together on a Qwen3-0.6B-shaped 4-bit model (its
+published attention shape: 8 KV heads of 128, 2 of its 28 layers so it
+builds in seconds) under a 12 GiB budget at the default settings, with the
+model's full 40,960-token window as the longest safe row.
 """
 
 from __future__ import annotations
@@ -85,12 +86,27 @@ def test_sixteen_streams_without_max_tokens_run_together_where_they_fit(
     shape = read_model_shape(info.path, info.context_window)
     ample = server_factory(memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(info.context_window + 256))),
                            prompt_cache_bytes=str(PROMPT_CACHE))  # fmt: skip
+    assert_sixteen_start_together(ample)
+
+
+def test_sixteen_streams_on_a_qwen3_shaped_model_under_twelve_gib(server_factory: ServerFactory) -> None:
+    """The issue's case: a real model's shape, a 12 GiB budget, default settings, no max_tokens."""
+    from stages.models.shaped import ensure_shaped_model
+
+    ensure_shaped_model("qwen3-0.6b-2l")
+    server = server_factory(model="shaped:qwen3-0.6b-2l", memory_budget=str(12 << 30))
+    fit = httpx.get(f"{server.base_url}/fit", timeout=10).json()
+    assert fit["memory"]["max_safe_context"] == 40960
+    assert_sixteen_start_together(server)
+
+
+def assert_sixteen_start_together(server: Server) -> None:
     leave, started = threading.Event(), threading.Barrier(ROWS)
 
     def stream(body: dict[str, object]) -> int:
         started.wait(timeout=30)
         chunks = 0
-        with httpx.stream("POST", f"{ample.v1}/chat/completions", json={**body, "stream": True}, timeout=120) as response:
+        with httpx.stream("POST", f"{server.v1}/chat/completions", json={**body, "stream": True}, timeout=300) as response:
             for _ in response.iter_lines():
                 chunks += 1
                 if leave.is_set():
@@ -99,9 +115,9 @@ def test_sixteen_streams_without_max_tokens_run_together_where_they_fit(
 
     with ThreadPoolExecutor(ROWS) as pool:
         streams = [pool.submit(stream, body) for body in bodies(None)]
-        deadline, most = time.monotonic() + 60, 0
+        deadline, most = time.monotonic() + 240, 0
         while most < ROWS and time.monotonic() < deadline:
-            gateway = stats(ample)["gateway"]
+            gateway = stats(server)["gateway"]
             most = max(most, int(gateway["active"]))  # type: ignore[index]
             time.sleep(0.05)
         leave.set()
