@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from edge.guard import EdgePolicy
 from edge.sockets import SocketInUse, bind_unix
@@ -37,10 +38,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return USAGE_ERROR
     try:
-        return serve(args)
+        status = serve(args)
     except (ServeError, SettingsError, StartupError, SocketInUse, OSError) as error:
         print(f"mlx-relay: {error}", file=sys.stderr)
         return USAGE_ERROR
+    _exit_now(status)
+
+
+def _exit_now(status: int) -> NoReturn:
+    """End the process once the server has drained and stopped.
+
+    The engine, the store and the socket are already closed. Interpreter
+    finalization would then destroy MLX's native stream threads while the
+    idle worker thread that ran the model still refers to them, which
+    aborts the process now and then ("terminate called without an active
+    exception", status -6) instead of exiting 0.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -185,9 +185,6 @@ class GenerationGateway:
             del generator, model
             self._cache = None
             mx.clear_cache()
-            # This thread's MLX streams own native threads: stop them here, since an
-            # interpreter exiting with them still alive aborts ("terminate called ...").
-            mx.clear_streams()
 
     def _prepare_cache(self, model: object) -> None:
         from mlx_lm.models.cache import make_prompt_cache
