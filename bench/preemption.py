@@ -23,8 +23,8 @@ import httpx
 
 from bench.servers import free_port, relay_command, relay_env, started
 from stages.kv.machine import read_machine
-from stages.kv.plan import BudgetError, plan
-from stages.kv.shape import ModelShape, read_model_shape
+from stages.kv.plan import budget_for
+from stages.kv.shape import read_model_shape
 from stages.models.loading import resolve_model
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -39,24 +39,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=540, help="tokens per stream; past 512 to force preemption")
     parser.add_argument("--out", type=Path, default=OUT)
     return parser
-
-
-def budget_for(shape: ModelShape, usable: int, streams: int) -> int:
-    """The smallest MLX_RELAY_MEMORY_BUDGET whose plan leaves `usable` bytes for the batch's KV."""
-    machine = read_machine()
-
-    def room(budget: int) -> int:
-        try:
-            memory = plan(shape, machine, budget=budget, prompt_cache=PROMPT_CACHE, max_batch=streams, prefill_step=512)
-            return memory.usable_bytes
-        except BudgetError:
-            return -1
-
-    low, high = shape.weights_bytes, shape.weights_bytes + (1 << 40)
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (low, middle) if room(middle) >= usable else (middle + 1, high)
-    return low
 
 
 def _stream(url: str, index: int, max_tokens: int) -> str:
@@ -85,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     shape = read_model_shape(info.path, info.context_window)
     env = relay_env(args.model, DEMOS) | {"MLX_RELAY_PROMPT_CACHE_BYTES": str(PROMPT_CACHE),
                                           "MLX_RELAY_MAX_BATCH": str(args.streams)}  # fmt: skip
-    tight = budget_for(shape, args.streams * shape.kv_bytes(512), args.streams)
+    tight = budget_for(shape, read_machine(), args.streams * shape.kv_bytes(512), prompt_cache=PROMPT_CACHE, max_batch=args.streams, prefill_step=512)
     rows = [_run(args, "ample", env), _run(args, "tight", env | {"MLX_RELAY_MEMORY_BUDGET": str(tight)})]
     same = rows[0]["texts"] == rows[1]["texts"]
     print(f"{'budget':<8}{'wall s':>9}{'tok/s':>9}{'preempted':>11}{'resumed':>9}")

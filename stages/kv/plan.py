@@ -142,6 +142,25 @@ def plan(shape: ModelShape, machine: Machine, *, budget: int, prompt_cache: int,
     )
 
 
+def budget_for(
+    shape: ModelShape, machine: Machine, usable: int, *, prompt_cache: int, max_batch: int, prefill_step: int
+) -> int:
+    """The smallest budget whose plan leaves at least `usable` bytes for the batch's KV (the inverse of `plan`)."""
+
+    def room(budget: int) -> int:
+        try:
+            plan_ = plan(shape, machine, budget=budget, prompt_cache=prompt_cache, max_batch=max_batch, prefill_step=prefill_step)
+        except BudgetError:
+            return -1
+        return plan_.usable_bytes
+
+    low, high = shape.weights_bytes, shape.weights_bytes + (1 << 40)
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if room(middle) >= usable else (middle + 1, high)
+    return low
+
+
 def _largest(low: int, high: int, fits: Callable[[int], bool]) -> int:
     """The largest n in [low, high] with fits(n), given fits(low) and a monotone predicate."""
     while low < high:

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from stages.kv.machine import read_machine
-from stages.kv.plan import BudgetError, plan
+from stages.kv.plan import budget_for as plan_budget_for
 from stages.kv.shape import ModelShape, read_model_shape
 from stages.models.loading import resolve_model
 from tests.conftest import Server, ServerFactory
@@ -43,19 +43,7 @@ def bodies(max_tokens: int | None) -> list[dict[str, object]]:
 
 def budget_for(shape: ModelShape, usable: int) -> int:
     """The smallest MLX_RELAY_MEMORY_BUDGET whose plan leaves `usable` bytes for the batch's KV."""
-    machine = read_machine()
-
-    def kv_room(budget: int) -> int:
-        try:
-            return plan(shape, machine, budget=budget, prompt_cache=PROMPT_CACHE, max_batch=ROWS, prefill_step=512).usable_bytes
-        except BudgetError:
-            return -1
-
-    low, high = shape.weights_bytes, shape.weights_bytes + (1 << 34)
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (low, middle) if kv_room(middle) >= usable else (middle + 1, high)
-    return low
+    return plan_budget_for(shape, read_machine(), usable, prompt_cache=PROMPT_CACHE, max_batch=ROWS, prefill_step=512)
 
 
 def run_all(server: Server, max_tokens: int | None) -> tuple[list[tuple[str, str]], int]:
