@@ -81,7 +81,7 @@ def test_chat_required_call_streamed(family_server: Server) -> None:
 def test_messages_forced_call(family_server: Server, choice: dict[str, str]) -> None:
     tools: list[Any] = [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": PARAMETERS} for t in CHAT_TOOLS]
     message = family_server.anthropic_client().messages.create(
-        model="m", max_tokens=96, messages=ASK, tools=tools, tool_choice=choice,  # type: ignore[arg-type]
+        model="m", max_tokens=96, messages=ASK, tools=tools, tool_choice=choice, extra_body={"temperature": 0},  # type: ignore[arg-type]
     )
     uses = [block for block in message.content if block.type == "tool_use"]
     assert message.stop_reason == "tool_use" and uses, message
