@@ -181,14 +181,14 @@ def test_anthropic_tool_choice_any(server: Server) -> None:
     claude = server.anthropic_client()
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": t["function"]["parameters"]} for t in TOOLS]  # type: ignore[index]
     message = claude.messages.create(
-        model="m", max_tokens=200, messages=HELLO, tools=tools, tool_choice={"type": "any"}  # type: ignore[arg-type]
+        model="m", max_tokens=200, messages=HELLO, tools=tools, tool_choice={"type": "any"}, extra_body={"temperature": 0}  # type: ignore[arg-type]
     )
     assert message.stop_reason == "tool_use"
     (block,) = [b for b in message.content if b.type == "tool_use"]
     assert block.id.startswith("toolu_")  # type: ignore[union-attr]
     assert_valid_call(block.name, json.dumps(block.input))  # type: ignore[union-attr]
     with claude.messages.stream(
-        model="m", max_tokens=200, messages=HELLO, tools=tools, tool_choice={"type": "tool", "name": "get_weather"}  # type: ignore[arg-type]
+        model="m", max_tokens=200, messages=HELLO, tools=tools, tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0}  # type: ignore[arg-type]
     ) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
@@ -200,7 +200,7 @@ def test_anthropic_tool_choice_any(server: Server) -> None:
 def test_anthropic_output_format(server: Server) -> None:
     claude = server.anthropic_client()
     message = claude.messages.create(
-        model="m", max_tokens=300, messages=HELLO, output_config={"format": {"type": "json_schema", "schema": PERSON}}  # type: ignore[arg-type, typeddict-item]
+        model="m", max_tokens=300, messages=HELLO, output_config={"format": {"type": "json_schema", "schema": PERSON}}, extra_body={"temperature": 0}  # type: ignore[arg-type, typeddict-item]
     )
     assert message.stop_reason == "end_turn"
     jsonschema.validate(json.loads(message.content[0].text), PERSON)  # type: ignore[union-attr]
