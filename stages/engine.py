@@ -281,12 +281,13 @@ class Engine:
             encoder=self._encoder,
         )
 
-    def _think_ids(self) -> tuple[int, int] | None:
-        """The think markers as token ids, where each is one token (a thinking budget needs them)."""
+    def _think_ids(self) -> tuple[tuple[int, ...], int] | None:
+        """The think markers as token ids: the start's (one or more), and the end's, where it is
+        one token (a thinking budget forces it)."""
         if self.family.think is None:
             return None
-        ids = [self.tokenizer.encode(marker, add_special_tokens=False) for marker in self.family.think]
-        return (ids[0][0], ids[1][0]) if all(len(marker) == 1 for marker in ids) else None
+        start, end = (self.tokenizer.encode(marker, add_special_tokens=False) for marker in self.family.think)
+        return (tuple(start), end[0]) if start and len(end) == 1 else None
 
     def _markup(self) -> tuple[Family, Family | None]:
         """The model's family, and itself again where the template ignores `tools` (a preamble then describes them)."""

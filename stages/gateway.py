@@ -101,7 +101,7 @@ class GenerationGateway:
     # Rows whose prompts prefill together (the plan's figure); None: max_batch.
     _prefill_rows: int | None = attrs.field(default=None, alias="prefill_rows")
     # The think markers' token ids (start, end), where each is one token: thinking budgets need them.
-    _think_ids: tuple[int, int] | None = attrs.field(default=None, alias="think_ids")
+    _think_ids: tuple[tuple[int, ...], int] | None = attrs.field(default=None, alias="think_ids")
     # Touched only by the model thread.
     _rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)

@@ -140,12 +140,15 @@ def rewind_row(sampler: object, processors: Sequence[object], calls: int) -> Non
 class ThinkBudget:
     """Closes the think section when `budget` thinking tokens are spent.
     Counts the tokens sampled inside the section (opened by the prompt or
-    by the start marker); once the count reaches the budget, only the end
-    marker may be sampled, so the model goes on to its answer.
+    by the start marker, which may be several tokens: gpt-oss's
+    `<|channel|>analysis<|message|>`); once the count reaches the budget,
+    only the end marker may be sampled, so the model goes on to its answer.
     """
-    def __init__(self, *, budget: int, start: int, end: int, opened: bool) -> None:
-        self._budget, self._start, self._end = budget, start, end
+    def __init__(self, *, budget: int, start: int | tuple[int, ...], end: int, opened: bool) -> None:
+        self._budget, self._end = budget, end
+        self._start = (start,) if isinstance(start, int) else start
         self._inside, self._spent, self._started = opened, 0, False
+        self._recent: tuple[int, ...] = ()
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._started:
             self._see(cast(int, tokens[-1].item()))
@@ -156,7 +159,8 @@ class ThinkBudget:
         only_end[..., self._end] = 0.0
         return logits + only_end
     def _see(self, token: int) -> None:
-        if token == self._start:
+        self._recent = (*self._recent, token)[-len(self._start) :]
+        if self._recent == self._start:
             self._inside, self._spent = True, 0
         elif token == self._end:
             self._inside = False
@@ -180,7 +184,7 @@ def token_scores(logprobs: mx.array, token: int, top: int) -> tuple[float, tuple
     return chosen, tuple(pair for pair in pairs if math.isfinite(pair[1]))
 
 
-def row_processors(row: Prepared, think_ids: tuple[int, int] | None) -> list[LogitsProcessor]:
+def row_processors(row: Prepared, think_ids: tuple[tuple[int, ...], int] | None) -> list[LogitsProcessor]:
     """A row's logits processors: penalties and bias, its thinking budget, its grammar (its own copy)."""
     budget = row.params.thinking_budget
     think = None
@@ -192,7 +196,9 @@ def row_processors(row: Prepared, think_ids: tuple[int, int] | None) -> list[Log
     return make_row_processors(row.params.sampling, row.max_tokens, matcher, think)
 
 
-def _opened(prompt: tuple[int, ...], start: int, end: int) -> bool:
+def _opened(prompt: tuple[int, ...], start: int | tuple[int, ...], end: int) -> bool:
     """The prompt ends inside a think section its template opened."""
-    last_start = max((i for i, token in enumerate(prompt) if token == start), default=-1)
-    return last_start >= 0 and end not in prompt[last_start:]
+    marker = (start,) if isinstance(start, int) else start
+    size = len(marker)
+    last_start = max((i for i in range(len(prompt) - size + 1) if prompt[i : i + size] == marker), default=-1)
+    return last_start >= 0 and end not in prompt[last_start + size :]
