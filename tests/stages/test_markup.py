@@ -62,6 +62,18 @@ CASES = [
         [("text", "<tool_call>not json</tool_call>after")],
         id="unparseable-call-kept-as-text",
     ),
+    pytest.param(
+        'Calling.<tool_call>{"name": "f", "arguments": {"x": "cut by max_tok',
+        Section.ANSWER,
+        [("text", "Calling.")],
+        id="call-cut-by-the-end-is-dropped",
+    ),
+    pytest.param(
+        '<tool_call>{"name": "f", "arguments": {"x": "a </tool_call> b"}}</tool_call>',
+        Section.ANSWER,
+        [("call", 'f{"x": "a </tool_call> b"}')],
+        id="closer-inside-a-json-string",
+    ),
     pytest.param('a < b and <thinking> is not a marker', Section.ANSWER, [("text", "a < b and <thinking> is not a marker")], id="near-misses"),
     pytest.param('x <tool_cal', Section.ANSWER, [("text", "x <tool_cal")], id="partial-marker-at-end-is-text"),
     pytest.param('<think>cut short by max_tokens', Section.ANSWER, [("reasoning", "cut short by max_tokens")], id="unclosed-think"),
