@@ -186,3 +186,14 @@ def test_mounts_share_the_base_weights(tiny_model: Path, lora_adapters: dict[str
     originals = dict(base)
     for layers in mounts.values():
         assert layers and all(module.linear is originals[name] for name, module in layers)
+
+
+def test_the_memory_plan_counts_adapter_weights(tiny_model: Path) -> None:
+    """Adapters held beside the model count as weights in the start-up plan."""
+    from stages.kv.plan import assess
+
+    def weights(extra: int) -> int:
+        plan = assess(tiny_model, context_window=2048, budget=1 << 30, prompt_cache=0, max_batch=4, prefill_step=256, adapter_bytes=extra)
+        return plan.memory.weights_bytes
+
+    assert weights(123_456) == weights(0) + 123_456
