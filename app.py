@@ -163,7 +163,10 @@ async def messages() -> Response:
 
 @app.post("/v1/messages/count_tokens")
 async def count_tokens() -> Response:
-    chat = decode_count_tokens(load_json(cast(bytes, await request.get_data(as_text=False))))
+    body = load_json(cast(bytes, await request.get_data(as_text=False)))
+    chat = decode_count_tokens(body)
+    # An adapter shares the base model's tokenizer; an unknown model is still a 404.
+    engine().served.adapter_of(body)
     return json_response({"input_tokens": await engine().count_tokens(chat)})
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 from stages.adapters import CONFIG, WEIGHTS
 
@@ -32,8 +33,9 @@ def write_random_adapter(
     lora = {"rank": rank, "scale": scale, "dropout": 0.0}
     mx.random.seed(seed)
     linear_to_lora_layers(model, layers, lora)
-    weights = {}
-    for name, value in tree_flatten(model.parameters()):
+    weights: dict[str, mx.array] = {}
+    parameters = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    for name, value in parameters:
         if name.endswith(".lora_a"):
             weights[name] = value
         elif name.endswith(".lora_b"):

@@ -145,6 +145,10 @@ def test_an_unknown_model_is_a_404_in_each_api_shape(lora_server: Server) -> Non
     with pytest.raises(anthropic.NotFoundError) as messages:
         lora_server.anthropic_client().messages.create(model="lora-c", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert messages.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.NotFoundError):
+        lora_server.anthropic_client().messages.count_tokens(model="lora-c", messages=[{"role": "user", "content": "hi"}])
+    counted = lora_server.anthropic_client().messages.count_tokens(model="lora-a", messages=[{"role": "user", "content": "hi"}])
+    assert counted.input_tokens > 0
 
 
 def test_the_prompt_cache_never_serves_one_adapters_kv_to_another(
