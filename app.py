@@ -33,6 +33,7 @@ from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
+from stages.adapters import not_found  # noqa: E402
 from stages.engine import Engine  # noqa: E402
 from stages.messages import Decoder, Reply  # noqa: E402
 from stages.parse import load_json  # noqa: E402
@@ -136,14 +137,19 @@ async def generate(
 
 def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
     return openai.ChatStream(
-        id=request_id, created=int(time.time()), model=engine().info.name, include_usage=_include_usage(accepted)
+        id=request_id, created=int(time.time()), model=_served_id(accepted), include_usage=_include_usage(accepted)
     )
 
 
 def _text_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
     return openai.TextStream(
-        id=request_id, created=int(time.time()), model=engine().info.name, include_usage=_include_usage(accepted)
+        id=request_id, created=int(time.time()), model=_served_id(accepted), include_usage=_include_usage(accepted)
     )
+
+
+def _served_id(accepted: Accepted) -> str:
+    # The id of the model that answered: an adapter's, or the base model's.
+    return accepted.request.params.adapter or engine().info.name
 
 
 def _include_usage(accepted: Accepted) -> bool:
@@ -157,7 +163,10 @@ async def messages() -> Response:
 
 @app.post("/v1/messages/count_tokens")
 async def count_tokens() -> Response:
-    chat = decode_count_tokens(load_json(cast(bytes, await request.get_data(as_text=False))))
+    body = load_json(cast(bytes, await request.get_data(as_text=False)))
+    chat = decode_count_tokens(body)
+    # An adapter shares the base model's tokenizer; an unknown model is still a 404.
+    engine().served.adapter_of(body)
     return json_response({"input_tokens": await engine().count_tokens(chat)})
 
 
@@ -197,7 +206,7 @@ async def responses() -> Response:
         return responses_wire.ResponsesStream(
             id=request_id,
             created_at=int(time.time()),
-            model=engine().info.name,
+            model=_served_id(accepted),
             echo=decoded.echo,
             instructions=instructions,
             previous_response_id=decoded.previous_response_id,
@@ -272,26 +281,28 @@ def _id(item: JsonValue) -> JsonValue:
 
 @app.get("/v1/models")
 async def models() -> Response:
-    return json_response({"object": "list", "data": [_model_card()]})
+    return json_response({"object": "list", "data": [_model_card(model_id) for model_id in engine().served.ids]})
 
 
 @app.get("/v1/models/<path:model_id>")
 async def model(model_id: str) -> Response:
-    if model_id != engine().info.name:
-        raise RequestError(kind=ErrorKind.NOT_FOUND, message=f"The model '{model_id}' does not exist", param="model")
-    return json_response(_model_card())
+    if not engine().served.knows(model_id):
+        raise not_found(model_id, "model", served=engine().served.ids)
+    return json_response(_model_card(model_id))
 
 
-def _model_card() -> JsonObject:
+def _model_card(model_id: str) -> JsonObject:
     info = engine().info
-    return {
-        "id": info.name,
+    card: JsonObject = {
+        "id": model_id,
         "object": "model",
         "created": 0,
         "owned_by": "mlx-relay",
         "context_window": info.context_window,
         "max_model_len": info.context_window,
     }
+    # An adapter names its base model as vLLM's LoRA cards do.
+    return card if model_id == info.name else {**card, "root": model_id, "parent": info.name}
 
 
 @app.get("/health")

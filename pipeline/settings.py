@@ -45,6 +45,8 @@ class Settings:
     # the random-weight `demo` and `tiny` are for shape and speed tests.
     demo_model: str = "smollm2"
     model_name: str | None = None
+    # LoRA adapters in mlx-lm's format served as model ids of their own: "name=path,name2=path2" (stages/adapters.py).
+    adapters: str | None = None
     # A model family's call markup / think markers, where the template and vocabulary mislead (stages/families/).
     tool_parser: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(("harmony", "deepseek", "mistral", "phi4", "hermes", "llama3", "json", "mlx-lm")))

@@ -26,6 +26,7 @@ from pipeline.requests import ChatRequest, GenerationRequest
 from pipeline.settings import Settings
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
+from stages.adapters import ServedModels, read_adapters
 from stages.chat import ChatStage, render_chat_text, render_edited
 from stages.constraints import ConstraintCompiler
 from stages.families import choose_family
@@ -90,6 +91,8 @@ class Engine:
     # Chat templates render under one reservation, for generation and for counting alike.
     _tokenizing: Reservation = attrs.field(init=False)
     info: ModelInfo = attrs.field(init=False)
+    # The model ids served: the base model's and its LoRA adapters'.
+    served: ServedModels = attrs.field(init=False)
     tokenizer: Tokenizer = attrs.field(init=False)
     _encoder: BoundedEncoder = attrs.field(init=False)
     family: Family = attrs.field(init=False)
@@ -118,13 +121,15 @@ class Engine:
             partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
         )
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
+        adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
+        self.served = ServedModels(base=self.info.name, adapters=adapters)
         self._encoder = await anyio.to_thread.run_sync(BoundedEncoder.of, self.tokenizer)
         self.family, self._preamble = await anyio.to_thread.run_sync(self._markup)
         self.fit = await anyio.to_thread.run_sync(
             partial(
                 assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
                 prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
-                prefill_step=settings.prefill_step_size,
+                prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes,
             )
         )  # fmt: skip
         disk = await anyio.to_thread.run_sync(self._disk_tier)
@@ -232,7 +237,7 @@ class Engine:
             self._make_prepare(jobs.receive, prepared.send),
             ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer, preamble=self._preamble),
             TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size),
-            ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send),
+            ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send, route=self.served.adapter_of),
         ]
 
     def _make_gateway(
@@ -261,6 +266,7 @@ class Engine:
             prefill_rows=memory.prefill_rows,
             cache=PromptCache(max_bytes=cache_bytes, sessions=settings.session_cache) if cache_bytes else None,
             disk=disk,
+            adapters=self.served.adapters,
         )
 
     def _make_prepare(self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]) -> PrepareStage:

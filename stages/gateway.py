@@ -43,6 +43,8 @@ from pipeline.actor import isolated, isolated_task
 from pipeline.channels import drain_nowait
 from pipeline.errors import RequestError
 from pipeline.events import FinishReason
+from stages.adapter_batches import adapter_kwargs, make_generator
+from stages.adapters import Adapter
 from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
 from stages.heap import HeapTrimmer
@@ -100,8 +102,10 @@ class GenerationGateway:
     _disk: DiskTier | None = attrs.field(default=None, alias="disk")
     # Rows whose prompts prefill together (the plan's figure); None: max_batch.
     _prefill_rows: int | None = attrs.field(default=None, alias="prefill_rows")
-    # The think markers' token ids (start, end), where each is one token: thinking budgets need them.
+    # The think markers as token ids (the start may take several tokens, the end is one): thinking budgets need them.
     _think_ids: tuple[tuple[int, ...], int] | None = attrs.field(default=None, alias="think_ids")
+    # LoRA adapters served beside the base model (stages/adapter_batches.py groups their rows).
+    _adapters: tuple[Adapter, ...] = attrs.field(default=(), alias="adapters")
     # Touched only by the model thread.
     _rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)
@@ -169,13 +173,14 @@ class GenerationGateway:
 
         model = self._load()
         self._prepare_cache(model)
-        generator = BatchGenerator(
+        generator = make_generator(model, self._adapters, partial(
+            BatchGenerator,
             model,
             stop_tokens=[[token] for token in sorted(self._eos_ids)],
             completion_batch_size=self._max_batch,
             prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch),
             prefill_step_size=self._prefill_step_size,
-        )
+        ))
         anyio.from_thread.run_sync(started)
         try:
             self._serve(generator)
@@ -251,7 +256,7 @@ class GenerationGateway:
 
         # What can fail for this row alone (cache lookup, sampler, grammar matcher) comes before the generator holds it.
         row, tokens = waiting.prepared, waiting.tokens
-        hit = self._cache.fetch(tokens, session=row.params.cache_key) if self._cache is not None else None
+        hit = self._cache.fetch(tokens, session=row.params.cache_key, adapter=row.params.adapter) if self._cache is not None else None
         cached = hit.tokens if hit is not None else 0
         resume = waiting.resume or Resume(
             arrival=self._kv.arrive(),
@@ -267,6 +272,7 @@ class GenerationGateway:
             all_tokens=[list(tokens[:cached])],
             samplers=[resume.sampler],
             logits_processors=[resume.processors],
+            **adapter_kwargs(row.params.adapter),
         )
         self._rows[uid] = Row(prepared=row, cached=cached, replaces=resume.replaces, resume=resume)
         self._rows[uid].generated.extend(resume.generated)
@@ -356,7 +362,7 @@ class GenerationGateway:
         # Evaluated now, the entry's arrays stop referring to the batch's (much larger) ones.
         mx.eval([layer.state for layer in cache])
         prompt_len = len(tokens) if checkpoint else row.prompt_len
-        entry = Entry(tokens=tuple(tokens), cache=cache, prompt_len=prompt_len, session=row.session)
+        entry = Entry(tokens=tuple(tokens), cache=cache, prompt_len=prompt_len, session=row.session, adapter=row.adapter)
         self._cache.store(entry, replaces=None if checkpoint else row.replaces)
 
     # -- event loop ---------------------------------------------------------

@@ -111,7 +111,6 @@ _EXTENSIONS: dict[str, object] = {
     "typical_p": 1.0,
     "chat_template": None,
     "prompt_logprobs": None,
-    "adapters": None,
     "draft_model": None,
     "guided_decoding_backend": None,
     "include_stop_str_in_output": False,
