@@ -33,7 +33,7 @@ from stages.families.base import Family
 from stages.messages import PromptText
 from stages.models.loading import ModelInfo, Tokenizer
 from stages.prepare import Reservation, encode_bounded
-from stages.tokenize import BoundedEncoder
+from stages.tokenize import PIECE_CHARS, BoundedEncoder
 
 T = TypeVar("T")
 _JUDGE = 'Judge whether the Document meets the requirements based on the Query provided. Note that the answer can only be "yes" or "no".'
@@ -112,7 +112,7 @@ class ModelWork:
                 f"'dimensions' is not supported by this model: its embeddings have {self._hidden_size} dimensions",
                 param="dimensions",
             )
-        inputs = [await self._input_tokens(item, i, len(request.inputs)) for i, item in enumerate(request.inputs)]
+        inputs = await self._inputs(request.inputs)
         work = EmbedWork(inputs=inputs, pooling=self._pooling)
         vectors = await self._queue.submit(work, kind="embed", request_id=request_id, trace_id=trace_id)
         return Embeddings(vectors=tuple(tuple(float(x) for x in vector) for vector in vectors), prompt_tokens=sum(map(len, inputs)))
@@ -136,16 +136,21 @@ class ModelWork:
                           param="model", code="model_not_supported")  # fmt: skip
         return yes[0], no[0]
 
-    async def _input_tokens(self, item: Input, index: int, count: int) -> tuple[int, ...]:
-        param = "input" if count == 1 else f"input[{index}]"
-        if isinstance(item, tuple):
-            self._check_ids(item, param)
-            tokens = item
-        else:
-            tokens = tuple(await self._encode(PromptText(item, add_special_tokens=True), param, self._max_input_tokens))
-        if len(tokens) > self._max_input_tokens:
-            raise self._too_long(param)
-        return tokens
+    async def _inputs(self, inputs: Sequence[Input]) -> list[tuple[int, ...]]:
+        # Short texts are encoded together in one thread call; a long one in bounded pieces.
+        short = [i for i, item in enumerate(inputs) if isinstance(item, str) and len(item) <= PIECE_CHARS]
+        encoded = await self._in_thread(lambda: [self._tokenizer.encode(str(inputs[i])) for i in short])
+        tokens: dict[int, tuple[int, ...]] = dict(zip(short, map(tuple, encoded)))
+        for i, item in enumerate(inputs):
+            param = "input" if len(inputs) == 1 else f"input[{i}]"
+            if isinstance(item, tuple):
+                self._check_ids(item, param)
+                tokens[i] = item
+            elif i not in tokens:
+                tokens[i] = tuple(await self._encode(PromptText(item, add_special_tokens=True), param, self._max_input_tokens))
+            if len(tokens[i]) > self._max_input_tokens:
+                raise self._too_long(param)
+        return [tokens[i] for i in range(len(inputs))]
 
     async def _encode(self, prompt: PromptText, param: str, limit: int) -> list[int]:
         tokens = await encode_bounded(self._encoder, prompt, self._reservation, at_most=limit)
