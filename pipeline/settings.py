@@ -96,6 +96,8 @@ class Settings:
     exclusive_pending: int = attrs.field(default=64, validator=_positive)
     # The share of a decode step's time that embeddings and scores may add while streams run.
     exclusive_share: float = attrs.field(default=0.15, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(10.0)))
+    # Steps between two turns of that work while streams run: 1 lengthens every gap a little, 25 one gap in 25 more.
+    exclusive_period: int = attrs.field(default=25, validator=_positive)
 
     # Seconds between keepalive frames of a stream that has nothing to send yet
     # (waiting in the queue, or in a long prefill).

@@ -113,6 +113,7 @@ class Engine:
         self._exclusive = ExclusiveQueue(
             admission=Admission(capacity=settings.exclusive_pending, timeout=settings.admission_timeout, retry_after=settings.retry_after),
             share=settings.exclusive_share,
+            period=settings.exclusive_period,
         )
 
     @property

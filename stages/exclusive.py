@@ -3,10 +3,16 @@
 Embeddings and scores need the model, and MLX runs on one thread (S12), so
 they cannot run beside generation: they are queued here and the gateway
 calls `between_steps` once per loop, after taking its intake. While rows
-are decoding, a call spends at most `share` of the time the last step took
-(a job runs in chunks sized from its measured speed, so a large batch
-spreads over many steps and a running stream slows by about `share`); with
+are decoding, exclusive work gets `share` of the decode time (a job runs
+in chunks sized from its measured speed, so a large batch spreads over
+many steps and running streams slow by about `share` on average); with
 no rows it runs the queue to its end.
+
+Why a period: a forward pass costs about as much as a decode step
+whatever few tokens it carries (it reads every weight once), so a little
+work after every step would lengthen every gap by most of a step. Spent
+every `period` steps (default 25), the same share makes one gap in 25
+longer and leaves the p95 gap alone; the cost is that one longer gap.
 
 Event loop side: `submit` takes an admission ticket (its own bound: 429
 when full, 503 while draining), queues the job, wakes an idle gateway and
@@ -37,10 +43,13 @@ log = structlog.get_logger(stage="exclusive")
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 R = TypeVar("R")
-# A first guess at seconds per unit (a token of a forward pass), before anything ran.
-_FIRST_RATE = 1e-4
+# A first guess at seconds per unit (a token of a forward pass) before anything ran: on the slow side,
+# so a first chunk stays short.
+_FIRST_RATE = 1e-3
 # Seconds taken as a decode step's length until one has been measured.
 _FIRST_STEP = 0.02
+# Upper bounds (ms) of the step-gap histogram's buckets.
+_GAP_BOUNDS_MS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 18, 20, 23, 26, 30, 35, 40, 50, 60, 75, 100, 150, 200, 300, 500, 1000, float("inf"))
 # Each measurement's weight in the running speed estimate.
 _SMOOTHING = 0.3
 
@@ -80,13 +89,19 @@ class ExclusiveStatistics:
     chunks: int
     # Seconds the model thread spent on exclusive work.
     busy_seconds: float
+    # How long the model thread's loop took per decode step while rows ran (what a stream sees
+    # between two tokens), counted by upper bound in ms ("le_20": at most 20 ms): bench/embeddings.py
+    # compares two snapshots' difference.
+    step_gaps: dict[str, int]
 
 
 @attrs.define
 class ExclusiveQueue:
     _admission: Admission = attrs.field(alias="admission")
-    # The share of a decode step's time exclusive work may add while rows run.
+    # The share of decode time exclusive work may add while rows run, spent at most
+    # once every `period` steps: one longer gap instead of every gap a little longer.
     _share: float = attrs.field(alias="share")
+    _period: int = attrs.field(default=1, alias="period")
     _queue: collections.deque[Job[Any]] = attrs.field(factory=collections.deque, init=False)
     _arrived: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _stopped: RequestError | None = attrs.field(default=None, init=False)
@@ -95,6 +110,11 @@ class ExclusiveQueue:
     _last_return: float | None = attrs.field(default=None, init=False)
     _was_busy: bool = attrs.field(default=False, init=False)
     _step: float | None = attrs.field(default=None, init=False)
+    # Seconds of model time earned and not yet spent (negative: a chunk overran it); steps since the last spend.
+    _credit: float = attrs.field(default=0.0, init=False)
+    _since: int = attrs.field(default=0, init=False)
+    _last_began: float | None = attrs.field(default=None, init=False)
+    _gaps: list[int] = attrs.field(factory=lambda: [0] * len(_GAP_BOUNDS_MS), init=False)
     _finished: int = attrs.field(default=0, init=False)
     _chunks: int = attrs.field(default=0, init=False)
     _busy: float = attrs.field(default=0.0, init=False)
@@ -169,18 +189,31 @@ class ExclusiveQueue:
             finished=self._finished,
             chunks=self._chunks,
             busy_seconds=round(self._busy, 6),
+            step_gaps={f"le_{bound:g}": count for bound, count in zip(_GAP_BOUNDS_MS, self._gaps)},
         )
 
     # -- model thread -------------------------------------------------------
 
     def between_steps(self, model: Any, *, busy: bool) -> None:
-        """Run queued work: a share of the last step's time while rows run (`busy`), else all of it."""
+        """Run queued work: while rows run (`busy`), the time it has earned; else all of it."""
         began = time.monotonic()
+        if busy and self._was_busy and self._last_began is not None:
+            gap = (began - self._last_began) * 1000
+            self._gaps[next(i for i, bound in enumerate(_GAP_BOUNDS_MS) if gap <= bound)] += 1
+        self._last_began = began
+        step = self._step_time(began)
         if not self._queue:
-            self._step_time(began)
+            self._credit, self._since = 0.0, 0
             self._last_return, self._was_busy = began, busy
             return
-        budget = self._share * self._step_time(began) if busy else float("inf")
+        if busy:
+            # Each step earns `share` of its length; it is spent every `period` steps at most.
+            self._credit = min(self._credit + self._share * step, self._share * step * self._period)
+            self._since += 1
+            if self._since < self._period or self._credit <= 0.0:
+                self._last_return, self._was_busy = began, busy
+                return
+        budget = self._credit if busy else float("inf")
         done: list[Job[Any]] = []
         spent = 0.0
         while self._queue and (spent == 0.0 or spent < budget):
@@ -189,6 +222,7 @@ class ExclusiveQueue:
                 done.append(self._queue.popleft())
             spent = time.monotonic() - began
         self._busy += spent
+        self._credit, self._since = (self._credit - spent if busy else 0.0), 0
         if done:
             anyio.from_thread.run_sync(self._deliver, done)
         self._last_return, self._was_busy = time.monotonic(), busy

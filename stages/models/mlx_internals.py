@@ -171,15 +171,17 @@ def allocator_memory() -> tuple[int, int]:
 # -- a model's last hidden states ---------------------------------------------
 
 
-def final_hidden(model: Any, inputs: Any) -> Any | None:
+def final_hidden(model: Any, inputs: Any, cache: list[Any] | None = None) -> Any | None:
     """The last layer's hidden states (after the final norm), [batch, length, hidden]; None where unknown.
 
+    With `cache` (`make_prompt_cache(model)`), `inputs` continue what the
+    cache holds, as a chunked prefill does.
     Leans on: mlx-lm's text models keeping their decoder as `model.model`
-    (multimodal wrappers as `language_model.model`), whose call returns the
-    normed hidden states before the head.
+    (multimodal wrappers as `language_model.model`), whose call takes
+    `(inputs, cache)` and returns the normed hidden states before the head.
     """
     inner = _decoder(model)
-    return None if inner is None else inner(inputs)
+    return None if inner is None else inner(inputs, cache)
 
 
 def head_logits(model: Any, hidden: Any) -> Any | None:

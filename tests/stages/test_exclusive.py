@@ -82,6 +82,23 @@ async def test_while_rows_run_a_large_job_spreads_over_steps() -> None:
     assert calls > 3 and len(work.chunks) > 3 and max(work.chunks) < 200
 
 
+async def test_with_a_period_work_waits_for_its_turn_and_spends_what_it_earned() -> None:
+    """Period 5: four busy calls run nothing, the fifth runs about five steps' share."""
+    queue = ExclusiveQueue(admission=Admission(capacity=4, timeout=0.0, retry_after=1.0), share=0.5, period=5)
+    results: list[object] = []
+    work = Sleepy(1000, seconds=0.001)
+    async with anyio.create_task_group() as group:
+        group.start_soon(_submitted, queue, work, results)
+        await anyio.wait_all_tasks_blocked()
+        for call in range(1, 16):
+            await _between(queue, busy=True)
+            assert (work.done > 0) is (call >= 5)
+            await anyio.sleep(0.02)
+        assert len(work.chunks) >= 2 and max(work.chunks) < 200 and work.done < 1000
+        group.cancel_scope.cancel()
+    assert queue.statistics().step_gaps["le_inf"] >= 0 and sum(queue.statistics().step_gaps.values()) == 14
+
+
 async def test_a_job_whose_client_left_is_dropped_unrun() -> None:
     queue, work = _queue(), Sleepy(10)
     with structlog.testing.capture_logs() as logs:
