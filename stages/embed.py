@@ -42,7 +42,7 @@ class _Group:
     batch: Any
     lengths: Any
     cache: list[Any]
-    offset: int = 0
+    column: int = 0
     # Per row: the hidden states summed over its real tokens, and its last token's.
     sums: Any = None
     last: Any = None
@@ -55,12 +55,12 @@ class _Group:
         """Run the next `columns` columns; the padded tokens run."""
         import mlx.core as mx
 
-        end = min(self.width, self.offset + columns)
-        hidden = final_hidden(model, self.batch[:, self.offset : end], self.cache)
+        end = min(self.width, self.column + columns)
+        hidden = final_hidden(model, self.batch[:, self.column : end], self.cache)
         if hidden is None:
             raise invalid("This model's architecture does not expose hidden states", param="model")
         hidden = hidden.astype(mx.float32)
-        positions = mx.arange(self.offset, end)[None, :]
+        positions = mx.arange(self.column, end)[None, :]
         real = (positions < self.lengths[:, None]).astype(mx.float32)[..., None]
         chunk_sum = (hidden * real).sum(axis=1)
         is_last = (positions == self.lengths[:, None] - 1).astype(mx.float32)[..., None]
@@ -68,8 +68,8 @@ class _Group:
         self.sums = chunk_sum if self.sums is None else self.sums + chunk_sum
         self.last = chunk_last if self.last is None else self.last + chunk_last
         mx.eval(self.sums, self.last)
-        ran = (end - self.offset) * len(self.indices)
-        self.offset = end
+        ran = (end - self.column) * len(self.indices)
+        self.column = end
         return ran
 
 
@@ -91,11 +91,11 @@ class _Groups:
         """Run about `max_units` padded tokens (one column of the group at least); the group, once it is done."""
         group = self.current = self.current or self._open(model)
         columns = max(1, max_units // len(group.indices))
-        before = group.offset
+        before = group.column
         ran = group.step(model, columns)
         # `left` counts real tokens; a group's columns past its shortest input include padding.
-        self.left -= sum(min(int(n), group.offset) - min(int(n), before) for n in self._lengths(group))
-        if group.offset < group.width:
+        self.left -= sum(min(int(n), group.column) - min(int(n), before) for n in self._lengths(group))
+        if group.column < group.width:
             return ran, None
         self.current = None
         return ran, group
