@@ -26,6 +26,7 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
 from edge.redact import without_paths  # noqa: E402
+from edge.model_routes import routes as model_work_routes  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
@@ -57,6 +58,8 @@ app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
 app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
+# Embeddings, rerank and score, tokenize and detokenize.
+app.register_blueprint(model_work_routes)
 
 ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
 

@@ -90,6 +90,17 @@ class Settings:
     # Seconds a request body may take to arrive before a 408.
     body_timeout: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
 
+    # Embeddings from the chat model: its last hidden states pooled over the input ("mean") or the last token's ("last").
+    embedding_pooling: str = attrs.field(default="mean", converter=_lower, validator=attrs.validators.in_(("mean", "last")))
+    # Tokens one embedding input may have (and the context window, whichever is less).
+    embedding_max_tokens: int = attrs.field(default=8192, validator=_positive)
+    # Embedding and score requests waiting for the model thread at once; more wait `admission_timeout`, then 429.
+    exclusive_pending: int = attrs.field(default=64, validator=_positive)
+    # The share of a decode step's time that embeddings and scores may add while streams run.
+    exclusive_share: float = attrs.field(default=0.15, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(10.0)))
+    # Steps between two turns of that work while streams run: 1 lengthens every gap a little, 25 one gap in 25 more.
+    exclusive_period: int = attrs.field(default=25, validator=_positive)
+
     # Seconds between keepalive frames of a stream that has nothing to send yet
     # (waiting in the queue, or in a long prefill).
     keepalive_interval: float = attrs.field(default=5.0, validator=attrs.validators.gt(0.0))

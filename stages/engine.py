@@ -21,25 +21,27 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.admission import Admission, AdmissionStatistics
 from pipeline.channels import Channel, ReplySlot, open_channel
-from pipeline.errors import engine_dead, invalid, shutting_down
+from pipeline.errors import engine_dead, shutting_down
 from pipeline.requests import ChatRequest, GenerationRequest
 from pipeline.settings import Settings
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
 from stages.adapters import ServedModels, read_adapters
-from stages.chat import ChatStage, render_chat_text, render_edited
+from stages.chat import ChatStage, render_edited
 from stages.constraints import ConstraintCompiler
 from stages.families import choose_family
 from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools
 from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
+from stages.exclusive import ExclusiveQueue, ExclusiveStatistics
 from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.kv.plan import Fit, assess
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
+from stages.model_work import ModelWork, hidden_size
 from stages.parse import ParseStage
-from stages.prepare import PrepareStage, Reservation, encode_bounded
+from stages.prepare import PrepareStage, Reservation
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
 from stages.sink import CompletionSink
 from stages.text import TextStage
@@ -69,6 +71,8 @@ class EngineStatistics:
     admission: AdmissionReport
     gateway: GatewayStatistics
     prompt_cache: PromptCacheStatistics | None
+    # Embeddings and scores: their queue and the model thread's time on them.
+    exclusive: ExclusiveStatistics
     # Rows whose text state the sink holds; 0 whenever no request is in flight.
     sink_rows: int
     submitted: int
@@ -97,6 +101,9 @@ class Engine:
     _encoder: BoundedEncoder = attrs.field(init=False)
     family: Family = attrs.field(init=False)
     _preamble: Family | None = attrs.field(default=None, init=False)
+    # Work between decode steps (embeddings, scores), and the routes that queue it.
+    _exclusive: ExclusiveQueue = attrs.field(init=False)
+    work: ModelWork = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         settings = self._settings
@@ -106,6 +113,11 @@ class Engine:
             retry_after=settings.retry_after,
         )
         self._tokenizing = Reservation.of(settings.prepare_concurrency)
+        self._exclusive = ExclusiveQueue(
+            admission=Admission(capacity=settings.exclusive_pending, timeout=settings.admission_timeout, retry_after=settings.retry_after),
+            share=settings.exclusive_share,
+            period=settings.exclusive_period,
+        )
 
     @property
     def dead(self) -> bool:
@@ -125,6 +137,12 @@ class Engine:
         self.served = ServedModels(base=self.info.name, adapters=adapters)
         self._encoder = await anyio.to_thread.run_sync(BoundedEncoder.of, self.tokenizer)
         self.family, self._preamble = await anyio.to_thread.run_sync(self._markup)
+        self.work = ModelWork(
+            queue=self._exclusive, tokenizer=self.tokenizer, encoder=self._encoder, reservation=self._tokenizing,
+            info=self.info, preamble=self._preamble, pooling="last" if settings.embedding_pooling == "last" else "mean",
+            max_input_tokens=min(settings.embedding_max_tokens, self.info.context_window),
+            hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
+        )  # fmt: skip
         self.fit = await anyio.to_thread.run_sync(
             partial(
                 assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
@@ -171,18 +189,11 @@ class Engine:
             edited = partial(render_edited, self.tokenizer, request, preamble=self._preamble)
             rendered = await anyio.to_thread.run_sync(edited, limiter=self._tokenizing.threads)
             return len(rendered.tokens)
-        reservation, window = self._tokenizing, self.info.context_window
-        render = partial(render_chat_text, self.tokenizer, request, preamble=self._preamble)
-        async with reservation.slots:
-            text = await anyio.to_thread.run_sync(render, limiter=reservation.threads)
-        tokens = await encode_bounded(self._encoder, text, reservation, at_most=window)
-        if tokens is None:
-            raise invalid(f"prompt is too long: more than {window} tokens, this model's maximum", param="messages",
-                          code="context_length_exceeded")  # fmt: skip
-        return len(tokens)
+        return len(await self.work.tokenize_chat(request))
 
     async def drain(self, timeout: float) -> None:
         self._admission.start_draining()
+        self._exclusive.start_draining()
         self._parse_inbox.send.close()
         with anyio.move_on_after(timeout):
             await self._stopped.wait()
@@ -202,6 +213,7 @@ class Engine:
             admission=admission,
             gateway=self._gateway.statistics(),
             prompt_cache=self._gateway.cache_statistics(),
+            exclusive=self._exclusive.statistics(),
             sink_rows=self._sink.open_rows,
             submitted=self._submitted,
             running=self._supervisor.running,
@@ -267,6 +279,7 @@ class Engine:
             cache=PromptCache(max_bytes=cache_bytes, sessions=settings.session_cache) if cache_bytes else None,
             disk=disk,
             adapters=self.served.adapters,
+            exclusive=self._exclusive,
         )
 
     def _make_prepare(self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]) -> PrepareStage:
@@ -311,6 +324,7 @@ class Engine:
         error = engine_dead() if self._supervisor.dead else shutting_down()
         for reply in list(self._open.values()):
             reply.fail(error)
+        self._exclusive.stop(dead=self._supervisor.dead)
         self._stopped.set()
 
 

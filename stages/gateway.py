@@ -49,6 +49,7 @@ from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
 from stages.heap import HeapTrimmer
 from stages.kv.rows import Failed, Intake, Resume, Row, Waiting
+from stages.exclusive import ExclusiveQueue
 from stages.kv.scheduler import KvScheduler
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, send_abort
@@ -106,6 +107,8 @@ class GenerationGateway:
     _think_ids: tuple[tuple[int, ...], int] | None = attrs.field(default=None, alias="think_ids")
     # LoRA adapters served beside the base model (stages/adapter_batches.py groups their rows).
     _adapters: tuple[Adapter, ...] = attrs.field(default=(), alias="adapters")
+    # Embeddings and scores, run on the model thread between two steps (stages/exclusive.py).
+    _exclusive: ExclusiveQueue | None = attrs.field(default=None, alias="exclusive")
     # Touched only by the model thread.
     _rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)
@@ -214,6 +217,8 @@ class GenerationGateway:
             self._failed.clear()
             free = self._max_batch - len(self._rows) - len(self._waiting)
             intake = anyio.from_thread.run(self._exchange, outputs, free, spills, failed)
+            if self._exclusive is not None:
+                self._exclusive.between_steps(generator.model, busy=bool(self._rows))
             if intake.closed:
                 return
             removed = self._remove(generator, intake.aborts)
@@ -377,11 +382,13 @@ class GenerationGateway:
         self._offer_spills(spills)
         aborts = drain_nowait(self._control, limit=None)
         admitted: list[Prepared] = []
-        if free == self._max_batch and not aborts:
+        if free == self._max_batch and not aborts and not (self._exclusive and self._exclusive.pending):
             try:
-                admitted.append(await self._inbox.receive())
+                # An idle thread also wakes for exclusive work.
+                first = await (self._exclusive.or_arrival(self._inbox.receive) if self._exclusive else self._inbox.receive())
             except anyio.EndOfStream:
                 return Intake(aborts=(), admitted=(), closed=True)
+            admitted.extend(() if first is None else (first,))
         admitted.extend(drain_nowait(self._inbox, limit=free - len(admitted)))
         live = tuple(row for row in admitted if not row.reply.closed)
         for row in live:

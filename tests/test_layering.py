@@ -41,6 +41,8 @@ MLX_CORE_ALLOWED = {
     "stages/models/shaped.py", "stages/models/mlx_internals.py",
     # Random LoRA adapters for the demo models.
     "stages/models/demo_adapter.py",
+    # Embeddings and scores: forward passes the model thread runs between steps.
+    "stages/embed.py",
 }  # fmt: skip
 
 
