@@ -164,6 +164,12 @@ class AdapterBatches:
         return prefilled, translated
 
     @property
+    def model(self) -> Any:
+        """The model with the base layers mounted: work between steps (embeddings, scores) runs without an adapter."""
+        self._mount(BASE)
+        return self._model
+
+    @property
     def prompt_cache_nbytes(self) -> int:
         return sum(int(group.generator.prompt_cache_nbytes) for group in self._groups.values())
 

@@ -171,3 +171,11 @@ def test_the_prompt_cache_never_serves_one_adapters_kv_to_another(
 def cached(completion: Any) -> int:
     details = completion.usage.prompt_tokens_details
     return 0 if details is None else int(details.cached_tokens or 0)
+
+
+def test_embeddings_use_the_base_model_whichever_adapter_ran_last(lora_server: Server, base_id: str) -> None:
+    client = lora_server.client()
+    before = client.embeddings.create(model=base_id, input="the same words", encoding_format="float").data[0].embedding
+    complete(lora_server, "lora-a", 0)
+    after = client.embeddings.create(model=base_id, input="the same words", encoding_format="float").data[0].embedding
+    assert after == pytest.approx(before, abs=1e-5)
