@@ -5,21 +5,23 @@ channel. Outbox: one `StepOutputs` per decode step, for all rows, to the
 sink; evicted prompt-cache entries to the spill worker.
 Owns: the model, mlx-lm's `BatchGenerator`, the row table, the prompt cache
 (`stages/cache/prompt.py`) and the batch's KV account (`stages/kv/scheduler.py`),
-all on one long-lived model thread (S12). The thread crosses to the event
-loop once per step (`_exchange`): it hands over the step's outputs and the
-spills, and takes new rows and aborts in the same call; it blocks there
-only while the batch is empty. A row is admitted into the batch only when
-the KV the batch holds, with it, fits the budget; until then it waits here,
+all on one long-lived model thread (S12). The thread never waits for the
+event loop (`stages/handoff.py`): it takes new rows and aborts at the top of
+each step and hands the step's outputs, spills and failed rows over after
+it; it blocks only while it holds no row, or while `steps_ahead` steps are
+still undelivered (back-pressure from a slow sink). A row is admitted
+into the batch only when the KV the batch holds, with it, fits the
+budget; until then it waits here,
 and upstream backs up into admission (429). Rows the scheduler preempts
 (their next step would outgrow the budget) leave their KV to the prompt
 cache and resume from the head of the queue with their sampler and
 processors rewound, so their output is unchanged. The spill worker, a task
 of the gateway, writes evicted entries to the disk tier on its own thread.
-On cancel: a host cancel interrupts the blocking wait or is noticed at the
-next step; the thread then frees the generator and the model.
+On cancel: a host cancel ends the thread's waits or is noticed at the next
+step; the thread then frees the generator and the model.
 On error: a failure while admitting one row (its cache lookup, sampler,
 grammar matcher) fails that row alone (`pipeline/actor.py`), handed to its
-reply at the next crossing. A failure of the step itself (MLX) is an
+reply with that step's parcel. A failure of the step itself (MLX) is an
 engine failure and propagates (S20): the only one that marks the engine
 dead. A disk-tier write that fails, for any reason, is counted and dropped.
 """
@@ -40,13 +42,13 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.actor import isolated, isolated_task
-from pipeline.channels import drain_nowait
 from pipeline.errors import RequestError
 from pipeline.events import FinishReason
 from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
+from stages.handoff import Handoff, HandoffStatistics, Parcel
 from stages.heap import HeapTrimmer
-from stages.kv.rows import Failed, Intake, Resume, Row, Waiting
+from stages.kv.rows import Failed, Resume, Row, Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, send_abort
@@ -81,6 +83,8 @@ class GatewayStatistics:
     # MLX's allocator after the last step: arrays alive, and freed buffers it keeps for reuse.
     mlx_active_bytes: int
     mlx_cache_bytes: int
+    # The crossing to the event loop: steps undelivered, and the model thread's waits.
+    handoff: HandoffStatistics
 
 
 @attrs.define
@@ -102,6 +106,9 @@ class GenerationGateway:
     _prefill_rows: int | None = attrs.field(default=None, alias="prefill_rows")
     # The think markers' token ids (start, end), where each is one token: thinking budgets need them.
     _think_ids: tuple[int, int] | None = attrs.field(default=None, alias="think_ids")
+    # Steps the model thread may run ahead of the sink before it waits.
+    _steps_ahead: int = attrs.field(default=4, alias="steps_ahead")
+    _handoff: Handoff = attrs.field(init=False)
     # Touched only by the model thread.
     _rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)
@@ -117,6 +124,10 @@ class GenerationGateway:
     _heap: HeapTrimmer = attrs.field(factory=HeapTrimmer, init=False)
     # What the model's cache layers are (mlx_internals.cache_kind), known once it is loaded.
     _cache_kind: str = attrs.field(default=PLAIN, init=False)
+
+    @_handoff.default
+    def _crossing(self) -> Handoff:
+        return Handoff(depth=self._steps_ahead, max_rows=self._max_batch)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # `task_status.started` must be called from this task, not the thread.
@@ -141,6 +152,7 @@ class GenerationGateway:
             mlx_cache_bytes=self._mlx_memory[1],
             preemptions=self._kv.preemptions,
             resumed=self._kv.resumed,
+            handoff=self._handoff.statistics(),
         )
 
     def cache_statistics(self) -> PromptCacheStatistics | None:
@@ -149,7 +161,8 @@ class GenerationGateway:
     async def _model_task(self, started: Callable[[], None]) -> None:
         # Closing the spill channel when the thread ends lets the worker finish its queue and stop.
         with self._spills_out:
-            await anyio.to_thread.run_sync(self._model_loop, started, limiter=anyio.CapacityLimiter(1))
+            thread = partial(anyio.to_thread.run_sync, self._model_loop, started, limiter=anyio.CapacityLimiter(1))
+            await self._handoff.run(thread, inbox=self._inbox, control=self._control, bind=self._bind_abort, send=self._deliver)
 
     async def _spill_worker(self) -> None:
         writes = anyio.CapacityLimiter(1)
@@ -201,18 +214,13 @@ class GenerationGateway:
             self._cache.lower = DiskLink(self._disk, self._spill_outbox, restore_layer)
 
     def _serve(self, generator: BatchGenerator) -> None:
-        outputs: StepOutputs | None = None
         while True:
-            # 1) hand over the last step and the spills, take new rows and aborts
-            spills, failed = tuple(self._spill_outbox), tuple(self._failed)
-            self._spill_outbox.clear()
-            self._failed.clear()
-            free = self._max_batch - len(self._rows) - len(self._waiting)
-            intake = anyio.from_thread.run(self._exchange, outputs, free, spills, failed)
+            # 1) take new rows and aborts (waits only while no row is held); new rows queue before aborts apply
+            intake = self._handoff.take(held=len(self._rows) + len(self._waiting))
             if intake.closed:
                 return
-            removed = self._remove(generator, intake.aborts)
             self._waiting.extend(Waiting(prepared=row) for row in intake.admitted)
+            removed = self._remove(generator, intake.aborts)
             # 2) admit the waiting rows whose KV fits; preempt if the next step would not
             admitted = self._admit(generator)
             self._preempt(generator)
@@ -221,7 +229,17 @@ class GenerationGateway:
             self._active = len(self._rows)
             # 4) give freed buffers back: MLX's cache when the batch empties, the C heap's pages on a clock
             self._release_memory(idle=not self._rows and bool(deltas))
+            # 5) hand the step over without waiting for the loop (unless `steps_ahead` are undelivered)
             outputs = StepOutputs(admitted=admitted, deltas=deltas, stepped_at=time.monotonic(), removed=removed)
+            self._handoff.hand_over(self._parcel(outputs), held=len(self._rows) + len(self._waiting))
+
+    def _parcel(self, outputs: StepOutputs) -> Parcel | None:
+        spills, failed = tuple(self._spill_outbox), tuple(self._failed)
+        self._spill_outbox.clear()
+        self._failed.clear()
+        if outputs.admitted or outputs.deltas or outputs.removed or spills or failed:
+            return Parcel(outputs=outputs, spills=spills, failed=failed)
+        return None
 
     def _release_memory(self, *, idle: bool) -> None:
         import mlx.core as mx
@@ -361,26 +379,16 @@ class GenerationGateway:
 
     # -- event loop ---------------------------------------------------------
 
-    async def _exchange(
-        self, outputs: StepOutputs | None, free: int, spills: tuple[SpillJob, ...], failed: tuple[Failed, ...]
-    ) -> Intake:
-        for failure in failed:
+    async def _deliver(self, parcel: Parcel) -> None:
+        for failure in parcel.failed:
             failure.row.reply.fail(failure.error)
-        if outputs is not None and (outputs.admitted or outputs.deltas or outputs.removed):
+        outputs = parcel.outputs
+        if outputs.admitted or outputs.deltas or outputs.removed:
             await self._out.send(outputs)
-        self._offer_spills(spills)
-        aborts = drain_nowait(self._control, limit=None)
-        admitted: list[Prepared] = []
-        if free == self._max_batch and not aborts:
-            try:
-                admitted.append(await self._inbox.receive())
-            except anyio.EndOfStream:
-                return Intake(aborts=(), admitted=(), closed=True)
-        admitted.extend(drain_nowait(self._inbox, limit=free - len(admitted)))
-        live = tuple(row for row in admitted if not row.reply.closed)
-        for row in live:
-            row.reply.bind_abort(partial(send_abort, self._aborts, row.request_id))
-        return Intake(aborts=tuple(aborts), admitted=live, closed=False)
+        self._offer_spills(parcel.spills)
+
+    def _bind_abort(self, row: Prepared) -> None:
+        row.reply.bind_abort(partial(send_abort, self._aborts, row.request_id))
 
     def _offer_spills(self, spills: tuple[SpillJob, ...]) -> None:
         # The request path never waits on the disk: a full spill queue drops the entry.
