@@ -188,9 +188,11 @@ class Handoff:
             self._held = held
             if not held and not self._rows and not self._closed:
                 started = time.perf_counter()
-                while not self._rows and not self._closed:
-                    self._wait()
-                self._idle_wait += time.perf_counter() - started
+                try:
+                    while not self._rows and not self._closed:
+                        self._wait()
+                finally:
+                    self._idle_wait += time.perf_counter() - started
             rows, aborts = tuple(self._rows), tuple(self._aborts)
             self._rows.clear()
             self._aborts.clear()
@@ -207,9 +209,11 @@ class Handoff:
             if parcel is not None:
                 if self._undelivered >= self.depth:
                     started = time.perf_counter()
-                    while self._undelivered >= self.depth:
-                        self._wait()
-                    self._loop_wait += time.perf_counter() - started
+                    try:
+                        while self._undelivered >= self.depth:
+                            self._wait()
+                    finally:
+                        self._loop_wait += time.perf_counter() - started
                 wake = wake or not self._parcels
                 self._parcels.append(parcel)
                 self._undelivered += 1
