@@ -234,12 +234,10 @@ class GenerationGateway:
             self._handoff.hand_over(self._parcel(outputs), held=len(self._rows) + len(self._waiting))
 
     def _parcel(self, outputs: StepOutputs) -> Parcel | None:
-        spills, failed = tuple(self._spill_outbox), tuple(self._failed)
+        parcel = Parcel(outputs=outputs, spills=tuple(self._spill_outbox), failed=tuple(self._failed))
         self._spill_outbox.clear()
         self._failed.clear()
-        if outputs.admitted or outputs.deltas or outputs.removed or spills or failed:
-            return Parcel(outputs=outputs, spills=spills, failed=failed)
-        return None
+        return parcel if parcel.has_outputs or parcel.spills or parcel.failed else None
 
     def _release_memory(self, *, idle: bool) -> None:
         import mlx.core as mx
@@ -382,9 +380,8 @@ class GenerationGateway:
     async def _deliver(self, parcel: Parcel) -> None:
         for failure in parcel.failed:
             failure.row.reply.fail(failure.error)
-        outputs = parcel.outputs
-        if outputs.admitted or outputs.deltas or outputs.removed:
-            await self._out.send(outputs)
+        if parcel.has_outputs:
+            await self._out.send(parcel.outputs)
         self._offer_spills(parcel.spills)
 
     def _bind_abort(self, row: Prepared) -> None:

@@ -45,6 +45,11 @@ class Parcel:
     spills: tuple[SpillJob, ...] = ()
     failed: tuple[Failed, ...] = ()
 
+    @property
+    def has_outputs(self) -> bool:
+        """Rows admitted, tokens or rows removed: what the sink needs to see."""
+        return bool(self.outputs.admitted or self.outputs.deltas or self.outputs.removed)
+
 
 @attrs.frozen(kw_only=True)
 class HandoffStatistics:
@@ -76,9 +81,11 @@ class Handoff:
     _closed: bool = attrs.field(default=False, init=False)
     # Rows the thread holds (in its batch or waiting), as it last said.
     _held: int = attrs.field(default=0, init=False)
-    # The thread's waits, in seconds (written by the thread only).
+    # The thread's finished waits, in seconds, and when the current one began (written by the thread only).
     _loop_wait: float = attrs.field(default=0.0, init=False)
     _idle_wait: float = attrs.field(default=0.0, init=False)
+    _loop_wait_since: float | None = attrs.field(default=None, init=False)
+    _idle_wait_since: float | None = attrs.field(default=None, init=False)
     # Loop side.
     _token: anyio.lowlevel.EventLoopToken | None = attrs.field(default=None, init=False)
     _ready: anyio.Event = attrs.field(factory=anyio.Event, init=False)
@@ -88,13 +95,17 @@ class Handoff:
         self._changed = threading.Condition(self._lock)
 
     def statistics(self) -> HandoffStatistics:
-        return HandoffStatistics(
-            steps_ahead=self.depth,
-            steps_undelivered=self._undelivered,
-            steps_undelivered_max=self._most_undelivered,
-            loop_wait_s=self._loop_wait,
-            idle_wait_s=self._idle_wait,
-        )
+        # A wait still going on counts up to now, so two readings bracket a span exactly.
+        with self._lock:
+            now = time.perf_counter()
+            loop_since, idle_since = self._loop_wait_since, self._idle_wait_since
+            return HandoffStatistics(
+                steps_ahead=self.depth,
+                steps_undelivered=self._undelivered,
+                steps_undelivered_max=self._most_undelivered,
+                loop_wait_s=self._loop_wait + (now - loop_since if loop_since is not None else 0.0),
+                idle_wait_s=self._idle_wait + (now - idle_since if idle_since is not None else 0.0),
+            )
 
     # -- event loop ---------------------------------------------------------
 
@@ -187,12 +198,13 @@ class Handoff:
         with self._lock:
             self._held = held
             if not held and not self._rows and not self._closed:
-                started = time.perf_counter()
+                self._idle_wait_since = started = time.perf_counter()
                 try:
                     while not self._rows and not self._closed:
                         self._wait()
                 finally:
                     self._idle_wait += time.perf_counter() - started
+                    self._idle_wait_since = None
             rows, aborts = tuple(self._rows), tuple(self._aborts)
             self._rows.clear()
             self._aborts.clear()
@@ -208,12 +220,13 @@ class Handoff:
             self._held = held
             if parcel is not None:
                 if self._undelivered >= self.depth:
-                    started = time.perf_counter()
+                    self._loop_wait_since = started = time.perf_counter()
                     try:
                         while self._undelivered >= self.depth:
                             self._wait()
                     finally:
                         self._loop_wait += time.perf_counter() - started
+                        self._loop_wait_since = None
                 wake = wake or not self._parcels
                 self._parcels.append(parcel)
                 self._undelivered += 1
