@@ -49,7 +49,8 @@ from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")
 
-# Steps the gateway may run ahead of the sink before its thread waits.
+# Steps delivered to the sink and not yet taken; the model thread waits once
+# the gateway's `steps_ahead` more are undelivered on its side of the crossing.
 _STEP_BUFFER = 4
 # Evicted entries waiting for the disk writer; beyond this they are dropped,
 # so a slow disk costs cache hits, never memory or request time.

@@ -18,18 +18,18 @@ Event loop side: `submit` takes an admission ticket (its own bound: 429
 when full, 503 while draining), queues the job, wakes an idle gateway and
 waits. A client that leaves marks its job cancelled; the thread skips it.
 Model-thread side: `between_steps` runs chunks, isolates each job's
-failure to that job, and hands finished jobs back in one crossing.
+failure to that job, and returns the finished ones, which cross to the
+loop with the step's parcel (`deliver` there wakes their requests).
 """
 
 from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 import anyio
-import anyio.from_thread
 import attrs
 import structlog
 
@@ -42,7 +42,6 @@ log = structlog.get_logger(stage="exclusive")
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
-R = TypeVar("R")
 # A first guess at seconds per unit (a token of a forward pass) before anything ran: on the slow side,
 # so a first chunk stays short.
 _FIRST_RATE = 1e-3
@@ -103,7 +102,8 @@ class ExclusiveQueue:
     _share: float = attrs.field(alias="share")
     _period: int = attrs.field(default=1, alias="period")
     _queue: collections.deque[Job[Any]] = attrs.field(factory=collections.deque, init=False)
-    _arrived: anyio.Event = attrs.field(factory=anyio.Event, init=False)
+    # Wakes an idle model thread (the gateway's handoff binds it).
+    _wake: Callable[[], None] = attrs.field(default=lambda: None, init=False)
     _stopped: RequestError | None = attrs.field(default=None, init=False)
     # Touched only by the model thread.
     _rate: float = attrs.field(default=_FIRST_RATE, init=False)
@@ -134,7 +134,7 @@ class ExclusiveQueue:
         try:
             job = Job(work=work, kind=kind, log_context={"request_id": request_id, "trace_id": trace_id})
             self._queue.append(job)
-            self._arrived.set()
+            self._wake()
             try:
                 await job.done.wait()
             except BaseException:
@@ -150,26 +150,9 @@ class ExclusiveQueue:
     def pending(self) -> bool:
         return bool(self._queue)
 
-    async def or_arrival(self, receive: Callable[[], Awaitable[R]]) -> R | None:
-        """`receive()`, or None as soon as exclusive work is queued (an idle gateway waits on both)."""
-        if self._queue:
-            return None
-        if self._arrived.is_set():
-            self._arrived = anyio.Event()
-        received: list[R] = []
-        async with anyio.create_task_group() as group:
-
-            async def take() -> None:
-                received.append(await receive())
-                group.cancel_scope.cancel()
-
-            async def wake() -> None:
-                await self._arrived.wait()
-                group.cancel_scope.cancel()
-
-            group.start_soon(take)
-            group.start_soon(wake)
-        return received[0] if received else None
+    def wake_with(self, wake: Callable[[], None]) -> None:
+        """Call `wake` (on the loop) whenever a job is queued: an idle model thread then runs it."""
+        self._wake = wake
 
     def start_draining(self) -> None:
         self._admission.start_draining()
@@ -194,8 +177,11 @@ class ExclusiveQueue:
 
     # -- model thread -------------------------------------------------------
 
-    def between_steps(self, model: Any, *, busy: bool) -> None:
-        """Run queued work: while rows run (`busy`), the time it has earned; else all of it."""
+    def between_steps(self, model: Any, *, busy: bool) -> list[Job[Any]]:
+        """Run queued work: while rows run (`busy`), the time it has earned; else all of it.
+
+        Returns the jobs it finished, for the loop's `deliver` (they cross with the step's parcel).
+        """
         began = time.monotonic()
         if busy and self._was_busy and self._last_began is not None:
             gap = (began - self._last_began) * 1000
@@ -205,14 +191,14 @@ class ExclusiveQueue:
         if not self._queue:
             self._credit, self._since = 0.0, 0
             self._last_return, self._was_busy = began, busy
-            return
+            return []
         if busy:
             # Each step earns `share` of its length; it is spent every `period` steps at most.
             self._credit = min(self._credit + self._share * step, self._share * step * self._period)
             self._since += 1
             if self._since < self._period or self._credit <= 0.0:
                 self._last_return, self._was_busy = began, busy
-                return
+                return []
         budget = self._credit if busy else float("inf")
         done: list[Job[Any]] = []
         spent = 0.0
@@ -223,9 +209,8 @@ class ExclusiveQueue:
             spent = time.monotonic() - began
         self._busy += spent
         self._credit, self._since = (self._credit - spent if busy else 0.0), 0
-        if done:
-            anyio.from_thread.run_sync(self._deliver, done)
         self._last_return, self._was_busy = time.monotonic(), busy
+        return done
 
     def _step_time(self, now: float) -> float:
         """A decode step's usual length: the time since the last call, when rows ran through it."""
@@ -250,7 +235,10 @@ class ExclusiveQueue:
             self._rate = (1 - _SMOOTHING) * self._rate + _SMOOTHING * measured
         return job.error is not None or job.work.remaining() == 0
 
-    def _deliver(self, jobs: list[Job[Any]]) -> None:
+    # -- event loop, again --------------------------------------------------
+
+    def deliver(self, jobs: Sequence[Job[Any]]) -> None:
+        """Finish the jobs `between_steps` returned: log them and wake their requests."""
         now = time.monotonic()
         for job in jobs:
             started = job.started_at if job.started_at is not None else now

@@ -46,7 +46,7 @@ def _queue(capacity: int = 4, share: float = 0.5) -> ExclusiveQueue:
 
 
 async def _between(queue: ExclusiveQueue, *, busy: bool) -> None:
-    await anyio.to_thread.run_sync(lambda: queue.between_steps(None, busy=busy))
+    queue.deliver(await anyio.to_thread.run_sync(lambda: queue.between_steps(None, busy=busy)))
 
 
 async def _submitted(queue: ExclusiveQueue, work: Sleepy, results: list[object]) -> None:
@@ -140,17 +140,14 @@ async def test_a_full_queue_is_a_429_and_a_stopped_one_a_503() -> None:
     assert later.value.status == 503
 
 
-async def test_an_idle_gateway_wakes_for_exclusive_work() -> None:
-    queue = _queue()
-    never: anyio.Event = anyio.Event()
-
-    async def receive() -> str:
-        await never.wait()
-        return "row"
-
+async def test_queued_work_wakes_an_idle_gateway() -> None:
+    queue, results = _queue(), []
+    woken = anyio.Event()
+    queue.wake_with(woken.set)
     async with anyio.create_task_group() as group:
-        group.start_soon(_submitted, queue, Sleepy(1), [])
+        group.start_soon(_submitted, queue, Sleepy(1), results)
         with anyio.fail_after(5):
-            assert await queue.or_arrival(receive) is None
+            await woken.wait()
         assert queue.pending
         await _between(queue, busy=False)
+    assert results == [1]
