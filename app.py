@@ -25,6 +25,8 @@ from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
+from edge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE  # noqa: E402
+from edge.metrics import Metrics  # noqa: E402
 from edge.redact import without_paths  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
@@ -40,8 +42,7 @@ from wire import anthropic, openai  # noqa: E402
 from wire import responses as responses_wire  # noqa: E402
 from wire.anthropic_context import applied_edits_body  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
-from wire.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE  # noqa: E402
-from wire.metrics import render as render_metrics  # noqa: E402
+from wire.loads import LoadInputs, loads_body  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.openapi import document as openapi_document  # noqa: E402
 from wire.response_store import ResponseStore, StoredResponse, StoreError  # noqa: E402
@@ -78,9 +79,12 @@ async def lifespan() -> AsyncGenerator[None, None]:
         raise
     app.extensions["response_store"] = store
     app.extensions["keepalive_interval"] = settings.keepalive_interval
+    app.extensions["max_batch"] = settings.max_batch
+    metrics = app.extensions["metrics"] = Metrics()
     try:
         async with anyio.create_task_group() as outer:
-            app.extensions["engine"] = await outer.start(Engine(settings=settings).run)
+            app.extensions["engine"] = await outer.start(Engine(settings=settings, observer=metrics).run)
+            metrics.configure(model_name=engine().info.name, context_window=engine().info.context_window)
             log.info("server.ready", model=engine().info.name)
             yield
             log.info("server.draining")
@@ -111,7 +115,7 @@ async def generate(
     """Run one generation; `persist` saves the finished result before the client is told it finished."""
     trace_id = guard.trace_id(request_id)
     body = cast(bytes, await request.get_data(as_text=False))
-    session = request.headers.get("x-session-affinity")
+    session = _session_header()
     if session:
         decode = _with_session(decode, session)
     reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
@@ -301,8 +305,22 @@ async def health() -> Response:
     return json_response({"status": status}, status=200 if status == "ok" else 503)
 
 
+# Headers naming the conversation, as routers pass them: smg forwards only
+# its own `x-smg-routing-key` (it drops other headers), HAProxy and most
+# proxies forward `x-session-affinity` as sent.
+SESSION_HEADERS = ("x-session-affinity", "x-smg-routing-key")
+
+
+def _session_header() -> str | None:
+    for name in SESSION_HEADERS:
+        value = request.headers.get(name)
+        if value:
+            return value
+    return None
+
+
 def _with_session(decode: Decoder, session: str) -> Decoder:
-    # The x-session-affinity header names the conversation when the body does not.
+    # A session header names the conversation when the body does not.
     def decode_in_session(value: JsonValue) -> GenerationRequest:
         return with_cache_key(decode(value), session)
 
@@ -322,7 +340,27 @@ async def stats() -> Response:
 
 @app.get("/metrics")
 async def metrics() -> Response:
-    return Response(render_metrics(await _snapshot()), content_type=METRICS_CONTENT_TYPE)
+    return Response(_metrics().render(await _snapshot()), content_type=METRICS_CONTENT_TYPE)
+
+
+@app.get("/v1/loads")
+async def loads() -> Response:
+    snapshot, now = await _snapshot(), time.time()
+    gateway = snapshot.get("gateway")
+    generated = gateway.get("generated_tokens") if isinstance(gateway, dict) else 0
+    inputs = LoadInputs(
+        snapshot=snapshot,
+        kv_bytes_per_token=engine().fit.memory.kv_bytes_per_token,
+        max_running_requests=cast(int, app.extensions["max_batch"]),
+        gen_throughput=_metrics().gen_throughput(int(generated) if isinstance(generated, int) else 0, now),
+        cache_hit_rate=_metrics().cache_hit_rate,
+        version="mlx-relay",
+    )
+    return json_response(loads_body(inputs, now=now))
+
+
+def _metrics() -> Metrics:
+    return cast(Metrics, app.extensions["metrics"])
 
 
 async def _snapshot() -> JsonObject:
