@@ -96,3 +96,24 @@ def test_two_apps_never_share_a_series() -> None:
     first.finished(record())
     _, samples = scrape(second)
     assert value(samples, "vllm:prompt_tokens_total") == 0
+
+
+def test_every_metric_the_dashboard_reads_is_exported() -> None:
+    import json
+    import re
+
+    from tests.conftest import REPO
+
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "mlx-relay.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    read = {name for expr in exprs for name in re.findall(r"(?:vllm|mlx_relay):[a-z0-9_]+", expr)}
+    snapshot = {
+        **_SNAPSHOT,
+        "admission": {"in_flight": 0, "refused": 0},
+        "gateway": {**_SNAPSHOT["gateway"], "mlx_active_bytes": 0, "mlx_cache_bytes": 0},  # type: ignore[dict-item]
+        "prompt_cache": {"bytes": 0, "disk": {"bytes": 0, "spills": 0, "restores": 0}},
+    }
+    text = configured().render(snapshot).decode()
+    exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
+    # A histogram is read through its _bucket series.
+    assert read - exported == set()
