@@ -18,6 +18,8 @@ import httpx
 import openai
 import pytest
 
+from tests.pg import PostgresServer, Unavailable
+
 REPO = Path(__file__).resolve().parent.parent
 # How long a fresh server may take to load the model and answer /health.
 STARTUP_TIMEOUT = 120.0
@@ -140,3 +142,14 @@ def server(server_factory: ServerFactory) -> Server:
 @pytest.fixture
 def client(server: Server) -> openai.OpenAI:
     return server.client()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the session (tests/pg.py); skips, saying why, where none can start."""
+    try:
+        server = PostgresServer.start()
+    except Unavailable as reason:
+        pytest.skip(f"PostgreSQL cannot be started here: {reason}")
+    yield server
+    server.stop()
