@@ -73,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip-haproxy", action="store_true")
     parser.add_argument("--store", help="the failover run's shared Responses store URL (default: one SQLite file)")
     parser.add_argument("--kill-turn", type=int, default=3, help="the failover run kills replica 0 during this turn")
+    parser.add_argument("--only-failover", action="store_true", help="skip the router runs")
     parser.add_argument("--out", type=Path, default=OUT)
     return parser
 
@@ -198,8 +199,9 @@ def routed_run(args: argparse.Namespace, router: str, policy: str, *, keyed: boo
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = [routed_run(args, "smg", "cache_aware", keyed=True), routed_run(args, "smg", "round_robin", keyed=True)]
-    if not args.skip_haproxy:
+    runs = [] if args.only_failover else [routed_run(args, "smg", "cache_aware", keyed=True),
+                                          routed_run(args, "smg", "round_robin", keyed=True)]  # fmt: skip
+    if not args.skip_haproxy and not args.only_failover:
         runs += [routed_run(args, "haproxy", "hash x-session-affinity", keyed=True),
                  routed_run(args, "haproxy", "no key (round robin)", keyed=False)]  # fmt: skip
     print(f"{'router':8} {'policy':26} {'cached':>7} {'ceiling':>8}  per replica   TTFT p50/p95 ms per turn")
@@ -210,7 +212,8 @@ def main(argv: list[str] | None = None) -> None:
 
     failover = failover_run(args)
     print(json.dumps(failover, indent=2))
-    (args.out / "scaleout.json").write_text(json.dumps({"runs": runs, "failover": failover}, indent=2))
+    name = "scaleout-failover.json" if args.only_failover else "scaleout.json"
+    (args.out / name).write_text(json.dumps({"runs": runs, "failover": failover}, indent=2))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from bench.scaleout import Cluster, _env, _in_threads, model_id, submitted, syst
 
 _TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 # Long enough answers that turns are in flight when the replica dies.
-_KILL_TURN_TOKENS = 200
+_KILL_TURN_TOKENS = 600
 
 
 def responses_turn(url: str, body: dict[str, Any]) -> tuple[str, str | None]:
@@ -35,13 +35,20 @@ def responses_turn(url: str, body: dict[str, Any]) -> tuple[str, str | None]:
                 text = response.read().decode(errors="replace")
                 return ("not_found" if response.status_code == 404 else f"http_{response.status_code}"), text[:200]
             last: dict[str, Any] = {}
+            raw = ""
             for line in response.iter_lines():
                 if line.startswith("data: "):
-                    last = json.loads(line.removeprefix("data: "))
+                    raw = line.removeprefix("data: ")
+                    try:
+                        last = json.loads(raw)
+                    except ValueError:
+                        last = {}  # a router's own frame ([DONE], or its error text)
             kind = last.get("type")
             if kind in ("response.completed", "response.incomplete"):
                 return "completed", str(last["response"]["id"])
-            return ("response.failed" if kind == "response.failed" else "broken_stream"), None
+            if kind == "response.failed":
+                return "response.failed", None
+            return ("router_error" if "error" in raw else "broken_stream"), raw[:200]
     except httpx.HTTPError as error:
         return "broken_stream", type(error).__name__
 
@@ -56,6 +63,8 @@ def failover_run(args: argparse.Namespace) -> dict[str, Any]:
         url = cluster.start_smg(policy="cache_aware")
         model = model_id(cluster)
         at_kill: list[int] = []
+        in_flight: list[int] = []
+        failures: list[str] = []
         turn_started = threading.Barrier(args.conversations + 1)
 
         def conversation(index: int) -> None:
@@ -74,6 +83,8 @@ def failover_run(args: argparse.Namespace) -> dict[str, Any]:
                     outcome, response_id = responses_turn(url, body)
                     with lock:
                         outcomes[f"{'after' if killed.is_set() else 'before'}_kill:{outcome}"] += 1
+                        if outcome != "completed" and len(failures) < 5:
+                            failures.append(f"{outcome}: {response_id}")
                     if outcome == "completed":
                         previous = response_id
                         break
@@ -81,8 +92,9 @@ def failover_run(args: argparse.Namespace) -> dict[str, Any]:
 
         def killer() -> None:
             turn_started.wait()
-            time.sleep(0.5)  # the turn's requests are streaming now
+            time.sleep(0.3)  # the turn's requests are streaming now
             at_kill.extend(submitted(cluster))
+            in_flight.append(_in_flight(cluster.replicas[0].url))
             cluster.kill_replica(0)
             killed.set()
 
@@ -93,9 +105,15 @@ def failover_run(args: argparse.Namespace) -> dict[str, Any]:
         after = submitted(cluster)
         return {
             "store": cluster.store.split("@")[-1],
+            "in_flight_on_killed_replica": in_flight[0] if in_flight else None,
             "outcomes": dict(sorted(outcomes.items())),
+            "failures_seen": failures,
             "previous_id_404s": sum(n for key, n in outcomes.items() if key.endswith(":not_found")),
             "requests_per_replica_after_kill": [b - a if b >= 0 else None for a, b in zip(at_kill, after, strict=True)],
         }
     finally:
         cluster.stop()
+
+
+def _in_flight(url: str) -> int:
+    return int(httpx.get(f"{url}/stats", timeout=10).json()["admission"]["in_flight"])
