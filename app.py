@@ -27,10 +27,12 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 from edge import guard  # noqa: E402
 from edge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
+from edge.telemetry import Tracing, configure_tracing  # noqa: E402
 from edge.redact import without_paths  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
+from pipeline.observe import Observers  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
@@ -81,9 +83,11 @@ async def lifespan() -> AsyncGenerator[None, None]:
     app.extensions["keepalive_interval"] = settings.keepalive_interval
     app.extensions["max_batch"] = settings.max_batch
     metrics = app.extensions["metrics"] = Metrics()
+    tracing = app.extensions["tracing"] = configure_tracing()
+    observer = Observers((metrics, tracing)) if tracing is not None else metrics
     try:
         async with anyio.create_task_group() as outer:
-            app.extensions["engine"] = await outer.start(Engine(settings=settings, observer=metrics).run)
+            app.extensions["engine"] = await outer.start(Engine(settings=settings, observer=observer).run)
             metrics.configure(model_name=engine().info.name, context_window=engine().info.context_window)
             log.info("server.ready", model=engine().info.name)
             yield
@@ -92,6 +96,9 @@ async def lifespan() -> AsyncGenerator[None, None]:
             outer.cancel_scope.cancel()
     finally:
         await anyio.to_thread.run_sync(store.close)
+        if tracing is not None:
+            # Flushes the spans still batched.
+            await anyio.to_thread.run_sync(tracing.shutdown)
     log.info("server.stopped")
 
 
@@ -119,10 +126,16 @@ async def generate(
     if session:
         decode = _with_session(decode, session)
     reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
+    tracing = cast(Tracing | None, app.extensions["tracing"])
+    if tracing is not None:
+        # No await since submit: the request cannot have finished yet.
+        tracing.submitted(request_id, route=request.path, trace_id=trace_id, headers=dict(request.headers.items()))
     try:
         accepted = await reply.accepted()
     except BaseException:
         reply.close()
+        if tracing is not None:
+            tracing.forget(request_id)
         raise
     protocol = make_protocol(accepted, request_id)
     headers = {"x-request-id": trace_id}

@@ -18,6 +18,7 @@ class RequestRecord:
     """One request that left the batch. Spans are seconds; None where the
     request never reached that point (a row aborted before its first token)."""
 
+    request_id: str
     # vLLM's `finished_reason` values: stop, length, abort.
     finish_reason: str
     prompt_tokens: int
@@ -36,6 +37,21 @@ class RequestObserver(Protocol):
         """The time between two tokens of one row (called once per token after the first)."""
 
     def finished(self, record: RequestRecord) -> None: ...
+
+
+@attrs.frozen
+class Observers:
+    """Tells each of several observers (the metrics, the traces)."""
+
+    observers: tuple[RequestObserver, ...]
+
+    def token_gap(self, seconds: float) -> None:
+        for observer in self.observers:
+            observer.token_gap(seconds)
+
+    def finished(self, record: RequestRecord) -> None:
+        for observer in self.observers:
+            observer.finished(record)
 
 
 class NullObserver:

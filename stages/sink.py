@@ -232,6 +232,7 @@ class CompletionSink:
 
 def _record(row: RowText, reason: str, prompt_tokens: int, cached_tokens: int) -> RequestRecord:
     return RequestRecord(
+        request_id=row.admitted.prepared.request_id,
         finish_reason=reason,
         prompt_tokens=prompt_tokens,
         completion_tokens=row.completion_tokens,

@@ -18,7 +18,7 @@ _SNAPSHOT = {
 
 def record(**changes: object) -> RequestRecord:
     values: dict[str, object] = {
-        "finish_reason": "length", "prompt_tokens": 30, "completion_tokens": 4, "cached_tokens": 20, "queue": 0.01,
+        "request_id": "r1", "finish_reason": "length", "prompt_tokens": 30, "completion_tokens": 4, "cached_tokens": 20, "queue": 0.01,
         "prefill": 0.2, "decode": 0.3, "first_token": 0.25, "total": 0.55,
     }  # fmt: skip
     values.update(changes)
