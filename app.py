@@ -27,6 +27,7 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 from edge import guard  # noqa: E402
 from edge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
+from edge.sessions import session_key  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
 from edge.redact import without_paths  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
@@ -44,7 +45,6 @@ from wire import anthropic, openai  # noqa: E402
 from wire import responses as responses_wire  # noqa: E402
 from wire.anthropic_context import applied_edits_body  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
-from wire.loads import LoadInputs, loads_body  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.openapi import document as openapi_document  # noqa: E402
 from wire.response_store import ResponseStore, StoredResponse, StoreError  # noqa: E402
@@ -122,7 +122,7 @@ async def generate(
     """Run one generation; `persist` saves the finished result before the client is told it finished."""
     trace_id = guard.trace_id(request_id)
     body = cast(bytes, await request.get_data(as_text=False))
-    session = _session_header()
+    session = session_key(request.headers.get)
     if session:
         decode = _with_session(decode, session)
     reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
@@ -318,20 +318,6 @@ async def health() -> Response:
     return json_response({"status": status}, status=200 if status == "ok" else 503)
 
 
-# Headers naming the conversation, as routers pass them: smg forwards only
-# its own `x-smg-routing-key` (it drops other headers), HAProxy and most
-# proxies forward `x-session-affinity` as sent.
-SESSION_HEADERS = ("x-session-affinity", "x-smg-routing-key")
-
-
-def _session_header() -> str | None:
-    for name in SESSION_HEADERS:
-        value = request.headers.get(name)
-        if value:
-            return value
-    return None
-
-
 def _with_session(decode: Decoder, session: str) -> Decoder:
     # A session header names the conversation when the body does not.
     def decode_in_session(value: JsonValue) -> GenerationRequest:
@@ -358,18 +344,8 @@ async def metrics() -> Response:
 
 @app.get("/v1/loads")
 async def loads() -> Response:
-    snapshot, now = await _snapshot(), time.time()
-    gateway = snapshot.get("gateway")
-    generated = gateway.get("generated_tokens") if isinstance(gateway, dict) else 0
-    inputs = LoadInputs(
-        snapshot=snapshot,
-        kv_bytes_per_token=engine().fit.memory.kv_bytes_per_token,
-        max_running_requests=cast(int, app.extensions["max_batch"]),
-        gen_throughput=_metrics().gen_throughput(int(generated) if isinstance(generated, int) else 0, now),
-        cache_hit_rate=_metrics().cache_hit_rate,
-        version="mlx-relay",
-    )
-    return json_response(loads_body(inputs, now=now))
+    per_token, max_batch = engine().fit.memory.kv_bytes_per_token, cast(int, app.extensions["max_batch"])
+    return json_response(_metrics().loads(await _snapshot(), kv_bytes_per_token=per_token, max_batch=max_batch, now=time.time()))
 
 
 def _metrics() -> Metrics:

@@ -16,7 +16,7 @@ per app, so several servers in one process never share a series.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from pipeline.observe import RequestRecord
 from pipeline.requests import JsonObject
+from wire.loads import LoadInputs, loads_body
 from wire.metrics import snapshot_metrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -166,6 +167,17 @@ class Metrics:
         self._counters["vllm:prefix_cache_queries"].labels(name).inc(record.prompt_tokens)
         self._counters["vllm:prefix_cache_hits"].labels(name).inc(record.cached_tokens)
 
+    def loads(self, snapshot: JsonObject, *, kv_bytes_per_token: int, max_batch: int, now: float) -> JsonObject:
+        """`GET /v1/loads`: the snapshot and this registry's own figures, in SGLang's shape."""
+        gateway = snapshot.get("gateway")
+        generated = gateway.get("generated_tokens") if isinstance(gateway, dict) else 0
+        inputs = LoadInputs(
+            snapshot=snapshot, kv_bytes_per_token=kv_bytes_per_token, max_running_requests=max_batch,
+            gen_throughput=self.gen_throughput(generated if isinstance(generated, int) else 0, now),
+            cache_hit_rate=self.cache_hit_rate, version="mlx-relay",
+        )  # fmt: skip
+        return loads_body(inputs, now=now)
+
     def render(self, snapshot: JsonObject) -> bytes:
         """The exposition text, with the snapshot's gauges as they are now."""
         self._snapshot.snapshot = snapshot
@@ -178,9 +190,3 @@ class Metrics:
 def _sum(first: float | None, second: float | None) -> float | None:
     return None if first is None or second is None else first + second
 
-
-def names(text: str) -> Iterator[str]:
-    """The sample names of an exposition text (for tests and the dashboard check)."""
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            yield line.split("{", 1)[0].split(" ", 1)[0]
