@@ -25,6 +25,7 @@ together make it once. The `psycopg` package is the `postgres` extra.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -96,6 +97,8 @@ class PostgresResponseStore:
     _clock: Clock = attrs.field(default=time.time, alias="clock")
     _connect_timeout: float = attrs.field(default=10.0, alias="connect_timeout")
     _pool: ConnectionPool[Any] | None = attrs.field(default=None, init=False)
+    # The counters only: the database's own locks order everything else.
+    _counting: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _hits: int = attrs.field(default=0, init=False)
     _misses: int = attrs.field(default=0, init=False)
     _evictions: int = attrs.field(default=0, init=False)
@@ -132,9 +135,10 @@ class PostgresResponseStore:
             db.execute(f"DELETE FROM {_TABLE} WHERE id = %s", (encoded.id,))
             oversized = encoded.size > self._max_bytes
             evicted = 0 if oversized else self._insert(db, encoded, now)
-        self._expirations += expired
-        self._oversized += oversized
-        self._evictions += evicted
+        with self._counting:
+            self._expirations += expired
+            self._oversized += oversized
+            self._evictions += evicted
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self._failures("get"), self._transaction() as db:
@@ -146,9 +150,10 @@ class PostgresResponseStore:
                 f"UPDATE {_TABLE} SET last_used_at = %s, recency = {_NEXT_RECENCY} WHERE id = %s RETURNING {_READ}",
                 (now, response_id),
             ).fetchone()
-        self._hits += row is not None
-        self._misses += row is None
-        self._expirations += expired
+        with self._counting:
+            self._hits += row is not None
+            self._misses += row is None
+            self._expirations += expired
         return _encoded(row).decode() if row is not None else None
 
     def delete(self, response_id: str) -> bool:
