@@ -25,11 +25,16 @@ from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
+from edge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE  # noqa: E402
+from edge.metrics import Metrics  # noqa: E402
+from edge.sessions import session_key  # noqa: E402
+from edge.telemetry import Tracing, configure_tracing  # noqa: E402
 from edge.redact import without_paths  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
+from pipeline.observe import Observers  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
@@ -42,8 +47,6 @@ from wire import anthropic, openai  # noqa: E402
 from wire import responses as responses_wire  # noqa: E402
 from wire.anthropic_context import applied_edits_body  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
-from wire.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE  # noqa: E402
-from wire.metrics import render as render_metrics  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.openapi import document as openapi_document  # noqa: E402
 from wire.response_store import ResponseStore, StoredResponse, StoreError  # noqa: E402
@@ -82,9 +85,14 @@ async def lifespan() -> AsyncGenerator[None, None]:
         raise
     app.extensions["response_store"] = store
     app.extensions["keepalive_interval"] = settings.keepalive_interval
+    app.extensions["max_batch"] = settings.max_batch
+    metrics = app.extensions["metrics"] = Metrics()
+    tracing = app.extensions["tracing"] = configure_tracing()
+    observer = Observers((metrics, tracing)) if tracing is not None else metrics
     try:
         async with anyio.create_task_group() as outer:
-            app.extensions["engine"] = await outer.start(Engine(settings=settings).run)
+            app.extensions["engine"] = await outer.start(Engine(settings=settings, observer=observer).run)
+            metrics.configure(model_name=engine().info.name, context_window=engine().info.context_window)
             log.info("server.ready", model=engine().info.name)
             yield
             log.info("server.draining")
@@ -92,6 +100,9 @@ async def lifespan() -> AsyncGenerator[None, None]:
             outer.cancel_scope.cancel()
     finally:
         await anyio.to_thread.run_sync(store.close)
+        if tracing is not None:
+            # Flushes the spans still batched.
+            await anyio.to_thread.run_sync(tracing.shutdown)
     log.info("server.stopped")
 
 
@@ -115,14 +126,20 @@ async def generate(
     """Run one generation; `persist` saves the finished result before the client is told it finished."""
     trace_id = guard.trace_id(request_id)
     body = cast(bytes, await request.get_data(as_text=False))
-    session = request.headers.get("x-session-affinity")
+    session = session_key(request.headers.get)
     if session:
         decode = _with_session(decode, session)
     reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
+    tracing = cast(Tracing | None, app.extensions["tracing"])
+    if tracing is not None:
+        # No await since submit: the request cannot have finished yet.
+        tracing.submitted(request_id, route=request.path, trace_id=trace_id, headers=dict(request.headers.items()))
     try:
         accepted = await reply.accepted()
     except BaseException:
         reply.close()
+        if tracing is not None:
+            tracing.forget(request_id)
         raise
     protocol = make_protocol(accepted, request_id)
     headers = {"x-request-id": trace_id}
@@ -316,7 +333,7 @@ async def health() -> Response:
 
 
 def _with_session(decode: Decoder, session: str) -> Decoder:
-    # The x-session-affinity header names the conversation when the body does not.
+    # A session header names the conversation when the body does not.
     def decode_in_session(value: JsonValue) -> GenerationRequest:
         return with_cache_key(decode(value), session)
 
@@ -336,7 +353,17 @@ async def stats() -> Response:
 
 @app.get("/metrics")
 async def metrics() -> Response:
-    return Response(render_metrics(await _snapshot()), content_type=METRICS_CONTENT_TYPE)
+    return Response(_metrics().render(await _snapshot()), content_type=METRICS_CONTENT_TYPE)
+
+
+@app.get("/v1/loads")
+async def loads() -> Response:
+    per_token, max_batch = engine().fit.memory.kv_bytes_per_token, cast(int, app.extensions["max_batch"])
+    return json_response(_metrics().loads(await _snapshot(), kv_bytes_per_token=per_token, max_batch=max_batch, now=time.time()))
+
+
+def _metrics() -> Metrics:
+    return cast(Metrics, app.extensions["metrics"])
 
 
 async def _snapshot() -> JsonObject:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pipeline.settings import Settings
 from wire.response_store import ResponseStore, StoreError, open_store, store_path
+from wire.response_store_postgres import redacted
 
 # SQLite keeps these beside the file in WAL mode; they move with it.
 _COMPANIONS = ("", "-wal", "-shm")
@@ -64,7 +65,8 @@ def _existing_path(url: str | None) -> Path | None:
 
 def _advice(url: str | None, error: StoreError, path: Path | None) -> str:
     if path is None:
-        return f"the response store {url!r} cannot be opened: {error}. Check MLX_RELAY_RESPONSE_STORE."
+        shown = redacted(url) if url is not None else None
+        return f"the response store {shown!r} cannot be opened: {error}. Check MLX_RELAY_RESPONSE_STORE."
     return (
         f"the response store {path} cannot be opened: {error}. To keep the file for inspection and start with an "
         "empty store, run `mlx-relay serve --reset-store` (or set MLX_RELAY_RESET_STORE=1); "

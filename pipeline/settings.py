@@ -76,7 +76,8 @@ class Settings:
     log_level: str = attrs.field(
         default="info", converter=_lower, validator=attrs.validators.in_(("debug", "info", "warning", "error", "critical"))
     )
-    # Where Responses API results live: unset for memory, or sqlite:///path.
+    # Where Responses API results live: unset for memory, sqlite:///path (one host), or
+    # postgresql://user@host/db (replicas on several hosts; the `postgres` extra).
     response_store: str | None = None
     response_store_ttl: float = attrs.field(default=24 * 3600.0, validator=attrs.validators.gt(0.0))
     response_store_bytes: int = attrs.field(default=256 * 2**20, validator=_positive)

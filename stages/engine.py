@@ -21,7 +21,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.admission import Admission, AdmissionStatistics
 from pipeline.channels import Channel, ReplySlot, open_channel
-from pipeline.errors import engine_dead, shutting_down
+from pipeline.errors import engine_dead, invalid, shutting_down
+from pipeline.observe import NullObserver, RequestObserver
 from pipeline.requests import ChatRequest, GenerationRequest
 from pipeline.settings import Settings
 from pipeline.supervision import Actor, Supervisor
@@ -84,6 +85,8 @@ class EngineStatistics:
 @attrs.define
 class Engine:
     _settings: Settings = attrs.field(alias="settings")
+    # Told each request's latencies and tokens (the metrics exporter).
+    _observer: RequestObserver = attrs.field(factory=NullObserver, alias="observer")
     _admission: Admission = attrs.field(init=False)
     _open: dict[str, Reply] = attrs.field(factory=dict, init=False)
     _submitted: int = attrs.field(default=0, init=False)
@@ -242,7 +245,9 @@ class Engine:
         control: Channel[Abort] = open_channel(settings.max_batch, name="control")
         steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
         self._gateway = self._make_gateway(prepared.receive, control, steps.send, disk)
-        self._sink = CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer, family=self.family)
+        self._sink = CompletionSink(
+            inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer, family=self.family, observer=self._observer
+        )
         # Started in this order: the model loads first, then downstream to upstream (S6).
         return [
             self._gateway,

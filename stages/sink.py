@@ -29,6 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.actor import isolated
 from pipeline.events import CompletionEvent, FinishReason, Logprobs, Summary, TokenLogprob, ToolCall, Usage
+from pipeline.observe import NullObserver, RequestObserver, RequestRecord
 from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
 from stages.messages import send_abort
@@ -56,6 +57,8 @@ class RowText:
     single_call: bool = False
     reasoning_tokens: int = 0
     completion_tokens: int = 0
+    # The step that brought this row's last token (inter-token latency).
+    last_token_at: float | None = None
 
 
 @attrs.define
@@ -65,6 +68,7 @@ class CompletionSink:
     _tokenizer: Tokenizer = attrs.field(alias="tokenizer")
     # The model's markup; chosen from the tokenizer when not given.
     _family: Family | None = attrs.field(default=None, alias="family")
+    _observer: RequestObserver = attrs.field(factory=NullObserver, alias="observer")
     _rows: dict[str, RowText] = attrs.field(factory=dict, init=False)
     _eos_ids: frozenset[int] = attrs.field(init=False)
 
@@ -95,7 +99,9 @@ class CompletionSink:
                     self._on_delta(row, delta, outputs.stepped_at)
         # No delta follows a removed row's last one: its state goes now.
         for request_id in outputs.removed:
-            self._rows.pop(request_id, None)
+            row = self._rows.pop(request_id, None)
+            if row is not None:
+                self._observer.finished(_record(row, "abort", len(row.admitted.prepared.prompt_tokens), row.admitted.cached_tokens))
 
     @contextlib.contextmanager
     def _row_isolated(self, prepared: Prepared) -> Iterator[None]:
@@ -125,6 +131,11 @@ class CompletionSink:
         if row.completion_tokens == 0:
             row.timeline = row.timeline.stamp(Mark.FIRST_TOKEN, stepped_at)
             log.info("request.prefill", **reply.log_context, duration=_span(row, Mark.ADMITTED, Mark.FIRST_TOKEN))
+        elif row.last_token_at is not None and delta.new_token_ids:
+            gap = (stepped_at - row.last_token_at) / len(delta.new_token_ids)
+            for _ in delta.new_token_ids:
+                self._observer.token_gap(gap)
+        row.last_token_at = stepped_at
         row.completion_tokens += len(delta.new_token_ids)
         result = row.stops.feed(self._detokenize(row, delta), final=delta.finish is not None)
         ended = result.stop is not None or delta.finish is not None
@@ -214,6 +225,24 @@ class CompletionSink:
             decode=_span(row, Mark.FIRST_TOKEN, Mark.FINISHED),
             total=_span(row, Mark.RECEIVED, Mark.FINISHED),
         )
+        # vLLM's reasons: a turn that ended in a tool call stopped.
+        vllm_reason = "length" if reason is FinishReason.LENGTH else "stop"
+        self._observer.finished(_record(row, vllm_reason, usage.prompt_tokens, usage.cached_tokens))
+
+
+def _record(row: RowText, reason: str, prompt_tokens: int, cached_tokens: int) -> RequestRecord:
+    return RequestRecord(
+        request_id=row.admitted.prepared.request_id,
+        finish_reason=reason,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=row.completion_tokens,
+        cached_tokens=cached_tokens,
+        queue=_span(row, Mark.PREPARED, Mark.ADMITTED),
+        prefill=_span(row, Mark.ADMITTED, Mark.FIRST_TOKEN),
+        decode=_span(row, Mark.FIRST_TOKEN, Mark.FINISHED),
+        first_token=_span(row, Mark.RECEIVED, Mark.FIRST_TOKEN),
+        total=_span(row, Mark.RECEIVED, Mark.FINISHED),
+    )
 
 
 def _span(row: RowText, start: Mark, end: Mark) -> float | None:

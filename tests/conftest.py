@@ -18,6 +18,8 @@ import httpx
 import openai
 import pytest
 
+from tests.pg import PostgresServer, Unavailable
+
 REPO = Path(__file__).resolve().parent.parent
 # How long a fresh server may take to load the model and answer /health.
 STARTUP_TIMEOUT = 120.0
@@ -149,3 +151,14 @@ def lora_adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
     root = tmp_path_factory.mktemp("adapters")
     return {name: write_random_adapter(tiny_model, root / name, seed=seed) for name, seed in (("lora-a", 1), ("lora-b", 2))}
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the session (tests/pg.py); skips, saying why, where none can start."""
+    try:
+        server = PostgresServer.start()
+    except Unavailable as reason:
+        pytest.skip(f"PostgreSQL cannot be started here: {reason}")
+    yield server
+    server.stop()

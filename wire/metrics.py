@@ -1,8 +1,14 @@
-"""`GET /metrics`: the `/stats` snapshot in Prometheus' text format.
+"""The `/stats` snapshot as metric figures: vLLM's load gauges, and ours under `mlx_relay:`.
 
-Every number in the snapshot becomes one gauge named by its path
-(`gateway.active` → `mlx_relay_gateway_active`); booleans are 0 or 1;
-strings and missing values are left out. Pure; no I/O.
+Pure; no I/O and no metrics library (`edge/metrics.py` exports them).
+vLLM's gauges are the ones routers read for load: `num_requests_running`
+(rows in the batch), `num_requests_waiting` (admitted, not yet running)
+and `kv_cache_usage_perc` (the KV the running rows hold over the KV
+budget, a fraction like vLLM's). Every other number in the snapshot
+becomes an `mlx_relay:` figure named by its path
+(`gateway.active` → `mlx_relay:gateway_active`); the paths in `COUNTERS`
+only grow, so they are counters, the rest gauges; booleans are 0 or 1;
+strings and missing values are left out.
 """
 
 from __future__ import annotations
@@ -10,26 +16,76 @@ from __future__ import annotations
 import math
 import re
 
-from pipeline.requests import JsonValue
+import attrs
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_PREFIX = "mlx_relay"
+from pipeline.requests import JsonObject, JsonValue
+
+PREFIX = "mlx_relay:"
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_]")
 
+COUNTERS = frozenset(
+    {
+        "submitted", "admission.refused", "gateway.steps", "gateway.generated_tokens", "gateway.preemptions",
+        "gateway.resumed", "prompt_cache.hits", "prompt_cache.misses", "prompt_cache.cached_tokens",
+        "prompt_cache.session_hits", "prompt_cache.session_misses", "prompt_cache.evictions",
+        "prompt_cache.disk.spills", "prompt_cache.disk.spills_dropped", "prompt_cache.disk.spill_errors",
+        "prompt_cache.disk.spills_unsupported", "prompt_cache.disk.restores", "prompt_cache.disk.corrupt",
+        "response_store.hits", "response_store.misses", "response_store.evictions", "response_store.expirations",
+        "response_store.oversized",
+    }
+)  # fmt: skip
 
-def render(snapshot: JsonValue) -> str:
-    lines: list[str] = []
-    for name, value in _numbers(snapshot, _PREFIX):
-        lines.append(f"# TYPE {name} gauge")
-        lines.append(f"{name} {value}")
-    return "".join(f"{line}\n" for line in lines)
+
+@attrs.frozen
+class Figure:
+    # Without `_total`: the exporter adds it to counters.
+    name: str
+    help: str
+    value: float
+    counter: bool = False
 
 
-def _numbers(value: JsonValue, name: str) -> list[tuple[str, str]]:
+def running(snapshot: JsonObject) -> int:
+    return _int(snapshot, "gateway", "active")
+
+
+def waiting(snapshot: JsonObject) -> int:
+    """Requests admitted and not yet in the batch: parsing, preparing, queued, or waiting for KV."""
+    return max(0, _int(snapshot, "admission", "in_flight") - running(snapshot))
+
+
+def kv_usage(snapshot: JsonObject) -> float:
+    budget = _int(snapshot, "gateway", "kv_budget_bytes")
+    return _int(snapshot, "gateway", "kv_held_bytes") / budget if budget > 0 else 0.0
+
+
+def snapshot_metrics(snapshot: JsonObject) -> list[Figure]:
+    figures = [
+        Figure("vllm:num_requests_running", "Requests in the batch", running(snapshot)),
+        Figure("vllm:num_requests_waiting", "Requests admitted and waiting for a batch row", waiting(snapshot)),
+        Figure("vllm:kv_cache_usage_perc", "KV held by running rows over the KV budget (1 = full)", kv_usage(snapshot)),
+        Figure("vllm:num_preemptions", "Rows moved out of the batch under memory pressure",
+               _int(snapshot, "gateway", "preemptions"), counter=True),
+    ]  # fmt: skip
+    for path, value in _numbers(snapshot, ()):
+        dotted = ".".join(path)
+        name = PREFIX + "_".join(_UNSAFE.sub("_", part) for part in path)
+        figures.append(Figure(name, f"/stats {dotted}", value, counter=dotted in COUNTERS))
+    return figures
+
+
+def _numbers(value: JsonValue, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], float]]:
     if isinstance(value, dict):
-        return [pair for key, child in value.items() for pair in _numbers(child, f"{name}_{_UNSAFE.sub('_', key)}")]
+        return [pair for key, child in value.items() for pair in _numbers(child, (*path, key))]
     if isinstance(value, bool):
-        return [(name, "1" if value else "0")]
+        return [(path, 1.0 if value else 0.0)]
     if isinstance(value, (int, float)) and math.isfinite(value):
-        return [(name, repr(value) if isinstance(value, float) else str(value))]
+        return [(path, float(value))]
     return []
+
+
+def _int(snapshot: JsonObject, *path: str) -> int:
+    value: JsonValue = snapshot
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0

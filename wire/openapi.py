@@ -69,7 +69,8 @@ OPERATIONS = (
     Operation(method="get", path="/health", summary="Liveness: 200 while the engine serves, 503 otherwise", public=True),
     Operation(method="get", path="/fit", summary="What this machine can serve of this model"),
     Operation(method="get", path="/stats", summary="Live counters of every stage"),
-    Operation(method="get", path="/metrics", summary="The same counters in Prometheus text format"),
+    Operation(method="get", path="/metrics", summary="Prometheus metrics: vLLM's names, and mlx_relay: ones"),
+    Operation(method="get", path="/v1/loads", summary="Load in the shape SGLang serves and smg polls"),
     Operation(method="get", path="/openapi.json", summary="This description"),
 )  # fmt: skip
 

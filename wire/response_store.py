@@ -1,13 +1,15 @@
 """The Responses API store: `previous_response_id` and `GET/DELETE /v1/responses/{id}`.
 
-One small synchronous interface, `ResponseStore`, with two stores behind
-it: `MemoryResponseStore` (the default) and `SqliteResponseStore` in
-`wire/response_store_sqlite.py`, which survives a restart. `open_store`
+One small synchronous interface, `ResponseStore`, with three stores behind
+it: `MemoryResponseStore` (the default), `SqliteResponseStore` in
+`wire/response_store_sqlite.py`, which survives a restart and is shared by
+the processes of one host, and `PostgresResponseStore` in
+`wire/response_store_postgres.py`, shared by replicas on several hosts. `open_store`
 picks one from the `MLX_RELAY_RESPONSE_STORE` URL. The app calls a store
 through `anyio.to_thread.run_sync`, so every store is thread-safe, and
 every failure inside one is a `StoreError`, which fails that one request.
 
-Both stores keep the same policy, so one test table covers both:
+Every store keeps the same policy, so one test table covers them all:
 
 - A record lives `ttl_seconds` after it was last stored or read: `get`
   refreshes it, as it refreshes its place in the LRU order. Expired
@@ -62,11 +64,11 @@ class StoredResponse:
 
 @attrs.frozen(kw_only=True)
 class ResponseStoreStatistics:
-    """The `/stats` figures. For SQLite, entries and bytes are the file's (every
-    process's); hits through oversized count this store object's calls."""
+    """The `/stats` figures. For SQLite and PostgreSQL, entries and bytes are the
+    database's (every process's); hits through oversized count this store object's calls."""
 
-    kind: Literal["memory", "sqlite"]
-    location: str | None  # the database file; None in memory
+    kind: Literal["memory", "sqlite", "postgresql"]
+    location: str | None  # the database file, or its URL without the password; None in memory
     entries: int
     bytes: int
     max_bytes: int
@@ -284,20 +286,28 @@ def store_path(url: str | None) -> Path | None:
     return Path(path)
 
 
-_ACCEPTED = "use 'memory', 'sqlite:///absolute/path.db' or 'sqlite:relative/path.db'"
+_ACCEPTED = (
+    "use 'memory', 'sqlite:///absolute/path.db', 'sqlite:relative/path.db' or 'postgresql://user@host/database'"
+)
 
 
 def open_store(url: str | None, *, ttl_seconds: float, max_bytes: int, clock: Clock = time.time) -> ResponseStore:
-    """Open the store that `url` names (see `store_path`).
+    """Open the store that `url` names: a postgresql:// (or postgres://) URL in
+    libpq's form, else see `store_path`.
 
     Raises:
         StoreError: a bad URL or limit, or a database that cannot be opened
             (a settings error at startup).
     """
+    # Imported here: the other stores' modules import this one for the record types.
+    from wire.response_store_postgres import PostgresResponseStore, is_postgres_url
+
+    if is_postgres_url(url):
+        assert url is not None
+        return PostgresResponseStore(url.strip(), ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)
     path = store_path(url)
     if path is None:
         return MemoryResponseStore(ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)
-    # Imported here because the SQLite module imports this one for the record types.
     from wire.response_store_sqlite import SqliteResponseStore
 
     return SqliteResponseStore(path, ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)

@@ -166,8 +166,8 @@ def test_metrics_follow_the_work(server: Server, client: openai.OpenAI) -> None:
     def generated() -> int:
         response = httpx.get(f"{server.base_url}/metrics", timeout=10)
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-        (line,) = [line for line in response.text.splitlines() if line.startswith("mlx_relay_gateway_generated_tokens ")]
-        return int(line.split()[1])
+        (line,) = [line for line in response.text.splitlines() if line.startswith("mlx_relay:gateway_generated_tokens_total{")]
+        return int(float(line.split()[-1]))
 
     before = generated()
     client.chat.completions.create(model="m", messages=HELLO, max_tokens=4, temperature=0)  # type: ignore[arg-type]

@@ -135,12 +135,16 @@ def test_the_byte_cap_evicts_the_least_recently_used(small_server: Server) -> No
     assert cached(chat(small_server, reply(turns["c"], firsts["c"], "More?"))) > 200
 
 
-@pytest.mark.parametrize("how", ["prompt_cache_key", "session_id", "header"])
+_SESSION_HEADERS = {"header": "x-session-affinity", "smg-header": "x-smg-routing-key"}
+
+
+@pytest.mark.parametrize("how", ["prompt_cache_key", "session_id", "header", "smg-header"])
 def test_a_session_keeps_its_conversation_warm(small_server: Server, how: str) -> None:
-    """Three other conversations pass through a cache that holds two; the session's entry stays."""
+    """Three other conversations pass through a cache that holds two; the session's entry stays.
+    smg forwards only its own routing header, so that one names a session too."""
     key = f"session-{how}"
     extra: dict[str, Any] = (
-        {"extra_headers": {"x-session-affinity": key}} if how == "header" else {"extra_body": {how: key}}
+        {"extra_headers": {_SESSION_HEADERS[how]: key}} if how in _SESSION_HEADERS else {"extra_body": {how: key}}
     )
     messages = opening(f"session {how}")
     first = chat(small_server, messages, **extra)

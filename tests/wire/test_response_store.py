@@ -1,4 +1,4 @@
-"""wire/response_store*.py: both stores keep one policy, on real files and real threads."""
+"""wire/response_store*.py: every store keeps one policy, on real files, a real PostgreSQL server and real threads."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from wire.response_store import (
 )
 
 
-Kind = Literal["memory", "sqlite"]
+Kind = Literal["memory", "sqlite", "postgresql"]
 
 
 @attrs.define
@@ -49,7 +49,8 @@ SIZE = EncodedResponse.encode(record(0)).size
 StoreFactory = Callable[..., ResponseStore]
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+# PostgreSQL's cases start a server (once a session) and a database each: slow.
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def kind(request: pytest.FixtureRequest) -> Kind:
     value: Kind = request.param
     return value
@@ -61,11 +62,12 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def make_store(kind: Kind, clock: FakeClock, tmp_path: Path) -> Iterator[StoreFactory]:
+def make_store(kind: Kind, clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
     opened: list[ResponseStore] = []
+    url = {"memory": lambda: "memory", "sqlite": lambda: f"sqlite:///{tmp_path / 'responses.db'}",
+           "postgresql": lambda: request.getfixturevalue("postgres").new_database()}[kind]()  # fmt: skip
 
     def make(*, ttl_seconds: float = 100.0, max_bytes: int = 10**7) -> ResponseStore:
-        url = "memory" if kind == "memory" else f"sqlite:///{tmp_path / 'responses.db'}"
         store = open_store(url, ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)
         opened.append(store)
         return store
@@ -213,7 +215,11 @@ def test_statistics_figures(make_store: StoreFactory, kind: Kind, tmp_path: Path
     store.get("resp_missing")
     figures = store.statistics()
     assert figures.kind == kind
-    assert figures.location == (None if kind == "memory" else str(tmp_path / "responses.db"))
+    expected = {"memory": None, "sqlite": str(tmp_path / "responses.db")}
+    if kind == "postgresql":
+        assert figures.location is not None and figures.location.startswith("postgresql://postgres@127.0.0.1:")
+    else:
+        assert figures.location == expected[kind]
     assert (figures.entries, figures.bytes) == (2, 2 * SIZE + len("Be brief."))
     assert (figures.max_bytes, figures.ttl_seconds) == (10 * SIZE, 60.0)
     assert (figures.hits, figures.misses, figures.evictions, figures.expirations, figures.oversized) == (1, 1, 0, 0, 0)

@@ -1,0 +1,1 @@
+"""Scale-out: replicas behind a router (deploy/scaleout.py)."""

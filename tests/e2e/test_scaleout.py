@@ -1,0 +1,79 @@
+"""Replicas behind the routers of deploy/: smg (HTTP mode) and HAProxy, through real processes.
+
+What the README promises about each router: smg polls `/v1/loads` and
+routes; it answers `GET /v1/responses/{id}` itself (a 404 for a response a
+replica stored) while `previous_response_id` reaches the replicas' shared
+store; HAProxy keeps a session key on one replica, from a header or the
+body, and passes every path.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from deploy.scaleout import Cluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    pytest.importorskip("smg", reason="smg is the scaleout extra: pip install 'mlx-relay[scaleout]'")
+    started = Cluster.create(run_dir=tmp_path_factory.mktemp("scaleout"))
+    try:
+        started.start_replicas(2, env={"MLX_RELAY_DEMO_MODEL": "tiny"})
+        yield started
+    finally:
+        started.stop()
+
+
+def submitted(cluster: Cluster) -> list[int]:
+    return [int(httpx.get(f"{r.url}/stats", timeout=10).json()["submitted"]) for r in cluster.replicas]
+
+
+def model(cluster: Cluster) -> str:
+    return str(httpx.get(f"{cluster.replicas[0].url}/v1/models", timeout=10).json()["data"][0]["id"])
+
+
+def test_smg_polls_loads_and_previous_ids_reach_the_shared_store(cluster: Cluster) -> None:
+    url = cluster.start_smg(policy="cache_aware")
+    try:
+        body = {"model": model(cluster), "input": "Hello.", "max_output_tokens": 2}
+        first = httpx.post(f"{url}/v1/responses", json=body, timeout=60)
+        assert first.status_code == 200, first.text
+        second = httpx.post(f"{url}/v1/responses", json={**body, "previous_response_id": first.json()["id"]}, timeout=60)
+        assert second.status_code == 200, second.text
+        assert second.json()["usage"]["input_tokens"] > first.json()["usage"]["input_tokens"]
+        # smg answers GET /v1/responses/{id} from its own store: the replica's response is not there.
+        assert httpx.get(f"{url}/v1/responses/{first.json()['id']}", timeout=30).status_code == 404
+        assert httpx.get(f"{cluster.replicas[0].url}/v1/responses/{first.json()['id']}", timeout=30).status_code == 200
+        polled = [line for r in cluster.replicas for line in r.log.read_text(errors="replace").splitlines() if "/v1/loads" in line]
+        assert polled and all(" 200 " in line for line in polled)
+    finally:
+        cluster.stop_router()
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (Debian: apt-get install haproxy)")
+def test_haproxy_keeps_a_session_on_one_replica(cluster: Cluster) -> None:
+    url = cluster.start_haproxy()
+    try:
+        name = model(cluster)
+        for how in ("header", "body"):
+            before = submitted(cluster)
+            for turn in range(4):
+                body: dict[str, object] = {"model": name, "messages": [{"role": "user", "content": f"turn {turn}"}], "max_tokens": 1}
+                headers = {"x-session-affinity": "conversation-a"} if how == "header" else {}
+                if how == "body":
+                    body["prompt_cache_key"] = "conversation-b"
+                assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60).status_code == 200
+            moved = sorted(after - b for after, b in zip(submitted(cluster), before, strict=True))
+            assert moved == [0, 4], how
+        created = httpx.post(f"{url}/v1/responses", json={"model": name, "input": "Keep.", "max_output_tokens": 1}, timeout=60)
+        # HAProxy passes every path: any replica answers from the shared store.
+        assert httpx.get(f"{url}/v1/responses/{created.json()['id']}", timeout=30).status_code == 200
+    finally:
+        cluster.stop_router()

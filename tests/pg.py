@@ -1,0 +1,116 @@
+"""A real PostgreSQL server for the tests: Debian's binaries, a throwaway cluster, loopback only.
+
+PostgreSQL refuses to run as root, so under root the cluster belongs to
+the `postgres` user (Debian's package makes it) and its commands run
+through `runuser`; anyone else runs them directly. Trust authentication
+on 127.0.0.1 only, fsync off: the data is thrown away. When there are no
+binaries, or the server will not start, `start` raises `Unavailable`
+with the reason, and the fixture skips with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+
+from pathlib import Path
+
+import attrs
+
+_STARTUP_SECONDS = 60.0
+
+
+class Unavailable(Exception):
+    """No PostgreSQL server can be started here; the message says why."""
+
+
+def _binaries() -> Path:
+    initdb = shutil.which("initdb")
+    if initdb is not None:
+        return Path(os.path.realpath(initdb)).parent
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        raise Unavailable("no PostgreSQL binaries (initdb): install Debian's `postgresql` package")
+    return Path(found[-1]).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@attrs.define
+class PostgresServer:
+    root: Path
+    port: int
+    bin: Path
+    user: str | None  # run as this user (we are root), else as ourselves
+    _databases: int = 0
+
+    @classmethod
+    def start(cls) -> PostgresServer:
+        """Raises Unavailable when no server can be started."""
+        bin_dir = _binaries()
+        user = None
+        if os.geteuid() == 0:
+            try:
+                pwd.getpwnam("postgres")
+            except KeyError:
+                raise Unavailable("running as root, and there is no `postgres` user to run PostgreSQL as") from None
+            user = "postgres"
+        # Not under pytest's tmp folder: that is 0700 root's, which the postgres user cannot enter.
+        root = Path(tempfile.mkdtemp(prefix="mlx-relay-pg-"))
+        if user is not None:
+            shutil.chown(root, user)
+        server = cls(root=root, port=_free_port(), bin=bin_dir, user=user)
+        try:
+            server._run("initdb", "-D", str(root / "data"), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+            server._run(
+                "pg_ctl", "-D", str(root / "data"), "-l", str(root / "log"), "-w", "-t", str(int(_STARTUP_SECONDS)),
+                "-o", f"-h 127.0.0.1 -p {server.port} -k {root} -F -c fsync=off -c full_page_writes=off", "start",
+            )  # fmt: skip
+        except (subprocess.CalledProcessError, OSError) as error:
+            log = (root / "log").read_text(errors="replace")[-2000:] if (root / "log").exists() else ""
+            shutil.rmtree(root, ignore_errors=True)
+            raise Unavailable(f"PostgreSQL did not start: {error}\n{_output(error)}{log}") from None
+        return server
+
+    @property
+    def base_url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}"
+
+    def new_database(self) -> str:
+        """A fresh, empty database; its URL."""
+        import psycopg
+
+        self._databases += 1
+        name = f"t{self._databases}"
+        with psycopg.connect(f"{self.base_url}/postgres", autocommit=True) as db:
+            db.execute(f"CREATE DATABASE {name}")
+        return f"{self.base_url}/{name}"
+
+    def stop(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError, OSError):
+            self._run("pg_ctl", "-D", str(self.root / "data"), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _run(self, tool: str, *args: str) -> None:
+        command = [str(self.bin / tool), *args]
+        if self.user is not None:
+            command = ["runuser", "-u", self.user, "--", *command]
+        subprocess.run(command, check=True, capture_output=True, cwd=self.root, timeout=_STARTUP_SECONDS + 30)
+
+
+def _output(error: BaseException) -> str:
+    if isinstance(error, subprocess.CalledProcessError):
+        return f"{(error.stdout or b'').decode(errors='replace')}{(error.stderr or b'').decode(errors='replace')}"
+    return ""
+
+
