@@ -124,6 +124,13 @@ class PromptCache:
         self._bytes += entry.nbytes
         self._evict_to(self.max_bytes)
 
+    def keys(self) -> set[Key]:
+        return set(self._plain) | set(self._pinned)
+
+    def drop(self, key: Key) -> None:
+        """Forget one entry, if held (another rank decided to evict it)."""
+        self._drop(key)
+
     def statistics(self) -> PromptCacheStatistics:
         return PromptCacheStatistics(
             entries=len(self._plain) + len(self._pinned),
