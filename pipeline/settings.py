@@ -17,7 +17,7 @@ import attrs
 
 PREFIX = "MLX_RELAY_"
 # Variables of this prefix that other modules read, outside the settings.
-OTHER_VARIABLES = frozenset({"MLX_RELAY_DEMO_CACHE"})
+OTHER_VARIABLES = frozenset({"MLX_RELAY_DEMO_CACHE", "MLX_RELAY_SHARD_COORDINATOR"})
 T = TypeVar("T")
 
 
@@ -87,6 +87,11 @@ class Settings:
     max_body_bytes: int = attrs.field(default=8 * 2**20, validator=_positive)
     # Seconds a request body may take to arrive before a 408.
     body_timeout: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
+
+    # One model over the ranks `mlx.launch` started (stages/shard/): "tensor" or "pipeline"; unset: one process.
+    shard: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("tensor", "pipeline"))))
+    # Seconds a follower rank may be silent before the engine counts it lost (503, requests failed).
+    shard_timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
 
     # Seconds between keepalive frames of a stream that has nothing to send yet
     # (waiting in the queue, or in a long prefill).

@@ -40,6 +40,10 @@ from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_wei
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation, encode_bounded
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
+from stages.shard.cluster import Cluster, join
+from stages.shard.liveness import RankStatus
+from stages.shard.replicated import MirroredPromptCache
+from stages.shard.watch import ShardWatch
 from stages.sink import CompletionSink
 from stages.text import TextStage
 from stages.tokenize import BoundedEncoder
@@ -94,6 +98,9 @@ class Engine:
     _encoder: BoundedEncoder = attrs.field(init=False)
     family: Family = attrs.field(init=False)
     _preamble: Family | None = attrs.field(default=None, init=False)
+    # The ranks this model is sharded over (stages/shard/); None in one process.
+    _cluster: Cluster | None = attrs.field(default=None, init=False)
+    _lost: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         settings = self._settings
@@ -106,14 +113,22 @@ class Engine:
 
     @property
     def dead(self) -> bool:
-        return self._supervisor.dead
+        return self._supervisor.dead or self._lost
 
     @property
     def ready(self) -> bool:
-        return self._supervisor.running and not self._admission.statistics().draining
+        ranks_alive = all(rank.alive for rank in self.ranks() or ())
+        return self._supervisor.running and not self._admission.statistics().draining and ranks_alive and not self._lost
+
+    def ranks(self) -> list[RankStatus] | None:
+        """Every rank's liveness when sharded; None in one process."""
+        return self._cluster.ranks() if self._cluster is not None else None
 
     async def run(self, *, task_status: TaskStatus[Engine] = anyio.TASK_STATUS_IGNORED) -> None:
         settings = self._settings
+        if settings.shard:
+            # Blocks until every rank mlx.launch started has joined.
+            self._cluster = await anyio.to_thread.run_sync(partial(join, settings.shard, timeout=settings.shard_timeout))
         self.info = await anyio.to_thread.run_sync(
             partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
         )
@@ -205,7 +220,8 @@ class Engine:
 
     def _disk_tier(self) -> DiskTier | None:
         settings = self._settings
-        if not settings.cache_dir or not self.fit.memory.prompt_cache_bytes:
+        # Sharded, every rank's cache follows rank 0's calls; a disk tier's timing is its own (not yet per rank).
+        if not settings.cache_dir or not self.fit.memory.prompt_cache_bytes or self._cluster is not None:
             return None
         # One folder per model: a folder shared by several never mixes their KV.
         fingerprint = model_fingerprint(self.info.path)
@@ -225,8 +241,10 @@ class Engine:
         steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
         self._gateway = self._make_gateway(prepared.receive, control, steps.send, disk)
         self._sink = CompletionSink(inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer, family=self.family)
+        watch: list[Actor] = [ShardWatch(cluster=self._cluster, on_lost=self._on_lost)] if self._cluster else []
         # Started in this order: the model loads first, then downstream to upstream (S6).
         return [
+            *watch,
             self._gateway,
             self._sink,
             self._make_prepare(jobs.receive, prepared.send),
@@ -242,7 +260,7 @@ class Engine:
         out: MemoryObjectSendStream[StepOutputs],
         disk: DiskTier | None,
     ) -> GenerationGateway:
-        settings, memory = self._settings, self.fit.memory
+        settings, memory, cluster = self._settings, self.fit.memory, self._cluster
         spills: Channel[SpillJob] = open_channel(_SPILL_QUEUE, name="spills")
         cache_bytes = memory.prompt_cache_bytes
         return GenerationGateway(
@@ -252,16 +270,25 @@ class Engine:
             out=out,
             spills_out=spills.send,
             spills_in=spills.receive,
-            load=partial(load_weights, self.info),
+            load=partial(load_weights, self.info) if cluster is None else partial(cluster.load, self.info.path),
+            make_generator=None if cluster is None else cluster.make_generator,
             eos_ids=frozenset(self.tokenizer.eos_token_ids),
             think_ids=self._think_ids(),
             max_batch=settings.max_batch,
             prefill_step_size=settings.prefill_step_size,
             scheduler=KvScheduler(self.fit.model, memory.usable_bytes),
             prefill_rows=memory.prefill_rows,
-            cache=PromptCache(max_bytes=cache_bytes, sessions=settings.session_cache) if cache_bytes else None,
+            cache=self._prompt_cache(cache_bytes),
             disk=disk,
         )
+
+    def _prompt_cache(self, max_bytes: int) -> PromptCache | None:
+        sessions, cluster = self._settings.session_cache, self._cluster
+        if not max_bytes:
+            return None
+        if cluster is None:
+            return PromptCache(max_bytes=max_bytes, sessions=sessions)
+        return MirroredPromptCache(max_bytes=max_bytes, sessions=sessions, step_log=cluster.step_log)
 
     def _make_prepare(self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]) -> PrepareStage:
         settings, info = self._settings, self.info
@@ -299,6 +326,13 @@ class Engine:
     def _release(self, request_id: str) -> None:
         del self._open[request_id]
         self._admission.leave()
+
+    def _on_lost(self) -> None:
+        """A follower rank is gone: no step can finish, so nothing in flight will."""
+        self._lost = True
+        self._admission.start_draining()
+        for reply in list(self._open.values()):
+            reply.fail(engine_dead())
 
     def _on_stop(self) -> None:
         error = engine_dead() if self._supervisor.dead else shutting_down()

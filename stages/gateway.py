@@ -102,6 +102,8 @@ class GenerationGateway:
     _prefill_rows: int | None = attrs.field(default=None, alias="prefill_rows")
     # The think markers' token ids (start, end), where each is one token: thinking budgets need them.
     _think_ids: tuple[int, int] | None = attrs.field(default=None, alias="think_ids")
+    # Builds the batch generator: mlx-lm's `BatchGenerator`, or one every rank replays (stages/shard/).
+    _make_generator: Callable[..., Any] | None = attrs.field(default=None, alias="make_generator")
     # Touched only by the model thread.
     _rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)
@@ -169,7 +171,7 @@ class GenerationGateway:
 
         model = self._load()
         self._prepare_cache(model)
-        generator = BatchGenerator(
+        generator = (self._make_generator or BatchGenerator)(
             model,
             stop_tokens=[[token] for token in sorted(self._eos_ids)],
             completion_batch_size=self._max_batch,
