@@ -39,6 +39,8 @@ MLX_CORE_ALLOWED = {
     "stages/kv/machine.py",
     # The shape-true model builder, and the adapter that rebuilds cache layers for the model thread.
     "stages/models/shaped.py", "stages/models/mlx_internals.py",
+    # A sharded model: the group, each rank's slice, the step messages and their replay (the model threads of every rank).
+    "stages/shard/cluster.py", "stages/shard/transport.py", "stages/shard/replicated.py", "stages/shard/follower.py",
 }  # fmt: skip
 
 

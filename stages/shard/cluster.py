@@ -62,7 +62,7 @@ class Cluster:
                 raise ValueError(f"{path.name}: mlx-lm has no tensor-parallel sharding for this architecture")
             model.shard(self.group)
         else:
-            inner = getattr(model, "model", None)
+            inner: Any = getattr(model, "model", None)
             if not hasattr(inner, "pipeline"):
                 raise ValueError(f"{path.name}: mlx-lm has no pipeline sharding for this architecture")
             inner.pipeline(self.group)
@@ -109,7 +109,7 @@ def join(mode: str, *, timeout: float) -> Cluster:
         raise ValueError("sharding needs at least two ranks: start the server with mlx.launch")
     heartbeats = Heartbeats(size=size, timeout=timeout) if rank == 0 else None
     port = heartbeats.listen() if heartbeats is not None else 0
-    port = int(mx.distributed.all_sum(mx.array(port), group=group, stream=mx.cpu).item())
+    port = int(mx.distributed.all_sum(mx.array(port), group=group, stream=mx.cpu).tolist())  # type: ignore[arg-type]
     beating = None
     if rank != 0:
         beating = Beating(rank=rank)

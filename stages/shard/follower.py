@@ -87,9 +87,10 @@ class Follower:
     def _apply(self, generator: BatchGenerator, kind: str, op: dict[str, Any]) -> None:
         handles = self._handles
         if kind == "insert":
+            caches: list[Any] | None = [None if h is None else handles.get(h) for h in op["caches"]]
             uids = generator.insert(
                 op["prompts"], max_tokens=op["max_tokens"],
-                caches=None if all(h is None for h in op["caches"]) else [None if h is None else handles.get(h) for h in op["caches"]],
+                caches=None if caches is None or all(c is None for c in caches) else caches,
                 all_tokens=op["all_tokens"],
                 samplers=[greedy_sampler if local else FollowerSampler(self._group) for local in op["local"]],
                 logits_processors=[[] for _ in op["local"]],

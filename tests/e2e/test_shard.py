@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import Server, start_server
 from tests.e2e.shard_harness import Sharded, start_sharded
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
 PERSON = {
