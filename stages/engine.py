@@ -10,6 +10,7 @@ finish before the model thread stops.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from stages.families.preamble import template_ignores_tools
 from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
 from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.kv.plan import Fit, assess
+from stages.kv.shape import ModelShape
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
@@ -42,6 +44,7 @@ from stages.prepare import PrepareStage, Reservation, encode_bounded
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
 from stages.shard.cluster import Cluster, join
 from stages.shard.liveness import RankStatus
+from stages.shard.plan import per_rank
 from stages.shard.replicated import MirroredPromptCache
 from stages.shard.watch import ShardWatch
 from stages.sink import CompletionSink
@@ -139,7 +142,7 @@ class Engine:
             partial(
                 assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
                 prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
-                prefill_step=settings.prefill_step_size,
+                prefill_step=settings.prefill_step_size, share=self._rank_share(),
             )
         )  # fmt: skip
         disk = await anyio.to_thread.run_sync(self._disk_tier)
@@ -281,6 +284,12 @@ class Engine:
             cache=self._prompt_cache(cache_bytes),
             disk=disk,
         )
+
+    def _rank_share(self) -> Callable[[ModelShape], ModelShape] | None:
+        cluster = self._cluster
+        if cluster is None:
+            return None
+        return partial(per_rank, mode=cluster.mode, ranks=cluster.size, vocab_size=self.info.vocab_size)
 
     def _prompt_cache(self, max_bytes: int) -> PromptCache | None:
         sessions, cluster = self._settings.session_cache, self._cluster
