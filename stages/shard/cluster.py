@@ -78,7 +78,7 @@ class Cluster:
 
     def ranks(self) -> list[RankStatus]:
         assert self.heartbeats is not None
-        steps = self.generator.channel.calls if self.generator is not None else 0
+        steps = self.generator.steps if self.generator is not None else 0
         return self.heartbeats.ranks(steps)
 
     def collective_seconds(self) -> tuple[float, int]:

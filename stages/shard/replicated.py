@@ -116,6 +116,7 @@ class ReplicatedGenerator:
         self._group, self._log = group, log
         self.channel = Broadcast(group, self._generator.stream)
         self.channel.send({"config": config})
+        self.steps = 0
 
     def __getattr__(self, name: str) -> Any:
         # Reads (prompt_cache_nbytes, stream) are the local generator's: every rank holds its own slice.
@@ -151,6 +152,7 @@ class ReplicatedGenerator:
         self.channel.send({"ops": [*log.ops, {"op": "next"}], "check": log.check})
         log.ops.clear()
         log.handles.forget()
+        self.steps += 1
         prefilled, generated = self._generator.next()
         log.check = register_finished(log.handles, generated)
         return prefilled, generated

@@ -9,9 +9,12 @@ streamed and not, an aborted stream beside them, and a prompt-cache hit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import REPO, Server, _free_port, start_server
 from tests.e2e.shard_harness import Sharded, start_sharded
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -32,7 +35,7 @@ PERSON = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
-MAX = 24
+MAX = 16
 
 Ask = Callable[[Server], str]
 
@@ -105,13 +108,20 @@ def ask_all(server: Server) -> dict[str, str]:
         return {name: future.result() for name, future in futures.items()}
 
 
-@pytest.fixture(scope="module", params=["tiny", "shaped:qwen3-0.6b-2l"])
+@pytest.fixture(
+    scope="module",
+    # A plain KVCache model (the demo architecture), a 4-bit Qwen3-0.6B-shaped one, and a pipeline of
+    # Qwen3.5's recurrent and attention layers (its prompt cache keeps turn checkpoints).
+    params=[("tiny", "tensor"), ("shaped:qwen3-0.6b-2l", "tensor"), ("shaped:qwen3.5-0.8b-4l", "pipeline")],
+    ids=["tiny-tensor", "qwen3-tensor", "qwen3.5-pipeline"],
+)
 def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Sharded]]:
     """The same model served by one process and by two ranks."""
+    model, mode = request.param
     log_dir = tmp_path_factory.mktemp("shard")
-    single = start_server(log_dir, model=request.param)
+    single = start_server(log_dir, model=model)
     try:
-        sharded = start_sharded(log_dir, model=request.param)
+        sharded = start_sharded(log_dir, model=model, mode=mode)
     except Exception:
         single.kill()
         raise
@@ -196,3 +206,28 @@ def test_stopping_rank_zero_stops_every_rank(lone: Sharded) -> None:
     assert client.chat.completions.create(model="m", messages=USER, max_tokens=4).choices[0].message.content  # type: ignore[arg-type]
     assert lone.server.stop() == 0
     assert lone.followers[0].wait(timeout=30) == 0
+
+
+def test_mlx_launch_starts_a_sharded_server(tmp_path: Path) -> None:
+    """The documented way: `mlx.launch --backend ring -n 2 -- mlx-relay serve --shard tensor`."""
+    port = _free_port()
+    launcher = Path(sys.executable).parent / "mlx.launch"
+    command = [str(launcher), "--backend", "ring", "-n", "2", "--python", sys.executable, "--",
+               "-m", "edge.cli", "serve", "--model", "tiny", "--shard", "tensor", "--port", str(port)]  # fmt: skip
+    log_path = tmp_path / "launch.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.3)
+        health = httpx.get(f"{server.base_url}/health", timeout=5).json()
+        assert [rank["alive"] for rank in health["ranks"]] == [True, True], server.logs()
+        reply = server.client().chat.completions.create(model="m", messages=USER, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+        assert reply.choices[0].message.content
+    finally:
+        server.kill()
