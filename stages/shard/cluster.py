@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import stat
 from pathlib import Path
@@ -107,13 +108,16 @@ def join(mode: str, *, timeout: float) -> Cluster:
     rank, size = group.rank(), group.size()
     if size < 2:
         raise ValueError("sharding needs at least two ranks: start the server with mlx.launch")
-    heartbeats = Heartbeats(size=size, timeout=timeout) if rank == 0 else None
+    # Rank 0's heartbeat port and a token only the group knows, in the group's first collective.
+    token = secrets.randbits(31) if rank == 0 else 0
+    heartbeats = Heartbeats(size=size, timeout=timeout, token=str(token)) if rank == 0 else None
     port = heartbeats.listen() if heartbeats is not None else 0
-    port = int(mx.distributed.all_sum(mx.array(port), group=group, stream=mx.cpu).tolist())  # type: ignore[arg-type]
+    shared = mx.distributed.all_sum(mx.array([port, token], dtype=mx.int64), group=group, stream=mx.cpu).tolist()
+    port, token = int(shared[0]), int(shared[1])  # type: ignore[index, arg-type]
     beating = None
     if rank != 0:
         beating = Beating(rank=rank)
-        beating.start(coordinator(), port)
+        beating.start(coordinator(), port, str(token))
     log.info("shard.joined", rank=rank, size=size, mode=mode, heartbeat_port=port)
     return Cluster(group=group, mode=mode, heartbeats=heartbeats, beating=beating, backend_sockets=backend_sockets)
 

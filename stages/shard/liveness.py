@@ -6,7 +6,10 @@ the next collective. So each follower keeps a TCP connection to rank 0
 and writes a line (its rank and step count) every `INTERVAL` seconds from
 a thread of its own. Rank 0 counts a follower lost when its connection
 closes or its line is `timeout` seconds late; the engine then fails its
-requests and aborts the group (`cluster.abort`).
+requests and aborts the group (`cluster.abort`). The listener is on
+every interface, so a connection counts only once its first line is the
+token rank 0 handed the followers in the group's first collective: no
+one else can speak for a rank, or end one.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Heartbeats:
 
     size: int
     timeout: float
+    token: str
     _server: socket.socket = attrs.field(init=False)
     _seen: dict[int, _Seen] = attrs.field(factory=dict, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
@@ -80,6 +84,8 @@ class Heartbeats:
         rank = None
         with connection, connection.makefile("r") as lines:
             try:
+                if lines.readline().strip() != self.token:
+                    return
                 for line in lines:
                     rank_text, steps = line.split()
                     rank = int(rank_text)
@@ -100,9 +106,10 @@ class Beating:
     rank: int
     steps: int = 0
 
-    def start(self, host: str, port: int) -> None:
+    def start(self, host: str, port: int, token: str) -> None:
         connection = socket.create_connection((host, port), timeout=30)
         connection.settimeout(None)
+        connection.sendall(f"{token}\n".encode())
         threading.Thread(target=self._beat, args=(connection,), name="shard-heartbeat", daemon=True).start()
 
     def _beat(self, connection: socket.socket) -> None:
