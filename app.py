@@ -329,7 +329,11 @@ def _model_card(model_id: str) -> JsonObject:
 async def health() -> Response:
     current = engine()
     status = "ok" if current.ready else ("dead" if current.dead else "unavailable")
-    return json_response({"status": status}, status=200 if status == "ok" else 503)
+    body: JsonObject = {"status": status}
+    if (ranks := current.ranks()) is not None:
+        # Sharded over several processes: each rank's heartbeat (stages/shard/liveness.py).
+        body["ranks"] = [cast(JsonObject, attrs.asdict(rank)) for rank in ranks]
+    return json_response(body, status=200 if status == "ok" else 503)
 
 
 def _with_session(decode: Decoder, session: str) -> Decoder:

@@ -80,6 +80,10 @@ def _parser() -> argparse.ArgumentParser:
         "--reset-store", action="store_true",
         help="if the SQLite response store will not open, move it aside (<name>.corrupt-<time>) and start empty",
     )  # fmt: skip
+    serve.add_argument(
+        "--shard", choices=("tensor", "pipeline"),
+        help="shard the model over the ranks mlx.launch started (MLX_RELAY_SHARD): rank 0 serves HTTP, the others follow",
+    )  # fmt: skip
     serve.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds open streams get at shutdown (default 30)")
     return parser
 
@@ -87,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
 def serve(args: argparse.Namespace) -> int:
     _export(args)
     settings = Settings.from_env()
+    if settings.shard and _follower_rank():
+        return _follow(settings)
     # Keys and origins are read here too, so a bad one is one line, not a lifespan traceback.
     policy = EdgePolicy.from_settings(settings)
     if args.unix is None:
@@ -106,10 +112,27 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> None:
-    flags = {"model": args.model, "api_key": args.api_key, "reset_store": "1" if args.reset_store else None}
+    flags = {"model": args.model, "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard}
     for name, value in flags.items():
         if value is not None:
             os.environ[PREFIX + name.upper()] = value
+
+
+def _follower_rank() -> bool:
+    from stages.shard import launched_rank
+
+    return launched_rank() != 0
+
+
+def _follow(settings: Settings) -> int:
+    """A follower rank: no HTTP, no store; the model loop until rank 0 stops it."""
+    from stages.models.blas import preload_blas
+
+    # Before anything imports mlx, as app.py does.
+    preload_blas()
+    from stages.shard.rank import serve_follower
+
+    return serve_follower(settings)
 
 
 def _check_exposure(host: str, *, has_keys: bool, insecure: bool) -> None:

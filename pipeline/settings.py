@@ -17,7 +17,7 @@ import attrs
 
 PREFIX = "MLX_RELAY_"
 # Variables of this prefix that other modules read, outside the settings.
-OTHER_VARIABLES = frozenset({"MLX_RELAY_DEMO_CACHE"})
+OTHER_VARIABLES = frozenset({"MLX_RELAY_DEMO_CACHE", "MLX_RELAY_SHARD_COORDINATOR"})
 T = TypeVar("T")
 
 
@@ -101,6 +101,10 @@ class Settings:
     exclusive_share: float = attrs.field(default=0.15, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(10.0)))
     # Steps between two turns of that work while streams run: 1 lengthens every gap a little, 25 one gap in 25 more.
     exclusive_period: int = attrs.field(default=25, validator=_positive)
+    # One model over the ranks `mlx.launch` started (stages/shard/): "tensor" or "pipeline"; unset: one process.
+    shard: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("tensor", "pipeline"))))
+    # Seconds a follower rank may be silent before the engine counts it lost (503, requests failed).
+    shard_timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
 
     # Seconds between keepalive frames of a stream that has nothing to send yet
     # (waiting in the queue, or in a long prefill).

@@ -10,6 +10,7 @@ finish before the model thread stops.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from pipeline.requests import ChatRequest, GenerationRequest
 from pipeline.settings import Settings
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
-from stages.adapters import ServedModels, read_adapters
+from stages.adapters import AdapterError, ServedModels, read_adapters
 from stages.chat import ChatStage, render_edited
 from stages.constraints import ConstraintCompiler
 from stages.families import choose_family
@@ -37,6 +38,7 @@ from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
 from stages.exclusive import ExclusiveQueue, ExclusiveStatistics
 from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.kv.plan import Fit, assess
+from stages.kv.shape import ModelShape
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
@@ -44,6 +46,11 @@ from stages.model_work import ModelWork, hidden_size
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
+from stages.shard.cluster import Cluster, join
+from stages.shard.liveness import RankStatus
+from stages.shard.plan import per_rank
+from stages.shard.replicated import MirroredPromptCache
+from stages.shard.watch import ShardWatch
 from stages.sink import CompletionSink
 from stages.text import TextStage
 from stages.tokenize import BoundedEncoder
@@ -108,6 +115,9 @@ class Engine:
     # Work between decode steps (embeddings, scores), and the routes that queue it.
     _exclusive: ExclusiveQueue = attrs.field(init=False)
     work: ModelWork = attrs.field(init=False)
+    # The ranks this model is sharded over (stages/shard/); None in one process.
+    _cluster: Cluster | None = attrs.field(default=None, init=False)
+    _lost: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         settings = self._settings
@@ -125,20 +135,34 @@ class Engine:
 
     @property
     def dead(self) -> bool:
-        return self._supervisor.dead
+        return self._supervisor.dead or self._lost
 
     @property
     def ready(self) -> bool:
-        return self._supervisor.running and not self._admission.statistics().draining
+        ranks_alive = all(rank.alive for rank in self.ranks() or ())
+        return self._supervisor.running and not self._admission.statistics().draining and ranks_alive and not self._lost
+
+    def ranks(self) -> list[RankStatus] | None:
+        """Every rank's liveness when sharded; None in one process."""
+        return self._cluster.ranks() if self._cluster is not None else None
 
     async def run(self, *, task_status: TaskStatus[Engine] = anyio.TASK_STATUS_IGNORED) -> None:
         settings = self._settings
+        if settings.shard:
+            # Blocks until every rank mlx.launch started has joined.
+            self._cluster = await anyio.to_thread.run_sync(partial(join, settings.shard, timeout=settings.shard_timeout))
         self.info = await anyio.to_thread.run_sync(
             partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
         )
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
         self.served = ServedModels(base=self.info.name, adapters=adapters)
+        if self._cluster is not None:
+            # Followers replay the generator only: an adapter mount or a forward pass on rank 0 alone would wait for ever.
+            if adapters:
+                raise AdapterError("MLX_RELAY_ADAPTERS cannot be served with --shard (adapters are mounted on one process only)")
+            self._exclusive.refuse(invalid("Embeddings, rerank and score are not served while the model is sharded over several ranks",
+                                           param="model", code="model_not_supported"))  # fmt: skip
         self._encoder = await anyio.to_thread.run_sync(BoundedEncoder.of, self.tokenizer)
         self.family, self._preamble = await anyio.to_thread.run_sync(self._markup)
         self.work = ModelWork(
@@ -152,6 +176,7 @@ class Engine:
                 assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
                 prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
                 prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes,
+                share=self._rank_share(),
             )
         )  # fmt: skip
         disk = await anyio.to_thread.run_sync(self._disk_tier)
@@ -226,7 +251,8 @@ class Engine:
 
     def _disk_tier(self) -> DiskTier | None:
         settings = self._settings
-        if not settings.cache_dir or not self.fit.memory.prompt_cache_bytes:
+        # Sharded, every rank's cache follows rank 0's calls; a disk tier's timing is its own (not yet per rank).
+        if not settings.cache_dir or not self.fit.memory.prompt_cache_bytes or self._cluster is not None:
             return None
         # One folder per model: a folder shared by several never mixes their KV.
         fingerprint = model_fingerprint(self.info.path)
@@ -248,8 +274,10 @@ class Engine:
         self._sink = CompletionSink(
             inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer, family=self.family, observer=self._observer
         )
+        watch: list[Actor] = [ShardWatch(cluster=self._cluster, on_lost=self._on_lost)] if self._cluster else []
         # Started in this order: the model loads first, then downstream to upstream (S6).
         return [
+            *watch,
             self._gateway,
             self._sink,
             self._make_prepare(jobs.receive, prepared.send),
@@ -265,7 +293,7 @@ class Engine:
         out: MemoryObjectSendStream[StepOutputs],
         disk: DiskTier | None,
     ) -> GenerationGateway:
-        settings, memory = self._settings, self.fit.memory
+        settings, memory, cluster = self._settings, self.fit.memory, self._cluster
         spills: Channel[SpillJob] = open_channel(_SPILL_QUEUE, name="spills")
         cache_bytes = memory.prompt_cache_bytes
         return GenerationGateway(
@@ -275,18 +303,33 @@ class Engine:
             out=out,
             spills_out=spills.send,
             spills_in=spills.receive,
-            load=partial(load_weights, self.info),
+            load=partial(load_weights, self.info) if cluster is None else partial(cluster.load, self.info.path),
+            make_generator=None if cluster is None else cluster.make_generator,
             eos_ids=frozenset(self.tokenizer.eos_token_ids),
             think_ids=self._think_ids(),
             max_batch=settings.max_batch,
             prefill_step_size=settings.prefill_step_size,
             scheduler=KvScheduler(self.fit.model, memory.usable_bytes),
             prefill_rows=memory.prefill_rows,
-            cache=PromptCache(max_bytes=cache_bytes, sessions=settings.session_cache) if cache_bytes else None,
+            cache=self._prompt_cache(cache_bytes),
             disk=disk,
             adapters=self.served.adapters,
-            exclusive=self._exclusive,
+            exclusive=None if self._cluster is not None else self._exclusive,
         )
+
+    def _rank_share(self) -> Callable[[ModelShape], ModelShape] | None:
+        cluster = self._cluster
+        if cluster is None:
+            return None
+        return partial(per_rank, mode=cluster.mode, ranks=cluster.size, vocab_size=self.info.vocab_size)
+
+    def _prompt_cache(self, max_bytes: int) -> PromptCache | None:
+        sessions, cluster = self._settings.session_cache, self._cluster
+        if not max_bytes:
+            return None
+        if cluster is None:
+            return PromptCache(max_bytes=max_bytes, sessions=sessions)
+        return MirroredPromptCache(max_bytes=max_bytes, sessions=sessions, step_log=cluster.step_log)
 
     def _make_prepare(self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]) -> PrepareStage:
         settings, info = self._settings, self.info
@@ -325,6 +368,13 @@ class Engine:
     def _release(self, request_id: str) -> None:
         del self._open[request_id]
         self._admission.leave()
+
+    def _on_lost(self) -> None:
+        """A follower rank is gone: no step can finish, so nothing in flight will."""
+        self._lost = True
+        self._admission.start_draining()
+        for reply in list(self._open.values()):
+            reply.fail(engine_dead())
 
     def _on_stop(self) -> None:
         error = engine_dead() if self._supervisor.dead else shutting_down()

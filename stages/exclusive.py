@@ -154,6 +154,10 @@ class ExclusiveQueue:
         """Call `wake` (on the loop) whenever a job is queued: an idle model thread then runs it."""
         self._wake = wake
 
+    def refuse(self, error: RequestError) -> None:
+        """Answer every job with `error`: a sharded model runs no work outside the replicated generator."""
+        self._stopped = error
+
     def start_draining(self) -> None:
         self._admission.start_draining()
 

@@ -116,6 +116,8 @@ class GenerationGateway:
     # Steps the model thread may run ahead of the sink before it waits.
     _steps_ahead: int = attrs.field(default=4, alias="steps_ahead")
     _handoff: Handoff = attrs.field(init=False)
+    # Builds the batch generator: mlx-lm's `BatchGenerator`, or one every rank replays (stages/shard/).
+    _make_generator: Callable[..., Any] | None = attrs.field(default=None, alias="make_generator")
     # Touched only by the model thread.
     _rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)
@@ -194,7 +196,7 @@ class GenerationGateway:
         model = self._load()
         self._prepare_cache(model)
         generator = make_generator(model, self._adapters, partial(
-            BatchGenerator,
+            self._make_generator or BatchGenerator,
             model,
             stop_tokens=[[token] for token in sorted(self._eos_ids)],
             completion_batch_size=self._max_batch,

@@ -132,6 +132,14 @@ class PromptCache:
         self._bytes += entry.nbytes
         self._evict_to(self.max_bytes)
 
+    def keys(self) -> set[Key]:
+        """The base model's entries (what a sharded server mirrors; it serves no adapters)."""
+        return {tokens for space, tokens in (*self._plain, *self._pinned) if space == _MODEL}
+
+    def drop(self, key: Key) -> None:
+        """Forget one of the base model's entries, if held (another rank decided to evict it)."""
+        self._drop((_MODEL, key))
+
     def statistics(self) -> PromptCacheStatistics:
         return PromptCacheStatistics(
             entries=len(self._plain) + len(self._pinned),

@@ -196,17 +196,22 @@ class Fit:
 
 
 def assess(
-    path: Path, *, context_window: int, budget: int, prompt_cache: int, max_batch: int, prefill_step: int, adapter_bytes: int = 0
+    path: Path, *, context_window: int, budget: int, prompt_cache: int, max_batch: int, prefill_step: int, adapter_bytes: int = 0,
+    share: Callable[[ModelShape], ModelShape] | None = None,
 ) -> Fit:
     """Read the machine and the model and plan the budget; blocking (run it off the event loop).
 
     `adapter_bytes` (LoRA adapters held beside the weights) counts as weights.
+    `share` gives this process's part of the model when it is sharded over
+    several (stages/shard/plan.py): the plan is per rank.
 
     Raises:
         BudgetError: the budget cannot hold the model.
     """
     machine, shape = read_machine(), read_model_shape(path, context_window)
     shape = attrs.evolve(shape, weights_bytes=shape.weights_bytes + adapter_bytes)
+    if share is not None:
+        shape = share(shape)
     memory = plan(shape, machine, budget=budget, prompt_cache=prompt_cache, max_batch=max_batch, prefill_step=prefill_step)
     rate = DecodeRate(
         empty_context=predicted_decode_rate(shape, machine, 0),

@@ -1,0 +1,123 @@
+"""Heartbeats from every follower to rank 0, beside the collectives.
+
+A collective waits for every rank, for ever: a follower that hangs would
+hang rank 0's model thread with it, and one that dies is noticed only at
+the next collective. So each follower keeps a TCP connection to rank 0
+and writes a line (its rank and step count) every `INTERVAL` seconds from
+a thread of its own. Rank 0 counts a follower lost when its connection
+closes or its line is `timeout` seconds late; the engine then fails its
+requests and aborts the group (`cluster.abort`). The listener is on
+every interface, so a connection counts only once its first line is the
+token rank 0 handed the followers in the group's first collective: no
+one else can speak for a rank, or end one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import attrs
+import structlog
+
+log = structlog.get_logger(stage="shard")
+
+INTERVAL = 0.5
+
+
+@attrs.frozen(kw_only=True)
+class RankStatus:
+    rank: int
+    alive: bool
+    # Seconds since its last heartbeat (0 for rank 0, which is this process).
+    silent_s: float
+    steps: int
+
+
+@attrs.define
+class _Seen:
+    at: float
+    steps: int = 0
+    closed: bool = False
+
+
+@attrs.define
+class Heartbeats:
+    """Rank 0's listener: one thread accepting, one reading each follower."""
+
+    size: int
+    timeout: float
+    token: str
+    _server: socket.socket = attrs.field(init=False)
+    _seen: dict[int, _Seen] = attrs.field(factory=dict, init=False)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _started: float = attrs.field(factory=time.monotonic, init=False)
+
+    def listen(self, host: str = "0.0.0.0") -> int:
+        self._server = socket.create_server((host, 0))
+        threading.Thread(target=self._accept, name="shard-heartbeats", daemon=True).start()
+        port: int = self._server.getsockname()[1]
+        return port
+
+    def ranks(self, steps: int = 0) -> list[RankStatus]:
+        now = time.monotonic()
+        statuses = [RankStatus(rank=0, alive=True, silent_s=0.0, steps=steps)]
+        with self._lock:
+            for rank in range(1, self.size):
+                seen = self._seen.get(rank, _Seen(at=self._started))
+                silent = now - seen.at
+                alive = not seen.closed and silent < self.timeout
+                statuses.append(RankStatus(rank=rank, alive=alive, silent_s=round(silent, 3), steps=seen.steps))
+        return statuses
+
+    def lost(self) -> list[int]:
+        return [status.rank for status in self.ranks() if not status.alive]
+
+    def _accept(self) -> None:
+        while True:
+            connection, _ = self._server.accept()
+            threading.Thread(target=self._read, args=(connection,), name="shard-heartbeat", daemon=True).start()
+
+    def _read(self, connection: socket.socket) -> None:
+        rank = None
+        with connection, connection.makefile("r") as lines:
+            try:
+                if lines.readline().strip() != self.token:
+                    return
+                for line in lines:
+                    rank_text, steps = line.split()
+                    rank = int(rank_text)
+                    with self._lock:
+                        self._seen[rank] = _Seen(at=time.monotonic(), steps=int(steps))
+            except (OSError, ValueError):
+                pass
+        if rank is not None:
+            with self._lock:
+                self._seen[rank].closed = True
+            log.warning("shard.follower_disconnected", rank=rank)
+
+
+@attrs.define
+class Beating:
+    """A follower's heartbeat thread; the process ends if rank 0 goes away."""
+
+    rank: int
+    steps: int = 0
+
+    def start(self, host: str, port: int, token: str) -> None:
+        connection = socket.create_connection((host, port), timeout=30)
+        connection.settimeout(None)
+        connection.sendall(f"{token}\n".encode())
+        threading.Thread(target=self._beat, args=(connection,), name="shard-heartbeat", daemon=True).start()
+
+    def _beat(self, connection: socket.socket) -> None:
+        try:
+            while True:
+                connection.sendall(f"{self.rank} {self.steps}\n".encode())
+                time.sleep(INTERVAL)
+        except OSError:
+            # Rank 0 is gone: nothing will send this rank another step.
+            log.error("shard.rank0_lost", rank=self.rank)
+            os._exit(1)

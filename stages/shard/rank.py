@@ -1,0 +1,36 @@
+"""A follower rank's whole life: join, load this rank's slice, replay rank 0's steps, stop when it says so.
+
+`mlx-relay serve --shard …` runs this instead of the HTTP server on every
+rank but 0 (edge/cli.py). It reads the same settings (the model, the
+shard mode); everything that shapes the batch comes from rank 0.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from pipeline.settings import Settings
+from pipeline.tracing import configure_logging
+from stages.models.loading import resolve_model
+
+log = structlog.get_logger(stage="follower")
+
+
+def serve_follower(settings: Settings) -> int:
+    from stages.shard.cluster import join
+    from stages.shard.follower import Follower
+
+    assert settings.shard is not None
+    configure_logging(settings.log_level)
+    cluster = join(settings.shard, timeout=settings.shard_timeout)
+    info = resolve_model(settings.model, demo=settings.demo_model, name=settings.model_name)
+    model = cluster.load(info.path)
+    beating = cluster.beating
+
+    def on_step(steps: int) -> None:
+        if beating is not None:
+            beating.steps = steps
+
+    Follower(model, cluster.group, on_step=on_step).run()
+    log.info("follower.exit", rank=cluster.rank)
+    return 0

@@ -1,0 +1,64 @@
+"""Rank 0's step message to every other rank, over the group's own collectives.
+
+A message is JSON bytes, broadcast as an `all_sum` of a byte buffer that
+only rank 0 fills (the others add zeros). The first buffer is a fixed
+frame holding the length and the message's start, so a step that only
+says "next" costs one collective; a longer one (a new row's prompt) costs
+a second, sized from the header. The collectives run on the generator's
+stream, after the work already queued there (the last step's forward
+pass and its own collectives), so every rank issues its collectives in
+the same order.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+FRAME = 4096
+_HEADER = 8
+
+
+class Broadcast:
+    """One message per call: rank 0 sends, every other rank receives the same bytes."""
+
+    def __init__(self, group: mx.distributed.Group, stream: Any) -> None:
+        self._group, self._stream = group, stream
+        self.rank = group.rank()
+        # Seconds spent in the collectives, and how many: bench/ reads them.
+        self.seconds = 0.0
+        self.calls = 0
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self.rank != 0:
+            raise RuntimeError("only rank 0 sends")
+        payload = json.dumps(message, separators=(",", ":")).encode()
+        head = np.zeros(FRAME, dtype=np.uint8)
+        head[:_HEADER] = np.frombuffer(len(payload).to_bytes(_HEADER, "little"), dtype=np.uint8)
+        first = payload[: FRAME - _HEADER]
+        head[_HEADER : _HEADER + len(first)] = np.frombuffer(first, dtype=np.uint8)
+        self._sum(head)
+        rest = payload[len(first) :]
+        if rest:
+            self._sum(np.frombuffer(rest, dtype=np.uint8).copy())
+
+    def receive(self) -> dict[str, Any]:
+        head = self._sum(np.zeros(FRAME, dtype=np.uint8))
+        length = int.from_bytes(head[:_HEADER].tobytes(), "little")
+        payload = head[_HEADER : _HEADER + min(length, FRAME - _HEADER)].tobytes()
+        if length > FRAME - _HEADER:
+            payload += self._sum(np.zeros(length - (FRAME - _HEADER), dtype=np.uint8)).tobytes()
+        message: dict[str, Any] = json.loads(payload)
+        return message
+
+    def _sum(self, buffer: np.ndarray) -> np.ndarray:
+        started = time.perf_counter()
+        total = mx.distributed.all_sum(mx.array(buffer), group=self._group, stream=self._stream)
+        mx.eval(total)
+        self.seconds += time.perf_counter() - started
+        self.calls += 1
+        return np.array(total, copy=False)

@@ -1,0 +1,233 @@
+"""One model over two ranks (ring backend on loopback): the same output as one process, and a lost rank is noticed.
+
+Each model is served twice, by one process (`hypercorn app:app`) and by
+two ranks with `--shard tensor`; every request goes to both, all of them
+at once so that rows share the batch, and the texts must be equal:
+greedy and seeded sampling, grammars, penalties, the three APIs,
+streamed and not, an aborted stream beside them, and a prompt-cache hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, Server, _free_port, start_server
+from tests.e2e.shard_harness import Sharded, start_sharded
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+USER = [{"role": "user", "content": "Tell me about the sea."}]
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+MAX = 16
+
+Ask = Callable[[Server], str]
+
+
+def chat(stream: bool, **extra: object) -> Ask:
+    def ask(server: Server) -> str:
+        client = server.client()
+        body = {"model": "m", "messages": USER, "max_tokens": MAX, **extra}
+        if not stream:
+            return client.chat.completions.create(**body).choices[0].message.content or ""  # type: ignore[call-overload, no-any-return]
+        chunks = client.chat.completions.create(stream=True, **body)  # type: ignore[call-overload]
+        return "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+
+    return ask
+
+
+def messages(stream: bool) -> Ask:
+    def ask(server: Server) -> str:
+        client = server.anthropic_client()
+        if not stream:
+            reply = client.messages.create(model="m", max_tokens=MAX, messages=USER, extra_body={"temperature": 0})  # type: ignore[arg-type]
+            return "".join(block.text for block in reply.content if block.type == "text")
+        with client.messages.stream(model="m", max_tokens=MAX, messages=USER, extra_body={"temperature": 0}) as events:  # type: ignore[arg-type]
+            return "".join(events.text_stream)
+
+    return ask
+
+
+def responses(stream: bool) -> Ask:
+    def ask(server: Server) -> str:
+        client = server.client()
+        if not stream:
+            return client.responses.create(model="m", input="Tell me about the sea.", max_output_tokens=MAX, temperature=0).output_text
+        events = client.responses.create(model="m", input="Tell me about the sea.", max_output_tokens=MAX, temperature=0, stream=True)
+        return "".join(event.delta for event in events if event.type == "response.output_text.delta")
+
+    return ask
+
+
+CASES: dict[str, Ask] = {
+    "chat-greedy": chat(False, temperature=0),
+    "chat-greedy-stream": chat(True, temperature=0),
+    "chat-seeded": chat(False, temperature=1.0, seed=11),
+    "chat-seeded-stream": chat(True, temperature=0.8, top_p=0.9, seed=12),
+    "chat-penalties": chat(False, temperature=0, presence_penalty=1.5, frequency_penalty=0.5),
+    "chat-json-schema": chat(False, temperature=1.0, seed=3, max_tokens=80,
+                             response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}),
+    "messages": messages(False),
+    "messages-stream": messages(True),
+    "responses": responses(False),
+    "responses-stream": responses(True),
+}  # fmt: skip
+
+
+def abort_one(server: Server) -> None:
+    """A stream the client leaves after a few tokens, while the other rows run."""
+    body = {"model": "m", "messages": USER, "max_tokens": 2000, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for count, _ in enumerate(response.iter_lines()):
+            if count > 6:
+                break
+
+
+def ask_all(server: Server) -> dict[str, str]:
+    with ThreadPoolExecutor(len(CASES) + 1) as pool:
+        aborted = pool.submit(abort_one, server)
+        futures = {name: pool.submit(ask, server) for name, ask in CASES.items()}
+        aborted.result()
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.fixture(
+    scope="module",
+    # A plain KVCache model (the demo architecture), a 4-bit Qwen3-0.6B-shaped one, and a pipeline of
+    # Qwen3.5's recurrent and attention layers (its prompt cache keeps turn checkpoints).
+    params=[("tiny", "tensor"), ("shaped:qwen3-0.6b-2l", "tensor"), ("shaped:qwen3.5-0.8b-4l", "pipeline")],
+    ids=["tiny-tensor", "qwen3-tensor", "qwen3.5-pipeline"],
+)
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Sharded]]:
+    """The same model served by one process and by two ranks."""
+    model, mode = request.param
+    log_dir = tmp_path_factory.mktemp("shard")
+    single = start_server(log_dir, model=model)
+    try:
+        sharded = start_sharded(log_dir, model=model, mode=mode)
+    except Exception:
+        single.kill()
+        raise
+    yield single, sharded
+    single.kill()
+    sharded.kill()
+
+
+def test_every_api_gives_one_process_output_with_rows_sharing_the_batch(pair: tuple[Server, Sharded]) -> None:
+    single, sharded = pair
+    expected, got = ask_all(single), ask_all(sharded.server)
+    assert got == expected
+    assert all(expected.values()), expected
+    json.loads(got["chat-json-schema"])
+    stats = httpx.get(f"{sharded.server.base_url}/stats", timeout=10).json()
+    assert stats["gateway"]["active"] == 0 and stats["sink_rows"] == 0
+
+
+def test_a_prompt_cache_hit_gives_the_same_output(pair: tuple[Server, Sharded]) -> None:
+    single, sharded = pair
+    turn = [{"role": "user", "content": "A long first question about whales, dolphins and the deep sea, asked once."}]
+    outputs = []
+    for server in (single, sharded.server):
+        client = server.client()
+        replies = [client.chat.completions.create(model="m", messages=turn, max_tokens=MAX, temperature=0) for _ in range(2)]  # type: ignore[arg-type]
+        cached = replies[1].usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
+        assert cached and cached > 10
+        outputs.append([reply.choices[0].message.content for reply in replies])
+    assert outputs[0] == outputs[1]
+    assert outputs[1][0] == outputs[1][1]
+
+
+def test_every_rank_reports_on_health(pair: tuple[Server, Sharded]) -> None:
+    _, sharded = pair
+    body = sharded.health().json()
+    assert body["status"] == "ok"
+    assert [rank["rank"] for rank in body["ranks"]] == [0, 1]
+    assert all(rank["alive"] for rank in body["ranks"])
+
+
+@pytest.fixture
+def lone(tmp_path: Path) -> Iterator[Sharded]:
+    sharded = start_sharded(tmp_path, model="tiny", shard_timeout="3")
+    yield sharded
+    sharded.kill()
+
+
+def _stream_until_failed(server: Server, after: Callable[[], None], no_eos: dict[str, int]) -> tuple[list[str], float]:
+    """Start a long stream, call `after` once tokens flow; the stream's lines and the seconds it took to end."""
+    body = {"model": "m", "messages": USER, "max_tokens": 1800, "temperature": 0, "stream": True, "logit_bias": no_eos}
+    lines: list[str] = []
+    with httpx.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            lines.append(line)
+            if len(lines) == 6:
+                after()
+                started = time.monotonic()
+    return lines, time.monotonic() - started
+
+
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_a_lost_follower_fails_requests_and_turns_health_503(lone: Sharded, how: str, no_eos: dict[str, int]) -> None:
+    follower = lone.followers[0]
+    sent = signal.SIGKILL if how == "killed" else signal.SIGSTOP
+    lines, took = _stream_until_failed(lone.server, lambda: os.kill(follower.pid, sent), no_eos)
+    errors = [json.loads(line[6:]) for line in lines if line.startswith("data: {\"error\"")]
+    assert errors and errors[0]["error"]["code"] == "engine_dead", lines[-3:]
+    assert [line for line in lines if line][-1] == "data: [DONE]"
+    assert took < 30
+    health = lone.health()
+    assert health.status_code == 503
+    assert [rank["alive"] for rank in health.json()["ranks"]] == [True, False]
+    refused = httpx.post(f"{lone.server.v1}/chat/completions", json={"model": "m", "messages": USER, "max_tokens": 4}, timeout=10)
+    assert refused.status_code == 503
+    if how == "hung":
+        os.kill(follower.pid, signal.SIGCONT)
+
+
+def test_stopping_rank_zero_stops_every_rank(lone: Sharded) -> None:
+    client = lone.server.client()
+    assert client.chat.completions.create(model="m", messages=USER, max_tokens=4).choices[0].message.content  # type: ignore[arg-type]
+    assert lone.server.stop() == 0
+    assert lone.followers[0].wait(timeout=30) == 0
+
+
+def test_mlx_launch_starts_a_sharded_server(tmp_path: Path) -> None:
+    """The documented way: `mlx.launch --backend ring -n 2 -- mlx-relay serve --shard tensor`."""
+    port = _free_port()
+    launcher = Path(sys.executable).parent / "mlx.launch"
+    command = [str(launcher), "--backend", "ring", "-n", "2", "--python", sys.executable, "--",
+               "-m", "edge.cli", "serve", "--model", "tiny", "--shard", "tensor", "--port", str(port)]  # fmt: skip
+    log_path = tmp_path / "launch.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.3)
+        health = httpx.get(f"{server.base_url}/health", timeout=5).json()
+        assert [rank["alive"] for rank in health["ranks"]] == [True, True], server.logs()
+        reply = server.client().chat.completions.create(model="m", messages=USER, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+        assert reply.choices[0].message.content
+    finally:
+        server.kill()
