@@ -162,6 +162,14 @@ def test_every_rank_reports_on_health(pair: tuple[Server, Sharded]) -> None:
     assert all(rank["alive"] for rank in body["ranks"])
 
 
+def test_work_outside_the_generator_is_refused_and_generation_goes_on(pair: tuple[Server, Sharded]) -> None:
+    _, sharded = pair
+    refused = httpx.post(f"{sharded.server.v1}/embeddings", json={"model": "m", "input": "hello"}, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "model_not_supported", refused.text
+    reply = sharded.server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert reply.choices[0].finish_reason in ("length", "stop")
+
+
 @pytest.fixture
 def lone(tmp_path: Path) -> Iterator[Sharded]:
     sharded = start_sharded(tmp_path, model="tiny", shard_timeout="3")
