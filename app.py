@@ -19,18 +19,17 @@ from collections.abc import AsyncGenerator, Callable  # noqa: E402
 from typing import TypeVar, cast  # noqa: E402
 
 import anyio  # noqa: E402
-import attrs  # noqa: E402
 import structlog  # noqa: E402
 from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
-from edge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
-from edge.redact import without_paths  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
+from edge.status_routes import routes as status_routes  # noqa: E402
+from edge.store import store_call  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
@@ -41,7 +40,7 @@ from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
 from stages.adapters import not_found  # noqa: E402
 from stages.engine import Engine  # noqa: E402
-from stages.messages import Decoder, Reply  # noqa: E402
+from stages.messages import Decoder  # noqa: E402
 from stages.parse import load_json  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
 from wire import responses as responses_wire  # noqa: E402
@@ -49,7 +48,7 @@ from wire.anthropic_context import applied_edits_body  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.openapi import document as openapi_document  # noqa: E402
-from wire.response_store import ResponseStore, StoredResponse, StoreError  # noqa: E402
+from wire.response_store import StoredResponse  # noqa: E402
 from wire.responses_requests import continued_input, decode_responses, to_chat  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
@@ -63,6 +62,7 @@ app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
 # Embeddings, rerank and score, tokenize and detokenize.
 app.register_blueprint(model_work_routes)
+app.register_blueprint(status_routes)
 
 ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
 
@@ -86,6 +86,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
     app.extensions["response_store"] = store
     app.extensions["keepalive_interval"] = settings.keepalive_interval
     app.extensions["max_batch"] = settings.max_batch
+    app.extensions["blas"] = BLAS
     metrics = app.extensions["metrics"] = Metrics()
     tracing = app.extensions["tracing"] = configure_tracing()
     observer = Observers((metrics, tracing)) if tracing is not None else metrics
@@ -240,7 +241,7 @@ async def responses() -> Response:
         record = StoredResponse(
             id=request_id, created_at=time.time(), body=protocol.final, input_items=replay, instructions=instructions
         )
-        await _store_call(lambda store: store.put(record))
+        await store_call(lambda store: store.put(record))
 
     return await generate(request_id, decode, make_protocol, persist=persist if decoded.store else None)
 
@@ -260,26 +261,16 @@ async def get_input_items(response_id: str) -> Response:
 
 @app.delete("/v1/responses/<response_id>")
 async def delete_response(response_id: str) -> Response:
-    if not await _store_call(lambda store: store.delete(response_id)):
+    if not await store_call(lambda store: store.delete(response_id)):
         raise _response_not_found(response_id, param=None)
     return json_response({"id": response_id, "object": "response", "deleted": True})
 
 
 async def _stored(response_id: str, *, param: str | None = None) -> StoredResponse:
-    stored = await _store_call(lambda store: store.get(response_id))
+    stored = await store_call(lambda store: store.get(response_id))
     if stored is None:
         raise _response_not_found(response_id, param=param)
     return stored
-
-
-async def _store_call(call: Callable[[ResponseStore], T]) -> T:
-    """Run one store operation off the event loop; a store failure fails only this request."""
-    store = cast(ResponseStore, app.extensions["response_store"])
-    try:
-        return await anyio.to_thread.run_sync(call, store)
-    except StoreError as error:
-        log.error("response_store.failed", error=str(error))
-        raise RequestError(kind=ErrorKind.INTERNAL, message="The response store failed; nothing was saved") from None
 
 
 def _response_not_found(response_id: str, *, param: str | None) -> RequestError:
@@ -325,57 +316,12 @@ def _model_card(model_id: str) -> JsonObject:
     return card if model_id == info.name else {**card, "root": model_id, "parent": info.name}
 
 
-@app.get("/health")
-async def health() -> Response:
-    current = engine()
-    status = "ok" if current.ready else ("dead" if current.dead else "unavailable")
-    body: JsonObject = {"status": status}
-    if (ranks := current.ranks()) is not None:
-        # Sharded over several processes: each rank's heartbeat (stages/shard/liveness.py).
-        body["ranks"] = [cast(JsonObject, attrs.asdict(rank)) for rank in ranks]
-    return json_response(body, status=200 if status == "ok" else 503)
-
-
 def _with_session(decode: Decoder, session: str) -> Decoder:
     # A session header names the conversation when the body does not.
     def decode_in_session(value: JsonValue) -> GenerationRequest:
         return with_cache_key(decode(value), session)
 
     return decode_in_session
-
-
-@app.get("/fit")
-async def fit() -> Response:
-    """What this machine can serve of this model: memory split, largest safe context, decode bound."""
-    return json_response(without_paths(attrs.asdict(engine().fit)))
-
-
-@app.get("/stats")
-async def stats() -> Response:
-    return json_response(await _snapshot())
-
-
-@app.get("/metrics")
-async def metrics() -> Response:
-    return Response(_metrics().render(await _snapshot()), content_type=METRICS_CONTENT_TYPE)
-
-
-@app.get("/v1/loads")
-async def loads() -> Response:
-    per_token, max_batch = engine().fit.memory.kv_bytes_per_token, cast(int, app.extensions["max_batch"])
-    return json_response(_metrics().loads(await _snapshot(), kv_bytes_per_token=per_token, max_batch=max_batch, now=time.time()))
-
-
-def _metrics() -> Metrics:
-    return cast(Metrics, app.extensions["metrics"])
-
-
-async def _snapshot() -> JsonObject:
-    current = engine()
-    snapshot = attrs.asdict(current.statistics())
-    store = await _store_call(lambda store: store.statistics())
-    report: JsonObject = {"model": current.info.name, "blas": BLAS, **snapshot, "response_store": attrs.asdict(store)}
-    return cast(JsonObject, without_paths(report))
 
 
 @app.get("/openapi.json")

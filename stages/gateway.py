@@ -2,7 +2,8 @@
 
 Inbox: `Prepared` requests (the pending queue), and `Abort`s on the control
 channel. Outbox: one `StepOutputs` per decode step, for all rows, to the
-sink; evicted prompt-cache entries to the spill worker.
+sink; evicted prompt-cache entries to the disk tier's writer
+(`stages/cache/spiller.py`).
 Owns: the model, mlx-lm's `BatchGenerator`, the row table, the prompt cache
 (`stages/cache/prompt.py`) and the batch's KV account (`stages/kv/scheduler.py`),
 all on one long-lived model thread (S12). The thread never waits for the
@@ -11,21 +12,17 @@ each step and hands the step's outputs, spills and failed rows over after
 it; it blocks only while it holds no row, or while `steps_ahead` steps are
 still undelivered (back-pressure from a slow sink). A row is admitted
 into the batch only when the KV the batch holds, with it, fits the
-budget; until then it waits here,
-and upstream backs up into admission (429). Rows the scheduler preempts
-(their next step would outgrow the budget) leave their KV to the prompt
-cache and resume from the head of the queue with their sampler and
-processors rewound, so their output is unchanged. The spill worker, a task
-of the gateway, writes evicted entries to the disk tier on its own thread.
+budget; until then it waits here, and upstream backs up into admission
+(429). Rows the scheduler preempts leave their KV to the prompt cache and
+resume from the head of the queue with their sampler and processors
+rewound, so their output is unchanged.
 On cancel: a host cancel ends the thread's waits or is noticed at the next
 step; the thread then frees the generator and the model.
 On error: a failure while admitting one row (its cache lookup, sampler,
 grammar matcher) fails that row alone (`pipeline/actor.py`), handed to its
 reply with that step's parcel. A failure of the step itself (MLX) is an
-engine failure and propagates (S20): the only one that marks the engine
-dead. A disk-tier write that fails, for any reason, is counted and dropped.
+engine failure and propagates (S20): the only one that marks the engine dead.
 """
-
 from __future__ import annotations
 
 import time
@@ -41,13 +38,13 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.actor import isolated, isolated_task
-from pipeline.errors import RequestError
+from pipeline.actor import isolated
 from pipeline.events import FinishReason
 from stages.adapter_batches import adapter_kwargs, make_generator
 from stages.adapters import Adapter
 from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
+from stages.cache.spiller import Spiller
 from stages.handoff import Handoff, HandoffStatistics, Parcel
 from stages.heap import HeapTrimmer
 from stages.exclusive import ExclusiveQueue, Job
@@ -56,7 +53,7 @@ from stages.kv.scheduler import KvScheduler
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, send_abort
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
-from stages.cache.tier import Entry, Key
+from stages.cache.tier import Entry
 
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
@@ -72,8 +69,7 @@ class GatewayStatistics:
     pending: int
     steps: int
     generated_tokens: int
-    # Rows taken from the queue whose KV does not fit beside the running ones yet
-    # (preempted rows among them).
+    # Rows taken from the queue whose KV does not fit beside the running ones yet (preempted ones among them).
     waiting_for_memory: int
     # The KV the running rows hold, as the batch pads them, in whole cache blocks.
     kv_held_bytes: int
@@ -115,7 +111,8 @@ class GenerationGateway:
     _exclusive: ExclusiveQueue | None = attrs.field(default=None, alias="exclusive")
     # Steps the model thread may run ahead of the sink before it waits.
     _steps_ahead: int = attrs.field(default=4, alias="steps_ahead")
-    _handoff: Handoff = attrs.field(init=False)
+    _handoff: Handoff = attrs.field(init=False, default=attrs.Factory(lambda g: Handoff(depth=g._steps_ahead, max_rows=g._max_batch), takes_self=True))
+    _spiller: Spiller = attrs.field(init=False, default=attrs.Factory(lambda g: Spiller(disk=g._disk, send=g._spills_out, receive=g._spills_in), takes_self=True))
     # Builds the batch generator: mlx-lm's `BatchGenerator`, or one every rank replays (stages/shard/).
     _make_generator: Callable[..., Any] | None = attrs.field(default=None, alias="make_generator")
     # Touched only by the model thread.
@@ -136,17 +133,13 @@ class GenerationGateway:
     # What the model's cache layers are (mlx_internals.cache_kind), known once it is loaded.
     _cache_kind: str = attrs.field(default=PLAIN, init=False)
 
-    @_handoff.default
-    def _crossing(self) -> Handoff:
-        return Handoff(depth=self._steps_ahead, max_rows=self._max_batch)
-
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # `task_status.started` must be called from this task, not the thread.
         loaded = anyio.Event()
         if self._exclusive is not None:
             self._exclusive.wake_with(self._handoff.nudge)
         async with self._inbox, self._control, self._aborts, self._out, anyio.create_task_group() as group:
-            group.start_soon(self._spill_worker)
+            group.start_soon(self._spiller.run)
             group.start_soon(self._model_task, loaded.set)
             await loaded.wait()
             task_status.started()
@@ -172,20 +165,12 @@ class GenerationGateway:
         return self._cache.statistics() if self._cache is not None else None
 
     async def _model_task(self, started: Callable[[], None]) -> None:
-        # Closing the spill channel when the thread ends lets the worker finish its queue and stop.
-        with self._spills_out:
-            thread = partial(anyio.to_thread.run_sync, self._model_loop, started, limiter=anyio.CapacityLimiter(1))
+        # Once the thread ends, the disk writer finishes its queue and stops.
+        thread = partial(anyio.to_thread.run_sync, self._model_loop, started, limiter=anyio.CapacityLimiter(1))
+        try:
             await self._handoff.run(thread, inbox=self._inbox, control=self._control, bind=self._bind_abort, send=self._deliver)
-
-    async def _spill_worker(self) -> None:
-        writes = anyio.CapacityLimiter(1)
-        async with self._spills_in:
-            async for job in self._spills_in:
-                if self._disk is None:
-                    continue
-                # Best effort: whatever a write raises costs that entry, never the engine.
-                with isolated_task("prompt_cache.spill", on_error=self._disk.note_error):
-                    await anyio.to_thread.run_sync(self._disk.write, job, limiter=writes)
+        finally:
+            self._spiller.close()
 
     # -- model thread -------------------------------------------------------
 
@@ -218,9 +203,8 @@ class GenerationGateway:
 
         if self._cache is None:
             return
-        # Sliding-window and recurrent layers cannot be cut back to a shorter
-        # prefix once past their window: keep each row's state at its
-        # prompt's end too, which the next turn of its conversation extends.
+        # Sliding-window and recurrent layers cannot be cut back to a shorter prefix once past their window:
+        # keep each row's state at its prompt's end too, which the next turn of its conversation extends.
         self._cache_kind = cache_kind(make_prompt_cache(model))
         log.info("prompt_cache.kind", kind=self._cache_kind, checkpoints=self._cache_kind != PLAIN)
         if self._disk is not None:
@@ -376,8 +360,8 @@ class GenerationGateway:
         return tuple(deltas)
 
     def _checkpoint(self, generator: BatchGenerator, prefilled: Sequence[Any]) -> None:
-        # mlx-lm prefills all but a prompt's last token as one segment; at its
-        # end the row's cache holds exactly the prompt so far (the turn boundary).
+        # mlx-lm prefills all but a prompt's last token as one segment; at its end the row's cache holds exactly
+        # the prompt so far (the turn boundary).
         done = [r.uid for r in prefilled if r.end_of_segment and not r.end_of_prompt and r.uid in self._rows]
         for uid, (cache, tokens) in generator.extract_cache(done).items():
             self._keep(self._rows[uid], cache, tuple(tokens), checkpoint=True)
@@ -401,18 +385,10 @@ class GenerationGateway:
             failure.row.reply.fail(failure.error)
         if parcel.has_outputs:
             await self._out.send(parcel.outputs)
-        self._offer_spills(parcel.spills)
+        self._spiller.offer(parcel.spills)
         if parcel.finished and self._exclusive is not None:
             self._exclusive.deliver(parcel.finished)
 
     def _bind_abort(self, row: Prepared) -> None:
         row.reply.bind_abort(partial(send_abort, self._aborts, row.request_id))
 
-    def _offer_spills(self, spills: tuple[SpillJob, ...]) -> None:
-        # The request path never waits on the disk: a full spill queue drops the entry.
-        for job in spills:
-            try:
-                self._spills_out.send_nowait(job)
-            except anyio.WouldBlock:
-                if self._disk is not None:
-                    self._disk.note_dropped()
