@@ -16,7 +16,7 @@ BLAS = preload_blas()
 import time  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import AsyncGenerator, Callable  # noqa: E402
-from typing import TypeVar, cast  # noqa: E402
+from typing import cast  # noqa: E402
 
 import anyio  # noqa: E402
 import structlog  # noqa: E402
@@ -54,7 +54,6 @@ from wire.sse import dumps  # noqa: E402
 
 log = structlog.get_logger(stage="http")
 
-T = TypeVar("T")
 
 app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
