@@ -247,7 +247,9 @@ class GenerationGateway:
         return tuple(admitted)
 
     def _insert(self, generator: BatchGenerator, waiting: Waiting) -> int:
-        from stages.sampling import make_row_sampler, row_processors
+        from mlx_lm.generate import StopSequences
+
+        from stages.sampling import make_row_sampler, row_processors, row_stop_ids
 
         # What can fail for this row alone (cache lookup, sampler, grammar matcher) comes before the generator holds it.
         row, tokens = waiting.prepared, waiting.tokens
@@ -257,7 +259,7 @@ class GenerationGateway:
             arrival=self._kv.arrive(),
             generated=(),
             sampler=make_row_sampler(row.params.sampling),
-            processors=row_processors(row, self._think_ids),
+            processors=row_processors(row, self._think_ids, self._eos_ids),
             replaces=hit.source if hit is not None and hit.continues else None,
         )
         (uid,) = generator.insert(
@@ -267,6 +269,7 @@ class GenerationGateway:
             all_tokens=[list(tokens[:cached])],
             samplers=[resume.sampler],
             logits_processors=[resume.processors],
+            stop_sequences=[StopSequences([[token] for token in sorted(row_stop_ids(row.params, self._eos_ids))])],
         )
         self._rows[uid] = Row(prepared=row, cached=cached, replaces=resume.replaces, resume=resume)
         self._rows[uid].generated.extend(resume.generated)

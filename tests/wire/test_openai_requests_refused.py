@@ -211,7 +211,6 @@ BAD_CHAT = [
     *[
         unsupported(chat_body(**{key: value}), key, id=f"extension-{key}")
         for key, value in [
-            ("min_tokens", 5), ("ignore_eos", True), ("stop_token_ids", [7]), ("typical_p", 0.9),
             ("chat_template", "{{ messages }}"), ("prompt_logprobs", 1), ("adapters", "sql-lora"),
             ("draft_model", "small"), ("add_generation_prompt", False),
         ]
