@@ -208,10 +208,14 @@ class ChatRequest:
 
 @attrs.frozen(kw_only=True)
 class TextRequest:
-    """A raw-prompt completion; `prompt` is text or token ids."""
+    """A raw-prompt completion; `prompt` is text or token ids.
+
+    With `suffix` the model fills in the middle between `prompt` and it.
+    """
 
     prompt: str | tuple[int, ...]
     params: GenerationParams
+    suffix: str | None = None
     stream: bool = False
     include_usage: bool = False
 

@@ -31,6 +31,7 @@ from stages.constraints import ConstraintCompiler
 from stages.families import choose_family
 from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools
+from stages.fim import find_infill
 from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
 from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.kv.plan import Fit, assess
@@ -231,7 +232,7 @@ class Engine:
             self._sink,
             self._make_prepare(jobs.receive, prepared.send),
             ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer, preamble=self._preamble),
-            TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size),
+            TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
             ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send),
         ]
 

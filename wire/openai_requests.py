@@ -86,8 +86,6 @@ def decode_completion(value: JsonValue) -> TextRequest:
     _refuse_unsupported(body)
     if read_bool(body, "echo"):
         raise unsupported("echo")
-    if read_str(body, "suffix"):
-        raise unsupported("suffix")
     if read_bool(body, "continue_final_message"):
         raise unsupported("continue_final_message")
     if (read_int(body, "best_of", minimum=1) or 1) > 1:
@@ -95,6 +93,8 @@ def decode_completion(value: JsonValue) -> TextRequest:
     stream, include_usage = _read_stream(body)
     return TextRequest(
         prompt=_read_prompt(body),
+        # Fill-in-the-middle; whether the model can is known once it is loaded.
+        suffix=read_str(body, "suffix") or None,
         params=_read_params(
             body, max_tokens_keys=("max_tokens",), default_max_tokens=16, logprobs=read_int(body, "logprobs", minimum=0, maximum=_MAX_TOP_LOGPROBS)
         ),

@@ -81,3 +81,10 @@ def test_refused_extensions_are_400s_naming_them(decode, body, field: str) -> No
 def test_refused_extensions_at_their_neutral_value_are_accepted(decode, body, field: str) -> None:  # type: ignore[no-untyped-def]
     if REFUSED[field] is not None:
         assert decode(body(**{field: REFUSED[field]})) == decode(body())
+
+
+def test_a_suffix_asks_for_fill_in_the_middle() -> None:
+    assert decode_completion(text_body(suffix="return x\n")).suffix == "return x\n"
+    # OpenAI's default, an empty suffix, is no infill.
+    assert decode_completion(text_body(suffix="")).suffix is None
+    assert decode_completion(text_body()).suffix is None
