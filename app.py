@@ -158,7 +158,12 @@ async def messages() -> Response:
 @app.post("/v1/messages/count_tokens")
 async def count_tokens() -> Response:
     chat = decode_count_tokens(load_json(cast(bytes, await request.get_data(as_text=False))))
-    return json_response({"input_tokens": await engine().count_tokens(chat)})
+    counted = await engine().count_tokens(chat)
+    body: dict[str, JsonValue] = {"input_tokens": counted.input_tokens}
+    if counted.original_input_tokens is not None:
+        # Anthropic's report when context management was asked: the count before the edits.
+        body["context_management"] = {"original_input_tokens": counted.original_input_tokens}
+    return json_response(body)
 
 
 def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:

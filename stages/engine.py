@@ -55,6 +55,14 @@ _SPILL_QUEUE = 4
 
 
 @attrs.frozen(kw_only=True)
+class TokenCount:
+    """A prompt's tokens; with context edits, also its tokens before them."""
+
+    input_tokens: int
+    original_input_tokens: int | None = None
+
+
+@attrs.frozen(kw_only=True)
 class AdmissionReport(AdmissionStatistics):
     """The queue's admission figures, and memory admission's."""
 
@@ -156,7 +164,7 @@ class Engine:
         )
         return reply
 
-    async def count_tokens(self, request: ChatRequest) -> int:
+    async def count_tokens(self, request: ChatRequest) -> TokenCount:
         """Prompt tokens of a chat request, rendered as generation would render it.
 
         Raises:
@@ -166,7 +174,7 @@ class Engine:
         if request.context_edits:
             edited = partial(render_edited, self.tokenizer, request, preamble=self._preamble)
             rendered = await anyio.to_thread.run_sync(edited, limiter=self._tokenizing.threads)
-            return len(rendered.tokens)
+            return TokenCount(input_tokens=len(rendered.tokens), original_input_tokens=rendered.original_tokens)
         reservation, window = self._tokenizing, self.info.context_window
         render = partial(render_chat_text, self.tokenizer, request, preamble=self._preamble)
         async with reservation.slots:
@@ -175,7 +183,7 @@ class Engine:
         if tokens is None:
             raise invalid(f"prompt is too long: more than {window} tokens, this model's maximum", param="messages",
                           code="context_length_exceeded")  # fmt: skip
-        return len(tokens)
+        return TokenCount(input_tokens=len(tokens))
 
     async def drain(self, timeout: float) -> None:
         self._admission.start_draining()

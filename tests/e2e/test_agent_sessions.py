@@ -225,3 +225,31 @@ def test_forcing_a_hosted_tool_is_a_400_naming_it(server: Server) -> None:
         assert "web_search" in str(error)
     else:
         raise AssertionError("forcing a hosted tool was accepted")
+
+
+def test_count_tokens_with_context_management_reports_the_original_count(server: Server) -> None:
+    history = [
+        {"role": "user", "content": "List the files."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "I should list them. " * 20, "signature": "sig"},
+                {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.py\nb.py\n" * 40}]},
+    ]
+    edits = [{"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 0}, "keep": {"type": "tool_uses", "value": 0}}]
+    client = server.anthropic_client()
+    whole = client.messages.count_tokens(model="claude-sonnet-4-5", messages=history, tools=CLAUDE_TOOLS)  # type: ignore[arg-type]
+    plain = httpx.post(f"{server.v1}/messages/count_tokens", json={"model": "m", "messages": history}, timeout=60).json()
+    # Without context management there is nothing to report.
+    assert "context_management" not in plain
+    counted = client.beta.messages.count_tokens(
+        model="claude-sonnet-4-5", messages=history, tools=CLAUDE_TOOLS,  # type: ignore[arg-type]
+        context_management={"edits": edits}, betas=["context-management-2025-06-27"],  # type: ignore[typeddict-item]
+    )
+    # As Anthropic documents: the count the edits leave, and the one before them.
+    assert counted.context_management is not None
+    assert counted.context_management.original_input_tokens == whole.input_tokens
+    assert counted.input_tokens < whole.input_tokens
