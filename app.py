@@ -31,7 +31,7 @@ from edge.streaming import Persist, sse_body  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
-from pipeline.settings import Settings  # noqa: E402
+from pipeline.settings import Settings, parse_aliases  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
 from stages.engine import Engine  # noqa: E402
 from stages.messages import Decoder, Reply  # noqa: E402
@@ -81,6 +81,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
     try:
         async with anyio.create_task_group() as outer:
             app.extensions["engine"] = await outer.start(Engine(settings=settings).run)
+            app.extensions["model_aliases"] = _checked_aliases(settings)
             log.info("server.ready", model=engine().info.name)
             yield
             log.info("server.draining")
@@ -101,6 +102,24 @@ async def completions() -> Response:
     return await generate(_request_id("cmpl-"), decode_completion, _text_protocol)
 
 
+def _checked_aliases(settings: Settings) -> dict[str, str]:
+    """`MLX_RELAY_MODEL_ALIASES`, each naming the model this server serves."""
+    served = engine().info.name
+    aliases = parse_aliases(settings.model_aliases)
+    wrong = sorted(alias for alias, target in aliases.items() if target != served)
+    if wrong:
+        reason = f"MLX_RELAY_MODEL_ALIASES maps {wrong[0]!r} to {aliases[wrong[0]]!r}, but this server serves {served!r}"
+        log.error("server.cannot_start", reason=reason)
+        raise StartupError(reason)
+    return aliases
+
+
+def _served_as(requested: str | None) -> str:
+    """The model name a reply carries: the alias the client asked by, else the served id."""
+    aliases = cast(dict[str, str], app.extensions.get("model_aliases", {}))
+    return requested if requested is not None and requested in aliases else engine().info.name
+
+
 def _request_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex}"
 
@@ -114,6 +133,7 @@ async def generate(
     session = request.headers.get("x-session-affinity")
     if session:
         decode = _with_session(decode, session)
+    decode = _with_model(decode)
     reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
     try:
         accepted = await reply.accepted()
@@ -136,13 +156,13 @@ async def generate(
 
 def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
     return openai.ChatStream(
-        id=request_id, created=int(time.time()), model=engine().info.name, include_usage=_include_usage(accepted)
+        id=request_id, created=int(time.time()), model=_served_as(accepted.request.model), include_usage=_include_usage(accepted)
     )
 
 
 def _text_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
     return openai.TextStream(
-        id=request_id, created=int(time.time()), model=engine().info.name, include_usage=_include_usage(accepted)
+        id=request_id, created=int(time.time()), model=_served_as(accepted.request.model), include_usage=_include_usage(accepted)
     )
 
 
@@ -181,7 +201,9 @@ def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
 
 @app.post("/v1/responses")
 async def responses() -> Response:
-    decoded = decode_responses(load_json(cast(bytes, await request.get_data(as_text=False))))
+    raw = load_json(cast(bytes, await request.get_data(as_text=False)))
+    decoded = decode_responses(raw)
+    requested = raw.get("model") if isinstance(raw, dict) else None
     history: tuple[JsonObject, ...] = ()
     instructions = decoded.instructions
     if decoded.previous_response_id is not None:
@@ -202,7 +224,7 @@ async def responses() -> Response:
         return responses_wire.ResponsesStream(
             id=request_id,
             created_at=int(time.time()),
-            model=engine().info.name,
+            model=_served_as(requested if isinstance(requested, str) else None),
             echo=decoded.echo,
             instructions=instructions,
             previous_response_id=decoded.previous_response_id,
@@ -277,26 +299,32 @@ def _id(item: JsonValue) -> JsonValue:
 
 @app.get("/v1/models")
 async def models() -> Response:
-    return json_response({"object": "list", "data": [_model_card()]})
+    aliases = cast(dict[str, str], app.extensions.get("model_aliases", {}))
+    return json_response({"object": "list", "data": [_model_card(), *(_model_card(alias) for alias in aliases)]})
 
 
 @app.get("/v1/models/<path:model_id>")
 async def model(model_id: str) -> Response:
-    if model_id != engine().info.name:
+    aliases = cast(dict[str, str], app.extensions.get("model_aliases", {}))
+    if model_id != engine().info.name and model_id not in aliases:
         raise RequestError(kind=ErrorKind.NOT_FOUND, message=f"The model '{model_id}' does not exist", param="model")
-    return json_response(_model_card())
+    return json_response(_model_card(model_id if model_id in aliases else None))
 
 
-def _model_card() -> JsonObject:
+def _model_card(alias: str | None = None) -> JsonObject:
     info = engine().info
-    return {
-        "id": info.name,
+    card: JsonObject = {
+        "id": alias or info.name,
         "object": "model",
         "created": 0,
         "owned_by": "mlx-relay",
         "context_window": info.context_window,
         "max_model_len": info.context_window,
     }
+    if alias is not None:
+        # vLLM's card names the model an entry stands for.
+        card["root"] = card["parent"] = info.name
+    return card
 
 
 @app.get("/health")
@@ -304,6 +332,18 @@ async def health() -> Response:
     current = engine()
     status = "ok" if current.ready else ("dead" if current.dead else "unavailable")
     return json_response({"status": status}, status=200 if status == "ok" else 503)
+
+
+def _with_model(decode: Decoder) -> Decoder:
+    # The name asked for travels with the request, for the reply to echo (an alias, or Anthropic's any name).
+    def decode_named(value: JsonValue) -> GenerationRequest:
+        decoded = decode(value)
+        model = value.get("model") if isinstance(value, dict) else None
+        if decoded.model is None and isinstance(model, str):
+            return attrs.evolve(decoded, model=model)
+        return decoded
+
+    return decode_named
 
 
 def _with_session(decode: Decoder, session: str) -> Decoder:

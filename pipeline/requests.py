@@ -218,6 +218,8 @@ class TextRequest:
     suffix: str | None = None
     stream: bool = False
     include_usage: bool = False
+    # The model name the client asked for, echoed where it is an alias.
+    model: str | None = None
 
 
 GenerationRequest = Union[ChatRequest, TextRequest]
