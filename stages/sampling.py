@@ -120,11 +120,12 @@ def make_row_processors(
     )
     if budget is not None:
         processors.append(budget)
-    if at_least is not None:
-        processors.append(at_least)
     if constraint is not None:
-        # Last, so no bias or penalty can lift a forbidden token back up.
+        # After the bias and penalties, so none can lift a forbidden token back up.
         processors.append(ConstraintProcessor(constraint))
+    if at_least is not None:
+        # After the grammar, which it may only narrow: where the grammar allows nothing but the end, the row ends.
+        processors.append(at_least)
     return processors
 
 
@@ -179,7 +180,9 @@ class MinTokens:
             return logits
         banned = mx.zeros(logits.shape[-1:], dtype=logits.dtype)
         banned[self._stop_ids] = -mx.inf
-        return logits + banned
+        held = logits + banned
+        # Nothing left but the stop tokens (a grammar at its end): the row may end.
+        return logits if not mx.any(held > -mx.inf).item() else held
 
     def rewind(self, calls: int) -> None:
         self._calls = calls

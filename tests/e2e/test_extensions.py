@@ -100,3 +100,9 @@ def test_refused_extensions_are_400s_naming_them(client: openai.OpenAI, field: s
         with pytest.raises(openai.BadRequestError) as caught:
             call()
         assert caught.value.body["param"] == field and caught.value.body["code"] == "unsupported_parameter"  # type: ignore[index]
+
+
+def test_min_tokens_yields_to_a_grammar_that_has_ended(client: openai.OpenAI) -> None:
+    # The grammar's output is shorter than min_tokens: at its end only EOS is allowed, and it ends the row.
+    reply = chat(client, min_tokens=50, guided_choice=["yes", "no"])
+    assert reply.choices[0].message.content in ("yes", "no") and reply.choices[0].finish_reason == "stop"

@@ -219,6 +219,9 @@ def test_min_tokens_bans_the_stop_tokens_until_the_count_then_lets_them_through(
     # A preempted row resumes with the count it had.
     processor.rewind(1)
     assert processor(mx.array([1]), logits)[0, 5].item() == -math.inf
+    # Where only a stop token is left (a grammar at its end), it stays: no row is left with nothing to sample.
+    only_stop = mx.where(mx.arange(VOCAB) == 5, 0.0, -math.inf)[None]
+    assert MinTokens(3, [5, 9])(mx.array([1]), only_stop)[0, 5].item() == 0
 
 
 def test_row_stop_ids_are_eos_unless_ignored_plus_the_requested_ones() -> None:
