@@ -175,8 +175,9 @@ class CompletionSink:
         forced = request.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
         assert self._family is not None
         markers = markers_for(self._family, request.tools, parse_tools=parse_tools, forced=forced)
-        # A forced call's grammar writes the call at once, whatever the prompt opened.
-        section = Section.ANSWER if forced else self._opening_section(markers, prepared.prompt_tokens)
+        # A grammar (a forced call's, or a response format's) writes the answer at once, whatever the prompt opened.
+        constrained = forced or prepared.params.constraint is not None
+        section = Section.ANSWER if constrained else self._opening_section(markers, prepared.prompt_tokens)
         return MarkupSplitter(markers, section=section)
 
     def _opening_section(self, markers: Markers, prompt: tuple[int, ...]) -> Section:

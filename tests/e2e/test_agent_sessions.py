@@ -6,18 +6,24 @@ entries inside `messages`, tools, thinking with `display: "omitted"`,
 `max_tokens: 32000`, streamed, over two turns with a tool round trip.
 Codex: Responses with `instructions`, function + custom (Lark grammar) +
 namespace + hosted tools, `store` and `previous_response_id`, streamed.
-The weights are random, so the checks are on the protocol, not the words.
+Both run on the tiny demo model and on a family model (DeepSeek V3.1's
+template). The weights are random, so the checks are on the protocol, not
+the words.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import pytest
 
-from tests.conftest import Server
+from tests.conftest import Server, ServerFactory
+from tests.families import CASES
 
 CLAUDE_BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14", "context-management-2025-06-27"]
 CLAUDE_TOOLS: list[dict[str, Any]] = [
@@ -57,7 +63,25 @@ def claude_turn(server: Server, messages: list[dict[str, Any]], edits: list[dict
         return list(stream)
 
 
+@pytest.fixture(scope="module")
+def family_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, server_factory: ServerFactory) -> Iterator[Server]:
+    """A family model: DeepSeek V3.1's real template and special tokens (its own call markup and think section)."""
+    case = next(case for case in CASES if case.name == "deepseek")
+    server = server_factory(model=str(case.build(tiny_model, tmp_path_factory.mktemp("deepseek"))), model_name="deepseek")
+    yield server
+    server.stop()
+
+
 def test_claude_code_session_two_turns_with_a_tool_round_trip(agent_server: Server) -> None:
+    claude_session(agent_server)
+
+
+@pytest.mark.slow
+def test_claude_code_session_on_a_family_model(family_server: Server) -> None:
+    claude_session(family_server)
+
+
+def claude_session(agent_server: Server) -> None:
     first = [
         {"role": "system", "content": "<system-reminder>Today is Thursday.</system-reminder>"},
         {"role": "user", "content": [{"type": "text", "text": "List the files.", "cache_control": {"type": "ephemeral"}}]},
@@ -160,6 +184,15 @@ CODEX_TOOLS: list[dict[str, Any]] = [
 
 
 def test_codex_session_custom_tool_round_trip(server: Server) -> None:
+    codex_session(server)
+
+
+@pytest.mark.slow
+def test_codex_session_on_a_family_model(family_server: Server) -> None:
+    codex_session(family_server)
+
+
+def codex_session(server: Server) -> None:
     client = server.client()
     events = list(
         client.responses.create(

@@ -152,3 +152,18 @@ def test_continue_session_with_text_parts_reasoning_and_stops(replay: tuple[Serv
     assert choice.finish_reason in ("stop", "length")
     assert "\n\n\n" not in (choice.message.content or "")
     assert reply.usage is not None and reply.usage.completion_tokens >= 1
+
+
+def test_a_response_format_on_an_opened_think_section_is_the_answer(replay: tuple[Server, dict[str, Any]]) -> None:
+    server, extra = replay
+    if not extra:
+        pytest.skip("only the family model's template opens a think section")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    reply = server.client().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Is it ok?"}], max_tokens=16, temperature=0, extra_body=extra,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+    )  # fmt: skip
+    message = reply.choices[0].message
+    # The grammar writes the answer from the first token: none of it is reasoning.
+    assert json.loads(message.content or "") in ({"ok": True}, {"ok": False})
+    assert not (message.model_extra or {}).get("reasoning_content")
