@@ -26,12 +26,13 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
 from edge.redact import without_paths  # noqa: E402
+from edge.aliases import checked_aliases, served_as, with_model  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
-from pipeline.settings import Settings, parse_aliases  # noqa: E402
+from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
 from stages.engine import Engine  # noqa: E402
 from stages.messages import Decoder, Reply  # noqa: E402
@@ -81,7 +82,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
     try:
         async with anyio.create_task_group() as outer:
             app.extensions["engine"] = await outer.start(Engine(settings=settings).run)
-            app.extensions["model_aliases"] = _checked_aliases(settings)
+            app.extensions["model_aliases"] = checked_aliases(settings, engine().info.name)
             log.info("server.ready", model=engine().info.name)
             yield
             log.info("server.draining")
@@ -102,22 +103,8 @@ async def completions() -> Response:
     return await generate(_request_id("cmpl-"), decode_completion, _text_protocol)
 
 
-def _checked_aliases(settings: Settings) -> dict[str, str]:
-    """`MLX_RELAY_MODEL_ALIASES`, each naming the model this server serves."""
-    served = engine().info.name
-    aliases = parse_aliases(settings.model_aliases)
-    wrong = sorted(alias for alias, target in aliases.items() if target != served)
-    if wrong:
-        reason = f"MLX_RELAY_MODEL_ALIASES maps {wrong[0]!r} to {aliases[wrong[0]]!r}, but this server serves {served!r}"
-        log.error("server.cannot_start", reason=reason)
-        raise StartupError(reason)
-    return aliases
-
-
 def _served_as(requested: str | None) -> str:
-    """The model name a reply carries: the alias the client asked by, else the served id."""
-    aliases = cast(dict[str, str], app.extensions.get("model_aliases", {}))
-    return requested if requested is not None and requested in aliases else engine().info.name
+    return served_as(cast(dict[str, str], app.extensions.get("model_aliases", {})), requested, engine().info.name)
 
 
 def _request_id(prefix: str) -> str:
@@ -133,7 +120,7 @@ async def generate(
     session = request.headers.get("x-session-affinity")
     if session:
         decode = _with_session(decode, session)
-    decode = _with_model(decode)
+    decode = with_model(decode)
     reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
     try:
         accepted = await reply.accepted()
@@ -332,18 +319,6 @@ async def health() -> Response:
     current = engine()
     status = "ok" if current.ready else ("dead" if current.dead else "unavailable")
     return json_response({"status": status}, status=200 if status == "ok" else 503)
-
-
-def _with_model(decode: Decoder) -> Decoder:
-    # The name asked for travels with the request, for the reply to echo (an alias, or Anthropic's any name).
-    def decode_named(value: JsonValue) -> GenerationRequest:
-        decoded = decode(value)
-        model = value.get("model") if isinstance(value, dict) else None
-        if decoded.model is None and isinstance(model, str):
-            return attrs.evolve(decoded, model=model)
-        return decoded
-
-    return decode_named
 
 
 def _with_session(decode: Decoder, session: str) -> Decoder:
