@@ -26,7 +26,8 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
 from edge.redact import without_paths  # noqa: E402
-from edge.aliases import checked_aliases, served_as, with_model  # noqa: E402
+from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
+from edge.model_routes import routes as model_work_routes  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
@@ -34,6 +35,7 @@ from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
+from stages.adapters import not_found  # noqa: E402
 from stages.engine import Engine  # noqa: E402
 from stages.messages import Decoder, Reply  # noqa: E402
 from stages.parse import load_json  # noqa: E402
@@ -57,6 +59,8 @@ app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
 app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
+# Embeddings, rerank and score, tokenize and detokenize.
+app.register_blueprint(model_work_routes)
 
 ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
 
@@ -82,7 +86,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
     try:
         async with anyio.create_task_group() as outer:
             app.extensions["engine"] = await outer.start(Engine(settings=settings).run)
-            app.extensions["model_aliases"] = checked_aliases(settings, engine().info.name)
+            check_aliases(engine().served)
             log.info("server.ready", model=engine().info.name)
             yield
             log.info("server.draining")
@@ -101,10 +105,6 @@ async def chat_completions() -> Response:
 @app.post("/v1/completions")
 async def completions() -> Response:
     return await generate(_request_id("cmpl-"), decode_completion, _text_protocol)
-
-
-def _served_as(requested: str | None) -> str:
-    return served_as(cast(dict[str, str], app.extensions.get("model_aliases", {})), requested, engine().info.name)
 
 
 def _request_id(prefix: str) -> str:
@@ -143,13 +143,13 @@ async def generate(
 
 def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
     return openai.ChatStream(
-        id=request_id, created=int(time.time()), model=_served_as(accepted.request.model), include_usage=_include_usage(accepted)
+        id=request_id, created=int(time.time()), model=served_as(engine().served, accepted.request), include_usage=_include_usage(accepted)
     )
 
 
 def _text_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
     return openai.TextStream(
-        id=request_id, created=int(time.time()), model=_served_as(accepted.request.model), include_usage=_include_usage(accepted)
+        id=request_id, created=int(time.time()), model=served_as(engine().served, accepted.request), include_usage=_include_usage(accepted)
     )
 
 
@@ -164,13 +164,16 @@ async def messages() -> Response:
 
 @app.post("/v1/messages/count_tokens")
 async def count_tokens() -> Response:
-    chat = decode_count_tokens(load_json(cast(bytes, await request.get_data(as_text=False))))
+    body = load_json(cast(bytes, await request.get_data(as_text=False)))
+    chat = decode_count_tokens(body)
+    # An adapter shares the base model's tokenizer; an unknown model is still a 404.
+    engine().served.adapter_of(body)
     counted = await engine().count_tokens(chat)
-    body: dict[str, JsonValue] = {"input_tokens": counted.input_tokens}
+    reply: dict[str, JsonValue] = {"input_tokens": counted.input_tokens}
     if counted.original_input_tokens is not None:
         # Anthropic's report when context management was asked: the count before the edits.
-        body["context_management"] = {"original_input_tokens": counted.original_input_tokens}
-    return json_response(body)
+        reply["context_management"] = {"original_input_tokens": counted.original_input_tokens}
+    return json_response(reply)
 
 
 def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
@@ -190,7 +193,6 @@ def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
 async def responses() -> Response:
     raw = load_json(cast(bytes, await request.get_data(as_text=False)))
     decoded = decode_responses(raw)
-    requested = raw.get("model") if isinstance(raw, dict) else None
     history: tuple[JsonObject, ...] = ()
     instructions = decoded.instructions
     if decoded.previous_response_id is not None:
@@ -211,7 +213,7 @@ async def responses() -> Response:
         return responses_wire.ResponsesStream(
             id=request_id,
             created_at=int(time.time()),
-            model=_served_as(requested if isinstance(requested, str) else None),
+            model=served_as(engine().served, accepted.request),
             echo=decoded.echo,
             instructions=instructions,
             previous_response_id=decoded.previous_response_id,
@@ -282,36 +284,6 @@ def _list(value: JsonValue) -> list[JsonValue]:
 
 def _id(item: JsonValue) -> JsonValue:
     return item.get("id") if isinstance(item, dict) else None
-
-
-@app.get("/v1/models")
-async def models() -> Response:
-    aliases = cast(dict[str, str], app.extensions.get("model_aliases", {}))
-    return json_response({"object": "list", "data": [_model_card(), *(_model_card(alias) for alias in aliases)]})
-
-
-@app.get("/v1/models/<path:model_id>")
-async def model(model_id: str) -> Response:
-    aliases = cast(dict[str, str], app.extensions.get("model_aliases", {}))
-    if model_id != engine().info.name and model_id not in aliases:
-        raise RequestError(kind=ErrorKind.NOT_FOUND, message=f"The model '{model_id}' does not exist", param="model")
-    return json_response(_model_card(model_id if model_id in aliases else None))
-
-
-def _model_card(alias: str | None = None) -> JsonObject:
-    info = engine().info
-    card: JsonObject = {
-        "id": alias or info.name,
-        "object": "model",
-        "created": 0,
-        "owned_by": "mlx-relay",
-        "context_window": info.context_window,
-        "max_model_len": info.context_window,
-    }
-    if alias is not None:
-        # vLLM's card names the model an entry stands for.
-        card["root"] = card["parent"] = info.name
-    return card
 
 
 @app.get("/health")

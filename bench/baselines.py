@@ -42,7 +42,7 @@ def run_raw(model_path: str, workload: Workload, log_path: Path, on_record: Call
     """
     command = [sys.executable, "-m", "bench.baselines", "--model", model_path, "--max-tokens", str(workload.max_tokens)]
     command += ["--concurrency", ",".join(map(str, workload.concurrency))]
-    command += ["--requests-per-client", str(workload.requests_per_client)]
+    command += ["--requests-per-client", str(workload.requests_per_client), "--waves", str(workload.waves)]
     records: list[Record] = []
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log, subprocess.Popen(
@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         concurrency=tuple(int(n) for n in args.concurrency.split(",")),
         max_tokens=args.max_tokens,
         requests_per_client=args.requests_per_client,
+        waves=args.waves,
     )
     from stages.models.blas import preload_blas
 
@@ -80,9 +81,15 @@ def main(argv: list[str] | None = None) -> None:
     _batch_once(model, tokenizer, [WARMUP_PROMPT], workload.max_tokens)
     _stream_once(model, tokenizer, WARMUP_PROMPT, workload.max_tokens)
     for level in workload.concurrency:
-        _emit({"kind": "batch", **_measure_batch(model, tokenizer, level, workload)})
+        _emit({"kind": "batch", **_median([_measure_batch(model, tokenizer, level, w, workload) for w in range(workload.waves)])})
         if level == 1:
-            _emit({"kind": "stream", **_measure_stream(model, tokenizer, workload)})
+            _emit({"kind": "stream", **_median([_measure_stream(model, tokenizer, w, workload) for w in range(workload.waves)])})
+
+
+def _median(records: list[Record]) -> Record:
+    """The median wave by throughput, as the servers' are chosen."""
+    records.sort(key=lambda record: float(record["tokens_per_s"]))
+    return {**records[len(records) // 2], "waves_tokens_per_s": [r["tokens_per_s"] for r in records]}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,13 +98,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", default="1,4,8,16")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--requests-per-client", type=int, default=1)
+    parser.add_argument("--waves", type=int, default=1)
     return parser
 
 
-def _measure_batch(model: Model, tokenizer: Tokenizer, level: int, workload: Workload) -> Record:
+def _measure_batch(model: Model, tokenizer: Tokenizer, level: int, wave: int, workload: Workload) -> Record:
     """One batch of `level` prompts per round, as many rounds as requests per client."""
     tokens, wall, short, first = 0, 0.0, 0, list[float]()
-    for request in range(workload.requests_per_client):
+    start = wave * workload.requests_per_client
+    for request in range(start, start + workload.requests_per_client):
         counts, elapsed, ttfts = _batch_once(model, tokenizer, wave_prompts(level, request), workload.max_tokens)
         tokens, wall, first = tokens + sum(counts), wall + elapsed, first + ttfts
         short += sum(1 for count in counts if count != workload.max_tokens)
@@ -144,9 +153,10 @@ def _batch_once(
     return [counts[uid] for uid in uids], wall, list(firsts.values())
 
 
-def _measure_stream(model: Model, tokenizer: Tokenizer, workload: Workload) -> Record:
+def _measure_stream(model: Model, tokenizer: Tokenizer, wave: int, workload: Workload) -> Record:
     tokens, wall = 0, 0.0
-    for request in range(workload.requests_per_client):
+    start = wave * workload.requests_per_client
+    for request in range(start, start + workload.requests_per_client):
         count, elapsed = _stream_once(model, tokenizer, wave_prompts(1, request)[0], workload.max_tokens)
         tokens, wall = tokens + count, wall + elapsed
     return {"concurrency": 1, "completion_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}

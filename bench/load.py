@@ -160,19 +160,22 @@ class Wave:
     requests: tuple[RequestResult, ...]
 
 
-async def run_wave(url: str, level: int, workload: Workload) -> Wave:
-    """`level` clients, each sending `requests_per_client` requests in turn."""
+async def run_wave(url: str, level: int, workload: Workload, *, wave: int = 0) -> Wave:
+    """`level` clients, each sending `requests_per_client` requests in turn; each wave its own prompts."""
     limits = httpx.Limits(max_connections=level, max_keepalive_connections=level)
+    first = wave * workload.requests_per_client
     async with httpx.AsyncClient(timeout=_TIMEOUT, limits=limits) as client:
         start = time.perf_counter()
-        per_client = await asyncio.gather(*(_client(client, url, level, c, workload) for c in range(level)))
+        per_client = await asyncio.gather(*(_client(client, url, level, c, first, workload) for c in range(level)))
         wall = time.perf_counter() - start
     return Wave(level=level, wall=wall, requests=tuple(r for results in per_client for r in results))
 
 
-async def _client(client: httpx.AsyncClient, url: str, level: int, index: int, workload: Workload) -> list[RequestResult]:
+async def _client(
+    client: httpx.AsyncClient, url: str, level: int, index: int, first: int, workload: Workload
+) -> list[RequestResult]:
     results = []
-    for request in range(workload.requests_per_client):
+    for request in range(first, first + workload.requests_per_client):
         text = prompt(level, index, request)
         results.append(await stream_completion(client, url, text, workload.max_tokens))
     return results

@@ -28,6 +28,9 @@ HEADER = (
     "mlx_lm TTFT p50/p95 ms",
     "relay req tok/s",
     "mlx_lm req tok/s",
+    "relay CPU s/1k tok",
+    "mlx_lm CPU s/1k tok",
+    "relay thread waits on loop",
 )
 
 
@@ -42,6 +45,10 @@ def _num(value: float | None, digits: int = 0) -> str:
 
 def _ratio(top: float | None, bottom: float | None) -> str:
     return "-" if top is None or not bottom else f"{top / bottom:.2f}x"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _ttft(results: Results, who: str, level: int) -> str:
@@ -59,6 +66,8 @@ def rows(results: Results, levels: Sequence[int]) -> list[tuple[str, ...]]:
             _ratio(relay, raw), _ratio(relay, peer), _ratio(relay, stream),
             _ttft(results, RELAY, n), _ttft(results, PEER, n),
             _num(_get(results, RELAY, n, "request_decode_tps")), _num(_get(results, PEER, n, "request_decode_tps")),
+            _num(_get(results, RELAY, n, "cpu_s_per_1k_tokens"), 2), _num(_get(results, PEER, n, "cpu_s_per_1k_tokens"), 2),
+            _share(_get(results, RELAY, n, "loop_wait_share")),
         ))  # fmt: skip
     return table
 

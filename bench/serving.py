@@ -1,6 +1,6 @@
 """Serving benchmark: mlx-relay against raw mlx-lm and mlx_lm.server.
 
-    python -m bench.serving [--model demo|tiny|PATH] [--concurrency 1,4,8,16] [--max-tokens 64]
+    python -m bench.serving [--model demo|tiny|PATH] [--concurrency 1,4,8,16] [--max-tokens 64] [--waves 3]
 
 For each concurrency level N, N streaming clients send distinct prompts to
 `/v1/completions` at temperature 0, to mlx-relay and then to mlx_lm.server,
@@ -8,7 +8,11 @@ each started here on the same model and BLAS (or `--url` for a running
 mlx-relay). Raw mlx-lm runs the same prompts through `BatchGenerator` at
 batch size N, and `stream_generate` for N = 1. The phases run one after
 another, never side by side: on a small CPU machine, two contenders at once
-would measure each other. Writes bench/out/serving.{json,png}, and server
+would measure each other. With `--waves W` each level runs W waves (new
+prompts each time) and reports the median wave by throughput. Besides
+speed it reports each server's CPU seconds per 1,000 generated tokens
+(its process tree, from /proc) and, for mlx-relay, the model thread's
+share of the wave spent waiting for the event loop (`/stats`). Writes bench/out/serving.{json,png}, and server
 logs to bench/out/logs/.
 """
 
@@ -30,6 +34,7 @@ from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs in the venv
 
 from bench import report
 from bench.baselines import Record, run_raw
+from bench.cpu import tree_cpu_seconds
 from bench.load import run_wave, summarize, warm_up
 from bench.servers import Server, free_port, mlx_lm_command, relay_command, relay_env, started, wait_healthy
 from bench.workload import WARMUP_PROMPT, Workload
@@ -46,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     # Two, not one: a wave of one request per client lasts under a second with the
     # demo model, and single waves varied by ~15% between runs.
     parser.add_argument("--requests-per-client", type=int, default=2, help="requests each client sends in turn (default 2)")
+    parser.add_argument("--waves", type=int, default=1, help="waves per level; the median one is reported (default 1)")
     parser.add_argument("--url", help="benchmark this running mlx-relay instead of starting one (it must serve --model)")
     parser.add_argument("--skip", default="", help=f"comma-separated baselines to leave out: {', '.join(PEERS)}")
     parser.add_argument("--out", type=Path, default=OUT, help="where the JSON, plot and logs go (default bench/out)")
@@ -58,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         concurrency=tuple(int(n) for n in args.concurrency.split(",")),
         max_tokens=args.max_tokens,
         requests_per_client=args.requests_per_client,
+        waves=args.waves,
     )
     skip = {name for name in args.skip.split(",") if name}
     if unknown := skip - set(PEERS):
@@ -153,12 +160,42 @@ async def _drive(server: Server, workload: Workload, bar: tqdm) -> _Phase:
         tqdm.write(f"{server.name}: warm-up failed: {warm.error}")
     phase.tokens += warm.completion_tokens
     for level in workload.concurrency:
-        wave = await run_wave(server.url, level, workload)
-        phase.summaries[level] = summarize(wave, workload.max_tokens)
-        phase.texts.update({r.prompt: r.text for r in wave.requests if r.error is None})
-        phase.tokens += sum(r.completion_tokens for r in wave.requests)
+        summaries = []
+        for index in range(workload.waves):
+            summaries.append(await _measured_wave(server, level, index, workload, phase))
+        summaries.sort(key=lambda summary: float(summary["tokens_per_s"]))
+        phase.summaries[level] = {**summaries[len(summaries) // 2], "waves_tokens_per_s": [s["tokens_per_s"] for s in summaries]}
         bar.update(1)
     return phase
+
+
+async def _measured_wave(server: Server, level: int, index: int, workload: Workload, phase: _Phase) -> dict[str, Any]:
+    """One wave's summary, with the server's CPU per 1,000 tokens and (mlx-relay) its model thread's waits."""
+    pid = server.process.pid if server.process is not None else None
+    cpu_before = tree_cpu_seconds(pid) if pid is not None else None
+    waits_before = _thread_waits(server)
+    wave = await run_wave(server.url, level, workload, wave=index)
+    cpu_after = tree_cpu_seconds(pid) if pid is not None else None
+    waits_after = _thread_waits(server)
+    summary = summarize(wave, workload.max_tokens)
+    tokens = int(summary["completion_tokens"])  # type: ignore[call-overload]  # summarize's values are objects
+    if cpu_before is not None and cpu_after is not None and tokens:
+        summary["cpu_s_per_1k_tokens"] = (cpu_after - cpu_before) / tokens * 1000
+    if waits_before is not None and waits_after is not None:
+        # Of the wave's wall time the thread was not idle, the share it spent waiting on the loop.
+        busy = wave.wall - (waits_after[1] - waits_before[1])
+        summary["loop_wait_share"] = (waits_after[0] - waits_before[0]) / busy if busy > 0 else None
+    phase.texts.update({r.prompt: r.text for r in wave.requests if r.error is None})
+    phase.tokens += sum(r.completion_tokens for r in wave.requests)
+    return summary
+
+
+def _thread_waits(server: Server) -> tuple[float, float] | None:
+    """mlx-relay's model thread: seconds waiting on the loop, and idle; None for another server."""
+    if server.name != report.RELAY:
+        return None
+    handoff = httpx.get(f"{server.url}/stats", timeout=5).json().get("gateway", {}).get("handoff")
+    return (float(handoff["loop_wait_s"]), float(handoff["idle_wait_s"])) if handoff else None
 
 
 def _generated(server: Server) -> int:
@@ -184,6 +221,8 @@ def _publish(args: argparse.Namespace, workload: Workload, results: report.Resul
     table = report.rows(results, levels)
     checks = meta["checks"]
     title = f"{args.model}, max_tokens={workload.max_tokens}, {workload.requests_per_client} request(s)/client"
+    if workload.waves > 1:
+        title += f", median of {workload.waves} waves"
     print(f"\nServing benchmark: {title}\n")
     print(report.plain_table(table))
     notes = [f"BLAS: {meta.get('raw_info', {}).get('blas') or meta.get('relay_stats', {}).get('blas')}"]
@@ -197,7 +236,8 @@ def _publish(args: argparse.Namespace, workload: Workload, results: report.Resul
     print("\n" + "\n".join(notes))
     print("\nMarkdown:\n\n" + report.markdown_table(table) + "\n")
     payload = {"workload": {"concurrency": list(levels), "max_tokens": workload.max_tokens,
-                            "requests_per_client": workload.requests_per_client}, "meta": meta, "results": results}  # fmt: skip
+                            "requests_per_client": workload.requests_per_client, "waves": workload.waves},
+               "meta": meta, "results": results}  # fmt: skip
     report.write_json(args.out / "serving.json", payload)
     report.plot(args.out / "serving.png", results, levels, title)
     print(f"wrote {args.out / 'serving.json'} and {args.out / 'serving.png'}")

@@ -35,6 +35,8 @@ class Workload:
     concurrency: tuple[int, ...]
     max_tokens: int
     requests_per_client: int
+    # Waves per level (each with prompts of its own); the median one is reported.
+    waves: int = 1
 
 
 def prompt(level: int, client: int, request: int) -> str:

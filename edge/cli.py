@@ -23,6 +23,7 @@ from edge.guard import EdgePolicy
 from edge.sockets import SocketInUse, bind_unix
 from edge.startup import StartupError, open_response_store
 from pipeline.settings import PREFIX, Settings, SettingsError
+from stages.adapters import AdapterError, read_adapters
 
 USAGE_ERROR = 2
 
@@ -39,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     try:
         status = serve(args)
-    except (ServeError, SettingsError, StartupError, SocketInUse, OSError) as error:
+    except (ServeError, SettingsError, StartupError, SocketInUse, AdapterError, OSError) as error:
         print(f"mlx-relay: {error}", file=sys.stderr)
         return USAGE_ERROR
     _exit_now(status)
@@ -92,6 +93,8 @@ def serve(args: argparse.Namespace) -> int:
         _check_exposure(args.host, has_keys=bool(policy.keys), insecure=args.insecure_no_auth)
     # Opened here first so a corrupt store is reported (or reset) before any model loads.
     open_response_store(settings).close()
+    # A bad adapter list is one line too, before the model loads.
+    read_adapters(settings.adapters)
     listener = bind_unix(args.unix) if args.unix else None
     try:
         return _run(_config(args, listener))

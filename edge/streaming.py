@@ -40,6 +40,10 @@ async def sse_body(reply: Reply, protocol: StreamProtocol, persist: Persist | No
 async def _batches(reply: Reply, interval: float) -> AsyncIterator[list[CompletionEvent] | None]:
     """The reply's event batches, and None each time `interval` passes without one."""
     while True:
+        # A reader that is behind finds its events waiting: no timer for those (the per-token path under load).
+        if ready := reply.take_ready():
+            yield ready
+            continue
         batch: list[CompletionEvent] | None = None
         with anyio.move_on_after(interval):
             try:

@@ -156,6 +156,11 @@ class ReplySlot(Generic[R]):
         events, self._events = self._events, []
         return events
 
+    def take_ready(self) -> list[CompletionEvent]:
+        """The events waiting now, without waiting; `__anext__` still says when the reply ends."""
+        events, self._events = self._events, []
+        return events
+
     def __enter__(self) -> ReplySlot[R]:
         return self
 

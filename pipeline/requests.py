@@ -136,6 +136,8 @@ class GenerationParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    # The LoRA adapter the request's `model` named (None: the base model).
+    adapter: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -230,6 +232,13 @@ def with_cache_key(request: GenerationRequest, key: str | None) -> GenerationReq
     if key is None or request.params.cache_key is not None:
         return request
     return attrs.evolve(request, params=attrs.evolve(request.params, cache_key=key))
+
+
+def with_adapter(request: GenerationRequest, adapter: str | None) -> GenerationRequest:
+    """`request` run with the LoRA adapter `adapter` (None: the base model)."""
+    if adapter == request.params.adapter:
+        return request
+    return attrs.evolve(request, params=attrs.evolve(request.params, adapter=adapter))
 
 
 @attrs.frozen(kw_only=True)

@@ -48,6 +48,8 @@ class Settings:
     # Other names for the served model, "alias=served_id,…": listed by
     # /v1/models and echoed back to a client that asks by one.
     model_aliases: str | None = attrs.field(default=None, validator=lambda _i, _a, value: _check_aliases(value))
+    # LoRA adapters in mlx-lm's format served as model ids of their own: "name=path,name2=path2" (stages/adapters.py).
+    adapters: str | None = None
     # A model family's call markup / think markers, where the template and vocabulary mislead (stages/families/).
     tool_parser: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(("harmony", "deepseek", "mistral", "phi4", "hermes", "llama3", "json", "mlx-lm")))
@@ -90,6 +92,17 @@ class Settings:
     max_body_bytes: int = attrs.field(default=8 * 2**20, validator=_positive)
     # Seconds a request body may take to arrive before a 408.
     body_timeout: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
+
+    # Embeddings from the chat model: its last hidden states pooled over the input ("mean") or the last token's ("last").
+    embedding_pooling: str = attrs.field(default="mean", converter=_lower, validator=attrs.validators.in_(("mean", "last")))
+    # Tokens one embedding input may have (and the context window, whichever is less).
+    embedding_max_tokens: int = attrs.field(default=8192, validator=_positive)
+    # Embedding and score requests waiting for the model thread at once; more wait `admission_timeout`, then 429.
+    exclusive_pending: int = attrs.field(default=64, validator=_positive)
+    # The share of a decode step's time that embeddings and scores may add while streams run.
+    exclusive_share: float = attrs.field(default=0.15, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(10.0)))
+    # Steps between two turns of that work while streams run: 1 lengthens every gap a little, 25 one gap in 25 more.
+    exclusive_period: int = attrs.field(default=25, validator=_positive)
 
     # Seconds between keepalive frames of a stream that has nothing to send yet
     # (waiting in the queue, or in a long prefill).

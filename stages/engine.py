@@ -21,25 +21,28 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.admission import Admission, AdmissionStatistics
 from pipeline.channels import Channel, ReplySlot, open_channel
-from pipeline.errors import engine_dead, invalid, shutting_down
+from pipeline.errors import engine_dead, shutting_down
 from pipeline.requests import ChatRequest, GenerationRequest
-from pipeline.settings import Settings
+from pipeline.settings import Settings, parse_aliases
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
-from stages.chat import ChatStage, render_chat_text, render_edited
+from stages.adapters import ServedModels, read_adapters
+from stages.chat import ChatStage, render_edited
 from stages.constraints import ConstraintCompiler
 from stages.families import choose_family
 from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools
 from stages.fim import find_infill
 from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
+from stages.exclusive import ExclusiveQueue, ExclusiveStatistics
 from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.kv.plan import Fit, assess
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
+from stages.model_work import ModelWork, hidden_size
 from stages.parse import ParseStage
-from stages.prepare import PrepareStage, Reservation, encode_bounded
+from stages.prepare import PrepareStage, Reservation
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
 from stages.sink import CompletionSink
 from stages.text import TextStage
@@ -47,7 +50,8 @@ from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")
 
-# Steps the gateway may run ahead of the sink before its thread waits.
+# Steps delivered to the sink and not yet taken; the model thread waits once
+# the gateway's `steps_ahead` more are undelivered on its side of the crossing.
 _STEP_BUFFER = 4
 # Evicted entries waiting for the disk writer; beyond this they are dropped,
 # so a slow disk costs cache hits, never memory or request time.
@@ -77,6 +81,8 @@ class EngineStatistics:
     admission: AdmissionReport
     gateway: GatewayStatistics
     prompt_cache: PromptCacheStatistics | None
+    # Embeddings and scores: their queue and the model thread's time on them.
+    exclusive: ExclusiveStatistics
     # Rows whose text state the sink holds; 0 whenever no request is in flight.
     sink_rows: int
     submitted: int
@@ -99,10 +105,15 @@ class Engine:
     # Chat templates render under one reservation, for generation and for counting alike.
     _tokenizing: Reservation = attrs.field(init=False)
     info: ModelInfo = attrs.field(init=False)
+    # The model ids served: the base model's and its LoRA adapters'.
+    served: ServedModels = attrs.field(init=False)
     tokenizer: Tokenizer = attrs.field(init=False)
     _encoder: BoundedEncoder = attrs.field(init=False)
     family: Family = attrs.field(init=False)
     _preamble: Family | None = attrs.field(default=None, init=False)
+    # Work between decode steps (embeddings, scores), and the routes that queue it.
+    _exclusive: ExclusiveQueue = attrs.field(init=False)
+    work: ModelWork = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         settings = self._settings
@@ -112,6 +123,11 @@ class Engine:
             retry_after=settings.retry_after,
         )
         self._tokenizing = Reservation.of(settings.prepare_concurrency)
+        self._exclusive = ExclusiveQueue(
+            admission=Admission(capacity=settings.exclusive_pending, timeout=settings.admission_timeout, retry_after=settings.retry_after),
+            share=settings.exclusive_share,
+            period=settings.exclusive_period,
+        )
 
     @property
     def dead(self) -> bool:
@@ -127,13 +143,21 @@ class Engine:
             partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
         )
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
+        adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
+        self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases))
         self._encoder = await anyio.to_thread.run_sync(BoundedEncoder.of, self.tokenizer)
         self.family, self._preamble = await anyio.to_thread.run_sync(self._markup)
+        self.work = ModelWork(
+            queue=self._exclusive, tokenizer=self.tokenizer, encoder=self._encoder, reservation=self._tokenizing,
+            info=self.info, preamble=self._preamble, pooling="last" if settings.embedding_pooling == "last" else "mean",
+            max_input_tokens=min(settings.embedding_max_tokens, self.info.context_window),
+            hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
+        )  # fmt: skip
         self.fit = await anyio.to_thread.run_sync(
             partial(
                 assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
                 prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
-                prefill_step=settings.prefill_step_size,
+                prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes,
             )
         )  # fmt: skip
         disk = await anyio.to_thread.run_sync(self._disk_tier)
@@ -175,18 +199,11 @@ class Engine:
             edited = partial(render_edited, self.tokenizer, request, preamble=self._preamble)
             rendered = await anyio.to_thread.run_sync(edited, limiter=self._tokenizing.threads)
             return TokenCount(input_tokens=len(rendered.tokens), original_input_tokens=rendered.original_tokens)
-        reservation, window = self._tokenizing, self.info.context_window
-        render = partial(render_chat_text, self.tokenizer, request, preamble=self._preamble)
-        async with reservation.slots:
-            text = await anyio.to_thread.run_sync(render, limiter=reservation.threads)
-        tokens = await encode_bounded(self._encoder, text, reservation, at_most=window)
-        if tokens is None:
-            raise invalid(f"prompt is too long: more than {window} tokens, this model's maximum", param="messages",
-                          code="context_length_exceeded")  # fmt: skip
-        return TokenCount(input_tokens=len(tokens))
+        return TokenCount(input_tokens=len(await self.work.tokenize_chat(request)))
 
     async def drain(self, timeout: float) -> None:
         self._admission.start_draining()
+        self._exclusive.start_draining()
         self._parse_inbox.send.close()
         with anyio.move_on_after(timeout):
             await self._stopped.wait()
@@ -206,6 +223,7 @@ class Engine:
             admission=admission,
             gateway=self._gateway.statistics(),
             prompt_cache=self._gateway.cache_statistics(),
+            exclusive=self._exclusive.statistics(),
             sink_rows=self._sink.open_rows,
             submitted=self._submitted,
             running=self._supervisor.running,
@@ -241,7 +259,7 @@ class Engine:
             self._make_prepare(jobs.receive, prepared.send),
             ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer, preamble=self._preamble),
             TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
-            ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send),
+            ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send, route=self.served.adapter_of),
         ]
 
     def _make_gateway(
@@ -270,6 +288,8 @@ class Engine:
             prefill_rows=memory.prefill_rows,
             cache=PromptCache(max_bytes=cache_bytes, sessions=settings.session_cache) if cache_bytes else None,
             disk=disk,
+            adapters=self.served.adapters,
+            exclusive=self._exclusive,
         )
 
     def _make_prepare(self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]) -> PrepareStage:
@@ -290,12 +310,13 @@ class Engine:
             encoder=self._encoder,
         )
 
-    def _think_ids(self) -> tuple[int, int] | None:
-        """The think markers as token ids, where each is one token (a thinking budget needs them)."""
+    def _think_ids(self) -> tuple[tuple[int, ...], int] | None:
+        """The think markers as token ids: the start's (one or more), and the end's, where it is
+        one token (a thinking budget forces it)."""
         if self.family.think is None:
             return None
-        ids = [self.tokenizer.encode(marker, add_special_tokens=False) for marker in self.family.think]
-        return (ids[0][0], ids[1][0]) if all(len(marker) == 1 for marker in ids) else None
+        start, end = (self.tokenizer.encode(marker, add_special_tokens=False) for marker in self.family.think)
+        return (tuple(start), end[0]) if start and len(end) == 1 else None
 
     def _markup(self) -> tuple[Family, Family | None]:
         """The model's family, and itself again where the template ignores `tools` (a preamble then describes them)."""
@@ -313,6 +334,7 @@ class Engine:
         error = engine_dead() if self._supervisor.dead else shutting_down()
         for reply in list(self._open.values()):
             reply.fail(error)
+        self._exclusive.stop(dead=self._supervisor.dead)
         self._stopped.set()
 
 

@@ -5,21 +5,23 @@ channel. Outbox: one `StepOutputs` per decode step, for all rows, to the
 sink; evicted prompt-cache entries to the spill worker.
 Owns: the model, mlx-lm's `BatchGenerator`, the row table, the prompt cache
 (`stages/cache/prompt.py`) and the batch's KV account (`stages/kv/scheduler.py`),
-all on one long-lived model thread (S12). The thread crosses to the event
-loop once per step (`_exchange`): it hands over the step's outputs and the
-spills, and takes new rows and aborts in the same call; it blocks there
-only while the batch is empty. A row is admitted into the batch only when
-the KV the batch holds, with it, fits the budget; until then it waits here,
+all on one long-lived model thread (S12). The thread never waits for the
+event loop (`stages/handoff.py`): it takes new rows and aborts at the top of
+each step and hands the step's outputs, spills and failed rows over after
+it; it blocks only while it holds no row, or while `steps_ahead` steps are
+still undelivered (back-pressure from a slow sink). A row is admitted
+into the batch only when the KV the batch holds, with it, fits the
+budget; until then it waits here,
 and upstream backs up into admission (429). Rows the scheduler preempts
 (their next step would outgrow the budget) leave their KV to the prompt
 cache and resume from the head of the queue with their sampler and
 processors rewound, so their output is unchanged. The spill worker, a task
 of the gateway, writes evicted entries to the disk tier on its own thread.
-On cancel: a host cancel interrupts the blocking wait or is noticed at the
-next step; the thread then frees the generator and the model.
+On cancel: a host cancel ends the thread's waits or is noticed at the next
+step; the thread then frees the generator and the model.
 On error: a failure while admitting one row (its cache lookup, sampler,
 grammar matcher) fails that row alone (`pipeline/actor.py`), handed to its
-reply at the next crossing. A failure of the step itself (MLX) is an
+reply with that step's parcel. A failure of the step itself (MLX) is an
 engine failure and propagates (S20): the only one that marks the engine
 dead. A disk-tier write that fails, for any reason, is counted and dropped.
 """
@@ -40,13 +42,16 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.actor import isolated, isolated_task
-from pipeline.channels import drain_nowait
 from pipeline.errors import RequestError
 from pipeline.events import FinishReason
+from stages.adapter_batches import adapter_kwargs, make_generator
+from stages.adapters import Adapter
 from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
+from stages.handoff import Handoff, HandoffStatistics, Parcel
 from stages.heap import HeapTrimmer
-from stages.kv.rows import Failed, Intake, Resume, Row, Waiting
+from stages.exclusive import ExclusiveQueue, Job
+from stages.kv.rows import Failed, Resume, Row, Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, send_abort
@@ -81,6 +86,8 @@ class GatewayStatistics:
     # MLX's allocator after the last step: arrays alive, and freed buffers it keeps for reuse.
     mlx_active_bytes: int
     mlx_cache_bytes: int
+    # The crossing to the event loop: steps undelivered, and the model thread's waits.
+    handoff: HandoffStatistics
 
 
 @attrs.define
@@ -100,14 +107,23 @@ class GenerationGateway:
     _disk: DiskTier | None = attrs.field(default=None, alias="disk")
     # Rows whose prompts prefill together (the plan's figure); None: max_batch.
     _prefill_rows: int | None = attrs.field(default=None, alias="prefill_rows")
-    # The think markers' token ids (start, end), where each is one token: thinking budgets need them.
-    _think_ids: tuple[int, int] | None = attrs.field(default=None, alias="think_ids")
+    # The think markers as token ids (the start may take several tokens, the end is one): thinking budgets need them.
+    _think_ids: tuple[tuple[int, ...], int] | None = attrs.field(default=None, alias="think_ids")
+    # LoRA adapters served beside the base model (stages/adapter_batches.py groups their rows).
+    _adapters: tuple[Adapter, ...] = attrs.field(default=(), alias="adapters")
+    # Embeddings and scores, run on the model thread between two steps (stages/exclusive.py).
+    _exclusive: ExclusiveQueue | None = attrs.field(default=None, alias="exclusive")
+    # Steps the model thread may run ahead of the sink before it waits.
+    _steps_ahead: int = attrs.field(default=4, alias="steps_ahead")
+    _handoff: Handoff = attrs.field(init=False)
     # Touched only by the model thread.
     _rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)
     _waiting: list[Waiting] = attrs.field(factory=list, init=False)
     _spill_outbox: list[SpillJob] = attrs.field(factory=list, init=False)
     _failed: list[Failed] = attrs.field(factory=list, init=False)
+    # Exclusive jobs finished on the model thread, handed over with the step's parcel.
+    _finished: list[Job[Any]] = attrs.field(factory=list, init=False)
     # Published for statistics().
     _active: int = attrs.field(default=0, init=False)
     _steps: int = attrs.field(default=0, init=False)
@@ -118,9 +134,15 @@ class GenerationGateway:
     # What the model's cache layers are (mlx_internals.cache_kind), known once it is loaded.
     _cache_kind: str = attrs.field(default=PLAIN, init=False)
 
+    @_handoff.default
+    def _crossing(self) -> Handoff:
+        return Handoff(depth=self._steps_ahead, max_rows=self._max_batch)
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         # `task_status.started` must be called from this task, not the thread.
         loaded = anyio.Event()
+        if self._exclusive is not None:
+            self._exclusive.wake_with(self._handoff.nudge)
         async with self._inbox, self._control, self._aborts, self._out, anyio.create_task_group() as group:
             group.start_soon(self._spill_worker)
             group.start_soon(self._model_task, loaded.set)
@@ -141,6 +163,7 @@ class GenerationGateway:
             mlx_cache_bytes=self._mlx_memory[1],
             preemptions=self._kv.preemptions,
             resumed=self._kv.resumed,
+            handoff=self._handoff.statistics(),
         )
 
     def cache_statistics(self) -> PromptCacheStatistics | None:
@@ -149,7 +172,8 @@ class GenerationGateway:
     async def _model_task(self, started: Callable[[], None]) -> None:
         # Closing the spill channel when the thread ends lets the worker finish its queue and stop.
         with self._spills_out:
-            await anyio.to_thread.run_sync(self._model_loop, started, limiter=anyio.CapacityLimiter(1))
+            thread = partial(anyio.to_thread.run_sync, self._model_loop, started, limiter=anyio.CapacityLimiter(1))
+            await self._handoff.run(thread, inbox=self._inbox, control=self._control, bind=self._bind_abort, send=self._deliver)
 
     async def _spill_worker(self) -> None:
         writes = anyio.CapacityLimiter(1)
@@ -169,13 +193,14 @@ class GenerationGateway:
 
         model = self._load()
         self._prepare_cache(model)
-        generator = BatchGenerator(
+        generator = make_generator(model, self._adapters, partial(
+            BatchGenerator,
             model,
             stop_tokens=[[token] for token in sorted(self._eos_ids)],
             completion_batch_size=self._max_batch,
             prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch),
             prefill_step_size=self._prefill_step_size,
-        )
+        ))
         anyio.from_thread.run_sync(started)
         try:
             self._serve(generator)
@@ -201,18 +226,16 @@ class GenerationGateway:
             self._cache.lower = DiskLink(self._disk, self._spill_outbox, restore_layer)
 
     def _serve(self, generator: BatchGenerator) -> None:
-        outputs: StepOutputs | None = None
         while True:
-            # 1) hand over the last step and the spills, take new rows and aborts
-            spills, failed = tuple(self._spill_outbox), tuple(self._failed)
-            self._spill_outbox.clear()
-            self._failed.clear()
-            free = self._max_batch - len(self._rows) - len(self._waiting)
-            intake = anyio.from_thread.run(self._exchange, outputs, free, spills, failed)
+            # 1) take new rows and aborts (waits only while no row is held); new rows queue before aborts apply
+            pending = self._exclusive is not None and self._exclusive.pending
+            intake = self._handoff.take(held=len(self._rows) + len(self._waiting), other_work=pending)
+            if self._exclusive is not None:
+                self._finished.extend(self._exclusive.between_steps(generator.model, busy=bool(self._rows)))
             if intake.closed:
                 return
-            removed = self._remove(generator, intake.aborts)
             self._waiting.extend(Waiting(prepared=row) for row in intake.admitted)
+            removed = self._remove(generator, intake.aborts)
             # 2) admit the waiting rows whose KV fits; preempt if the next step would not
             admitted = self._admit(generator)
             self._preempt(generator)
@@ -221,7 +244,16 @@ class GenerationGateway:
             self._active = len(self._rows)
             # 4) give freed buffers back: MLX's cache when the batch empties, the C heap's pages on a clock
             self._release_memory(idle=not self._rows and bool(deltas))
+            # 5) hand the step over without waiting for the loop (unless `steps_ahead` are undelivered)
             outputs = StepOutputs(admitted=admitted, deltas=deltas, stepped_at=time.monotonic(), removed=removed)
+            self._handoff.hand_over(self._parcel(outputs), held=len(self._rows) + len(self._waiting))
+
+    def _parcel(self, outputs: StepOutputs) -> Parcel | None:
+        parcel = Parcel(outputs=outputs, spills=tuple(self._spill_outbox), failed=tuple(self._failed), finished=tuple(self._finished))
+        self._spill_outbox.clear()
+        self._failed.clear()
+        self._finished.clear()
+        return parcel if parcel.has_outputs or parcel.spills or parcel.failed or parcel.finished else None
 
     def _release_memory(self, *, idle: bool) -> None:
         import mlx.core as mx
@@ -247,13 +279,11 @@ class GenerationGateway:
         return tuple(admitted)
 
     def _insert(self, generator: BatchGenerator, waiting: Waiting) -> int:
-        from mlx_lm.generate import StopSequences
-
-        from stages.sampling import make_row_sampler, row_processors, row_stop_ids
+        from stages.sampling import make_row_sampler, row_processors, row_stop_sequences
 
         # What can fail for this row alone (cache lookup, sampler, grammar matcher) comes before the generator holds it.
         row, tokens = waiting.prepared, waiting.tokens
-        hit = self._cache.fetch(tokens, session=row.params.cache_key) if self._cache is not None else None
+        hit = self._cache.fetch(tokens, session=row.params.cache_key, adapter=row.params.adapter) if self._cache is not None else None
         cached = hit.tokens if hit is not None else 0
         resume = waiting.resume or Resume(
             arrival=self._kv.arrive(),
@@ -269,7 +299,8 @@ class GenerationGateway:
             all_tokens=[list(tokens[:cached])],
             samplers=[resume.sampler],
             logits_processors=[resume.processors],
-            stop_sequences=[StopSequences([[token] for token in sorted(row_stop_ids(row.params, self._eos_ids))])],
+            stop_sequences=[row_stop_sequences(row.params, self._eos_ids)],
+            **adapter_kwargs(row.params.adapter),
         )
         self._rows[uid] = Row(prepared=row, cached=cached, replaces=resume.replaces, resume=resume)
         self._rows[uid].generated.extend(resume.generated)
@@ -359,31 +390,22 @@ class GenerationGateway:
         # Evaluated now, the entry's arrays stop referring to the batch's (much larger) ones.
         mx.eval([layer.state for layer in cache])
         prompt_len = len(tokens) if checkpoint else row.prompt_len
-        entry = Entry(tokens=tuple(tokens), cache=cache, prompt_len=prompt_len, session=row.session)
+        entry = Entry(tokens=tuple(tokens), cache=cache, prompt_len=prompt_len, session=row.session, adapter=row.adapter)
         self._cache.store(entry, replaces=None if checkpoint else row.replaces)
 
     # -- event loop ---------------------------------------------------------
 
-    async def _exchange(
-        self, outputs: StepOutputs | None, free: int, spills: tuple[SpillJob, ...], failed: tuple[Failed, ...]
-    ) -> Intake:
-        for failure in failed:
+    async def _deliver(self, parcel: Parcel) -> None:
+        for failure in parcel.failed:
             failure.row.reply.fail(failure.error)
-        if outputs is not None and (outputs.admitted or outputs.deltas or outputs.removed):
-            await self._out.send(outputs)
-        self._offer_spills(spills)
-        aborts = drain_nowait(self._control, limit=None)
-        admitted: list[Prepared] = []
-        if free == self._max_batch and not aborts:
-            try:
-                admitted.append(await self._inbox.receive())
-            except anyio.EndOfStream:
-                return Intake(aborts=(), admitted=(), closed=True)
-        admitted.extend(drain_nowait(self._inbox, limit=free - len(admitted)))
-        live = tuple(row for row in admitted if not row.reply.closed)
-        for row in live:
-            row.reply.bind_abort(partial(send_abort, self._aborts, row.request_id))
-        return Intake(aborts=tuple(aborts), admitted=live, closed=False)
+        if parcel.has_outputs:
+            await self._out.send(parcel.outputs)
+        self._offer_spills(parcel.spills)
+        if parcel.finished and self._exclusive is not None:
+            self._exclusive.deliver(parcel.finished)
+
+    def _bind_abort(self, row: Prepared) -> None:
+        row.reply.bind_abort(partial(send_abort, self._aborts, row.request_id))
 
     def _offer_spills(self, spills: tuple[SpillJob, ...]) -> None:
         # The request path never waits on the disk: a full spill queue drops the entry.

@@ -21,7 +21,7 @@ import attrs
 
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall, append_text
 from pipeline.requests import Tool
-from stages.families.base import Family
+from stages.families.base import Family, Splitter, in_json_string
 from stages.stops import partial_suffix
 
 
@@ -97,7 +97,9 @@ class MarkupSplitter:
             index, marker = found
             if self._section is Section.TOOL_CALL and self._inside_call(marker, self._call_text + buffer[:index]):
                 # A marker inside an unfinished call, or inside one of its JSON strings, is part of its arguments.
-                self._call_text += buffer[: index + len(marker)]
+                self._emit(buffer[:index], events)
+                self._call_text += marker
+                self._trim_next = False
                 buffer = buffer[index + len(marker) :]
                 continue
             self._emit(buffer[:index], events)
@@ -111,7 +113,7 @@ class MarkupSplitter:
         family = self._markers.family
         if marker != self._closer:
             return self._parsed(body) is None
-        return family is not None and family.json_bodies and _in_json_string(body)
+        return family is not None and family.json_bodies and in_json_string(body)
 
     def _leading(self) -> tuple[str, ...]:
         family = self._markers.family
@@ -186,8 +188,9 @@ class MarkupSplitter:
 
     def _flush(self, events: list[CompletionEvent]) -> None:
         if self._section is Section.TOOL_CALL:
-            # Some families close a call with EOS rather than an end marker.
-            events.extend(self._parse_call())
+            # Some families close a call with EOS rather than an end marker; with
+            # an end marker, the output was cut inside the call.
+            events.extend(self._parse_call(cut=self._closer is not None))
         elif self._space:
             # No marker followed: the whitespace was the model's text after all.
             kind = ReasoningDelta if self._section is Section.REASONING else TextDelta
@@ -206,17 +209,25 @@ class MarkupSplitter:
             return None
         return [(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in calls]
 
-    def _parse_call(self) -> list[CompletionEvent]:
+    def _parse_call(self, *, cut: bool = False) -> list[CompletionEvent]:
         text, self._call_text = self._call_text, ""
         parsed = self._parsed(text)
         if parsed is None:
-            # Unparseable markup is kept as the text the model wrote; a call cut off at its opener is dropped.
-            return [TextDelta(text=f"{self._opener}{text}{self._closer or ''}")] if text.strip() else []
+            # Unparseable markup is kept as the text the model wrote; a call cut off
+            # by the end of the output (max_tokens) is dropped, so no markup leaks.
+            return [TextDelta(text=f"{self._opener}{text}{self._closer or ''}")] if text.strip() and not cut else []
         events: list[CompletionEvent] = []
         for name, arguments in parsed:
             events.append(ToolCall(index=self._calls, id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=arguments))
             self._calls += 1
         return events
+
+
+def splitter_for(family: Family, markers: Markers, section: Section = Section.ANSWER) -> Splitter:
+    """The splitter for a request's output: the family's own, else markers in text."""
+    if family.splitter is not None:
+        return family.splitter(markers.tools, markers.family is not None)
+    return MarkupSplitter(markers, section=section)
 
 
 def markers_for(family: Family, tools: Sequence[Tool], *, parse_tools: bool, forced: bool = False) -> Markers:
@@ -226,19 +237,6 @@ def markers_for(family: Family, tools: Sequence[Tool], *, parse_tools: bool, for
     """
     calls = parse_tools and (family.auto_calls or forced)
     return Markers(think=family.think, family=family if calls else None, tools=tuple(tools))
-
-
-def _in_json_string(body: str) -> bool:
-    """`body` ends inside a JSON string (counted from its first `{`)."""
-    inside, escaped = False, False
-    for char in body[max(body.find("{"), 0) if "{" in body else len(body) :]:
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = inside
-        elif char == '"':
-            inside = not inside
-    return inside
 
 
 def _first(buffer: str, markers: Sequence[str]) -> tuple[int, str] | None:

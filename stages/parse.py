@@ -11,6 +11,7 @@ fails that reply (400); anything else fails it with 500 (`pipeline/actor.py`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import anyio
 import attrs
@@ -21,7 +22,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pipeline.actor import serve_items
 from pipeline.errors import invalid
 from pipeline.jsontext import MAX_DEPTH, TooDeep, loads
-from pipeline.requests import ChatRequest, JsonValue
+from pipeline.requests import ChatRequest, JsonValue, with_adapter
 from pipeline.tracing import Mark
 from stages.messages import Parsed, Submission
 
@@ -33,6 +34,8 @@ class ParseStage:
     _inbox: MemoryObjectReceiveStream[Submission] = attrs.field(alias="inbox")
     _chat: MemoryObjectSendStream[Parsed] = attrs.field(alias="chat")
     _text: MemoryObjectSendStream[Parsed] = attrs.field(alias="text")
+    # The LoRA adapter a body's `model` asks for (stages/adapters.py); None: the server serves none.
+    _route: Callable[[JsonValue], str | None] | None = attrs.field(default=None, alias="route")
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._chat, self._text:
@@ -40,7 +43,10 @@ class ParseStage:
             await serve_items(self._inbox, self._on_submission, stage="parse")
 
     async def _on_submission(self, submission: Submission) -> None:
-        request = submission.decode(load_json(submission.body))
+        value = load_json(submission.body)
+        request = submission.decode(value)
+        if self._route is not None:
+            request = with_adapter(request, self._route(value))
         timeline = submission.timeline.stamp(Mark.PARSED)
         log.info(
             "request.parse", **submission.reply.log_context, duration=timeline.between(Mark.RECEIVED, Mark.PARSED)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.generate import StopSequences
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler, make_logits_processors
 
 from pipeline.requests import GenerationParams, Sampling
@@ -193,15 +194,23 @@ def row_stop_ids(params: GenerationParams, eos_ids: Iterable[int]) -> frozenset[
     return frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(eos_ids))
 
 
+def row_stop_sequences(params: GenerationParams, eos_ids: Iterable[int]) -> StopSequences:
+    """`row_stop_ids` as the generator's per-row stop sequences (one token each)."""
+    return StopSequences([[token] for token in sorted(row_stop_ids(params, eos_ids))])
+
+
 class ThinkBudget:
     """Closes the think section when `budget` thinking tokens are spent.
     Counts the tokens sampled inside the section (opened by the prompt or
-    by the start marker); once the count reaches the budget, only the end
-    marker may be sampled, so the model goes on to its answer.
+    by the start marker, which may be several tokens: gpt-oss's
+    `<|channel|>analysis<|message|>`); once the count reaches the budget,
+    only the end marker may be sampled, so the model goes on to its answer.
     """
-    def __init__(self, *, budget: int, start: int, end: int, opened: bool) -> None:
-        self._budget, self._start, self._end = budget, start, end
+    def __init__(self, *, budget: int, start: int | tuple[int, ...], end: int, opened: bool) -> None:
+        self._budget, self._end = budget, end
+        self._start = (start,) if isinstance(start, int) else start
         self._inside, self._spent, self._started = opened, 0, False
+        self._recent: tuple[int, ...] = ()
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._started:
             self._see(cast(int, tokens[-1].item()))
@@ -212,7 +221,8 @@ class ThinkBudget:
         only_end[..., self._end] = 0.0
         return logits + only_end
     def _see(self, token: int) -> None:
-        if token == self._start:
+        self._recent = (*self._recent, token)[-len(self._start) :]
+        if self._recent == self._start:
             self._inside, self._spent = True, 0
         elif token == self._end:
             self._inside = False
@@ -236,7 +246,7 @@ def token_scores(logprobs: mx.array, token: int, top: int) -> tuple[float, tuple
     return chosen, tuple(pair for pair in pairs if math.isfinite(pair[1]))
 
 
-def row_processors(row: Prepared, think_ids: tuple[int, int] | None, eos_ids: Iterable[int] = ()) -> list[LogitsProcessor]:
+def row_processors(row: Prepared, think_ids: tuple[tuple[int, ...], int] | None, eos_ids: Iterable[int] = ()) -> list[LogitsProcessor]:
     """A row's logits processors: penalties and bias, its thinking budget, `min_tokens`, its grammar (its own copy)."""
     budget = row.params.thinking_budget
     think = None
@@ -249,7 +259,9 @@ def row_processors(row: Prepared, think_ids: tuple[int, int] | None, eos_ids: It
     return make_row_processors(row.params.sampling, row.max_tokens, matcher, think, at_least)
 
 
-def _opened(prompt: tuple[int, ...], start: int, end: int) -> bool:
+def _opened(prompt: tuple[int, ...], start: int | tuple[int, ...], end: int) -> bool:
     """The prompt ends inside a think section its template opened."""
-    last_start = max((i for i, token in enumerate(prompt) if token == start), default=-1)
-    return last_start >= 0 and end not in prompt[last_start:]
+    marker = (start,) if isinstance(start, int) else start
+    size = len(marker)
+    last_start = max((i for i in range(len(prompt) - size + 1) if prompt[i : i + size] == marker), default=-1)
+    return last_start >= 0 and end not in prompt[last_start + size :]

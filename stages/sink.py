@@ -33,8 +33,8 @@ from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
 from stages.messages import send_abort
 from stages.families import choose_family
-from stages.families.base import Family
-from stages.markup import Markers, MarkupSplitter, Section, markers_for
+from stages.families.base import Family, Splitter
+from stages.markup import Markers, MarkupSplitter, Section, markers_for, splitter_for
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores
 from stages.models.loading import StreamingDetokenizer, Tokenizer, completion_detokenizer, token_text
 from stages.stops import StopMatcher, StopResult
@@ -50,7 +50,7 @@ class RowText:
     admitted: Admitted
     detokenizer: StreamingDetokenizer
     stops: StopMatcher
-    markup: MarkupSplitter
+    markup: Splitter
     timeline: Timeline
     # The client wants at most one tool call (`parallel_tool_calls: false`).
     single_call: bool = False
@@ -166,7 +166,7 @@ class CompletionSink:
         text, raw = token_text(self._tokenizer, token)
         return TokenLogprob(token=text, bytes=raw, logprob=logprob)
 
-    def _markup_for(self, prepared: Prepared) -> MarkupSplitter:
+    def _markup_for(self, prepared: Prepared) -> Splitter:
         request = prepared.request
         if not isinstance(request, ChatRequest):
             # A raw completion is plain text: nothing in it is markup.
@@ -178,7 +178,7 @@ class CompletionSink:
         # A grammar (a forced call's, or a response format's) writes the answer at once, whatever the prompt opened.
         constrained = forced or prepared.params.constraint is not None
         section = Section.ANSWER if constrained else self._opening_section(markers, prepared.prompt_tokens)
-        return MarkupSplitter(markers, section=section)
+        return splitter_for(self._family, markers, section)
 
     def _opening_section(self, markers: Markers, prompt: tuple[int, ...]) -> Section:
         """REASONING when the template's generation prompt opened a think block."""

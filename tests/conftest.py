@@ -140,3 +140,12 @@ def server(server_factory: ServerFactory) -> Server:
 @pytest.fixture
 def client(server: Server) -> openai.OpenAI:
     return server.client()
+
+
+@pytest.fixture(scope="session")
+def lora_adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two random LoRA adapters for the tiny model (mlx-lm's format; nothing trained), by name."""
+    from stages.models.demo_adapter import write_random_adapter
+
+    root = tmp_path_factory.mktemp("adapters")
+    return {name: write_random_adapter(tiny_model, root / name, seed=seed) for name, seed in (("lora-a", 1), ("lora-b", 2))}

@@ -39,6 +39,10 @@ MLX_CORE_ALLOWED = {
     "stages/kv/machine.py",
     # The shape-true model builder, and the adapter that rebuilds cache layers for the model thread.
     "stages/models/shaped.py", "stages/models/mlx_internals.py",
+    # Random LoRA adapters for the demo models.
+    "stages/models/demo_adapter.py",
+    # Embeddings and scores: forward passes the model thread runs between steps.
+    "stages/embed.py",
 }  # fmt: skip
 
 

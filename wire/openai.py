@@ -17,7 +17,7 @@ from pipeline.errors import ErrorKind, RequestError
 from pipeline.events import CompletionEvent, ReasoningDelta, Summary, TextDelta, ToolCall, Usage, content_runs
 from pipeline.requests import JsonObject, JsonValue
 from wire.logprobs import chat_logprobs, legacy_logprobs
-from wire.sse import comment, frame, raw_frame
+from wire.sse import Splice, comment, frame, raw_frame
 
 _DONE = raw_frame("[DONE]")
 
@@ -69,8 +69,13 @@ class _OpenAIStream:
     include_usage: bool = False
 
     object_name = ""
+    # The frame of a chunk that carries only new text, built on first use.
+    _text_frame: Splice | None = attrs.field(default=None, init=False)
 
     def _chunk(self, choices: list[JsonValue], usage: JsonValue = None) -> bytes:
+        return frame(self._chunk_body(choices, usage))
+
+    def _chunk_body(self, choices: list[JsonValue], usage: JsonValue = None) -> JsonObject:
         chunk: JsonObject = {
             "id": self.id,
             "object": self.object_name,
@@ -80,7 +85,16 @@ class _OpenAIStream:
         }
         if self.include_usage:
             chunk["usage"] = usage
-        return frame(chunk)
+        return chunk
+
+    def _text_chunk(self, text: str) -> bytes:
+        # Per token the chunk differs in its text alone (the common case, and the hot path).
+        if self._text_frame is None:
+            self._text_frame = Splice.of(lambda marker: self._chunk_body([self._text_choice(marker)]))
+        return self._text_frame.fill(text)
+
+    def _text_choice(self, text: str) -> JsonObject:
+        raise NotImplementedError
 
     def _envelope(self, choice: JsonObject, usage: Usage) -> JsonObject:
         return {
@@ -110,6 +124,9 @@ class ChatStream(_OpenAIStream):
         return self._chunk([_chat_choice({"role": "assistant", "content": ""})])
 
     def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
+        if all(type(event) is TextDelta for event in events):
+            text = joined_text(events)
+            return self._text_chunk(text) if text else b""
         deltas = _chat_deltas(events)
         logprobs = chat_logprobs(events)
         if logprobs is not None and not deltas:
@@ -119,6 +136,9 @@ class ChatStream(_OpenAIStream):
         if logprobs is not None:
             chunks[-1]["logprobs"] = logprobs
         return b"".join(self._chunk([choice]) for choice in chunks)
+
+    def _text_choice(self, text: str) -> JsonObject:
+        return _chat_choice({"content": text})
 
     def finish(self, summary: Summary) -> bytes:
         last = self._chunk([_chat_choice({}, summary.finish_reason.value)])
@@ -156,9 +176,14 @@ class TextStream(_OpenAIStream):
         logprobs, self._offset = legacy_logprobs(events, self._offset)
         if not text and logprobs is None:
             return b""
+        if logprobs is None:
+            return self._text_chunk(text)
         choice = _text_choice(text)
         choice["logprobs"] = logprobs
         return self._chunk([choice])
+
+    def _text_choice(self, text: str) -> JsonObject:
+        return _text_choice(text)
 
     def finish(self, summary: Summary) -> bytes:
         return self._chunk([_text_choice("", summary.finish_reason.value)]) + self._usage_tail(summary) + _DONE

@@ -16,11 +16,10 @@ from wire.fields import Body, as_list, read_bool, read_int, read_number
 _MAX_STOP_TOKEN_IDS = 256
 
 # Extensions that would change the output, with the value that leaves it as
-# it is (None: only absent is neutral). `adapters` is vLLM's LoRA name.
+# it is (None: only absent is neutral).
 REFUSED: dict[str, JsonValue] = {
     "chat_template": None,
     "prompt_logprobs": None,
-    "adapters": None,
     "draft_model": None,
     "guided_decoding_backend": None,
     "include_stop_str_in_output": False,

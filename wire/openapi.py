@@ -14,9 +14,12 @@ import attrs
 
 from pipeline.requests import JsonObject, JsonValue
 from wire.anthropic_requests import decode_count_tokens, decode_messages
+from wire.embeddings import decode_embeddings
 from wire.openai_requests import decode_chat, decode_completion
 from wire.responses_requests import decode_responses
 from wire.schema_probe import Decoder, body_schema
+from wire.scoring import decode_rerank, decode_score
+from wire.tokenize import decode_detokenize, decode_tokenize
 
 _USER: list[JsonValue] = [{"role": "user", "content": "Hello"}]
 
@@ -51,6 +54,16 @@ OPERATIONS = (
               example={"model": "m", "messages": _USER, "max_tokens": 1}, streams=True),
     Operation(method="post", path="/v1/messages/count_tokens", summary="Anthropic token counting", anthropic=True,
               decode=decode_count_tokens, example={"model": "m", "messages": _USER}),
+    Operation(method="post", path="/v1/embeddings", summary="OpenAI Embeddings", decode=decode_embeddings,
+              example={"model": "m", "input": ["Hello"], "encoding_format": "float"}),
+    *(Operation(method="post", path=path, summary="Rerank documents against a query (Jina/Cohere shape)", decode=decode_rerank,
+                example={"model": "m", "query": "Hello", "documents": ["Hi"], "top_n": 1}) for path in ("/v1/rerank", "/rerank")),
+    *(Operation(method="post", path=path, summary="Relevance scores of text pairs (vLLM)", decode=decode_score,
+                example={"model": "m", "text_1": "Hello", "text_2": ["Hi"]}) for path in ("/v1/score", "/score")),
+    Operation(method="post", path="/tokenize", summary="Tokenize a prompt or a chat (vLLM)", decode=decode_tokenize,
+              example={"model": "m", "prompt": "Hello", "add_special_tokens": True}),
+    Operation(method="post", path="/detokenize", summary="Text of token ids (vLLM)", decode=decode_detokenize,
+              example={"model": "m", "tokens": [1]}),
     Operation(method="get", path="/v1/models", summary="The served model, as a list"),
     Operation(method="get", path="/v1/models/{model_id}", summary="The served model"),
     Operation(method="get", path="/health", summary="Liveness: 200 while the engine serves, 503 otherwise", public=True),

@@ -18,6 +18,11 @@ Evicted entries go to the lower (disk) tier, if any, which writes them in
 the background; a later fetch that the lower tier can serve better restores
 from it.
 
+Entries of a LoRA adapter (`Entry.adapter`) hold KV that adapter computed:
+they live in a trie of their own and serve only rows of the same adapter.
+The disk tier's files carry no adapter, so those entries stay in memory:
+evicted, they are dropped, and only the base model's entries go down.
+
 Used on the gateway's model thread only (S12); the statistics are plain
 ints, safe to read from the event loop.
 """
@@ -34,8 +39,10 @@ from mlx_lm.models.cache import PromptTrie
 from stages.cache.tier import DiskStatistics, Entry, Key, LowerTier, candidates
 from stages.models.mlx_internals import cut_layer
 
-# PromptTrie keeps one trie per model; this cache serves one.
+# PromptTrie keeps one trie per model: the base model's, and one per adapter.
 _MODEL = "served"
+# An entry's place: its adapter's trie, and its tokens.
+_Slot = tuple[str, Key]
 # Restore from disk only for at least this many more tokens than memory has:
 # reading and checking a file costs about as much as prefilling a few dozen
 # tokens on a CPU.
@@ -76,8 +83,8 @@ class PromptCache:
     lower: LowerTier | None = None
     _trie: PromptTrie = attrs.field(factory=PromptTrie, init=False)
     # Least recently used first; session entries in their own order.
-    _plain: OrderedDict[Key, Entry] = attrs.field(factory=OrderedDict, init=False)
-    _pinned: OrderedDict[Key, Entry] = attrs.field(factory=OrderedDict, init=False)
+    _plain: OrderedDict[_Slot, Entry] = attrs.field(factory=OrderedDict, init=False)
+    _pinned: OrderedDict[_Slot, Entry] = attrs.field(factory=OrderedDict, init=False)
     _bytes: int = attrs.field(default=0, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
@@ -85,7 +92,7 @@ class PromptCache:
         names = ("hits", "misses", "cached_tokens", "session_hits", "session_misses", "evictions")
         self._counts = dict.fromkeys(names, 0)
 
-    def fetch(self, tokens: Sequence[int], *, session: str | None = None) -> Hit | None:
+    def fetch(self, tokens: Sequence[int], *, session: str | None = None, adapter: str | None = None) -> Hit | None:
         """The longest usable cached prefix of `tokens`, leaving at least one token to prefill.
 
         The returned cache is a fresh view; the caller may hand it to the
@@ -95,13 +102,13 @@ class PromptCache:
         """
         limit = len(tokens) - 1
         session = session if self.sessions else None
-        entry, cache, shared = self._nearest(tokens, limit)
-        if self.lower is not None:
+        entry, cache, shared = self._nearest(tokens, limit, _space(adapter))
+        if self.lower is not None and adapter is None:
             entry, cache, shared = self._maybe_restore(tokens, limit, (entry, cache, shared), session)
         if entry is None or cache is None:
             self._count(hit=False, session=session)
             return None
-        self._touch(entry.tokens)
+        self._touch(_slot(entry))
         self._count(hit=True, session=session, tokens=shared)
         return Hit(cache=cache, tokens=shared, source=entry.tokens, continues=shared >= entry.prompt_len)
 
@@ -111,16 +118,17 @@ class PromptCache:
             return
         if not self.sessions:
             entry.session = None
+        space = _space(entry.adapter)
         if replaces is not None and replaces != entry.tokens:
-            self._drop(replaces)
-        self._drop(entry.tokens)
-        self._trie.add(_MODEL, list(entry.tokens), entry)
+            self._drop((space, replaces))
+        self._drop(_slot(entry))
+        self._trie.add(space, list(entry.tokens), entry)
         # A prefix can be served by cutting this entry back, unless its layers
         # cannot be cut: then a prefix (a turn's checkpoint) stays useful.
         if _cut(entry, len(entry.tokens) - 1) is not None:
-            for _, prefix in self._trie.pop_prefixes(_MODEL, list(entry.tokens)):
+            for _, prefix in self._trie.pop_prefixes(space, list(entry.tokens)):
                 self._forget(prefix)
-        (self._pinned if entry.session else self._plain)[entry.tokens] = entry
+        (self._pinned if entry.session else self._plain)[_slot(entry)] = entry
         self._bytes += entry.nbytes
         self._evict_to(self.max_bytes)
 
@@ -133,11 +141,11 @@ class PromptCache:
             **self._counts,
         )
 
-    def _nearest(self, tokens: Sequence[int], limit: int) -> _Found:
+    def _nearest(self, tokens: Sequence[int], limit: int, space: str) -> _Found:
         if limit <= 0 or not (self._plain or self._pinned):
             return None, None, 0
-        for key, shared in candidates(self._trie, _MODEL, tokens[:limit]):
-            entry = self._trie.get(_MODEL, list(key))
+        for key, shared in candidates(self._trie, space, tokens[:limit]):
+            entry = self._trie.get(space, list(key))
             cache = _cut(entry, shared)
             if cache is not None:
                 return entry, cache, shared
@@ -159,27 +167,28 @@ class PromptCache:
         cache = _cut(restored, shared)
         return (restored, cache, shared) if cache is not None else found
 
-    def _touch(self, key: Key) -> None:
+    def _touch(self, slot: _Slot) -> None:
         for order in (self._pinned, self._plain):
-            if key in order:
-                order.move_to_end(key)
+            if slot in order:
+                order.move_to_end(slot)
 
-    def _drop(self, key: Key) -> None:
-        if key in self._plain or key in self._pinned:
-            self._trie.pop(_MODEL, list(key))
-            self._forget(self._plain.get(key) or self._pinned[key])
+    def _drop(self, slot: _Slot) -> None:
+        if slot in self._plain or slot in self._pinned:
+            self._trie.pop(slot[0], list(slot[1]))
+            self._forget(self._plain.get(slot) or self._pinned[slot])
 
     def _forget(self, entry: Entry) -> None:
-        (self._pinned if entry.tokens in self._pinned else self._plain).pop(entry.tokens)
+        slot = _slot(entry)
+        (self._pinned if slot in self._pinned else self._plain).pop(slot)
         self._bytes -= entry.nbytes
 
     def _evict_to(self, limit: int) -> None:
         while self._bytes > limit and (self._plain or self._pinned):
-            _, entry = (self._plain or self._pinned).popitem(last=False)
-            self._trie.pop(_MODEL, list(entry.tokens))
+            slot, entry = (self._plain or self._pinned).popitem(last=False)
+            self._trie.pop(slot[0], list(entry.tokens))
             self._bytes -= entry.nbytes
             self._counts["evictions"] += 1
-            if self.lower is not None and not entry.on_disk:
+            if self.lower is not None and not entry.on_disk and entry.adapter is None:
                 self.lower.spill(entry)
 
     def _count(self, *, hit: bool, session: str | None, tokens: int = 0) -> None:
@@ -187,6 +196,14 @@ class PromptCache:
         self._counts["cached_tokens"] += tokens
         if session is not None:
             self._counts["session_hits" if hit else "session_misses"] += 1
+
+
+def _space(adapter: str | None) -> str:
+    return _MODEL if adapter is None else f"adapter:{adapter}"
+
+
+def _slot(entry: Entry) -> _Slot:
+    return _space(entry.adapter), entry.tokens
 
 
 def _cut(entry: Entry, tokens: int) -> list[Any] | None:

@@ -21,6 +21,8 @@ class Entry:
     cache: list[Any]
     prompt_len: int
     session: str | None = None
+    # The adapter whose KV this is (None: the base model's): entries of one never serve another.
+    adapter: str | None = None
     # A copy is already on disk: evicting this one needs no new write.
     on_disk: bool = False
     nbytes: int = attrs.field(init=False)

@@ -4,20 +4,22 @@ forced-call grammar read it.
 A `Family` names the model's think markers, the markers that open and
 close a tool call (a closer of None means the call runs to the next
 opener or to the end of the output, as when EOS ends it), openers that
-count only at a message boundary (Llama's bare JSON, gpt-oss's recipient
-in the role header), layout markers that are removed from the answer and
-leave a boundary behind, a parser for one call section, and the Lark
-grammar of a forced call in the family's own markup. Pure; no I/O.
+count only at a message boundary (Llama's bare JSON), layout markers that
+are removed from the answer and leave a boundary behind, a parser for one
+call section, and the Lark grammar of a forced call in the family's own
+markup; or, for output that is messages rather than text with markers in
+it (gpt-oss), a splitter of its own. Pure; no I/O.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
+from pipeline.events import CompletionEvent
 from pipeline.requests import Tool
 
 # One parsed call: the tool's name and its arguments as a JSON object.
@@ -28,6 +30,23 @@ CallParser = Callable[[str, str, Sequence[Tool]], list[ParsedCall] | None]
 MarkerRef = Callable[[str], str]
 # (allowed tools, marker ref) -> a Lark grammar whose `start` is the forced output.
 ForcedGrammar = Callable[[Sequence[Tool], MarkerRef], str]
+
+
+
+class Splitter(Protocol):
+    """Completion events out of decoded text, fed as it streams (`stages/markup.py`)."""
+
+    @property
+    def reasoning(self) -> bool: ...
+
+    @property
+    def tool_calls(self) -> int: ...
+
+    def feed(self, text: str, *, final: bool = False) -> list[CompletionEvent]: ...
+
+
+# (offered tools, whether calls are parsed) -> a family's own splitter.
+SplitterFactory = Callable[[tuple[Tool, ...], bool], Splitter]
 
 # JSON as clients expect to read it, with no room for runs of whitespace.
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -50,6 +69,8 @@ class Family:
     json_bodies: bool = True
     # The grammar for `tool_choice: required` where it differs from a named call's.
     forced_required: ForcedGrammar | None = None
+    # A family whose output is not text with markers in it (gpt-oss's messages) reads it itself.
+    splitter: SplitterFactory | None = None
 
 
 def lark_json(schema: dict[str, Any]) -> str:
@@ -115,3 +136,16 @@ def json_calls(text: str) -> list[ParsedCall] | None:
     if not calls or any(call is None for call in calls):
         return None
     return [call for call in calls if call is not None]
+
+
+def in_json_string(body: str) -> bool:
+    """`body` ends inside a JSON string (counted from its first `{`)."""
+    inside, escaped = False, False
+    for char in body[max(body.find("{"), 0) if "{" in body else len(body) :]:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = inside
+        elif char == '"':
+            inside = not inside
+    return inside

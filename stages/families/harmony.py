@@ -1,31 +1,27 @@
-"""gpt-oss (OpenAI harmony): the `analysis` channel is reasoning, a
-`commentary` message to `functions.x` is a call, `final` is the answer.
+"""gpt-oss (OpenAI harmony): the output is a run of messages; `analysis`
+is reasoning, a message to `functions.x` is a call, `final` (and a
+`commentary` preamble) is the answer (`harmony_stream.py` reads them).
 
-The recipient stands in the channel (`<|channel|>commentary to=functions.x`)
-or in the role header (`<|start|>assistant to=functions.x<|channel|>…`);
-the arguments follow `<|message|>`, and `<|call|>` (an EOS) ends the call.
-Message headers and `<|end|>` are layout and are removed."""
+A forced call is one commentary message to the function, its JSON
+constrained; `<|call|>` (an EOS) ends it."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
+from pipeline.events import ToolCall
 from pipeline.requests import Tool
-from stages.families.base import Family, MarkerRef, ParsedCall, any_of, arguments_schema, json_object, lark_json, lark_text
+from stages.families.base import Family, MarkerRef, ParsedCall, arguments_schema, json_object, lark_json, lark_text
+from stages.families.harmony_stream import CHANNEL, CONSTRAIN, END, MESSAGE, START, HarmonySplitter
 
-CHANNEL, MESSAGE, START, END = "<|channel|>", "<|message|>", "<|start|>", "<|end|>"
-CONSTRAIN = "<|constrain|>"
-_RECIPIENT = re.compile(r"^\s*(?:functions\.)?([^\s<]+)")
+__all__ = ["CHANNEL", "CONSTRAIN", "END", "FAMILY", "MESSAGE", "START"]
 
 
 def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
-    header, sep, arguments = body.partition(MESSAGE)
-    named = _RECIPIENT.match(header)
-    if not sep or named is None:
-        return None
-    parsed = json_object(arguments.strip())
-    return None if parsed is None else [(named.group(1), parsed)]
+    """The calls in a whole harmony output (the splitter is what reads a stream)."""
+    events = HarmonySplitter(tools=tuple(tools), parse_calls=True).feed(opener + body, final=True)
+    calls = [(event.name, json_object(event.arguments)) for event in events if isinstance(event, ToolCall)]
+    return [(name, arguments) for name, arguments in calls if arguments is not None] or None
 
 
 def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
@@ -43,7 +39,5 @@ FAMILY = Family(
     forced=forced,
     example=f"{CHANNEL}commentary to=functions.<function-name> {CONSTRAIN}json{MESSAGE}<args-json-object>",
     think=(f"{CHANNEL}analysis{MESSAGE}", END),
-    calls=((f"{CHANNEL}commentary to=", None),),
-    leading=("to=",),
-    dropped=(f"{START}assistant", f"{CHANNEL}final{MESSAGE}", f"{CHANNEL}commentary{MESSAGE}", END),
+    splitter=lambda tools, parse_calls: HarmonySplitter(tools=tools, parse_calls=parse_calls),
 )

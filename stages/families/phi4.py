@@ -1,4 +1,6 @@
-"""Phi-4-mini: `<|tool_call|>[{"name": …, "arguments": …}, …]<|/tool_call|>`, `<think>` reasoning."""
+"""Phi-4-mini: `<|tool_call|>[{"name": …, "arguments": …}, …]<|/tool_call|>`, `<think>` reasoning
+(Phi-4-reasoning). Phi-4-mini also writes its call list as plain text, `functools[{…}, …]`, the
+form vLLM's and SGLang's Phi-4-mini parsers read; that form is the whole answer."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ from pipeline.requests import Tool
 from stages.families.base import Family, MarkerRef, ParsedCall, any_of, call_object, json_calls, lark_json
 
 START, END = "<|tool_call|>", "<|/tool_call|>"
+FUNCTOOLS = "functools["
 
 
 def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
-    return json_calls(body.strip())
+    return json_calls(("[" if opener == FUNCTOOLS else "") + body.strip())
 
 
 def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
@@ -26,4 +29,5 @@ FAMILY = Family(
     example=f'{START}[{{"name": <function-name>, "arguments": <args-json-object>}}]{END}',
     think=("<think>", "</think>"),
     calls=((START, END),),
+    leading=(FUNCTOOLS,),
 )

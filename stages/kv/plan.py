@@ -195,13 +195,18 @@ class Fit:
     decode_tokens_per_s: DecodeRate
 
 
-def assess(path: Path, *, context_window: int, budget: int, prompt_cache: int, max_batch: int, prefill_step: int) -> Fit:
+def assess(
+    path: Path, *, context_window: int, budget: int, prompt_cache: int, max_batch: int, prefill_step: int, adapter_bytes: int = 0
+) -> Fit:
     """Read the machine and the model and plan the budget; blocking (run it off the event loop).
+
+    `adapter_bytes` (LoRA adapters held beside the weights) counts as weights.
 
     Raises:
         BudgetError: the budget cannot hold the model.
     """
     machine, shape = read_machine(), read_model_shape(path, context_window)
+    shape = attrs.evolve(shape, weights_bytes=shape.weights_bytes + adapter_bytes)
     memory = plan(shape, machine, budget=budget, prompt_cache=prompt_cache, max_batch=max_batch, prefill_step=prefill_step)
     rate = DecodeRate(
         empty_context=predicted_decode_rate(shape, machine, 0),

@@ -60,6 +60,10 @@ class Row:
         return self.prepared.params.cache_key
 
     @property
+    def adapter(self) -> str | None:
+        return self.prepared.params.adapter
+
+    @property
     def logprobs(self) -> int | None:
         # Alternatives per token to report, when the client asked for logprobs.
         return self.prepared.params.logprobs

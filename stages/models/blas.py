@@ -1,16 +1,21 @@
 """Choose the BLAS that MLX's CPU backend calls, before `mlx` is imported.
 
-The Linux `mlx[cpu]` wheel links the reference BLAS. Loading the system's
-OpenBLAS with RTLD_GLOBAL first interposes its `cblas_*` symbols, which
-made a 1024x1024 float32 matmul about 35x faster on our build machines
-(DESIGN.md, "Speed on Linux CPUs"). On macOS and CUDA builds this is a
-no-op: MLX computes on Metal or the GPU there.
+The Linux `mlx[cpu]` wheel links the reference BLAS. Loading another BLAS
+with RTLD_GLOBAL first interposes its `cblas_*` symbols: the system's
+OpenBLAS, which made a 1024x1024 float32 matmul about 35x faster on our
+build machines (DESIGN.md, "Speed on Linux CPUs"), else, where installing a
+system package is not an option (no root), Intel MKL's `libmkl_rt` from
+the `mkl` wheel (the `cpu-mkl` extra, x86_64). OpenBLAS comes first: on
+the AMD EPYC build machines MKL ran the same matmul at about half its speed. On macOS and CUDA builds this is a no-op: MLX computes on
+Metal or the GPU there.
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
+from importlib import metadata
+from pathlib import Path
 
 # Debian's libopenblas0-pthread registers libopenblas.so.0 through
 # alternatives; the explicit paths cover machines without the alternative.
@@ -46,6 +51,13 @@ def _choose() -> str:
         except OSError:
             continue
         return f"openblas ({_openblas_config(library)})"
+    if (mkl := _mkl_rt()) is not None:
+        try:
+            library = ctypes.CDLL(str(mkl), mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            pass
+        else:
+            return f"mkl ({_mkl_version(library)}, {mkl.name} from the mkl wheel)"
     return "reference (the BLAS bundled with mlx; install libopenblas0-pthread for ~35x faster matmuls)"
 
 
@@ -57,3 +69,23 @@ def _openblas_config(library: ctypes.CDLL) -> str:
     config.restype = ctypes.c_char_p
     raw: bytes | None = config()
     return raw.decode().strip() if raw else "unknown version"
+
+
+def _mkl_rt() -> Path | None:
+    """The `mkl` wheel's single dynamic library, if that wheel is installed."""
+    try:
+        files = metadata.files("mkl") or []
+    except metadata.PackageNotFoundError:
+        return None
+    found = sorted(Path(str(f.locate())) for f in files if f.name.startswith("libmkl_rt.so"))
+    return next((path for path in found if path.exists()), None)
+
+
+def _mkl_version(library: ctypes.CDLL) -> str:
+    try:
+        get_version = library.MKL_Get_Version_String
+    except AttributeError:
+        return "unknown version"
+    buffer = ctypes.create_string_buffer(256)
+    get_version(buffer, len(buffer))
+    return buffer.value.decode(errors="replace").strip() or "unknown version"

@@ -166,3 +166,42 @@ def allocator_memory() -> tuple[int, int]:
     import mlx.core as mx
 
     return mx.get_active_memory(), mx.get_cache_memory()
+
+
+# -- a model's last hidden states ---------------------------------------------
+
+
+def final_hidden(model: Any, inputs: Any, cache: list[Any] | None = None) -> Any | None:
+    """The last layer's hidden states (after the final norm), [batch, length, hidden]; None where unknown.
+
+    With `cache` (`make_prompt_cache(model)`), `inputs` continue what the
+    cache holds, as a chunked prefill does.
+    Leans on: mlx-lm's text models keeping their decoder as `model.model`
+    (multimodal wrappers as `language_model.model`), whose call takes
+    `(inputs, cache)` and returns the normed hidden states before the head.
+    """
+    inner = _decoder(model)
+    return None if inner is None else inner(inputs, cache)
+
+
+def head_logits(model: Any, hidden: Any) -> Any | None:
+    """The model's head applied to `hidden`: its logits; None where the head is not a plain projection.
+
+    Leans on: `lm_head`, or a tied `embed_tokens.as_linear` when
+    `args.tie_word_embeddings`; models that scale or cap their logits
+    (`final_logit_softcapping`, `logits_scaling`) are refused.
+    """
+    text = getattr(model, "language_model", model)
+    args = getattr(text, "args", None)
+    if args is None or getattr(args, "final_logit_softcapping", None) or getattr(args, "logits_scaling", None):
+        return None
+    if getattr(args, "tie_word_embeddings", False) or not hasattr(text, "lm_head"):
+        embed = getattr(getattr(text, "model", None), "embed_tokens", None)
+        return None if embed is None else embed.as_linear(hidden)
+    return text.lm_head(hidden)
+
+
+def _decoder(model: Any) -> Any | None:
+    text = getattr(model, "language_model", model)
+    inner = getattr(text, "model", None)
+    return inner if callable(inner) and hasattr(inner, "layers") else None

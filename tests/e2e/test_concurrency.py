@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -86,3 +88,28 @@ def test_disconnect_mid_stream_frees_the_row(server: Server, client: openai.Open
     assert completion.usage is not None and completion.usage.completion_tokens == 5
     after = stats(server)
     assert after["admission"]["in_flight"] == 0  # type: ignore[index]
+
+
+def test_a_stalled_reader_neither_stalls_others_nor_grows_the_crossing(
+    server: Server, client: openai.OpenAI, no_eos: dict[str, int]
+) -> None:
+    """A client that stops reading: its events wait in its reply, the other rows go on, and the
+    steps held between the model thread and the loop never pass the bound (stages/handoff.py)."""
+    body = json.dumps({"model": "m", "messages": HELLO, "max_tokens": 1500, "stream": True, "logit_bias": no_eos})
+    host, port = server.base_url.removeprefix("http://").split(":")
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.socket() as stalled:
+        # A small window: the server's writes to this reader block soon.
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect((host, int(port)))
+        stalled.sendall(head.encode() + body.encode())
+        other = client.chat.completions.create(model="m", messages=HELLO, max_tokens=64, temperature=0, logit_bias=no_eos)  # type: ignore[arg-type]
+        assert other.usage is not None and other.usage.completion_tokens == 64
+        gateway = stats(server)["gateway"]
+        assert isinstance(gateway, dict)
+        handoff = gateway["handoff"]
+        assert 0 < handoff["steps_undelivered_max"] <= handoff["steps_ahead"]
+    deadline = time.monotonic() + 30
+    while (gateway := stats(server)["gateway"]) and gateway["active"] != 0:  # type: ignore[index]
+        assert time.monotonic() < deadline, "the stalled reader's row stayed in the batch after it left"
+        time.sleep(0.05)

@@ -111,6 +111,12 @@ def test_a_corrupt_store_is_one_line_and_reset_store_moves_it_aside(tmp_path: Pa
     assert status == 0
 
 
+def test_a_bad_adapter_list_is_one_line(tmp_path: Path) -> None:
+    refused = _run("serve", "--port", str(_free_port()), adapters=f"sql={tmp_path}")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+    assert "adapter 'sql'" in refused.stderr and "adapter_config.json" in refused.stderr
+
+
 def test_a_store_from_a_newer_version_is_refused_with_advice(tmp_path: Path) -> None:
     store = tmp_path / "responses.db"
     with contextlib.closing(sqlite3.connect(store)) as db:

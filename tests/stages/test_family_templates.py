@@ -19,7 +19,7 @@ from stages.constraints import ConstraintCompiler, tool_call_constraint
 from stages.families import choose_family
 from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools
-from stages.markup import MarkupSplitter, markers_for
+from stages.markup import markers_for, splitter_for
 from stages.models.loading import Tokenizer, load_tokenizer, resolve_model
 from tests.families import CASES, FamilyCase
 
@@ -79,7 +79,7 @@ def test_forced_call_is_in_the_family_markup_and_parses_back(family_case: tuple[
     matcher = compiled.matcher()
     assert matcher.consume_tokens(tokenizer.encode(forced_text, add_special_tokens=False)), matcher.get_error()
     assert matcher.is_accepting()
-    splitter = MarkupSplitter(markers_for(family, (WEATHER, OTHER), parse_tools=True, forced=True))
+    splitter = splitter_for(family, markers_for(family, (WEATHER, OTHER), parse_tools=True, forced=True))
     events = splitter.feed(forced_text, final=True)
     calls = [e for e in events if isinstance(e, ToolCall)]
     assert [c.name for c in calls] == ["get_weather"] and len(events) == 1, events

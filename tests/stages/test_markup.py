@@ -62,6 +62,18 @@ CASES = [
         [("text", "<tool_call>not json</tool_call>after")],
         id="unparseable-call-kept-as-text",
     ),
+    pytest.param(
+        'Calling.<tool_call>{"name": "f", "arguments": {"x": "cut by max_tok',
+        Section.ANSWER,
+        [("text", "Calling.")],
+        id="call-cut-by-the-end-is-dropped",
+    ),
+    pytest.param(
+        '<tool_call>{"name": "f", "arguments": {"x": "a </tool_call> b"}}</tool_call>',
+        Section.ANSWER,
+        [("call", 'f{"x": "a </tool_call> b"}')],
+        id="closer-inside-a-json-string",
+    ),
     pytest.param('a < b and <thinking> is not a marker', Section.ANSWER, [("text", "a < b and <thinking> is not a marker")], id="near-misses"),
     pytest.param('x <tool_cal', Section.ANSWER, [("text", "x <tool_cal")], id="partial-marker-at-end-is-text"),
     pytest.param('<think>cut short by max_tokens', Section.ANSWER, [("reasoning", "cut short by max_tokens")], id="unclosed-think"),
@@ -124,3 +136,22 @@ def test_real_tokens_through_the_detokenizer(tokenizer: Tokenizer, per_step: int
             detokenizer.finalize()
         events.extend(splitter.feed(detokenizer.last_segment, final=final))
     assert merged(events) == [("reasoning", "weigh é options"), ("text", "Calling:"), ("call", 'f{"q": "ü"}')]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('<|tool_call|>[{"name": "f", "arguments": {"q": 1}}]<|/tool_call|>', [("call", 'f{"q": 1}')]),
+        ('functools[{"name": "f", "arguments": {"q": 1}}, {"name": "g", "arguments": {}}]', [("call", 'f{"q": 1}'), ("call", "g{}")]),
+        ("See functools[ in the docs.", [("text", "See functools[ in the docs.")]),
+    ],
+    ids=["tokens", "functools-text", "not-a-call"],
+)
+def test_phi4_mini_call_forms(text: str, expected: list[tuple[str, str]]) -> None:
+    """Phi-4-mini's call list between its tokens, and the `functools[…]` text form it also writes (as the whole answer only)."""
+    from stages.families import phi4
+
+    for cut in range(len(text) + 1):
+        splitter = MarkupSplitter(Markers(think=phi4.FAMILY.think, family=phi4.FAMILY))
+        events = splitter.feed(text[:cut]) + splitter.feed(text[cut:], final=True)
+        assert merged(events) == expected, cut

@@ -113,3 +113,20 @@ def test_no_other_module_reaches_into_mlx_lm_privately() -> None:
                 offenders.append(f"{path.relative_to(REPO)}: {pattern}")
     assert offenders == []
     assert "mlx_lm" in inspect.getsource(internals)
+
+
+def test_final_hidden_and_head_logits_rebuild_the_models_logits(model_info: ModelInfo) -> None:
+    """`model.model(inputs, cache)` is the normed decoder and the head its projection; sliced over a cache, the same."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from stages.models.loading import load_weights
+
+    model = load_weights(model_info)
+    inputs = mx.array([[5, 17, 42, 99, 3, 8]])
+    hidden = internals.final_hidden(model, inputs)
+    assert hidden is not None, "mlx-lm's model no longer keeps its decoder as `model.model`"
+    logits = internals.head_logits(model, hidden)
+    assert logits is not None and mx.allclose(logits, model(inputs), atol=1e-4).item()
+    cache = make_prompt_cache(model)
+    halves = [internals.final_hidden(model, inputs[:, :3], cache), internals.final_hidden(model, inputs[:, 3:], cache)]
+    assert mx.allclose(mx.concatenate(halves, axis=1), hidden, atol=1e-4).item()

@@ -36,3 +36,19 @@ def test_opened_reads_the_prompt_tail() -> None:
     assert _opened((1, START, 2), START, END)
     assert not _opened((1, START, END, 2), START, END)
     assert not _opened((1, 2), START, END)
+
+
+def test_start_marker_of_several_tokens() -> None:
+    """gpt-oss opens its reasoning with `<|channel|>analysis<|message|>`: three tokens, counted once all are seen."""
+    channel, analysis, message = 5, 6, 7
+    budget = ThinkBudget(budget=1, start=(channel, analysis, message), end=END, opened=False)
+    seen = [1]
+    free = [len(allowed(budget, seen)) == VOCAB]
+    for token in (channel, 2, channel, analysis, message, 2):  # another channel first: not reasoning
+        seen.append(token)
+        free.append(len(allowed(budget, seen)) == VOCAB)
+    assert free == [True] * 6 + [False]  # one token of reasoning spent the budget
+    assert allowed(budget, seen) == [END]
+    assert len(allowed(budget, [*seen, END])) == VOCAB
+    assert _opened((1, channel, analysis, message, 2), (channel, analysis, message), END)
+    assert not _opened((1, channel, analysis, message, END), (channel, analysis, message), END)

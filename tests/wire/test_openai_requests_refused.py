@@ -211,7 +211,7 @@ BAD_CHAT = [
     *[
         unsupported(chat_body(**{key: value}), key, id=f"extension-{key}")
         for key, value in [
-            ("chat_template", "{{ messages }}"), ("prompt_logprobs", 1), ("adapters", "sql-lora"),
+            ("chat_template", "{{ messages }}"), ("prompt_logprobs", 1),
             ("draft_model", "small"), ("add_generation_prompt", False),
         ]
     ],

@@ -357,3 +357,28 @@ def test_chat_body_message_with_reasoning_and_tools(events: list[CompletionEvent
     choices = body["choices"]
     assert isinstance(choices, list)
     assert choices[0] == {"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls"}
+
+
+TRICKY_TEXTS = ["plain", 'quote " and \\ backslash', "line\nbreak\ttab", "日本 ☕ 🙂", "\x00\x1f ctrl", "</script>", ""]
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize("text", TRICKY_TEXTS)
+def test_a_text_only_chunk_is_the_bytes_the_whole_chunk_encodes_to(text: str, include_usage: bool) -> None:
+    """The spliced per-token frame (wire/sse.Splice) equals the frame of the whole chunk, byte for byte."""
+    from wire.sse import frame
+
+    for stream, choice in (
+        (ChatStream(id=ID, created=CREATED, model=MODEL, include_usage=include_usage),
+         {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}),
+        (TextStream(id=ID, created=CREATED, model=MODEL, include_usage=include_usage),
+         {"index": 0, "text": text, "logprobs": None, "finish_reason": None}),
+    ):  # fmt: skip
+        chunk: dict[str, JsonValue] = {"id": ID, "object": stream.object_name, "created": CREATED, "model": MODEL}
+        chunk["choices"] = [choice]
+        if include_usage:
+            chunk["usage"] = None
+        expected = frame(chunk) if text else b""
+        # Twice: the second frame comes from the template the first one built.
+        assert stream.add_events([TextDelta(text=text)]) == expected
+        assert stream.add_events([TextDelta(text=text[:1]), TextDelta(text=text[1:])]) == expected

@@ -1,0 +1,117 @@
+"""Routes for model work besides generation: embeddings, rerank and score, tokenize and detokenize; the model list.
+
+A blueprint `app.py` registers; its errors render through `app.py`'s
+handlers like every other route's. Each route reads its body with the
+API's decoder, asks the engine's `ModelWork`, and shapes the answer.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import cast
+
+from quart import Blueprint, Response, current_app, request
+
+from edge import guard
+from pipeline.requests import JsonObject, JsonValue
+from stages.adapters import not_found
+from stages.engine import Engine
+from stages.parse import load_json
+from wire.embeddings import decode_embeddings, embeddings_body
+from wire.scoring import decode_rerank, decode_score, rerank_body, score_body
+from wire.sse import dumps
+from wire.tokenize import decode_detokenize, decode_tokenize, tokenize_body
+
+routes = Blueprint("model_work", __name__)
+
+
+def _engine() -> Engine:
+    return cast(Engine, current_app.extensions["engine"])
+
+
+async def _body() -> JsonValue:
+    return load_json(cast(bytes, await request.get_data(as_text=False)))
+
+
+def _json(body: JsonValue, trace_id: str | None = None) -> Response:
+    headers = {"x-request-id": trace_id} if trace_id else None
+    return Response(dumps(body), content_type="application/json", headers=headers)
+
+
+@routes.post("/v1/embeddings")
+async def embeddings() -> Response:
+    decoded = decode_embeddings(await _body())
+    request_id = f"embd-{uuid.uuid4().hex}"
+    trace_id = guard.trace_id(request_id)
+    engine = _engine()
+    result = await engine.work.embed(decoded, request_id=request_id, trace_id=trace_id)
+    return _json(embeddings_body(result, model=engine.info.name, encoding=decoded.encoding_format), trace_id)
+
+
+@routes.post("/v1/rerank")
+@routes.post("/rerank")
+async def rerank() -> Response:
+    decoded, documents, top_n, return_documents = decode_rerank(await _body())
+    request_id = f"rerank-{uuid.uuid4().hex}"
+    trace_id = guard.trace_id(request_id)
+    engine = _engine()
+    scores = await engine.work.score(decoded, request_id=request_id, trace_id=trace_id)
+    body = rerank_body(scores, documents, id=request_id, model=engine.info.name, top_n=top_n, return_documents=return_documents)
+    return _json(body, trace_id)
+
+
+@routes.post("/v1/score")
+@routes.post("/score")
+async def score() -> Response:
+    decoded = decode_score(await _body())
+    request_id = f"score-{uuid.uuid4().hex}"
+    trace_id = guard.trace_id(request_id)
+    engine = _engine()
+    scores = await engine.work.score(decoded, request_id=request_id, trace_id=trace_id)
+    return _json(score_body(scores, id=request_id, model=engine.info.name, created=int(time.time())), trace_id)
+
+
+@routes.post("/tokenize")
+async def tokenize() -> Response:
+    decoded = decode_tokenize(await _body())
+    engine = _engine()
+    tokens, strs = await engine.work.tokenize(decoded)
+    return _json(tokenize_body(tokens, max_model_len=engine.info.context_window, token_strs=strs))
+
+
+@routes.post("/detokenize")
+async def detokenize() -> Response:
+    tokens = decode_detokenize(await _body())
+    return _json({"prompt": await _engine().work.detokenize(tokens)})
+
+
+@routes.get("/v1/models")
+async def models() -> Response:
+    served = _engine().served
+    return _json({"object": "list", "data": [_model_card(model_id) for model_id in (*served.ids, *served.aliases)]})
+
+
+@routes.get("/v1/models/<path:model_id>")
+async def model(model_id: str) -> Response:
+    served = _engine().served
+    if not served.knows(model_id):
+        raise not_found(model_id, "model", served=(*served.ids, *served.aliases))
+    return _json(_model_card(model_id))
+
+
+def _model_card(model_id: str) -> JsonObject:
+    engine = _engine()
+    info = engine.info
+    card: JsonObject = {
+        "id": model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "mlx-relay",
+        "context_window": info.context_window,
+        "max_model_len": info.context_window,
+    }
+    if model_id == info.name:
+        return card
+    # As vLLM's cards do, an alias names the model it stands for and an adapter itself; `parent` is the base model.
+    return {**card, "root": engine.served.aliases.get(model_id, model_id), "parent": info.name}

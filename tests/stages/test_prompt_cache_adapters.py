@@ -1,0 +1,50 @@
+"""stages/cache/prompt.py: entries of one LoRA adapter never serve another, nor the base model."""
+
+from __future__ import annotations
+
+from stages.cache.prompt import PromptCache
+from stages.cache.tier import Entry
+from tests.stages.test_prompt_cache import BASE, TOKEN_BYTES, FakeLower, kv, positions
+
+
+def adapted(tokens: tuple[int, ...], adapter: str | None, *, first: int = 0) -> Entry:
+    return Entry(tokens=tokens, cache=kv(len(tokens), first=first), prompt_len=len(tokens), adapter=adapter)
+
+
+def test_an_adapter_entry_serves_only_its_adapter() -> None:
+    """The same tokens under two adapters and the base are three entries; each fetch finds its own."""
+    cache = PromptCache(max_bytes=1 << 20)
+    cache.store(adapted(BASE, "a", first=1000))
+    assert cache.fetch(BASE + (1,)) is None
+    assert cache.fetch(BASE + (1,), adapter="b") is None
+    cache.store(adapted(BASE, None, first=0))
+    cache.store(adapted(BASE, "b", first=2000))
+    for adapter, first in ((None, 0), ("a", 1000), ("b", 2000)):
+        hit = cache.fetch(BASE + (1,), adapter=adapter)
+        assert hit is not None and hit.tokens == len(BASE)
+        assert positions(hit.cache) == list(range(first, first + len(BASE)))
+    assert cache.statistics().entries == 3
+
+
+def test_replacing_and_prefix_dropping_stay_within_an_adapter() -> None:
+    """A longer entry of adapter a drops a's prefix entry, never the base model's."""
+    cache = PromptCache(max_bytes=1 << 20)
+    cache.store(adapted(BASE, None))
+    cache.store(adapted(BASE, "a", first=1000))
+    cache.store(adapted(BASE + (7, 8), "a", first=1000), replaces=BASE)
+    base = cache.fetch(BASE + (9,))
+    assert base is not None and positions(base.cache) == list(range(len(BASE)))
+    assert cache.statistics().entries == 2
+
+
+def test_only_base_entries_go_down_to_the_disk_tier() -> None:
+    """The disk tier's files carry no adapter: an evicted adapter entry is dropped, and a disk file never serves an adapter row."""
+    lower = FakeLower()
+    cache = PromptCache(max_bytes=100 * TOKEN_BYTES, lower=lower)
+    a, b, c = tuple(range(1, 101)), tuple(range(1001, 1101)), tuple(range(2001, 2101))
+    cache.store(adapted(a, "x"))
+    cache.store(adapted(b, None))
+    cache.store(adapted(c, None))
+    assert lower.spilled == [b]
+    assert cache.fetch(b + (0,), adapter="x") is None and lower.restored == []
+    assert cache.fetch(b + (0,)) is not None and lower.restored == [b]
