@@ -27,6 +27,7 @@ from edge import guard  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
+from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
 from edge.status_routes import routes as status_routes  # noqa: E402
 from edge.store import store_call  # noqa: E402
@@ -38,7 +39,6 @@ from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
-from stages.adapters import not_found  # noqa: E402
 from stages.engine import Engine  # noqa: E402
 from stages.messages import Decoder  # noqa: E402
 from stages.parse import load_json  # noqa: E402
@@ -93,6 +93,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
         async with anyio.create_task_group() as outer:
             app.extensions["engine"] = await outer.start(Engine(settings=settings, observer=observer).run)
             metrics.configure(model_name=engine().info.name, context_window=engine().info.context_window)
+            check_aliases(engine().served)
             log.info("server.ready", model=engine().info.name)
             yield
             log.info("server.draining")
@@ -129,6 +130,7 @@ async def generate(
     session = session_key(request.headers.get)
     if session:
         decode = _with_session(decode, session)
+    decode = with_model(decode)
     reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
     tracing = cast(Tracing | None, app.extensions["tracing"])
     if tracing is not None:
@@ -157,19 +159,14 @@ async def generate(
 
 def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
     return openai.ChatStream(
-        id=request_id, created=int(time.time()), model=_served_id(accepted), include_usage=_include_usage(accepted)
+        id=request_id, created=int(time.time()), model=served_as(engine().served, accepted.request), include_usage=_include_usage(accepted)
     )
 
 
 def _text_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
     return openai.TextStream(
-        id=request_id, created=int(time.time()), model=_served_id(accepted), include_usage=_include_usage(accepted)
+        id=request_id, created=int(time.time()), model=served_as(engine().served, accepted.request), include_usage=_include_usage(accepted)
     )
-
-
-def _served_id(accepted: Accepted) -> str:
-    # The id of the model that answered: an adapter's, or the base model's.
-    return accepted.request.params.adapter or engine().info.name
 
 
 def _include_usage(accepted: Accepted) -> bool:
@@ -187,7 +184,12 @@ async def count_tokens() -> Response:
     chat = decode_count_tokens(body)
     # An adapter shares the base model's tokenizer; an unknown model is still a 404.
     engine().served.adapter_of(body)
-    return json_response({"input_tokens": await engine().count_tokens(chat)})
+    counted = await engine().count_tokens(chat)
+    reply: dict[str, JsonValue] = {"input_tokens": counted.input_tokens}
+    if counted.original_input_tokens is not None:
+        # Anthropic's report when context management was asked: the count before the edits.
+        reply["context_management"] = {"original_input_tokens": counted.original_input_tokens}
+    return json_response(reply)
 
 
 def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
@@ -205,7 +207,8 @@ def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
 
 @app.post("/v1/responses")
 async def responses() -> Response:
-    decoded = decode_responses(load_json(cast(bytes, await request.get_data(as_text=False))))
+    raw = load_json(cast(bytes, await request.get_data(as_text=False)))
+    decoded = decode_responses(raw)
     history: tuple[JsonObject, ...] = ()
     instructions = decoded.instructions
     if decoded.previous_response_id is not None:
@@ -226,7 +229,7 @@ async def responses() -> Response:
         return responses_wire.ResponsesStream(
             id=request_id,
             created_at=int(time.time()),
-            model=_served_id(accepted),
+            model=served_as(engine().served, accepted.request),
             echo=decoded.echo,
             instructions=instructions,
             previous_response_id=decoded.previous_response_id,
@@ -289,30 +292,6 @@ def _id(item: JsonValue) -> JsonValue:
     return item.get("id") if isinstance(item, dict) else None
 
 
-@app.get("/v1/models")
-async def models() -> Response:
-    return json_response({"object": "list", "data": [_model_card(model_id) for model_id in engine().served.ids]})
-
-
-@app.get("/v1/models/<path:model_id>")
-async def model(model_id: str) -> Response:
-    if not engine().served.knows(model_id):
-        raise not_found(model_id, "model", served=engine().served.ids)
-    return json_response(_model_card(model_id))
-
-
-def _model_card(model_id: str) -> JsonObject:
-    info = engine().info
-    card: JsonObject = {
-        "id": model_id,
-        "object": "model",
-        "created": 0,
-        "owned_by": "mlx-relay",
-        "context_window": info.context_window,
-        "max_model_len": info.context_window,
-    }
-    # An adapter names its base model as vLLM's LoRA cards do.
-    return card if model_id == info.name else {**card, "root": model_id, "parent": info.name}
 
 
 def _with_session(decode: Decoder, session: str) -> Decoder:

@@ -1,4 +1,4 @@
-"""Routes for model work besides generation: embeddings, rerank and score, tokenize and detokenize.
+"""Routes for model work besides generation: embeddings, rerank and score, tokenize and detokenize; the model list.
 
 A blueprint `app.py` registers; its errors render through `app.py`'s
 handlers like every other route's. Each route reads its body with the
@@ -14,7 +14,8 @@ from typing import cast
 from quart import Blueprint, Response, current_app, request
 
 from edge import guard
-from pipeline.requests import JsonValue
+from pipeline.requests import JsonObject, JsonValue
+from stages.adapters import not_found
 from stages.engine import Engine
 from stages.parse import load_json
 from wire.embeddings import decode_embeddings, embeddings_body
@@ -83,3 +84,34 @@ async def tokenize() -> Response:
 async def detokenize() -> Response:
     tokens = decode_detokenize(await _body())
     return _json({"prompt": await _engine().work.detokenize(tokens)})
+
+
+@routes.get("/v1/models")
+async def models() -> Response:
+    served = _engine().served
+    return _json({"object": "list", "data": [_model_card(model_id) for model_id in (*served.ids, *served.aliases)]})
+
+
+@routes.get("/v1/models/<path:model_id>")
+async def model(model_id: str) -> Response:
+    served = _engine().served
+    if not served.knows(model_id):
+        raise not_found(model_id, "model", served=(*served.ids, *served.aliases))
+    return _json(_model_card(model_id))
+
+
+def _model_card(model_id: str) -> JsonObject:
+    engine = _engine()
+    info = engine.info
+    card: JsonObject = {
+        "id": model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "mlx-relay",
+        "context_window": info.context_window,
+        "max_model_len": info.context_window,
+    }
+    if model_id == info.name:
+        return card
+    # As vLLM's cards do, an alias names the model it stands for and an adapter itself; `parent` is the base model.
+    return {**card, "root": engine.served.aliases.get(model_id, model_id), "parent": info.name}

@@ -84,6 +84,8 @@ class Sampling:
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: Mapping[int, float] = attrs.field(factory=dict)
+    # Locally typical sampling's mass (vLLM / HF `typical_p`); 1.0 is off.
+    typical_p: float = 1.0
 
 
 class ConstraintKind(enum.Enum):
@@ -128,6 +130,12 @@ class GenerationParams:
     # ends at the limit) rather than refused: Anthropic clients always ask
     # for their own model's maximum.
     clamp_max_tokens: bool = False
+    # vLLM's extensions: no end-of-sequence or stop token (nor stop string)
+    # before `min_tokens`; EOS does not end the row with `ignore_eos`;
+    # `stop_token_ids` end it as EOS does, and like EOS are not in the text.
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
     # The LoRA adapter the request's `model` named (None: the base model).
     adapter: str | None = None
 
@@ -202,12 +210,18 @@ class ChatRequest:
 
 @attrs.frozen(kw_only=True)
 class TextRequest:
-    """A raw-prompt completion; `prompt` is text or token ids."""
+    """A raw-prompt completion; `prompt` is text or token ids.
+
+    With `suffix` the model fills in the middle between `prompt` and it.
+    """
 
     prompt: str | tuple[int, ...]
     params: GenerationParams
+    suffix: str | None = None
     stream: bool = False
     include_usage: bool = False
+    # The model name the client asked for, echoed where it is an alias.
+    model: str | None = None
 
 
 GenerationRequest = Union[ChatRequest, TextRequest]

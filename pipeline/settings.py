@@ -45,6 +45,9 @@ class Settings:
     # the random-weight `demo` and `tiny` are for shape and speed tests.
     demo_model: str = "smollm2"
     model_name: str | None = None
+    # Other names for the served model, "alias=served_id,…": listed by
+    # /v1/models and echoed back to a client that asks by one.
+    model_aliases: str | None = attrs.field(default=None, validator=lambda _i, _a, value: _check_aliases(value))
     # LoRA adapters in mlx-lm's format served as model ids of their own: "name=path,name2=path2" (stages/adapters.py).
     adapters: str | None = None
     # A model family's call markup / think markers, where the template and vocabulary mislead (stages/families/).
@@ -131,6 +134,29 @@ class Settings:
             return cls(**values)  # type: ignore[arg-type]
         except ValueError as error:
             raise SettingsError(f"invalid {PREFIX}* setting: {error}") from None
+
+
+def _check_aliases(value: str | None) -> None:
+    parse_aliases(value)
+
+
+def parse_aliases(value: str | None) -> dict[str, str]:
+    """`MLX_RELAY_MODEL_ALIASES`: "alias=served_id" pairs, comma-separated.
+
+    Raises:
+        ValueError: an entry is not `name=target`, or an alias is given twice.
+    """
+    aliases: dict[str, str] = {}
+    for entry in (value or "").split(","):
+        if not entry.strip():
+            continue
+        alias, sep, target = (part.strip() for part in entry.partition("="))
+        if not sep or not alias or not target:
+            raise ValueError(f"model_aliases entry {entry.strip()!r} is not alias=served_id")
+        if alias in aliases:
+            raise ValueError(f"model_aliases names {alias!r} twice")
+        aliases[alias] = target
+    return aliases
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})

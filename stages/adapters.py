@@ -9,7 +9,9 @@ server serves adapters, `model` must name one of its ids: with several
 models behind one server an unknown name cannot be guessed, so it is a
 404 `model_not_found` (a server with no adapters still answers any name
 with its one model). The model thread's half (mounting the layers and
-grouping rows by adapter) is `stages/adapter_batches.py`.
+grouping rows by adapter) is `stages/adapter_batches.py`. An alias
+(`MLX_RELAY_MODEL_ALIASES`) names a served id, the base model's or an
+adapter's, and resolves to it before that check.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ class ServedModels:
 
     base: str
     adapters: tuple[Adapter, ...] = ()
+    # Other names, each for one of `ids` (edge/aliases.py checks them at start-up).
+    aliases: Mapping[str, str] = attrs.field(factory=dict)
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -99,7 +103,7 @@ class ServedModels:
         return sum(adapter.nbytes for adapter in self.adapters)
 
     def knows(self, model_id: str) -> bool:
-        return model_id in self.ids
+        return model_id in self.ids or model_id in self.aliases
 
     def adapter_of(self, body: JsonValue) -> str | None:
         """The adapter a request body asks for (None: the base model).
@@ -117,11 +121,12 @@ class ServedModels:
         return by_field or by_model
 
     def _by_model(self, model: str) -> str | None:
+        model = self.aliases.get(model, model)
         if not self.adapters or model == self.base:
             return None
         if any(adapter.name == model for adapter in self.adapters):
             return model
-        raise not_found(model, "model", served=self.ids)
+        raise not_found(model, "model", served=(*self.ids, *self.aliases))
 
     def _by_adapters_field(self, value: JsonValue) -> str | None:
         if value is None or value == "":

@@ -130,7 +130,8 @@ def render_edited(tokenizer: Tokenizer, request: ChatRequest, *, preamble: Famil
     edited = apply_edits(request, count)
     # The edited conversation was rendered to count it: keep that render.
     tokens = next(tokens for candidate, tokens in reversed(renders) if candidate is edited.request)
-    return Rendered(tokens=tokens, applied_edits=edited.applied)
+    # The first render is the conversation as the client sent it.
+    return Rendered(tokens=tokens, applied_edits=edited.applied, original_tokens=len(renders[0][1]))
 
 
 def _template_message(message: Message) -> JsonObject:

@@ -24,8 +24,8 @@ from pipeline.admission import Admission, AdmissionStatistics
 from pipeline.channels import Channel, ReplySlot, open_channel
 from pipeline.errors import engine_dead, invalid, shutting_down
 from pipeline.observe import NullObserver, RequestObserver
-from pipeline.requests import ChatRequest, GenerationRequest
-from pipeline.settings import Settings
+from pipeline.requests import ChatRequest
+from pipeline.settings import Settings, parse_aliases
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
 from stages.adapters import AdapterError, ServedModels, read_adapters
@@ -34,6 +34,7 @@ from stages.constraints import ConstraintCompiler
 from stages.families import choose_family
 from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools
+from stages.fim import find_infill
 from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
 from stages.exclusive import ExclusiveQueue, ExclusiveStatistics
 from stages.gateway import GatewayStatistics, GenerationGateway
@@ -63,6 +64,14 @@ _STEP_BUFFER = 4
 # Evicted entries waiting for the disk writer; beyond this they are dropped,
 # so a slow disk costs cache hits, never memory or request time.
 _SPILL_QUEUE = 4
+
+
+@attrs.frozen(kw_only=True)
+class TokenCount:
+    """A prompt's tokens; with context edits, also its tokens before them."""
+
+    input_tokens: int
+    original_input_tokens: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -156,7 +165,7 @@ class Engine:
         )
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
-        self.served = ServedModels(base=self.info.name, adapters=adapters)
+        self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases))
         if self._cluster is not None:
             # Followers replay the generator only: an adapter mount or a forward pass on rank 0 alone would wait for ever.
             if adapters:
@@ -207,7 +216,7 @@ class Engine:
         )
         return reply
 
-    async def count_tokens(self, request: ChatRequest) -> int:
+    async def count_tokens(self, request: ChatRequest) -> TokenCount:
         """Prompt tokens of a chat request, rendered as generation would render it.
 
         Raises:
@@ -217,8 +226,8 @@ class Engine:
         if request.context_edits:
             edited = partial(render_edited, self.tokenizer, request, preamble=self._preamble)
             rendered = await anyio.to_thread.run_sync(edited, limiter=self._tokenizing.threads)
-            return len(rendered.tokens)
-        return len(await self.work.tokenize_chat(request))
+            return TokenCount(input_tokens=len(rendered.tokens), original_input_tokens=rendered.original_tokens)
+        return TokenCount(input_tokens=len(await self.work.tokenize_chat(request)))
 
     async def drain(self, timeout: float) -> None:
         self._admission.start_draining()
@@ -282,7 +291,7 @@ class Engine:
             self._sink,
             self._make_prepare(jobs.receive, prepared.send),
             ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer, preamble=self._preamble),
-            TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size),
+            TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
             ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send, route=self.served.adapter_of),
         ]
 

@@ -265,7 +265,7 @@ class GenerationGateway:
         return tuple(admitted)
 
     def _insert(self, generator: BatchGenerator, waiting: Waiting) -> int:
-        from stages.sampling import make_row_sampler, row_processors
+        from stages.sampling import make_row_sampler, row_processors, row_stop_sequences
 
         # What can fail for this row alone (cache lookup, sampler, grammar matcher) comes before the generator holds it.
         row, tokens = waiting.prepared, waiting.tokens
@@ -275,7 +275,7 @@ class GenerationGateway:
             arrival=self._kv.arrive(),
             generated=(),
             sampler=make_row_sampler(row.params.sampling),
-            processors=row_processors(row, self._think_ids),
+            processors=row_processors(row, self._think_ids, self._eos_ids),
             replaces=hit.source if hit is not None and hit.continues else None,
         )
         (uid,) = generator.insert(
@@ -285,6 +285,7 @@ class GenerationGateway:
             all_tokens=[list(tokens[:cached])],
             samplers=[resume.sampler],
             logits_processors=[resume.processors],
+            stop_sequences=[row_stop_sequences(row.params, self._eos_ids)],
             **adapter_kwargs(row.params.adapter),
         )
         self._rows[uid] = Row(prepared=row, cached=cached, replaces=resume.replaces, resume=resume)

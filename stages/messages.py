@@ -73,6 +73,8 @@ class Rendered:
 
     tokens: list[int]
     applied_edits: tuple[AppliedEdit, ...] = ()
+    # The prompt's tokens before any edit (Anthropic's `original_input_tokens`).
+    original_tokens: int = 0
 
 
 @attrs.frozen(kw_only=True)

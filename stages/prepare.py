@@ -22,7 +22,7 @@ another (`PrepKind.CONSTRAIN_LARGE`) so that they never starve small ones.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import anyio
 import attrs
@@ -169,13 +169,8 @@ class PrepareStage:
         if prompt == 0:
             raise invalid("The prompt is empty after tokenization", param="prompt")
         # An id past the logits row would crash the model thread, not fail the request.
-        outside = sorted(t for t in job.params.sampling.logit_bias if not 0 <= t < self._vocab_size)
-        if outside:
-            quoted = ", ".join(map(str, outside[:_QUOTED_IDS])) + (f" and {len(outside) - _QUOTED_IDS} more" if len(outside) > _QUOTED_IDS else "")
-            raise invalid(
-                f"'logit_bias' token ids [{quoted}] are outside the vocabulary (0..{self._vocab_size - 1})",
-                param="logit_bias",
-            )
+        self._check_ids(job.params.sampling.logit_bias, "logit_bias")
+        self._check_ids(job.params.stop_token_ids, "stop_token_ids")
         refusal = self._refusal(job, prompt, wanted, at_least=False)
         if refusal is not None:
             raise refusal
@@ -188,6 +183,12 @@ class PrepareStage:
             reply=job.reply,
             timeline=job.timeline.stamp(Mark.PREPARED),
         )
+
+    def _check_ids(self, ids: Iterable[int], param: str) -> None:
+        outside = sorted(t for t in ids if not 0 <= t < self._vocab_size)
+        if outside:
+            quoted = ", ".join(map(str, outside[:_QUOTED_IDS])) + (f" and {len(outside) - _QUOTED_IDS} more" if len(outside) > _QUOTED_IDS else "")
+            raise invalid(f"'{param}' token ids [{quoted}] are outside the vocabulary (0..{self._vocab_size - 1})", param=param)
 
 
 def _past(

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.generate import StopSequences
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler, make_logits_processors
 
-from pipeline.requests import Sampling
+from pipeline.requests import GenerationParams, Sampling
 from stages.messages import Prepared
 
 if TYPE_CHECKING:
@@ -39,6 +40,9 @@ class KeyedSampler:
         self._before: tuple[int, mx.array] | None = None
         self._inverse_temperature = 1.0 / sampling.temperature
         self._filters: list[Callable[[mx.array], mx.array]] = []
+        if sampling.typical_p < 1.0:
+            # First, like HF's warpers: the entropy is the whole distribution's.
+            self._filters.append(lambda x: apply_typical_p(x, sampling.typical_p))
         if 0.0 < sampling.top_p < 1.0:
             self._filters.append(lambda x: apply_top_p(x, sampling.top_p))
         if sampling.min_p > 0.0:
@@ -70,6 +74,25 @@ class KeyedSampler:
         self._before = None
 
 
+def apply_typical_p(logprobs: mx.array, mass: float) -> mx.array:
+    """Locally typical sampling (Meister et al. 2022): keep the tokens whose
+    surprise is closest to the distribution's entropy, as few as hold `mass`.
+
+    mlx-lm has no typical sampler; this follows HF's `TypicalLogitsWarper`.
+    The most typical token always stays.
+    """
+    finite = mx.isfinite(logprobs)
+    probs = mx.where(finite, mx.exp(logprobs), 0.0)
+    entropy = -mx.sum(mx.where(finite, probs * logprobs, 0.0), axis=-1, keepdims=True)
+    gap = mx.where(finite, mx.abs(-logprobs - entropy), mx.inf)
+    order = mx.argsort(gap, axis=-1)
+    ranked = mx.take_along_axis(probs, order, axis=-1)
+    # A token stays when the more typical ones before it hold less than `mass`.
+    before = mx.cumsum(ranked, axis=-1) - ranked
+    keep = mx.put_along_axis(mx.zeros(logprobs.shape, dtype=mx.bool_), order, before < mass, axis=-1)
+    return mx.where(keep, logprobs, mx.array(-mx.inf, dtype=logprobs.dtype))
+
+
 def make_row_sampler(sampling: Sampling) -> Sampler:
     # top_p 0 keeps only the most likely token: greedy, whatever the temperature.
     if sampling.temperature == 0.0 or sampling.top_p == 0.0:
@@ -78,7 +101,11 @@ def make_row_sampler(sampling: Sampling) -> Sampler:
 
 
 def make_row_processors(
-    sampling: Sampling, max_tokens: int, constraint: LLMatcher | None = None, budget: ThinkBudget | None = None
+    sampling: Sampling,
+    max_tokens: int,
+    constraint: LLMatcher | None = None,
+    budget: ThinkBudget | None = None,
+    at_least: MinTokens | None = None,
 ) -> list[LogitsProcessor]:
     # OpenAI's penalties count every generated token, so the window is the
     # whole completion rather than mlx-lm's default of the last 20.
@@ -95,8 +122,11 @@ def make_row_processors(
     if budget is not None:
         processors.append(budget)
     if constraint is not None:
-        # Last, so no bias or penalty can lift a forbidden token back up.
+        # After the bias and penalties, so none can lift a forbidden token back up.
         processors.append(ConstraintProcessor(constraint))
+    if at_least is not None:
+        # After the grammar, which it may only narrow: where the grammar allows nothing but the end, the row ends.
+        processors.append(at_least)
     return processors
 
 
@@ -137,6 +167,38 @@ def rewind_row(sampler: object, processors: Sequence[object], calls: int) -> Non
         rewind = getattr(part, "rewind", None)
         if rewind is not None:
             rewind(calls)
+class MinTokens:
+    """vLLM's `min_tokens`: the row's stop tokens cannot be sampled before `count` tokens."""
+
+    def __init__(self, count: int, stop_ids: Sequence[int]) -> None:
+        self._count, self._calls = count, 0
+        self._stop_ids = mx.array(sorted(stop_ids), dtype=mx.int32)
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        # One call per sampled token: the calls so far are the tokens generated.
+        generated, self._calls = self._calls, self._calls + 1
+        if generated >= self._count or self._stop_ids.size == 0:
+            return logits
+        banned = mx.zeros(logits.shape[-1:], dtype=logits.dtype)
+        banned[self._stop_ids] = -mx.inf
+        held = logits + banned
+        # Nothing left but the stop tokens (a grammar at its end): the row may end.
+        return logits if not mx.any(held > -mx.inf).item() else held
+
+    def rewind(self, calls: int) -> None:
+        self._calls = calls
+
+
+def row_stop_ids(params: GenerationParams, eos_ids: Iterable[int]) -> frozenset[int]:
+    """The tokens that end a row: its model's EOS (unless `ignore_eos`) and its `stop_token_ids`."""
+    return frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(eos_ids))
+
+
+def row_stop_sequences(params: GenerationParams, eos_ids: Iterable[int]) -> StopSequences:
+    """`row_stop_ids` as the generator's per-row stop sequences (one token each)."""
+    return StopSequences([[token] for token in sorted(row_stop_ids(params, eos_ids))])
+
+
 class ThinkBudget:
     """Closes the think section when `budget` thinking tokens are spent.
     Counts the tokens sampled inside the section (opened by the prompt or
@@ -184,8 +246,8 @@ def token_scores(logprobs: mx.array, token: int, top: int) -> tuple[float, tuple
     return chosen, tuple(pair for pair in pairs if math.isfinite(pair[1]))
 
 
-def row_processors(row: Prepared, think_ids: tuple[tuple[int, ...], int] | None) -> list[LogitsProcessor]:
-    """A row's logits processors: penalties and bias, its thinking budget, its grammar (its own copy)."""
+def row_processors(row: Prepared, think_ids: tuple[tuple[int, ...], int] | None, eos_ids: Iterable[int] = ()) -> list[LogitsProcessor]:
+    """A row's logits processors: penalties and bias, its thinking budget, `min_tokens`, its grammar (its own copy)."""
     budget = row.params.thinking_budget
     think = None
     if budget is not None and think_ids is not None:
@@ -193,7 +255,8 @@ def row_processors(row: Prepared, think_ids: tuple[tuple[int, ...], int] | None)
         think = ThinkBudget(budget=budget, start=start, end=end, opened=_opened(row.prompt_tokens[-64:], start, end))
     # The matcher advances with the row's tokens, so each row gets its own.
     matcher = row.constraint.matcher() if row.constraint is not None else None
-    return make_row_processors(row.params.sampling, row.max_tokens, matcher, think)
+    at_least = MinTokens(row.params.min_tokens, sorted(row_stop_ids(row.params, eos_ids))) if row.params.min_tokens else None
+    return make_row_processors(row.params.sampling, row.max_tokens, matcher, think, at_least)
 
 
 def _opened(prompt: tuple[int, ...], start: int | tuple[int, ...], end: int) -> bool:

@@ -38,7 +38,7 @@ from stages.families.base import Family, Splitter
 from stages.markup import Markers, MarkupSplitter, Section, markers_for, splitter_for
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores
 from stages.models.loading import StreamingDetokenizer, Tokenizer, completion_detokenizer, token_text
-from stages.stops import StopMatcher
+from stages.stops import StopMatcher, StopResult
 
 log = structlog.get_logger(stage="sink")
 
@@ -55,6 +55,10 @@ class RowText:
     timeline: Timeline
     # The client wants at most one tool call (`parallel_tool_calls: false`).
     single_call: bool = False
+    # Tokens that end the row and are not text: the model's EOS and the request's `stop_token_ids`.
+    hidden: frozenset[int] = frozenset()
+    # Stop strings count only from this many tokens on (vLLM's `min_tokens`).
+    min_tokens: int = 0
     reasoning_tokens: int = 0
     completion_tokens: int = 0
     # The step that brought this row's last token (inter-token latency).
@@ -121,6 +125,8 @@ class CompletionSink:
             markup=self._markup_for(prepared),
             timeline=timeline,
             single_call=isinstance(prepared.request, ChatRequest) and not prepared.request.parallel_tool_calls,
+            hidden=self._eos_ids | frozenset(prepared.params.stop_token_ids),
+            min_tokens=prepared.params.min_tokens,
         )
         log.info("request.queue", **prepared.reply.log_context, duration=timeline.between(Mark.PREPARED, Mark.ADMITTED))
 
@@ -137,7 +143,11 @@ class CompletionSink:
                 self._observer.token_gap(gap)
         row.last_token_at = stepped_at
         row.completion_tokens += len(delta.new_token_ids)
-        result = row.stops.feed(self._detokenize(row, delta), final=delta.finish is not None)
+        text = self._detokenize(row, delta)
+        if row.completion_tokens > row.min_tokens:
+            result = row.stops.feed(text, final=delta.finish is not None)
+        else:
+            result = StopResult(text=text)
         ended = result.stop is not None or delta.finish is not None
         was_reasoning = row.markup.reasoning
         events = row.markup.feed(result.text, final=ended)
@@ -176,8 +186,9 @@ class CompletionSink:
         forced = request.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
         assert self._family is not None
         markers = markers_for(self._family, request.tools, parse_tools=parse_tools, forced=forced)
-        # A forced call's grammar writes the call at once, whatever the prompt opened.
-        section = Section.ANSWER if forced else self._opening_section(markers, prepared.prompt_tokens)
+        # A grammar (a forced call's, or a response format's) writes the answer at once, whatever the prompt opened.
+        constrained = forced or prepared.params.constraint is not None
+        section = Section.ANSWER if constrained else self._opening_section(markers, prepared.prompt_tokens)
         return splitter_for(self._family, markers, section)
 
     def _opening_section(self, markers: Markers, prompt: tuple[int, ...]) -> Section:
@@ -191,7 +202,7 @@ class CompletionSink:
     def _detokenize(self, row: RowText, delta: TokenDelta) -> str:
         detokenizer = row.detokenizer
         for token in delta.new_token_ids:
-            if token not in self._eos_ids:
+            if token not in row.hidden:
                 detokenizer.add_token(token)
         if delta.finish is not None:
             detokenizer.finalize()

@@ -4,11 +4,13 @@ Inbox: `Parsed` carrying a `TextRequest`.
 Outbox: `PrepareJob` whose `tokenize` encodes the prompt (or checks ids).
 Owns: the tokenizer reference and the model's vocabulary size.
 On cancel: a request whose reply is closed is dropped.
-On error: token ids outside the vocabulary fail that reply (400).
+On error: token ids outside the vocabulary, or a `suffix` for a model that
+cannot fill in the middle (`stages/fim.py`), fail that reply (400).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import anyio
@@ -19,6 +21,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pipeline.actor import serve_items
 from pipeline.errors import invalid
 from pipeline.requests import TextRequest
+from stages.fim import Infill, refuse_suffix
 from stages.messages import Parsed, PrepareJob, PrepKind, PromptText
 from stages.models.loading import Tokenizer
 
@@ -29,6 +32,8 @@ class TextStage:
     _out: MemoryObjectSendStream[PrepareJob] = attrs.field(alias="out")
     _tokenizer: Tokenizer = attrs.field(alias="tokenizer")
     _vocab_size: int = attrs.field(alias="vocab_size")
+    # The model's fill-in-the-middle format; None when it has none.
+    _infill: Infill | None = attrs.field(default=None, alias="infill")
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._out:
@@ -39,12 +44,20 @@ class TextStage:
         request = parsed.request
         if not isinstance(request, TextRequest):
             return
+        tokenize: Callable[[], list[int] | PromptText] = partial(prompt_of, self._vocab_size, request.prompt)
+        params = request.params
+        if request.suffix is not None:
+            if self._infill is None:
+                raise refuse_suffix()
+            prompt, params = self._infill.request_prompt(request)
+            tokenize = partial(_as_is, prompt)
+            request = attrs.evolve(request, params=params)
         job = PrepareJob(
             request_id=parsed.request_id,
             kind=PrepKind.TOKENIZE,
-            tokenize=partial(prompt_of, self._vocab_size, request.prompt),
+            tokenize=tokenize,
             request=request,
-            params=request.params,
+            params=params,
             reply=parsed.reply,
             timeline=parsed.timeline,
         )
@@ -73,3 +86,7 @@ def prompt_of(vocab_size: int, prompt: str | tuple[int, ...]) -> list[int] | Pro
         if not 0 <= token < vocab_size:
             raise invalid(f"Token id {token} is outside the vocabulary (0..{vocab_size - 1})", param="prompt")
     return list(prompt)
+
+
+def _as_is(prompt: PromptText) -> PromptText:
+    return prompt

@@ -24,6 +24,7 @@ from pipeline.requests import (
     ToolChoice,
     ToolChoiceMode,
 )
+from wire.openai_extensions import read_ignore_eos, read_min_tokens, read_stop_token_ids, read_typical_p, refuse_extensions
 from wire.structured import openai_constraint
 from wire.fields import (
     read_arguments,
@@ -85,8 +86,6 @@ def decode_completion(value: JsonValue) -> TextRequest:
     _refuse_unsupported(body)
     if read_bool(body, "echo"):
         raise unsupported("echo")
-    if read_str(body, "suffix"):
-        raise unsupported("suffix")
     if read_bool(body, "continue_final_message"):
         raise unsupported("continue_final_message")
     if (read_int(body, "best_of", minimum=1) or 1) > 1:
@@ -94,6 +93,8 @@ def decode_completion(value: JsonValue) -> TextRequest:
     stream, include_usage = _read_stream(body)
     return TextRequest(
         prompt=_read_prompt(body),
+        # Fill-in-the-middle; whether the model can is known once it is loaded.
+        suffix=read_str(body, "suffix") or None,
         params=_read_params(
             body, max_tokens_keys=("max_tokens",), default_max_tokens=16, logprobs=read_int(body, "logprobs", minimum=0, maximum=_MAX_TOP_LOGPROBS)
         ),
@@ -102,38 +103,10 @@ def decode_completion(value: JsonValue) -> TextRequest:
     )
 
 
-# vLLM / llama.cpp extensions that would change the output, with the value
-# that leaves it as it is (None: only absent is neutral).
-_EXTENSIONS: dict[str, object] = {
-    "min_tokens": 0,
-    "ignore_eos": False,
-    "stop_token_ids": [],
-    "typical_p": 1.0,
-    "chat_template": None,
-    "prompt_logprobs": None,
-    "draft_model": None,
-    "guided_decoding_backend": None,
-    "include_stop_str_in_output": False,
-    "skip_special_tokens": True,
-    "spaces_between_special_tokens": True,
-    "truncate_prompt_tokens": None,
-    "add_generation_prompt": True,
-    "mirostat": 0,
-    "n_probs": 0,
-}
-
-
 def _refuse_unsupported(body: Body) -> None:
     if (read_int(body, "n", minimum=1) or 1) > 1:
         raise unsupported("n")
-    continuing = body.get("continue_final_message") is True
-    for key, neutral in _EXTENSIONS.items():
-        value = body.get(key)
-        # A continued message has no generation prompt: vLLM asks for both flags together.
-        if key == "add_generation_prompt" and continuing and value is False:
-            continue
-        if value is not None and value != neutral:
-            raise unsupported(key)
+    refuse_extensions(body)
 
 
 def _refuse_chat_only(body: Body) -> None:
@@ -296,6 +269,9 @@ def _read_params(
         cache_key=read_cache_key(body),
         constraint=openai_constraint(body),
         logprobs=logprobs,
+        min_tokens=read_min_tokens(body),
+        ignore_eos=read_ignore_eos(body),
+        stop_token_ids=read_stop_token_ids(body),
     )
 
 
@@ -316,6 +292,7 @@ def _read_sampling(body: Body) -> Sampling:
         frequency_penalty=read_number(body, "frequency_penalty", minimum=-2, maximum=2),
         repetition_penalty=read_number(body, "repetition_penalty", minimum=0.01, maximum=10),
         logit_bias=_read_logit_bias(body),
+        typical_p=read_typical_p(body),
     )
 
 

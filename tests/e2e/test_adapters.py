@@ -28,7 +28,8 @@ NAMES: tuple[str | None, ...] = (None, "lora-a", "lora-b")
 
 @pytest.fixture(scope="module")
 def lora_server(server_factory: ServerFactory, lora_adapters: dict[str, Path]) -> Server:
-    return server_factory(adapters=",".join(f"{name}={path}" for name, path in lora_adapters.items()))
+    # An alias may name an adapter (MLX_RELAY_MODEL_ALIASES composes with MLX_RELAY_ADAPTERS).
+    return server_factory(adapters=",".join(f"{name}={path}" for name, path in lora_adapters.items()), model_aliases="sql=lora-a")
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +66,21 @@ def complete(server: Server, model: str, index: int | list[int], **extra: Any) -
 def test_models_lists_each_adapter_as_a_model(lora_server: Server, base_id: str) -> None:
     client = lora_server.client()
     cards = client.models.list().data
-    assert [card.id for card in cards] == [base_id, "lora-a", "lora-b"]
+    assert [card.id for card in cards] == [base_id, "lora-a", "lora-b", "sql"]
     card = client.models.retrieve("lora-b")
     assert card.id == "lora-b" and card.model_extra is not None and card.model_extra["parent"] == base_id
     with pytest.raises(openai.NotFoundError) as caught:
         client.models.retrieve("lora-c")
     assert caught.value.code == "model_not_found"
+
+
+def test_an_alias_for_an_adapter_runs_it_and_is_answered_under_the_alias(
+    lora_server: Server, base_id: str, expected: dict[tuple[str | None, int], str]
+) -> None:
+    completion = complete(lora_server, "sql", 0)
+    assert completion.model == "sql" and completion.choices[0].text == expected["lora-a", 0]
+    card = lora_server.client().models.retrieve("sql")
+    assert card.model_extra is not None and (card.model_extra["root"], card.model_extra["parent"]) == ("lora-a", base_id)
 
 
 def test_each_adapter_answers_as_mlx_lm_generate_with_it_loaded(

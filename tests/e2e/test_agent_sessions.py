@@ -6,18 +6,24 @@ entries inside `messages`, tools, thinking with `display: "omitted"`,
 `max_tokens: 32000`, streamed, over two turns with a tool round trip.
 Codex: Responses with `instructions`, function + custom (Lark grammar) +
 namespace + hosted tools, `store` and `previous_response_id`, streamed.
-The weights are random, so the checks are on the protocol, not the words.
+Both run on the tiny demo model and on a family model (DeepSeek V3.1's
+template). The weights are random, so the checks are on the protocol, not
+the words.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import pytest
 
-from tests.conftest import Server
+from tests.conftest import Server, ServerFactory
+from tests.families import CASES
 
 CLAUDE_BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14", "context-management-2025-06-27"]
 CLAUDE_TOOLS: list[dict[str, Any]] = [
@@ -57,7 +63,25 @@ def claude_turn(server: Server, messages: list[dict[str, Any]], edits: list[dict
         return list(stream)
 
 
+@pytest.fixture(scope="module")
+def family_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, server_factory: ServerFactory) -> Iterator[Server]:
+    """A family model: DeepSeek V3.1's real template and special tokens (its own call markup and think section)."""
+    case = next(case for case in CASES if case.name == "deepseek")
+    server = server_factory(model=str(case.build(tiny_model, tmp_path_factory.mktemp("deepseek"))), model_name="deepseek")
+    yield server
+    server.stop()
+
+
 def test_claude_code_session_two_turns_with_a_tool_round_trip(agent_server: Server) -> None:
+    claude_session(agent_server)
+
+
+@pytest.mark.slow
+def test_claude_code_session_on_a_family_model(family_server: Server) -> None:
+    claude_session(family_server)
+
+
+def claude_session(agent_server: Server) -> None:
     first = [
         {"role": "system", "content": "<system-reminder>Today is Thursday.</system-reminder>"},
         {"role": "user", "content": [{"type": "text", "text": "List the files.", "cache_control": {"type": "ephemeral"}}]},
@@ -160,6 +184,15 @@ CODEX_TOOLS: list[dict[str, Any]] = [
 
 
 def test_codex_session_custom_tool_round_trip(server: Server) -> None:
+    codex_session(server)
+
+
+@pytest.mark.slow
+def test_codex_session_on_a_family_model(family_server: Server) -> None:
+    codex_session(family_server)
+
+
+def codex_session(server: Server) -> None:
     client = server.client()
     events = list(
         client.responses.create(
@@ -225,3 +258,31 @@ def test_forcing_a_hosted_tool_is_a_400_naming_it(server: Server) -> None:
         assert "web_search" in str(error)
     else:
         raise AssertionError("forcing a hosted tool was accepted")
+
+
+def test_count_tokens_with_context_management_reports_the_original_count(server: Server) -> None:
+    history = [
+        {"role": "user", "content": "List the files."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "I should list them. " * 20, "signature": "sig"},
+                {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.py\nb.py\n" * 40}]},
+    ]
+    edits = [{"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 0}, "keep": {"type": "tool_uses", "value": 0}}]
+    client = server.anthropic_client()
+    whole = client.messages.count_tokens(model="claude-sonnet-4-5", messages=history, tools=CLAUDE_TOOLS)  # type: ignore[arg-type]
+    plain = httpx.post(f"{server.v1}/messages/count_tokens", json={"model": "m", "messages": history}, timeout=60).json()
+    # Without context management there is nothing to report.
+    assert "context_management" not in plain
+    counted = client.beta.messages.count_tokens(
+        model="claude-sonnet-4-5", messages=history, tools=CLAUDE_TOOLS,  # type: ignore[arg-type]
+        context_management={"edits": edits}, betas=["context-management-2025-06-27"],  # type: ignore[typeddict-item]
+    )
+    # As Anthropic documents: the count the edits leave, and the one before them.
+    assert counted.context_management is not None
+    assert counted.context_management.original_input_tokens == whole.input_tokens
+    assert counted.input_tokens < whole.input_tokens

@@ -109,3 +109,17 @@ def test_settings_are_frozen() -> None:
     """Settings are read once; nothing can change them afterwards."""
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         Settings().max_batch = 2  # type: ignore[misc]
+
+
+def test_model_aliases_are_alias_equals_served_id_pairs() -> None:
+    from pipeline.settings import parse_aliases
+
+    settings = Settings.from_env({"MLX_RELAY_MODEL_ALIASES": "gpt-4o=served, claude-sonnet-4-5 = served,"})
+    assert parse_aliases(settings.model_aliases) == {"gpt-4o": "served", "claude-sonnet-4-5": "served"}
+    assert parse_aliases(None) == {}
+
+
+@pytest.mark.parametrize("value", ["gpt-4o", "=served", "gpt-4o=", "a=x,a=x"])
+def test_malformed_model_aliases_fail_naming_the_setting(value: str) -> None:
+    with pytest.raises(SettingsError, match="model_aliases"):
+        Settings.from_env({"MLX_RELAY_MODEL_ALIASES": value})

@@ -85,6 +85,15 @@ def test_model_picks_the_adapter_and_an_unknown_name_is_model_not_found(lora_ada
     assert "lora-a" in error.message
 
 
+def test_an_alias_resolves_to_the_id_it_names(lora_adapters: dict[str, Path]) -> None:
+    served = ServedModels(base="tiny", adapters=read_adapters(spec(lora_adapters)), aliases={"sql": "lora-a", "gpt-4o": "tiny"})
+    assert served.knows("sql") and served.knows("gpt-4o") and not served.knows("gpt-5")
+    assert served.adapter_of({"model": "sql"}) == "lora-a"
+    assert served.adapter_of({"model": "gpt-4o"}) is None
+    assert served.adapter_of({"model": "sql", "adapters": "lora-a"}) == "lora-a"
+    assert refused(lambda: served.adapter_of({"model": "gpt-5"})).code == "model_not_found"
+
+
 def test_the_adapters_field_names_an_adapter_by_name_or_path(lora_adapters: dict[str, Path]) -> None:
     served = ServedModels(base="tiny", adapters=read_adapters(spec(lora_adapters)))
     assert served.adapter_of({"model": "tiny", "adapters": "lora-a"}) == "lora-a"

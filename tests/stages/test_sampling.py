@@ -183,3 +183,51 @@ def test_a_rewound_grammar_sees_the_resumed_tokens_as_before(tokenizer: Tokenize
     assert mx.array_equal(processor(mx.array(tokens[:3]), logits), masks[3])
     processor.rewind(0)
     assert mx.array_equal(processor(mx.array([0]), logits), masks[0])
+
+
+def test_typical_p_keeps_the_tokens_nearest_the_entropy_until_the_mass() -> None:
+    from stages.sampling import apply_typical_p
+
+    # Entropy of (0.5, 0.3, 0.15, 0.05) is 1.14 nats; surprises are 0.69, 1.20, 1.90, 3.00:
+    # token 1 is the most typical, then 0, then 2, then 3.
+    row = mx.log(mx.array([[0.5, 0.3, 0.15, 0.05]]))
+    kept = lambda mass: [i for i, v in enumerate(apply_typical_p(row, mass)[0].tolist()) if math.isfinite(v)]  # noqa: E731
+    assert kept(0.1) == [1]
+    assert kept(0.3) == [1]
+    assert kept(0.31) == [0, 1]
+    assert kept(0.85) == [0, 1, 2]
+    assert kept(0.99) == [0, 1, 2, 3]
+    # What it keeps is unchanged: the sampler still draws by the model's odds.
+    assert apply_typical_p(row, 0.5)[0, 0].item() == pytest.approx(math.log(0.5))
+
+
+def test_typical_p_in_a_keyed_sampler_narrows_the_draws() -> None:
+    free = set(draws(KeyedSampler(Sampling(seed=3)), logprobs()))
+    typical = set(draws(KeyedSampler(Sampling(seed=3, typical_p=1e-6)), logprobs()))
+    assert len(typical) == 1 and len(free) > 1
+
+
+def test_min_tokens_bans_the_stop_tokens_until_the_count_then_lets_them_through() -> None:
+    from stages.sampling import MinTokens
+
+    processor = MinTokens(2, [5, 9])
+    logits = mx.zeros((1, VOCAB))
+    first, second, third = (processor(mx.array([1]), logits)[0] for _ in range(3))
+    assert first[5].item() == -math.inf and first[9].item() == -math.inf and first[4].item() == 0
+    assert second[9].item() == -math.inf
+    assert third[5].item() == 0 and third[9].item() == 0
+    # A preempted row resumes with the count it had.
+    processor.rewind(1)
+    assert processor(mx.array([1]), logits)[0, 5].item() == -math.inf
+    # Where only a stop token is left (a grammar at its end), it stays: no row is left with nothing to sample.
+    only_stop = mx.where(mx.arange(VOCAB) == 5, 0.0, -math.inf)[None]
+    assert MinTokens(3, [5, 9])(mx.array([1]), only_stop)[0, 5].item() == 0
+
+
+def test_row_stop_ids_are_eos_unless_ignored_plus_the_requested_ones() -> None:
+    from pipeline.requests import GenerationParams
+    from stages.sampling import row_stop_ids
+
+    params = GenerationParams(max_tokens=4, sampling=Sampling(), stop_token_ids=(7,))
+    assert row_stop_ids(params, [0, 2]) == {0, 2, 7}
+    assert row_stop_ids(GenerationParams(max_tokens=4, sampling=Sampling(), ignore_eos=True, stop_token_ids=(7,)), [0, 2]) == {7}

@@ -211,7 +211,6 @@ BAD_CHAT = [
     *[
         unsupported(chat_body(**{key: value}), key, id=f"extension-{key}")
         for key, value in [
-            ("min_tokens", 5), ("ignore_eos", True), ("stop_token_ids", [7]), ("typical_p", 0.9),
             ("chat_template", "{{ messages }}"), ("prompt_logprobs", 1),
             ("draft_model", "small"), ("add_generation_prompt", False),
         ]
@@ -267,7 +266,6 @@ BAD_COMPLETION = [
     unsupported(text_body(prompt=[[1], [2]]), "prompt", id="prompt-batch-of-ids"),
     unsupported(text_body(echo=True), "echo", id="echo"),
     bad(text_body(echo="yes"), "echo", "must be a boolean", id="echo-string"),
-    unsupported(text_body(suffix="end"), "suffix", id="suffix"),
     unsupported(text_body(best_of=2), "best_of", id="best_of"),
     bad(text_body(best_of=0), "best_of", "must be >= 1", id="best_of-zero"),
     unsupported(text_body(n=3), "n", id="n"),
