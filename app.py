@@ -243,7 +243,7 @@ async def responses() -> Response:
         record = StoredResponse(
             id=request_id, created_at=time.time(), body=protocol.final, input_items=replay, instructions=instructions
         )
-        await store_call(lambda store: store.put(record))
+        await store_call(app, lambda store: store.put(record))
 
     return await generate(request_id, decode, make_protocol, persist=persist if decoded.store else None)
 
@@ -263,13 +263,13 @@ async def get_input_items(response_id: str) -> Response:
 
 @app.delete("/v1/responses/<response_id>")
 async def delete_response(response_id: str) -> Response:
-    if not await store_call(lambda store: store.delete(response_id)):
+    if not await store_call(app, lambda store: store.delete(response_id)):
         raise _response_not_found(response_id, param=None)
     return json_response({"id": response_id, "object": "response", "deleted": True})
 
 
 async def _stored(response_id: str, *, param: str | None = None) -> StoredResponse:
-    stored = await store_call(lambda store: store.get(response_id))
+    stored = await store_call(app, lambda store: store.get(response_id))
     if stored is None:
         raise _response_not_found(response_id, param=param)
     return stored

@@ -11,7 +11,7 @@ from typing import TypeVar, cast
 
 import anyio
 import structlog
-from quart import current_app
+from quart import Quart
 
 from pipeline.errors import ErrorKind, RequestError
 from wire.response_store import ResponseStore, StoreError
@@ -21,8 +21,9 @@ T = TypeVar("T")
 log = structlog.get_logger(stage="http")
 
 
-async def store_call(call: Callable[[ResponseStore], T]) -> T:
-    store = cast(ResponseStore, current_app.extensions["response_store"])
+async def store_call(app: Quart, call: Callable[[ResponseStore], T]) -> T:
+    # The app is passed, not read from `current_app`: a stream's persist hook runs outside any app context.
+    store = cast(ResponseStore, app.extensions["response_store"])
     try:
         return await anyio.to_thread.run_sync(call, store)
     except StoreError as error:
