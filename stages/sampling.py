@@ -194,9 +194,17 @@ def row_stop_ids(params: GenerationParams, eos_ids: Iterable[int]) -> frozenset[
     return frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(eos_ids))
 
 
-def row_stop_sequences(params: GenerationParams, eos_ids: Iterable[int]) -> StopSequences:
+class RowStops(StopSequences):
+    """mlx-lm's stop automaton that keeps its sequences: a sharded rank 0 sends them to the followers."""
+
+    def __init__(self, sequences: Sequence[Sequence[int]]) -> None:
+        super().__init__(sequences)
+        self.sequences = [list(sequence) for sequence in sequences]
+
+
+def row_stop_sequences(params: GenerationParams, eos_ids: Iterable[int]) -> RowStops:
     """`row_stop_ids` as the generator's per-row stop sequences (one token each)."""
-    return StopSequences([[token] for token in sorted(row_stop_ids(params, eos_ids))])
+    return RowStops([[token] for token in sorted(row_stop_ids(params, eos_ids))])
 
 
 class ThinkBudget:

@@ -17,7 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 import structlog
-from mlx_lm.generate import BatchGenerator, generation_stream
+from mlx_lm.generate import BatchGenerator, StopSequences, generation_stream
 from mlx_lm.sample_utils import greedy_sampler
 
 from stages.cache.prompt import PromptCache
@@ -94,6 +94,7 @@ class Follower:
                 all_tokens=op["all_tokens"],
                 samplers=[greedy_sampler if local else FollowerSampler(self._group) for local in op["local"]],
                 logits_processors=[[] for _ in op["local"]],
+                stop_sequences=None if op.get("stops") is None else [StopSequences(stops) for stops in op["stops"]],
             )  # fmt: skip
             if uids != op["uids"]:
                 raise Desync(f"rank 0 inserted {op['uids']}, this rank {uids}")

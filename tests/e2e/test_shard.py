@@ -81,6 +81,8 @@ CASES: dict[str, Ask] = {
     "chat-seeded": chat(False, temperature=1.0, seed=11),
     "chat-seeded-stream": chat(True, temperature=0.8, top_p=0.9, seed=12),
     "chat-penalties": chat(False, temperature=0, presence_penalty=1.5, frequency_penalty=0.5),
+    # A row's own stops (rank 0 sends them with the row; every rank must end it at the same step).
+    "chat-own-stops": chat(False, temperature=0, extra_body={"ignore_eos": True, "stop_token_ids": [5, 17, 99]}),
     "chat-json-schema": chat(False, temperature=1.0, seed=3, max_tokens=80,
                              response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}),
     "messages": messages(False),
