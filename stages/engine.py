@@ -10,9 +10,7 @@ finish before the model thread stops.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import anyio
 import attrs
@@ -31,29 +29,25 @@ from pipeline.tracing import Timeline
 from stages.adapters import AdapterError, ServedModels, read_adapters
 from stages.chat import ChatStage, render_edited
 from stages.constraints import ConstraintCompiler
-from stages.families import choose_family
 from stages.families.base import Family
-from stages.families.preamble import template_ignores_tools
 from stages.fim import find_infill
-from stages.cache.disk import DiskTier, SpillJob, model_fingerprint
+from stages.cache.disk import DiskTier, SpillJob
 from stages.exclusive import ExclusiveQueue, ExclusiveStatistics
 from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.kv.plan import Fit, assess
-from stages.kv.shape import ModelShape
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
 from stages.model_work import ModelWork, hidden_size
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation
-from stages.cache.prompt import PromptCache, PromptCacheStatistics
+from stages.cache.prompt import PromptCacheStatistics
 from stages.shard.cluster import Cluster, join
 from stages.shard.liveness import RankStatus
-from stages.shard.plan import per_rank
-from stages.shard.replicated import MirroredPromptCache
 from stages.shard.watch import ShardWatch
 from stages.sink import CompletionSink
 from stages.text import TextStage
+from stages.startup import choose_markup, disk_tier, prompt_cache, rank_share, think_ids
 from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")
@@ -173,7 +167,7 @@ class Engine:
             self._exclusive.refuse(invalid("Embeddings, rerank and score are not served while the model is sharded over several ranks",
                                            param="model", code="model_not_supported"))  # fmt: skip
         self._encoder = await anyio.to_thread.run_sync(BoundedEncoder.of, self.tokenizer)
-        self.family, self._preamble = await anyio.to_thread.run_sync(self._markup)
+        self.family, self._preamble = await anyio.to_thread.run_sync(partial(choose_markup, settings, self.tokenizer))
         self.work = ModelWork(
             queue=self._exclusive, tokenizer=self.tokenizer, encoder=self._encoder, reservation=self._tokenizing,
             info=self.info, preamble=self._preamble, pooling="last" if settings.embedding_pooling == "last" else "mean",
@@ -185,10 +179,10 @@ class Engine:
                 assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
                 prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
                 prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes,
-                share=self._rank_share(),
+                share=rank_share(self._cluster, self.info.vocab_size),
             )
         )  # fmt: skip
-        disk = await anyio.to_thread.run_sync(self._disk_tier)
+        disk = await anyio.to_thread.run_sync(partial(disk_tier, settings, self.info, self.fit.memory, sharded=self._cluster is not None))
         self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
         memory = self.fit.memory
         log.info(
@@ -258,16 +252,6 @@ class Engine:
             dead=self._supervisor.dead,
         )
 
-    def _disk_tier(self) -> DiskTier | None:
-        settings = self._settings
-        # Sharded, every rank's cache follows rank 0's calls; a disk tier's timing is its own (not yet per rank).
-        if not settings.cache_dir or not self.fit.memory.prompt_cache_bytes or self._cluster is not None:
-            return None
-        # One folder per model: a folder shared by several never mixes their KV.
-        fingerprint = model_fingerprint(self.info.path)
-        root = Path(settings.cache_dir).expanduser() / fingerprint[:16]
-        return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint)
-
     def _build_actors(self, disk: DiskTier | None) -> list[Actor]:
         settings, info, tokenizer = self._settings, self.info, self.tokenizer
         in_flight = settings.max_batch + settings.max_pending
@@ -315,30 +299,16 @@ class Engine:
             load=partial(load_weights, self.info) if cluster is None else partial(cluster.load, self.info.path),
             make_generator=None if cluster is None else cluster.make_generator,
             eos_ids=frozenset(self.tokenizer.eos_token_ids),
-            think_ids=self._think_ids(),
+            think_ids=think_ids(self.family, self.tokenizer),
             max_batch=settings.max_batch,
             prefill_step_size=settings.prefill_step_size,
             scheduler=KvScheduler(self.fit.model, memory.usable_bytes),
             prefill_rows=memory.prefill_rows,
-            cache=self._prompt_cache(cache_bytes),
+            cache=prompt_cache(cache_bytes, sessions=settings.session_cache, cluster=cluster),
             disk=disk,
             adapters=self.served.adapters,
             exclusive=None if self._cluster is not None else self._exclusive,
         )
-
-    def _rank_share(self) -> Callable[[ModelShape], ModelShape] | None:
-        cluster = self._cluster
-        if cluster is None:
-            return None
-        return partial(per_rank, mode=cluster.mode, ranks=cluster.size, vocab_size=self.info.vocab_size)
-
-    def _prompt_cache(self, max_bytes: int) -> PromptCache | None:
-        sessions, cluster = self._settings.session_cache, self._cluster
-        if not max_bytes:
-            return None
-        if cluster is None:
-            return PromptCache(max_bytes=max_bytes, sessions=sessions)
-        return MirroredPromptCache(max_bytes=max_bytes, sessions=sessions, step_log=cluster.step_log)
 
     def _make_prepare(self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]) -> PrepareStage:
         settings, info = self._settings, self.info
@@ -357,22 +327,6 @@ class Engine:
             compiler=ConstraintCompiler(tokenizer=self.tokenizer, vocab_size=info.vocab_size, family=self.family),
             encoder=self._encoder,
         )
-
-    def _think_ids(self) -> tuple[tuple[int, ...], int] | None:
-        """The think markers as token ids: the start's (one or more), and the end's, where it is
-        one token (a thinking budget forces it)."""
-        if self.family.think is None:
-            return None
-        start, end = (self.tokenizer.encode(marker, add_special_tokens=False) for marker in self.family.think)
-        return (tuple(start), end[0]) if start and len(end) == 1 else None
-
-    def _markup(self) -> tuple[Family, Family | None]:
-        """The model's family, and itself again where the template ignores `tools` (a preamble then describes them)."""
-        settings, tokenizer = self._settings, self.tokenizer
-        family = choose_family(tokenizer, tool_parser=settings.tool_parser, reasoning_parser=settings.reasoning_parser)
-        ignores = template_ignores_tools(lambda messages, tools: tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True))
-        log.info("engine.markup", family=family.name, think=family.think, tool_preamble=ignores)
-        return family, family if ignores else None
 
     def _release(self, request_id: str) -> None:
         del self._open[request_id]

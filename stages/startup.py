@@ -1,0 +1,75 @@
+"""What the engine decides once at start-up from the model and the settings.
+
+Each function here reads the loaded model (tokenizer, template, shape) or the
+settings and returns one piece of the wiring the engine assembles: the markup
+family, the think markers as ids, the cache tiers, a rank's share of the
+model. Kept apart from `stages/engine.py` so the engine reads as the actors'
+lifecycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import structlog
+
+from pipeline.settings import Settings
+from stages.cache.disk import DiskTier, model_fingerprint
+from stages.cache.prompt import PromptCache
+from stages.families import choose_family
+from stages.families.base import Family
+from stages.families.preamble import template_ignores_tools
+from stages.kv.plan import MemoryPlan
+from stages.kv.shape import ModelShape
+from stages.models.loading import ModelInfo, Tokenizer
+from stages.shard.cluster import Cluster
+from stages.shard.plan import per_rank
+from stages.shard.replicated import MirroredPromptCache
+
+log = structlog.get_logger(stage="engine")
+
+
+def choose_markup(settings: Settings, tokenizer: Tokenizer) -> tuple[Family, Family | None]:
+    """The model's family, and itself again where the template ignores `tools` (a preamble then describes them)."""
+    family = choose_family(tokenizer, tool_parser=settings.tool_parser, reasoning_parser=settings.reasoning_parser)
+    ignores = template_ignores_tools(
+        lambda messages, tools: tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    )
+    log.info("engine.markup", family=family.name, think=family.think, tool_preamble=ignores)
+    return family, family if ignores else None
+
+
+def think_ids(family: Family, tokenizer: Tokenizer) -> tuple[tuple[int, ...], int] | None:
+    """The think markers as token ids: the start's (one or more), and the end's, where it is
+    one token (a thinking budget forces it)."""
+    if family.think is None:
+        return None
+    start, end = (tokenizer.encode(marker, add_special_tokens=False) for marker in family.think)
+    return (tuple(start), end[0]) if start and len(end) == 1 else None
+
+
+def disk_tier(settings: Settings, info: ModelInfo, memory: MemoryPlan, *, sharded: bool) -> DiskTier | None:
+    # Sharded, every rank's cache follows rank 0's calls; a disk tier's timing is its own (not yet per rank).
+    if not settings.cache_dir or not memory.prompt_cache_bytes or sharded:
+        return None
+    # One folder per model: a folder shared by several never mixes their KV.
+    fingerprint = model_fingerprint(info.path)
+    root = Path(settings.cache_dir).expanduser() / fingerprint[:16]
+    return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint)
+
+
+def prompt_cache(max_bytes: int, *, sessions: bool, cluster: Cluster | None) -> PromptCache | None:
+    if not max_bytes:
+        return None
+    if cluster is None:
+        return PromptCache(max_bytes=max_bytes, sessions=sessions)
+    return MirroredPromptCache(max_bytes=max_bytes, sessions=sessions, step_log=cluster.step_log)
+
+
+def rank_share(cluster: Cluster | None, vocab_size: int) -> Callable[[ModelShape], ModelShape] | None:
+    """How one rank's share of the model is figured, for the memory plan; None in one process."""
+    if cluster is None:
+        return None
+    return partial(per_rank, mode=cluster.mode, ranks=cluster.size, vocab_size=vocab_size)
