@@ -9,7 +9,8 @@ picks one from the `MLX_RELAY_RESPONSE_STORE` URL. The app calls a store
 through `anyio.to_thread.run_sync`, so every store is thread-safe, and
 every failure inside one is a `StoreError`, which fails that one request.
 
-Every store keeps the same policy, so one test table covers them all:
+Every store keeps the same policy, so one test table covers them all
+(and one `StoreCounters` holds each store's limits and `/stats` counts):
 
 - A record lives `ttl_seconds` after it was last stored or read: `get`
   refreshes it, as it refreshes its place in the LRU order. Expired
@@ -151,6 +152,54 @@ def check_limits(*, ttl_seconds: float, max_bytes: int) -> None:
 
 
 @attrs.define
+class StoreCounters:
+    """A store's limits and this store object's counts: what every store reports the same way.
+
+    Counting takes a lock of its own, so a store whose database does the
+    ordering (PostgreSQL) needs no lock of its own for the counts.
+
+    Raises:
+        StoreError: a limit that is not positive, on construction.
+    """
+
+    ttl_seconds: float
+    max_bytes: int
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _hits: int = attrs.field(default=0, init=False)
+    _misses: int = attrs.field(default=0, init=False)
+    _evictions: int = attrs.field(default=0, init=False)
+    _expirations: int = attrs.field(default=0, init=False)
+    _oversized: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        check_limits(ttl_seconds=self.ttl_seconds, max_bytes=self.max_bytes)
+
+    def lookup(self, *, found: bool, expired: int = 0) -> None:
+        """One `get`: a hit or a miss, and the records it found expired."""
+        with self._lock:
+            self._hits += found
+            self._misses += not found
+            self._expirations += expired
+
+    def stored(self, *, expired: int = 0, evicted: int = 0, oversized: bool = False) -> None:
+        """One `put` (or its sweep): records dropped for the TTL or the cap, and a refusal."""
+        with self._lock:
+            self._expirations += expired
+            self._evictions += evicted
+            self._oversized += oversized
+
+    def statistics(
+        self, *, kind: Literal["memory", "sqlite", "postgresql"], location: str | None, entries: int, size: int
+    ) -> ResponseStoreStatistics:
+        with self._lock:
+            return ResponseStoreStatistics(
+                kind=kind, location=location, entries=entries, bytes=size,
+                max_bytes=self.max_bytes, ttl_seconds=self.ttl_seconds, hits=self._hits, misses=self._misses,
+                evictions=self._evictions, expirations=self._expirations, oversized=self._oversized,
+            )  # fmt: skip
+
+
+@attrs.define
 class _Entry:
     record: EncodedResponse
     last_used_at: float
@@ -171,14 +220,11 @@ class MemoryResponseStore:
     _entries: collections.OrderedDict[str, _Entry] = attrs.field(factory=collections.OrderedDict, init=False)
     _bytes: int = attrs.field(default=0, init=False)
     _closed: bool = attrs.field(default=False, init=False)
-    _hits: int = attrs.field(default=0, init=False)
-    _misses: int = attrs.field(default=0, init=False)
-    _evictions: int = attrs.field(default=0, init=False)
-    _expirations: int = attrs.field(default=0, init=False)
-    _oversized: int = attrs.field(default=0, init=False)
+    _counts: StoreCounters = attrs.field(init=False)
 
-    def __attrs_post_init__(self) -> None:
-        check_limits(ttl_seconds=self._ttl, max_bytes=self._max_bytes)
+    @_counts.default
+    def _within_limits(self) -> StoreCounters:
+        return StoreCounters(ttl_seconds=self._ttl, max_bytes=self._max_bytes)
 
     def put(self, record: StoredResponse) -> None:
         encoded = EncodedResponse.encode(record)
@@ -188,29 +234,28 @@ class MemoryResponseStore:
             self._sweep(now)
             self._remove(record.id)
             if encoded.size > self._max_bytes:
-                self._oversized += 1
+                self._counts.stored(oversized=True)
                 return
             self._entries[record.id] = _Entry(encoded, now)
             self._bytes += encoded.size
             while self._bytes > self._max_bytes:
                 self._remove(next(iter(self._entries)))
-                self._evictions += 1
+                self._counts.stored(evicted=1)
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self._lock:
             self._check_open()
             now = self._clock()
             entry = self._entries.get(response_id)
-            if entry is not None and self._expired(entry, now):
+            expired = entry is not None and self._expired(entry, now)
+            if expired:
                 self._remove(response_id)
-                self._expirations += 1
                 entry = None
+            self._counts.lookup(found=entry is not None, expired=expired)
             if entry is None:
-                self._misses += 1
                 return None
             entry.last_used_at = now
             self._entries.move_to_end(response_id)
-            self._hits += 1
         return entry.record.decode()
 
     def delete(self, response_id: str) -> bool:
@@ -221,11 +266,7 @@ class MemoryResponseStore:
 
     def statistics(self) -> ResponseStoreStatistics:
         with self._lock:
-            return ResponseStoreStatistics(
-                kind="memory", location=None, entries=len(self._entries), bytes=self._bytes,
-                max_bytes=self._max_bytes, ttl_seconds=self._ttl, hits=self._hits, misses=self._misses,
-                evictions=self._evictions, expirations=self._expirations, oversized=self._oversized,
-            )  # fmt: skip
+            return self._counts.statistics(kind="memory", location=None, entries=len(self._entries), size=self._bytes)
 
     def close(self) -> None:
         with self._lock:
@@ -247,7 +288,7 @@ class MemoryResponseStore:
             if not self._expired(oldest, now):
                 return
             self._remove(oldest_id)
-            self._expirations += 1
+            self._counts.stored(expired=1)
 
     def _remove(self, response_id: str) -> _Entry | None:
         entry = self._entries.pop(response_id, None)

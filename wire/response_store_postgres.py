@@ -25,7 +25,6 @@ together make it once. The `psycopg` package is the `postgres` extra.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 
-from wire.response_store import Clock, EncodedResponse, ResponseStoreStatistics, StoredResponse, StoreError, check_limits
+from wire.response_store import (
+    Clock,
+    EncodedResponse,
+    ResponseStoreStatistics,
+    StoreCounters,
+    StoredResponse,
+    StoreError,
+)
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -97,16 +103,14 @@ class PostgresResponseStore:
     _clock: Clock = attrs.field(default=time.time, alias="clock")
     _connect_timeout: float = attrs.field(default=10.0, alias="connect_timeout")
     _pool: ConnectionPool[Any] | None = attrs.field(default=None, init=False)
-    # The counters only: the database's own locks order everything else.
-    _counting: threading.Lock = attrs.field(factory=threading.Lock, init=False)
-    _hits: int = attrs.field(default=0, init=False)
-    _misses: int = attrs.field(default=0, init=False)
-    _evictions: int = attrs.field(default=0, init=False)
-    _expirations: int = attrs.field(default=0, init=False)
-    _oversized: int = attrs.field(default=0, init=False)
+    # The counts lock themselves: the database's own locks order everything else.
+    _counts: StoreCounters = attrs.field(init=False)
+
+    @_counts.default
+    def _within_limits(self) -> StoreCounters:
+        return StoreCounters(ttl_seconds=self._ttl, max_bytes=self._max_bytes)
 
     def __attrs_post_init__(self) -> None:
-        check_limits(ttl_seconds=self._ttl, max_bytes=self._max_bytes)
         try:
             from psycopg_pool import ConnectionPool
         except ImportError:
@@ -135,10 +139,7 @@ class PostgresResponseStore:
             db.execute(f"DELETE FROM {_TABLE} WHERE id = %s", (encoded.id,))
             oversized = encoded.size > self._max_bytes
             evicted = 0 if oversized else self._insert(db, encoded, now)
-        with self._counting:
-            self._expirations += expired
-            self._oversized += oversized
-            self._evictions += evicted
+        self._counts.stored(expired=expired, evicted=evicted, oversized=oversized)
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self._failures("get"), self._transaction() as db:
@@ -150,10 +151,7 @@ class PostgresResponseStore:
                 f"UPDATE {_TABLE} SET last_used_at = %s, recency = {_NEXT_RECENCY} WHERE id = %s RETURNING {_READ}",
                 (now, response_id),
             ).fetchone()
-        with self._counting:
-            self._hits += row is not None
-            self._misses += row is None
-            self._expirations += expired
+        self._counts.lookup(found=row is not None, expired=expired)
         return _encoded(row).decode() if row is not None else None
 
     def delete(self, response_id: str) -> bool:
@@ -166,11 +164,8 @@ class PostgresResponseStore:
     def statistics(self) -> ResponseStoreStatistics:
         with self._failures("statistics"), self._transaction() as db:
             entries, size = db.execute(f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {_TABLE}").fetchone() or (0, 0)
-        return ResponseStoreStatistics(
-            kind="postgresql", location=redacted(self._url), entries=int(entries), bytes=int(size),
-            max_bytes=self._max_bytes, ttl_seconds=self._ttl, hits=self._hits, misses=self._misses,
-            evictions=self._evictions, expirations=self._expirations, oversized=self._oversized,
-        )  # fmt: skip
+        where = redacted(self._url)
+        return self._counts.statistics(kind="postgresql", location=where, entries=int(entries), size=int(size))
 
     def close(self) -> None:
         pool, self._pool = self._pool, None

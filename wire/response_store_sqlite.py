@@ -41,7 +41,14 @@ from pathlib import Path
 
 import attrs
 
-from wire.response_store import Clock, EncodedResponse, ResponseStoreStatistics, StoredResponse, StoreError, check_limits
+from wire.response_store import (
+    Clock,
+    EncodedResponse,
+    ResponseStoreStatistics,
+    StoreCounters,
+    StoredResponse,
+    StoreError,
+)
 
 SCHEMA_VERSION = 1
 _SCHEMA = (
@@ -88,14 +95,13 @@ class SqliteResponseStore:
     _busy_timeout: float = attrs.field(default=5.0, alias="busy_timeout")
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _db: sqlite3.Connection | None = attrs.field(default=None, init=False)
-    _hits: int = attrs.field(default=0, init=False)
-    _misses: int = attrs.field(default=0, init=False)
-    _evictions: int = attrs.field(default=0, init=False)
-    _expirations: int = attrs.field(default=0, init=False)
-    _oversized: int = attrs.field(default=0, init=False)
+    _counts: StoreCounters = attrs.field(init=False)
+
+    @_counts.default
+    def _within_limits(self) -> StoreCounters:
+        return StoreCounters(ttl_seconds=self._ttl, max_bytes=self._max_bytes)
 
     def __attrs_post_init__(self) -> None:
-        check_limits(ttl_seconds=self._ttl, max_bytes=self._max_bytes)
         deadline = time.monotonic() + self._busy_timeout
         with self._failures("open"), self._lock:
             while True:
@@ -116,9 +122,7 @@ class SqliteResponseStore:
                 db.execute("DELETE FROM responses WHERE id = ?", (encoded.id,))
                 oversized = encoded.size > self._max_bytes
                 evicted = 0 if oversized else self._insert(db, encoded, now)
-            self._expirations += expired
-            self._oversized += oversized
-            self._evictions += evicted
+            self._counts.stored(expired=expired, evicted=evicted, oversized=oversized)
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self._failures("get"), self._lock:
@@ -136,9 +140,7 @@ class SqliteResponseStore:
                         f"UPDATE responses SET last_used_at = ?, recency = {_NEXT_RECENCY} WHERE id = ?", (now, response_id)
                     )
             found = row is not None and not expired
-            self._hits += found
-            self._misses += not found
-            self._expirations += expired
+            self._counts.lookup(found=found, expired=expired)
         # Decoded outside the lock: it is CPU work on this thread's own copy.
         return _encoded(row[:-1]).decode() if found else None
 
@@ -154,11 +156,7 @@ class SqliteResponseStore:
     def statistics(self) -> ResponseStoreStatistics:
         with self._failures("statistics"), self._lock:
             entries, size = self._connection().execute("SELECT COUNT(*), TOTAL(size) FROM responses").fetchone()
-            return ResponseStoreStatistics(
-                kind="sqlite", location=str(self._path), entries=int(entries), bytes=int(size),
-                max_bytes=self._max_bytes, ttl_seconds=self._ttl, hits=self._hits, misses=self._misses,
-                evictions=self._evictions, expirations=self._expirations, oversized=self._oversized,
-            )  # fmt: skip
+        return self._counts.statistics(kind="sqlite", location=str(self._path), entries=int(entries), size=int(size))
 
     def close(self) -> None:
         with self._failures("close"), self._lock:
