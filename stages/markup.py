@@ -22,7 +22,7 @@ import attrs
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall, append_text
 from pipeline.requests import Tool
 from stages.families.base import Family, Splitter, in_json_string
-from stages.stops import partial_suffix
+from stages.stops import hold_back
 
 
 class Section(enum.Enum):
@@ -90,9 +90,8 @@ class MarkupSplitter:
                 self._held = buffer[found[0] :]
                 break
             if found is None:
-                keep = 0 if final else partial_suffix(buffer, markers)
-                self._emit(buffer[: len(buffer) - keep], events)
-                self._held = buffer[len(buffer) - keep :]
+                ready, self._held = hold_back(buffer, markers, final=final)
+                self._emit(ready, events)
                 break
             index, marker = found
             if self._section is Section.TOOL_CALL and self._inside_call(marker, self._call_text + buffer[:index]):

@@ -2,8 +2,9 @@
 
 The matcher holds back only text that could still become a stop string
 (the longest suffix that is a prefix of one), so no part of a stop string
-is ever streamed and ordinary text is not delayed. The markup splitter
-holds back its markers with the same two functions. Pure; no I/O.
+is ever streamed and ordinary text is not delayed. The markup splitter and
+the harmony splitter hold back their markers with the same functions
+(`hold_back`). Pure; no I/O.
 """
 
 from __future__ import annotations
@@ -36,15 +37,22 @@ class StopMatcher:
             index, stop = found
             self._held = ""
             return StopResult(text=buffer[:index], stop=stop)
-        keep = 0 if final else partial_suffix(buffer, self._stops)
-        self._held = buffer[len(buffer) - keep :] if keep else ""
-        return StopResult(text=buffer[: len(buffer) - keep])
-
+        ready, self._held = hold_back(buffer, self._stops, final=final)
+        return StopResult(text=ready)
 
 
 def earliest(buffer: str, needles: Sequence[str]) -> tuple[int, str] | None:
     """Where the first of `needles` starts in `buffer`, and which one; None if none does."""
     return min(((buffer.find(needle), needle) for needle in needles if needle in buffer), default=None)
+
+
+def hold_back(buffer: str, needles: Sequence[str], *, final: bool) -> tuple[str, str]:
+    """`buffer` split into the text safe to emit now and the end that could still grow into a needle.
+
+    With `final` nothing can grow any more, so nothing is held.
+    """
+    keep = 0 if final else partial_suffix(buffer, needles)
+    return buffer[: len(buffer) - keep], buffer[len(buffer) - keep :]
 
 
 def partial_suffix(buffer: str, needles: Sequence[str]) -> int:

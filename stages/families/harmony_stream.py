@@ -33,7 +33,7 @@ import attrs
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall, append_text
 from pipeline.requests import Tool
 from stages.families.base import in_json_string, json_object
-from stages.stops import earliest, partial_suffix
+from stages.stops import earliest, hold_back
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 CONSTRAIN, CALL, RETURN = "<|constrain|>", "<|call|>", "<|return|>"
@@ -109,9 +109,8 @@ class HarmonySplitter:
         while buffer:
             found = earliest(buffer, TOKENS)
             if found is None:
-                keep = 0 if final else partial_suffix(buffer, TOKENS)
-                self._text(buffer[: len(buffer) - keep], events)
-                self._held = buffer[len(buffer) - keep :]
+                ready, self._held = hold_back(buffer, TOKENS, final=final)
+                self._text(ready, events)
                 break
             index, token = found
             self._text(buffer[:index], events)

@@ -14,7 +14,7 @@ from itertools import combinations
 
 import pytest
 
-from stages.stops import StopMatcher, StopResult
+from stages.stops import StopMatcher, StopResult, hold_back
 
 
 def splits(text: str) -> Iterator[list[str]]:
@@ -108,3 +108,21 @@ def test_no_stops_passes_text_through() -> None:
     """A request without stop strings streams its text unchanged, holding nothing."""
     matcher = StopMatcher(())
     assert [matcher.feed(piece).text for piece in ("a", "", "bc")] == ["a", "", "bc"]
+
+
+@pytest.mark.parametrize(
+    ("buffer", "final", "split"),
+    [
+        ("answer <|en", False, ("answer ", "<|en")),
+        ("answer <|en", True, ("answer <|en", "")),
+        ("answer <", False, ("answer ", "<")),
+        ("answer <|x", False, ("answer <|x", "")),
+        ("<|end", False, ("", "<|end")),
+        ("", False, ("", "")),
+    ],
+)
+def test_hold_back_keeps_only_an_end_that_could_grow_into_a_needle(
+    buffer: str, final: bool, split: tuple[str, str]
+) -> None:
+    """The two parts always rejoin into the buffer; with `final` nothing is held."""
+    assert hold_back(buffer, ("<|end|>", "<|call|>"), final=final) == split
