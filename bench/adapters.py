@@ -21,7 +21,6 @@ from stages.models.blas import preload_blas
 BLAS = preload_blas()
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from functools import partial  # noqa: E402
@@ -30,6 +29,7 @@ from typing import Any  # noqa: E402
 
 import attrs  # noqa: E402
 
+from bench import report  # noqa: E402
 from stages.adapter_batches import AdapterBatches, make_generator  # noqa: E402
 from stages.adapters import read_adapters  # noqa: E402
 from stages.models.demo_adapter import write_random_adapter  # noqa: E402
@@ -102,13 +102,11 @@ def main() -> None:
             run("one adapter", model, tokenizer, spec, ["a"] * rows, args.max_tokens),
             run("three groups", model, tokenizer, spec, mixed, args.max_tokens),
         ]
-    print(f"{'scenario':<14}{'rows':>5}{'wall s':>9}{'tok/s':>9}{'steps':>7}{'gap ms':>9}{'switches':>10}{'switch ms':>11}")
-    for r in results:
-        print(f"{r.scenario:<14}{r.rows:>5}{r.wall_s:>9}{r.tokens_per_s:>9}{r.steps:>7}{r.mean_gap_ms:>9}{r.switches:>10}{r.switch_ms:>11}")
-    args.out.mkdir(parents=True, exist_ok=True)
     print(f"BLAS: {BLAS}")
-    report = {"model": str(path), "blas": BLAS, "max_tokens": args.max_tokens, "results": [attrs.asdict(r) for r in results]}
-    (args.out / "adapters.json").write_text(json.dumps(report, indent=2))
+    header = ("scenario", "rows", "wall s", "tok/s", "steps", "gap ms", "switches", "switch ms")
+    table = [tuple(str(value) for value in attrs.astuple(r)) for r in results]
+    payload = {"model": str(path), "blas": BLAS, "max_tokens": args.max_tokens, "results": [attrs.asdict(r) for r in results]}
+    report.publish(args.out / "adapters.json", header, table, payload)
 
 
 if __name__ == "__main__":

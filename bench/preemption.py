@@ -13,7 +13,6 @@ stream's text matched the ample run; writes bench/out/preemption.json.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from bench import report
 from bench.servers import free_port, relay_command, relay_env, started
 from stages.kv.machine import read_machine
 from stages.kv.plan import budget_for
@@ -70,13 +70,14 @@ def main(argv: list[str] | None = None) -> None:
     tight = budget_for(shape, read_machine(), args.streams * shape.kv_bytes(512), prompt_cache=PROMPT_CACHE, max_batch=args.streams, prefill_step=512)
     rows = [_run(args, "ample", env), _run(args, "tight", env | {"MLX_RELAY_MEMORY_BUDGET": str(tight)})]
     same = rows[0]["texts"] == rows[1]["texts"]
-    print(f"{'budget':<8}{'wall s':>9}{'tok/s':>9}{'preempted':>11}{'resumed':>9}")
-    for row in rows:
-        print(f"{row['budget']:<8}{row['wall_s']:>9.1f}{row['tokens_per_s']:>9.1f}{row['preemptions']:>11}{row['resumed']:>9}")
-    print(f"cost of preemption: {rows[0]['tokens_per_s'] / rows[1]['tokens_per_s']:.2f}x slower; same output: {same}")
-    args.out.mkdir(parents=True, exist_ok=True)
+    header = ("budget", "wall s", "tok/s", "preempted", "resumed")
+    table = [
+        (row["budget"], f"{row['wall_s']:.1f}", f"{row['tokens_per_s']:.1f}", str(row["preemptions"]), str(row["resumed"]))
+        for row in rows
+    ]
     summary = [{k: v for k, v in row.items() if k != "texts"} for row in rows]
-    (args.out / "preemption.json").write_text(json.dumps({"model": args.model, "rows": summary, "same_output": same}, indent=2))
+    report.publish(args.out / "preemption.json", header, table, {"model": args.model, "rows": summary, "same_output": same})
+    print(f"cost of preemption: {rows[0]['tokens_per_s'] / rows[1]['tokens_per_s']:.2f}x slower; same output: {same}")
 
 
 if __name__ == "__main__":

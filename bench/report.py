@@ -72,13 +72,13 @@ def rows(results: Results, levels: Sequence[int]) -> list[tuple[str, ...]]:
     return table
 
 
-def plain_table(table: list[tuple[str, ...]], header: tuple[str, ...] = HEADER) -> str:
+def plain_table(table: Sequence[tuple[str, ...]], header: tuple[str, ...] = HEADER) -> str:
     widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
     line = lambda row: "  ".join(cell.rjust(width) for cell, width in zip(row, widths))  # noqa: E731
     return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, table)])
 
 
-def markdown_table(table: list[tuple[str, ...]], header: tuple[str, ...] = HEADER) -> str:
+def markdown_table(table: Sequence[tuple[str, ...]], header: tuple[str, ...] = HEADER) -> str:
     line = lambda row: "| " + " | ".join(row) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + " ---: |" * len(header), *map(line, table)])
 
@@ -104,6 +104,13 @@ def problems(results: Results, max_tokens: int) -> list[str]:
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def publish(path: Path, header: tuple[str, ...], table: Sequence[tuple[str, ...]], payload: dict[str, Any]) -> None:
+    """A small benchmark's last step: its table on stdout, its figures as JSON at `path`."""
+    print(plain_table(table, header))
+    write_json(path, payload)
+    print(f"wrote {path}")
 
 
 def plot(path: Path, results: Results, levels: Sequence[int], title: str) -> None:
