@@ -59,9 +59,14 @@ class Crossing:
             )
 
 
-async def test_a_stalled_sink_holds_at_most_depth_steps() -> None:
+@pytest.fixture
+async def crossing(request: pytest.FixtureRequest) -> Crossing:
+    """A crossing (depth 2, four slots) with a stand-in sink; `indirect` parametrization changes either."""
+    return Crossing(**getattr(request, "param", {}))
+
+
+async def test_a_stalled_sink_holds_at_most_depth_steps(crossing: Crossing) -> None:
     """With delivery stalled the thread hands over `depth` steps and waits; released, all arrive in order."""
-    crossing = Crossing(depth=2)
     crossing.gate = anyio.Event()
     handed: list[int] = []
 
@@ -90,8 +95,8 @@ async def test_a_stalled_sink_holds_at_most_depth_steps() -> None:
     assert stats.loop_wait_s > 0
 
 
-async def test_the_thread_does_not_wait_while_delivery_keeps_up() -> None:
-    crossing = Crossing(depth=64)
+@pytest.mark.parametrize("crossing", [{"depth": 64}], indirect=True, ids=["depth64"])
+async def test_the_thread_does_not_wait_while_delivery_keeps_up(crossing: Crossing) -> None:
 
     def thread() -> None:
         crossing.handoff.take(held=0)
@@ -109,9 +114,8 @@ async def test_the_thread_does_not_wait_while_delivery_keeps_up() -> None:
     assert crossing.handoff.statistics().loop_wait_s == 0.0
 
 
-async def test_rows_cross_into_free_slots_only_and_together() -> None:
+async def test_rows_cross_into_free_slots_only_and_together(crossing: Crossing) -> None:
     """Six rows at once, four slots: four cross in one intake; the rest once a row has left."""
-    crossing = Crossing(max_rows=4)
     intakes: list[tuple[str, ...]] = []
 
     def thread() -> None:
@@ -135,8 +139,7 @@ async def test_rows_cross_into_free_slots_only_and_together() -> None:
     assert [r for intake in intakes for r in intake] == [f"r{i}" for i in range(6)]
 
 
-async def test_aborts_reach_the_thread_with_the_next_intake() -> None:
-    crossing = Crossing()
+async def test_aborts_reach_the_thread_with_the_next_intake(crossing: Crossing) -> None:
     seen: list[str] = []
 
     def thread() -> None:
@@ -159,8 +162,7 @@ async def test_aborts_reach_the_thread_with_the_next_intake() -> None:
     assert seen == ["a"]
 
 
-async def test_a_host_cancel_ends_an_idle_thread() -> None:
-    crossing = Crossing()
+async def test_a_host_cancel_ends_an_idle_thread(crossing: Crossing) -> None:
     ended = anyio.Event()
 
     def thread() -> None:
@@ -178,8 +180,7 @@ async def test_a_host_cancel_ends_an_idle_thread() -> None:
     assert crossing.handoff.statistics().idle_wait_s > 0
 
 
-async def test_a_nudge_wakes_an_idle_thread_with_an_empty_intake() -> None:
-    crossing = Crossing()
+async def test_a_nudge_wakes_an_idle_thread_with_an_empty_intake(crossing: Crossing) -> None:
     intakes: list[Intake] = []
 
     def thread() -> None:
