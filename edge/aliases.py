@@ -4,6 +4,8 @@ Checked once the model is loaded (each alias must name the base model or
 one of its adapters; `ServedModels` resolves them); a request that asks
 by an alias is answered under that alias, any other under the id of the
 model that answered. The name asked for travels on the decoded request (`model`).
+Embeddings and scores run on the base model only, so they answer under
+the alias or base id asked by, and refuse an adapter rather than ignore it.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import attrs
 import structlog
 
 from edge.startup import StartupError
+from pipeline.errors import invalid
 from pipeline.requests import GenerationRequest, JsonValue
-from stages.adapters import ServedModels
+from stages.adapters import ServedModels, not_found
 from stages.messages import Decoder
 
 log = structlog.get_logger()
@@ -39,6 +42,28 @@ def served_as(served: ServedModels, request: GenerationRequest) -> str:
     if request.model is not None and request.model in served.aliases:
         return request.model
     return request.params.adapter or served.base
+
+
+def work_served_as(served: ServedModels, model: str | None) -> str:
+    """The model name an embeddings, rerank or score reply carries: the alias asked by, else the base id.
+
+    Raises:
+        RequestError: 400 `model_not_supported` for an adapter (or an alias of
+            one): this work runs on the base model, and the adapter would
+            change its answer; 404 `model_not_found` for a name this server
+            does not serve, where it serves adapters (as generation does).
+    """
+    if not model:
+        return served.base
+    target = served.aliases.get(model, model)
+    if target in served.ids[1:]:
+        raise invalid(
+            f"The model `{model[:200]}` is a LoRA adapter; embeddings and scores come from the base model only: "
+            f"ask for `{served.base}`", param="model", code="model_not_supported",
+        )  # fmt: skip
+    if served.adapters and not served.knows(model):
+        raise not_found(model, "model", served=(*served.ids, *served.aliases))
+    return model if model in served.aliases else served.base
 
 
 def with_model(decode: Decoder) -> Decoder:

@@ -14,6 +14,7 @@ from typing import cast
 from quart import Blueprint, Response, current_app, request
 
 from edge import guard
+from edge.aliases import work_served_as
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
 from stages.engine import Engine
@@ -45,8 +46,9 @@ async def embeddings() -> Response:
     request_id = f"embd-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
     engine = _engine()
+    model = work_served_as(engine.served, decoded.model)
     result = await engine.work.embed(decoded, request_id=request_id, trace_id=trace_id)
-    return _json(embeddings_body(result, model=engine.info.name, encoding=decoded.encoding_format), trace_id)
+    return _json(embeddings_body(result, model=model, encoding=decoded.encoding_format), trace_id)
 
 
 @routes.post("/v1/rerank")
@@ -56,8 +58,9 @@ async def rerank() -> Response:
     request_id = f"rerank-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
     engine = _engine()
+    model = work_served_as(engine.served, decoded.model)
     scores = await engine.work.score(decoded, request_id=request_id, trace_id=trace_id)
-    body = rerank_body(scores, documents, id=request_id, model=engine.info.name, top_n=top_n, return_documents=return_documents)
+    body = rerank_body(scores, documents, id=request_id, model=model, top_n=top_n, return_documents=return_documents)
     return _json(body, trace_id)
 
 
@@ -68,8 +71,9 @@ async def score() -> Response:
     request_id = f"score-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
     engine = _engine()
+    model = work_served_as(engine.served, decoded.model)
     scores = await engine.work.score(decoded, request_id=request_id, trace_id=trace_id)
-    return _json(score_body(scores, id=request_id, model=engine.info.name, created=int(time.time())), trace_id)
+    return _json(score_body(scores, id=request_id, model=model, created=int(time.time())), trace_id)
 
 
 @routes.post("/tokenize")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import mlx_lm
 import openai
 import pytest
@@ -181,6 +182,20 @@ def test_the_prompt_cache_never_serves_one_adapters_kv_to_another(
 def cached(completion: Any) -> int:
     details = completion.usage.prompt_tokens_details
     return 0 if details is None else int(details.cached_tokens or 0)
+
+
+def test_embeddings_and_scores_refuse_an_adapter_they_would_not_apply(lora_server: Server, base_id: str) -> None:
+    """They run on the base model: an adapter (or its alias) is a 400 naming `model`, an unknown name a 404."""
+    client = lora_server.client()
+    for model in ("lora-b", "sql"):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.embeddings.create(model=model, input="Hi")
+        assert refused.value.code == "model_not_supported" and base_id in refused.value.message
+        scored = httpx.post(f"{lora_server.v1}/score", json={"model": model, "text_1": "a", "text_2": "b"}, timeout=60)
+        assert scored.status_code == 400 and scored.json()["error"]["param"] == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="lora-c", input="Hi")
+    assert client.embeddings.create(model=base_id, input="Hi").model == base_id
 
 
 def test_embeddings_use_the_base_model_whichever_adapter_ran_last(lora_server: Server, base_id: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from tests.conftest import Server, ServerFactory
@@ -33,6 +34,18 @@ def test_a_request_by_alias_is_answered_under_that_alias(aliased: Server) -> Non
     assert client.responses.create(model="gpt-4o", input="Hi", max_output_tokens=2).model == "gpt-4o"
     stream = client.chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=2, stream=True)  # type: ignore[arg-type]
     assert {chunk.model for chunk in stream} == {"gpt-4o"}
+
+
+def test_embeddings_rerank_and_score_are_answered_under_the_alias_asked_by(aliased: Server) -> None:
+    """As OpenAI's replies do, `model` is the name the request used; a name that is no alias answers as the served id."""
+    client = aliased.client()
+    assert client.embeddings.create(model="gpt-4o", input="Hi").model == "gpt-4o"
+    assert client.embeddings.create(model="anything", input="Hi").model == "served"
+    assert client.embeddings.create(model="served", input="Hi").model == "served"
+    for path, body in (("rerank", {"query": "sea", "documents": ["ocean", "desk"]}), ("score", {"text_1": "sea", "text_2": "ocean"})):
+        for model, answered in (("qwen2.5-coder:7b", "qwen2.5-coder:7b"), ("anything", "served")):
+            reply = httpx.post(f"{aliased.v1}/{path}", json={"model": model, **body}, timeout=60)
+            assert reply.status_code == 200 and reply.json()["model"] == answered
 
 
 def test_an_alias_for_a_model_not_served_stops_the_start(server_factory: ServerFactory) -> None:
