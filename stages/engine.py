@@ -182,7 +182,9 @@ class Engine:
                 share=rank_share(self._cluster, self.info.vocab_size),
             )
         )  # fmt: skip
-        disk = await anyio.to_thread.run_sync(partial(disk_tier, settings, self.info, self.fit.memory, sharded=self._cluster is not None))
+        disk = await anyio.to_thread.run_sync(
+            partial(disk_tier, settings, self.info, self.fit.memory, sharded=self._cluster is not None, adapters=adapters)
+        )
         self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
         memory = self.fit.memory
         log.info(

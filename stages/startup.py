@@ -9,14 +9,16 @@ lifecycle.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
 import structlog
 
 from pipeline.settings import Settings
-from stages.cache.disk import DiskTier, model_fingerprint
+from stages.adapters import CONFIG, WEIGHTS, Adapter
+from stages.cache.disk import DiskTier
+from stages.cache.kv_file import adapter_fingerprint, model_fingerprint
 from stages.cache.prompt import PromptCache
 from stages.families import choose_family
 from stages.families.base import Family
@@ -50,14 +52,18 @@ def think_ids(family: Family, tokenizer: Tokenizer) -> tuple[tuple[int, ...], in
     return (tuple(start), end[0]) if start and len(end) == 1 else None
 
 
-def disk_tier(settings: Settings, info: ModelInfo, memory: MemoryPlan, *, sharded: bool) -> DiskTier | None:
+def disk_tier(
+    settings: Settings, info: ModelInfo, memory: MemoryPlan, *, sharded: bool, adapters: Sequence[Adapter] = ()
+) -> DiskTier | None:
     # Sharded, every rank's cache follows rank 0's calls; a disk tier's timing is its own (not yet per rank).
     if not settings.cache_dir or not memory.prompt_cache_bytes or sharded:
         return None
     # One folder per model: a folder shared by several never mixes their KV.
     fingerprint = model_fingerprint(info.path)
     root = Path(settings.cache_dir).expanduser() / fingerprint[:16]
-    return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint)
+    # Within it, each adapter's entries are filed by its name and weights, so retrained weights never match.
+    spaces = {adapter.name: adapter_fingerprint(adapter.path / CONFIG, adapter.path / WEIGHTS) for adapter in adapters}
+    return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint, adapters=spaces)
 
 
 def prompt_cache(max_bytes: int, *, sessions: bool, cluster: Cluster | None) -> PromptCache | None:

@@ -1,11 +1,13 @@
 """Disk tier of the prompt cache: evicted entries as files, bounded in bytes.
 
-Each entry is one safetensors file (written by hand here, readable by
-`mx.load`): the tokens it holds as an int32 tensor, each layer's keys and
-values, and metadata naming the format, the model's fingerprint and a
-CRC-32 of the data. Files live in a folder per model fingerprint, so a
+Each entry is one safetensors file (`stages/cache/kv_file.py` writes and
+checks the format). Files live in a folder per model fingerprint, so a
 cache folder shared by several models never serves one model's KV to
-another.
+another. Within it, each entry belongs to a space: the base model's (the
+folder itself) or one LoRA adapter's (`adapters/<digest>/`, named by the
+adapter's name and its weights' fingerprint), so an adapter's KV comes
+back from disk for that adapter only, never for another adapter or the
+base model, and retrained weights under an old name never match.
 
 - Write: on the gateway's spill worker thread, never the model thread.
   The bytes come from memoryviews the model thread took of evaluated
@@ -13,72 +15,38 @@ another.
   final name a file is whole or absent.
 - Read: on the model thread, when a fetch is served better from disk
   than from memory. The whole file is read and checked (length, format,
-  fingerprint, checksum, and that its tokens are the ones asked for)
-  before any byte becomes KV; a file that fails is deleted and counted,
-  and the request prefills as if it had missed.
-- Index: tokens -> file, in memory, rebuilt at start from the files'
-  headers (temp files of a crashed write are deleted); one lock guards
-  it, since the worker adds files and the model thread looks them up.
+  fingerprint, space, checksum, and that its tokens are the ones asked
+  for) before any byte becomes KV; a file that fails is deleted and
+  counted, and the request prefills as if it had missed.
+- Index: (space, tokens) -> file, in memory, rebuilt at start from the
+  files' headers (temp files of a crashed write are deleted); one lock
+  guards it, since the worker adds files and the model thread looks them up.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
-import math
 import os
 import threading
 import time
-import zlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 import structlog
 from mlx_lm.models.cache import PromptTrie
 
+from stages.cache.kv_file import BASE_SPACE, SUFFIX, Restored, Tensor, header, indexed, parse
 from stages.cache.tier import DiskStatistics, Key, nearest
 
 log = structlog.get_logger(stage="gateway")
 
-_FORMAT = "mlx-relay/kv-1"
-_SUFFIX = ".safetensors"
-_TOKENS = "tokens"
-# safetensors data starts 8-aligned, so every tensor can be viewed in place.
-_ALIGN = 8
-# memoryview format -> safetensors dtype, and each dtype's item size.
-_DTYPES = {"f": "F32", "e": "F16", "bfloat16": "BF16", "i": "I32"}
-_ITEM_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I32": 4}
-# Enough of each weight file to tell two models of the same shape apart
-# without reading gigabytes at every start.
-_FINGERPRINT_SAMPLE = 1 << 20
-_MODEL = "disk"
-
-
-@attrs.frozen
-class Tensor:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    data: memoryview
-
-
-def tensor(name: str, buffer: Any) -> Tensor | None:
-    """`buffer` (an evaluated MLX array, an `array`) as a tensor; None if it cannot be written as is."""
-    view = memoryview(buffer)
-    dtype = _DTYPES.get(view.format)
-    if dtype is None or not view.c_contiguous:
-        return None
-    return Tensor(name, dtype, tuple(view.shape or (len(view),)), view)
-
-
-def token_tensor(tokens: Sequence[int]) -> Tensor:
-    ids = array("i", tokens)
-    return Tensor(_TOKENS, "I32", (len(ids),), memoryview(ids))
+_ADAPTERS = "adapters"
+# A file's place in the index: its space, and its tokens.
+_Slot = tuple[str, Key]
 
 
 @attrs.frozen(kw_only=True)
@@ -86,13 +54,7 @@ class SpillJob:
     tokens: Key
     prompt_len: int
     tensors: tuple[Tensor, ...]
-
-
-@attrs.frozen(kw_only=True)
-class Restored:
-    tokens: Key
-    prompt_len: int
-    tensors: dict[str, Tensor]
+    space: str = BASE_SPACE
 
 
 @attrs.define
@@ -106,9 +68,11 @@ class DiskTier:
     root: Path
     max_bytes: int
     fingerprint: str
+    # Adapter name -> its weights' fingerprint: the adapters whose entries are filed here.
+    adapters: Mapping[str, str] = attrs.field(factory=dict)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     # Least recently used first.
-    _files: OrderedDict[Key, _File] = attrs.field(factory=OrderedDict, init=False)
+    _files: OrderedDict[_Slot, _File] = attrs.field(factory=OrderedDict, init=False)
     _trie: PromptTrie = attrs.field(factory=PromptTrie, init=False)
     _bytes: int = attrs.field(default=0, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
@@ -118,46 +82,55 @@ class DiskTier:
         names = ("spills", "spills_dropped", "spill_errors", "spills_unsupported", "restores", "corrupt")
         self._counts = dict.fromkeys(names, 0)
 
+    def space_of(self, adapter: str | None) -> str | None:
+        """The space an entry of `adapter` (None: the base model) is filed under; None for an adapter not listed."""
+        if adapter is None:
+            return BASE_SPACE
+        fingerprint = self.adapters.get(adapter)
+        # The fingerprint has a fixed length, so the two parts never run into each other.
+        return None if fingerprint is None else f"{fingerprint}/{adapter}"
+
     def scan(self) -> None:
-        """Index the folder's files, oldest first; delete temp and unreadable files."""
+        """Index the files of every space, oldest first; delete temp and unreadable files.
+
+        An adapter's files stay indexed while that adapter is not served: they
+        serve it again once it is, and the byte cap evicts them like any other.
+        """
         self.root.mkdir(parents=True, exist_ok=True)
-        found = []
-        for path in self.root.iterdir():
-            if path.name.endswith(".tmp"):
-                path.unlink(missing_ok=True)
-            elif path.suffix == _SUFFIX:
-                tokens = self._indexed_tokens(path)
-                if tokens is None:
-                    self._discard(path)
-                else:
-                    found.append((path.stat().st_mtime, tokens, path))
+        adapters = self.root / _ADAPTERS
+        folders = [self.root, *(sorted(p for p in adapters.iterdir() if p.is_dir()) if adapters.is_dir() else [])]
+        found = [item for folder in folders for item in self._scan_folder(folder)]
         with self._lock:
-            for _, tokens, path in sorted(found):
-                self._add(tokens, _File(path, path.stat().st_size))
+            for _, slot, path in sorted(found):
+                self._add(slot, _File(path, path.stat().st_size))
             victims = self._evict_over(self.max_bytes)
         _unlink(victims)
         log.info("prompt_cache.disk_scan", root=str(self.root), entries=len(self._files), bytes=self._bytes)
 
-    def longest(self, tokens: Sequence[int]) -> tuple[Key, int] | None:
+    def longest(self, tokens: Sequence[int], space: str = BASE_SPACE) -> tuple[Key, int] | None:
         with self._lock:
             if not self._files:
                 return None
-            key, shared = nearest(self._trie, _MODEL, tokens)
+            key, shared = nearest(self._trie, space, tokens)
         return (key, shared) if key is not None else None
 
-    def has(self, key: Key) -> bool:
+    def has(self, key: Key, space: str = BASE_SPACE) -> bool:
         with self._lock:
-            return key in self._files
+            return (space, key) in self._files
 
     def write(self, job: SpillJob) -> None:
         """Write one entry (the worker thread); best effort: an OSError is counted, not raised."""
-        head = _header(job, self.fingerprint)
+        head = header(job.tensors, fingerprint=self.fingerprint, prompt_len=job.prompt_len, space=job.space)
         size = len(head) + sum(t.data.nbytes for t in job.tensors)
-        if self.has(job.tokens) or size > self.max_bytes:
+        if self.has(job.tokens, job.space) or size > self.max_bytes:
             return
-        path = self.root / (hashlib.sha256(array("i", job.tokens).tobytes()).hexdigest()[:40] + _SUFFIX)
+        path = self._folder(job.space) / (hashlib.sha256(array("i", job.tokens).tobytes()).hexdigest()[:40] + SUFFIX)
         temp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
         try:
+            if job.space != BASE_SPACE:
+                # Not `parents`: a root that is gone is a failed write, as for the base model's files.
+                path.parent.parent.mkdir(exist_ok=True)
+                path.parent.mkdir(exist_ok=True)
             with temp.open("wb") as file:
                 file.write(head)
                 for item in job.tensors:
@@ -172,30 +145,31 @@ class DiskTier:
             log.warning("prompt_cache.spill_failed", error=type(error).__name__, path=str(path))
             return
         with self._lock:
-            self._add(job.tokens, _File(path, size))
+            self._add((job.space, job.tokens), _File(path, size))
             self._counts["spills"] += 1
             victims = self._evict_over(self.max_bytes)
         _unlink(victims)
 
-    def read(self, key: Key) -> Restored | None:
-        """The entry for `key`, checked; None (and the file deleted) when it does not check out."""
+    def read(self, key: Key, space: str = BASE_SPACE) -> Restored | None:
+        """The entry for `key` in `space`, checked; None (and the file deleted) when it does not check out."""
+        slot = (space, key)
         with self._lock:
-            file = self._files.get(key)
+            file = self._files.get(slot)
         if file is None:
             return None
         try:
             data = file.path.read_bytes()
         except OSError:
-            self._remove(key)
+            self._remove(slot)
             return None
-        restored = _parse(data, self.fingerprint)
-        if restored is None or restored.tokens != key:
-            self._remove(key)
+        restored = parse(data, self.fingerprint)
+        if restored is None or restored.tokens != key or restored.space != space:
+            self._remove(slot)
             self._discard(file.path)
             return None
         with self._lock:
-            if key in self._files:
-                self._files.move_to_end(key)
+            if slot in self._files:
+                self._files.move_to_end(slot)
         # The LRU order survives a restart through mtimes; the worker may have evicted it meanwhile.
         with contextlib.suppress(OSError):
             file.path.touch()
@@ -210,6 +184,7 @@ class DiskTier:
 
     def note_error(self) -> None:
         self._counts["spill_errors"] += 1
+
     def note_unsupported(self) -> None:
         self._counts["spills_unsupported"] += 1
 
@@ -220,111 +195,52 @@ class DiskTier:
             last_restore_seconds=seconds, last_restore_at=at, **self._counts,
         )  # fmt: skip
 
+    def _folder(self, space: str) -> Path:
+        if space == BASE_SPACE:
+            return self.root
+        return self.root / _ADAPTERS / hashlib.sha256(space.encode()).hexdigest()[:16]
+
+    def _scan_folder(self, folder: Path) -> list[tuple[float, _Slot, Path]]:
+        """The files of one folder with their mtimes and slots; a file filed in the wrong folder is discarded."""
+        found = []
+        for path in folder.iterdir():
+            if path.name.endswith(".tmp"):
+                path.unlink(missing_ok=True)
+            elif path.suffix == SUFFIX:
+                slot = indexed(path, self.fingerprint)
+                if slot is None or self._folder(slot[0]) != folder:
+                    self._discard(path)
+                else:
+                    found.append((path.stat().st_mtime, slot, path))
+        return found
+
     # -- index, under the lock -----------------------------------------------
 
-    def _add(self, tokens: Key, file: _File) -> None:
-        self._files[tokens] = file
-        self._trie.add(_MODEL, list(tokens), file)
+    def _add(self, slot: _Slot, file: _File) -> None:
+        self._files[slot] = file
+        self._trie.add(slot[0], list(slot[1]), file)
         self._bytes += file.nbytes
 
     def _evict_over(self, limit: int) -> list[Path]:
         victims = []
         while self._bytes > limit and self._files:
-            tokens, file = self._files.popitem(last=False)
-            self._trie.pop(_MODEL, list(tokens))
+            (space, tokens), file = self._files.popitem(last=False)
+            self._trie.pop(space, list(tokens))
             self._bytes -= file.nbytes
             victims.append(file.path)
         return victims
 
-    def _remove(self, key: Key) -> None:
+    def _remove(self, slot: _Slot) -> None:
         with self._lock:
-            file = self._files.pop(key, None)
+            file = self._files.pop(slot, None)
             if file is not None:
-                self._trie.pop(_MODEL, list(key))
+                self._trie.pop(slot[0], list(slot[1]))
                 self._bytes -= file.nbytes
 
     def _discard(self, path: Path) -> None:
         self._counts["corrupt"] += 1
         log.warning("prompt_cache.corrupt_file", path=str(path))
         _unlink([path])
-
-    def _indexed_tokens(self, path: Path) -> Key | None:
-        """The tokens a file holds, from its header and token tensor alone."""
-        try:
-            with path.open("rb") as file:
-                length = int.from_bytes(file.read(8), "little")
-                if length > path.stat().st_size:
-                    return None
-                header = json.loads(file.read(length))
-                if not _ours(header, self.fingerprint):
-                    return None
-                start, end = header[_TOKENS]["data_offsets"]
-                file.seek(8 + length + start)
-                ids = array("i")
-                ids.frombytes(file.read(end - start))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        return tuple(ids)
-
-
-def model_fingerprint(path: Path) -> str:
-    """A digest of the model's config and a sample of each weight file."""
-    digest = hashlib.sha256(_FORMAT.encode())
-    digest.update((path / "config.json").read_bytes())
-    for weights in sorted(path.glob("*" + _SUFFIX)):
-        size = weights.stat().st_size
-        digest.update(f"{weights.name}:{size}".encode())
-        with weights.open("rb") as file:
-            digest.update(file.read(_FINGERPRINT_SAMPLE))
-            file.seek(max(0, size - _FINGERPRINT_SAMPLE))
-            digest.update(file.read(_FINGERPRINT_SAMPLE))
-    return digest.hexdigest()
-
-
-def _header(job: SpillJob, fingerprint: str) -> bytes:
-    entries: dict[str, Any] = {}
-    offset, crc = 0, 0
-    for item in job.tensors:
-        entries[item.name] = {"dtype": item.dtype, "shape": list(item.shape), "data_offsets": [offset, offset + item.data.nbytes]}
-        offset += item.data.nbytes
-        crc = zlib.crc32(item.data, crc)
-    metadata = {"format": _FORMAT, "fingerprint": fingerprint, "prompt_len": str(job.prompt_len), "crc32": str(crc)}
-    text = json.dumps({"__metadata__": metadata, **entries}).encode()
-    text += b" " * (-(8 + len(text)) % _ALIGN)
-    return len(text).to_bytes(8, "little") + text
-
-
-def _ours(header: Any, fingerprint: str) -> bool:
-    metadata = header.get("__metadata__", {}) if isinstance(header, dict) else {}
-    return bool(metadata.get("format") == _FORMAT and metadata.get("fingerprint") == fingerprint)
-
-
-def _parse(data: bytes, fingerprint: str) -> Restored | None:
-    try:
-        length = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8 : 8 + length])
-        if not _ours(header, fingerprint):
-            return None
-        body = memoryview(data)[8 + length :]
-        metadata = header.pop("__metadata__")
-        tensors = {name: _tensor(name, spec, body) for name, spec in header.items()}
-        ends = [spec["data_offsets"][1] for spec in header.values()]
-        if max(ends, default=0) != len(body) or zlib.crc32(body) != int(metadata["crc32"]):
-            return None
-        tokens = tensors.pop(_TOKENS)
-        ids = array("i")
-        ids.frombytes(tokens.data)
-        return Restored(tokens=tuple(ids), prompt_len=int(metadata["prompt_len"]), tensors=tensors)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def _tensor(name: str, spec: dict[str, Any], body: memoryview) -> Tensor:
-    start, end = spec["data_offsets"]
-    shape = tuple(int(n) for n in spec["shape"])
-    if end - start != math.prod(shape) * _ITEM_BYTES[spec["dtype"]] or not 0 <= start <= end <= len(body):
-        raise ValueError(f"tensor {name} does not match its shape")
-    return Tensor(name, spec["dtype"], shape, body[start:end])
 
 
 def _unlink(paths: Iterable[Path]) -> None:

@@ -3,7 +3,9 @@
 `DiskLink` satisfies `prompt_cache.LowerTier`. Spilling turns an entry into
 memoryviews of its (evaluated) arrays and queues them for the gateway's
 spill worker; restoring reads a checked file and rebuilds each layer with
-the gateway's `make_layer`, which owns the MLX calls. Model thread only.
+the gateway's `make_layer`, which owns the MLX calls. An entry goes to its
+adapter's space on disk and comes back only to that adapter (the disk
+tier's `space_of`). Model thread only.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any
 import attrs
 import structlog
 
-from stages.cache.disk import DiskTier, SpillJob, Tensor, tensor, token_tensor
+from stages.cache.disk import DiskTier, SpillJob
+from stages.cache.kv_file import Tensor, tensor, token_tensor
 from stages.cache.tier import DiskStatistics, Entry, Key
 from stages.models.mlx_internals import plain_kv
 
@@ -31,11 +34,13 @@ class DiskLink:
     outbox: list[SpillJob]
     make_layer: MakeLayer
 
-    def longest(self, tokens: Sequence[int]) -> tuple[Key, int] | None:
-        return self.disk.longest(tokens)
+    def longest(self, tokens: Sequence[int], adapter: str | None = None) -> tuple[Key, int] | None:
+        space = self.disk.space_of(adapter)
+        return None if space is None else self.disk.longest(tokens, space)
 
     def spill(self, entry: Entry) -> None:
-        if self.disk.has(entry.tokens):
+        space = self.disk.space_of(entry.adapter)
+        if space is None or self.disk.has(entry.tokens, space):
             return
         # The worker reads these views without calling MLX.
         tensors = [token_tensor(entry.tokens)]
@@ -47,11 +52,12 @@ class DiskLink:
                 self.disk.note_unsupported()
                 return
             tensors += [keys, values]
-        self.outbox.append(SpillJob(tokens=entry.tokens, prompt_len=entry.prompt_len, tensors=tuple(tensors)))
+        self.outbox.append(SpillJob(tokens=entry.tokens, prompt_len=entry.prompt_len, tensors=tuple(tensors), space=space))
 
-    def restore(self, key: Key) -> Entry | None:
+    def restore(self, key: Key, adapter: str | None = None) -> Entry | None:
         started = time.perf_counter()
-        restored = self.disk.read(key)
+        space = self.disk.space_of(adapter)
+        restored = None if space is None else self.disk.read(key, space)
         if restored is None:
             return None
         layers = len(restored.tensors) // 2
@@ -65,8 +71,8 @@ class DiskLink:
         cache = [self.make_layer(keys, values) for keys, values in pairs]
         seconds = time.perf_counter() - started
         self.disk.record_restore(seconds)
-        log.info("prompt_cache.restore", tokens=len(key), seconds=round(seconds, 4))
-        return Entry(tokens=key, cache=cache, prompt_len=restored.prompt_len, on_disk=True)
+        log.info("prompt_cache.restore", tokens=len(key), adapter=adapter, seconds=round(seconds, 4))
+        return Entry(tokens=key, cache=cache, prompt_len=restored.prompt_len, adapter=adapter, on_disk=True)
 
     def statistics(self) -> DiskStatistics:
         return self.disk.statistics()

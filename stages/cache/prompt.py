@@ -20,8 +20,8 @@ from it.
 
 Entries of a LoRA adapter (`Entry.adapter`) hold KV that adapter computed:
 they live in a trie of their own and serve only rows of the same adapter.
-The disk tier's files carry no adapter, so those entries stay in memory:
-evicted, they are dropped, and only the base model's entries go down.
+The lower tier keeps the same separation: an adapter's evicted entries go
+down under that adapter and come back only for its rows.
 
 Used on the gateway's model thread only (S12); the statistics are plain
 ints, safe to read from the event loop.
@@ -103,8 +103,8 @@ class PromptCache:
         limit = len(tokens) - 1
         session = session if self.sessions else None
         entry, cache, shared = self._nearest(tokens, limit, _space(adapter))
-        if self.lower is not None and adapter is None:
-            entry, cache, shared = self._maybe_restore(tokens, limit, (entry, cache, shared), session)
+        if self.lower is not None:
+            entry, cache, shared = self._maybe_restore(tokens, limit, (entry, cache, shared), session, adapter)
         if entry is None or cache is None:
             self._count(hit=False, session=session)
             return None
@@ -159,13 +159,15 @@ class PromptCache:
                 return entry, cache, shared
         return None, None, 0
 
-    def _maybe_restore(self, tokens: Sequence[int], limit: int, found: _Found, session: str | None) -> _Found:
+    def _maybe_restore(
+        self, tokens: Sequence[int], limit: int, found: _Found, session: str | None, adapter: str | None
+    ) -> _Found:
         assert self.lower is not None
-        below = self.lower.longest(tokens)
+        below = self.lower.longest(tokens, adapter)
         if below is None or min(below[1], limit) < found[2] + RESTORE_GAIN:
             return found
-        restored = self.lower.restore(below[0])
-        if restored is None:
+        restored = self.lower.restore(below[0], adapter)
+        if restored is None or restored.adapter != adapter:
             return found
         # The session that asked for it owns it now; it is served from the
         # object in hand even if it is too large to keep.
@@ -196,7 +198,7 @@ class PromptCache:
             self._trie.pop(slot[0], list(entry.tokens))
             self._bytes -= entry.nbytes
             self._counts["evictions"] += 1
-            if self.lower is not None and not entry.on_disk and entry.adapter is None:
+            if self.lower is not None and not entry.on_disk:
                 self.lower.spill(entry)
 
     def _count(self, *, hit: bool, session: str | None, tokens: int = 0) -> None:

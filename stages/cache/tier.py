@@ -50,11 +50,15 @@ class DiskStatistics:
 
 
 class LowerTier(Protocol):
-    """A slower tier under the memory one (the disk), as the cache uses it."""
+    """A slower tier under the memory one (the disk), as the cache uses it.
 
-    def longest(self, tokens: Sequence[int]) -> tuple[Key, int] | None: ...
+    An entry of one adapter (None: the base model) is found and restored for
+    that adapter only; `spill` files it by `Entry.adapter`.
+    """
 
-    def restore(self, key: Key) -> Entry | None: ...
+    def longest(self, tokens: Sequence[int], adapter: str | None = None) -> tuple[Key, int] | None: ...
+
+    def restore(self, key: Key, adapter: str | None = None) -> Entry | None: ...
 
     def spill(self, entry: Entry) -> None: ...
 

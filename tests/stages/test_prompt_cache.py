@@ -179,24 +179,25 @@ def test_a_stored_prefix_of_a_new_entry_is_dropped() -> None:
 
 @attrs.define
 class FakeLower:
-    """A lower tier that remembers what it was given."""
+    """A lower tier that remembers what it was given, filed by (adapter, tokens) as the disk tier files it."""
 
-    files: dict[Key, Entry] = attrs.Factory(dict)
+    files: dict[tuple[str | None, Key], Entry] = attrs.Factory(dict)
     spilled: list[Key] = attrs.Factory(list)
     restored: list[Key] = attrs.Factory(list)
 
-    def longest(self, tokens: Sequence[int]) -> tuple[Key, int] | None:
-        best = max(self.files, key=lambda key: _shared(key, tokens), default=None)
+    def longest(self, tokens: Sequence[int], adapter: str | None = None) -> tuple[Key, int] | None:
+        mine = [key for space, key in self.files if space == adapter]
+        best = max(mine, key=lambda key: _shared(key, tokens), default=None)
         return (best, _shared(best, tokens)) if best is not None and _shared(best, tokens) else None
 
-    def restore(self, key: Key) -> Entry | None:
+    def restore(self, key: Key, adapter: str | None = None) -> Entry | None:
         self.restored.append(key)
-        found = self.files[key]
-        return Entry(tokens=key, cache=found.cache, prompt_len=found.prompt_len, on_disk=True)
+        found = self.files[adapter, key]
+        return Entry(tokens=key, cache=found.cache, prompt_len=found.prompt_len, adapter=adapter, on_disk=True)
 
     def spill(self, entry: Entry) -> None:
         self.spilled.append(entry.tokens)
-        self.files[entry.tokens] = entry
+        self.files[entry.adapter, entry.tokens] = entry
 
     def statistics(self) -> DiskStatistics:
         return DiskStatistics(entries=len(self.files), bytes=0, max_bytes=0, spills=len(self.spilled), spills_dropped=0, spills_unsupported=0,
@@ -233,7 +234,7 @@ def test_evicted_entries_spill_and_come_back_from_the_lower_tier() -> None:
 def test_a_restore_must_gain_enough_tokens_to_pay_for_itself() -> None:
     lower = FakeLower()
     cache = PromptCache(max_bytes=1 << 20, lower=lower)
-    lower.files[BASE + (1,) * RESTORE_GAIN] = entry(BASE + (1,) * RESTORE_GAIN)
+    lower.files[None, BASE + (1,) * RESTORE_GAIN] = entry(BASE + (1,) * RESTORE_GAIN)
     cache.store(entry(BASE + (2,)))
     near = cache.fetch(BASE + (1,) * (RESTORE_GAIN - 1) + (3,))
     assert near is not None and near.tokens == len(BASE) and lower.restored == []
@@ -244,7 +245,7 @@ def test_a_restore_must_gain_enough_tokens_to_pay_for_itself() -> None:
 def test_memory_is_preferred_when_it_shares_as_much() -> None:
     lower = FakeLower()
     cache = PromptCache(max_bytes=1 << 20, lower=lower)
-    lower.files[BASE] = entry(BASE)
+    lower.files[None, BASE] = entry(BASE)
     cache.store(entry(BASE))
     assert cache.fetch(BASE + (1,)) is not None
     assert lower.restored == []

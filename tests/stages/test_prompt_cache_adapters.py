@@ -37,14 +37,16 @@ def test_replacing_and_prefix_dropping_stay_within_an_adapter() -> None:
     assert cache.statistics().entries == 2
 
 
-def test_only_base_entries_go_down_to_the_disk_tier() -> None:
-    """The disk tier's files carry no adapter: an evicted adapter entry is dropped, and a disk file never serves an adapter row."""
+def test_an_adapter_entry_goes_down_under_its_adapter_and_comes_back_only_for_it() -> None:
+    """Evicted, an adapter's entry is spilled with its adapter; the lower tier then serves it to that adapter's rows only."""
     lower = FakeLower()
     cache = PromptCache(max_bytes=100 * TOKEN_BYTES, lower=lower)
     a, b, c = tuple(range(1, 101)), tuple(range(1001, 1101)), tuple(range(2001, 2101))
-    cache.store(adapted(a, "x"))
+    cache.store(adapted(a, "x", first=1000))
     cache.store(adapted(b, None))
     cache.store(adapted(c, None))
-    assert lower.spilled == [b]
-    assert cache.fetch(b + (0,), adapter="x") is None and lower.restored == []
-    assert cache.fetch(b + (0,)) is not None and lower.restored == [b]
+    assert lower.spilled == [a, b] and set(lower.files) == {("x", a), (None, b)}
+    assert cache.fetch(a + (0,)) is None and cache.fetch(a + (0,), adapter="y") is None and lower.restored == []
+    hit = cache.fetch(a + (0,), adapter="x")
+    assert hit is not None and lower.restored == [a] and positions(hit.cache) == list(range(1000, 1100))
+    assert cache.fetch(b + (0,), adapter="x") is None and lower.restored == [a]
