@@ -201,6 +201,14 @@ class DiskTier:
             file.path.touch()
         return restored
 
+    def discard(self, key: Key) -> None:
+        """Forget `key` and delete its file (another rank could not read its own copy)."""
+        with self._lock:
+            file = self._files.get(key)
+        self._remove(key)
+        if file is not None:
+            _unlink([file.path])
+
     def record_restore(self, seconds: float) -> None:
         self._counts["restores"] += 1
         self._last_restore = (seconds, time.time())
@@ -210,6 +218,7 @@ class DiskTier:
 
     def note_error(self) -> None:
         self._counts["spill_errors"] += 1
+
     def note_unsupported(self) -> None:
         self._counts["spills_unsupported"] += 1
 
