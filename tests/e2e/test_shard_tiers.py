@@ -101,10 +101,11 @@ def test_an_evicted_conversation_comes_back_from_every_ranks_disk(
     single, sharded = pair
     x, y = opening("disk x"), opening("disk y")
     x1 = chat(sharded.server, x)
-    chat(sharded.server, y)  # evicts x on every rank: each spills its slice
-    assert files(cache_dir, tokenizer, "disk x", 0) and files(cache_dir, tokenizer, "disk x", 1)
+    chat(sharded.server, y)  # evicts x: rank 0 spills its slice, and the followers theirs when they replay that step
+    assert files(cache_dir, tokenizer, "disk x", 0)
     turn2 = reply(x, x1, "Remember me?")
     restored = chat(sharded.server, turn2)
+    assert files(cache_dir, tokenizer, "disk x", 1)
     assert disk_stats(sharded.server)["restores"] == 1
     assert cached(restored) >= x1.usage.prompt_tokens - 2
     assert x1.choices[0].message.content == chat(single, x).choices[0].message.content
@@ -118,6 +119,8 @@ def test_a_follower_that_cannot_read_its_copy_makes_every_rank_prefill(
     z, w = opening("disk z"), opening("disk w")
     z1 = chat(sharded.server, z)
     chat(sharded.server, w)
+    # A short request carries the step that evicted z to the follower, which then writes its copy.
+    chat(sharded.server, [{"role": "user", "content": "hi"}])
     (mine,) = files(cache_dir, tokenizer, "disk z", 0)
     (theirs,) = files(cache_dir, tokenizer, "disk z", 1)
     data = bytearray(theirs.read_bytes())
