@@ -250,3 +250,24 @@ def test_mlx_launch_starts_a_sharded_server(tmp_path: Path) -> None:
         assert reply.choices[0].message.content
     finally:
         server.kill()
+
+
+def test_three_ranks_give_one_process_output(tmp_path: Path) -> None:
+    """A ring of three over loopback (a model of six heads: each rank holds two)."""
+    single = start_server(tmp_path, model="tiny-6h")
+    try:
+        sharded = start_sharded(tmp_path, model="tiny-6h", ranks=3)
+    except Exception:
+        single.kill()
+        raise
+    try:
+        assert [rank["alive"] for rank in sharded.health().json()["ranks"]] == [True, True, True]
+        expected, got = ask_all(single), ask_all(sharded.server)
+        assert got == expected and all(expected.values()), expected
+        texts = ["hello world", "the sea"]
+        one, three = ([item.embedding for item in server.client().embeddings.create(model="m", input=texts, encoding_format="float").data]
+                      for server in (single, sharded.server))  # fmt: skip
+        assert np.allclose(three, one, atol=1e-3)
+    finally:
+        single.kill()
+        sharded.kill()
