@@ -51,6 +51,13 @@ class DiskLink:
 
     def restore(self, key: Key) -> Entry | None:
         started = time.perf_counter()
+        entry = self.load(key)
+        if entry is not None:
+            self.count_restore(key, started)
+        return entry
+
+    def load(self, key: Key) -> Entry | None:
+        """The entry's file as cache layers, checked; None (the file deleted if damaged) when it does not check out."""
         restored = self.disk.read(key)
         if restored is None:
             return None
@@ -63,10 +70,12 @@ class DiskLink:
         if not pairs or any(keys.shape[2:3] != (len(key),) or values.shape[2:3] != (len(key),) for keys, values in pairs):
             return None
         cache = [self.make_layer(keys, values) for keys, values in pairs]
+        return Entry(tokens=key, cache=cache, prompt_len=restored.prompt_len, on_disk=True)
+
+    def count_restore(self, key: Key, started: float) -> None:
         seconds = time.perf_counter() - started
         self.disk.record_restore(seconds)
         log.info("prompt_cache.restore", tokens=len(key), seconds=round(seconds, 4))
-        return Entry(tokens=key, cache=cache, prompt_len=restored.prompt_len, on_disk=True)
 
     def statistics(self) -> DiskStatistics:
         return self.disk.statistics()

@@ -20,6 +20,7 @@ the prompt prefills from memory's best on every rank, as on a miss.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -55,13 +56,16 @@ class AgreedDisk:
         return self.chosen
 
     def restore(self, key: Key) -> Entry | None:
+        started = time.perf_counter()
         self.step_log.send({"op": "restore", "key": list(key)})
-        entry = self.link.restore(key)
+        entry = self.link.load(key)
         assert self.step_log.channel is not None
         if not self.step_log.channel.agree(entry is not None):
             log.warning("shard.restore_refused", tokens=len(key), here=entry is not None)
             self.link.disk.discard(key)
             return None
+        # Counted once the group uses it: the time includes the vote.
+        self.link.count_restore(key, started)
         self.restored = key
         return entry
 
@@ -161,7 +165,7 @@ class FollowerDisk:
         """Read this rank's copy of `key` (waiting for its write if still queued) and vote with it."""
         if (write := self._pending.pop(key, None)) is not None:
             write.exception()  # waits; a failed write is the read's miss
-        entry = self.link.restore(key)
+        entry = self.link.load(key)
         if channel.agree(entry is not None) and entry is not None:
             self._agreed[key] = entry
         else:

@@ -126,9 +126,10 @@ def test_a_follower_that_cannot_read_its_copy_makes_every_rank_prefill(
     data = bytearray(theirs.read_bytes())
     data[-5] ^= 0xFF
     theirs.write_bytes(bytes(data))
+    before = disk_stats(sharded.server)["restores"]
     turn2 = reply(z, z1, "Remember me?")
     answer = chat(sharded.server, turn2)
-    assert cached(answer) < 10
+    assert cached(answer) < 10 and disk_stats(sharded.server)["restores"] == before
     # The group agreed to drop the entry: rank 0 deleted its good copy too.
     assert not theirs.exists() and not mine.exists()
     assert answer.choices[0].message.content == chat(single, turn2).choices[0].message.content
