@@ -4,7 +4,9 @@ Each model is served twice, by one process (`hypercorn app:app`) and by
 two ranks with `--shard tensor`; every request goes to both, all of them
 at once so that rows share the batch, and the texts must be equal:
 greedy and seeded sampling, grammars, penalties, the three APIs,
-streamed and not, an aborted stream beside them, and a prompt-cache hit.
+streamed and not, an aborted stream beside them, a prompt-cache hit, and
+embeddings (every rank runs their forward pass). A ring of three ranks
+gives the same. The disk tier per rank is in test_shard_tiers.py.
 """
 
 from __future__ import annotations
