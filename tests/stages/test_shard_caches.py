@@ -13,14 +13,17 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generation_stream
 
+from pipeline.settings import Settings
 from stages.cache.link import DiskLink
 from stages.cache.prompt import PromptCache
 from stages.cache.tier import Entry
 from stages.models.mlx_internals import restore_layer
 from stages.shard.caches import FollowerDisk
+from stages.shard.cluster import Cluster
+from stages.startup import open_disk
 from stages.shard.transport import Broadcast
 from tests.stages.test_prompt_cache import kv
-from tests.stages.test_prompt_cache_disk import tier
+from tests.stages.test_prompt_cache_disk import spill, tier
 
 TOKENS = tuple(range(500, 620))
 
@@ -78,3 +81,19 @@ def test_an_entry_dropped_without_a_spill_stays_off_disk(tmp_path: Path) -> None
     cache.drop(TOKENS)
     disk.close()
     assert list(tmp_path.glob("*.safetensors")) == []
+
+
+def test_each_rank_has_a_folder_and_a_fingerprint_of_its_own(tmp_path: Path, tiny_model: Path) -> None:
+    """One process's files and a rank's slice never serve each other, even in one cache folder."""
+    settings = Settings(cache_dir=str(tmp_path))
+    cluster = Cluster(group=mx.distributed.init(), mode="tensor", heartbeats=None, beating=None, backend_sockets=[])
+    whole, piece = open_disk(settings, tiny_model, None), open_disk(settings, tiny_model, cluster)
+    assert whole is not None and piece is not None
+    assert piece.root == whole.root / "tensor-rank0-of-1" and piece.fingerprint != whole.fingerprint
+    whole.scan()
+    spill(whole, TOKENS)
+    piece.scan()
+    assert piece.longest(TOKENS) is None
+    # The slice's folder inside the model's is not one of its files either.
+    whole.scan()
+    assert whole.longest(TOKENS) == (TOKENS, len(TOKENS))
