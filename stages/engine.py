@@ -20,7 +20,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.admission import Admission, AdmissionStatistics
 from pipeline.channels import Channel, ReplySlot, open_channel
-from pipeline.errors import engine_dead, invalid, shutting_down
+from pipeline.errors import engine_dead, shutting_down
 from pipeline.observe import NullObserver, RequestObserver
 from pipeline.requests import ChatRequest
 from pipeline.settings import Settings, parse_aliases
@@ -45,6 +45,7 @@ from stages.cache.prompt import PromptCacheStatistics
 from stages.shard.cluster import Cluster, join
 from stages.shard.liveness import RankStatus
 from stages.shard.watch import ShardWatch
+from stages.shard.work import ReplicatedWork
 from stages.sink import CompletionSink
 from stages.text import TextStage
 from stages.startup import choose_markup, disk_tier, prompt_cache, rank_share, think_ids
@@ -161,11 +162,11 @@ class Engine:
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
         self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases))
         if self._cluster is not None:
-            # Followers replay the generator only: an adapter mount or a forward pass on rank 0 alone would wait for ever.
+            # Followers replay the generator's calls: an adapter mounted on rank 0 alone would split the group.
             if adapters:
                 raise AdapterError("MLX_RELAY_ADAPTERS cannot be served with --shard (adapters are mounted on one process only)")
-            self._exclusive.refuse(invalid("Embeddings, rerank and score are not served while the model is sharded over several ranks",
-                                           param="model", code="model_not_supported"))  # fmt: skip
+            # Embeddings and scores: every rank runs each chunk's forward pass.
+            self._exclusive.run_chunks_with(ReplicatedWork(self._cluster.step_log))
         self._encoder = await anyio.to_thread.run_sync(BoundedEncoder.of, self.tokenizer)
         self.family, self._preamble = await anyio.to_thread.run_sync(partial(choose_markup, settings, self.tokenizer))
         self.work = ModelWork(
@@ -182,9 +183,7 @@ class Engine:
                 share=rank_share(self._cluster, self.info.vocab_size),
             )
         )  # fmt: skip
-        disk = await anyio.to_thread.run_sync(
-            partial(disk_tier, settings, self.info, self.fit.memory, sharded=self._cluster is not None, adapters=adapters)
-        )
+        disk = await anyio.to_thread.run_sync(partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters))
         self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
         memory = self.fit.memory
         log.info(
@@ -309,7 +308,7 @@ class Engine:
             cache=prompt_cache(cache_bytes, sessions=settings.session_cache, cluster=cluster),
             disk=disk,
             adapters=self.served.adapters,
-            exclusive=None if self._cluster is not None else self._exclusive,
+            exclusive=self._exclusive,
         )
 
     def _make_prepare(self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]) -> PrepareStage:

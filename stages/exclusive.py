@@ -80,6 +80,10 @@ class Job(Generic[T]):
     error: RequestError | None = None
 
 
+# Runs one chunk of a job's work with the model, `units` of it; the units run.
+ChunkRunner = Callable[[Job[Any], Any, int], int]
+
+
 @attrs.frozen(kw_only=True)
 class ExclusiveStatistics:
     admission: AdmissionStatistics
@@ -102,6 +106,7 @@ class ExclusiveQueue:
     _share: float = attrs.field(alias="share")
     _period: int = attrs.field(default=1, alias="period")
     _queue: collections.deque[Job[Any]] = attrs.field(factory=collections.deque, init=False)
+    _runner: ChunkRunner = attrs.field(default=lambda job, model, units: job.work.run_chunk(model, units), init=False)
     # Wakes an idle model thread (the gateway's handoff binds it).
     _wake: Callable[[], None] = attrs.field(default=lambda: None, init=False)
     _stopped: RequestError | None = attrs.field(default=None, init=False)
@@ -154,9 +159,9 @@ class ExclusiveQueue:
         """Call `wake` (on the loop) whenever a job is queued: an idle model thread then runs it."""
         self._wake = wake
 
-    def refuse(self, error: RequestError) -> None:
-        """Answer every job with `error`: a sharded model runs no work outside the replicated generator."""
-        self._stopped = error
+    def run_chunks_with(self, runner: ChunkRunner) -> None:
+        """Run each chunk through `runner` (a sharded model: every rank runs it, stages/shard/work.py)."""
+        self._runner = runner
 
     def start_draining(self) -> None:
         self._admission.start_draining()
@@ -232,7 +237,7 @@ class ExclusiveQueue:
         began = time.monotonic()
         ran = 0
         with isolated(cast("ReplySlot[Any]", _Failing(job)), stage="exclusive", fail=lambda error: setattr(job, "error", error)):
-            ran = job.work.run_chunk(model, units)
+            ran = self._runner(job, model, units)
         self._chunks += 1
         if ran > 0:
             measured = (time.monotonic() - began) / ran

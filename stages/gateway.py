@@ -209,7 +209,7 @@ class GenerationGateway:
         log.info("prompt_cache.kind", kind=self._cache_kind, checkpoints=self._cache_kind != PLAIN)
         if self._disk is not None:
             self._disk.scan()
-            self._cache.lower = DiskLink(self._disk, self._spill_outbox, restore_layer)
+            self._cache.attach(DiskLink(self._disk, self._spill_outbox, restore_layer))
 
     def _serve(self, generator: BatchGenerator) -> None:
         while True:

@@ -9,6 +9,7 @@ lifecycle.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -28,7 +29,7 @@ from stages.kv.shape import ModelShape
 from stages.models.loading import ModelInfo, Tokenizer
 from stages.shard.cluster import Cluster
 from stages.shard.plan import per_rank
-from stages.shard.replicated import MirroredPromptCache
+from stages.shard.caches import MirroredPromptCache
 
 log = structlog.get_logger(stage="engine")
 
@@ -53,14 +54,24 @@ def think_ids(family: Family, tokenizer: Tokenizer) -> tuple[tuple[int, ...], in
 
 
 def disk_tier(
-    settings: Settings, info: ModelInfo, memory: MemoryPlan, *, sharded: bool, adapters: Sequence[Adapter] = ()
+    settings: Settings, info: ModelInfo, memory: MemoryPlan, *, cluster: Cluster | None, adapters: Sequence[Adapter] = ()
 ) -> DiskTier | None:
-    # Sharded, every rank's cache follows rank 0's calls; a disk tier's timing is its own (not yet per rank).
-    if not settings.cache_dir or not memory.prompt_cache_bytes or sharded:
+    if not settings.cache_dir or not memory.prompt_cache_bytes:
+        return None
+    return open_disk(settings, info.path, cluster, adapters)
+
+
+def open_disk(settings: Settings, path: Path, cluster: Cluster | None, adapters: Sequence[Adapter] = ()) -> DiskTier | None:
+    """The disk tier's folder for this model, and for this rank's slice of it when sharded."""
+    if not settings.cache_dir:
         return None
     # One folder per model: a folder shared by several never mixes their KV.
-    fingerprint = model_fingerprint(info.path)
+    fingerprint = model_fingerprint(path)
     root = Path(settings.cache_dir).expanduser() / fingerprint[:16]
+    if cluster is not None:
+        # Each rank holds its own slice of every entry: a folder, and a fingerprint in each file, per slice.
+        piece = f"{cluster.mode}-rank{cluster.rank}-of-{cluster.size}"
+        root, fingerprint = root / piece, hashlib.sha256(f"{fingerprint}:{piece}".encode()).hexdigest()
     # Within it, each adapter's entries are filed by its name and weights, so retrained weights never match.
     spaces = {adapter.name: adapter_fingerprint(adapter.path / CONFIG, adapter.path / WEIGHTS) for adapter in adapters}
     return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint, adapters=spaces)

@@ -175,6 +175,15 @@ class DiskTier:
             file.path.touch()
         return restored
 
+    def discard(self, key: Key, space: str = BASE_SPACE) -> None:
+        """Forget `key` and delete its file (another rank could not read its own copy)."""
+        slot = (space, key)
+        with self._lock:
+            file = self._files.get(slot)
+        self._remove(slot)
+        if file is not None:
+            _unlink([file.path])
+
     def record_restore(self, seconds: float) -> None:
         self._counts["restores"] += 1
         self._last_restore = (seconds, time.time())

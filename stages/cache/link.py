@@ -56,6 +56,13 @@ class DiskLink:
 
     def restore(self, key: Key, adapter: str | None = None) -> Entry | None:
         started = time.perf_counter()
+        entry = self.load(key, adapter)
+        if entry is not None:
+            self.count_restore(key, started, adapter)
+        return entry
+
+    def load(self, key: Key, adapter: str | None = None) -> Entry | None:
+        """The entry's file as cache layers, checked; None (the file deleted if damaged) when it does not check out."""
         space = self.disk.space_of(adapter)
         restored = None if space is None else self.disk.read(key, space)
         if restored is None:
@@ -69,10 +76,12 @@ class DiskLink:
         if not pairs or any(keys.shape[2:3] != (len(key),) or values.shape[2:3] != (len(key),) for keys, values in pairs):
             return None
         cache = [self.make_layer(keys, values) for keys, values in pairs]
+        return Entry(tokens=key, cache=cache, prompt_len=restored.prompt_len, adapter=adapter, on_disk=True)
+
+    def count_restore(self, key: Key, started: float, adapter: str | None = None) -> None:
         seconds = time.perf_counter() - started
         self.disk.record_restore(seconds)
         log.info("prompt_cache.restore", tokens=len(key), adapter=adapter, seconds=round(seconds, 4))
-        return Entry(tokens=key, cache=cache, prompt_len=restored.prompt_len, adapter=adapter, on_disk=True)
 
     def statistics(self) -> DiskStatistics:
         return self.disk.statistics()

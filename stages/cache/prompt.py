@@ -136,9 +136,17 @@ class PromptCache:
         """The base model's entries (what a sharded server mirrors; it serves no adapters)."""
         return {tokens for space, tokens in (*self._plain, *self._pinned) if space == _MODEL}
 
-    def drop(self, key: Key) -> None:
-        """Forget one of the base model's entries, if held (another rank decided to evict it)."""
-        self._drop((_MODEL, key))
+    def attach(self, lower: LowerTier) -> None:
+        """Put `lower` (the disk tier) under this cache."""
+        self.lower = lower
+
+    def drop(self, key: Key, *, spill: bool = False) -> None:
+        """Forget one of the base model's entries, if held (another rank decided to evict it, and to spill it)."""
+        slot = (_MODEL, key)
+        entry = self._plain.get(slot) or self._pinned.get(slot)
+        if entry is not None and spill and self.lower is not None and not entry.on_disk:
+            self.lower.spill(entry)
+        self._drop(slot)
 
     def statistics(self) -> PromptCacheStatistics:
         return PromptCacheStatistics(

@@ -8,6 +8,11 @@ rank 0's; the message also carries the tokens rank 0's last step
 produced, which must be this rank's too. Anything that does not match is
 a `Desync`: the follower stops, its sockets close, and rank 0's next
 collective fails, which stops the engine there.
+
+Two operations come between steps, each ending a message of its own: a
+disk restore, which every rank votes on (`stages/shard/caches.py`), and a
+chunk of exclusive model work (embeddings, scores), whose forward pass
+every rank runs (`stages/shard/work.py`).
 """
 
 from __future__ import annotations
@@ -20,10 +25,15 @@ import structlog
 from mlx_lm.generate import BatchGenerator, StopSequences, generation_stream
 from mlx_lm.sample_utils import greedy_sampler
 
+from stages.cache.disk import DiskTier
+from stages.cache.link import DiskLink
 from stages.cache.prompt import PromptCache
 from stages.cache.tier import Entry
+from stages.models.mlx_internals import restore_layer
+from stages.shard.caches import FollowerDisk, disk_op, refuse
 from stages.shard.replicated import Desync, Handles, register_finished, register_removed
 from stages.shard.transport import Broadcast
+from stages.shard.work import WorkReplay
 
 log = structlog.get_logger(stage="follower")
 
@@ -46,25 +56,45 @@ class FollowerSampler:
 
 
 class Follower:
-    def __init__(self, model: Any, group: mx.distributed.Group, on_step: Callable[[int], None] = lambda steps: None) -> None:
-        self._model, self._group, self._on_step = model, group, on_step
+    def __init__(
+        self, model: Any, group: mx.distributed.Group, on_step: Callable[[int], None] = lambda steps: None,
+        open_disk: Callable[[], DiskTier | None] = lambda: None,
+    ) -> None:  # fmt: skip
+        self._model, self._group, self._on_step, self._open_disk = model, group, on_step, open_disk
         self._handles = Handles()
         self._cache = PromptCache(max_bytes=_UNBOUNDED)
+        self._disk: FollowerDisk | None = None
+        self._channel = Broadcast(group, generation_stream)
+        self._work = WorkReplay()
         self._check: list[list[int]] = []
         self.steps = 0
 
     def run(self) -> None:
-        channel = Broadcast(self._group, generation_stream)
-        config = channel.receive()["config"]
+        first = self._channel.receive()
+        config = first["config"]
         generator = BatchGenerator(self._model, **config)
-        log.info("follower.ready", rank=self._group.rank(), config=config)
+        if first.get("disk"):
+            self._attach_disk()
+        log.info("follower.ready", rank=self._group.rank(), config=config, disk=self._disk is not None)
         try:
-            while self._replay(generator, channel.receive()):
+            while self._replay(generator, self._channel.receive()):
                 pass
         finally:
+            if self._disk is not None:
+                self._disk.close()
             generator.close()
             del generator
             mx.clear_cache()
+
+    def _attach_disk(self) -> None:
+        disk = self._open_disk()
+        if disk is None:
+            # It votes no to every restore: rank 0's files then go unused, and its answers stay right.
+            log.warning("follower.no_disk_tier", rank=self._group.rank())
+            return
+        disk.scan()
+        self._disk = FollowerDisk(DiskLink(disk, [], restore_layer))
+        self._cache.attach(self._disk)
 
     def _replay(self, generator: BatchGenerator, message: dict[str, Any]) -> bool:
         if message["check"] != self._check:
@@ -103,14 +133,30 @@ class Follower:
         elif kind == "extract":
             register_removed(handles, generator.extract_cache(op["uids"]))
         elif kind == "fetch":
-            hit = self._cache.fetch(op["tokens"], session=op["session"])
-            if hit is None or hit.tokens != op["tokens_hit"]:
-                raise Desync(f"rank 0's cache held {op['tokens_hit']} tokens of a prompt, this rank's {hit and hit.tokens}")
-            handles.add(hit.cache)
+            self._fetch(op)
         elif kind == "store":
             self._store(op)
+        elif kind == "restore":
+            self._disk.vote(tuple(op["key"]), self._channel) if self._disk is not None else refuse(self._channel)
+        elif kind == "work":
+            self._work.run(self._model, op, generation_stream)
         else:
             raise Desync(f"unknown step operation {kind!r}")
+
+    def _fetch(self, op: dict[str, Any]) -> None:
+        if self._disk is not None:
+            self._disk.decision = disk_op(op)
+        hit = self._cache.fetch(op["tokens"], session=op["session"])
+        if (hit and hit.tokens) != op["tokens_hit"]:
+            raise Desync(f"rank 0's cache held {op['tokens_hit']} tokens of a prompt, this rank's {hit and hit.tokens}")
+        if hit is not None:
+            self._handles.add(hit.cache)
+        self._forget(op)
+
+    def _forget(self, op: dict[str, Any]) -> None:
+        spilled = {tuple(key) for key in op["spilled"]}
+        for key in map(tuple, op["gone"]):
+            self._cache.drop(key, spill=key in spilled)
 
     def _store(self, op: dict[str, Any]) -> None:
         cache = self._handles.get(op["handle"])
@@ -120,5 +166,4 @@ class Follower:
         entry = Entry(tokens=tuple(op["tokens"]), cache=cache, prompt_len=op["prompt_len"], session=op["session"])
         replaces = op["replaces"]
         self._cache.store(entry, replaces=None if replaces is None else tuple(replaces))
-        for key in op["gone"]:
-            self._cache.drop(tuple(key))
+        self._forget(op)

@@ -7,6 +7,8 @@ shard mode); everything that shapes the batch comes from rank 0.
 
 from __future__ import annotations
 
+from functools import partial
+
 import structlog
 
 from pipeline.settings import Settings
@@ -17,6 +19,7 @@ log = structlog.get_logger(stage="follower")
 
 
 def serve_follower(settings: Settings) -> int:
+    from stages import startup
     from stages.shard.cluster import join
     from stages.shard.follower import Follower
 
@@ -31,6 +34,7 @@ def serve_follower(settings: Settings) -> int:
         if beating is not None:
             beating.steps = steps
 
-    Follower(model, cluster.group, on_step=on_step).run()
+    open_disk = partial(startup.open_disk, settings, info.path, cluster)
+    Follower(model, cluster.group, on_step=on_step, open_disk=open_disk).run()
     log.info("follower.exit", rank=cluster.rank)
     return 0

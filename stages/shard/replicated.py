@@ -3,9 +3,12 @@
 `ReplicatedGenerator` is mlx-lm's `BatchGenerator` as the gateway uses it
 (insert, remove, extract_cache, next, close), recording each call; at
 `next` it sends the calls since the last step to every other rank in one
-message (`transport.Broadcast`), then steps. `MirroredPromptCache` is the
-prompt cache recording its hits, stores and evictions into the same log:
-each rank keeps its own slice of every entry, and rank 0 decides.
+message (`transport.Broadcast`), then steps. The prompt cache, its disk
+tier (`stages/shard/caches.py`) and exclusive model work
+(`stages/shard/work.py`) record into the same log: each rank keeps its own
+slice of every entry, and rank 0 decides. A disk read or a forward pass
+outside the generator sends the log at once, ending with that operation,
+so the other ranks reach it in the same order.
 
 Cache objects cross as handles: both sides number the cache lists the
 generator hands out (removed rows, finished rows, checkpoints) and the
@@ -32,8 +35,6 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import greedy_sampler
 
-from stages.cache.prompt import Hit, PromptCache
-from stages.cache.tier import Entry, Key
 from stages.shard.transport import Broadcast
 
 
@@ -78,6 +79,15 @@ class StepLog:
     ops: list[dict[str, Any]] = attrs.field(factory=list)
     handles: Handles = attrs.field(factory=Handles)
     check: list[list[int]] = attrs.field(factory=list)
+    # Rank 0's disk tier is on: the followers open theirs (told in the first message).
+    disk: bool = False
+    channel: Broadcast | None = None
+
+    def send(self, last: dict[str, Any]) -> None:
+        """The calls so far and `last`, in one message to every other rank."""
+        assert self.channel is not None, "the generator opens the channel"
+        self.channel.send({"ops": [*self.ops, last], "check": self.check})
+        self.ops.clear()
 
 
 def register_removed(handles: Handles, caches: dict[int, Any]) -> None:
@@ -114,8 +124,8 @@ class ReplicatedGenerator:
     def __init__(self, model: Any, group: mx.distributed.Group, log: StepLog, **config: Any) -> None:
         self._generator = BatchGenerator(model, **config)
         self._group, self._log = group, log
-        self.channel = Broadcast(group, self._generator.stream)
-        self.channel.send({"config": config})
+        self.channel = log.channel = Broadcast(group, self._generator.stream)
+        self.channel.send({"config": config, "disk": log.disk})
         self.steps = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -152,8 +162,7 @@ class ReplicatedGenerator:
 
     def next(self) -> tuple[Any, Any]:
         log = self._log
-        self.channel.send({"ops": [*log.ops, {"op": "next"}], "check": log.check})
-        log.ops.clear()
+        log.send({"op": "next"})
         log.handles.forget()
         self.steps += 1
         prefilled, generated = self._generator.next()
@@ -162,31 +171,6 @@ class ReplicatedGenerator:
 
     def close(self) -> None:
         try:
-            self.channel.send({"ops": [*self._log.ops, {"op": "close"}], "check": self._log.check})
+            self._log.send({"op": "close"})
         finally:
             self._generator.close()
-
-
-@attrs.define
-class MirroredPromptCache(PromptCache):
-    """The prompt cache on rank 0: its hits, stores and evictions go to the other ranks too."""
-
-    step_log: StepLog = attrs.field(kw_only=True, factory=StepLog)
-
-    def fetch(self, tokens: Sequence[int], *, session: str | None = None, adapter: str | None = None) -> Hit | None:
-        hit = super().fetch(tokens, session=session, adapter=adapter)
-        if hit is not None:
-            number = self.step_log.handles.add(hit.cache)
-            self.step_log.ops.append({"op": "fetch", "tokens": list(tokens), "session": session,
-                                      "tokens_hit": hit.tokens, "handle": number})  # fmt: skip
-        return hit
-
-    def store(self, entry: Entry, *, replaces: Key | None = None) -> None:
-        before = self.keys() | {entry.tokens}
-        super().store(entry, replaces=replaces)
-        gone = [list(key) for key in before - self.keys()]
-        self.step_log.ops.append({
-            "op": "store", "handle": self.step_log.handles.number(entry.cache), "tokens": list(entry.tokens),
-            "prompt_len": entry.prompt_len, "session": entry.session,
-            "replaces": None if replaces is None else list(replaces), "gone": gone,
-        })  # fmt: skip

@@ -8,6 +8,10 @@ a second, sized from the header. The collectives run on the generator's
 stream, after the work already queued there (the last step's forward
 pass and its own collectives), so every rank issues its collectives in
 the same order.
+
+`agree` is the one collective where every rank speaks: each says yes or
+no (a disk file read), and every rank learns the same answer, whether all
+said yes, so every rank takes the same branch after it.
 """
 
 from __future__ import annotations
@@ -54,6 +58,17 @@ class Broadcast:
             payload += self._sum(np.zeros(length - (FRAME - _HEADER), dtype=np.uint8)).tobytes()
         message: dict[str, Any] = json.loads(payload)
         return message
+
+    @property
+    def stream(self) -> Any:
+        """The stream the group's collectives run on: model work outside the generator runs there too."""
+        return self._stream
+
+    def agree(self, ok: bool) -> bool:
+        """Whether every rank said `ok`; every rank gets the same answer."""
+        votes = np.zeros(int(self._group.size()), dtype=np.uint8)
+        votes[self.rank] = 1 if ok else 0
+        return bool(self._sum(votes).all())
 
     def _sum(self, buffer: np.ndarray) -> np.ndarray:
         started = time.perf_counter()

@@ -4,7 +4,9 @@ Each model is served twice, by one process (`hypercorn app:app`) and by
 two ranks with `--shard tensor`; every request goes to both, all of them
 at once so that rows share the batch, and the texts must be equal:
 greedy and seeded sampling, grammars, penalties, the three APIs,
-streamed and not, an aborted stream beside them, and a prompt-cache hit.
+streamed and not, an aborted stream beside them, a prompt-cache hit, and
+embeddings (every rank runs their forward pass). A ring of three ranks
+gives the same. The disk tier per rank is in test_shard_tiers.py.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.conftest import REPO, Server, _free_port, start_server
@@ -169,10 +172,13 @@ def test_every_rank_reports_on_health(pair: tuple[Server, Sharded]) -> None:
     assert all(rank["alive"] for rank in body["ranks"])
 
 
-def test_work_outside_the_generator_is_refused_and_generation_goes_on(pair: tuple[Server, Sharded]) -> None:
-    _, sharded = pair
-    refused = httpx.post(f"{sharded.server.v1}/embeddings", json={"model": "m", "input": "hello"}, timeout=30)
-    assert refused.status_code == 400 and refused.json()["error"]["code"] == "model_not_supported", refused.text
+def test_embeddings_run_on_every_rank_and_generation_goes_on(pair: tuple[Server, Sharded]) -> None:
+    single, sharded = pair
+    texts = ["hello world", "a much longer sentence about the weather and the sea"]
+    vectors = [server.client().embeddings.create(model="m", input=texts, encoding_format="float") for server in (single, sharded.server)]
+    one, two = ([item.embedding for item in answer.data] for answer in vectors)
+    # The ranks' partial sums add in another order than one process's: equal to rounding.
+    assert np.allclose(two, one, atol=1e-3)
     reply = sharded.server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert reply.choices[0].finish_reason in ("length", "stop")
 
@@ -246,3 +252,24 @@ def test_mlx_launch_starts_a_sharded_server(tmp_path: Path) -> None:
         assert reply.choices[0].message.content
     finally:
         server.kill()
+
+
+def test_three_ranks_give_one_process_output(tmp_path: Path) -> None:
+    """A ring of three over loopback (a model of six heads: each rank holds two)."""
+    single = start_server(tmp_path, model="tiny-6h")
+    try:
+        sharded = start_sharded(tmp_path, model="tiny-6h", ranks=3)
+    except Exception:
+        single.kill()
+        raise
+    try:
+        assert [rank["alive"] for rank in sharded.health().json()["ranks"]] == [True, True, True]
+        expected, got = ask_all(single), ask_all(sharded.server)
+        assert got == expected and all(expected.values()), expected
+        texts = ["hello world", "the sea"]
+        one, three = ([item.embedding for item in server.client().embeddings.create(model="m", input=texts, encoding_format="float").data]
+                      for server in (single, sharded.server))  # fmt: skip
+        assert np.allclose(three, one, atol=1e-3)
+    finally:
+        single.kill()
+        sharded.kill()
