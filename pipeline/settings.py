@@ -109,6 +109,10 @@ class Settings:
     # Seconds a follower rank may be silent before the engine counts it lost (503, requests failed).
     shard_timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
 
+    # The event loop `mlx-relay serve` runs on: "asyncio", or "uvloop" (the `uvloop` extra), which
+    # spends less of the loop's time per streamed token. `hypercorn app:app` takes `-k uvloop` instead.
+    loop: str = attrs.field(default="asyncio", converter=_lower, validator=attrs.validators.in_(("asyncio", "uvloop")))
+
     # Seconds between keepalive frames of a stream that has nothing to send yet
     # (waiting in the queue, or in a long prefill).
     keepalive_interval: float = attrs.field(default=5.0, validator=attrs.validators.gt(0.0))
