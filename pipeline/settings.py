@@ -63,6 +63,9 @@ class Settings:
     retry_after: float = attrs.field(default=1.0, validator=_non_negative)
     drain_timeout: float = attrs.field(default=30.0, validator=_non_negative)
     prefill_step_size: int = attrs.field(default=512, validator=_positive)
+    # A row alone decodes as mlx-lm's generate_step does, without the batch's per-step costs, and joins
+    # the batch when a second row comes (stages/single_row.py); off runs every row in the batch.
+    single_row: bool = True
     prepare_concurrency: int = attrs.field(default=2, validator=_positive)
     # Structured-output grammars compiling at once (each can take a core).
     constraint_concurrency: int = attrs.field(default=1, validator=_positive)
