@@ -138,3 +138,73 @@ def test_off_for_a_sharded_or_disabled_generator(model: Any) -> None:
     make: Callable[[], Any] = lambda: _batch(model)  # noqa: E731
     assert single_row(make, enabled=False, model=model, stop_tokens=[[0]], prefill_step_size=STEP) is make
 
+
+
+# -- through the gateway ---------------------------------------------------------------------------------------
+
+
+async def _gateway_run(model_info: ModelInfo, rows: list[Any], second_after: int, *, single_row: bool) -> dict[str, Any]:
+    """Row 0 alone; the others arrive once it has `second_after` tokens. Each row's deltas."""
+    from functools import partial
+
+    import anyio
+
+    from pipeline.channels import Channel, open_channel
+    from stages.cache.disk import SpillJob
+    from stages.gateway import GenerationGateway
+    from stages.kv.scheduler import KvScheduler
+    from stages.kv.shape import read_model_shape
+    from stages.messages import Abort, Prepared, StepOutputs
+
+    inbox: Channel[Prepared] = open_channel(16, name="gateway")
+    control: Channel[Abort] = open_channel(4, name="control")
+    steps: Channel[StepOutputs] = open_channel(64, name="steps")
+    spills: Channel[SpillJob] = open_channel(4, name="spills")
+    gateway = GenerationGateway(
+        inbox=inbox.receive, control=control.receive, aborts=control.send, out=steps.send,
+        spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, model_info),
+        eos_ids=frozenset({0, 2}), max_batch=4, prefill_step_size=STEP, single_row=single_row,
+        scheduler=KvScheduler(read_model_shape(model_info.path, model_info.context_window), 1 << 30),
+    )  # fmt: skip
+    deltas: dict[str, list[Any]] = {r.request_id: [] for r in rows}
+    with anyio.fail_after(60), steps.receive:
+        async with anyio.create_task_group() as group:
+            await group.start(gateway.run)
+            inbox.send.send_nowait(rows[0])
+            sent = False
+            while any(not d or d[-1].finish is None for d in deltas.values()):
+                if not sent and len(deltas[rows[0].request_id]) >= second_after:
+                    for other in rows[1:]:
+                        inbox.send.send_nowait(other)
+                    sent = True
+                for delta in (await steps.receive.receive()).deltas:
+                    deltas[delta.request_id].append(delta)
+            inbox.send.close()
+    return deltas
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+async def test_through_the_gateway_tokens_logprobs_and_stops_are_the_batchs(model_info: ModelInfo, sampling: Sampling) -> None:
+    """The gateway with the single-row path gives what it gives without: a row alone, then joined by two more
+    mid-generation; with logprobs and a stop token id; greedy and seeded."""
+    import attrs
+
+    from pipeline.requests import GenerationParams
+    from tests.stages.test_prompt_cache_gateway import row
+
+    def rows() -> list[Any]:
+        made = [row(f"r{i}", prompt, max_tokens=24, sampling=sampling) for i, prompt in enumerate((PROMPT, OTHER, OTHER[:20]))]
+        params = GenerationParams(max_tokens=24, sampling=sampling, logprobs=2, stop_token_ids=(9,))
+        return [attrs.evolve(made[0], params=params), *made[1:]]
+
+    expected = await _gateway_run(model_info, rows(), 5, single_row=False)
+    got = await _gateway_run(model_info, rows(), 5, single_row=True)
+    for request_id, want in expected.items():
+        have = got[request_id]
+        assert [d.new_token_ids for d in have] == [d.new_token_ids for d in want], request_id
+        assert [d.finish for d in have] == [d.finish for d in want], request_id
+        for a, b in zip(want, have):
+            assert (a.logprobs is None) == (b.logprobs is None)
+            for (chosen_a, top_a), (chosen_b, top_b) in zip(a.logprobs or (), b.logprobs or ()):
+                assert abs(chosen_a - chosen_b) < 1e-4 and [i for i, _ in top_a] == [i for i, _ in top_b]
+    assert len(expected["r0"]) > 5 and expected["r0"][0].logprobs is not None
