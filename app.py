@@ -94,7 +94,8 @@ async def lifespan() -> AsyncGenerator[None, None]:
             app.extensions["engine"] = await outer.start(Engine(settings=settings, observer=observer).run)
             metrics.configure(model_name=engine().info.name, context_window=engine().info.context_window)
             check_aliases(engine().served)
-            log.info("server.ready", model=engine().info.name)
+            # Which event loop serves (uvloop under `mlx-relay serve --loop uvloop` or `hypercorn -k uvloop`).
+            log.info("server.ready", model=engine().info.name, loop=type(__import__("asyncio").get_running_loop()).__module__)
             yield
             log.info("server.draining")
             await engine().drain(settings.drain_timeout)

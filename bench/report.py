@@ -122,6 +122,8 @@ def plot(path: Path, results: Results, levels: Sequence[int], title: str) -> Non
     fig, (speed, latency) = plt.subplots(1, 2, figsize=(12, 4.5))
     for who, label, style in ((RELAY, "mlx-relay", "o-"), (PEER, "mlx_lm.server", "s-"), (RAW, "raw BatchGenerator", "^--")):
         _line(speed, results, who, levels, "tokens_per_s", style, label)
+    for who in sorted(name for name in results if name.startswith(RELAY + " (")):
+        _line(speed, results, who, levels, "tokens_per_s", "d-.", who)  # the same server, started another way
     if _get(results, STREAM, 1, "tokens_per_s") is not None:
         speed.plot([1], [_get(results, STREAM, 1, "tokens_per_s")], "k*", markersize=12, label="raw stream_generate")
     speed.set(title="aggregate output tokens/s", xlabel="concurrent clients", ylabel="tokens/s")

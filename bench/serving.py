@@ -41,6 +41,12 @@ from bench.workload import WARMUP_PROMPT, Workload
 
 OUT = Path(__file__).resolve().parent / "out"
 PEERS = ("raw", "mlx_lm")
+# mlx-relay as started for each variant: hypercorn's extra arguments, and settings.
+VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "asyncio": ([], {}),
+    "uvloop": (["--worker-class", "uvloop"], {}),
+    "batch-only": ([], {"MLX_RELAY_SINGLE_ROW": "0"}),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     # demo model, and single waves varied by ~15% between runs.
     parser.add_argument("--requests-per-client", type=int, default=2, help="requests each client sends in turn (default 2)")
     parser.add_argument("--waves", type=int, default=1, help="waves per level; the median one is reported (default 1)")
+    parser.add_argument(
+        "--relay", default="asyncio",
+        help=f"mlx-relay variants to run, each a phase of its own in this run, the first as the main contender: {', '.join(VARIANTS)} (default asyncio)",
+    )  # fmt: skip
     parser.add_argument("--url", help="benchmark this running mlx-relay instead of starting one (it must serve --model)")
     parser.add_argument("--skip", default="", help=f"comma-separated baselines to leave out: {', '.join(PEERS)}")
     parser.add_argument("--out", type=Path, default=OUT, help="where the JSON, plot and logs go (default bench/out)")
@@ -66,6 +76,10 @@ def main(argv: list[str] | None = None) -> None:
         requests_per_client=args.requests_per_client,
         waves=args.waves,
     )
+    variants = [name for name in args.relay.split(",") if name]
+    if not variants or set(variants) - set(VARIANTS):
+        raise SystemExit(f"--relay: unknown variant(s) in {args.relay!r}; choose from {list(VARIANTS)}")
+    args.variants = variants
     skip = {name for name in args.skip.split(",") if name}
     if unknown := skip - set(PEERS):
         raise SystemExit(f"--skip: unknown baseline(s) {sorted(unknown)}; choose from {PEERS}")
@@ -89,20 +103,24 @@ def _run_all(args: argparse.Namespace, workload: Workload, skip: set[str]) -> tu
     meta: dict[str, Any] = {"model": args.model, "model_path": path, "platform": platform.platform()}
     meta["cpus"] = os.cpu_count()
     results: report.Results = {}
-    phases = 2 + (0 if "raw" in skip else 1) - (1 if "mlx_lm" in skip else 0)
+    phases = 1 + len(args.variants) + (0 if "raw" in skip else 1) - (1 if "mlx_lm" in skip else 0)
     with tqdm(total=phases * len(workload.concurrency), unit="wave", desc="bench") as bar:
         if "raw" not in skip:
             bar.set_description("raw mlx-lm")
             records = run_raw(path, workload, args.out / "logs" / "raw.log", lambda r: _on_raw(r, bar))
             _file_raw(records, results, meta)
-        relay = _relay(args, path, frozenset(DEMO_MODELS))
-        with relay as server:
-            # Before and after: its own token count (and BLAS) to check ours
-            # against; a `--url` server may have served others before.
-            before = _generated(server)
-            phases_run = {report.RELAY: _serve_phase(server, workload, bar)}
-            meta["relay_stats"] = httpx.get(f"{server.url}/stats", timeout=5).json()
-            meta["relay_stats_tokens"] = _generated(server) - before
+        phases_run: dict[str, _Phase] = {}
+        for variant in args.variants:
+            name = report.RELAY if variant == args.variants[0] else f"{report.RELAY} ({variant})"
+            with _relay(args, path, frozenset(DEMO_MODELS), variant) as server:
+                # Before and after: its own token count (and BLAS) to check ours
+                # against; a `--url` server may have served others before.
+                before = _generated(server)
+                phases_run[name] = _serve_phase(server, workload, bar)
+                if name == report.RELAY:
+                    meta["relay_stats"] = httpx.get(f"{server.url}/stats", timeout=5).json()
+                    meta["relay_stats_tokens"] = _generated(server) - before
+        meta["relay_variants"] = args.variants
         if "mlx_lm" not in skip:
             port = free_port()
             with started(report.PEER, mlx_lm_command(path, port), port, os.environ, args.out / "logs") as server:
@@ -128,15 +146,17 @@ def _file_raw(records: list[Record], results: report.Results, meta: dict[str, An
 
 
 @contextlib.contextmanager
-def _relay(args: argparse.Namespace, path: str, demo_names: frozenset[str]) -> Iterator[Server]:
+def _relay(args: argparse.Namespace, path: str, demo_names: frozenset[str], variant: str) -> Iterator[Server]:
     if args.url:
         server = Server(report.RELAY, args.url.rstrip("/"))
         wait_healthy(server)
         yield server
         return
     port = free_port()
-    env = relay_env(args.model if args.model in demo_names else path, demo_names)
-    with started(report.RELAY, relay_command(port), port, env, args.out / "logs") as server:
+    extra_args, settings = VARIANTS[variant]
+    env = relay_env(args.model if args.model in demo_names else path, demo_names) | settings
+    name = report.RELAY if variant == "asyncio" else f"{report.RELAY}-{variant}"
+    with started(name, relay_command(port) + extra_args, port, env, args.out / "logs") as server:
         yield server
 
 
@@ -216,6 +236,24 @@ def _checks(phases: dict[str, _Phase], relay_stats_tokens: int) -> dict[str, Any
     return checks
 
 
+VARIANT_HEADER = ("N", "variant", "tok/s", "vs main relay", "TTFT p50 ms", "CPU s/1k tok")
+
+
+def _variant_rows(results: report.Results, names: list[str], levels: tuple[int, ...]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for n in levels:
+        main = results.get(report.RELAY, {}).get(n, {})
+        for name in names:
+            row = results[name].get(n, {})
+            rate, base = row.get("tokens_per_s"), main.get("tokens_per_s")
+            rows.append((
+                str(n), name, f"{rate:.0f}" if rate else "-", f"{rate / base:.2f}x" if rate and base else "-",
+                f"{row['ttft_p50_ms']:.0f}" if row.get("ttft_p50_ms") is not None else "-",
+                f"{row['cpu_s_per_1k_tokens']:.2f}" if row.get("cpu_s_per_1k_tokens") is not None else "-",
+            ))  # fmt: skip
+    return rows
+
+
 def _publish(args: argparse.Namespace, workload: Workload, results: report.Results, meta: dict[str, Any]) -> None:
     levels = workload.concurrency
     table = report.rows(results, levels)
@@ -225,6 +263,9 @@ def _publish(args: argparse.Namespace, workload: Workload, results: report.Resul
         title += f", median of {workload.waves} waves"
     print(f"\nServing benchmark: {title}\n")
     print(report.plain_table(table))
+    if others := [name for name in results if name.startswith(report.RELAY + " (")]:
+        print("\nmlx-relay variants, same run:\n")
+        print(report.plain_table(_variant_rows(results, others, levels), VARIANT_HEADER))
     notes = [f"BLAS: {meta.get('raw_info', {}).get('blas') or meta.get('relay_stats', {}).get('blas')}"]
     notes.append(
         f"mlx-relay tokens: {checks['relay_usage_tokens']} by usage, {checks['relay_stats_generated_tokens']} by /stats"

@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from edge.guard import EdgePolicy
@@ -84,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
         "--shard", choices=("tensor", "pipeline"),
         help="shard the model over the ranks mlx.launch started (MLX_RELAY_SHARD): rank 0 serves HTTP, the others follow",
     )  # fmt: skip
+    serve.add_argument("--loop", choices=("asyncio", "uvloop"), help="the event loop (MLX_RELAY_LOOP; default asyncio)")
     serve.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds open streams get at shutdown (default 30)")
     return parser
 
@@ -103,7 +104,7 @@ def serve(args: argparse.Namespace) -> int:
     read_adapters(settings.adapters)
     listener = bind_unix(args.unix) if args.unix else None
     try:
-        return _run(_config(args, listener))
+        return _run(_config(args, listener), loop=settings.loop)
     finally:
         if listener is not None:
             # Hypercorn closed the descriptor when it stopped serving; only the file is left.
@@ -112,7 +113,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> None:
-    flags = {"model": args.model, "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard}
+    flags = {"model": args.model, "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard, "loop": args.loop}
     for name, value in flags.items():
         if value is not None:
             os.environ[PREFIX + name.upper()] = value
@@ -167,7 +168,7 @@ def _config(args: argparse.Namespace, listener: socket.socket | None) -> object:
     return config
 
 
-def _run(config: object) -> int:
+def _run(config: object, *, loop: str = "asyncio") -> int:
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.utils import LifespanFailureError
 
@@ -182,10 +183,22 @@ def _run(config: object) -> int:
         await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
     try:
-        asyncio.run(run())
+        with asyncio.Runner(loop_factory=_loop_factory(loop)) as runner:
+            runner.run(run())
     except LifespanFailureError as error:
         raise ServeError(f"start-up failed: {error}") from None
     return 0
+
+
+def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if loop == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        raise ServeError("MLX_RELAY_LOOP=uvloop needs uvloop: pip install 'mlx-relay[uvloop]'") from None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def _unlink(path: str) -> None:

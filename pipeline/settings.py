@@ -63,6 +63,9 @@ class Settings:
     retry_after: float = attrs.field(default=1.0, validator=_non_negative)
     drain_timeout: float = attrs.field(default=30.0, validator=_non_negative)
     prefill_step_size: int = attrs.field(default=512, validator=_positive)
+    # A row alone decodes as mlx-lm's generate_step does, without the batch's per-step costs, and joins
+    # the batch when a second row comes (stages/single_row.py); off runs every row in the batch.
+    single_row: bool = True
     prepare_concurrency: int = attrs.field(default=2, validator=_positive)
     # Structured-output grammars compiling at once (each can take a core).
     constraint_concurrency: int = attrs.field(default=1, validator=_positive)
@@ -108,6 +111,10 @@ class Settings:
     shard: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("tensor", "pipeline"))))
     # Seconds a follower rank may be silent before the engine counts it lost (503, requests failed).
     shard_timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
+
+    # The event loop `mlx-relay serve` runs on: "asyncio", or "uvloop" (the `uvloop` extra), which
+    # spends less of the loop's time per streamed token. `hypercorn app:app` takes `-k uvloop` instead.
+    loop: str = attrs.field(default="asyncio", converter=_lower, validator=attrs.validators.in_(("asyncio", "uvloop")))
 
     # Seconds between keepalive frames of a stream that has nothing to send yet
     # (waiting in the queue, or in a long prefill).

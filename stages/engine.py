@@ -299,6 +299,7 @@ class Engine:
             spills_in=spills.receive,
             load=partial(load_weights, self.info) if cluster is None else partial(cluster.load, self.info.path),
             make_generator=None if cluster is None else cluster.make_generator,
+            single_row=settings.single_row,
             eos_ids=frozenset(self.tokenizer.eos_token_ids),
             think_ids=think_ids(self.family, self.tokenizer),
             max_batch=settings.max_batch,

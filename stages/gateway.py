@@ -52,6 +52,7 @@ from stages.kv.rows import Failed, Resume, Row, Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, send_abort
+from stages.single_row import single_row
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
 from stages.cache.tier import Entry
 
@@ -115,6 +116,7 @@ class GenerationGateway:
     _spiller: Spiller = attrs.field(init=False, default=attrs.Factory(lambda g: Spiller(disk=g._disk, send=g._spills_out, receive=g._spills_in), takes_self=True))
     # Builds the batch generator: mlx-lm's `BatchGenerator`, or one every rank replays (stages/shard/).
     _make_generator: Callable[..., Any] | None = attrs.field(default=None, alias="make_generator")
+    _single_row: bool = attrs.field(default=True, alias="single_row")
     # Touched only by the model thread.
     _rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     _uids: dict[str, int] = attrs.field(factory=dict, init=False)
@@ -180,14 +182,15 @@ class GenerationGateway:
 
         model = self._load()
         self._prepare_cache(model)
-        generator = make_generator(model, self._adapters, partial(
-            self._make_generator or BatchGenerator,
-            model,
-            stop_tokens=[[token] for token in sorted(self._eos_ids)],
-            completion_batch_size=self._max_batch,
-            prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch),
-            prefill_step_size=self._prefill_step_size,
-        ))
+        stops = [[token] for token in sorted(self._eos_ids)]
+        batch = partial(
+            self._make_generator or BatchGenerator, model, stop_tokens=stops, completion_batch_size=self._max_batch,
+            prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch), prefill_step_size=self._prefill_step_size,
+        )  # fmt: skip
+        # A row alone runs as generate_step does (stages/single_row.py); never under a sharded generator.
+        enabled = self._single_row and self._make_generator is None
+        solo = single_row(batch, enabled=enabled, model=model, stop_tokens=stops, prefill_step_size=self._prefill_step_size)
+        generator = make_generator(model, self._adapters, solo)
         anyio.from_thread.run_sync(started)
         try:
             self._serve(generator)

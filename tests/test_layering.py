@@ -41,6 +41,8 @@ MLX_CORE_ALLOWED = {
     "stages/models/shaped.py", "stages/models/mlx_internals.py",
     # Random LoRA adapters for the demo models.
     "stages/models/demo_adapter.py",
+    # A row alone, decoded on the model thread as mlx-lm's generate_step does.
+    "stages/single_row.py",
     # Embeddings and scores: forward passes the model thread runs between steps.
     "stages/embed.py",
     # A sharded model: the group, each rank's slice, the step messages and their replay (the model threads of every rank).

@@ -29,7 +29,7 @@ from pipeline.events import (
     content_runs,
 )
 from pipeline.requests import JsonObject, JsonValue
-from wire.sse import frame
+from wire.sse import Splice, frame
 
 # Anthropic's status for "overloaded" is its own 529, which clients retry.
 _ERRORS = {
@@ -100,6 +100,8 @@ class MessagesStream:
     omit_thinking: bool = False
     _index: int = attrs.field(default=-1, init=False)
     _open: str | None = attrs.field(default=None, init=False)
+    # The open block's text-delta frame, built on its first delta (wire/sse.Splice): per token only the text changes.
+    _text_frame: Splice | None = attrs.field(default=None, init=False)
 
     def start(self) -> bytes:
         message = self._message(content=[], stop=None, usage={"input_tokens": self.input_tokens, "output_tokens": 0})
@@ -157,12 +159,18 @@ class MessagesStream:
         head = b"" if self._open == kind else self._close() + self._start(_open_block(event))
         if kind == "thinking" and self.omit_thinking:
             return head
-        delta: JsonObject = {"type": f"{kind}_delta", _block_type(event): event.text}
-        return head + self._delta(delta)
+        if self._text_frame is None:
+            index = self._index
+            self._text_frame = Splice.of(
+                lambda text: {"type": "content_block_delta", "index": index, "delta": {"type": f"{kind}_delta", kind: text}},
+                event="content_block_delta",
+            )
+        return head + self._text_frame.fill(event.text)
 
     def _start(self, block: JsonObject) -> bytes:
         self._index += 1
         self._open = str(block["type"])
+        self._text_frame = None
         return _event("content_block_start", {"index": self._index, "content_block": block})
 
     def _delta(self, delta: JsonObject) -> bytes:

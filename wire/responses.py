@@ -21,7 +21,7 @@ from pipeline.errors import RequestError
 from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summary, TextDelta, ToolCall, Usage
 from pipeline.requests import JsonObject, JsonValue
 from wire.responses_tools import ToolSpec, custom_input
-from wire.sse import comment, frame
+from wire.sse import Splice, comment, frame
 
 Specs = Mapping[str, ToolSpec]
 
@@ -152,6 +152,9 @@ class ResponsesStream:
     final: JsonObject | None = attrs.field(default=None, init=False)
     _sequence: int = attrs.field(default=0, init=False)
     _items: list[_Item] = attrs.field(factory=list, init=False)
+    # The open item's text-delta frame, built on its first delta (wire/sse.Splice): per token only the
+    # sequence number and the text change.
+    _text_frames: dict[tuple[int, bool], Splice] = attrs.field(factory=dict, init=False)
 
     def start(self) -> bytes:
         snapshot = self._response("in_progress", output=[])
@@ -223,18 +226,27 @@ class ResponsesStream:
             delta = self._event("response.custom_tool_call_input.delta", item_id=item_id, output_index=index, delta=text)
         elif isinstance(event, ToolCall):
             delta = self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=event.arguments)
-        elif isinstance(event, ReasoningDelta):
-            delta = self._event(
-                "response.reasoning_text.delta", item_id=item_id, output_index=index, content_index=0, delta=event.text
-            )
         else:
-            delta = self._event(
-                "response.output_text.delta", item_id=item_id, output_index=index, content_index=0, delta=event.text, logprobs=[]
-            )
+            delta = self._text_delta(item_id, index, event)
         return frames + delta
+
+    def _text_delta(self, item_id: str, index: int, event: TextDelta | ReasoningDelta) -> bytes:
+        reasoning = isinstance(event, ReasoningDelta)
+        if (template := self._text_frames.get((index, reasoning))) is None:
+            name = "response.reasoning_text.delta" if isinstance(event, ReasoningDelta) else "response.output_text.delta"
+            extra: JsonObject = {} if isinstance(event, ReasoningDelta) else {"logprobs": []}
+
+            def build(sequence: str, text: str) -> JsonValue:
+                return {"type": name, "sequence_number": sequence, "item_id": item_id, "output_index": index,
+                        "content_index": 0, "delta": text, **extra}  # fmt: skip
+
+            template = self._text_frames[index, reasoning] = Splice.of(build, holes=2, event=name)
+        self._sequence += 1
+        return template.fill(self._sequence - 1, event.text)
 
     def _open(self, index: int) -> bytes:
         item = self._items[index]
+        self._text_frames.clear()
         frames = self._event("response.output_item.added", output_index=index, item=item.shown("in_progress"))
         if not item.is_call:
             empty = _Item(kind=item.kind, id=item.id).part()

@@ -33,25 +33,36 @@ def comment(text: str) -> bytes:
 
 @attrs.frozen
 class Splice:
-    """A frame whose JSON changes from one call to the next in one string only.
+    """A frame whose JSON changes from one call to the next in a few values only: strings or integers.
 
-    Serialized once per stream with a marker where the string goes; each
-    frame then splices in the string's JSON form, so per-token work is one
-    string escape instead of encoding the whole chunk. The bytes are those
+    Serialized once per stream with a marker where each value goes; each
+    frame then splices in the values' JSON forms, so per-token work is one
+    string escape instead of encoding the whole object. The bytes are those
     `frame` writes.
     """
 
-    head: bytes
-    tail: bytes
+    # The frame's bytes between the values.
+    parts: tuple[bytes, ...]
 
     @classmethod
-    def of(cls, build: Callable[[str], JsonValue]) -> Splice:
-        marker = f"splice-{uuid.uuid4().hex}"
-        head, found, tail = frame(build(marker)).partition(dumps(marker).encode())
-        if not found or marker.encode() in tail:
-            raise ValueError("the marker must appear exactly once in the built frame")
-        return cls(head, tail)
+    def of(cls, build: Callable[..., JsonValue], *, holes: int = 1, event: str | None = None) -> Splice:
+        """`build(marker, ...)` gets one marker string per hole; they must appear once each, in that order."""
+        markers = [f"splice-{uuid.uuid4().hex}" for _ in range(holes)]
+        rest = frame(build(*markers), event=event)
+        parts = []
+        for marker in markers:
+            head, found, rest = rest.partition(dumps(marker).encode())
+            if not found or marker.encode() in head:
+                raise ValueError("each marker must appear exactly once in the built frame, in order")
+            parts.append(head)
+        if any(marker.encode() in rest for marker in markers):
+            raise ValueError("each marker must appear exactly once in the built frame, in order")
+        return cls((*parts, rest))
 
-    def fill(self, text: str) -> bytes:
-        # encode_basestring is what json.dumps(ensure_ascii=False) uses for a str.
-        return b"".join((self.head, encode_basestring(text).encode(), self.tail))
+    def fill(self, *values: str | int) -> bytes:
+        pieces = [self.parts[0]]
+        for value, part in zip(values, self.parts[1:], strict=True):
+            # encode_basestring is what json.dumps(ensure_ascii=False) uses for a str; an int's JSON is its repr.
+            pieces.append(encode_basestring(value).encode() if isinstance(value, str) else repr(int(value)).encode())
+            pieces.append(part)
+        return b"".join(pieces)

@@ -140,6 +140,20 @@ def test_flags_override_the_environment_and_sigterm_drains() -> None:
     assert "server.stopped" in output
 
 
+def test_the_uvloop_setting_serves_a_stream_on_uvloop() -> None:
+    """MLX_RELAY_LOOP=uvloop (here by --loop) runs the server on uvloop's loop, and a stream comes through whole."""
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    with _serving(["--port", str(port), "--loop", "uvloop"], f"{base}/health") as process:
+        body = {"prompt": "Hi", "max_tokens": 8, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as reply:
+            frames = [line for line in reply.iter_lines() if line.startswith("data: ")]
+        assert reply.status_code == 200 and frames[-1] == "data: [DONE]" and len(frames) >= 9
+        status, output = _stop(process)
+    assert status == 0, output
+    assert "server.ready" in output and "uvloop" in output
+
+
 def test_a_unix_socket_is_owner_only_and_replaces_only_a_stale_file(tmp_path: Path) -> None:
     path = tmp_path / "relay.sock"
     with contextlib.closing(socket.socket(socket.AF_UNIX)) as stale:

@@ -283,3 +283,33 @@ def test_error_after_partial_stream_is_a_terminal_error_event(
     events = parse(out + protocol.error(error))
     assert events[-1] == ("error", error_body(error))
     assert [name for name, _ in events].count("error") == 1
+
+
+TRICKY_TEXTS = ["plain", 'quote " and \\ backslash', "line\nbreak\ttab", "日本 ☕ 🙂", "\x00\x1f ctrl", "</script>", "\u2028"]
+
+
+@pytest.mark.parametrize("text", TRICKY_TEXTS)
+def test_spliced_delta_frames_are_the_bytes_the_whole_event_encodes_to(text: str) -> None:
+    """Text and thinking deltas come from a per-block template (wire/sse.Splice): each frame is byte for byte
+    what encoding the whole event gives, across blocks (the index changes) and kinds."""
+    from wire.sse import frame
+
+    s = stream()
+    s.start()
+    data = b"".join(
+        s.add_events([event])
+        for event in (ReasoningDelta(text=text), ReasoningDelta(text=text), TextDelta(text=text), TextDelta(text=text + "!"))
+    )
+    blocks = data.split(b"\n\n")[:-1]
+    deltas = 0
+    for block in blocks:
+        name, payload = parse(block + b"\n\n")[0]
+        assert frame(payload, event=name) == block + b"\n\n"
+        deltas += name == "content_block_delta" and payload["delta"]["type"] in ("text_delta", "thinking_delta")
+    assert deltas == 4
+    texts = [(p["index"], p["delta"]) for _, p in parse(data) if p["type"] == "content_block_delta"]
+    assert texts == [
+        (0, {"type": "thinking_delta", "thinking": text}), (0, {"type": "thinking_delta", "thinking": text}),
+        (0, {"type": "signature_delta", "signature": ""}),
+        (1, {"type": "text_delta", "text": text}), (1, {"type": "text_delta", "text": text + "!"}),
+    ]  # fmt: skip

@@ -385,3 +385,31 @@ def test_error_message_is_the_client_message() -> None:
     """The failure carries the RequestError's client-facing message, under code server_error."""
     events = parse(stream().error(invalid("grammar did not compile", param="text.format.schema")))
     assert events[0]["response"]["error"] == {"code": "server_error", "message": "grammar did not compile"}
+
+
+TRICKY_TEXTS = ["plain", 'quote " and \\ backslash', "line\nbreak\ttab", "日本 ☕ 🙂", "\x00\x1f ctrl", "</script>", "\u2028"]
+
+
+@pytest.mark.parametrize("text", TRICKY_TEXTS)
+def test_spliced_delta_frames_are_the_bytes_the_whole_event_encodes_to(text: str) -> None:
+    """Text and reasoning deltas come from a per-item template (wire/sse.Splice) with the sequence number
+    and the text spliced in: each frame is byte for byte what encoding the whole event gives."""
+    from wire.sse import frame
+
+    s = stream()
+    data = s.start() + b"".join(
+        s.add_events([event])
+        for event in (ReasoningDelta(text=text), ReasoningDelta(text=text), TextDelta(text=text), TextDelta(text=text + "!"))
+    )
+    events = []
+    for block in data.split(b"\n\n")[:-1]:
+        head, line = block.split(b"\n")
+        payload = json.loads(line.removeprefix(b"data: "))
+        assert frame(payload, event=head.removeprefix(b"event: ").decode()) == block + b"\n\n"
+        events.append(payload)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    deltas = [(e["type"], e["output_index"], e["delta"]) for e in events if e["type"].endswith("_text.delta")]
+    assert deltas == [
+        ("response.reasoning_text.delta", 0, text), ("response.reasoning_text.delta", 0, text),
+        ("response.output_text.delta", 1, text), ("response.output_text.delta", 1, text + "!"),
+    ]  # fmt: skip
