@@ -44,9 +44,9 @@ async def embeddings() -> Response:
     decoded = decode_embeddings(await _body())
     request_id = f"embd-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
-    engine = _engine()
-    result = await engine.work.embed(decoded, request_id=request_id, trace_id=trace_id)
-    return _json(embeddings_body(result, model=engine.info.name, encoding=decoded.encoding_format), trace_id)
+    work = _engine().model_work(decoded.model)
+    result = await work.embed(decoded, request_id=request_id, trace_id=trace_id)
+    return _json(embeddings_body(result, model=work.name, encoding=decoded.encoding_format), trace_id)
 
 
 @routes.post("/v1/rerank")
@@ -55,9 +55,9 @@ async def rerank() -> Response:
     decoded, documents, top_n, return_documents = decode_rerank(await _body())
     request_id = f"rerank-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
-    engine = _engine()
-    scores = await engine.work.score(decoded, request_id=request_id, trace_id=trace_id)
-    body = rerank_body(scores, documents, id=request_id, model=engine.info.name, top_n=top_n, return_documents=return_documents)
+    work = _engine().model_work(decoded.model)
+    scores = await work.score(decoded, request_id=request_id, trace_id=trace_id)
+    body = rerank_body(scores, documents, id=request_id, model=work.name, top_n=top_n, return_documents=return_documents)
     return _json(body, trace_id)
 
 
@@ -67,9 +67,9 @@ async def score() -> Response:
     decoded = decode_score(await _body())
     request_id = f"score-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
-    engine = _engine()
-    scores = await engine.work.score(decoded, request_id=request_id, trace_id=trace_id)
-    return _json(score_body(scores, id=request_id, model=engine.info.name, created=int(time.time())), trace_id)
+    work = _engine().model_work(decoded.model)
+    scores = await work.score(decoded, request_id=request_id, trace_id=trace_id)
+    return _json(score_body(scores, id=request_id, model=work.name, created=int(time.time())), trace_id)
 
 
 @routes.post("/tokenize")
@@ -113,5 +113,8 @@ def _model_card(model_id: str) -> JsonObject:
     }
     if model_id == info.name:
         return card
+    if engine.embedder is not None and model_id == engine.embedder.name:
+        window = engine.embedder.context_window
+        return {**card, "context_window": window, "max_model_len": window}
     # As vLLM's cards do, an alias names the model it stands for and an adapter itself; `parent` is the base model.
     return {**card, "root": engine.served.aliases.get(model_id, model_id), "parent": info.name}

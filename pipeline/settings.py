@@ -96,6 +96,15 @@ class Settings:
 
     # Embeddings from the chat model: its last hidden states pooled over the input ("mean") or the last token's ("last").
     embedding_pooling: str = attrs.field(default="mean", converter=_lower, validator=attrs.validators.in_(("mean", "last")))
+    # A dedicated embedding model served beside the chat model, as MLX_RELAY_MODEL takes one (stages/models/embedding.py).
+    embedding_model: str | None = None
+    # Its pooling when it ships no sentence-transformers Pooling config ("last": decoder embedding models' usual).
+    embedding_model_pooling: str = attrs.field(default="last", converter=_lower, validator=attrs.validators.in_(("mean", "last")))
+    # Sizes its embeddings may be cut to, where its config does not declare them: "any" or "256,512,1024".
+    embedding_matryoshka: str | None = None
+    # How rerank/score judge with it: "cosine" of embeddings, or "judge" (yes/no, Qwen3-Reranker); unset: cosine
+    # when it ships sentence-transformers files, else judge.
+    embedding_score: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("cosine", "judge"))))
     # Tokens one embedding input may have (and the context window, whichever is less).
     embedding_max_tokens: int = attrs.field(default=8192, validator=_positive)
     # Embedding and score requests waiting for the model thread at once; more wait `admission_timeout`, then 429.
