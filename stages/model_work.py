@@ -144,7 +144,8 @@ class ModelWork:
             raise invalid(f"'dimensions' {dimensions} is not supported: {reason}", param="dimensions")
         inputs = await self._inputs(request.inputs)
         vectors = await self._vectors(inputs, None if dimensions == width else dimensions, request_id, trace_id)
-        return Embeddings(vectors=tuple(tuple(float(x) for x in vector) for vector in vectors), prompt_tokens=sum(map(len, inputs)))
+        # `tolist` converts in C: a Python loop over a batch's floats holds the GIL the model thread needs.
+        return Embeddings(vectors=tuple(tuple(vector.tolist()) for vector in vectors), prompt_tokens=sum(map(len, inputs)))
 
     async def _vectors(self, inputs: Sequence[Sequence[int]], dimensions: int | None, request_id: str, trace_id: str) -> list[Vector]:
         work = EmbedWork(inputs=inputs, pooling=self._pooling, dimensions=dimensions, side=self._side)
