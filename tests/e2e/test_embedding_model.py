@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import httpx
 import numpy as np
 import openai
@@ -98,3 +101,34 @@ def test_rerank_with_the_embedding_model_is_cosine_similarity(client: openai.Ope
     assert {r["index"]: r["relevance_score"] for r in ranked["results"]} == pytest.approx(dict(enumerate(expected)), abs=1e-4)
     scored = httpx.post(f"{server.v1}/score", json={"model": CHAT, "text_1": "ocean", "text_2": TEXTS[:3]}).json()
     assert scored["model"] == CHAT and all(0.0 <= item["score"] <= 1.0 for item in scored["data"])
+
+
+def test_a_seeded_stream_is_unchanged_by_the_dedicated_models_work(server: Server, no_eos: dict[str, int]) -> None:
+    """The embedding model runs on the chat model's thread between its steps, and the stream's tokens stay the same."""
+    body = {"model": CHAT, "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 120,
+            "temperature": 1.0, "seed": 11, "logit_bias": no_eos, "logprobs": True}  # fmt: skip
+    alone = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
+    finished: list[float] = []
+    stop = threading.Event()
+
+    def embed_load() -> None:
+        with httpx.Client(timeout=120) as http:
+            while not stop.is_set():
+                response = http.post(f"{server.v1}/embeddings", json={"model": EMBEDDER, "input": f"tides {len(finished)}"})
+                assert response.status_code == 200
+                finished.append(time.monotonic())
+
+    load = threading.Thread(target=embed_load)
+    load.start()
+    try:
+        while not finished:
+            time.sleep(0.01)
+        began = time.monotonic()
+        beside = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
+        ended = time.monotonic()
+    finally:
+        stop.set()
+        load.join()
+    assert any(began < at < ended for at in finished), "no embedding finished while the stream ran"
+    tokens = [[item["token"] for item in reply["choices"][0]["logprobs"]["content"]] for reply in (alone, beside)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 120

@@ -139,3 +139,21 @@ def test_the_judgement_prompt_is_qwen3_rerankers_format(tokenizer: Tokenizer) ->
 def test_the_tokenizer_loads_like_the_chat_models(built: Path) -> None:
     spec = read_embedding_model(str(built), fallback="last", matryoshka=None)
     assert load_tokenizer(spec.info).encode("hello world")
+
+
+def test_a_judgement_on_the_dedicated_model_runs_that_model(built: Path) -> None:
+    """`ScoreWork` with a side model reads that model's head at the prompt's last token, whatever the gateway passes."""
+    from stages.embed import ScoreWork
+    from stages.models.mlx_internals import head_logits
+
+    spec = read_embedding_model(str(built), fallback="last", matryoshka=None)
+    tokenizer = load_tokenizer(spec.info)
+    side = SideModel(load=lambda: load_embedding_weights(spec))
+    prompts = [tokenizer.encode(render_chat_text(tokenizer, _judgement("tides", doc)).text) for doc in ("the sea", "a cat")]
+    yes, no = tokenizer.encode("yes")[0], tokenizer.encode("no")[0]
+    work = ScoreWork(inputs=prompts, yes=yes, no=no, side=side)
+    work.run_chunk(None, 10**6)
+    for prompt, score in zip(prompts, work.result()):
+        logits = head_logits(side.get(), final_hidden(side.get(), mx.array([prompt]))[:, -1])[0].astype(mx.float32)
+        expected = float(mx.sigmoid(logits[yes] - logits[no]))
+        assert score == pytest.approx(expected, abs=1e-5)
