@@ -1,9 +1,12 @@
 """Embeddings: inputs/s by batch size, and the decode stall they cause to running streams.
 
-    python -m bench.embeddings [--model demo|tiny|PATH] [--seconds 10] [--streams 4] [--max-tokens 256]
+    python -m bench.embeddings [--model demo|tiny|PATH] [--embedding-model MODEL] [--seconds 10] [--streams 4]
 
 Throughput: one client posts /v1/embeddings with 1, 16 and 64 inputs of
 about `--input-words` words each, back to back, for `--seconds` per size.
+With `--embedding-model` (e.g. `shaped:qwen3-embedding-0.6b-2l`) the
+embeddings come from that dedicated model, served beside the chat model
+(requests name no model, which picks it).
 Stall: `--streams` streaming chat requests run alone, then again while a
 client keeps a steady embedding load (batches of 16, back to back); the
 p95 gap between a stream's chunks is compared (target: at most 20% more).
@@ -33,6 +36,7 @@ BATCHES = (1, 16, 64)
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.embeddings", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="demo", help="demo, tiny (built locally), a model directory or a repo id")
+    parser.add_argument("--embedding-model", default=None, help="a dedicated embedding model (MLX_RELAY_EMBEDDING_MODEL)")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per batch size")
     parser.add_argument("--input-words", type=int, default=24, help="words per embedding input")
     parser.add_argument("--streams", type=int, default=4, help="concurrent chat streams in the stall test")
@@ -43,16 +47,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _body(count: int, words: int, salt: int = 0) -> dict[str, Any]:
+    # base64, as the openai SDK asks by default.
+    return {"input": _inputs(count, words, salt), "encoding_format": "base64"}
+
+
 def _inputs(count: int, words: int, salt: int = 0) -> list[str]:
     return [" ".join(f"word{(salt + i * 7 + j) % 97}" for j in range(words)) for i in range(count)]
 
 
 def _throughput(url: str, batch: int, seconds: float, words: int) -> float:
     with httpx.Client(timeout=300) as client:
-        client.post(f"{url}/v1/embeddings", json={"input": _inputs(batch, words)}).raise_for_status()
+        client.post(f"{url}/v1/embeddings", json=_body(batch, words)).raise_for_status()
         done, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
-            client.post(f"{url}/v1/embeddings", json={"input": _inputs(batch, words, done)}).raise_for_status()
+            client.post(f"{url}/v1/embeddings", json=_body(batch, words, done)).raise_for_status()
             done += batch
         return done / (time.perf_counter() - start)
 
@@ -106,7 +115,7 @@ def _under_load(url: str, args: argparse.Namespace) -> tuple[list[float], float]
     def load() -> None:
         with httpx.Client(timeout=300) as client:
             while not stop.is_set():
-                client.post(f"{url}/v1/embeddings", json={"input": _inputs(16, args.input_words, done[0])}).raise_for_status()
+                client.post(f"{url}/v1/embeddings", json=_body(16, args.input_words, done[0])).raise_for_status()
                 done[0] += 16
 
     thread = threading.Thread(target=load)
@@ -125,7 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     port = free_port()
     env = relay_env(args.model, DEMOS) | dict(item.split("=", 1) for item in args.env)
-    result: dict[str, Any] = {"model": args.model, "input_words": args.input_words}
+    if args.embedding_model:
+        env["MLX_RELAY_EMBEDDING_MODEL"] = args.embedding_model
+    result: dict[str, Any] = {"model": args.model, "embedding_model": args.embedding_model, "input_words": args.input_words,
+                              "env": args.env}  # fmt: skip
     with started("relay-embeddings", relay_command(port), port, env, args.out / "logs") as server:
         result["inputs_per_s"] = {str(b): round(_throughput(server.url, b, args.seconds, args.input_words), 1) for b in BATCHES}
         _gaps(server.url, 1, 16)  # warm-up

@@ -24,6 +24,7 @@ from edge.sockets import SocketInUse, bind_unix
 from edge.startup import StartupError, open_response_store
 from pipeline.settings import PREFIX, Settings, SettingsError
 from stages.adapters import AdapterError, read_adapters
+from stages.models.embedding import EmbeddingModelError, read_embedding_model
 
 USAGE_ERROR = 2
 
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     try:
         status = serve(args)
-    except (ServeError, SettingsError, StartupError, SocketInUse, AdapterError, OSError) as error:
+    except (ServeError, SettingsError, StartupError, SocketInUse, AdapterError, EmbeddingModelError, OSError) as error:
         print(f"mlx-relay: {error}", file=sys.stderr)
         return USAGE_ERROR
     _exit_now(status)
@@ -102,6 +103,8 @@ def serve(args: argparse.Namespace) -> int:
     open_response_store(settings).close()
     # A bad adapter list is one line too, before the model loads.
     read_adapters(settings.adapters)
+    if settings.embedding_model:
+        read_embedding_model(settings.embedding_model, fallback="last", matryoshka=settings.embedding_matryoshka)
     listener = bind_unix(args.unix) if args.unix else None
     try:
         return _run(_config(args, listener), loop=settings.loop)

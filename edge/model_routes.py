@@ -18,6 +18,7 @@ from edge.aliases import work_served_as
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
 from stages.engine import Engine
+from stages.model_work import ModelWork
 from stages.parse import load_json
 from wire.embeddings import decode_embeddings, embeddings_body
 from wire.scoring import decode_rerank, decode_score, rerank_body, score_body
@@ -45,9 +46,8 @@ async def embeddings() -> Response:
     decoded = decode_embeddings(await _body())
     request_id = f"embd-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
-    engine = _engine()
-    model = work_served_as(engine.served, decoded.model)
-    result = await engine.work.embed(decoded, request_id=request_id, trace_id=trace_id)
+    work, model = _answering(decoded.model)
+    result = await work.embed(decoded, request_id=request_id, trace_id=trace_id)
     return _json(embeddings_body(result, model=model, encoding=decoded.encoding_format), trace_id)
 
 
@@ -57,9 +57,8 @@ async def rerank() -> Response:
     decoded, documents, top_n, return_documents = decode_rerank(await _body())
     request_id = f"rerank-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
-    engine = _engine()
-    model = work_served_as(engine.served, decoded.model)
-    scores = await engine.work.score(decoded, request_id=request_id, trace_id=trace_id)
+    work, model = _answering(decoded.model)
+    scores = await work.score(decoded, request_id=request_id, trace_id=trace_id)
     body = rerank_body(scores, documents, id=request_id, model=model, top_n=top_n, return_documents=return_documents)
     return _json(body, trace_id)
 
@@ -70,9 +69,8 @@ async def score() -> Response:
     decoded = decode_score(await _body())
     request_id = f"score-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
-    engine = _engine()
-    model = work_served_as(engine.served, decoded.model)
-    scores = await engine.work.score(decoded, request_id=request_id, trace_id=trace_id)
+    work, model = _answering(decoded.model)
+    scores = await work.score(decoded, request_id=request_id, trace_id=trace_id)
     return _json(score_body(scores, id=request_id, model=model, created=int(time.time())), trace_id)
 
 
@@ -117,5 +115,17 @@ def _model_card(model_id: str) -> JsonObject:
     }
     if model_id == info.name:
         return card
+    if engine.embedder is not None and model_id == engine.embedder.name:
+        window = engine.embedder.context_window
+        return {**card, "context_window": window, "max_model_len": window}
     # As vLLM's cards do, an alias names the model it stands for and an adapter itself; `parent` is the base model.
     return {**card, "root": engine.served.aliases.get(model_id, model_id), "parent": info.name}
+
+
+def _answering(model: str | None) -> tuple[ModelWork, str]:
+    """Who answers embeddings, rerank or score naming `model`, and the name the reply carries (the alias asked by)."""
+    engine = _engine()
+    work = engine.model_work(model)
+    if work is engine.work:
+        return work, work_served_as(engine.served, model)
+    return work, model if model and model in engine.served.aliases else work.name

@@ -99,6 +99,15 @@ class Settings:
 
     # Embeddings from the chat model: its last hidden states pooled over the input ("mean") or the last token's ("last").
     embedding_pooling: str = attrs.field(default="mean", converter=_lower, validator=attrs.validators.in_(("mean", "last")))
+    # A dedicated embedding model served beside the chat model, as MLX_RELAY_MODEL takes one (stages/models/embedding.py).
+    embedding_model: str | None = None
+    # Its pooling when it ships no sentence-transformers Pooling config ("last": decoder embedding models' usual).
+    embedding_model_pooling: str = attrs.field(default="last", converter=_lower, validator=attrs.validators.in_(("mean", "last")))
+    # Sizes its embeddings may be cut to, where its config does not declare them: "any" or "256,512,1024".
+    embedding_matryoshka: str | None = None
+    # How rerank/score judge with it: "cosine" of embeddings, or "judge" (yes/no, Qwen3-Reranker); unset: cosine
+    # when it ships sentence-transformers files, else judge.
+    embedding_score: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("cosine", "judge"))))
     # Tokens one embedding input may have (and the context window, whichever is less).
     embedding_max_tokens: int = attrs.field(default=8192, validator=_positive)
     # Embedding and score requests waiting for the model thread at once; more wait `admission_timeout`, then 429.
@@ -106,7 +115,7 @@ class Settings:
     # The share of a decode step's time that embeddings and scores may add while streams run.
     exclusive_share: float = attrs.field(default=0.15, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(10.0)))
     # Steps between two turns of that work while streams run: 1 lengthens every gap a little, 25 one gap in 25 more.
-    exclusive_period: int = attrs.field(default=25, validator=_positive)
+    exclusive_period: int = attrs.field(default=50, validator=_positive)
     # One model over the ranks `mlx.launch` started (stages/shard/): "tensor" or "pipeline"; unset: one process.
     shard: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("tensor", "pipeline"))))
     # Seconds a follower rank may be silent before the engine counts it lost (503, requests failed).

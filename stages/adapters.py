@@ -93,10 +93,12 @@ class ServedModels:
     adapters: tuple[Adapter, ...] = ()
     # Other names, each for one of `ids` (edge/aliases.py checks them at start-up).
     aliases: Mapping[str, str] = attrs.field(factory=dict)
+    # A dedicated embedding model's id: listed, and refused for generation.
+    embedding: str | None = None
 
     @property
     def ids(self) -> tuple[str, ...]:
-        return (self.base, *(adapter.name for adapter in self.adapters))
+        return (self.base, *(adapter.name for adapter in self.adapters), *((self.embedding,) if self.embedding else ()))
 
     @property
     def adapter_bytes(self) -> int:
@@ -122,6 +124,9 @@ class ServedModels:
 
     def _by_model(self, model: str) -> str | None:
         model = self.aliases.get(model, model)
+        if model == self.embedding:
+            raise invalid(f"The model `{model[:200]}` is an embedding model: it serves /v1/embeddings, rerank and score, "
+                          "not generation", param="model", code="model_not_supported")  # fmt: skip
         if not self.adapters or model == self.base:
             return None
         if any(adapter.name == model for adapter in self.adapters):
@@ -136,7 +141,7 @@ class ServedModels:
         for adapter in self.adapters:
             if value in (adapter.name, str(adapter.path)):
                 return adapter.name
-        raise not_found(value, "adapters", served=self.ids[1:])
+        raise not_found(value, "adapters", served=tuple(adapter.name for adapter in self.adapters))
 
 
 def not_found(name: str, param: str, *, served: tuple[str, ...]) -> RequestError:

@@ -17,7 +17,7 @@ prompt position only, so the head never runs over the whole batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -32,6 +32,41 @@ _MAX_ROWS = 64
 # Padded tokens in one group: bounds its cache and a forward pass's memory.
 _MAX_TOKENS = 8192
 
+
+@attrs.define
+class SideModel:
+    """A model served beside the chat model (a dedicated embedding model): loaded on the model thread, once.
+
+    Model thread only: `get` loads it the first time (`LoadWork` does so at
+    start-up, queued before the first request).
+    """
+
+    _load: Callable[[], Any] = attrs.field(alias="load")
+    _model: Any = attrs.field(default=None, init=False)
+
+    def get(self) -> Any:
+        if self._model is None:
+            self._model = self._load()
+        return self._model
+
+
+@attrs.define
+class LoadWork:
+    """Loads a side model between steps; it counts no units, so it leaves the queue's speed estimate alone."""
+
+    side: SideModel
+    _done: bool = attrs.field(default=False, init=False)
+
+    def remaining(self) -> int:
+        return 0 if self._done else 1
+
+    def run_chunk(self, model: Any, max_units: int) -> int:
+        self.side.get()
+        self._done = True
+        return 0
+
+    def result(self) -> None:
+        return None
 
 
 @attrs.define
@@ -129,6 +164,10 @@ class EmbedWork:
 
     inputs: Sequence[Sequence[int]]
     pooling: Pooling
+    # The first `dimensions` of each vector, normalized again (Matryoshka); None: all of them.
+    dimensions: int | None = None
+    # The model to run instead of the one the gateway passes (the chat model).
+    side: SideModel | None = None
     _groups: _Groups = attrs.field(init=False)
     _vectors: list[np.ndarray[Any, Any] | None] = attrs.field(init=False)
 
@@ -142,9 +181,10 @@ class EmbedWork:
     def run_chunk(self, model: Any, max_units: int) -> int:
         import mlx.core as mx
 
-        ran, group = self._groups.run(model, max_units)
+        ran, group = self._groups.run(model if self.side is None else self.side.get(), max_units)
         if group is not None:
             pooled = group.sums / group.lengths[:, None].astype(mx.float32) if self.pooling == "mean" else group.last
+            pooled = pooled if self.dimensions is None else pooled[:, : self.dimensions]
             pooled = pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
             result = np.array(pooled)
             for row, index in enumerate(group.indices):
@@ -163,6 +203,7 @@ class ScoreWork:
     inputs: Sequence[Sequence[int]]
     yes: int
     no: int
+    side: SideModel | None = None
     _groups: _Groups = attrs.field(init=False)
     _scores: list[float] = attrs.field(init=False)
 
@@ -176,6 +217,7 @@ class ScoreWork:
     def run_chunk(self, model: Any, max_units: int) -> int:
         import mlx.core as mx
 
+        model = model if self.side is None else self.side.get()
         ran, group = self._groups.run(model, max_units)
         if group is not None:
             logits = head_logits(model, group.last)

@@ -26,7 +26,7 @@ from pipeline.requests import ChatRequest
 from pipeline.settings import Settings, parse_aliases
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
-from stages.adapters import AdapterError, ServedModels, read_adapters
+from stages.adapters import AdapterError, ServedModels, not_found, read_adapters
 from stages.chat import ChatStage, render_edited
 from stages.constraints import ConstraintCompiler
 from stages.families.base import Family
@@ -38,7 +38,7 @@ from stages.kv.plan import Fit, assess
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
-from stages.model_work import ModelWork, hidden_size
+from stages.model_work import ModelWork, dedicated_work, hidden_size
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation
 from stages.cache.prompt import PromptCacheStatistics
@@ -119,6 +119,8 @@ class Engine:
     # Work between decode steps (embeddings, scores), and the routes that queue it.
     _exclusive: ExclusiveQueue = attrs.field(init=False)
     work: ModelWork = attrs.field(init=False)
+    # The dedicated embedding model's (MLX_RELAY_EMBEDDING_MODEL); None: embeddings come from the chat model.
+    embedder: ModelWork | None = attrs.field(default=None, init=False)
     # The ranks this model is sharded over (stages/shard/); None in one process.
     _cluster: Cluster | None = attrs.field(default=None, init=False)
     _lost: bool = attrs.field(default=False, init=False)
@@ -160,7 +162,9 @@ class Engine:
         )
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
-        self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases))
+        embedding_bytes = await self._open_embedder()
+        self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases),
+                                   embedding=self.embedder.name if self.embedder else None)  # fmt: skip
         if self._cluster is not None:
             # Followers replay the generator's calls: an adapter mounted on rank 0 alone would split the group.
             if adapters:
@@ -179,7 +183,7 @@ class Engine:
             partial(
                 assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
                 prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
-                prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes,
+                prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
                 share=rank_share(self._cluster, self.info.vocab_size),
             )
         )  # fmt: skip
@@ -191,6 +195,34 @@ class Engine:
             memory_budget=memory.budget_bytes, prompt_cache_bytes=memory.prompt_cache_bytes,
         )  # fmt: skip
         await self._supervisor.run(task_status=_Relay(task_status, self))
+
+    def model_work(self, model: str | None) -> ModelWork:
+        """Who answers embeddings, rerank and score naming `model`: the dedicated model when it is named (or none is), else the chat model.
+
+        Raises:
+            RequestError: 404 `model_not_found` for an unknown name while two models are served.
+        """
+        if self.embedder is None:
+            return self.work
+        named = self.served.aliases.get(model, model) if model else self.embedder.name
+        if named == self.embedder.name:
+            return self.embedder
+        if not self.served.knows(named):
+            raise not_found(named, "model", served=(*self.served.ids, *self.served.aliases))
+        return self.work
+
+    async def _open_embedder(self) -> int:
+        settings = self._settings
+        if settings.embedding_model is None:
+            return 0
+        if self._cluster is not None:
+            raise ValueError("MLX_RELAY_EMBEDDING_MODEL cannot be served with --shard (exclusive work runs on one process only)")
+        embedder, nbytes = await anyio.to_thread.run_sync(dedicated_work, settings, self._exclusive, self._tokenizing)
+        if embedder.name == self.info.name:
+            raise ValueError(f"MLX_RELAY_EMBEDDING_MODEL is served as {embedder.name!r}, the chat model's id too")
+        embedder.preload()
+        self.embedder = embedder
+        return nbytes
 
     async def submit(self, *, request_id: str, trace_id: str, body: bytes, decode: Decoder) -> Reply:
         """Admit a request and start it down the pipeline.

@@ -11,8 +11,10 @@ no rows it runs the queue to its end.
 Why a period: a forward pass costs about as much as a decode step
 whatever few tokens it carries (it reads every weight once), so a little
 work after every step would lengthen every gap by most of a step. Spent
-every `period` steps (default 25), the same share makes one gap in 25
-longer and leaves the p95 gap alone; the cost is that one longer gap.
+every `period` steps (default 50), the same share makes one gap in 50
+longer and leaves the p95 gap alone (a p95 moves only once more than one
+gap in 20 is longer: one in 25 left little margin for a loaded machine's
+own slow gaps); the cost is that one longer gap.
 
 Event loop side: `submit` takes an admission ticket (its own bound: 429
 when full, 503 while draining), queues the job, wakes an idle gateway and
@@ -72,6 +74,8 @@ class Job(Generic[T]):
     work: Work[T]
     kind: str
     log_context: dict[str, str]
+    # Jobs of one model share a speed estimate; another model's tokens cost differently.
+    rate_key: str = ""
     done: anyio.Event = attrs.field(factory=anyio.Event)
     queued_at: float = attrs.field(factory=time.monotonic)
     started_at: float | None = None
@@ -111,7 +115,7 @@ class ExclusiveQueue:
     _wake: Callable[[], None] = attrs.field(default=lambda: None, init=False)
     _stopped: RequestError | None = attrs.field(default=None, init=False)
     # Touched only by the model thread.
-    _rate: float = attrs.field(default=_FIRST_RATE, init=False)
+    _rates: dict[str, float] = attrs.field(factory=dict, init=False)
     _last_return: float | None = attrs.field(default=None, init=False)
     _was_busy: bool = attrs.field(default=False, init=False)
     _step: float | None = attrs.field(default=None, init=False)
@@ -126,7 +130,7 @@ class ExclusiveQueue:
 
     # -- event loop ---------------------------------------------------------
 
-    async def submit(self, work: Work[T], *, kind: str, request_id: str, trace_id: str) -> T:
+    async def submit(self, work: Work[T], *, kind: str, request_id: str, trace_id: str, rate_key: str = "") -> T:
         """Run `work` on the model thread between steps; its result.
 
         Raises:
@@ -137,7 +141,7 @@ class ExclusiveQueue:
             raise self._stopped
         await self._admission.enter()
         try:
-            job = Job(work=work, kind=kind, log_context={"request_id": request_id, "trace_id": trace_id})
+            job = Job(work=work, kind=kind, log_context={"request_id": request_id, "trace_id": trace_id}, rate_key=rate_key)
             self._queue.append(job)
             self._wake()
             try:
@@ -150,6 +154,11 @@ class ExclusiveQueue:
             return job.work.result()
         finally:
             self._admission.leave()
+
+    def queue_unawaited(self, work: Work[Any], *, kind: str) -> None:
+        """Queue work no request waits for (loading a side model at start-up): it takes no admission ticket."""
+        self._queue.append(Job(work=work, kind=kind, log_context={"request_id": "startup", "trace_id": "startup"}))
+        self._wake()
 
     @property
     def pending(self) -> bool:
@@ -233,7 +242,8 @@ class ExclusiveQueue:
         """One chunk of `job`; True once it is finished (or failed)."""
         if job.started_at is None:
             job.started_at = time.monotonic()
-        units = max(1, int(budget / self._rate)) if budget != float("inf") else job.work.remaining()
+        rate = self._rates.get(job.rate_key, _FIRST_RATE)
+        units = max(1, int(budget / rate)) if budget != float("inf") else job.work.remaining()
         began = time.monotonic()
         ran = 0
         with isolated(cast("ReplySlot[Any]", _Failing(job)), stage="exclusive", fail=lambda error: setattr(job, "error", error)):
@@ -241,7 +251,7 @@ class ExclusiveQueue:
         self._chunks += 1
         if ran > 0:
             measured = (time.monotonic() - began) / ran
-            self._rate = (1 - _SMOOTHING) * self._rate + _SMOOTHING * measured
+            self._rates[job.rate_key] = (1 - _SMOOTHING) * rate + _SMOOTHING * measured
         return job.error is not None or job.work.remaining() == 0
 
     # -- event loop, again --------------------------------------------------

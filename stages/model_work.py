@@ -6,10 +6,16 @@ Tokenizing runs in the preparation threads under the tokenize reservation
 scores tokenize the same way, then run on the model thread between decode
 steps through the exclusive queue (`stages/exclusive.py`).
 
-A score is the chat model's judgement: the judgement prompt below through
-its template, then P(yes) / (P(yes) + P(no)) for the answer's first token
-(the first token of each word where a vocabulary splits them; a model whose
-two words start alike cannot score, and says so).
+A score is the model's judgement: Qwen3-Reranker's prompt (its model
+card's system line and `<Instruct>: …\n<Query>: …\n<Document>: …` user
+turn, through the model's template with thinking off, which for a Qwen3
+template is the card's prefix and suffix exactly), then P(yes) / (P(yes) +
+P(no)) for the answer's first token: softmax over the two logits, what
+vLLM computes for Qwen3-Reranker (sigmoid of yes minus no). A vocabulary
+that splits the words takes each one's first token; a model whose two
+words start alike cannot score, and says so. A dedicated embedding model
+with sentence-transformers files scores by cosine similarity of the two
+texts' embeddings instead, as vLLM scores with an embedding model.
 """
 
 from __future__ import annotations
@@ -18,25 +24,32 @@ from collections.abc import Callable, Sequence
 import json
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 import attrs
+import numpy as np
 
 from pipeline.errors import invalid
 from pipeline.model_work import EmbeddingRequest, Embeddings, Input, ScoreRequest, Scores, TokenizeRequest
 from pipeline.requests import ChatRequest, GenerationParams, Message, Role, Sampling
 from stages.chat import render_chat_text
-from stages.embed import EmbedWork, Pooling, ScoreWork
+from pipeline.settings import Settings
+from stages.embed import EmbedWork, LoadWork, Pooling, ScoreWork, SideModel
 from stages.exclusive import ExclusiveQueue
 from stages.families.base import Family
 from stages.messages import PromptText
-from stages.models.loading import ModelInfo, Tokenizer
+from stages.models.embedding import Matryoshka, allowed_dimensions, load_embedding_weights, read_embedding_model
+from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer
 from stages.prepare import Reservation, encode_bounded
 from stages.tokenize import PIECE_CHARS, BoundedEncoder
 
 T = TypeVar("T")
-_JUDGE = 'Judge whether the Document meets the requirements based on the Query provided. Note that the answer can only be "yes" or "no".'
+# Qwen3-Reranker's system line and default instruction, from its model card.
+_JUDGE = 'Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be "yes" or "no".'
+_INSTRUCT = "Given a web search query, retrieve relevant passages that answer the query"
+ScoreBy = Literal["judge", "cosine"]
+Vector = np.ndarray[Any, Any]
 
 
 @attrs.define
@@ -52,6 +65,24 @@ class ModelWork:
     _max_input_tokens: int = attrs.field(alias="max_input_tokens")
     # The embeddings' width (the model's hidden size), from its config.
     _hidden_size: int | None = attrs.field(alias="hidden_size")
+    # A dedicated model beside the chat model; None: the chat model the gateway runs.
+    _side: SideModel | None = attrs.field(default=None, alias="side")
+    _matryoshka: Matryoshka | None = attrs.field(default=None, alias="matryoshka")
+    _score_by: ScoreBy = attrs.field(default="judge", alias="score_by")
+
+    @property
+    def name(self) -> str:
+        """The served id of the model this work runs on."""
+        return self._info.name
+
+    @property
+    def context_window(self) -> int:
+        return self._info.context_window
+
+    def preload(self) -> None:
+        """Queue the dedicated model's loading, so the model thread loads it before the first request."""
+        if self._side is not None:
+            self._queue.queue_unawaited(LoadWork(self._side), kind="load")
 
     # -- tokenizing ---------------------------------------------------------
 
@@ -107,15 +138,19 @@ class ModelWork:
             RequestError: a bad input (naming it), `dimensions` this model
                 cannot give, 429/503 from the exclusive queue.
         """
-        if request.dimensions is not None and request.dimensions != self._hidden_size:
-            raise invalid(
-                f"'dimensions' is not supported by this model: its embeddings have {self._hidden_size} dimensions",
-                param="dimensions",
-            )
+        dimensions = request.dimensions
+        width = self._hidden_size or 0
+        if dimensions is not None and (reason := allowed_dimensions(self._matryoshka, dimensions, width)) is not None:
+            raise invalid(f"'dimensions' {dimensions} is not supported: {reason}", param="dimensions")
         inputs = await self._inputs(request.inputs)
-        work = EmbedWork(inputs=inputs, pooling=self._pooling)
-        vectors = await self._queue.submit(work, kind="embed", request_id=request_id, trace_id=trace_id)
-        return Embeddings(vectors=tuple(tuple(float(x) for x in vector) for vector in vectors), prompt_tokens=sum(map(len, inputs)))
+        vectors = await self._vectors(inputs, None if dimensions == width else dimensions, request_id, trace_id)
+        # `tolist` converts in C: a Python loop over a batch's floats holds the GIL the model thread needs.
+        return Embeddings(vectors=tuple(tuple(vector.tolist()) for vector in vectors), prompt_tokens=sum(map(len, inputs)))
+
+    async def _vectors(self, inputs: Sequence[Sequence[int]], dimensions: int | None, request_id: str, trace_id: str) -> list[Vector]:
+        work = EmbedWork(inputs=inputs, pooling=self._pooling, dimensions=dimensions, side=self._side)
+        vectors: list[Vector] = await self._queue.submit(work, kind="embed", request_id=request_id, trace_id=trace_id, rate_key=self.name)
+        return vectors
 
     async def score(self, request: ScoreRequest, *, request_id: str, trace_id: str) -> Scores:
         """A relevance score in [0, 1] for each (query, document) pair.
@@ -123,11 +158,21 @@ class ModelWork:
         Raises:
             RequestError: this model cannot judge, a pair past the window, 429/503.
         """
+        if self._score_by == "cosine":
+            return await self._cosine(request, request_id=request_id, trace_id=trace_id)
         yes, no = self._answer_ids()
         inputs = [await self.tokenize_chat(_judgement(query, document)) for query, document in request.pairs]
-        work = ScoreWork(inputs=inputs, yes=yes, no=no)
-        scores = await self._queue.submit(work, kind="score", request_id=request_id, trace_id=trace_id)
+        work = ScoreWork(inputs=inputs, yes=yes, no=no, side=self._side)
+        scores = await self._queue.submit(work, kind="score", request_id=request_id, trace_id=trace_id, rate_key=self.name)
         return Scores(scores=tuple(scores), prompt_tokens=sum(map(len, inputs)))
+
+    async def _cosine(self, request: ScoreRequest, *, request_id: str, trace_id: str) -> Scores:
+        texts = list(dict.fromkeys(text for pair in request.pairs for text in pair))
+        inputs = await self._inputs(texts)
+        vectors = dict(zip(texts, await self._vectors(inputs, None, request_id, trace_id)))
+        # Unit vectors: the dot product is the cosine.
+        scores = tuple(float(np.dot(vectors[q], vectors[d])) for q, d in request.pairs)
+        return Scores(scores=scores, prompt_tokens=sum(map(len, inputs)))
 
     def _answer_ids(self) -> tuple[int, int]:
         yes, no = (self._tokenizer.encode(word, add_special_tokens=False) for word in ("yes", "no"))
@@ -174,6 +219,27 @@ class ModelWork:
             return await anyio.to_thread.run_sync(call, limiter=self._reservation.threads)
 
 
+def dedicated_work(settings: Settings, queue: ExclusiveQueue, reservation: Reservation) -> tuple[ModelWork, int]:
+    """The work of `settings.embedding_model`, and its weights' bytes; off the loop and off the model thread.
+
+    Raises:
+        EmbeddingModelError: a model that cannot be served as an embedding model (stages/models/embedding.py).
+    """
+    assert settings.embedding_model is not None
+    spec = read_embedding_model(settings.embedding_model, fallback="last" if settings.embedding_model_pooling == "last" else "mean",
+                                matryoshka=settings.embedding_matryoshka)  # fmt: skip
+    tokenizer = load_tokenizer(spec.info)
+    sentence_transformers = (spec.info.path / "modules.json").is_file()
+    score_by: ScoreBy = "judge" if settings.embedding_score == "judge" or (settings.embedding_score is None and not sentence_transformers) else "cosine"
+    work = ModelWork(
+        queue=queue, tokenizer=tokenizer, encoder=BoundedEncoder.of(tokenizer), reservation=reservation, info=spec.info,
+        preamble=None, pooling=spec.pooling, max_input_tokens=min(settings.embedding_max_tokens, spec.info.context_window),
+        hidden_size=spec.hidden_size, side=SideModel(load=partial(load_embedding_weights, spec)), matryoshka=spec.matryoshka,
+        score_by=score_by,
+    )  # fmt: skip
+    return work, spec.nbytes
+
+
 def hidden_size(path: Path) -> int | None:
     """The width of the model's hidden states (its embeddings), from its config."""
     config = json.loads((path / "config.json").read_text())
@@ -184,7 +250,7 @@ def hidden_size(path: Path) -> int | None:
 def _judgement(query: str, document: str) -> ChatRequest:
     messages = (
         Message(role=Role.SYSTEM, content=_JUDGE),
-        Message(role=Role.USER, content=f"<Query>: {query}\n<Document>: {document}"),
+        Message(role=Role.USER, content=f"<Instruct>: {_INSTRUCT}\n<Query>: {query}\n<Document>: {document}"),
     )
     # Thinking off: the answer's first token is the judgement itself.
     return ChatRequest(messages=messages, params=GenerationParams(max_tokens=1, sampling=Sampling()), template_kwargs={"enable_thinking": False})

@@ -38,7 +38,7 @@ MLX_CORE_ALLOWED = {
     # Which backend MLX runs on (the plan prices prefill attention by it).
     "stages/kv/machine.py",
     # The shape-true model builder, and the adapter that rebuilds cache layers for the model thread.
-    "stages/models/shaped.py", "stages/models/mlx_internals.py",
+    "stages/models/shaped.py", "stages/models/shaped_embedding.py", "stages/models/mlx_internals.py",
     # Random LoRA adapters for the demo models.
     "stages/models/demo_adapter.py",
     # A row alone, decoded on the model thread as mlx-lm's generate_step does.

@@ -171,6 +171,18 @@ def allocator_memory() -> tuple[int, int]:
 # -- a model's last hidden states ---------------------------------------------
 
 
+def model_classes(config: dict[str, Any]) -> tuple[type, type]:
+    """mlx-lm's model class and args class for a config (its `model_type`, remapped as mlx-lm remaps it).
+
+    Leans on: `mlx_lm.utils._get_classes`, which `load_model` takes as its
+    `get_model_classes` hook. Raises ValueError for a type mlx-lm lacks.
+    """
+    from mlx_lm.utils import _get_classes
+
+    classes: tuple[type, type] = _get_classes(config)
+    return classes
+
+
 def final_hidden(model: Any, inputs: Any, cache: list[Any] | None = None) -> Any | None:
     """The last layer's hidden states (after the final norm), [batch, length, hidden]; None where unknown.
 

@@ -138,8 +138,12 @@ def ensure_shaped_model(name: str, cache_root: Path | None = None) -> Path:
         ValueError: `name` is not a shaped model.
         OSError: the cache root cannot be written.
     """
+    from stages.models import shaped_embedding
+
+    if name in shaped_embedding.MODELS:
+        return shaped_embedding.ensure_embedding_model(name, cache_root)
     if name not in MODELS:
-        raise ValueError(f"unknown shaped model {name!r}; choose from {sorted(MODELS)}")
+        raise ValueError(f"unknown shaped model {name!r}; choose from {sorted([*MODELS, *shaped_embedding.MODELS])}")
     root = cache_root if cache_root is not None else default_cache_root()
     shape, layers, dtype = MODELS[name]
     return build_once(root / f"shaped-{name}-{BUILDER_VERSION}", partial(_build, SHAPES[shape], layers, dtype))

@@ -117,6 +117,14 @@ def test_a_bad_adapter_list_is_one_line(tmp_path: Path) -> None:
     assert "adapter 'sql'" in refused.stderr and "adapter_config.json" in refused.stderr
 
 
+def test_an_encoder_embedding_model_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Only decoder embedding models that mlx-lm loads are served; a BERT-like one is named as such before start."""
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "hidden_size": 384}')
+    refused = _run("serve", "--port", str(_free_port()), embedding_model=str(tmp_path))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+    assert "is an encoder (bert)" in refused.stderr
+
+
 def test_a_store_from_a_newer_version_is_refused_with_advice(tmp_path: Path) -> None:
     store = tmp_path / "responses.db"
     with contextlib.closing(sqlite3.connect(store)) as db:

@@ -22,7 +22,7 @@ from stages.models.loading import ModelInfo, Tokenizer
 # tokenizer (not our own `self._tokenizer`), parser detection by module name,
 # and writes to a cache layer's offset.
 PRIVATE = (r"_maybe_trim_space", r"_byte_decoder", r"\b_download\b", r"(?<!self)\._tokenizer\b", r"json_tools\b\"\)",
-           r"\.offset\s*=[^=]")  # fmt: skip
+           r"\.offset\s*=[^=]", r"\b_get_classes\b")  # fmt: skip
 
 
 def test_maybe_trim_space(tokenizer: Tokenizer) -> None:
@@ -34,6 +34,13 @@ def test_maybe_trim_space(tokenizer: Tokenizer) -> None:
         detokenizer.add_token(token)
     detokenizer.finalize()
     assert detokenizer.last_segment.startswith(" "), "the stream's leading space is still dropped"
+
+
+def test_model_classes() -> None:
+    model_class, args_class = internals.model_classes({"model_type": "qwen3"})
+    assert model_class.__name__ == "Model" and args_class.__name__ == "ModelArgs", "mlx-lm's `_get_classes` changed its answer"
+    with pytest.raises(ValueError):
+        internals.model_classes({"model_type": "bert"})
 
 
 def test_byte_decoder() -> None:
