@@ -50,6 +50,8 @@ class Tool:
     name: str
     description: str | None = None
     parameters: JsonObject = attrs.field(factory=dict)
+    # A custom tool's grammar (Lark or regex): its one string argument, `input`, must match it.
+    input_grammar: Constraint | None = None
 
 
 class ToolChoiceMode(enum.Enum):
