@@ -212,23 +212,26 @@ def _holds_free_calls(request: GenerationRequest) -> bool:
         isinstance(request, ChatRequest)
         and request.tool_choice.mode is ToolChoiceMode.AUTO
         and request.params.constraint is None
-        and any(tool.input_grammar is not None for tool in request.tools)
+        and any(tool.input_grammar is not None or tool.strict for tool in request.tools)
     )
 
 
 def free_call_constraint(tokenizer: Tokenizer, family: Family, tools: tuple[Tool, ...]) -> Constraint:
-    """Free text with calls in it, each held to the family's markup and its tool's grammar (`families/lazy.py`).
+    """Free text with calls in it, each held to the family's markup, its tool's schema and grammar (`families/lazy.py`).
 
     Raises:
         RequestError: the family cannot hold a grammar under `auto`, or a tool's grammar cannot be carried.
     """
-    param = next(tool.input_grammar.param for tool in tools if tool.input_grammar is not None)
+    held = next(tool for tool in tools if tool.input_grammar is not None or tool.strict)
+    param = held.input_grammar.param if held.input_grammar is not None else "tools"
+    what = "grammar" if held.input_grammar is not None else "schema (strict)"
     try:
         lark = lazy_call_grammar(family, tools, partial(_marker, tokenizer), end_ids=sorted(tokenizer.eos_token_ids))
     except CannotHold as reason:
         raise invalid(
-            f"Invalid '{param}': {reason}, so a call the model opens under tool_choice 'auto' cannot be held to the "
-            "tool's grammar; name the tool in tool_choice, or offer it without a grammar",
+            f"Invalid '{param}': {reason}, so a call to {held.name!r} the model opens under tool_choice 'auto' cannot "
+            f"be held to the tool's {what}; name the tool in tool_choice, or offer it without a "
+            + ("grammar" if held.input_grammar is not None else "'strict: true'"),
             param=param,
         ) from None
     except NotCarried as error:

@@ -1,4 +1,4 @@
-"""A custom tool's Lark grammar holds its input inside every family's call
+"""A custom tool's Lark grammar (and a `strict` tool's schema) holds its input inside every family's call
 markup: forced (`required`) and where the model opens a call itself under
 `auto`. Each family's random walk through the compiled grammar, seeded
 and greedy (lowest allowed id), is decoded and read back by the family's
@@ -159,3 +159,33 @@ def test_auto_grammar_takes_function_calls_and_custom_calls_side_by_side(family_
     text = "Sure. " + weather + "\n"
     assert matcher.consume_tokens(tokenizer.encode(text, add_special_tokens=False)), (text, matcher.get_error())
     assert not matcher.is_error()
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_strict_function_call_under_auto_matches_its_schema(family_tokenizer: Tokenizer, seed: int | None) -> None:
+    tokenizer = family_tokenizer
+    family = choose_family(tokenizer)
+    strict = Tool(name="get_weather", parameters=WEATHER.parameters, strict=True)
+    constraint = constraint_of(tokenizer, family, chat(ToolChoice(), tools=(strict,)))
+    assert constraint is not None
+    compiler = ConstraintCompiler(tokenizer=tokenizer, vocab_size=len(tokenizer.get_vocab()), family=family)  # type: ignore[attr-defined]
+    assert family.trigger is not None
+    opener = tokenizer.encode(family.trigger, add_special_tokens=False)[0]
+    tokens = walk(tokenizer, compiler.compile(constraint).matcher(), seed=seed, open_at=2, opener=opener)
+    text = tokenizer.decode(tokens)
+    events = splitter_for(family, markers_for(family, (strict,), parse_tools=True)).feed(text, final=True)
+    [call] = [event for event in events if isinstance(event, ToolCall)]
+    assert json.loads(call.arguments) == {"city": "Paris"}, text
+
+
+def test_a_tool_without_strict_or_grammar_leaves_auto_free(family_tokenizer: Tokenizer) -> None:
+    assert constraint_of(family_tokenizer, choose_family(family_tokenizer), chat(ToolChoice(), tools=(WEATHER,))) is None
+
+
+def test_strict_under_auto_on_gpt_oss_is_refused_by_name(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    case = next(case for case in CASES if case.name == "harmony")
+    tokenizer = load_tokenizer(resolve_model(str(case.build(tiny_model, tmp_path_factory.mktemp("harmony-strict")))))
+    strict = Tool(name="get_weather", parameters=WEATHER.parameters, strict=True)
+    with pytest.raises(RequestError) as caught:
+        constraint_of(tokenizer, choose_family(tokenizer), chat(ToolChoice(), tools=(strict,)))
+    assert "'get_weather'" in str(caught.value) and "strict" in str(caught.value)
