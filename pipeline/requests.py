@@ -50,6 +50,10 @@ class Tool:
     name: str
     description: str | None = None
     parameters: JsonObject = attrs.field(factory=dict)
+    # A custom tool's grammar (Lark or regex): its one string argument, `input`, must match it.
+    input_grammar: Constraint | None = None
+    # The client asked for arguments that always match `parameters` (`strict: true`), under `auto` too.
+    strict: bool = False
 
 
 class ToolChoiceMode(enum.Enum):

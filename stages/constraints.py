@@ -31,7 +31,8 @@ import attrs
 from pipeline.errors import excerpt, invalid, quote
 from pipeline.requests import ChatRequest, Constraint, ConstraintKind, GenerationRequest, Tool, ToolChoice, ToolChoiceMode
 from stages.families import choose_family
-from stages.families.base import Family
+from stages.families.base import Family, NotCarried
+from stages.families.lazy import CannotHold, lazy_call_grammar
 from stages.models.mlx_internals import hf_tokenizer
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ def _reason(message: str) -> str:
 
 
 def needs_constraint(request: GenerationRequest) -> bool:
-    return request.params.constraint is not None or _forces_tool(request)
+    return request.params.constraint is not None or _forces_tool(request) or _holds_free_calls(request)
 
 
 def constraint_of(tokenizer: Tokenizer, family: Family, request: GenerationRequest) -> Constraint | None:
@@ -199,7 +200,43 @@ def constraint_of(tokenizer: Tokenizer, family: Family, request: GenerationReque
         if request.params.constraint is not None:
             raise invalid("A forced tool call and a response format cannot both constrain one output", param="tool_choice")
         return tool_call_constraint(tokenizer, family, request.tools, request.tool_choice)
+    if isinstance(request, ChatRequest) and _holds_free_calls(request) and family.auto_calls:
+        return free_call_constraint(tokenizer, family, request.tools)
     return request.params.constraint
+
+
+def _holds_free_calls(request: GenerationRequest) -> bool:
+    """Under `auto`, a call the model opens to a custom tool with a grammar must follow it;
+    a response format, which holds the whole output, leaves no call to open."""
+    return (
+        isinstance(request, ChatRequest)
+        and request.tool_choice.mode is ToolChoiceMode.AUTO
+        and request.params.constraint is None
+        and any(tool.input_grammar is not None or tool.strict for tool in request.tools)
+    )
+
+
+def free_call_constraint(tokenizer: Tokenizer, family: Family, tools: tuple[Tool, ...]) -> Constraint:
+    """Free text with calls in it, each held to the family's markup, its tool's schema and grammar (`families/lazy.py`).
+
+    Raises:
+        RequestError: the family cannot hold a grammar under `auto`, or a tool's grammar cannot be carried.
+    """
+    held = next(tool for tool in tools if tool.input_grammar is not None or tool.strict)
+    param = held.input_grammar.param if held.input_grammar is not None else "tools"
+    what = "grammar" if held.input_grammar is not None else "schema (strict)"
+    try:
+        lark = lazy_call_grammar(family, tools, partial(_marker, tokenizer), end_ids=sorted(tokenizer.eos_token_ids))
+    except CannotHold as reason:
+        raise invalid(
+            f"Invalid '{param}': {reason}, so a call to {held.name!r} the model opens under tool_choice 'auto' cannot "
+            f"be held to the tool's {what}; name the tool in tool_choice, or offer it without a "
+            + ("grammar" if held.input_grammar is not None else "'strict: true'"),
+            param=param,
+        ) from None
+    except NotCarried as error:
+        raise invalid(str(error), param=error.param) from None
+    return Constraint(kind=ConstraintKind.GRAMMAR, spec=lark, param=param)
 
 
 def _forces_tool(request: GenerationRequest) -> bool:
@@ -224,6 +261,8 @@ def tool_call_constraint(tokenizer: Tokenizer, family: Family, tools: tuple[Tool
         lark = grammar(allowed, partial(_marker, tokenizer))
     except NotImplementedError:
         raise invalid(f"tool_choice {choice.mode.value!r} cannot be enforced in this model's tool-call markup", param="tool_choice") from None
+    except NotCarried as error:
+        raise invalid(str(error), param=error.param) from None
     return Constraint(kind=ConstraintKind.GRAMMAR, spec=lark, param="tool_choice")
 
 

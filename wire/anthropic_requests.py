@@ -5,8 +5,9 @@ system message; user `tool_result` blocks become tool messages; assistant
 `tool_use` and `thinking` blocks become the turn's tool calls and
 reasoning; a final assistant message is a prefill the answer continues.
 Fields that cannot change the output (`metadata`, `service_tier`,
-`cache_control`, `speed`, advisory `output_config.effort`) are ignored;
-ones that would and are not served are refused by name.
+`cache_control`, `speed`) are ignored; ones that would and are not served
+are refused by name. `output_config.effort` sets the template's reasoning
+level (gpt-oss's low/medium/high), as `reasoning_effort` does for OpenAI.
 """
 
 from __future__ import annotations
@@ -73,11 +74,11 @@ def _decode(body: Body, *, max_tokens: int) -> ChatRequest:
             clamp_max_tokens=True,
             sampling=_read_sampling(body),
             stop=read_stops(body.get("stop_sequences"), "stop_sequences", allow_string=False),
-            # `output_config.effort` and `task_budget` are advisory; `format` constrains.
+            # `task_budget` is advisory; `format` constrains; `effort` is a template argument.
             constraint=anthropic_constraint(body),
             thinking_budget=_thinking_budget(body),
         ),
-        template_kwargs=_read_thinking(body),
+        template_kwargs={**_read_thinking(body), **_read_effort(body)},
         tools=tools,
         tool_choice=_read_tool_choice(body, tools),
         parallel_tool_calls=not _disables_parallel(body),
@@ -261,6 +262,20 @@ def _thinking_budget(body: Body) -> int | None:
     if not isinstance(raw, dict) or raw.get("type") != "enabled":
         return None
     return read_int(raw, "budget_tokens", minimum=1)
+# Anthropic's effort levels as the template's (gpt-oss knows low, medium and high).
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
+
+
+def _read_effort(body: Body) -> dict[str, JsonValue]:
+    config = body.get("output_config")
+    effort = as_object(config, "output_config").get("effort") if config is not None else None
+    if effort is None:
+        return {}
+    if effort not in _EFFORTS:
+        raise invalid(f"output_config.effort: must be one of {', '.join(repr(e) for e in _EFFORTS)}", param="output_config.effort")
+    return {"reasoning_effort": _EFFORTS[str(effort)]}
+
+
 def _omits_thinking(body: Body) -> bool:
     thinking = body.get("thinking")
     return isinstance(thinking, dict) and thinking.get("display") == "omitted"

@@ -115,7 +115,14 @@ def read_function(item: Body, param: str, *, schema_key: str) -> Tool:
         name=name,
         description=read_str(item, "description", param=f"{param}.description"),
         parameters={} if schema is None else as_object(schema, f"{param}.{schema_key}"),
+        strict=_strict(item.get("strict"), f"{param}.strict"),
     )
+
+
+def _strict(value: JsonValue, param: str) -> bool:
+    if value is not None and not isinstance(value, bool):
+        raise invalid(f"'{param}' must be a boolean", param=param)
+    return value is True
 
 
 # A stop list longer than this is almost certainly a client bug.

@@ -231,7 +231,7 @@ def _echo_tools(body: Body, tools: ResponsesTools) -> JsonValue:
         item = as_object(value, "tools")
         if item.get("type") == "function":
             tool = next(t for t in tools.tools if t.name == item.get("name"))
-            echoed.append({"type": "function", "name": tool.name, "description": tool.description, "parameters": tool.parameters, "strict": False})
+            echoed.append({"type": "function", "name": tool.name, "description": tool.description, "parameters": tool.parameters, "strict": tool.strict})
         else:
             echoed.append(item)
     return echoed

@@ -101,7 +101,7 @@ def _custom(item: JsonObject, param: str, namespace: str | None) -> tuple[Tool, 
         description += f"\n\nThe `{INPUT}` argument is freeform text that must match this {syntax}:\n{grammar.spec}"
     else:
         description += f"\n\nThe `{INPUT}` argument is freeform text."
-    tool = Tool(name=name, description=description.strip(), parameters=_INPUT_SCHEMA)
+    tool = Tool(name=name, description=description.strip(), parameters=_INPUT_SCHEMA, input_grammar=grammar)
     return tool, ToolSpec(kind="custom", name=name, namespace=namespace, grammar=grammar)
 
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import attrs
 
 from pipeline.events import CompletionEvent
-from pipeline.requests import Tool
+from pipeline.requests import Constraint, ConstraintKind, Tool
 
 # One parsed call: the tool's name and its arguments as a JSON object.
 ParsedCall = tuple[str, dict[str, Any]]
@@ -52,6 +52,14 @@ SplitterFactory = Callable[[tuple[Tool, ...], bool], Splitter]
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+class NotCarried(ValueError):
+    """A custom tool's grammar that cannot be held inside the JSON string its input travels in."""
+
+    def __init__(self, param: str, reason: str) -> None:
+        super().__init__(f"Invalid '{param}': {reason}")
+        self.param = param
+
+
 @attrs.frozen(kw_only=True)
 class Family:
     name: str
@@ -71,10 +79,65 @@ class Family:
     forced_required: ForcedGrammar | None = None
     # A family whose output is not text with markers in it (gpt-oss's messages) reads it itself.
     splitter: SplitterFactory | None = None
+    # The marker a call (as `forced` writes it) opens with, where the model opens one freely (`lazy.py`).
+    trigger: str | None = None
 
 
 def lark_json(schema: dict[str, Any]) -> str:
     return f"%json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}"
+
+
+# A custom tool's arguments around its input, written as `JSON_OPTIONS` lay JSON out.
+_INPUT_OPEN, _INPUT_CLOSE = '{"input": "', '"}'
+
+
+def _call_head(name: str, arguments_key: str) -> str:
+    return "{" + f"{json.dumps('name')}: {json.dumps(name)}, {json.dumps(arguments_key)}: "
+
+
+def lark_arguments(tool: Tool) -> str:
+    """A call's arguments as Lark: the tool's JSON schema, or for a custom
+    tool with a grammar `{"input": "…"}` with the input held to it."""
+    if tool.input_grammar is None:
+        return lark_json(arguments_schema(tool))
+    return f"{lark_text(_INPUT_OPEN)} {input_lark(tool.input_grammar)} {lark_text(_INPUT_CLOSE)}"
+
+
+def lark_calls(tools: Sequence[Tool], *, arguments_key: str = "arguments") -> str:
+    """One `{"name": …, "arguments": …}` object for any of `tools`, as Lark."""
+    if all(tool.input_grammar is None for tool in tools):
+        return lark_json(any_of([call_object(tool, arguments_key=arguments_key) for tool in tools]))
+    # Every option a literal head then its arguments: llguidance's lexer cannot
+    # choose between a literal and a nested JSON grammar that start alike.
+    options = [f"{lark_text(_call_head(tool.name, arguments_key))} {lark_arguments(tool)} {lark_text('}')}" for tool in tools]
+    return "(" + " | ".join(options) + ")"
+
+
+def lark_call_list(tools: Sequence[Tool], *, most: int | None = 1) -> str:
+    """A JSON list of calls (at least one; at most `most`), as Lark."""
+    if all(tool.input_grammar is None for tool in tools):
+        schema: dict[str, Any] = {"type": "array", "items": any_of([call_object(tool) for tool in tools]), "minItems": 1}
+        return lark_json(schema if most is None else {**schema, "maxItems": most})
+    call = lark_calls(tools)
+    return f'"[" {call} ' + ('("," " " ' + call + ")* " if most is None else "") + '"]"'
+
+
+def input_lark(grammar: Constraint) -> str:
+    """A nested Lark grammar for a custom tool's input as it reads inside a JSON string.
+
+    Raises:
+        NotCarried: the grammar cannot be carried into a JSON string (`json_image.py`).
+    """
+    from stages.families.json_image import json_string_lark, json_string_regex
+
+    try:
+        if grammar.kind is ConstraintKind.REGEX:
+            inner = "start: " + json_string_regex(str(grammar.spec))
+        else:
+            inner = json_string_lark(str(grammar.spec))
+    except ValueError as reason:
+        raise NotCarried(grammar.param, str(reason)) from None
+    return "%lark {\n" + inner + "\n}"
 
 
 def lark_text(text: str) -> str:

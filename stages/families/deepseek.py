@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline.requests import Tool
-from stages.families.base import Family, MarkerRef, ParsedCall, arguments_schema, json_object, lark_json, lark_text
+from stages.families.base import Family, MarkerRef, ParsedCall, json_object, lark_arguments, lark_text
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -65,7 +65,7 @@ def _parse_dsml(body: str) -> ParsedCall | None:
 
 def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
     rules = [
-        f"c{i}: {marker(CALL_BEGIN)} {lark_text(tool.name)} {marker(SEP)} {lark_json(arguments_schema(tool))} {marker(CALL_END)}"
+        f"c{i}: {marker(CALL_BEGIN)} {lark_text(tool.name)} {marker(SEP)} {lark_arguments(tool)} {marker(CALL_END)}"
         for i, tool in enumerate(tools)
     ]
     choice = " | ".join(f"c{i}" for i in range(len(tools)))
@@ -80,5 +80,6 @@ FAMILY = Family(
     think=("<think>", "</think>"),
     calls=((CALL_BEGIN, CALL_END), (INVOKE_BEGIN, INVOKE_END)),
     json_bodies=False,
+    trigger=CALLS_BEGIN,
     dropped=(CALLS_BEGIN, CALLS_END, f"<{DSML}function_calls>", f"</{DSML}function_calls>"),
 )

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from pipeline.events import ToolCall
 from pipeline.requests import Tool
-from stages.families.base import Family, MarkerRef, ParsedCall, arguments_schema, json_object, lark_json, lark_text
+from stages.families.base import Family, MarkerRef, ParsedCall, json_object, lark_arguments, lark_text
 from stages.families.harmony_stream import CHANNEL, CONSTRAIN, END, MESSAGE, START, HarmonySplitter
 
 __all__ = ["CHANNEL", "CONSTRAIN", "END", "FAMILY", "MESSAGE", "START"]
@@ -27,7 +27,7 @@ def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | N
 def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
     rules = [
         f"c{i}: {marker(CHANNEL)} {lark_text('commentary to=functions.' + tool.name + ' ')} {marker(CONSTRAIN)} "
-        f"{lark_text('json')} {marker(MESSAGE)} {lark_json(arguments_schema(tool))}"
+        f"{lark_text('json')} {marker(MESSAGE)} {lark_arguments(tool)}"
         for i, tool in enumerate(tools)
     ]
     return "start: " + " | ".join(f"c{i}" for i in range(len(tools))) + "\n" + "\n".join(rules)

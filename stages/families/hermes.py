@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.requests import Tool
-from stages.families.base import Family, MarkerRef, ParsedCall, any_of, call_object, json_calls, lark_json
+from stages.families.base import Family, MarkerRef, ParsedCall, json_calls, lark_calls
 
 START, END = "<tool_call>", "</tool_call>"
 
@@ -16,8 +16,7 @@ def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | N
 
 
 def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
-    schema = any_of([call_object(tool) for tool in tools])
-    return f'start: {marker(START)} "\\n" {lark_json(schema)} "\\n" {marker(END)}'
+    return f'start: {marker(START)} "\\n" {lark_calls(tools)} "\\n" {marker(END)}'
 
 
 FAMILY = Family(
@@ -27,4 +26,5 @@ FAMILY = Family(
     example=f'{START}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{END}',
     think=("<think>", "</think>"),
     calls=((START, END),),
+    trigger=START,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.requests import Tool
-from stages.families.base import Family, MarkerRef, ParsedCall, any_of, call_object, json_calls, lark_json
+from stages.families.base import Family, MarkerRef, ParsedCall, json_calls, lark_calls
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -49,7 +49,7 @@ def _split_calls(text: str) -> list[str]:
 
 
 def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
-    return f"start: {lark_json(any_of([call_object(tool, arguments_key='parameters') for tool in tools]))}"
+    return f"start: {lark_calls(tools, arguments_key='parameters')}"
 
 
 FAMILY = Family(
@@ -59,4 +59,5 @@ FAMILY = Family(
     example='{"name": <function-name>, "parameters": <args-json-object>}',
     calls=((PYTHON_TAG, None),),
     leading=("{",),
+    trigger=PYTHON_TAG,
 )

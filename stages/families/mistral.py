@@ -11,12 +11,10 @@ from stages.families.base import (
     Family,
     MarkerRef,
     ParsedCall,
-    any_of,
-    arguments_schema,
-    call_object,
     json_calls,
     json_object,
-    lark_json,
+    lark_arguments,
+    lark_call_list,
     lark_text,
 )
 
@@ -36,12 +34,11 @@ def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | N
 
 
 def forced_array(tools: Sequence[Tool], marker: MarkerRef) -> str:
-    schema = {"type": "array", "items": any_of([call_object(tool) for tool in tools]), "minItems": 1, "maxItems": 1}
-    return f"start: {marker(START)} {lark_json(schema)}"
+    return f"start: {marker(START)} {lark_call_list(tools)}"
 
 
 def forced_compact(tools: Sequence[Tool], marker: MarkerRef) -> str:
-    rules = [f"c{i}: {marker(START)} {lark_text(tool.name)} {marker(ARGS)} {lark_json(arguments_schema(tool))}" for i, tool in enumerate(tools)]
+    rules = [f"c{i}: {marker(START)} {lark_text(tool.name)} {marker(ARGS)} {lark_arguments(tool)}" for i, tool in enumerate(tools)]
     return "start: " + " | ".join(f"c{i}" for i in range(len(tools))) + "\n" + "\n".join(rules)
 
 
@@ -52,6 +49,7 @@ FAMILY = Family(
     example=f'{START}[{{"name": <function-name>, "arguments": <args-json-object>}}]',
     think=("[THINK]", "[/THINK]"),
     calls=((START, None),),
+    trigger=START,
 )
 COMPACT = Family(
     name="mistral",
@@ -60,4 +58,5 @@ COMPACT = Family(
     example=f"{START}<function-name>{ARGS}<args-json-object>",
     think=("[THINK]", "[/THINK]"),
     calls=((START, None),),
+    trigger=START,
 )

@@ -45,6 +45,7 @@ def family_of(tokenizer: Tokenizer) -> Family | None:
         example=f'{start}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{end}',
         think=think,
         calls=((start, end),),
+        trigger=start if json_markup else None,
     )
 
 

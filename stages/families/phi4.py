@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.requests import Tool
-from stages.families.base import Family, MarkerRef, ParsedCall, any_of, call_object, json_calls, lark_json
+from stages.families.base import Family, MarkerRef, ParsedCall, json_calls, lark_call_list
 
 START, END = "<|tool_call|>", "<|/tool_call|>"
 FUNCTOOLS = "functools["
@@ -18,8 +18,7 @@ def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | N
 
 
 def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
-    schema = {"type": "array", "items": any_of([call_object(tool) for tool in tools]), "minItems": 1, "maxItems": 1}
-    return f"start: {marker(START)} {lark_json(schema)} {marker(END)}"
+    return f"start: {marker(START)} {lark_call_list(tools)} {marker(END)}"
 
 
 FAMILY = Family(
@@ -29,5 +28,6 @@ FAMILY = Family(
     example=f'{START}[{{"name": <function-name>, "arguments": <args-json-object>}}]{END}',
     think=("<think>", "</think>"),
     calls=((START, END),),
+    trigger=START,
     leading=(FUNCTOOLS,),
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.requests import Tool
-from stages.families.base import Family, MarkerRef, ParsedCall, any_of, call_object, json_calls, lark_json
+from stages.families.base import Family, MarkerRef, ParsedCall, json_calls, lark_call_list, lark_calls
 
 
 def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
@@ -15,11 +15,11 @@ def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | N
 
 
 def forced_named(tools: Sequence[Tool], marker: MarkerRef) -> str:
-    return f"start: {lark_json(any_of([call_object(tool) for tool in tools]))}"
+    return f"start: {lark_calls(tools)}"
 
 
 def forced_list(tools: Sequence[Tool], marker: MarkerRef) -> str:
-    return f"start: {lark_json({'type': 'array', 'items': any_of([call_object(tool) for tool in tools]), 'minItems': 1})}"
+    return f"start: {lark_call_list(tools, most=None)}"
 
 
 FAMILY = Family(

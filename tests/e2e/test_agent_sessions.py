@@ -6,9 +6,10 @@ entries inside `messages`, tools, thinking with `display: "omitted"`,
 `max_tokens: 32000`, streamed, over two turns with a tool round trip.
 Codex: Responses with `instructions`, function + custom (Lark grammar) +
 namespace + hosted tools, `store` and `previous_response_id`, streamed.
-Both run on the tiny demo model and on a family model (DeepSeek V3.1's
-template). The weights are random, so the checks are on the protocol, not
-the words.
+Both run on the tiny demo model, on the real default model (SmolLM2) and on
+a family model (DeepSeek V3.1's template); the prompts are short enough for
+SmolLM2's window and CPU prefill. The checks are on the protocol, not the
+words (the demo and family weights are random).
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ SYSTEM = [
 ]
 
 
-def claude_turn(server: Server, messages: list[dict[str, Any]], edits: list[dict[str, Any]]) -> list[Any]:
+def claude_turn(server: Server, messages: list[dict[str, Any]], edits: list[dict[str, Any]], *, max_tokens: int = 32000) -> list[Any]:
     """One streamed Claude-Code-shaped turn through the SDK's beta client; its raw events."""
     client = server.anthropic_client()
     with client.beta.messages.stream(
         model="claude-sonnet-4-5-20250929",
-        max_tokens=32000,
+        max_tokens=max_tokens,
         system=SYSTEM,  # type: ignore[arg-type]
         messages=messages,  # type: ignore[arg-type]
         tools=CLAUDE_TOOLS,  # type: ignore[arg-type]
@@ -63,12 +64,20 @@ def claude_turn(server: Server, messages: list[dict[str, Any]], edits: list[dict
         return list(stream)
 
 
-@pytest.fixture(scope="module")
-def family_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, server_factory: ServerFactory) -> Iterator[Server]:
-    """A family model: DeepSeek V3.1's real template and special tokens (its own call markup and think section)."""
-    case = next(case for case in CASES if case.name == "deepseek")
-    server = server_factory(model=str(case.build(tiny_model, tmp_path_factory.mktemp("deepseek"))), model_name="deepseek")
-    yield server
+@pytest.fixture(scope="module", params=["smollm2", "deepseek"])
+def session_server(
+    request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, server_factory: ServerFactory
+) -> Iterator[tuple[Server, bool]]:
+    """The real default model (SmolLM2, 8k window, no tool markup: the preamble and whole-output calls),
+    and a family model: DeepSeek V3.1's real template and special tokens (its own call markup and think section);
+    whether its weights are real."""
+    if request.param == "smollm2":
+        request.getfixturevalue("smollm2_model")
+        server = server_factory(model="smollm2")
+    else:
+        case = next(case for case in CASES if case.name == "deepseek")
+        server = server_factory(model=str(case.build(tiny_model, tmp_path_factory.mktemp("deepseek"))), model_name="deepseek")
+    yield server, request.param == "smollm2"
     server.stop()
 
 
@@ -77,16 +86,20 @@ def test_claude_code_session_two_turns_with_a_tool_round_trip(agent_server: Serv
 
 
 @pytest.mark.slow
-def test_claude_code_session_on_a_family_model(family_server: Server) -> None:
-    claude_session(family_server)
+@pytest.mark.timeout(600)
+def test_claude_code_session_on_real_and_family_models(session_server: tuple[Server, bool]) -> None:
+    # SmolLM2's real words can run to the end of its window, minutes on a CPU: its turns are cut
+    # (Claude Code's 32000, clamped to the window, is the tiny model's test and the clamp test's).
+    server, real = session_server
+    claude_session(server, max_tokens=32 if real else 32000)
 
 
-def claude_session(agent_server: Server) -> None:
+def claude_session(agent_server: Server, *, max_tokens: int = 32000) -> None:
     first = [
         {"role": "system", "content": "<system-reminder>Today is Thursday.</system-reminder>"},
         {"role": "user", "content": [{"type": "text", "text": "List the files.", "cache_control": {"type": "ephemeral"}}]},
     ]
-    events = claude_turn(agent_server, first, [{"type": "clear_thinking_20251015", "keep": "all"}])
+    events = claude_turn(agent_server, first, [{"type": "clear_thinking_20251015", "keep": "all"}], max_tokens=max_tokens)
     start = next(e for e in events if e.type == "message_start")
     assert start.message.model == "claude-sonnet-4-5-20250929"
     delta = next(e for e in events if e.type == "message_delta")
@@ -118,7 +131,7 @@ def claude_session(agent_server: Server) -> None:
         {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 0}},
         {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 0}, "keep": {"type": "tool_uses", "value": 0}},
     ]
-    events = claude_turn(agent_server, second, edits)
+    events = claude_turn(agent_server, second, edits, max_tokens=max_tokens)
     delta = next(e for e in events if e.type == "message_delta")
     applied = {edit.type: edit for edit in delta.context_management.applied_edits}
     assert applied["clear_thinking_20251015"].cleared_thinking_turns == 1
@@ -188,8 +201,9 @@ def test_codex_session_custom_tool_round_trip(server: Server) -> None:
 
 
 @pytest.mark.slow
-def test_codex_session_on_a_family_model(family_server: Server) -> None:
-    codex_session(family_server)
+@pytest.mark.timeout(600)
+def test_codex_session_on_real_and_family_models(session_server: tuple[Server, bool]) -> None:
+    codex_session(session_server[0])
 
 
 def codex_session(server: Server) -> None:

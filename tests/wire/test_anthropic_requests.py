@@ -279,7 +279,15 @@ VALID_MESSAGES = [
         chat(constraint=Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=SCHEMA, param="output_config.format.schema")),
         id="output_config-format-json_schema",
     ),
-    pytest.param(body(output_config={"effort": "high"}), chat(), id="output_config-effort-only-is-advisory"),
+    pytest.param(body(output_config={"effort": "high"}), chat(template_kwargs={"reasoning_effort": "high"}), id="output_config-effort-sets-the-template-level"),
+    pytest.param(
+        body(output_config={"effort": "max"}, thinking={"type": "enabled", "budget_tokens": 2000}),
+        attrs.evolve(
+            chat(template_kwargs={"enable_thinking": True, "reasoning_effort": "high"}),
+            params=attrs.evolve(chat().params, thinking_budget=2000),
+        ),
+        id="output_config-effort-max-with-thinking",
+    ),
     pytest.param(body(stream=True), chat(stream=True), id="stream"),
     pytest.param(
         body(

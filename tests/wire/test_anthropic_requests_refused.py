@@ -207,6 +207,7 @@ BAD_MESSAGES = [
     bad(body(tools=[WEATHER], tool_choice="auto"), "tool_choice", "must be a JSON object", id="tool_choice-string"),
     bad(body(thinking={"type": "on"}), "thinking.type", "'enabled', 'disabled' or 'adaptive'", id="thinking-type-bad"),
     bad(body(thinking=True), "thinking", "must be a JSON object", id="thinking-bool"),
+    bad(body(output_config={"effort": "extreme"}), "output_config.effort", "must be one of", id="output_config-effort-unknown"),
     bad(
         body(output_config={"format": {"type": "json_object"}}),
         "output_config.format.type",

@@ -110,3 +110,28 @@ def test_read_helpers_do_not_mutate_the_body() -> None:
     fields.read_str(body, "s")
     fields.read_object(body, "o")
     assert body == snapshot
+
+
+def test_strict_rides_on_the_tool_in_every_api() -> None:
+    from wire.anthropic_requests import decode_messages
+    from wire.openai_requests import decode_chat
+    from wire.responses_requests import decode_responses
+
+    schema = {"type": "object", "properties": {}}
+    chat = decode_chat({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                        "tools": [{"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}]})  # fmt: skip
+    responses = decode_responses({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f", "parameters": schema, "strict": True}]})
+    messages = decode_messages({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                                "tools": [{"name": "f", "input_schema": schema, "strict": True}]})  # fmt: skip
+    assert [request.tools[0].strict for request in (chat, responses, messages)] == [True, True, True]
+    loose = decode_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]})
+    assert loose.tools[0].strict is False
+
+
+def test_strict_must_be_a_boolean() -> None:
+    from wire.openai_requests import decode_chat
+
+    with pytest.raises(RequestError) as caught:
+        decode_chat({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                     "tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]})  # fmt: skip
+    assert caught.value.param == "tools[0].function.strict"

@@ -39,6 +39,7 @@ PATCH_TOOL = Tool(
     name="apply_patch",
     description=f"Edit files.\n\nThe `input` argument is freeform text that must match this Lark grammar:\n{LARK}",
     parameters={"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]},
+    input_grammar=PATCH_SPEC.grammar,
 )
 USER_HI_ITEM: JsonObject = {"type": "message", "role": "user", "content": "hi"}
 HI = Message(role=Role.USER, content="hi")
