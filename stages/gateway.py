@@ -188,7 +188,7 @@ class GenerationGateway:
             prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch), prefill_step_size=self._prefill_step_size,
         )  # fmt: skip
         # A row alone runs as generate_step does (stages/single_row.py); never under a sharded generator.
-        enabled = self._single_row and self._make_generator is None
+        enabled = self._single_row and self._make_generator is None and self._cache_kind == PLAIN
         solo = single_row(batch, enabled=enabled, model=model, stop_tokens=stops, prefill_step_size=self._prefill_step_size)
         generator = make_generator(model, self._adapters, solo)
         anyio.from_thread.run_sync(started)
@@ -204,11 +204,12 @@ class GenerationGateway:
     def _prepare_cache(self, model: object) -> None:
         from mlx_lm.models.cache import make_prompt_cache
 
+        # Also what the single-row path needs (plain layers only).
+        self._cache_kind = cache_kind(make_prompt_cache(model))
         if self._cache is None:
             return
         # Sliding-window and recurrent layers cannot be cut back to a shorter prefix once past their window:
         # keep each row's state at its prompt's end too, which the next turn of its conversation extends.
-        self._cache_kind = cache_kind(make_prompt_cache(model))
         log.info("prompt_cache.kind", kind=self._cache_kind, checkpoints=self._cache_kind != PLAIN)
         if self._disk is not None:
             self._disk.scan()

@@ -45,7 +45,7 @@ from typing import Any
 
 import attrs
 
-from stages.models.mlx_internals import PLAIN, cache_kind, kv_layer, plain_kv
+from stages.models.mlx_internals import kv_layer, plain_kv
 
 # As the batch does: the allocator's freed buffers go back now and then.
 _CLEAR_EVERY = 512
@@ -303,11 +303,11 @@ def _copied(cache: Sequence[Any]) -> list[Any]:
 def single_row(
     make: Callable[[], Any], *, enabled: bool, model: Any, stop_tokens: Sequence[Sequence[int]], prefill_step_size: int
 ) -> Callable[[], Any]:
-    """`make` (a `BatchGenerator` factory) with its single rows run alone, where `enabled` and the model's cache is plain."""
+    """`make` (a `BatchGenerator` factory) with its single rows run alone where `enabled` (the caller
+    checks the model's cache layers are all plain)."""
     from mlx_lm.generate import StopSequences
-    from mlx_lm.models.cache import make_prompt_cache
 
-    if not enabled or cache_kind(make_prompt_cache(model)) != PLAIN:
+    if not enabled:
         return make
 
     def build() -> SingleRow:

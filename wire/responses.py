@@ -233,8 +233,8 @@ class ResponsesStream:
     def _text_delta(self, item_id: str, index: int, event: TextDelta | ReasoningDelta) -> bytes:
         reasoning = isinstance(event, ReasoningDelta)
         if (template := self._text_frames.get((index, reasoning))) is None:
-            name = "response.reasoning_text.delta" if isinstance(event, ReasoningDelta) else "response.output_text.delta"
-            extra: JsonObject = {} if isinstance(event, ReasoningDelta) else {"logprobs": []}
+            name = "response.reasoning_text.delta" if reasoning else "response.output_text.delta"
+            extra: JsonObject = {} if reasoning else {"logprobs": []}
 
             def build(sequence: str, text: str) -> JsonValue:
                 return {"type": name, "sequence_number": sequence, "item_id": item_id, "output_index": index,
