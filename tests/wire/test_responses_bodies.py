@@ -12,23 +12,19 @@ import pytest
 from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summary, TextDelta, Usage
 from pipeline.requests import JsonValue
 from wire.responses import output_items, output_text, usage_body
-from tests.wire.test_responses import (
-    CALL,
-    CALL_2,
-    ENDINGS,
+from tests.wire.responses_expected import (
     Renamer,
-    SCORED,
     call_item,
     completed,
     message_item,
     reasoning_item,
     response,
-    run,
     stream,
     summary,
     text_part,
     usage_json,
 )
+from tests.wire.test_responses import CALL, CALL_2, ENDINGS, SCORED, run
 
 
 BODIES = [
