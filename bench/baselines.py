@@ -104,10 +104,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _measure_batch(model: Model, tokenizer: Tokenizer, level: int, wave: int, workload: Workload) -> Record:
     """One batch of `level` prompts per round, as many rounds as requests per client."""
-    tokens, wall, short, first = 0, 0.0, 0, list[float]()
+    tokens, wall, cpu, short, first = 0, 0.0, 0.0, 0, list[float]()
     start = wave * workload.requests_per_client
     for request in range(start, start + workload.requests_per_client):
+        # The process's CPU, mlx's compute and BLAS threads included: what the model alone costs the machine.
+        cpu_start = time.process_time()
         counts, elapsed, ttfts = _batch_once(model, tokenizer, wave_prompts(level, request), workload.max_tokens)
+        cpu += time.process_time() - cpu_start
         tokens, wall, first = tokens + sum(counts), wall + elapsed, first + ttfts
         short += sum(1 for count in counts if count != workload.max_tokens)
     first.sort()
@@ -116,6 +119,7 @@ def _measure_batch(model: Model, tokenizer: Tokenizer, level: int, wave: int, wo
         "completion_tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": tokens / wall,
+        "cpu_s_per_1k_tokens": cpu / tokens * 1000 if tokens else None,
         "short": short,
         "first_token_p50_ms": first[len(first) // 2] * 1000,
     }

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
+import multiprocessing
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -109,25 +109,37 @@ def _histogram_quantiles(before: dict[str, int], after: dict[str, int]) -> dict[
 
 
 def _under_load(url: str, args: argparse.Namespace) -> tuple[list[float], float]:
-    """Gaps with a steady embedding load beside the streams, and the load's inputs/s meanwhile."""
-    stop, done = threading.Event(), [0]
+    """Gaps with a steady embedding load beside the streams, and the load's inputs/s meanwhile.
 
-    def load() -> None:
-        with httpx.Client(timeout=300) as client:
-            while not stop.is_set():
-                client.post(f"{url}/v1/embeddings", json=_body(16, args.input_words, done[0])).raise_for_status()
-                done[0] += 16
-
-    thread = threading.Thread(target=load)
-    thread.start()
+    The load runs in a process of its own: as a thread here it would share
+    this interpreter's lock with the stream readers and lengthen the gaps
+    they measure by its own Python, which is not the server's doing.
+    """
+    context = multiprocessing.get_context("spawn")
+    stop, done = context.Event(), context.Value("q", 0)
+    loader = context.Process(target=_embedding_load, args=(url, args.input_words, stop, done))
+    loader.start()
     try:
-        start = time.perf_counter()
+        while done.value == 0 and loader.is_alive():
+            time.sleep(0.01)  # the load is running before the streams start
+        start, before = time.perf_counter(), done.value
         gaps = _gaps(url, args.streams, args.max_tokens)
-        rate = done[0] / (time.perf_counter() - start)
+        rate = (done.value - before) / (time.perf_counter() - start)
     finally:
         stop.set()
-        thread.join()
+        loader.join()
+    if loader.exitcode != 0:
+        raise RuntimeError(f"the embedding load failed (exit code {loader.exitcode}); its traceback is above")
     return gaps, rate
+
+
+def _embedding_load(url: str, words: int, stop: Any, done: Any) -> None:
+    """Batches of 16 back to back until `stop` is set (in the load's own process)."""
+    with httpx.Client(timeout=300) as client:
+        while not stop.is_set():
+            client.post(f"{url}/v1/embeddings", json=_body(16, words, done.value)).raise_for_status()
+            with done.get_lock():
+                done.value += 16
 
 
 def main(argv: list[str] | None = None) -> None:

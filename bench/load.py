@@ -158,6 +158,8 @@ class Wave:
     level: int
     wall: float
     requests: tuple[RequestResult, ...]
+    # CPU seconds this client process spent on the wave: what reading the streams costs the machine.
+    client_cpu: float = 0.0
 
 
 async def run_wave(url: str, level: int, workload: Workload, *, wave: int = 0) -> Wave:
@@ -165,10 +167,11 @@ async def run_wave(url: str, level: int, workload: Workload, *, wave: int = 0) -
     limits = httpx.Limits(max_connections=level, max_keepalive_connections=level)
     first = wave * workload.requests_per_client
     async with httpx.AsyncClient(timeout=_TIMEOUT, limits=limits) as client:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         per_client = await asyncio.gather(*(_client(client, url, level, c, first, workload) for c in range(level)))
-        wall = time.perf_counter() - start
-    return Wave(level=level, wall=wall, requests=tuple(r for results in per_client for r in results))
+        wall, client_cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    requests = tuple(r for results in per_client for r in results)
+    return Wave(level=level, wall=wall, requests=requests, client_cpu=client_cpu)
 
 
 async def _client(
@@ -207,6 +210,7 @@ def summarize(wave: Wave, max_tokens: int) -> dict[str, object]:
         "ttft_p50_ms": percentile(ttfts, 50),
         "ttft_p95_ms": percentile(ttfts, 95),
         "request_decode_tps": sum(decode) / len(decode) if decode else None,
+        "client_cpu_s_per_1k_tokens": wave.client_cpu / tokens * 1000 if tokens else None,
     }
 
 

@@ -72,6 +72,34 @@ def rows(results: Results, levels: Sequence[int]) -> list[tuple[str, ...]]:
     return table
 
 
+CEILING_HEADER = (
+    "N",
+    "raw tok/s",
+    "raw CPU s/1k tok",
+    "client CPU s/1k tok",
+    "ceiling tok/s",
+    "ceiling/raw",
+    "relay/ceiling",
+)
+
+
+def ceiling_rows(results: Results, levels: Sequence[int], cores: int) -> list[tuple[str, ...]]:
+    """What the machine leaves any server: the model's own CPU per token (raw mlx-lm, in process) plus
+    the client's for reading the streams, over the cores there are. A server that cost nothing itself
+    could not go faster than `ceiling` while the client shares the machine with it."""
+    table: list[tuple[str, ...]] = []
+    for n in levels:
+        raw, relay = _get(results, RAW, n, "tokens_per_s"), _get(results, RELAY, n, "tokens_per_s")
+        raw_cpu, client_cpu = _get(results, RAW, n, "cpu_s_per_1k_tokens"), _get(results, RELAY, n, "client_cpu_s_per_1k_tokens")
+        ceiling = cores * 1000 / (raw_cpu + client_cpu) if raw_cpu is not None and client_cpu is not None else None
+        capped = min(ceiling, raw) if ceiling is not None and raw is not None else ceiling
+        table.append((
+            str(n), _num(raw), _num(raw_cpu, 2), _num(client_cpu, 2), _num(capped),
+            _ratio(capped, raw), _ratio(relay, capped),
+        ))  # fmt: skip
+    return table
+
+
 def plain_table(table: Sequence[tuple[str, ...]], header: tuple[str, ...] = HEADER) -> str:
     widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
     line = lambda row: "  ".join(cell.rjust(width) for cell, width in zip(row, widths))  # noqa: E731

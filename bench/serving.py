@@ -263,6 +263,13 @@ def _publish(args: argparse.Namespace, workload: Workload, results: report.Resul
         title += f", median of {workload.waves} waves"
     print(f"\nServing benchmark: {title}\n")
     print(report.plain_table(table))
+    if report.RAW in results:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        print(f"\nWhat {cores} cores leave a server while the client shares them (ceiling: the most a server costing"
+              " nothing could reach, at raw mlx-lm's CPU per token plus the client's; never above raw):\n")
+        ceiling = report.ceiling_rows(results, levels, cores)
+        print(report.plain_table(ceiling, report.CEILING_HEADER))
+        print("\n" + report.markdown_table(ceiling, report.CEILING_HEADER))
     if others := [name for name in results if name.startswith(report.RELAY + " (")]:
         print("\nmlx-relay variants, same run:\n")
         print(report.plain_table(_variant_rows(results, others, levels), VARIANT_HEADER))

@@ -80,7 +80,8 @@ def test_help_lists_the_serve_command() -> None:
     assert top.returncode == 0 and "serve" in top.stdout
     serve = _run("serve", "--help")
     assert serve.returncode == 0
-    for flag in ("--model", "--host", "--port", "--api-key", "--unix", "--insecure-no-auth", "--reset-store"):
+    flags = ("--model", "--host", "--port", "--api-key", "--unix", "--insecure-no-auth", "--reset-store", "--embedding-model", "--adapters")
+    for flag in flags:
         assert flag in serve.stdout
 
 
@@ -111,16 +112,25 @@ def test_a_corrupt_store_is_one_line_and_reset_store_moves_it_aside(tmp_path: Pa
     assert status == 0
 
 
-def test_a_bad_adapter_list_is_one_line(tmp_path: Path) -> None:
-    refused = _run("serve", "--port", str(_free_port()), adapters=f"sql={tmp_path}")
+def _given(how: str, flag: str, value: str) -> tuple[list[str], dict[str, str]]:
+    """A setting as `serve`'s flag or as its MLX_RELAY_* variable."""
+    return ([flag, value], {}) if how == "flag" else ([], {flag.removeprefix("--").replace("-", "_"): value})
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_a_bad_adapter_list_is_one_line(tmp_path: Path, how: str) -> None:
+    args, settings = _given(how, "--adapters", f"sql={tmp_path}")
+    refused = _run("serve", "--port", str(_free_port()), *args, **settings)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
     assert "adapter 'sql'" in refused.stderr and "adapter_config.json" in refused.stderr
 
 
-def test_an_encoder_embedding_model_is_refused_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_an_encoder_embedding_model_is_refused_in_one_line(tmp_path: Path, how: str) -> None:
     """Only decoder embedding models that mlx-lm loads are served; a BERT-like one is named as such before start."""
     (tmp_path / "config.json").write_text('{"model_type": "bert", "hidden_size": 384}')
-    refused = _run("serve", "--port", str(_free_port()), embedding_model=str(tmp_path))
+    args, settings = _given(how, "--embedding-model", str(tmp_path))
+    refused = _run("serve", "--port", str(_free_port()), *args, **settings)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
     assert "is an encoder (bert)" in refused.stderr
 
