@@ -77,15 +77,22 @@ async def score() -> Response:
 @routes.post("/tokenize")
 async def tokenize() -> Response:
     decoded = decode_tokenize(await _body())
-    engine = _engine()
-    tokens, strs = await engine.work.tokenize(decoded)
-    return _json(tokenize_body(tokens, max_model_len=engine.info.context_window, token_strs=strs))
+    work = _tokenizing(decoded.model)
+    tokens, strs = await work.tokenize(decoded)
+    return _json(tokenize_body(tokens, max_model_len=work.context_window, token_strs=strs))
 
 
 @routes.post("/detokenize")
 async def detokenize() -> Response:
-    tokens = decode_detokenize(await _body())
-    return _json({"prompt": await _engine().work.detokenize(tokens)})
+    decoded = decode_detokenize(await _body())
+    return _json({"prompt": await _tokenizing(decoded.model).detokenize(decoded.tokens)})
+
+
+def _tokenizing(model: str | None) -> ModelWork:
+    """The named model's tokenizer and window (a dedicated embedding model's differ from the chat model's);
+    the chat model's when none is named, since generation is what prompts are mostly counted for."""
+    engine = _engine()
+    return engine.model_work(model) if model else engine.work
 
 
 @routes.get("/v1/models")

@@ -60,3 +60,11 @@ class TokenizeRequest:
     chat: ChatRequest | None = None
     add_special_tokens: bool = True
     return_token_strs: bool = False
+    # Whose tokenizer: a dedicated embedding model's when it is named, else the chat model's.
+    model: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class DetokenizeRequest:
+    tokens: tuple[int, ...]
+    model: str | None = None

@@ -10,7 +10,7 @@ it answers `count`, `max_model_len`, `tokens` and, when asked,
 from __future__ import annotations
 
 from pipeline.errors import invalid, unsupported
-from pipeline.model_work import TokenizeRequest
+from pipeline.model_work import DetokenizeRequest, TokenizeRequest
 from pipeline.requests import JsonObject, JsonValue
 from wire.fields import as_body, read_bool, read_str
 from wire.openai_requests import decode_chat
@@ -30,20 +30,22 @@ def decode_tokenize(value: JsonValue) -> TokenizeRequest:
         raise invalid(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
     token_strs = read_bool(body, "return_token_strs") is True
     special = read_bool(body, "add_special_tokens")
+    model = read_str(body, "model")
     if not chat:
         prompt = read_str(body, "prompt")
         if prompt is None:
             raise invalid("Give 'prompt' (text) or 'messages' (a chat)", param="prompt")
-        return TokenizeRequest(prompt=prompt, add_special_tokens=special is not False, return_token_strs=token_strs)
+        return TokenizeRequest(prompt=prompt, add_special_tokens=special is not False, return_token_strs=token_strs, model=model)
     if read_bool(body, "add_generation_prompt") is False and read_bool(body, "continue_final_message") is not True:
         raise unsupported("add_generation_prompt")
     chat_body: JsonObject = {
         key: body[key] for key in ("messages", "tools", "chat_template_kwargs", "continue_final_message") if key in body
     }
-    return TokenizeRequest(chat=decode_chat(chat_body), add_special_tokens=special is True, return_token_strs=token_strs)
+    conversation = decode_chat(chat_body)
+    return TokenizeRequest(chat=conversation, add_special_tokens=special is True, return_token_strs=token_strs, model=model)
 
 
-def decode_detokenize(value: JsonValue) -> tuple[int, ...]:
+def decode_detokenize(value: JsonValue) -> DetokenizeRequest:
     body = as_body(value)
     unknown = sorted(set(body) - {"model", "tokens"})
     if unknown:
@@ -54,7 +56,7 @@ def decode_detokenize(value: JsonValue) -> tuple[int, ...]:
     for i, token in enumerate(tokens):
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
             raise invalid(f"'tokens[{i}]' must be a non-negative integer token id", param="tokens")
-    return tuple(t for t in tokens if isinstance(t, int))
+    return DetokenizeRequest(tokens=tuple(t for t in tokens if isinstance(t, int)), model=read_str(body, "model"))
 
 
 def tokenize_body(tokens: list[int], *, max_model_len: int, token_strs: list[str] | None) -> JsonObject:

@@ -132,3 +132,18 @@ def test_a_seeded_stream_is_unchanged_by_the_dedicated_models_work(server: Serve
     assert any(began < at < ended for at in finished), "no embedding finished while the stream ran"
     tokens = [[item["token"] for item in reply["choices"][0]["logprobs"]["content"]] for reply in (alone, beside)]
     assert tokens[0] == tokens[1] and len(tokens[0]) == 120
+
+
+def test_tokenize_and_detokenize_use_the_named_models_tokenizer(server: Server) -> None:
+    """/tokenize naming the embedding model counts its tokens against its window; the chat model's otherwise."""
+    chat_window = httpx.get(f"{server.v1}/models/{CHAT}").json()["max_model_len"]
+    text = "The tides of the ocean"
+    answers = {name: httpx.post(f"{server.base_url}/tokenize", json={"model": name, "prompt": text}).json()
+               for name in (EMBEDDER, CHAT, None)}  # fmt: skip
+    assert answers[EMBEDDER]["max_model_len"] == 32768, answers
+    assert answers[CHAT]["max_model_len"] == answers[None]["max_model_len"] == chat_window != 32768
+    for name in (EMBEDDER, CHAT):
+        back = httpx.post(f"{server.base_url}/detokenize", json={"model": name, "tokens": answers[name]["tokens"]}).json()
+        assert back["prompt"].strip() == text
+    unknown = httpx.post(f"{server.base_url}/tokenize", json={"model": "no-such-model", "prompt": text})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
