@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--input-words", type=int, default=24, help="words per embedding input")
     parser.add_argument("--streams", type=int, default=4, help="concurrent chat streams in the stall test")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per chat stream")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds alone and under load")
+    parser.add_argument("--rounds", type=int, default=6, help="alternating rounds alone and under load")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="an extra server setting")
     parser.add_argument("--out", type=Path, default=OUT)
     return parser

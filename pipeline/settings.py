@@ -114,8 +114,8 @@ class Settings:
     exclusive_pending: int = attrs.field(default=64, validator=_positive)
     # The share of a decode step's time that embeddings and scores may add while streams run.
     exclusive_share: float = attrs.field(default=0.15, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(10.0)))
-    # Steps between two turns of that work while streams run: 1 lengthens every gap a little, 25 one gap in 25 more.
-    exclusive_period: int = attrs.field(default=50, validator=_positive)
+    # Steps between two turns of that work while streams run: 1 lengthens every gap a little, 100 one gap in 100 more.
+    exclusive_period: int = attrs.field(default=100, validator=_positive)
     # One model over the ranks `mlx.launch` started (stages/shard/): "tensor" or "pipeline"; unset: one process.
     shard: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("tensor", "pipeline"))))
     # Seconds a follower rank may be silent before the engine counts it lost (503, requests failed).

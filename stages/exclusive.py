@@ -11,10 +11,12 @@ no rows it runs the queue to its end.
 Why a period: a forward pass costs about as much as a decode step
 whatever few tokens it carries (it reads every weight once), so a little
 work after every step would lengthen every gap by most of a step. Spent
-every `period` steps (default 50), the same share makes one gap in 50
-longer and leaves the p95 gap alone (a p95 moves only once more than one
-gap in 20 is longer: one in 25 left little margin for a loaded machine's
-own slow gaps); the cost is that one longer gap.
+every `period` steps (default 100), the same share makes one gap in 100
+longer and leaves the p95 gap alone. A turn disturbs about two gaps, its
+own and the first step after it, so one turn in 50 steps still moved the
+clients' p95 by a fifth on a quiet 2-core machine; one in 100 moved it by
+3–10% at the same embedding throughput (README, "Embeddings beside running
+streams"). The cost is that one longer gap: `share × period` steps' worth.
 
 Event loop side: `submit` takes an admission ticket (its own bound: 429
 when full, 503 while draining), queues the job, wakes an idle gateway and
