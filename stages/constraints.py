@@ -199,7 +199,7 @@ def constraint_of(tokenizer: Tokenizer, family: Family, request: GenerationReque
     if isinstance(request, ChatRequest) and _forces_tool(request):
         if request.params.constraint is not None:
             raise invalid("A forced tool call and a response format cannot both constrain one output", param="tool_choice")
-        return tool_call_constraint(tokenizer, family, request.tools, request.tool_choice)
+        return tool_call_constraint(tokenizer, family, request.tools, request.tool_choice, parallel=request.parallel_tool_calls)
     if isinstance(request, ChatRequest) and _holds_free_calls(request) and family.auto_calls:
         return free_call_constraint(tokenizer, family, request.tools)
     return request.params.constraint
@@ -243,12 +243,15 @@ def _forces_tool(request: GenerationRequest) -> bool:
     return isinstance(request, ChatRequest) and request.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
 
 
-def tool_call_constraint(tokenizer: Tokenizer, family: Family, tools: tuple[Tool, ...], choice: ToolChoice) -> Constraint:
-    """A grammar that makes the model write exactly one call to an allowed tool.
+def tool_call_constraint(
+    tokenizer: Tokenizer, family: Family, tools: tuple[Tool, ...], choice: ToolChoice, *, parallel: bool = True
+) -> Constraint:
+    """A grammar that makes the model write a call to an allowed tool.
 
     It follows the family's own markup (`stages/families/`), so the sink
     parses the call as if the model had chosen it; a model with no call
-    markup writes the call's JSON alone (a list of calls for `required`).
+    markup writes the call's JSON alone (for `required`, a list of calls
+    unless `parallel` is false: the client wants one call).
 
     Raises:
         RequestError: the family's calls cannot be forced, or the named tool is not among `tools`.
@@ -256,7 +259,8 @@ def tool_call_constraint(tokenizer: Tokenizer, family: Family, tools: tuple[Tool
     allowed = tools if choice.mode is ToolChoiceMode.REQUIRED else tuple(t for t in tools if t.name == choice.name)
     if not allowed:
         raise invalid(f"tool_choice names {quote(choice.name)}, which is not among the tools", param="tool_choice")
-    grammar = family.forced_required if choice.mode is ToolChoiceMode.REQUIRED and family.forced_required else family.forced
+    several = family.forced_required if parallel else None
+    grammar = several if choice.mode is ToolChoiceMode.REQUIRED and several is not None else family.forced
     try:
         lark = grammar(allowed, partial(_marker, tokenizer))
     except NotImplementedError:

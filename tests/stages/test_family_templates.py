@@ -86,6 +86,25 @@ def test_forced_call_is_in_the_family_markup_and_parses_back(family_case: tuple[
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER.parameters)
 
 
+def test_required_without_parallel_calls_is_one_call(family_case: tuple[str, Tokenizer, str]) -> None:
+    """`parallel_tool_calls: false` with `required`: one call, even where `required` otherwise allows a list
+    (a model with no call markup writes a JSON list of calls, which a random model may never close)."""
+    name, tokenizer, forced_text = family_case
+    family = family_of(name, tokenizer)
+    vocab = len(tokenizer.get_vocab())  # type: ignore[attr-defined]
+    compiler = ConstraintCompiler(tokenizer=tokenizer, vocab_size=vocab, family=family)
+    required = ToolChoice(mode=ToolChoiceMode.REQUIRED)
+    single = compiler.compile(tool_call_constraint(tokenizer, family, (WEATHER, OTHER), required, parallel=False)).matcher()
+    assert single.consume_tokens(tokenizer.encode(forced_text, add_special_tokens=False)), single.get_error()
+    assert single.is_accepting()
+    if name == "json":
+        listed = compiler.compile(tool_call_constraint(tokenizer, family, (WEATHER, OTHER), required)).matcher()
+        two = f"[{forced_text}, {forced_text}]"
+        assert listed.consume_tokens(tokenizer.encode(two, add_special_tokens=False)) and listed.is_accepting()
+        refused = compiler.compile(tool_call_constraint(tokenizer, family, (WEATHER, OTHER), required, parallel=False)).matcher()
+        assert not refused.consume_tokens(tokenizer.encode("[", add_special_tokens=False))
+
+
 @pytest.mark.parametrize(("effort", "level"), [("high", "high"), ("minimal", "low"), ("medium", "medium")])
 def test_reasoning_effort_reaches_gpt_oss_template(family_case: tuple[str, Tokenizer, str], effort: str, level: str) -> None:
     from wire.openai_requests import decode_chat
