@@ -210,6 +210,8 @@ class ChatRequest:
     model: str | None = None
     # The model still reasons, but the reply shows none of it (Anthropic's `display: "omitted"`).
     omit_reasoning: bool = False
+    # Responses' `truncation: "auto"`: a conversation past the window loses its oldest exchanges until it fits.
+    truncate_to_fit: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -1,7 +1,8 @@
 """Chat stage: messages → a tokenizing job for the preparation executor.
 
 Inbox: `Parsed` carrying a `ChatRequest`.
-Outbox: `PrepareJob` whose `tokenize` renders the model's chat template.
+Outbox: `PrepareJob` whose `tokenize` renders the model's chat template
+(after context edits, or cut to the window under `truncation: "auto"`).
 Owns: the tokenizer reference (read-only; rendering runs in a worker thread).
 On cancel: a request whose reply is closed is dropped.
 On error: a template that rejects the messages fails that reply (400).
@@ -9,6 +10,7 @@ On error: a template that rejects the messages fails that reply (400).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import anyio
@@ -20,12 +22,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pipeline.actor import serve_items
 from pipeline.errors import excerpt, invalid
 from pipeline.jsontext import loads
-from pipeline.requests import ChatRequest, JsonObject, JsonValue, Message, Role, Tool, ToolCallRecord, ToolChoiceMode
+from pipeline.requests import ChatRequest, GenerationParams, JsonObject, JsonValue, Message, Role, Tool, ToolCallRecord, ToolChoiceMode
 from stages.context_edits import apply_edits
 from stages.families.base import Family
 from stages.families.preamble import tool_preamble
 from stages.messages import Parsed, PrepareJob, PrepKind, PromptText, Rendered
 from stages.models.loading import Tokenizer
+from stages.truncation import render_truncated
 
 
 @attrs.define
@@ -35,6 +38,8 @@ class ChatStage:
     _tokenizer: Tokenizer = attrs.field(alias="tokenizer")
     # Set where the template ignores `tools`: they are described in a system preamble instead.
     _preamble: Family | None = attrs.field(default=None, alias="preamble")
+    # The most prompt tokens a request may have (`truncation: "auto"` cuts a conversation to it).
+    _room: Callable[[GenerationParams], int] | None = attrs.field(default=None, alias="room")
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with self._inbox, self._out:
@@ -48,13 +53,21 @@ class ChatStage:
         job = PrepareJob(
             request_id=parsed.request_id,
             kind=PrepKind.TOKENIZE,
-            tokenize=partial(render_edited if request.context_edits else render_chat_text, self._tokenizer, request, preamble=self._preamble),
+            tokenize=self._renderer(request),
             request=request,
             params=request.params,
             reply=parsed.reply,
             timeline=parsed.timeline,
         )
         await self._out.send(job)
+
+    def _renderer(self, request: ChatRequest) -> Callable[[], list[int] | PromptText | Rendered]:
+        if request.context_edits:
+            return partial(render_edited, self._tokenizer, request, preamble=self._preamble)
+        if request.truncate_to_fit and self._room is not None:
+            render = partial(render_chat, self._tokenizer, preamble=self._preamble)
+            return partial(render_truncated, render, request, self._room(request.params))
+        return partial(render_chat_text, self._tokenizer, request, preamble=self._preamble)
 
 
 # Template arguments the server sets itself, or that would swap the model's template.

@@ -40,7 +40,7 @@ from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKi
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
 from stages.model_work import ModelWork, dedicated_work, hidden_size
 from stages.parse import ParseStage
-from stages.prepare import PrepareStage, Reservation
+from stages.prepare import PrepareStage, Reservation, prompt_room
 from stages.cache.prompt import PromptCacheStatistics
 from stages.shard.cluster import Cluster, join
 from stages.shard.liveness import RankStatus
@@ -307,7 +307,8 @@ class Engine:
             self._gateway,
             self._sink,
             self._make_prepare(jobs.receive, prepared.send),
-            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer, preamble=self._preamble),
+            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer, preamble=self._preamble,
+                      room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context)),
             TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
             ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send, route=self.served.adapter_of),
         ]

@@ -32,7 +32,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.actor import isolated, serve_items
 from pipeline.errors import RequestError, invalid
-from pipeline.requests import Accepted, AppliedEdit, ChatRequest
+from pipeline.requests import Accepted, AppliedEdit, ChatRequest, GenerationParams
 from pipeline.tracing import Mark
 from stages.constraints import CompiledConstraint, ConstraintCompiler, needs_constraint
 from stages.messages import Prepared, PrepareJob, PrepKind, PromptText, Rendered
@@ -71,6 +71,15 @@ async def encode_bounded(
         if len(tokens) > at_most:
             return None
     return tokens
+
+
+def prompt_room(context_window: int, max_safe_context: int | None, params: GenerationParams) -> int:
+    """The most prompt tokens a request can have and still fit the window and the memory budget."""
+    limit, wanted = min(context_window, max_safe_context or context_window), params.max_tokens
+    # A max_tokens that is clamped to what the window leaves asks for no room of its own.
+    if params.clamp_max_tokens:
+        wanted = None
+    return max(0, limit - 1 if wanted is None else limit - wanted)
 
 
 @attrs.define
@@ -132,12 +141,7 @@ class PrepareStage:
         return tokens, ()
 
     def _room(self, job: PrepareJob) -> int:
-        """The most prompt tokens the job can have and still fit."""
-        limit, wanted = min(self._context_window, self._max_safe_context or self._context_window), job.params.max_tokens
-        # A max_tokens that is clamped to what the window leaves asks for no room of its own.
-        if job.params.clamp_max_tokens:
-            wanted = None
-        return max(0, limit - 1 if wanted is None else limit - wanted)
+        return prompt_room(self._context_window, self._max_safe_context, job.params)
 
     def _refusal(self, job: PrepareJob, prompt: int, wanted: int | None, *, at_least: bool) -> RequestError | None:
         """The 400 for a prompt (of at least `prompt` tokens if `at_least`) that does not fit the window or the budget."""

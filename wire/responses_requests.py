@@ -65,6 +65,8 @@ class ResponsesRequest:
     parallel_tool_calls: bool
     store: bool
     stream: bool
+    # `truncation: "auto"`: drop the oldest exchanges of a conversation past the window instead of a 400.
+    truncate: bool
     # Fields the response object echoes back.
     echo: JsonObject
     # What each offered tool name is in the client's terms (custom, namespaced).
@@ -89,6 +91,9 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
             raise invalid("A forced custom tool and a text format cannot both constrain one output", param="tool_choice")
         constraint = tools.specs[choice.grammar_call].grammar
     max_tokens = read_int(body, "max_output_tokens", minimum=1)
+    truncation = body.get("truncation") or "disabled"
+    if truncation not in ("auto", "disabled"):
+        raise invalid("'truncation' must be 'auto' or 'disabled'", param="truncation")
     temperature = read_number(body, "temperature", minimum=0, maximum=2)
     top_p = read_number(body, "top_p", minimum=0, maximum=1)
     return ResponsesRequest(
@@ -106,6 +111,7 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
         parallel_tool_calls=read_bool(body, "parallel_tool_calls") is not False,
         store=read_bool(body, "store") is not False,
         stream=bool(read_bool(body, "stream")),
+        truncate=truncation == "auto",
         echo={
             "max_output_tokens": max_tokens,
             "temperature": temperature,
@@ -114,7 +120,7 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
             "parallel_tool_calls": read_bool(body, "parallel_tool_calls") is not False,
             "tool_choice": body.get("tool_choice", "auto"),
             "tools": _echo_tools(body, tools),
-            "truncation": body.get("truncation", "disabled"),
+            "truncation": truncation,
             "user": body.get("user"),
             "text": {"format": _format_echo(body)},
             "reasoning": {"effort": _effort(body), "summary": None},
@@ -140,6 +146,7 @@ def to_chat(request: ResponsesRequest, history: Sequence[JsonObject], instructio
         tool_choice=request.tool_choice,
         parallel_tool_calls=request.parallel_tool_calls,
         stream=request.stream,
+        truncate_to_fit=request.truncate,
     )
 
 

@@ -82,6 +82,7 @@ def request(
     tool_specs: dict[str, ToolSpec] | None = None,
     skipped_tools: tuple[str, ...] = (),
     grammar_call: str | None = None,
+    truncate: bool = False,
     **sampling: Any,
 ) -> ResponsesRequest:
     return ResponsesRequest(
@@ -95,6 +96,7 @@ def request(
         parallel_tool_calls=parallel_tool_calls,
         store=store,
         stream=stream,
+        truncate=truncate,
         echo=echoed or echo(),
         tool_specs=tool_specs if tool_specs is not None else {t.name: ToolSpec(kind="function", name=t.name) for t in tools},
         skipped_tools=skipped_tools,
@@ -136,10 +138,10 @@ VALID = [
     pytest.param(
         body(metadata={"k": "v"}, parallel_tool_calls=False, truncation="auto", user="u1"),
         request(
-            parallel_tool_calls=False,
+            parallel_tool_calls=False, truncate=True,
             echoed=echo(metadata={"k": "v"}, parallel_tool_calls=False, truncation="auto", user="u1"),
         ),
-        id="echo-only-fields",
+        id="echoed-fields",
     ),
     pytest.param(
         body(tools=[WEATHER]), request(tools=(WEATHER_TOOL,), echoed=echo(tools=[WEATHER_ECHO])), id="function-tool"

@@ -38,6 +38,7 @@ BAD = [
     bad(body(input=None), "input", "Missing required parameter", id="input-null"),
     bad(body(input=[]), "input", "must not be empty", id="input-empty-list"),
     bad(body(input=5), "input", "must be an array", id="input-number"),
+    bad(body(truncation="middle"), "truncation", "'auto' or 'disabled'", id="truncation-unknown"),
     bad(items("hi"), "input[0]", "must be a JSON object", id="item-not-object"),
     bad(items({"role": "bot", "content": "x"}), "input[0].role", "'bot'", id="bad-role"),
     bad(items({"role": "tool", "content": "x"}), "input[0].role", "'tool'", id="role-tool"),
