@@ -36,22 +36,20 @@ def render_truncated(render: Callable[[ChatRequest], list[int]], request: ChatRe
     cuts = _cuts(request.messages)
     if len(tokens) <= room or not cuts:
         return tokens
-    renders: dict[int, list[int]] = {}
-
-    def fits(index: int) -> bool:
-        renders[index] = render(_cut(request, cuts[index]))
-        return len(renders[index]) <= room
-
+    # The latest exchange alone: what comes back when nothing fits.
     low, high = 0, len(cuts) - 1
-    if not fits(high):
-        return renders[high]
+    best = render(_cut(request, cuts[high]))
+    if len(best) > room:
+        return best
+    # Bisection for the earliest cut that fits; `best` is always the render at `high`.
     while low < high:
         middle = (low + high) // 2
-        if fits(middle):
-            high = middle
+        candidate = render(_cut(request, cuts[middle]))
+        if len(candidate) <= room:
+            high, best = middle, candidate
         else:
             low = middle + 1
-    return renders[low] if low in renders else render(_cut(request, cuts[low]))
+    return best
 
 
 def _head(messages: tuple[Message, ...]) -> int:

@@ -41,8 +41,7 @@ def decode_tokenize(value: JsonValue) -> TokenizeRequest:
     chat_body: JsonObject = {
         key: body[key] for key in ("messages", "tools", "chat_template_kwargs", "continue_final_message") if key in body
     }
-    conversation = decode_chat(chat_body)
-    return TokenizeRequest(chat=conversation, add_special_tokens=special is True, return_token_strs=token_strs, model=model)
+    return TokenizeRequest(chat=decode_chat(chat_body), add_special_tokens=special is True, return_token_strs=token_strs, model=model)
 
 
 def decode_detokenize(value: JsonValue) -> DetokenizeRequest:

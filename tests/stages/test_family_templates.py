@@ -94,14 +94,15 @@ def test_required_without_parallel_calls_is_one_call(family_case: tuple[str, Tok
     vocab = len(tokenizer.get_vocab())  # type: ignore[attr-defined]
     compiler = ConstraintCompiler(tokenizer=tokenizer, vocab_size=vocab, family=family)
     required = ToolChoice(mode=ToolChoiceMode.REQUIRED)
-    single = compiler.compile(tool_call_constraint(tokenizer, family, (WEATHER, OTHER), required, parallel=False)).matcher()
+    one_call = compiler.compile(tool_call_constraint(tokenizer, family, (WEATHER, OTHER), required, parallel=False))
+    single = one_call.matcher()
     assert single.consume_tokens(tokenizer.encode(forced_text, add_special_tokens=False)), single.get_error()
     assert single.is_accepting()
     if name == "json":
         listed = compiler.compile(tool_call_constraint(tokenizer, family, (WEATHER, OTHER), required)).matcher()
         two = f"[{forced_text}, {forced_text}]"
         assert listed.consume_tokens(tokenizer.encode(two, add_special_tokens=False)) and listed.is_accepting()
-        refused = compiler.compile(tool_call_constraint(tokenizer, family, (WEATHER, OTHER), required, parallel=False)).matcher()
+        refused = one_call.matcher()
         assert not refused.consume_tokens(tokenizer.encode("[", add_special_tokens=False))
 
 

@@ -62,8 +62,9 @@ def test_a_long_agent_turn_keeps_its_task_and_never_parts_a_call_from_its_result
     render = partial(render_chat, tokenizer)
     request = agent(12)
     room = len(render(request)) // 2
-    text = tokenizer.decode(render_truncated(render, request, room))
-    assert len(render_truncated(render, request, room)) <= room
+    tokens = render_truncated(render, request, room)
+    text = tokenizer.decode(tokens)
+    assert len(tokens) <= room
     assert SYSTEM.content in text and "the task: list the files" in text and "output 11:" in text
     assert "output 0:" not in text and 'ls dir11"' in text
     for i in range(12):
