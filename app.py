@@ -24,6 +24,7 @@ from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
+from edge.disconnect import Client, WatchClients, current_client  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
@@ -33,6 +34,7 @@ from edge.status_routes import routes as status_routes  # noqa: E402
 from edge.store import store_call  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
+from pipeline.channels import ReplyClosed  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
 from pipeline.observe import Observers  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
@@ -59,6 +61,8 @@ app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
 app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
+# Sees each request's `http.disconnect` on its way to Quart (edge/disconnect.py says why Quart's own cancel is not enough).
+app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # Embeddings, rerank and score, tokenize and detokenize.
 app.register_blueprint(model_work_routes)
 app.register_blueprint(status_routes)
@@ -126,23 +130,38 @@ async def generate(
     request_id: str, decode: Decoder, make_protocol: ProtocolFactory, *, persist: Persist | None = None
 ) -> Response:
     """Run one generation; `persist` saves the finished result before the client is told it finished."""
+    client = current_client()
+    # Whenever the client goes (socket closed, h2 stream reset), the waits below end and the reply closes.
+    with client.while_here():
+        return await _generate(client, request_id, decode, make_protocol, persist)
+    return _client_gone()
+
+
+async def _generate(
+    client: Client, request_id: str, decode: Decoder, make_protocol: ProtocolFactory, persist: Persist | None
+) -> Response:
     trace_id = guard.trace_id(request_id)
     body = cast(bytes, await request.get_data(as_text=False))
     session = session_key(request.headers.get)
     if session:
         decode = _with_session(decode, session)
     decode = with_model(decode)
+    if client.gone:
+        return _client_gone()
     reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
+    client.on_gone(reply.close)
     tracing = cast(Tracing | None, app.extensions["tracing"])
     if tracing is not None:
         # No await since submit: the request cannot have finished yet.
         tracing.submitted(request_id, route=request.path, trace_id=trace_id, headers=dict(request.headers.items()))
     try:
         accepted = await reply.accepted()
-    except BaseException:
+    except BaseException as error:
         reply.close()
         if tracing is not None:
             tracing.forget(request_id)
+        if isinstance(error, ReplyClosed):
+            return _client_gone()
         raise
     protocol = make_protocol(accepted, request_id)
     headers = {"x-request-id": trace_id}
@@ -152,10 +171,17 @@ async def generate(
         return Response(sse_body(reply, protocol, persist, interval), content_type="text/event-stream", headers=headers)
     with reply:
         events = [event async for batch in reply for event in batch]
+    if reply.closed:
+        return _client_gone()
     result = protocol.body(events, reply.summary)
     if persist is not None:
         await persist(protocol)
     return json_response(result, headers=headers)
+
+
+def _client_gone() -> Response:
+    # Nobody reads it; nginx's 499 (client closed request) says so in the access log.
+    return Response(b"", status=499)
 
 
 def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
