@@ -24,7 +24,7 @@ from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
-from edge.disconnect import Client, WatchClients, current_client  # noqa: E402
+from edge.disconnect import Client, WatchClients, current_client, gone_response  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
@@ -134,7 +134,7 @@ async def generate(
     # Whenever the client goes (socket closed, h2 stream reset), the waits below end and the reply closes.
     with client.while_here():
         return await _generate(client, request_id, decode, make_protocol, persist)
-    return _client_gone()
+    return gone_response()
 
 
 async def _generate(
@@ -147,7 +147,7 @@ async def _generate(
         decode = _with_session(decode, session)
     decode = with_model(decode)
     if client.gone:
-        return _client_gone()
+        return gone_response()
     reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
     client.on_gone(reply.close)
     tracing = cast(Tracing | None, app.extensions["tracing"])
@@ -161,7 +161,7 @@ async def _generate(
         if tracing is not None:
             tracing.forget(request_id)
         if isinstance(error, ReplyClosed):
-            return _client_gone()
+            return gone_response()
         raise
     protocol = make_protocol(accepted, request_id)
     headers = {"x-request-id": trace_id}
@@ -172,16 +172,11 @@ async def _generate(
     with reply:
         events = [event async for batch in reply for event in batch]
     if reply.closed:
-        return _client_gone()
+        return gone_response()
     result = protocol.body(events, reply.summary)
     if persist is not None:
         await persist(protocol)
     return json_response(result, headers=headers)
-
-
-def _client_gone() -> Response:
-    # Nobody reads it; nginx's 499 (client closed request) says so in the access log.
-    return Response(b"", status=499)
 
 
 def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:

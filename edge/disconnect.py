@@ -15,17 +15,20 @@ ticket and drops the row before the gateway's next step.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import cast
+from typing import ParamSpec, cast
 
 import anyio
 import attrs
 from hypercorn.typing import ASGIReceiveCallable, ASGIReceiveEvent, ASGISendCallable, Scope
-from quart import request
+from quart import Response, request
 
 # Where a request's `Client` rides in its ASGI scope (what `request.scope` is).
 _SCOPE_KEY = "mlx_relay.client"
+
+P = ParamSpec("P")
 
 ASGIApp = Callable[[Scope, ASGIReceiveCallable, ASGISendCallable], Awaitable[None]]
 
@@ -89,3 +92,20 @@ def current_client() -> Client:
     if not isinstance(client, Client):
         client = scope[_SCOPE_KEY] = Client()
     return client
+
+
+def gone_response() -> Response:
+    """What a route returns for a client that has gone: nobody reads it, and nginx's 499 (client closed request) says so in the access log."""
+    return Response(b"", status=499)
+
+
+def ends_with_client(route: Callable[P, Awaitable[Response]]) -> Callable[P, Awaitable[Response]]:
+    """A route whose waits end when its client goes (the exclusive queue then drops its job unrun)."""
+
+    @functools.wraps(route)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> Response:
+        with current_client().while_here():
+            return await route(*args, **kwargs)
+        return gone_response()
+
+    return run
