@@ -24,7 +24,7 @@ from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
-from edge.disconnect import Client, WatchClients, current_client, gone_response  # noqa: E402
+from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
@@ -35,7 +35,7 @@ from edge.store import store_call  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
 from pipeline.channels import ReplyClosed  # noqa: E402
-from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
+from pipeline.errors import ErrorKind, RequestError, internal_error, shutting_down  # noqa: E402
 from pipeline.observe import Observers  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
@@ -61,7 +61,7 @@ app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
 app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
-# Sees each request's `http.disconnect` on its way to Quart (edge/disconnect.py says why Quart's own cancel is not enough).
+# Sees each request's `http.disconnect` on its way to Quart (edge/disconnect.py: why Quart's cancel is not enough).
 app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # Embeddings, rerank and score, tokenize and detokenize.
 app.register_blueprint(model_work_routes)
@@ -112,6 +112,12 @@ async def lifespan() -> AsyncGenerator[None, None]:
     log.info("server.stopped")
 
 
+def start_draining() -> None:
+    """Refuse new work with 503 from now on (the server has been told to stop); a no-op before the engine is up."""
+    if "engine" in app.extensions:
+        engine().start_draining()
+
+
 @app.post("/v1/chat/completions")
 async def chat_completions() -> Response:
     return await generate(_request_id("chatcmpl-"), decode_chat, _chat_protocol)
@@ -131,6 +137,7 @@ async def generate(
 ) -> Response:
     """Run one generation; `persist` saves the finished result before the client is told it finished."""
     client = current_client()
+    client.last_words = _last_words()
     # Whenever the client goes (socket closed, h2 stream reset), the waits below end and the reply closes.
     with client.while_here():
         return await _generate(client, request_id, decode, make_protocol, persist)
@@ -168,6 +175,7 @@ async def _generate(
     if accepted.request.stream:
         headers["cache-control"] = "no-cache"
         interval = cast(float, app.extensions["keepalive_interval"])
+        client.last_words = _last_words(stream_tail=lambda: protocol.error(shutting_down()))
         return Response(sse_body(reply, protocol, persist, interval), content_type="text/event-stream", headers=headers)
     with reply:
         events = [event async for batch in reply for event in batch]
@@ -177,6 +185,12 @@ async def _generate(
     if persist is not None:
         await persist(protocol)
     return json_response(result, headers=headers)
+
+
+def _last_words(stream_tail: Callable[[], bytes] | None = None) -> LastWords:
+    """What the request says if the server's graceful timeout cuts it (edge/disconnect.py)."""
+    status, body = _error_parts(shutting_down())
+    return LastWords(status=status, body=body.encode(), stream_tail=stream_tail)
 
 
 def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
@@ -362,9 +376,14 @@ async def unexpected_error(error: Exception) -> Response:
 def error_response(error: RequestError) -> Response:
     """The error in the shape of the API the client called."""
     headers = {"retry-after": str(max(1, round(error.retry_after)))} if error.retry_after is not None else {}
+    status, body = _error_parts(error)
+    return Response(body, status=status, content_type="application/json", headers=headers)
+
+
+def _error_parts(error: RequestError) -> tuple[int, str]:
     if request.path.startswith("/v1/messages"):
-        return json_response(anthropic.error_body(error), status=anthropic.error_status(error), headers=headers)
-    return json_response(openai.error_body(error), status=error.status, headers=headers)
+        return anthropic.error_status(error), dumps(anthropic.error_body(error))
+    return error.status, dumps(openai.error_body(error))
 
 
 def json_response(body: JsonValue, *, status: int = 200, headers: dict[str, str] | None = None) -> Response:

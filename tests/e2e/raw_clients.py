@@ -20,12 +20,14 @@ import httpx
 from tests.conftest import Server
 
 
-def address(server: Server) -> tuple[str, int]:
-    host, port = server.base_url.removeprefix("http://").split(":")
+def address(server: Server | str) -> tuple[str, int]:
+    """Host and port of a server, or of its base URL."""
+    base_url = server if isinstance(server, str) else server.base_url
+    host, port = base_url.removeprefix("http://").split(":")
     return host, int(port)
 
 
-def http1_request(server: Server, path: str, body: dict[str, object]) -> bytes:
+def http1_request(server: Server | str, path: str, body: dict[str, object]) -> bytes:
     payload = json.dumps(body).encode()
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {address(server)[0]}\r\nContent-Type: application/json\r\n"
@@ -34,7 +36,7 @@ def http1_request(server: Server, path: str, body: dict[str, object]) -> bytes:
     return head.encode() + payload
 
 
-def http1_send(server: Server, path: str, body: dict[str, object]) -> socket.socket:
+def http1_send(server: Server | str, path: str, body: dict[str, object]) -> socket.socket:
     """A connection that has sent one whole request and reads nothing yet."""
     sock = socket.create_connection(address(server), timeout=30)
     sock.sendall(http1_request(server, path, body))
@@ -54,7 +56,7 @@ def read_until(sock: socket.socket, marker: bytes) -> bytes:
 class H2Client:
     """One h2c connection to the server: streams opened, read and reset at will."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server | str) -> None:
         self._host = address(server)[0]
         self.sock = socket.create_connection(address(server), timeout=30)
         self.conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
@@ -63,6 +65,7 @@ class H2Client:
         self.data: dict[int, bytes] = {}
         self.ended: set[int] = set()
         self.status: dict[int, int] = {}
+        self.reset_by_server: dict[int, int] = {}
 
     def post(self, path: str, body: dict[str, object], *, reset: bool = False, flush: bool = True) -> int:
         """Open a stream with one whole POST; `reset` sends RST_STREAM right behind it."""
@@ -125,12 +128,16 @@ class H2Client:
             self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
         elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
             self.ended.add(event.stream_id)
+            if isinstance(event, h2.events.StreamReset):
+                self.reset_by_server[event.stream_id] = int(event.error_code)
 
     def _flush(self) -> None:
         self.sock.sendall(self.conn.data_to_send())
 
 
-def wait_for(server: Server, ready: Callable[[dict[str, object]], bool], *, timeout: float, what: str) -> dict[str, object]:
+def wait_for(
+    server: Server, ready: Callable[[dict[str, object]], bool], *, timeout: float, what: str
+) -> dict[str, object]:
     """Poll /stats until `ready` holds; fails saying `what` did not happen."""
     deadline = time.monotonic() + timeout
     while True:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -33,7 +34,9 @@ def long_body(stream: bool) -> dict[str, object]:
 def is_idle(figures: dict[str, object]) -> bool:
     admission, gateway = figures["admission"], figures["gateway"]
     assert isinstance(admission, dict) and isinstance(gateway, dict)
-    return admission["in_flight"] == 0 and gateway["active"] == 0 and gateway["pending"] == 0 and figures["sink_rows"] == 0
+    return (
+        admission["in_flight"] == 0 and gateway["active"] == 0 and gateway["pending"] == 0 and figures["sink_rows"] == 0
+    )
 
 
 def generated(figures: dict[str, object]) -> int:
@@ -48,7 +51,7 @@ def refused(figures: dict[str, object]) -> int:
     return int(admission["refused"])
 
 
-def decoding_since(before: dict[str, object]) -> object:
+def decoding_since(before: dict[str, object]) -> Callable[[dict[str, object]], bool]:
     return lambda figures: generated(figures) > generated(before)
 
 
@@ -87,7 +90,7 @@ class Leaver:
 
 
 def assert_served(client: openai.OpenAI) -> None:
-    completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=5)  # type: ignore[arg-type]
+    completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=5)
     assert completion.usage is not None and completion.usage.completion_tokens == 5
 
 
@@ -101,7 +104,7 @@ def test_a_client_that_leaves_ends_its_request(
     leaver = Leaver(server, protocol, stream)
     try:
         if point == "decoding":
-            wait_for(server, decoding_since(before), timeout=NOTICE, what="the request did not start decoding")  # type: ignore[arg-type]
+            wait_for(server, decoding_since(before), timeout=NOTICE, what="the request did not start decoding")
         leaver.leave()
         after = wait_for(server, is_idle, timeout=NOTICE, what="the abandoned request still holds the server")
         assert generated(after) - generated(before) < MAX_TOKENS // 2
@@ -120,11 +123,13 @@ def one_slot(server_factory: ServerFactory) -> Server:
 
 @pytest.mark.parametrize("protocol", ["http1", "h2"])
 @pytest.mark.parametrize("wait", [0.0, 0.5], ids=["at_once", "while_waiting"])
-def test_a_client_that_leaves_while_queued_for_admission_is_never_run(one_slot: Server, protocol: str, wait: float) -> None:
+def test_a_client_that_leaves_while_queued_for_admission_is_never_run(
+    one_slot: Server, protocol: str, wait: float
+) -> None:
     before = wait_for(one_slot, is_idle, timeout=NOTICE, what="the server was not idle before the test")
     holder = http1_send(one_slot, CHAT, long_body(True))
     try:
-        wait_for(one_slot, decoding_since(before), timeout=NOTICE, what="the holder did not start")  # type: ignore[arg-type]
+        wait_for(one_slot, decoding_since(before), timeout=NOTICE, what="the holder did not start")
         queued = Leaver(one_slot, protocol, stream=False)
         # Time to reach the admission wait (or none: the client leaves with its last byte).
         time.sleep(wait)
@@ -134,7 +139,9 @@ def test_a_client_that_leaves_while_queued_for_admission_is_never_run(one_slot: 
     try:
         # From here on the holder has at most a step or two left; the queued request, if run, has all its tokens.
         released = generated(wait_for(one_slot, lambda _: True, timeout=NOTICE, what="no /stats"))
-        after = wait_for(one_slot, is_idle, timeout=NOTICE, what="the queued request was admitted after its client left")
+        after = wait_for(
+            one_slot, is_idle, timeout=NOTICE, what="the queued request was admitted after its client left"
+        )
         assert generated(after) - released < MAX_TOKENS // 2, "the abandoned request ran once the slot was free"
         queued.still_serves()
     finally:
@@ -142,7 +149,9 @@ def test_a_client_that_leaves_while_queued_for_admission_is_never_run(one_slot: 
     assert_served(one_slot.client())
 
 
-def test_two_hundred_connections_abandoned_before_their_first_byte_hold_nothing(server: Server, client: openai.OpenAI) -> None:
+def test_two_hundred_connections_abandoned_before_their_first_byte_hold_nothing(
+    server: Server, client: openai.OpenAI
+) -> None:
     before = wait_for(server, is_idle, timeout=NOTICE, what="the server was not idle before the test")
     for _ in range(200):
         http1_send(server, CHAT, long_body(True)).close()
