@@ -14,6 +14,7 @@ from stages.models.blas import preload_blas
 BLAS = preload_blas()
 
 import time  # noqa: E402
+from functools import partial  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import AsyncGenerator, Callable  # noqa: E402
 from typing import cast  # noqa: E402
@@ -211,7 +212,10 @@ def _include_usage(accepted: Accepted) -> bool:
 
 @app.post("/v1/messages")
 async def messages() -> Response:
-    return await generate(_request_id("msg_"), decode_messages, _messages_protocol)
+    betas = request.headers.get("anthropic-beta", "")
+    interleaved = "interleaved-thinking-2025-05-14" in (beta.strip() for beta in betas.split(","))
+    decode = partial(decode_messages, interleaved_thinking=interleaved)
+    return await generate(_request_id("msg_"), decode, _messages_protocol)
 
 
 @app.post("/v1/messages/count_tokens")
