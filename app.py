@@ -52,6 +52,7 @@ from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.openapi import document as openapi_document  # noqa: E402
 from wire.response_store import StoredResponse  # noqa: E402
+from wire.responses_items import input_items_page  # noqa: E402
 from wire.responses_requests import continued_input, decode_responses, to_chat  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
@@ -296,9 +297,8 @@ async def get_response(response_id: str) -> Response:
 @app.get("/v1/responses/<response_id>/input_items")
 async def get_input_items(response_id: str) -> Response:
     stored = await _stored(response_id)
-    items: list[JsonValue] = [{"id": f"item_{i}", **item} for i, item in enumerate(stored.input_items)]
-    first, last = (items[0], items[-1]) if items else ({}, {})
-    return json_response({"object": "list", "data": items, "first_id": _id(first), "last_id": _id(last), "has_more": False})
+    items: list[JsonObject] = [{"id": f"item_{i}", **item} for i, item in enumerate(stored.input_items)]
+    return json_response(input_items_page(items, request.args))
 
 
 @app.delete("/v1/responses/<response_id>")
@@ -326,10 +326,6 @@ def _response_not_found(response_id: str, *, param: str | None) -> RequestError:
 
 def _list(value: JsonValue) -> list[JsonValue]:
     return value if isinstance(value, list) else []
-
-
-def _id(item: JsonValue) -> JsonValue:
-    return item.get("id") if isinstance(item, dict) else None
 
 
 
