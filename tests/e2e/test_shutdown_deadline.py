@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -35,8 +36,9 @@ ROUTES = {
 
 
 @contextlib.contextmanager
-def serving(port: int) -> Iterator[subprocess.Popen[bytes]]:
+def serving(port: int, store: Path) -> Iterator[subprocess.Popen[bytes]]:
     settings = {
+        "MLX_RELAY_RESPONSE_STORE": f"sqlite:///{store}",
         "MLX_RELAY_DEMO_MODEL": "tiny",
         "MLX_RELAY_MAX_BATCH": "16",
         "MLX_RELAY_MAX_PENDING": "0",
@@ -116,10 +118,11 @@ def _code(data: object) -> object:
     return data["error"].get("code") if isinstance(data, dict) and isinstance(data.get("error"), dict) else None
 
 
-def test_streams_past_the_graceful_timeout_get_their_terminal_error_and_the_process_exits() -> None:
+def test_streams_past_the_graceful_timeout_get_their_terminal_error_and_the_process_exits(tmp_path: Path) -> None:
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    with serving(port) as process:
+    store = tmp_path / "responses.db"
+    with serving(port, store) as process:
         started = threading.Barrier(17)
         streams = [Stream(base, path, started) for path in ROUTES for _ in range(4)]
         for stream in streams:
@@ -145,3 +148,7 @@ def test_streams_past_the_graceful_timeout_get_their_terminal_error_and_the_proc
         )
     # Chat and completions ignore EOS, so theirs ran past the deadline for certain.
     assert all(ended_with_its_terminal_error(stream) for stream in streams[:8])
+    # A failed Responses turn is never stored; one that finished before the deadline is.
+    finished = sum(finished_on_its_own(stream) for stream in streams if stream.path == "/v1/responses")
+    with contextlib.closing(sqlite3.connect(store)) as db:
+        assert db.execute("SELECT COUNT(*) FROM responses").fetchone()[0] == finished
