@@ -32,7 +32,8 @@ def input_items_page(items: Sequence[JsonObject], query: Mapping[str, str]) -> J
     limit = _limit(query.get("limit"))
     order = query.get("order", "desc")
     if order not in _ORDERS:
-        raise invalid(f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'.", param="order", code="invalid_value")
+        message = f"Invalid value: '{order}'. Supported values are: 'asc' and 'desc'."
+        raise invalid(message, param="order", code="invalid_value")
     ordered = list(items) if order == "asc" else list(reversed(items))
     after = query.get("after")
     if after is not None:
@@ -61,7 +62,9 @@ def _limit(raw: str | None) -> int:
         message = f"Invalid 'limit': integer below minimum value. Expected a value >= 1, but got {value} instead."
         raise invalid(message, param="limit", code="integer_below_min_value")
     if value > _MAX_LIMIT:
-        message = f"Invalid 'limit': integer above maximum value. Expected a value <= {_MAX_LIMIT}, but got {value} instead."
+        message = (
+            f"Invalid 'limit': integer above maximum value. Expected a value <= {_MAX_LIMIT}, but got {value} instead."
+        )
         raise invalid(message, param="limit", code="integer_above_max_value")
     return value
 
