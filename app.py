@@ -33,6 +33,8 @@ from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
 from edge.status_routes import routes as status_routes  # noqa: E402
 from edge.store import store_call  # noqa: E402
+from edge.responses_socket import close_all as close_sockets, routes as responses_socket_routes  # noqa: E402
+from edge.responses_turn import prepare_turn, response_not_found, stored_response  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
 from pipeline.channels import ReplyClosed  # noqa: E402
@@ -46,14 +48,11 @@ from stages.engine import Engine  # noqa: E402
 from stages.messages import Decoder  # noqa: E402
 from stages.parse import load_json  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
-from wire import responses as responses_wire  # noqa: E402
 from wire.anthropic_context import applied_edits_body  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.openapi import document as openapi_document  # noqa: E402
-from wire.response_store import StoredResponse  # noqa: E402
 from wire.responses_items import input_items_page  # noqa: E402
-from wire.responses_requests import continued_input, decode_responses, to_chat  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
 log = structlog.get_logger(stage="http")
@@ -68,6 +67,7 @@ app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # Embeddings, rerank and score, tokenize and detokenize.
 app.register_blueprint(model_work_routes)
 app.register_blueprint(status_routes)
+app.register_blueprint(responses_socket_routes)
 
 ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
 
@@ -104,6 +104,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
             log.info("server.ready", model=engine().info.name, loop=type(__import__("asyncio").get_running_loop()).__module__)
             yield
             log.info("server.draining")
+            close_sockets(app)
             await engine().drain(settings.drain_timeout)
             outer.cancel_scope.cancel()
     finally:
@@ -118,6 +119,8 @@ def start_draining() -> None:
     """Refuse new work with 503 from now on (the server has been told to stop); a no-op before the engine is up."""
     if "engine" in app.extensions:
         engine().start_draining()
+    # Sockets end their turns and close first, as HTTP drains after (edge/responses_socket.py).
+    close_sockets(app)
 
 
 @app.post("/v1/chat/completions")
@@ -249,54 +252,18 @@ def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
 @app.post("/v1/responses")
 async def responses() -> Response:
     raw = load_json(cast(bytes, await request.get_data(as_text=False)))
-    decoded = decode_responses(raw)
-    history: tuple[JsonObject, ...] = ()
-    instructions = decoded.instructions
-    if decoded.previous_response_id is not None:
-        previous = await _stored(decoded.previous_response_id, param="previous_response_id")
-        history = continued_input(previous.input_items, _list(previous.body.get("output")))
-        instructions = decoded.instructions if decoded.instructions is not None else previous.instructions
-    request_id = _request_id("resp_")
-    replay = (*history, *decoded.input)
-    if decoded.skipped_tools:
-        # Hosted tools run on OpenAI's side; this server offers the model the others.
-        log.info("request.hosted_tools_skipped", trace_id=request.headers.get("x-request-id") or request_id, tools=list(decoded.skipped_tools))
-
-    def decode(_body: JsonValue) -> ChatRequest:
-        # The body was validated above, before the store lookup; only the splice is left.
-        return to_chat(decoded, history, instructions)
-
-    def make_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
-        return responses_wire.ResponsesStream(
-            id=request_id,
-            created_at=int(time.time()),
-            model=served_as(engine().served, accepted.request),
-            echo=decoded.echo,
-            instructions=instructions,
-            previous_response_id=decoded.previous_response_id,
-            store=decoded.store,
-            tool_specs=decoded.tool_specs,
-            grammar_call=decoded.grammar_call,
-        )
-
-    async def persist(protocol: StreamProtocol) -> None:
-        assert isinstance(protocol, responses_wire.ResponsesStream) and protocol.final is not None
-        record = StoredResponse(
-            id=request_id, created_at=time.time(), body=protocol.final, input_items=replay, instructions=instructions
-        )
-        await store_call(app, lambda store: store.put(record))
-
-    return await generate(request_id, decode, make_protocol, persist=persist if decoded.store else None)
+    turn = await prepare_turn(app, raw, trace_id=request.headers.get("x-request-id"))
+    return await generate(turn.request_id, turn.decode, turn.make_protocol, persist=turn.persist)
 
 
 @app.get("/v1/responses/<response_id>")
 async def get_response(response_id: str) -> Response:
-    return json_response((await _stored(response_id)).body)
+    return json_response((await stored_response(app, response_id)).body)
 
 
 @app.get("/v1/responses/<response_id>/input_items")
 async def get_input_items(response_id: str) -> Response:
-    stored = await _stored(response_id)
+    stored = await stored_response(app, response_id)
     items: list[JsonObject] = [{"id": f"item_{i}", **item} for i, item in enumerate(stored.input_items)]
     return json_response(input_items_page(items, request.args))
 
@@ -304,30 +271,8 @@ async def get_input_items(response_id: str) -> Response:
 @app.delete("/v1/responses/<response_id>")
 async def delete_response(response_id: str) -> Response:
     if not await store_call(app, lambda store: store.delete(response_id)):
-        raise _response_not_found(response_id, param=None)
+        raise response_not_found(response_id, param=None)
     return json_response({"id": response_id, "object": "response", "deleted": True})
-
-
-async def _stored(response_id: str, *, param: str | None = None) -> StoredResponse:
-    stored = await store_call(app, lambda store: store.get(response_id))
-    if stored is None:
-        raise _response_not_found(response_id, param=param)
-    return stored
-
-
-def _response_not_found(response_id: str, *, param: str | None) -> RequestError:
-    return RequestError(
-        kind=ErrorKind.NOT_FOUND,
-        message=f"Response with id '{response_id}' not found.",
-        param=param,
-        code="previous_response_not_found" if param else None,
-    )
-
-
-def _list(value: JsonValue) -> list[JsonValue]:
-    return value if isinstance(value, list) else []
-
-
 
 
 def _with_session(decode: Decoder, session: str) -> Decoder:
