@@ -18,6 +18,7 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Origin
 
 from tests.conftest import Server, ServerFactory, _free_port
 from tests.e2e.conftest import stats
@@ -150,7 +151,8 @@ def test_a_second_create_while_one_runs_is_refused(socket: ClientConnection) -> 
     if not errors:
         # The first turn ended; the refusal of the second comes after it.
         errors = [json.loads(socket.recv(timeout=30))]
-    assert errors[0]["error"]["code"] == "response_in_progress", errors
+    refusal = errors[0]["error"]
+    assert isinstance(refusal, dict) and refusal["code"] == "response_in_progress", errors
 
 
 def test_closing_mid_turn_drops_the_row(server: Server) -> None:
@@ -165,7 +167,7 @@ def test_closing_mid_turn_drops_the_row(server: Server) -> None:
         timeout=NOTICE,
         what="the closed socket's row left the batch",
     )
-    generated = idle["gateway"]["generated_tokens"] - before["gateway"]["generated_tokens"]  # type: ignore[index,operator]
+    generated = idle["gateway"]["generated_tokens"] - before["gateway"]["generated_tokens"]  # type: ignore[index]
     assert generated < LONG / 2, f"the turn ran on after its socket closed: {generated} tokens"
 
 
@@ -185,9 +187,9 @@ def test_a_bad_key_refuses_the_upgrade(keyed: Server, headers: dict[str, str], s
 def test_a_foreign_origin_is_refused(keyed: Server) -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
     with pytest.raises(InvalidStatus) as refused:
-        connect(socket_url(keyed), additional_headers=headers, origin="https://evil.example").close()  # type: ignore[arg-type]
+        connect(socket_url(keyed), additional_headers=headers, origin=Origin("https://evil.example")).close()
     assert refused.value.response.status_code == 403
-    with connect(socket_url(keyed), additional_headers=headers, origin="https://app.example") as ws:  # type: ignore[arg-type]
+    with connect(socket_url(keyed), additional_headers=headers, origin=Origin("https://app.example")) as ws:
         create(ws, input="Hi.", max_output_tokens=2)
         assert turn(ws)[-1]["type"] in ("response.completed", "response.incomplete")
 
