@@ -34,6 +34,7 @@ from edge.model_routes import routes as model_work_routes  # noqa: E402
 from edge.status_routes import routes as status_routes  # noqa: E402
 from edge.store import store_call  # noqa: E402
 from edge.responses_socket import close_all as close_sockets, routes as responses_socket_routes  # noqa: E402
+from edge.web import routes as web_routes  # noqa: E402
 from edge.responses_turn import prepare_turn, response_not_found, stored_response  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
@@ -68,6 +69,7 @@ app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 app.register_blueprint(model_work_routes)
 app.register_blueprint(status_routes)
 app.register_blueprint(responses_socket_routes)
+app.register_blueprint(web_routes)
 
 ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
 
@@ -90,6 +92,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
         raise
     app.extensions["response_store"] = store
     app.extensions["keepalive_interval"] = settings.keepalive_interval
+    app.extensions["web"] = settings.web
     app.extensions["max_batch"] = settings.max_batch
     app.extensions["blas"] = BLAS
     metrics = app.extensions["metrics"] = Metrics()

@@ -94,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument("--adapters", help="LoRA adapters served as their own model ids: 'name=path,...' (MLX_RELAY_ADAPTERS)")
     serve.add_argument("--loop", choices=("asyncio", "uvloop"), help="the event loop (MLX_RELAY_LOOP; default asyncio)")
+    serve.add_argument("--no-web", action="store_true", help="no chat page at / (MLX_RELAY_WEB=0)")
     serve.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds open streams get at shutdown (default 30)")
     return parser
 
@@ -127,6 +128,7 @@ def _export(args: argparse.Namespace) -> None:
     flags = {
         "model": args.model, "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard,
         "loop": args.loop, "embedding_model": args.embedding_model, "adapters": args.adapters,
+        "web": "0" if args.no_web else None,
     }  # fmt: skip
     for name, value in flags.items():
         if value is not None:

@@ -129,6 +129,9 @@ class Settings:
     # (waiting in the queue, or in a long prefill).
     keepalive_interval: float = attrs.field(default=5.0, validator=attrs.validators.gt(0.0))
 
+    # The chat page at `/` (edge/web.py); off, `/` is a 404 like any path no handler owns.
+    web: bool = True
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from the environment.
