@@ -93,6 +93,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
     app.extensions["response_store"] = store
     app.extensions["keepalive_interval"] = settings.keepalive_interval
     app.extensions["web"] = settings.web
+    app.extensions["socket_idle_timeout"] = settings.socket_idle_timeout
     app.extensions["max_batch"] = settings.max_batch
     app.extensions["blas"] = BLAS
     metrics = app.extensions["metrics"] = Metrics()

@@ -180,6 +180,8 @@ def _config(args: argparse.Namespace, listener: socket.socket | None) -> object:
         host = f"[{args.host}]" if ":" in args.host else args.host
         config.bind = [f"{host}:{args.port}"]
     config.graceful_timeout = args.graceful_timeout
+    # Pings keep an idle Responses socket open through proxies that cut silent connections.
+    config.websocket_ping_interval = 20.0
     config.accesslog = None
     return config
 

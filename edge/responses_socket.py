@@ -20,7 +20,8 @@ the handler, and leaving the reply closes it, which drops the row. Keys
 and origins are checked on the upgrade, so a refused client gets a plain
 HTTP status (401, 403) and never a socket. When the server is told to
 stop, each open socket ends its running turn with `response.failed` and
-closes with 1001 before HTTP drains.
+closes with 1001 before HTTP drains. A socket with no turn and no frame
+for `MLX_RELAY_SOCKET_IDLE_TIMEOUT` seconds is closed with 1000.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ log = structlog.get_logger(stage="socket")
 routes = Blueprint("responses_socket", __name__)
 
 _SESSIONS = "responses_sockets"
-# RFC 6455: the endpoint is going away (a server shutting down).
+# RFC 6455: a normal closure (an idle socket), and an endpoint going away (a server shutting down).
+NORMAL = 1000
 GOING_AWAY = 1001
 
 
@@ -150,13 +152,26 @@ class Session:
         async with anyio.create_task_group() as group:
             group.start_soon(self._close_when_stopped, group.cancel_scope)
             while True:
-                message = await websocket.receive()
+                message = await self._next_frame()
+                if message is None:
+                    await websocket.close(NORMAL, "idle")
+                    group.cancel_scope.cancel()
+                    return
                 body = self._request_of(message)
                 if isinstance(body, RequestError):
                     await self.send(error_frame(body))
                 elif body is not None:
                     self._busy = True
                     group.start_soon(self._turn, body)
+
+    async def _next_frame(self) -> str | bytes | None:
+        """The next frame; None once the socket has been idle (no turn, no frame) for the idle timeout."""
+        idle = cast(float, self.app.extensions.get("socket_idle_timeout", 900.0))
+        while True:
+            with anyio.move_on_after(idle):
+                return await websocket.receive()
+            if not self._busy:
+                return None
 
     async def send(self, text: str) -> None:
         async with self._send_lock:

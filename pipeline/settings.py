@@ -131,6 +131,8 @@ class Settings:
 
     # The chat page at `/` (edge/web.py); off, `/` is a 404 like any path no handler owns.
     web: bool = True
+    # Seconds a Responses WebSocket may sit with no turn and no frame before the server closes it (1000).
+    socket_idle_timeout: float = attrs.field(default=900.0, validator=attrs.validators.gt(0.0))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

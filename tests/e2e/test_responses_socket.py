@@ -12,6 +12,7 @@ import json
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -211,3 +212,44 @@ def test_shutdown_ends_the_turn_and_closes_before_http_drains(tmp_path: Path) ->
             assert time.monotonic() - signalled < GRACE
             assert ws.close_code == GOING_AWAY
         assert process.wait(timeout=60) == 0
+
+
+def test_an_idle_socket_is_closed_normally(server_factory: ServerFactory) -> None:
+    brief = server_factory(socket_idle_timeout="1")
+    with connect(socket_url(brief)) as ws:
+        create(ws, input="Hi.", max_output_tokens=3)
+        assert turn(ws)[-1]["type"] in ("response.completed", "response.incomplete")
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)
+        assert ws.close_code == 1000
+
+
+SESSIONS = 32
+
+
+def test_many_sessions_half_leaving_mid_turn_leave_nothing_running(server: Server) -> None:
+    def session(index: int) -> str:
+        with connect(socket_url(server)) as ws:
+            previous = None
+            for number in range(3):
+                leaving = index % 2 == 1 and number == 2
+                # The tiny model's window is 2048 tokens: room for the history and a long answer.
+                create(ws, input=f"Turn {number}.", previous_response_id=previous, max_output_tokens=1500 if leaving else 4)
+                if leaving:
+                    first = next(f for f in iter(lambda: json.loads(ws.recv(timeout=100)), None) if f["type"] != "response.created")
+                    assert first["type"] == "response.in_progress", first
+                    while json.loads(ws.recv(timeout=100))["type"] != "response.output_text.delta":
+                        pass
+                    return "left"
+                previous = final(turn(ws))["id"]
+        return "done"
+
+    with ThreadPoolExecutor(SESSIONS) as pool:
+        ends = list(pool.map(session, range(SESSIONS)))
+    assert ends.count("left") == SESSIONS // 2 and ends.count("done") == SESSIONS // 2
+    wait_for(
+        server,
+        lambda figures: figures["gateway"]["active"] == 0 and figures["admission"]["in_flight"] == 0,  # type: ignore[index]
+        timeout=NOTICE,
+        what="every session's row left",
+    )
