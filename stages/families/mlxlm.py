@@ -9,6 +9,7 @@ from typing import Any
 from pipeline.requests import Tool
 from stages.families import hermes
 from stages.families.base import Family, MarkerRef, ParsedCall, named_call
+from stages.families.progress import one_object
 from stages.models.loading import Tokenizer
 from stages.models.mlx_internals import is_json_tool_parser
 
@@ -46,6 +47,7 @@ def family_of(tokenizer: Tokenizer) -> Family | None:
         think=think,
         calls=((start, end),),
         trigger=start if json_markup else None,
+        progress=one_object if json_markup else None,
     )
 
 
