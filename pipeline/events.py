@@ -144,17 +144,18 @@ def content_runs(events: Sequence[CompletionEvent]) -> list[TextDelta | Reasonin
 StreamRun = Union[TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, ToolCall]
 
 
-def stream_runs(events: Sequence[CompletionEvent], *, join_text: bool = True) -> list[StreamRun]:
-    """`content_runs` for a stream: calls' starts and argument pieces too, a call's adjacent pieces joined."""
+def stream_runs(events: Sequence[CompletionEvent], *, join: bool = True) -> list[StreamRun]:
+    """`content_runs` for a stream: calls' starts and argument pieces too; with `join`, a call's adjacent pieces
+    are joined as text is, else each event stays one run (a delta per decode step, as OpenAI's events are)."""
     runs: list[CompletionEvent] = []
     for event in events:
         last = runs[-1] if runs else None
         if isinstance(event, (TextDelta, ReasoningDelta)) and event.text:
-            if join_text:
+            if join:
                 append_text(runs, event)
             else:
                 runs.append(event)
-        elif isinstance(event, ToolCallDelta) and isinstance(last, ToolCallDelta) and last.index == event.index:
+        elif join and isinstance(event, ToolCallDelta) and isinstance(last, ToolCallDelta) and last.index == event.index:
             runs[-1] = attrs.evolve(last, arguments=last.arguments + event.arguments)
         elif isinstance(event, (ToolCallStart, ToolCallDelta, ToolCall)):
             runs.append(event)

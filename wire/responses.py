@@ -173,7 +173,7 @@ class ResponsesStream:
         return self._event("response.created", response=snapshot) + self._event("response.in_progress", response=snapshot)
 
     def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
-        return b"".join(self._on_run(run) for run in stream_runs(events, join_text=False))
+        return b"".join(self._on_run(run) for run in stream_runs(events, join=False))
 
     def finish(self, summary: Summary) -> bytes:
         cut = summary.finish_reason is FinishReason.LENGTH
