@@ -203,7 +203,7 @@ class MarkupSplitter:
         if self._section is Section.TOOL_CALL:
             # Some families close a call with EOS rather than an end marker; with
             # an end marker, the output was cut inside the call.
-            events.extend(self._parse_call(cut=cut or self._closer is not None))
+            events.extend(self._parse_call(ended=self._closer is not None, cut=cut))
         elif self._space:
             # No marker followed: the whitespace was the model's text after all.
             kind = ReasoningDelta if self._section is Section.REASONING else TextDelta
@@ -222,16 +222,18 @@ class MarkupSplitter:
             return None
         return [(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in calls]
 
-    def _parse_call(self, *, cut: bool = False) -> list[CompletionEvent]:
+    def _parse_call(self, *, ended: bool = False, cut: bool = False) -> list[CompletionEvent]:
+        """The events that end a call section: `ended`, the output ended inside it; `cut`, at max tokens."""
         events: list[CompletionEvent] = []
         self._stream_call(events)
         text, self._call_text = self._call_text, ""
         stream, self._call_stream = self._call_stream, CallStream(first=self._calls)
         parsed = self._parsed(text)
-        if parsed is None and not stream.started:
-            # Unparseable markup is kept as the text the model wrote; a call cut off by the end
-            # of the output (max_tokens) before its name is whole is dropped, so no markup leaks.
-            return [TextDelta(text=f"{self._opener}{text}{self._closer or ''}")] if text.strip() and not cut else []
+        if parsed is None and not (cut and stream.started):
+            # Unparseable markup is kept as the text the model wrote; a call the output ended inside
+            # is dropped, so no markup leaks. (A start already streamed stays the stream's alone.)
+            kept = text.strip() and not ended and not cut and not stream.started
+            return events + [TextDelta(text=f"{self._opener}{text}{self._closer or ''}")] if kept else events
         family = self._markers.family
         if parsed is not None and family is not None and family.progress is not None:
             parsed = final_arguments(family.progress(self._opener, text, self._markers.tools), parsed)

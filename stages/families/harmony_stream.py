@@ -119,7 +119,7 @@ class HarmonySplitter:
             self._token(token, events)
             buffer = buffer[index + len(token) :]
         if final:
-            self._finish(events)
+            self._finish(events, cut=cut)
         elif self._state is _State.BODY and self._route is Route.CALL:
             # The recipient named the tool in the header: its arguments stream as they are written.
             self._call_stream.update(self._progress(), events)
@@ -174,7 +174,8 @@ class HarmonySplitter:
             # Two answer messages (a preamble, then the final one) read as two paragraphs.
             append_text(events, TextDelta(text="\n\n"))
 
-    def _close(self, events: list[CompletionEvent], *, terminated: bool) -> None:
+    def _close(self, events: list[CompletionEvent], *, terminated: bool, cut: bool = False) -> None:
+        """End the open message: `terminated` by a marker, or by the end of the output (`cut` at max tokens)."""
         if self._state is not _State.BODY:
             return
         if self._route is Route.ANSWER:
@@ -187,9 +188,10 @@ class HarmonySplitter:
             if arguments is not None:
                 parsed = final_arguments(progress, [(self._name, json.dumps(arguments, ensure_ascii=False))])
                 self._calls += stream.finish(parsed, events)
-            elif stream.started:
+            elif cut and stream.started:
+                # Cut off at max tokens: still a call, with the arguments written so far.
                 self._calls += stream.finish(None, events)
-            elif terminated and self._body.strip():
+            elif terminated and self._body.strip() and not stream.started:
                 append_text(events, TextDelta(text=self._body))
             self._call_stream = CallStream(first=self._calls)
         self._body = ""
@@ -198,8 +200,8 @@ class HarmonySplitter:
         """The call once its body opens a JSON object (any other body is kept as text)."""
         return named_arguments(self._name, self._body, 0) if self._body.lstrip().startswith("{") else []
 
-    def _finish(self, events: list[CompletionEvent]) -> None:
+    def _finish(self, events: list[CompletionEvent], *, cut: bool) -> None:
         if self._state is _State.HEADER and not self._saw_markup:
             append_text(events, TextDelta(text=self._header))
-        self._close(events, terminated=False)
+        self._close(events, terminated=False, cut=cut)
         self._state, self._header = _State.BETWEEN, ""

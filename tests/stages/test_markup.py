@@ -78,14 +78,8 @@ CASES = [
     pytest.param(
         'Calling.<tool_call>{"name": "f", "arguments": {"x": "cut by max_tok',
         Section.ANSWER,
-        [("text", "Calling."), ("call", 'f{"x": "cut by max_tok')],
-        id="call-cut-by-the-end-keeps-what-was-written",
-    ),
-    pytest.param(
-        'Calling.<tool_call>{"name": "get_w',
-        Section.ANSWER,
         [("text", "Calling.")],
-        id="call-cut-before-its-name-is-dropped",
+        id="call-the-output-ends-inside-is-dropped",
     ),
     pytest.param(
         '<tool_call>{"name": "f", "arguments": {"x": "a </tool_call> b"}}</tool_call>',
@@ -174,3 +168,18 @@ def test_phi4_mini_call_forms(text: str, expected: list[tuple[str, str]]) -> Non
         splitter = MarkupSplitter(Markers(think=phi4.FAMILY.think, family=phi4.FAMILY))
         events = splitter.feed(text[:cut]) + splitter.feed(text[cut:], final=True)
         assert merged(events) == expected, cut
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('Calling.<tool_call>{"name": "f", "arguments": {"x": "cut by max_tok', [("text", "Calling."), ("call", 'f{"x": "cut by max_tok')]),
+        ('Calling.<tool_call>{"name": "get_w', [("text", "Calling.")]),
+    ],
+    ids=["keeps-what-was-written", "before-its-name-nothing"],
+)
+def test_call_cut_by_max_tokens(text: str, expected: list[tuple[str, str]]) -> None:
+    """Cut off at max tokens (not ended by the model), a call whose name is whole is a call with the arguments so far."""
+    for cut in range(len(text) + 1):
+        splitter = MarkupSplitter(MARKERS)
+        assert merged(splitter.feed(text[:cut]) + splitter.feed(text[cut:], final=True, cut=True)) == expected, cut
