@@ -265,7 +265,8 @@ def tool_call_constraint(
         lark = grammar(allowed, partial(_marker, tokenizer))
     except NotImplementedError as reason:
         raise invalid(
-            f"tool_choice {choice.mode.value!r} cannot be enforced in this model's tool-call markup: {reason}", param="tool_choice"
+            f"tool_choice {choice.mode.value!r} cannot be enforced in this model's tool-call markup: {reason}",
+            param="tool_choice",
         ) from None
     except NotCarried as error:
         raise invalid(str(error), param=error.param) from None

@@ -18,7 +18,20 @@ from typing import Any
 
 import attrs
 
-from stages.families import deepseek, glm, harmony, hermes, kimi, llama3, minimax, mistral, mlxlm, phi4, plain, qwen3_coder
+from stages.families import (
+    deepseek,
+    glm,
+    harmony,
+    hermes,
+    kimi,
+    llama3,
+    minimax,
+    mistral,
+    mlxlm,
+    phi4,
+    plain,
+    qwen3_coder,
+)
 from stages.families.base import Family
 from stages.models.loading import Tokenizer
 

@@ -16,7 +16,7 @@ import re
 import attrs
 
 _SPACE = " \t\n\r"
-_ESCAPES = "\"\\/bfnrt"
+_ESCAPES = '"\\/bfnrt'
 _CONTROL = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
 _NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
 _NUMBER_CHARS = frozenset("+-0123456789.eE")

@@ -41,8 +41,8 @@ def progress(opener: str, body: str, tools: Sequence[Tool]) -> list[CallProgress
 
 def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
     rules = [
-        f"c{i}: {marker(CALL_BEGIN)} {lark_text(f'functions.{tool.name}:0')} {marker(ARGUMENTS)} {lark_arguments(tool)} "
-        f"{marker(CALL_END)}"
+        f"c{i}: {marker(CALL_BEGIN)} {lark_text(f'functions.{tool.name}:0')} {marker(ARGUMENTS)} "
+        f"{lark_arguments(tool)} {marker(CALL_END)}"
         for i, tool in enumerate(tools)
     ]
     choice = " | ".join(f"c{i}" for i in range(len(tools)))

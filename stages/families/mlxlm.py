@@ -15,7 +15,12 @@ from stages.models.loading import Tokenizer
 from stages.models.mlx_internals import is_json_tool_parser, tool_parser_kind
 
 # mlx-lm's parsers whose markup has a family here (its parser, the grammar of a forced call, its progress).
-OWN_FAMILIES = {"qwen3_coder": qwen3_coder.FAMILY, "glm47": glm.FAMILY, "minimax_m2": minimax.FAMILY, "kimi_k2": kimi.FAMILY}
+OWN_FAMILIES = {
+    "qwen3_coder": qwen3_coder.FAMILY,
+    "glm47": glm.FAMILY,
+    "minimax_m2": minimax.FAMILY,
+    "kimi_k2": kimi.FAMILY,
+}
 
 
 def family_of(tokenizer: Tokenizer) -> Family | None:
@@ -59,5 +64,7 @@ def family_of(tokenizer: Tokenizer) -> Family | None:
 
 
 def _unsupported(kind: str, tools: Sequence[Tool], marker: MarkerRef) -> str:
-    raise NotImplementedError(f"mlx-lm reads this model's calls with its {kind!r} parser, whose markup has no grammar here")
+    raise NotImplementedError(
+        f"mlx-lm reads this model's calls with its {kind!r} parser, whose markup has no grammar here"
+    )
 

@@ -1,5 +1,5 @@
-"""Qwen3-Coder: `<tool_call>\\n<function=name>\\n<parameter=key>\\nvalue\\n</parameter>\\n…</function>\\n</tool_call>`,
-each value text read as its schema's type (`xml_params.py`)."""
+"""Qwen3-Coder: `<tool_call>\\n<function=name>\\n<parameter=key>\\nvalue\\n</parameter>\\n…`
+`</function>\\n</tool_call>`, each value text read as its schema's type (`xml_params.py`)."""
 
 from __future__ import annotations
 

@@ -123,7 +123,11 @@ def read_call(markup: XmlMarkup, body: str, tools: Sequence[Tool]) -> tuple[Call
             return CallProgress(name, shown), False
         key = body[key_start:key_end].strip()
         shown += (", " if shown != "{" else "") + json.dumps(key, ensure_ascii=False) + ": "
-        value_at = body.find(markup.value_open, key_end + len(markup.key_end)) if markup.value_open else key_end + len(markup.key_end)
+        value_at = (
+            body.find(markup.value_open, key_end + len(markup.key_end))
+            if markup.value_open
+            else key_end + len(markup.key_end)
+        )
         if value_at < 0:
             return CallProgress(name, shown), False
         value_start = value_at + len(markup.value_open)
@@ -174,18 +178,30 @@ def forced_call(markup: XmlMarkup, tool: Tool, index: int, marker: MarkerRef) ->
         parts.append(_element(markup, lark_text(INPUT), f"{value} {_raw_lark(tool.input_grammar)} {close}", literal))
         properties = {}
     for number, (key, value_schema) in enumerate(properties.items()):
-        element = _element(markup, lark_text(key), _value(markup, f"c{index}_p{number}", value_schema, rules, marker), literal)
+        element = _element(
+            markup, lark_text(key), _value(markup, f"c{index}_p{number}", value_schema, rules, marker), literal
+        )
         parts.append(element if key in required else f"({element})?")
     if not properties and tool.input_grammar is None and schema.get("additionalProperties", True) is not False:
         # No declared parameters: any keys, each value text.
-        rules.append(f"c{index}_any: " + _element(markup, "/[A-Za-z0-9_.-]+/", _value(markup, f"c{index}_v", None, rules, marker), literal))
+        rules.append(
+            f"c{index}_any: "
+            + _element(markup, "/[A-Za-z0-9_.-]+/", _value(markup, f"c{index}_v", None, rules, marker), literal)
+        )
         parts.append(f"c{index}_any*")
     parts += [literal(markup.call_end), literal(markup.call_gap)]
     return [f"c{index}: " + " ".join(part for part in parts if part), *rules]
 
 
 def _element(markup: XmlMarkup, key: str, value: str, literal: Callable[[str], str]) -> str:
-    parts = [literal(markup.key_open), key, literal(markup.key_end), literal(markup.key_gap), value, literal(markup.value_gap)]
+    parts = [
+        literal(markup.key_open),
+        key,
+        literal(markup.key_end),
+        literal(markup.key_gap),
+        value,
+        literal(markup.value_gap),
+    ]
     return "(" + " ".join(part for part in parts if part) + ")"
 
 

@@ -21,16 +21,24 @@ from tests.e2e.conftest import stream_chunks
 ASK: list[Any] = [{"role": "user", "content": "Forecast for a city."}]
 WEATHER: dict[str, Any] = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 16}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 16},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
     "required": ["city", "days"],
     "additionalProperties": False,
 }
 CHAT_TOOLS: list[Any] = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Forecast", "parameters": WEATHER, "strict": True}}
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Forecast", "parameters": WEATHER, "strict": True},
+    }
 ]
 NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
 MESSAGES_TOOLS: list[Any] = [{"name": "get_weather", "description": "Forecast", "input_schema": WEATHER}]
-RESPONSES_TOOLS: list[Any] = [{"type": "function", "name": "get_weather", "description": "Forecast", "parameters": WEATHER, "strict": True}]
+RESPONSES_TOOLS: list[Any] = [
+    {"type": "function", "name": "get_weather", "description": "Forecast", "parameters": WEATHER, "strict": True}
+]
 GREEDY: dict[str, Any] = {"temperature": 0}
 
 
@@ -46,7 +54,14 @@ def whole_call(client: openai.OpenAI, max_tokens: int = 120) -> tuple[str, int]:
 def test_chat_stream_sends_the_head_then_pieces(server: Server) -> None:
     client = server.client()
     arguments, _ = whole_call(client)
-    body = {"model": "m", "messages": ASK, "tools": CHAT_TOOLS, "tool_choice": NAMED, "max_tokens": 120, "temperature": 0}
+    body = {
+        "model": "m",
+        "messages": ASK,
+        "tools": CHAT_TOOLS,
+        "tool_choice": NAMED,
+        "max_tokens": 120,
+        "temperature": 0,
+    }
     chunks = [c for c in stream_chunks(server, "/chat/completions", body) if isinstance(c, dict) and c["choices"]]
     calls = [call for c in chunks for call in c["choices"][0]["delta"].get("tool_calls") or []]  # type: ignore[index]
     assert calls[0]["function"] == {"name": "get_weather", "arguments": ""} and calls[0]["id"].startswith("call_")
@@ -65,8 +80,14 @@ def test_chat_stream_sends_the_head_then_pieces(server: Server) -> None:
 
 def test_messages_stream_helper_assembles_the_same_input(server: Server) -> None:
     claude = server.anthropic_client()
-    ask: dict[str, Any] = {"model": "m", "max_tokens": 120, "messages": ASK, "tools": MESSAGES_TOOLS,
-                           "tool_choice": {"type": "tool", "name": "get_weather"}, "extra_body": GREEDY}  # fmt: skip
+    ask: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 120,
+        "messages": ASK,
+        "tools": MESSAGES_TOOLS,
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "extra_body": GREEDY,
+    }
     message = claude.messages.create(**ask)
     with claude.messages.stream(**ask) as stream:
         events = list(stream)
@@ -74,7 +95,9 @@ def test_messages_stream_helper_assembles_the_same_input(server: Server) -> None
     (whole,) = [block for block in message.content if block.type == "tool_use"]
     (streamed,) = [block for block in final.content if block.type == "tool_use"]
     assert (streamed.name, streamed.input) == (whole.name, whole.input) and final.stop_reason == "tool_use"
-    pieces = [e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]  # type: ignore[union-attr]
+    pieces = [
+        e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]  # type: ignore[union-attr]
     assert json.loads("".join(pieces)) == whole.input
     # A piece per decode step that wrote some (however the frames were batched): the input did not come whole.
     assert len(pieces) >= 4
@@ -84,8 +107,15 @@ def test_messages_stream_helper_assembles_the_same_input(server: Server) -> None
 
 def test_responses_stream_helper_assembles_the_same_call(server: Server) -> None:
     client = server.client()
-    ask: dict[str, Any] = {"model": "m", "input": "Forecast for a city.", "tools": RESPONSES_TOOLS, "max_output_tokens": 120,
-                           "tool_choice": {"type": "function", "name": "get_weather"}, "temperature": 0, "store": False}  # fmt: skip
+    ask: dict[str, Any] = {
+        "model": "m",
+        "input": "Forecast for a city.",
+        "tools": RESPONSES_TOOLS,
+        "max_output_tokens": 120,
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "temperature": 0,
+        "store": False,
+    }
     response = client.responses.create(**ask)
     with client.responses.stream(**ask) as stream:
         events = list(stream)
@@ -119,7 +149,14 @@ def test_chat_call_cut_by_max_tokens(server: Server, cut_budget: tuple[str, int]
     assert call.function.name == "get_weather"  # type: ignore[union-attr]
     cut = call.function.arguments  # type: ignore[union-attr]
     assert cut and arguments.startswith(cut) and cut != arguments
-    body = {"model": "m", "messages": ASK, "tools": CHAT_TOOLS, "tool_choice": NAMED, "max_tokens": budget, "temperature": 0}
+    body = {
+        "model": "m",
+        "messages": ASK,
+        "tools": CHAT_TOOLS,
+        "tool_choice": NAMED,
+        "max_tokens": budget,
+        "temperature": 0,
+    }
     chunks = [c for c in stream_chunks(server, "/chat/completions", body) if isinstance(c, dict) and c["choices"]]
     calls = [call for c in chunks for call in c["choices"][0]["delta"].get("tool_calls") or []]  # type: ignore[index]
     assert "".join(call["function"]["arguments"] for call in calls) == cut
@@ -129,8 +166,14 @@ def test_chat_call_cut_by_max_tokens(server: Server, cut_budget: tuple[str, int]
 def test_messages_call_cut_by_max_tokens(server: Server, cut_budget: tuple[str, int]) -> None:
     _, budget = cut_budget
     claude = server.anthropic_client()
-    ask: dict[str, Any] = {"model": "m", "max_tokens": budget, "messages": ASK, "tools": MESSAGES_TOOLS,
-                           "tool_choice": {"type": "tool", "name": "get_weather"}, "extra_body": GREEDY}  # fmt: skip
+    ask: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": budget,
+        "messages": ASK,
+        "tools": MESSAGES_TOOLS,
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "extra_body": GREEDY,
+    }
     message = claude.messages.create(**ask)
     assert message.stop_reason == "max_tokens"
     (block,) = message.content
@@ -144,9 +187,14 @@ def test_messages_call_cut_by_max_tokens(server: Server, cut_budget: tuple[str, 
 def test_responses_call_cut_by_max_tokens(server: Server, cut_budget: tuple[str, int]) -> None:
     arguments, budget = cut_budget
     response = server.client().responses.create(
-        model="m", input="Forecast for a city.", tools=RESPONSES_TOOLS, max_output_tokens=budget, temperature=0, store=False,
+        model="m",
+        input="Forecast for a city.",
+        tools=RESPONSES_TOOLS,
+        max_output_tokens=budget,
+        temperature=0,
+        store=False,
         tool_choice={"type": "function", "name": "get_weather"},
-    )  # fmt: skip
+    )
     assert response.status == "incomplete" and response.incomplete_details is not None
     assert response.incomplete_details.reason == "max_output_tokens"
     (item,) = response.output

@@ -158,6 +158,14 @@ def test_thinking_budget_closes_the_think_section(family_server: Server) -> None
 NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
 MESSAGES_WEATHER: Any = {"name": "get_weather", "description": "Weather in a city.", "input_schema": PARAMETERS}
 RESPONSES_WEATHER: Any = {"type": "function", "name": "get_weather", "description": "Weather in a city.", "parameters": PARAMETERS, "strict": True}
+RESPONSES_ASK: dict[str, Any] = {
+    "model": "m",
+    "input": "Weather in Paris?",
+    "tools": [RESPONSES_WEATHER],
+    "tool_choice": {"type": "function", "name": "get_weather"},
+    "temperature": 0,
+    "store": False,
+}
 
 
 def test_forced_call_streams_in_every_api(family_server: Server) -> None:
@@ -175,10 +183,7 @@ def test_forced_call_streams_in_every_api(family_server: Server) -> None:
         pieces = [e.delta.partial_json for e in stream if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]  # type: ignore[union-attr]
         final = stream.get_final_message()
     assert len(pieces) >= 2 and json.loads("".join(pieces)) == final.content[-1].input == valid(whole.function.arguments)  # type: ignore[union-attr]
-    with client.responses.stream(
-        model="m", input="Weather in Paris?", tools=[RESPONSES_WEATHER],
-        tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=96, temperature=0, store=False,
-    ) as responses:  # fmt: skip
+    with client.responses.stream(**RESPONSES_ASK, max_output_tokens=96) as responses:
         deltas = [e.delta for e in responses if e.type == "response.function_call_arguments.delta"]  # type: ignore[union-attr]
         output = responses.get_final_response().output
     assert len(deltas) >= 2 and "".join(deltas) == output[-1].arguments  # type: ignore[union-attr]
@@ -204,14 +209,15 @@ def test_forced_call_cut_by_max_tokens_is_a_call(family_server: Server) -> None:
         cut = calls[0].function.arguments  # type: ignore[union-attr]
         assert arguments.startswith(cut), (cut, arguments)
     message = family_server.anthropic_client().messages.create(
-        model="m", max_tokens=budget, messages=ASK, tools=[MESSAGES_WEATHER],
-        tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0},
-    )  # fmt: skip
+        model="m",
+        max_tokens=budget,
+        messages=ASK,
+        tools=[MESSAGES_WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body={"temperature": 0},
+    )
     assert message.stop_reason == "max_tokens" and [block.type for block in message.content] == ["tool_use"]
-    response = client.responses.create(
-        model="m", input="Weather in Paris?", tools=[RESPONSES_WEATHER],
-        tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=budget, temperature=0, store=False,
-    )  # fmt: skip
+    response = client.responses.create(**RESPONSES_ASK, max_output_tokens=budget)
     assert response.status == "incomplete" and response.incomplete_details is not None
     assert response.incomplete_details.reason == "max_output_tokens"
     assert [(item.type, item.status) for item in response.output] == [("function_call", "incomplete")]

@@ -9,7 +9,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.events import CompletionEvent, FinishReason, Summary, TextDelta, ToolCall, ToolCallDelta, ToolCallStart, Usage
+from pipeline.events import (
+    CompletionEvent,
+    FinishReason,
+    Summary,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallStart,
+    Usage,
+)
 from pipeline.protocol import StreamProtocol
 from tests.wire import responses_expected
 from tests.wire.test_anthropic import parse as messages_frames
@@ -72,7 +81,9 @@ def test_messages_cut_call_keeps_the_input_written_so_far() -> None:
     )
     assert body["stop_reason"] == "max_tokens"
     # What the SDK's partial JSON reader makes of the pieces: the whole string is kept, the unfinished number is not.
-    assert body["content"] == [{"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}}]
+    assert body["content"] == [
+        {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris"}}
+    ]
 
 
 def test_responses_streams_function_call_arguments() -> None:
@@ -89,7 +100,7 @@ def test_responses_streams_function_call_arguments() -> None:
 
 
 def test_responses_custom_tool_input_streams_decoded() -> None:
-    pieces = ('{"input": "*** Be', 'gin\\n', 'x\\u00e9"}')
+    pieces = ('{"input": "*** Be', "gin\\n", 'x\\u00e9"}')
     arguments = "".join(pieces)
     batches: list[list[CompletionEvent]] = [
         [ToolCallStart(index=0, id="call_p", name="apply_patch")],
@@ -97,7 +108,9 @@ def test_responses_custom_tool_input_streams_decoded() -> None:
         [ToolCall(index=0, id="call_p", name="apply_patch", arguments=arguments)],
     ]
     specs = {"apply_patch": ToolSpec(name="apply_patch", kind="custom")}
-    events = responses_expected.parse(run(responses_expected.stream(tool_specs=specs), batches, FinishReason.TOOL_CALLS))
+    events = responses_expected.parse(
+        run(responses_expected.stream(tool_specs=specs), batches, FinishReason.TOOL_CALLS)
+    )
     deltas = [e["delta"] for e in events if e["type"] == "response.custom_tool_call_input.delta"]
     assert deltas == ["*** Be", "gin\n", "xé"]
     done = next(e for e in events if e["type"] == "response.custom_tool_call_input.done")
@@ -106,7 +119,13 @@ def test_responses_custom_tool_input_streams_decoded() -> None:
 
 def test_responses_cut_call_is_incomplete() -> None:
     cut = ToolCall(index=0, id="call_abc", name="get_weather", arguments=PIECES[0])
-    events = responses_expected.parse(run(responses_expected.stream(), [[START], [ToolCallDelta(index=0, arguments=PIECES[0])], [cut]], FinishReason.LENGTH))
+    events = responses_expected.parse(
+        run(
+            responses_expected.stream(),
+            [[START], [ToolCallDelta(index=0, arguments=PIECES[0])], [cut]],
+            FinishReason.LENGTH,
+        )
+    )
     final = events[-1]
     assert final["type"] == "response.incomplete"
     assert final["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
