@@ -155,12 +155,8 @@ def stream_runs(events: Sequence[CompletionEvent], *, join: bool = True) -> list
                 append_text(runs, event)
             else:
                 runs.append(event)
-        elif join and isinstance(event, ToolCallDelta) and _same_call(last, event):
+        elif join and isinstance(event, ToolCallDelta) and isinstance(last, ToolCallDelta) and last.index == event.index:
             runs[-1] = attrs.evolve(last, arguments=last.arguments + event.arguments)
         elif isinstance(event, (ToolCallStart, ToolCallDelta, ToolCall)):
             runs.append(event)
     return cast("list[StreamRun]", runs)  # only those were appended
-
-
-def _same_call(last: CompletionEvent | None, event: ToolCallDelta) -> bool:
-    return isinstance(last, ToolCallDelta) and last.index == event.index
