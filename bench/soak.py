@@ -237,7 +237,12 @@ def _cpus() -> int:
 
 
 def plot(rows: list[dict[str, float]], summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        # The figures are in the CSV and JSON already; the plot is the `bench` extra's.
+        print(f"matplotlib is not installed: no {path.name}")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
