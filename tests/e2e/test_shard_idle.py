@@ -78,14 +78,18 @@ def _alive(pid: int) -> bool:
 def test_ranks_stop_when_their_launcher_is_gone(tmp_path: Path, sent: signal.Signals) -> None:
     port = _free_port()
     launcher = Path(sys.executable).parent / "mlx.launch"
-    command = [str(launcher), "--backend", "ring", "-n", "2", "--python", sys.executable, "--",
-               "-m", "edge.cli", "serve", "--model", "tiny", "--shard", "tensor", "--port", str(port)]  # fmt: skip
+    launch = [str(launcher), "--backend", "ring", "-n", "2", "--python", sys.executable, "--"]
+    command = [*launch, "-m", "edge.cli", "serve", "--model", "tiny", "--shard", "tensor", "--port", str(port)]
     log_path = tmp_path / "launch.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            command,
+            cwd=REPO,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
-        )  # fmt: skip
+        )
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
     ranks: list[int] = []
     try:
