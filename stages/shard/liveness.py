@@ -87,8 +87,11 @@ class Heartbeats:
     def ring(self) -> None:
         """Wake every follower for the message about to go; never blocks on a follower that stopped reading."""
         # The first message may come before a follower's connection has said its rank: a ring lost
-        # then would leave that follower waiting for ever.
-        self._all_joined.wait(self.timeout)
+        # then would leave that follower waiting for ever. One that never says it is lost (the watch's
+        # business), and is waited for once only.
+        if not self._all_joined.is_set():
+            self._all_joined.wait(self.timeout)
+            self._all_joined.set()
         with self._lock:
             bells = list(self._bells.values())
         for connection in bells:
