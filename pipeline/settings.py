@@ -72,6 +72,8 @@ class Settings:
     # KV bytes the prompt cache keeps in memory (at most half of what the
     # weights and a prefill chunk leave of the budget); 0 turns it off.
     prompt_cache_bytes: int = attrs.field(default=2**30, validator=attrs.validators.ge(0))
+    # Entries it keeps at most, whatever their bytes (0: no bound beside the bytes).
+    prompt_cache_entries: int = attrs.field(default=4096, validator=attrs.validators.ge(0))
     # Requests that name a session keep their conversation's entries warm longer.
     session_cache: bool = True
     # A folder for the prompt cache's disk tier (unset: no disk tier), and its bound.

@@ -343,7 +343,9 @@ class Engine:
             prefill_step_size=settings.prefill_step_size,
             scheduler=KvScheduler(self.fit.model, memory.usable_bytes),
             prefill_rows=memory.prefill_rows,
-            cache=prompt_cache(cache_bytes, sessions=settings.session_cache, cluster=cluster),
+            cache=prompt_cache(
+                cache_bytes, sessions=settings.session_cache, cluster=cluster, max_entries=settings.prompt_cache_entries
+            ),
             disk=disk,
             adapters=self.served.adapters,
             exclusive=self._exclusive,
