@@ -32,7 +32,9 @@ OUT = Path(__file__).resolve().parent / "out"
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--streaming", default="demo", help="the model that streams (a built-in, a directory or a repo id)")
+    parser.add_argument(
+        "--streaming", default="demo", help="the model that streams (a built-in, a directory or a repo id)"
+    )
     parser.add_argument("--loading", default="smollm2", help="the model loaded meanwhile")
     parser.add_argument("--streams", type=int, default=4, help="concurrent streams")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per stream")
@@ -43,8 +45,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _arrivals(url: str, model: str, index: int, max_tokens: int) -> list[float]:
-    body = {"model": model, "messages": [{"role": "user", "content": f"Tell me about {index}."}], "max_tokens": max_tokens,
-            "ignore_eos": True, "seed": index, "stream": True}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"Tell me about {index}."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "seed": index,
+        "stream": True,
+    }
     arrivals: list[float] = []
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as response:
         response.raise_for_status()
@@ -107,17 +115,24 @@ def main(argv: list[str] | None = None) -> None:
             if any(arrivals[-1] < window[1] for arrivals in streams):
                 print("note: a stream ended before the load did; raise --max-tokens to cover the whole load")
     result: dict[str, Any] = {
-        "streaming": args.streaming, "loading": args.loading, "streams": args.streams, "rounds": args.rounds,
-        "gaps_alone_ms": _quantiles(alone), "gaps_during_load_ms": _quantiles(during), "gaps_loaded_rounds_ms": _quantiles(whole),
+        "streaming": args.streaming,
+        "loading": args.loading,
+        "streams": args.streams,
+        "rounds": args.rounds,
+        "gaps_alone_ms": _quantiles(alone),
+        "gaps_during_load_ms": _quantiles(during),
+        "gaps_loaded_rounds_ms": _quantiles(whole),
         "load_seconds": [round(seconds, 3) for seconds in load_seconds],
     }
     rise = result["gaps_during_load_ms"]["p95"] / result["gaps_alone_ms"]["p95"] - 1
     result["p95_rise_during_load"] = round(rise, 3)
-    print(f"{args.streams} streams on {args.streaming}, p50 / p95 / p99 gap (ms): alone "
-          + " / ".join(str(v) for k, v in result["gaps_alone_ms"].items() if k != "n")
-          + f"; while {args.loading} loads (median {sorted(load_seconds)[len(load_seconds) // 2]:.2f} s) "
-          + " / ".join(str(v) for k, v in result["gaps_during_load_ms"].items() if k != "n")
-          + f" (p95 {rise:+.0%}; target at most +20%)")
+    print(
+        f"{args.streams} streams on {args.streaming}, p50 / p95 / p99 gap (ms): alone "
+        + " / ".join(str(v) for k, v in result["gaps_alone_ms"].items() if k != "n")
+        + f"; while {args.loading} loads (median {sorted(load_seconds)[len(load_seconds) // 2]:.2f} s) "
+        + " / ".join(str(v) for k, v in result["gaps_during_load_ms"].items() if k != "n")
+        + f" (p95 {rise:+.0%}; target at most +20%)"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fleet.json").write_text(json.dumps(result, indent=2))
 

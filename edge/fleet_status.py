@@ -59,8 +59,16 @@ async def model_fit(fleet: Fleet, model: str) -> JsonObject:
 def fleet_stats(fleet: Fleet) -> JsonObject:
     models: JsonObject = {}
     for name, host in fleet.hosts.items():
-        report = cast(JsonObject, {**host.report(), **_footprint(host), "loads": host.loads, "unloads": host.unloads,
-                                   "waiting": host.waiting})
+        report = cast(
+            JsonObject,
+            {
+                **host.report(),
+                **_footprint(host),
+                "loads": host.loads,
+                "unloads": host.unloads,
+                "waiting": host.waiting,
+            },
+        )
         if host.engine is not None:
             report["engine"] = cast(JsonObject, attrs.asdict(host.engine.statistics()))
         models[name] = report

@@ -28,7 +28,12 @@ def card(fleet: Fleet, asked: str) -> JsonObject:
 
 
 def _status(host: ModelHost) -> JsonObject:
-    status: JsonObject = {"state": host.state.value, "pinned": host.spec.pinned, "ttl": host.spec.ttl, "defaults": host.defaults.shown()}
+    status: JsonObject = {
+        "state": host.state.value,
+        "pinned": host.spec.pinned,
+        "ttl": host.spec.ttl,
+        "defaults": host.defaults.shown(),
+    }
     if host.error:
         status["error"] = host.error
     if host.engine is not None:

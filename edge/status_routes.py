@@ -71,7 +71,8 @@ async def stats() -> Response:
     if fleet().several:
         store = await store_call(current_app, lambda store: store.statistics())
         report = fleet_stats(fleet())
-        report.update(blas=cast(str, current_app.extensions["blas"]), response_store=cast(JsonObject, attrs.asdict(store)))
+        blas = cast(str, current_app.extensions["blas"])
+        report.update(blas=blas, response_store=cast(JsonObject, attrs.asdict(store)))
         return _json(without_paths(report))
     return _json(await _snapshot())
 

@@ -40,8 +40,11 @@ def generation_config(path: Path) -> Defaults:
 
     top_k, max_new = number("top_k"), number("max_new_tokens")
     return Defaults(
-        temperature=number("temperature"), top_p=number("top_p"), top_k=int(top_k) if top_k is not None else None,
-        min_p=number("min_p"), repetition_penalty=number("repetition_penalty"),
+        temperature=number("temperature"),
+        top_p=number("top_p"),
+        top_k=int(top_k) if top_k is not None else None,
+        min_p=number("min_p"),
+        repetition_penalty=number("repetition_penalty"),
         max_tokens=int(max_new) if max_new is not None and max_new > 0 else None,
     )
 

@@ -127,14 +127,22 @@ class Fleet:
         retry = self._settings.retry_after
         if self.draining:
             raise unavailable(host, retry)
-        if host.engine is not None and host.state in (State.READY, State.FAILED) and not (self.several and host.engine.dead):
+        if (
+            host.engine is not None
+            and host.state in (State.READY, State.FAILED)
+            and not (self.several and host.engine.dead)
+        ):
             # One model alone stays as it always was: a dead engine answers each request with its 503.
             return host.engine
         if host.state is State.UNLOADING:
             raise unavailable(host, retry)
         if host.waiting >= max(1, self._settings.max_pending):
-            raise RequestError(kind=ErrorKind.UNAVAILABLE, message=f"Too many requests are waiting for `{host.name}` to load",
-                               code="model_loading", retry_after=retry)
+            raise RequestError(
+                kind=ErrorKind.UNAVAILABLE,
+                message=f"Too many requests are waiting for `{host.name}` to load",
+                code="model_loading",
+                retry_after=retry,
+            )
         host.waiting += 1
         try:
             async with self._placing:
@@ -254,10 +262,16 @@ def engine_settings(settings: Settings, spec: ModelSpec, footprint: Footprint) -
     """One model's engine settings: the server's, with the model's own and its share of the budget."""
     kv = spec.kv
     return attrs.evolve(
-        settings, model=spec.source, model_name=spec.name, adapters=spec.adapters,
+        settings,
+        model=spec.source,
+        model_name=spec.name,
+        adapters=spec.adapters,
         model_aliases=",".join(f"{alias}={spec.name}" for alias in spec.aliases) or None,
-        embedding_model=spec.embedding_model, memory_budget=footprint.bytes, models_file=None,
+        embedding_model=spec.embedding_model,
+        memory_budget=footprint.bytes,
+        models_file=None,
         prompt_cache_bytes=settings.prompt_cache_bytes if kv.prompt_cache_bytes is None else kv.prompt_cache_bytes,
-        max_batch=kv.max_batch or settings.max_batch, default_adapter=spec.defaults.adapter,
+        max_batch=kv.max_batch or settings.max_batch,
+        default_adapter=spec.defaults.adapter,
         context_limit=spec.defaults.context_limit,
     )

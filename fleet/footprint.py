@@ -43,11 +43,16 @@ def footprint(spec: ModelSpec, shape: ModelShape, machine: Machine, settings: Se
     window = min(shape.context_window, spec.defaults.context_limit or shape.context_window)
     tokens = min(spec.kv.context or window, window)
     if spec.kv.memory_budget:
-        return Footprint(bytes=spec.kv.memory_budget, source="kv.memory_budget", kv_tokens=tokens, weights_bytes=shape.weights_bytes)
+        return Footprint(
+            bytes=spec.kv.memory_budget, source="kv.memory_budget", kv_tokens=tokens, weights_bytes=shape.weights_bytes
+        )
     planned = budget_for(
-        attrs.evolve(shape, context_window=window), machine, shape.kv_bytes(tokens),
+        attrs.evolve(shape, context_window=window),
+        machine,
+        shape.kv_bytes(tokens),
         prompt_cache=_or(spec.kv.prompt_cache_bytes, settings.prompt_cache_bytes),
-        max_batch=_or(spec.kv.max_batch, settings.max_batch), prefill_step=settings.prefill_step_size,
+        max_batch=_or(spec.kv.max_batch, settings.max_batch),
+        prefill_step=settings.prefill_step_size,
     )
     return Footprint(bytes=planned, source="planned", kv_tokens=tokens, weights_bytes=shape.weights_bytes)
 

@@ -75,8 +75,11 @@ class ModelHost:
 
     def resident(self) -> Resident:
         return Resident(
-            name=self.name, bytes=self.footprint.bytes if self.footprint else 0, pinned=self.spec.pinned,
-            busy=self.busy, last_used=self.last_used,
+            name=self.name,
+            bytes=self.footprint.bytes if self.footprint else 0,
+            pinned=self.spec.pinned,
+            busy=self.busy,
+            last_used=self.last_used,
         )
 
     def touch(self) -> None:
@@ -124,20 +127,26 @@ class _Started(TaskStatus[Engine]):
 
 def cannot_place(name: str, reason: str, retry_after: float) -> RequestError:
     return RequestError(
-        kind=ErrorKind.UNAVAILABLE, message=f"The model `{name}` cannot be loaded now: {reason}",
-        code="model_not_loaded", retry_after=retry_after,
+        kind=ErrorKind.UNAVAILABLE,
+        message=f"The model `{name}` cannot be loaded now: {reason}",
+        code="model_not_loaded",
+        retry_after=retry_after,
     )
 
 
 def load_failed(host: ModelHost, retry_after: float) -> RequestError:
     return RequestError(
-        kind=ErrorKind.UNAVAILABLE, message=f"The model `{host.name}` failed to load: {host.error}",
-        code="model_load_failed", retry_after=retry_after,
+        kind=ErrorKind.UNAVAILABLE,
+        message=f"The model `{host.name}` failed to load: {host.error}",
+        code="model_load_failed",
+        retry_after=retry_after,
     )
 
 
 def unavailable(host: ModelHost, retry_after: float) -> RequestError:
     return RequestError(
-        kind=ErrorKind.UNAVAILABLE, message=f"The model `{host.name}` is {host.state.value}; retry after the suggested delay",
-        code="model_unavailable", retry_after=retry_after,
+        kind=ErrorKind.UNAVAILABLE,
+        message=f"The model `{host.name}` is {host.state.value}; retry after the suggested delay",
+        code="model_unavailable",
+        retry_after=retry_after,
     )

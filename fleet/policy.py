@@ -55,7 +55,9 @@ def place(needed: int, *, budget: int, resident: Sequence[Resident]) -> Place | 
             permanent=True,
         )
     evict: list[str] = []
-    for model in sorted((model for model in resident if not model.pinned and not model.busy), key=lambda m: m.last_used):
+    for model in sorted(
+        (model for model in resident if not model.pinned and not model.busy), key=lambda m: m.last_used
+    ):
         if free >= needed:
             break
         evict.append(model.name)
@@ -64,7 +66,8 @@ def place(needed: int, *, budget: int, resident: Sequence[Resident]) -> Place | 
         return Place(evict=tuple(evict))
     busy = sorted(model.name for model in resident if model.busy and not model.pinned)
     return Refuse(
-        reason=f"it needs {_gib(needed)}, {_gib(free)} could be freed now, and models in use hold the rest ({', '.join(busy)})",
+        reason=f"it needs {_gib(needed)}, {_gib(free)} could be freed now, "
+        f"and models in use hold the rest ({', '.join(busy)})",
         permanent=False,
     )
 
@@ -72,7 +75,8 @@ def place(needed: int, *, budget: int, resident: Sequence[Resident]) -> Place | 
 def expired(resident: Sequence[Resident], ttls: dict[str, float], now: float) -> list[str]:
     """The models idle past their time to live: unpinned, not busy, unused for `ttl` seconds."""
     return [
-        model.name for model in resident
+        model.name
+        for model in resident
         if not model.pinned and not model.busy and model.name in ttls and now - model.last_used >= ttls[model.name]
     ]
 

@@ -61,8 +61,12 @@ class Defaults:
     def over(self, fallback: Defaults) -> Defaults:
         """These defaults, each unset one taken from `fallback`."""
         mine = attrs.asdict(self)
-        return Defaults(**{key: fallback_value if mine[key] is None else mine[key]
-                           for key, fallback_value in attrs.asdict(fallback).items()})
+        return Defaults(
+            **{
+                key: fallback_value if mine[key] is None else mine[key]
+                for key, fallback_value in attrs.asdict(fallback).items()
+            }
+        )
 
     def shown(self) -> dict[str, JsonValue]:
         return {key: value for key, value in attrs.asdict(self).items() if value is not None}
@@ -115,8 +119,12 @@ def specs_from_settings(settings: Settings) -> tuple[ModelSpec, ...]:
 def _single(settings: Settings) -> ModelSpec:
     """Today's one model: its settings are the engine's own, unchanged; pinned, so it loads at start."""
     defaults = Defaults(
-        temperature=settings.default_temperature, top_p=settings.default_top_p, top_k=settings.default_top_k,
-        max_tokens=settings.default_max_tokens, adapter=settings.default_adapter, context_limit=settings.context_limit,
+        temperature=settings.default_temperature,
+        top_p=settings.default_top_p,
+        top_k=settings.default_top_k,
+        max_tokens=settings.default_max_tokens,
+        adapter=settings.default_adapter,
+        context_limit=settings.context_limit,
     )
     name = settings.model_name or served_name(settings.model or settings.demo_model)
     return ModelSpec(name=name, source=settings.model, pinned=True, defaults=defaults)
@@ -125,8 +133,10 @@ def _single(settings: Settings) -> ModelSpec:
 def _listed(sources: list[str], settings: Settings) -> tuple[ModelSpec, ...]:
     """`--model tiny --model demo`: each served under its usual id, a built-in also by its bare name."""
     if settings.adapters or settings.embedding_model:
-        raise ModelsFileError("with several models, give adapters and embedding models to one of them in a models file "
-                              "(MLX_RELAY_MODELS_FILE; docs/models.md)")
+        raise ModelsFileError(
+            "with several models, give adapters and embedding models to one of them in a models file "
+            "(MLX_RELAY_MODELS_FILE; docs/models.md)"
+        )
     aliases = parse_aliases(settings.model_aliases)
     specs = []
     for source in sources:
@@ -163,8 +173,14 @@ def parse_models(document: Mapping[str, Any], *, where: str = "models file") -> 
 _MODEL_KEYS = {"model", "aliases", "adapters", "embedding_model", "pinned", "ttl", "kv", "defaults"}
 _KV_TYPES: dict[str, type] = {"memory_budget": int, "context": int, "prompt_cache_bytes": int, "max_batch": int}
 _DEFAULT_TYPES: dict[str, type] = {
-    "temperature": float, "top_p": float, "top_k": int, "min_p": float, "repetition_penalty": float,
-    "max_tokens": int, "adapter": str, "context_limit": int,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "repetition_penalty": float,
+    "max_tokens": int,
+    "adapter": str,
+    "context_limit": int,
 }
 
 
@@ -217,7 +233,14 @@ def _typed(table: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
-_KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list", dict: "a table"}
+_KIND_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    list: "a list",
+    dict: "a table",
+}
 
 
 def _only(table: Mapping[str, Any], known: set[str], where: str) -> None:
@@ -236,5 +259,7 @@ def _checked(specs: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
                 raise ModelsFileError(f"the name {asked!r} is given to both {owner[asked]!r} and {spec.name!r}")
             owner[asked] = spec.name
         if spec.defaults.adapter is not None and spec.defaults.adapter not in adapter_names:
-            raise ModelsFileError(f"model {spec.name!r}: its default adapter {spec.defaults.adapter!r} is not one of its adapters")
+            raise ModelsFileError(
+                f"model {spec.name!r}: its default adapter {spec.defaults.adapter!r} is not one of its adapters"
+            )
     return specs

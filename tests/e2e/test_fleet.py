@@ -39,7 +39,9 @@ def pair(server_factory: ServerFactory) -> Server:
 
 
 def chat(client: openai.OpenAI, model: str, **extra: object) -> openai.types.chat.ChatCompletion:
-    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, **extra)  # type: ignore[call-overload, no-any-return]
+    return client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, **extra
+    )  # type: ignore[call-overload, no-any-return]
 
 
 def models(server: Server) -> dict[str, dict[str, object]]:
@@ -49,7 +51,8 @@ def models(server: Server) -> dict[str, dict[str, object]]:
 
 def admin(server: Server, name: str, action: str, **kwargs: object) -> httpx.Response:
     # The edge takes JSON bodies only: an admin call sends an empty object.
-    return httpx.post(f"{server.base_url}/admin/models/{name}/{action}", json={}, timeout=60, **kwargs)  # type: ignore[arg-type]
+    url = f"{server.base_url}/admin/models/{name}/{action}"
+    return httpx.post(url, json={}, timeout=60, **kwargs)  # type: ignore[arg-type]
 
 
 def test_two_models_are_chosen_by_model_in_every_api(pair: Server) -> None:
@@ -63,8 +66,12 @@ def test_two_models_are_chosen_by_model_in_every_api(pair: Server) -> None:
     assert message.model == "tiny"
     assert claude.messages.count_tokens(model="demo", messages=[{"role": "user", "content": "Hi"}]).input_tokens > 0
     assert client.embeddings.create(model="demo", input="Hi").model == "demo"
-    windows = {name: httpx.post(f"{pair.base_url}/tokenize", json={"model": name, "prompt": "Hi"}, headers=HEADERS, timeout=10)
-               .json()["max_model_len"] for name in ("tiny", "demo")}
+    windows = {
+        name: httpx.post(
+            f"{pair.base_url}/tokenize", json={"model": name, "prompt": "Hi"}, headers=HEADERS, timeout=10
+        ).json()["max_model_len"]
+        for name in ("tiny", "demo")
+    }
     # Each model's own tokenizer and window answer (tiny's config says 2048, demo's 4096).
     assert windows == {"tiny": 2048, "demo": 4096}
     cards = models(pair)
@@ -86,7 +93,10 @@ def test_an_unknown_model_is_a_404_in_each_api_s_shape(pair: Server) -> None:
     assert messages_error.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
     with pytest.raises(anthropic.NotFoundError):
         claude.messages.count_tokens(model="claude-x", messages=[{"role": "user", "content": "Hi"}])
-    for path, body in (("/tokenize", {"model": "x", "prompt": "Hi"}), ("/v1/score", {"model": "x", "text_1": "a", "text_2": "b"})):
+    for path, body in (
+        ("/tokenize", {"model": "x", "prompt": "Hi"}),
+        ("/v1/score", {"model": "x", "text_1": "a", "text_2": "b"}),
+    ):
         assert httpx.post(f"{pair.base_url}{path}", json=body, headers=HEADERS, timeout=10).status_code == 404
     assert httpx.get(f"{pair.v1}/models/gpt-4o", headers=HEADERS, timeout=10).status_code == 404
 
@@ -94,7 +104,9 @@ def test_an_unknown_model_is_a_404_in_each_api_s_shape(pair: Server) -> None:
 def test_admin_routes_need_the_key_and_know_the_models(pair: Server) -> None:
     assert admin(pair, "demo", "load").status_code == 401
     assert admin(pair, "gpt-4o", "load", headers=HEADERS).json()["error"]["code"] == "model_not_found"
-    assert httpx.post(f"{pair.base_url}/admin/models/demo/reboot", json={}, headers=HEADERS, timeout=10).status_code == 404
+    assert (
+        httpx.post(f"{pair.base_url}/admin/models/demo/reboot", json={}, headers=HEADERS, timeout=10).status_code == 404
+    )
     assert admin(pair, "demo", "unload", headers=HEADERS).json()["state"] == "unloaded"
     assert models(pair)["mlx-relay/demo"]["state"] == "unloaded"
     assert admin(pair, "demo", "load", headers=HEADERS).json()["state"] == "ready"
@@ -115,8 +127,12 @@ def test_a_load_leaves_the_other_model_s_streams_whole(pair: Server) -> None:
 
     def stream() -> tuple[int, str | None]:
         chunks = client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=400, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+            model="tiny",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=400,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
         )
         finish, tokens, waited = None, 0, False
         for chunk in chunks:
@@ -188,7 +204,10 @@ def test_a_third_model_evicts_the_least_recently_used_and_ttl_unloads(trio: Serv
     assert states(trio)["beta"] == "unloaded"
     # gamma's ttl is 2 s; alpha has none.
     assert wait_for(trio, {"alpha": "ready", "beta": "unloaded", "gamma": "unloaded"}) == {
-        "alpha": "ready", "beta": "unloaded", "gamma": "unloaded"}
+        "alpha": "ready",
+        "beta": "unloaded",
+        "gamma": "unloaded",
+    }
     assert chat(client, "gamma").model == "gamma"
     assert states(trio)["gamma"] == "ready"
     gamma = httpx.get(f"{trio.base_url}/stats", timeout=10).json()["models"]["gamma"]
@@ -208,10 +227,12 @@ def test_defaults_from_the_file_and_the_generation_config_and_the_request_wins(t
     client = trio.client()
     # alpha's file default: 2 tokens; gamma's generation_config.json: 4; a request's own max_tokens wins.
     for model, default in (("alpha", 2), ("gamma", 4)):
-        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
-                                               extra_body={"ignore_eos": True})
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], extra_body={"ignore_eos": True}
+        )
         assert reply.usage is not None and reply.usage.completion_tokens == default
-    assert chat(client, "alpha", extra_body={"ignore_eos": True}).usage.completion_tokens == 3  # type: ignore[union-attr]
+    asked = chat(client, "alpha", extra_body={"ignore_eos": True}).usage
+    assert asked is not None and asked.completion_tokens == 3
     gamma = models(trio)["gamma"]
     assert gamma["defaults"] == {"temperature": 0.0, "max_tokens": 4}
     fit = httpx.get(f"{trio.base_url}/fit", params={"model": "beta"}, timeout=30).json()
@@ -225,7 +246,9 @@ def test_mlx_relay_serve_with_a_repeated_model_serves_both(tmp_path: Path) -> No
     # `python -m edge.cli` from this checkout: the installed console script may belong to another one.
     command = [sys.executable, "-m", "edge.cli", "serve", "--port", str(port), "--model", "tiny", "--model", "demo"]
     with (tmp_path / "serve.log").open("wb") as log:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while not _healthy(f"{base}/health"):
@@ -250,6 +273,15 @@ def _healthy(url: str) -> bool:
 
 def test_a_bad_models_file_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "models.toml").write_text("[models.a]\nmodle = 'tiny'\n")
-    command = [sys.executable, "-m", "edge.cli", "serve", "--port", str(_free_port()), "--models-file", str(tmp_path / "models.toml")]
+    command = [
+        sys.executable,
+        "-m",
+        "edge.cli",
+        "serve",
+        "--port",
+        str(_free_port()),
+        "--models-file",
+        str(tmp_path / "models.toml"),
+    ]
     refused = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "unknown key 'modle'" in refused.stderr

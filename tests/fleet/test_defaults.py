@@ -18,8 +18,18 @@ CHAT: dict[str, JsonValue] = {"model": "m", "messages": [{"role": "user", "conte
 
 
 def test_generation_config_is_read_as_vllm_reads_it(tmp_path: Path) -> None:
-    (tmp_path / "generation_config.json").write_text(json.dumps(
-        {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_new_tokens": 256, "do_sample": True, "bos_token_id": 1}))
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "temperature": 0.6,
+                "top_p": 0.95,
+                "top_k": 20,
+                "max_new_tokens": 256,
+                "do_sample": True,
+                "bos_token_id": 1,
+            }
+        )
+    )
     assert generation_config(tmp_path) == Defaults(temperature=0.6, top_p=0.95, top_k=20, max_tokens=256)
 
 
@@ -61,14 +71,35 @@ def test_unset_fields_take_the_defaults(decode: object, body: dict[str, JsonValu
 @pytest.mark.parametrize(
     ("decode", "body", "max_tokens"),
     [
-        pytest.param(decode_chat, {**CHAT, "temperature": 0.0, "top_p": 1, "top_k": 3, "max_completion_tokens": 5}, 5, id="chat"),
-        pytest.param(decode_completion, {"model": "m", "prompt": "hi", "temperature": 0, "top_p": 1, "top_k": 3, "max_tokens": 5},
-                     5, id="completions"),
-        pytest.param(decode_messages, {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
-                                       "temperature": 0, "top_p": 1, "top_k": 3}, 5, id="messages"),
+        pytest.param(
+            decode_chat, {**CHAT, "temperature": 0.0, "top_p": 1, "top_k": 3, "max_completion_tokens": 5}, 5, id="chat"
+        ),
+        pytest.param(
+            decode_completion,
+            {"model": "m", "prompt": "hi", "temperature": 0, "top_p": 1, "top_k": 3, "max_tokens": 5},
+            5,
+            id="completions",
+        ),
+        pytest.param(
+            decode_messages,
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi"}],
+                "temperature": 0,
+                "top_p": 1,
+                "top_k": 3,
+            },
+            5,
+            id="messages",
+        ),
         # Responses has no top_k: the model's default stays.
-        pytest.param(decode_responses_body, {"model": "m", "input": "hi", "temperature": 0, "top_p": 1, "max_output_tokens": 16},
-                     16, id="responses"),
+        pytest.param(
+            decode_responses_body,
+            {"model": "m", "input": "hi", "temperature": 0, "top_p": 1, "max_output_tokens": 16},
+            16,
+            id="responses",
+        ),
     ],
 )
 def test_a_request_s_own_value_wins(decode: object, body: dict[str, JsonValue], max_tokens: int) -> None:

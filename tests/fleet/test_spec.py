@@ -42,8 +42,13 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_every_key_of_a_model_is_read(tmp_path: Path) -> None:
     chat, tiny = read_models_file(write(tmp_path, FULL))
     assert chat == ModelSpec(
-        name="chat", source="smollm2", aliases=("default", "assistant"), adapters="support=/adapters/support", pinned=True,
-        ttl=600.0, kv=KvSpec(memory_budget=4294967296, max_batch=8),
+        name="chat",
+        source="smollm2",
+        aliases=("default", "assistant"),
+        adapters="support=/adapters/support",
+        pinned=True,
+        ttl=600.0,
+        kv=KvSpec(memory_budget=4294967296, max_batch=8),
         defaults=Defaults(temperature=0.7, top_k=40, max_tokens=512, adapter="support", context_limit=4096),
     )
     # A model with no `model` key is the built-in (or directory) of its name.
@@ -59,7 +64,11 @@ def test_every_key_of_a_model_is_read(tmp_path: Path) -> None:
         pytest.param("[models.a]\npinned = 'yes'\n", "pinned must be true or false", id="pinned-string"),
         pytest.param("[models.a.kv]\nmax_batch = 1.5\n", "max_batch must be an integer", id="float-batch"),
         pytest.param("[models.a]\naliases = ['b']\n[models.b]\n", "'b' is given to both", id="alias-names-a-model"),
-        pytest.param("[models.a.defaults]\nadapter = 'x'\n", "default adapter 'x' is not one of its adapters", id="unknown-default-adapter"),
+        pytest.param(
+            "[models.a.defaults]\nadapter = 'x'\n",
+            "default adapter 'x' is not one of its adapters",
+            id="unknown-default-adapter",
+        ),
         pytest.param("models = 1\n", "at least one [models.<name>]", id="no-models"),
         pytest.param("[other]\n", "unknown key 'other'", id="unknown-table"),
         pytest.param("[models.a\n", "not TOML", id="not-toml"),
@@ -91,7 +100,9 @@ def test_adapters_with_several_models_need_a_file() -> None:
 
 
 def test_one_model_is_todays_pinned_model_with_the_settings_defaults() -> None:
-    (spec,) = specs_from_settings(Settings(model="tiny", default_temperature=0.2, default_max_tokens=64, context_limit=512))
+    (spec,) = specs_from_settings(
+        Settings(model="tiny", default_temperature=0.2, default_max_tokens=64, context_limit=512)
+    )
     assert spec.name == "mlx-relay/tiny" and spec.source == "tiny" and spec.pinned
     assert spec.defaults == Defaults(temperature=0.2, max_tokens=64, context_limit=512)
     assert specs_from_settings(Settings())[0].source is None
