@@ -153,8 +153,16 @@ def test_a_load_leaves_the_other_model_s_streams_whole(pair: Server) -> None:
 
 
 @pytest.fixture(scope="module")
-def trio(server_factory: ServerFactory, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
-    """alpha, beta and gamma (tiny-shaped) at 40 MiB each, under a 100 MiB budget; gamma ships a generation_config."""
+def trio(
+    server_factory: ServerFactory,
+    tiny_model: Path,
+    lora_adapters: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Server:
+    """alpha, beta and gamma (tiny-shaped) at 40 MiB each, under a 100 MiB budget; gamma ships a generation_config.
+
+    alpha serves the adapter lora-a; beta serves lora-b, its default adapter.
+    """
     root = tmp_path_factory.mktemp("fleet")
     shipped = root / "tiny-shipped"
     shutil.copytree(tiny_model, shipped)
@@ -164,11 +172,14 @@ def trio(server_factory: ServerFactory, tiny_model: Path, tmp_path_factory: pyte
 [models.alpha]
 model = "tiny"
 aliases = ["a"]
+adapters = {{ "lora-a" = "{lora_adapters["lora-a"]}" }}
 kv = {{ memory_budget = {40 * MiB} }}
 defaults = {{ max_tokens = 2 }}
 [models.beta]
 model = "tiny"
+adapters = {{ "lora-b" = "{lora_adapters["lora-b"]}" }}
 kv = {{ memory_budget = {40 * MiB} }}
+defaults = {{ adapter = "lora-b" }}
 [models.gamma]
 model = "{shipped}"
 ttl = 2
@@ -237,6 +248,29 @@ def test_defaults_from_the_file_and_the_generation_config_and_the_request_wins(t
     assert gamma["defaults"] == {"temperature": 0.0, "max_tokens": 4}
     fit = httpx.get(f"{trio.base_url}/fit", params={"model": "beta"}, timeout=30).json()
     assert fit["footprint"]["bytes"] == 40 * MiB and fit["budget_bytes"] == 100 * MiB
+
+
+def test_an_adapter_is_a_model_and_a_default_adapter_answers_for_its_model(trio: Server) -> None:
+    client = trio.client()
+
+    def greedy(model: str) -> tuple[str, str | None]:
+        reply = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=8,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        return reply.model, reply.choices[0].message.content
+
+    assert greedy("lora-a")[0] == "lora-a"
+    card = models(trio)["lora-a"]
+    assert (card["root"], card["parent"], card["state"]) == ("lora-a", "alpha", "ready")
+    # beta, asked by its name, runs its default adapter lora-b (and answers as beta); the bare base does not.
+    (as_beta, by_default), (_, by_name) = greedy("beta"), greedy("lora-b")
+    assert as_beta == "beta" and by_default == by_name
+    assert greedy("alpha")[1] != by_default
+    assert models(trio)["beta"]["defaults"] == {"adapter": "lora-b"}
 
 
 def test_mlx_relay_serve_with_a_repeated_model_serves_both(tmp_path: Path) -> None:
