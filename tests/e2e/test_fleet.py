@@ -19,6 +19,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
 import anthropic
 import httpx
@@ -39,9 +40,9 @@ def pair(server_factory: ServerFactory) -> Server:
 
 
 def chat(client: openai.OpenAI, model: str, **extra: object) -> openai.types.chat.ChatCompletion:
-    return client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, **extra
-    )  # type: ignore[call-overload, no-any-return]
+    messages: list[dict[str, str]] = [{"role": "user", "content": "Hi"}]
+    reply = client.chat.completions.create(model=model, messages=messages, max_tokens=3, **extra)  # type: ignore[call-overload]
+    return cast(openai.types.chat.ChatCompletion, reply)
 
 
 def models(server: Server) -> dict[str, dict[str, object]]:
