@@ -13,7 +13,6 @@ busy). Loads and evictions happen one at a time, under one lock.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,7 +34,7 @@ from pipeline.settings import Settings
 from stages.adapters import not_found
 from stages.engine import Engine
 from stages.kv.machine import Machine, read_machine
-from stages.models.loading import resolve_model
+from stages.models.loading import release_unloaded, resolve_model
 
 log = structlog.get_logger(stage="fleet")
 
@@ -212,7 +211,7 @@ class Fleet:
         await host.stopped.wait()
         host.unloads += 1
         # The engine's objects hold each other; the model's arrays go back only once the cycle is collected.
-        await anyio.to_thread.run_sync(gc.collect)
+        await anyio.to_thread.run_sync(release_unloaded)
         log.info("fleet.unloaded", model=host.name)
 
     async def load(self, name: str) -> ModelHost:
