@@ -103,11 +103,13 @@ async def lifespan() -> AsyncGenerator[None, None]:
             fleet = Fleet(settings=settings, specs=specs, several=several, observer=observer)
             app.extensions["fleet"] = await outer.start(fleet.run)
             first = fleet.default.engine
-            metrics.configure(model_name=fleet.default.name, context_window=first.info.context_window if first else 2**15)
+            window = first.info.context_window if first else 2**15
+            metrics.configure(model_name=fleet.default.name, context_window=window)
             if not several and first is not None:
                 check_aliases(first.served)
             # Which event loop serves (uvloop under `mlx-relay serve --loop uvloop` or `hypercorn -k uvloop`).
-            log.info("server.ready", models=list(fleet.hosts), loop=type(__import__("asyncio").get_running_loop()).__module__)
+            loop = type(__import__("asyncio").get_running_loop()).__module__
+            log.info("server.ready", models=list(fleet.hosts), loop=loop)
             yield
             log.info("server.draining")
             await fleet.drain(settings.drain_timeout)

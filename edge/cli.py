@@ -42,7 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     try:
         status = serve(args)
-    except (ServeError, SettingsError, StartupError, SocketInUse, AdapterError, EmbeddingModelError, ModelsFileError, OSError) as error:
+    except (
+        ServeError, SettingsError, StartupError, SocketInUse, AdapterError, EmbeddingModelError, ModelsFileError,
+        OSError,
+    ) as error:
         print(f"mlx-relay: {error}", file=sys.stderr)
         return USAGE_ERROR
     _exit_now(status)
@@ -75,9 +78,13 @@ def _parser() -> argparse.ArgumentParser:
         help="a built-in model, a directory or a Hugging Face repo id (MLX_RELAY_MODEL); repeat it to serve several, "
         "each chosen by the request's model (comma-separated in MLX_RELAY_MODEL); default: the demo model",
     )
-    serve.add_argument("--models-file", help="a TOML file naming several models and their settings (MLX_RELAY_MODELS_FILE; docs/models.md)")
+    serve.add_argument(
+        "--models-file",
+        help="a TOML file naming several models and their settings (MLX_RELAY_MODELS_FILE; docs/models.md)",
+    )
     for flag, meaning in _DEFAULT_FLAGS.items():
-        serve.add_argument(f"--{flag}", help=f"{meaning}, unless a request sets it (MLX_RELAY_{flag.upper().replace('-', '_')})")
+        variable = PREFIX + flag.upper().replace("-", "_")
+        serve.add_argument(f"--{flag}", help=f"{meaning}, unless a request sets it ({variable})")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     serve.add_argument("--unix", metavar="PATH", help="listen on a Unix socket only its owner may use (mode 0600) instead of TCP")
@@ -106,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
 # One model's defaults (a models file sets them per model).
 _DEFAULT_FLAGS = {
     "default-temperature": "the sampling temperature", "default-top-p": "top_p", "default-top-k": "top_k",
-    "default-max-tokens": "the tokens a reply may have", "default-adapter": "the adapter a request naming the base model gets",
+    "default-max-tokens": "the tokens a reply may have",
+    "default-adapter": "the adapter a request naming the base model gets",
     "context-limit": "a context window below the model's own",
 }
 
@@ -140,7 +148,8 @@ def serve(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> None:
     flags = {
-        "model": ",".join(args.model) if args.model else None, "models_file": args.models_file, "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard,
+        "model": ",".join(args.model) if args.model else None, "models_file": args.models_file,
+        "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard,
         "loop": args.loop, "embedding_model": args.embedding_model, "adapters": args.adapters,
     }  # fmt: skip
     flags.update({flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag in _DEFAULT_FLAGS})

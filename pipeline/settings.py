@@ -50,7 +50,8 @@ class Settings:
     model_aliases: str | None = attrs.field(default=None, validator=lambda _i, _a, value: _check_aliases(value))
     # LoRA adapters in mlx-lm's format served as model ids of their own: "name=path,name2=path2" (stages/adapters.py).
     adapters: str | None = None
-    # Several models served by name: a TOML models file (fleet/spec.py); MLX_RELAY_MODEL may also list several, comma-separated.
+    # Several models served by name: a TOML models file (fleet/spec.py); MLX_RELAY_MODEL may also list
+    # several, comma-separated.
     models_file: str | None = None
     # One model's defaults, which a request's own value overrides (a models file sets them per model):
     # sampling (unset: the model's generation_config.json), max_tokens, the adapter a request naming the base

@@ -101,7 +101,8 @@ class ServedModels:
     @default_adapter.validator
     def _served_adapter(self, _attribute: object, value: str | None) -> None:
         if value is not None and all(adapter.name != value for adapter in self.adapters):
-            raise AdapterError(f"the default adapter {value!r} is not one of the adapters served ({', '.join(a.name for a in self.adapters) or 'none'})")
+            served = ", ".join(adapter.name for adapter in self.adapters) or "none"
+            raise AdapterError(f"the default adapter {value!r} is not one of the adapters served ({served})")
 
     @property
     def ids(self) -> tuple[str, ...]:

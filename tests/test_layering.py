@@ -128,7 +128,8 @@ def test_layer_imports(path: Path) -> None:
         pytest.param("stages/gateway.py", "import mlx.core as mx\n", [], id="gateway-mlx-core"),
         pytest.param("stages/sampling.py", "import mlx.core as mx\n", [], id="sampling-mlx-core"),
         pytest.param("wire/x.py", "from pipeline.errors import invalid\n", [], id="wire-pipeline"),
-        pytest.param("stages/x.py", "from fleet.spec import ModelSpec\n", ["fleet.spec", "fleet.spec.ModelSpec"], id="stages-fleet"),
+        pytest.param("stages/x.py", "from fleet.spec import ModelSpec\n", ["fleet.spec", "fleet.spec.ModelSpec"],
+                     id="stages-fleet"),
         pytest.param("fleet/x.py", "import quart\n", ["quart"], id="fleet-quart"),
     ],
 )

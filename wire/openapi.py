@@ -64,7 +64,7 @@ OPERATIONS = (
               example={"model": "m", "prompt": "Hello", "add_special_tokens": True}),
     Operation(method="post", path="/detokenize", summary="Text of token ids (vLLM)", decode=decode_detokenize,
               example={"model": "m", "tokens": [1]}),
-    Operation(method="get", path="/v1/models", summary="The served models, as a list (with several: each one's state and defaults)"),
+    Operation(method="get", path="/v1/models", summary="The served models, as a list (several: states, defaults)"),
     Operation(method="get", path="/v1/models/{model_id}", summary="A served model"),
     Operation(method="get", path="/health", summary="Liveness: 200 while the engine serves, 503 otherwise", public=True),
     Operation(method="get", path="/fit", summary="What this machine can serve of this model"),

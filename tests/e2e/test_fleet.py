@@ -41,7 +41,8 @@ def pair(server_factory: ServerFactory) -> Server:
 
 def chat(client: openai.OpenAI, model: str, **extra: object) -> openai.types.chat.ChatCompletion:
     messages: list[dict[str, str]] = [{"role": "user", "content": "Hi"}]
-    reply = client.chat.completions.create(model=model, messages=messages, max_tokens=3, **extra)  # type: ignore[call-overload]
+    create = client.chat.completions.create
+    reply = create(model=model, messages=messages, max_tokens=3, **extra)  # type: ignore[call-overload]
     return cast(openai.types.chat.ChatCompletion, reply)
 
 
