@@ -76,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model", action="append",
         help="a built-in model, a directory or a Hugging Face repo id (MLX_RELAY_MODEL); repeat it to serve several, "
-        "each chosen by the request's model (comma-separated in MLX_RELAY_MODEL); default: the demo model",
+        "each chosen by the request's model (comma-separated in MLX_RELAY_MODEL); "
+        "default: SmolLM2-135M-Instruct (built-in 'smollm2', or MLX_RELAY_DEMO_MODEL)",
     )
     serve.add_argument(
         "--models-file",
@@ -211,14 +212,20 @@ def _run(config: object, *, loop: str = "asyncio") -> int:
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.utils import LifespanFailureError
 
-    from app import app
+    from app import app, start_draining
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            # New requests on connections still open (keep-alive, h2) get 503 from now on, not a place in the queue.
+            start_draining()
+            stop.set()
+
         # The same signals `hypercorn app:app` stops on: stop accepting, drain, then stop the engine.
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
+            loop.add_signal_handler(signum, on_signal)
         await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
     try:

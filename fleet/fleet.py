@@ -232,9 +232,16 @@ class Fleet:
             raise not_found(name, "model", served=tuple(self._names))
         return self.hosts[owner]
 
+    def start_draining(self) -> None:
+        """New work is refused with 503 from now on, by every model; what is in flight goes on."""
+        self.draining = True
+        for host in self.hosts.values():
+            if host.engine is not None:
+                host.engine.start_draining()
+
     async def drain(self, timeout: float) -> None:
         """Stop every model: refuse new requests, let those in flight finish (all within `timeout`)."""
-        self.draining = True
+        self.start_draining()
         with anyio.move_on_after(timeout):
             async with anyio.create_task_group() as group:
                 for host in self.hosts.values():
