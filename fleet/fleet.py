@@ -28,7 +28,7 @@ from fleet.footprint import Footprint, fleet_budget, read_footprint
 from fleet.host import ModelHost, State, cannot_place, load_failed, unavailable
 from fleet.policy import Refuse, expired, place
 from fleet.spec import ModelSpec, served_name
-from pipeline.errors import ErrorKind, RequestError
+from pipeline.errors import ErrorKind, RequestError, shutting_down
 from pipeline.observe import NullObserver, RequestObserver
 from pipeline.settings import Settings
 from stages.adapters import not_found
@@ -125,7 +125,7 @@ class Fleet:
     async def _ready(self, host: ModelHost) -> Engine:
         retry = self._settings.retry_after
         if self.draining:
-            raise unavailable(host, retry)
+            raise shutting_down()
         if (
             host.engine is not None
             and host.state in (State.READY, State.FAILED)
