@@ -36,6 +36,8 @@ from quart import Blueprint, Quart, Response, current_app, websocket
 
 from edge import guard
 from edge.aliases import with_model
+from edge.choice import chosen, current_defaults, model_named
+from fleet.defaults import with_defaults
 from edge.keys import key_matches, presented_key
 from edge.responses_turn import ResponsesTurn, prepare_turn
 from edge.streaming import Persist, sse_body
@@ -43,7 +45,6 @@ from pipeline.errors import ErrorKind, RequestError, invalid, shutting_down
 from pipeline.events import FinishReason, Summary
 from pipeline.protocol import StreamProtocol
 from pipeline.requests import JsonObject
-from stages.engine import Engine
 from stages.messages import Reply
 from stages.parse import load_json
 from wire import openai
@@ -104,7 +105,7 @@ def _refusal() -> RequestError | None:
     # Browsers send an Origin on every upgrade and no CORS check guards a socket: a foreign page is refused here.
     if origin is not None and origin.rstrip("/") not in policy.origins and not _same_origin(origin):
         return RequestError(kind=ErrorKind.FORBIDDEN, message=f"Origin {origin!r} is not allowed")
-    if "engine" not in current_app.extensions:
+    if "fleet" not in current_app.extensions:
         return shutting_down()
     return None
 
@@ -217,10 +218,12 @@ class Session:
         turn = await prepare_turn(self.app, body, trace_id=websocket.headers.get("x-request-id"))
         if not generate:
             turn = _warm_only(turn)
-        engine = cast(Engine, self.app.extensions["engine"])
-        reply = await engine.submit(
-            request_id=turn.request_id, trace_id=turn.request_id, body=dumps(body).encode(), decode=with_model(turn.decode)
-        )
+        raw = dumps(body).encode()
+        # The generation entry's steps, as the HTTP route takes them (app.py `_generate`): the model the body names,
+        # its defaults, then admission.
+        async with chosen(model_named(raw)) as engine:
+            decode = with_defaults(with_model(turn.decode), current_defaults())
+            reply = await engine.submit(request_id=turn.request_id, trace_id=turn.request_id, body=raw, decode=decode)
         with reply:
             accepted = await reply.accepted()
             protocol = self._protocol = turn.make_protocol(accepted, turn.request_id)

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import cast
 
 import attrs
 import structlog
 from quart import Quart
 
 from edge.aliases import served_as
+from edge.choice import current_engine
 from edge.store import store_call
 from edge.streaming import Persist
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.protocol import StreamProtocol
 from pipeline.requests import Accepted, ChatRequest, JsonObject, JsonValue
-from stages.engine import Engine
 from wire import responses as responses_wire
 from wire.response_store import StoredResponse
 from wire.responses_requests import ResponsesRequest, continued_input, decode_responses, to_chat
@@ -48,7 +47,7 @@ class ResponsesTurn:
         return to_chat(self.decoded, self.history, self.instructions)
 
     def make_protocol(self, accepted: Accepted, request_id: str) -> StreamProtocol:
-        engine = cast(Engine, self.app.extensions["engine"])
+        engine = current_engine()
         return responses_wire.ResponsesStream(
             id=request_id,
             created_at=int(time.time()),
