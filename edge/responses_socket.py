@@ -39,13 +39,14 @@ from edge.aliases import with_model
 from edge.choice import chosen, current_defaults, model_named
 from fleet.defaults import with_defaults
 from edge.keys import key_matches, presented_key
+from edge.sessions import session_key
 from edge.responses_turn import ResponsesTurn, prepare_turn
 from edge.streaming import Persist, sse_body
 from pipeline.errors import ErrorKind, RequestError, invalid, shutting_down
 from pipeline.events import FinishReason, Summary
 from pipeline.protocol import StreamProtocol
-from pipeline.requests import JsonObject
-from stages.messages import Reply
+from pipeline.requests import GenerationRequest, JsonObject, JsonValue, with_cache_key
+from stages.messages import Decoder, Reply
 from stages.parse import load_json
 from wire import openai
 from wire.sse import dumps
@@ -100,7 +101,9 @@ def _refusal() -> RequestError | None:
                 code="missing_api_key",
             )
         if not key_matches(presented, policy.keys):
-            return RequestError(kind=ErrorKind.UNAUTHENTICATED, message="Incorrect API key provided", code="invalid_api_key")
+            return RequestError(
+                kind=ErrorKind.UNAUTHENTICATED, message="Incorrect API key provided", code="invalid_api_key"
+            )
     origin = websocket.headers.get("origin")
     # Browsers send an Origin on every upgrade and no CORS check guards a socket: a foreign page is refused here.
     if origin is not None and origin.rstrip("/") not in policy.origins and not _same_origin(origin):
@@ -222,14 +225,17 @@ class Session:
         # The generation entry's steps, as the HTTP route takes them (app.py `_generate`): the model the body names,
         # its defaults, then admission.
         async with chosen(model_named(raw)) as engine:
-            decode = with_defaults(with_model(turn.decode), current_defaults())
+            decode = with_defaults(with_model(_in_session(turn.decode)), current_defaults())
             reply = await engine.submit(request_id=turn.request_id, trace_id=turn.request_id, body=raw, decode=decode)
         with reply:
             accepted = await reply.accepted()
             protocol = self._protocol = turn.make_protocol(accepted, turn.request_id)
             log.info("socket.turn", request_id=turn.request_id, generate=generate)
             interval = cast(float, self.app.extensions["keepalive_interval"])
-            frames = sse_body(reply, protocol, turn.persist, interval) if generate else _warmed(reply, protocol, turn.persist)
+            if generate:
+                frames = sse_body(reply, protocol, turn.persist, interval)
+            else:
+                frames = _warmed(reply, protocol, turn.persist)
             async for chunk in frames:
                 for payload in data_payloads(chunk):
                     await self.send(payload)
@@ -243,6 +249,18 @@ class Session:
                 for payload in data_payloads(protocol.error(shutting_down())):
                     await self.send(payload)
             await websocket.close(GOING_AWAY, "server shutting down")
+
+
+def _in_session(decode: Decoder) -> Decoder:
+    """`decode`, keyed to the session the upgrade's headers name (`edge/sessions.py`), as an HTTP request is."""
+    session = session_key(websocket.headers.get)
+    if not session:
+        return decode
+
+    def decode_in_session(value: JsonValue) -> GenerationRequest:
+        return with_cache_key(decode(value), session)
+
+    return decode_in_session
 
 
 def _warm_only(turn: ResponsesTurn) -> ResponsesTurn:

@@ -70,7 +70,11 @@ class ResponsesTurn:
 
     async def save(self, body: JsonObject) -> None:
         record = StoredResponse(
-            id=self.request_id, created_at=time.time(), body=body, input_items=self.replay, instructions=self.instructions
+            id=self.request_id,
+            created_at=time.time(),
+            body=body,
+            input_items=self.replay,
+            instructions=self.instructions,
         )
         await store_call(self.app, lambda store: store.put(record))
 

@@ -234,10 +234,9 @@ def test_many_sessions_half_leaving_mid_turn_leave_nothing_running(server: Serve
             for number in range(3):
                 leaving = index % 2 == 1 and number == 2
                 # The tiny model's window is 2048 tokens: room for the history and a long answer.
-                create(ws, input=f"Turn {number}.", previous_response_id=previous, max_output_tokens=1500 if leaving else 4)
+                tokens = 1500 if leaving else 4
+                create(ws, input=f"Turn {number}.", previous_response_id=previous, max_output_tokens=tokens)
                 if leaving:
-                    first = next(f for f in iter(lambda: json.loads(ws.recv(timeout=100)), None) if f["type"] != "response.created")
-                    assert first["type"] == "response.in_progress", first
                     while json.loads(ws.recv(timeout=100))["type"] != "response.output_text.delta":
                         pass
                     return "left"
@@ -249,7 +248,7 @@ def test_many_sessions_half_leaving_mid_turn_leave_nothing_running(server: Serve
     assert ends.count("left") == SESSIONS // 2 and ends.count("done") == SESSIONS // 2
     wait_for(
         server,
-        lambda figures: figures["gateway"]["active"] == 0 and figures["admission"]["in_flight"] == 0,  # type: ignore[index]
+        lambda figures: figures["gateway"]["active"] == figures["admission"]["in_flight"] == 0,  # type: ignore[index]
         timeout=NOTICE,
         what="every session's row left",
     )

@@ -137,8 +137,8 @@ HOSTILE = (
 def canned_stream(reasoning: str, content: str) -> str:
     chunks = [{"reasoning_content": reasoning}, *({"content": content[i : i + 40]} for i in range(0, len(content), 40))]
     frames = [
-        {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [{"index": 0, "delta": d}]}
-        for d in chunks
+        {"object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [{"index": 0, "delta": part}]}
+        for part in chunks
     ]
     return "".join(f"data: {json.dumps(frame)}\n\n" for frame in frames) + "data: [DONE]\n\n"
 
@@ -155,7 +155,9 @@ def test_hostile_markdown_is_rendered_inert_and_reasoning_folds(page: Page, serv
     content = page.locator(".message.assistant .content")
     expect(content.locator("pre code")).to_contain_text("print('<b>code</b>')", timeout=WAIT_MS)
     assert content.locator("img, script, b").count() == 0
-    handlers = content.evaluate("c => [...c.querySelectorAll('*')].flatMap(e => e.getAttributeNames()).filter(n => n.startsWith('on'))")
+    handlers = content.evaluate(
+        "c => [...c.querySelectorAll('*')].flatMap(e => e.getAttributeNames()).filter(n => n.startsWith('on'))"
+    )
     assert handlers == []
     hrefs = content.evaluate("c => [...c.querySelectorAll('a')].map(a => a.getAttribute('href'))")
     assert not any(href and href.strip().lower().startswith("javascript:") for href in hrefs), hrefs
