@@ -15,6 +15,7 @@ from quart import Blueprint, Response, current_app, request
 
 from edge import guard
 from edge.aliases import work_served_as
+from edge.status_routes import model_state
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
 from stages.engine import Engine
@@ -121,7 +122,7 @@ def _model_card(model_id: str) -> JsonObject:
         "max_model_len": info.context_window,
     }
     if model_id == info.name:
-        return card
+        return {**card, "state": model_state(engine)["state"]}
     if engine.embedder is not None and model_id == engine.embedder.name:
         window = engine.embedder.context_window
         return {**card, "context_window": window, "max_model_len": window}

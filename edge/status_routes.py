@@ -7,6 +7,7 @@ are read from: `/metrics` renders it under vLLM's names and ours, and
 
 from __future__ import annotations
 
+import os
 import time
 from typing import cast
 
@@ -36,11 +37,20 @@ def _json(body: JsonValue, status: int = 200) -> Response:
 async def health() -> Response:
     current = _engine()
     status = "ok" if current.ready else ("dead" if current.dead else "unavailable")
-    body: JsonObject = {"status": status}
+    body: JsonObject = {"status": status, "models": [model_state(current)]}
     if (ranks := current.ranks()) is not None:
         # Sharded over several processes: each rank's heartbeat (stages/shard/liveness.py).
         body["ranks"] = [cast(JsonObject, attrs.asdict(rank)) for rank in ranks]
     return _json(body, status=200 if status == "ok" else 503)
+
+
+def model_state(engine: Engine) -> JsonObject:
+    """The model's state (loading, ready, restarting, failed) and the process that runs it."""
+    worker = engine.worker()
+    if worker is None:
+        state = "ready" if engine.ready else ("failed" if engine.dead else "loading")
+        return {"id": engine.info.name, "state": state, "pid": os.getpid(), "in_process": True}
+    return {"id": engine.info.name, "state": worker.state, "pid": worker.pid, "restarts": worker.restarts, "in_process": False}
 
 
 @routes.get("/fit")

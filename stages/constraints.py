@@ -72,6 +72,8 @@ class CompiledConstraint:
     """A validated grammar; `matcher()` gives a fresh matcher for one row."""
 
     _prototype: LLMatcher = attrs.field(alias="prototype")
+    # What it was compiled from: a model worker compiles it again in its own process (stages/remote/).
+    grammar: Grammar | None = None
 
     def matcher(self) -> LLMatcher:
         return self._prototype.deep_copy()
@@ -117,7 +119,7 @@ class ConstraintCompiler:
         matcher = LLMatcher(self._llguidance_tokenizer(), grammar.text, limits=_limits())
         if matcher.is_error():
             raise invalid(f"Invalid {grammar.param}: {_reason(matcher.get_error())}", param=grammar.param)
-        compiled = CompiledConstraint(prototype=matcher)
+        compiled = CompiledConstraint(prototype=matcher, grammar=grammar)
         with self._lock:
             self._compiled[grammar.text] = compiled
             while len(self._compiled) > _CACHE_ENTRIES:

@@ -31,13 +31,15 @@ from stages.chat import ChatStage, render_edited
 from stages.constraints import ConstraintCompiler
 from stages.families.base import Family
 from stages.fim import find_infill
-from stages.cache.disk import DiskTier, SpillJob
+from stages.cache.disk import DiskTier
 from stages.exclusive import ExclusiveQueue, ExclusiveStatistics
 from stages.gateway import GatewayStatistics, GenerationGateway
+from stages.model_side import ModelSide, make_gateway
+from stages.remote.exclusive import RemoteExclusiveQueue
+from stages.remote.gateway import RemoteGateway, WorkerStatus
 from stages.kv.plan import Fit, assess
-from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
-from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
+from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, resolve_model
 from stages.model_work import ModelWork, dedicated_work, hidden_size
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation, prompt_room
@@ -48,7 +50,7 @@ from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
 from stages.sink import CompletionSink
 from stages.text import TextStage
-from stages.startup import choose_markup, disk_tier, prompt_cache, rank_share, think_ids
+from stages.startup import choose_markup, disk_tier, rank_share
 from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")
@@ -56,9 +58,6 @@ log = structlog.get_logger(stage="engine")
 # Steps delivered to the sink and not yet taken; the model thread waits once
 # the gateway's `steps_ahead` more are undelivered on its side of the crossing.
 _STEP_BUFFER = 4
-# Evicted entries waiting for the disk writer; beyond this they are dropped,
-# so a slow disk costs cache hits, never memory or request time.
-_SPILL_QUEUE = 4
 
 
 @attrs.frozen(kw_only=True)
@@ -104,7 +103,8 @@ class Engine:
     _stopped: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _parse_inbox: Channel[Submission] = attrs.field(init=False)
     _supervisor: Supervisor = attrs.field(init=False)
-    _gateway: GenerationGateway = attrs.field(init=False)
+    # The model thread here, or its stand-in for a model worker process (stages/remote/).
+    _gateway: GenerationGateway | RemoteGateway = attrs.field(init=False)
     _sink: CompletionSink = attrs.field(init=False)
     fit: Fit = attrs.field(init=False)
     # Chat templates render under one reservation, for generation and for counting alike.
@@ -133,11 +133,21 @@ class Engine:
             retry_after=settings.retry_after,
         )
         self._tokenizing = Reservation.of(settings.prepare_concurrency)
-        self._exclusive = ExclusiveQueue(
+        queue = ExclusiveQueue if self.in_process else RemoteExclusiveQueue
+        self._exclusive = queue(
             admission=Admission(capacity=settings.exclusive_pending, timeout=settings.admission_timeout, retry_after=settings.retry_after),
             share=settings.exclusive_share,
             period=settings.exclusive_period,
         )
+
+    @property
+    def in_process(self) -> bool:
+        """The model runs in this process (`--in-process`, or sharded); else in a worker process."""
+        return self._settings.in_process or self._settings.shard is not None
+
+    def worker(self) -> WorkerStatus | None:
+        """The model worker's state and process id; None in-process."""
+        return self._gateway.status() if isinstance(self._gateway, RemoteGateway) else None
 
     @property
     def dead(self) -> bool:
@@ -146,7 +156,9 @@ class Engine:
     @property
     def ready(self) -> bool:
         ranks_alive = all(rank.alive for rank in self.ranks() or ())
-        return self._supervisor.running and not self._admission.statistics().draining and ranks_alive and not self._lost
+        worker = self.worker()
+        serving = worker is None or worker.state == "ready"
+        return self._supervisor.running and not self._admission.statistics().draining and ranks_alive and not self._lost and serving
 
     def ranks(self) -> list[RankStatus] | None:
         """Every rank's liveness when sharded; None in one process."""
@@ -187,7 +199,9 @@ class Engine:
                 share=rank_share(self._cluster, self.info.vocab_size),
             )
         )  # fmt: skip
-        disk = await anyio.to_thread.run_sync(partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters))
+        # A worker opens the disk tier in its own process; two processes never share its folder.
+        disk = None if not self.in_process else await anyio.to_thread.run_sync(
+            partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters))
         self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
         memory = self.fit.memory
         log.info(
@@ -319,31 +333,17 @@ class Engine:
         control: Channel[Abort],
         out: MemoryObjectSendStream[StepOutputs],
         disk: DiskTier | None,
-    ) -> GenerationGateway:
-        settings, memory, cluster = self._settings, self.fit.memory, self._cluster
-        spills: Channel[SpillJob] = open_channel(_SPILL_QUEUE, name="spills")
-        cache_bytes = memory.prompt_cache_bytes
-        return GenerationGateway(
-            inbox=inbox,
-            control=control.receive,
-            aborts=control.send,
-            out=out,
-            spills_out=spills.send,
-            spills_in=spills.receive,
-            load=partial(load_weights, self.info) if cluster is None else partial(cluster.load, self.info.path),
-            make_generator=None if cluster is None else cluster.make_generator,
-            single_row=settings.single_row,
-            eos_ids=frozenset(self.tokenizer.eos_token_ids),
-            think_ids=think_ids(self.family, self.tokenizer),
-            max_batch=settings.max_batch,
-            prefill_step_size=settings.prefill_step_size,
-            scheduler=KvScheduler(self.fit.model, memory.usable_bytes),
-            prefill_rows=memory.prefill_rows,
-            cache=prompt_cache(cache_bytes, sessions=settings.session_cache, cluster=cluster),
-            disk=disk,
-            adapters=self.served.adapters,
-            exclusive=self._exclusive,
-        )
+    ) -> GenerationGateway | RemoteGateway:
+        settings = self._settings
+        if isinstance(self._exclusive, RemoteExclusiveQueue):
+            return RemoteGateway(
+                inbox=inbox, control=control.receive, out=out, exclusive=self._exclusive,
+                capacity=2 * (settings.max_batch + settings.max_pending + settings.exclusive_pending) + 2,
+                heartbeat_timeout=settings.worker_heartbeat_timeout, backoff=settings.worker_restart_backoff,
+            )
+        side = ModelSide(settings=settings, info=self.info, tokenizer=self.tokenizer, family=self.family, fit=self.fit,
+                         adapters=self.served.adapters, exclusive=self._exclusive, disk=disk, cluster=self._cluster)
+        return make_gateway(side, inbox, control, out)
 
     def _make_prepare(self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]) -> PrepareStage:
         settings, info = self._settings, self.info

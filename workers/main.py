@@ -1,0 +1,45 @@
+"""A model worker process: `python -m workers.main --socket PATH`, started by the front (stages/remote/).
+
+It connects to the front's private socket, reads the same `MLX_RELAY_*`
+settings the front read, and serves one model until the front drains it
+or goes away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from stages.models.blas import preload_blas
+
+# Before anything imports mlx: the BLAS is chosen when mlx first loads (as app.py does in the front).
+preload_blas()
+
+import anyio  # noqa: E402
+import structlog  # noqa: E402
+
+from pipeline.settings import Settings  # noqa: E402
+from pipeline.tracing import configure_logging  # noqa: E402
+from workers.host import WorkerHost  # noqa: E402
+
+log = structlog.get_logger(stage="worker")
+
+
+async def _main(socket: str) -> None:
+    settings = Settings.from_env()
+    configure_logging(settings.log_level)
+    structlog.contextvars.bind_contextvars(worker_pid=os.getpid())
+    async with await anyio.connect_unix(socket) as stream:
+        await WorkerHost(settings=settings, beat_interval=settings.worker_heartbeat_timeout / 8).serve(stream)
+    log.info("worker.stopped")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="workers.main", description=__doc__)
+    parser.add_argument("--socket", required=True, help="the front's Unix socket")
+    args = parser.parse_args()
+    anyio.run(_main, args.socket)
+
+
+if __name__ == "__main__":
+    main()
