@@ -86,6 +86,10 @@ def _parser() -> argparse.ArgumentParser:
         help="shard the model over the ranks mlx.launch started (MLX_RELAY_SHARD): rank 0 serves HTTP, the others follow",
     )  # fmt: skip
     serve.add_argument(
+        "--in-process", action="store_true",
+        help="run the model in this process rather than a worker process of its own (MLX_RELAY_IN_PROCESS; for debugging)",
+    )
+    serve.add_argument(
         "--embedding-model",
         help="a dedicated embedding model served beside the chat model: a directory, a repo id or shaped:NAME (MLX_RELAY_EMBEDDING_MODEL)",
     )  # fmt: skip
@@ -124,6 +128,7 @@ def _export(args: argparse.Namespace) -> None:
     flags = {
         "model": args.model, "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard,
         "loop": args.loop, "embedding_model": args.embedding_model, "adapters": args.adapters,
+        "in_process": "1" if args.in_process else None,
     }  # fmt: skip
     for name, value in flags.items():
         if value is not None:
