@@ -92,6 +92,8 @@ class RemoteGateway:
     _reading_since: float | None = attrs.field(default=None, init=False)
     _ready: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _draining: bool = attrs.field(default=False, init=False)
+    # A worker has been ready once: the engine has started.
+    _started: bool = attrs.field(default=False, init=False)
 
     def status(self) -> WorkerStatus:
         pid = self._worker.pid if self._worker is not None else None
@@ -120,13 +122,12 @@ class RemoteGateway:
     async def _supervise(self, task_status: TaskStatus[None]) -> None:
         failures = 0
         while True:
-            started = self._ready.is_set()
             reason = await self._serve_one(task_status)
             if reason is None:
                 self._state = WorkerState.STOPPED
                 return
             await self._lose(reason)
-            if not started and not self._ready.is_set():
+            if not self._started:
                 # The first start failed: the engine does not start, as with a model that cannot load in-process.
                 self._state = WorkerState.FAILED
                 raise WorkerLost(reason)
@@ -186,7 +187,7 @@ class RemoteGateway:
                 self._on_ready(message, task_status, session)
 
     def _on_ready(self, ready: ReadyOut, task_status: TaskStatus[None], session: anyio.abc.TaskGroup) -> None:
-        first = not self._ready.is_set()
+        first, self._started = not self._started, True
         self._state = WorkerState.READY
         self._ready.set()
         log.info("worker.ready", pid=ready.pid, restarts=self._restarts)
