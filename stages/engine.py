@@ -146,7 +146,6 @@ class Engine:
         return self._settings.in_process or self._settings.shard is not None
 
     def worker(self) -> WorkerStatus | None:
-        """The model worker's state and process id; None in-process."""
         return self._gateway.status() if isinstance(self._gateway, RemoteGateway) else None
 
     @property
@@ -278,6 +277,12 @@ class Engine:
             await self._stopped.wait()
         if not self._stopped.is_set():
             log.warning("engine.drain_timeout", open_requests=len(self._open))
+
+    async def fresh_statistics(self) -> EngineStatistics:
+        """`statistics()` once a model worker has sent its figures as of now."""
+        if isinstance(self._gateway, RemoteGateway):
+            await self._gateway.refresh()
+        return self.statistics()
 
     def statistics(self) -> EngineStatistics:
         memory = self.fit.memory

@@ -37,7 +37,7 @@ from stages.model_side import make_gateway
 from stages.remote.convert import error_out, prepared_of, step_out
 from stages.remote.frames import FrameReader, FrameWriter
 from stages.remote.messages import (
-    AbortIn, BeatOut, CancelIn, CloseIn, FailedOut, JobIn, JobOut, ReadyOut, RowIn, StepOut, ToFront, ToWorker,
+    AbortIn, BeatOut, CancelIn, CloseIn, FailedOut, JobIn, JobOut, ReadyOut, RowIn, StatsIn, ToFront, ToWorker,
 )
 from workers.model import WorkerModel, open_model
 
@@ -116,6 +116,8 @@ class WorkerHost:
             elif isinstance(message, CancelIn):
                 if (running := self._jobs.get(message.job_id)) is not None:
                     running.cancel()
+            elif isinstance(message, StatsIn):
+                await self._outbox.send.send(self._heartbeat())
             elif isinstance(message, CloseIn):
                 inbox.send.close()
                 return True
@@ -179,15 +181,18 @@ class WorkerHost:
         if out is not None:
             await self._outbox.send.send(out)
 
+    def _heartbeat(self) -> BeatOut:
+        gateway, model = self._gateway, self._model
+        return BeatOut(
+            gateway=gateway.statistics() if gateway is not None else None,
+            prompt_cache=gateway.cache_statistics() if gateway is not None else None,
+            exclusive=model.side.exclusive.statistics() if model is not None else None,
+        )
+
     async def _beat(self) -> None:
         while True:
-            gateway, model = self._gateway, self._model
             try:
-                self._outbox.send.send_nowait(BeatOut(
-                    gateway=gateway.statistics() if gateway is not None else None,
-                    prompt_cache=gateway.cache_statistics() if gateway is not None else None,
-                    exclusive=model.side.exclusive.statistics() if model is not None else None,
-                ))
+                self._outbox.send.send_nowait(self._heartbeat())
             except anyio.WouldBlock:
                 pass  # frames are waiting to go: the front hears from this worker anyway
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):

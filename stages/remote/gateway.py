@@ -36,7 +36,7 @@ from stages.messages import Abort, Prepared, StepOutputs
 from stages.remote.convert import request_error, row_in, step_outputs
 from stages.remote.frames import FrameError, FrameReader, FrameWriter
 from stages.remote.exclusive import RemoteExclusiveQueue
-from stages.remote.messages import AbortIn, BeatOut, CloseIn, JobOut, ReadyOut, StepOut, ToFront, ToWorker
+from stages.remote.messages import AbortIn, BeatOut, CloseIn, JobOut, ReadyOut, StatsIn, StepOut, ToFront, ToWorker
 from stages.remote.process import WorkerLost, WorkerProcess, worker_process
 
 log = structlog.get_logger(stage="remote")
@@ -88,6 +88,8 @@ class RemoteGateway:
     _restarts: int = attrs.field(default=0, init=False)
     _served: bool = attrs.field(default=False, init=False)
     _beat: BeatOut = attrs.field(factory=BeatOut, init=False)
+    _beats: int = attrs.field(default=0, init=False)
+    _beaten: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _last_frame: float = attrs.field(default=0.0, init=False)
     _reading_since: float | None = attrs.field(default=None, init=False)
     _ready: anyio.Event = attrs.field(factory=anyio.Event, init=False)
@@ -112,8 +114,17 @@ class RemoteGateway:
     def cache_statistics(self) -> PromptCacheStatistics | None:
         return self._beat.prompt_cache
 
+    async def refresh(self, timeout: float = 1.0) -> None:
+        """Wait (bounded) for a heartbeat sent after this call, so `statistics()` covers every step delivered so far."""
+        if not self._send(StatsIn()):
+            return
+        seen = self._beats
+        with anyio.move_on_after(timeout):
+            while self._beats == seen:
+                await self._beaten.wait()
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        self._exclusive.jobs.bind(self._send_job, self._wait_ready)
+        self._exclusive.jobs.bind(self._send, self._wait_ready)
         async with self._inbox, self._control, self._out, anyio.create_task_group() as group:
             group.start_soon(self._forward_aborts)
             await self._supervise(task_status)
@@ -183,6 +194,9 @@ class RemoteGateway:
                 self._exclusive.jobs.finish(message)
             elif isinstance(message, BeatOut):
                 self._beat, self._exclusive.remote = message, message.exclusive
+                self._beats += 1
+                self._beaten.set()
+                self._beaten = anyio.Event()
             elif isinstance(message, ReadyOut):
                 self._on_ready(message, task_status, session)
 
@@ -269,7 +283,7 @@ class RemoteGateway:
     async def _wait_ready(self) -> None:
         await self._ready.wait()
 
-    def _send_job(self, job: ToWorker) -> bool:
+    def _send(self, job: ToWorker) -> bool:
         if self._outbox is None or not self._ready.is_set():
             return False
         try:

@@ -95,7 +95,11 @@ class CloseIn(msgspec.Struct, frozen=True, array_like=True, tag="close"):
     """No more rows will come: finish the rows held, then end."""
 
 
-ToWorker = RowIn | AbortIn | JobIn | CancelIn | CloseIn
+class StatsIn(msgspec.Struct, frozen=True, array_like=True, tag="stats"):
+    """Send a heartbeat now: `/stats` reads the model side's figures as of this moment."""
+
+
+ToWorker = RowIn | AbortIn | JobIn | CancelIn | CloseIn | StatsIn
 
 
 # -- worker → front ---------------------------------------------------------
