@@ -87,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument(
         "--in-process", action="store_true",
-        help="run the model in this process rather than a worker process of its own (MLX_RELAY_IN_PROCESS; for debugging)",
+        help="run the model in this process, not in a worker process of its own (MLX_RELAY_IN_PROCESS; debugging)",
     )
     serve.add_argument(
         "--embedding-model",

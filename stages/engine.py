@@ -157,7 +157,8 @@ class Engine:
         ranks_alive = all(rank.alive for rank in self.ranks() or ())
         worker = self.worker()
         serving = worker is None or worker.state == "ready"
-        return self._supervisor.running and not self._admission.statistics().draining and ranks_alive and not self._lost and serving
+        draining = self._admission.statistics().draining
+        return self._supervisor.running and not draining and ranks_alive and not self._lost and serving
 
     def ranks(self) -> list[RankStatus] | None:
         """Every rank's liveness when sharded; None in one process."""

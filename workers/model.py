@@ -55,7 +55,9 @@ async def open_model(settings: Settings) -> WorkerModel:
         prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch, prefill_step=settings.prefill_step_size,
         adapter_bytes=sum(adapter.nbytes for adapter in adapters) + embedding_bytes, share=None,
     ))
-    disk = await anyio.to_thread.run_sync(partial(disk_tier, settings, info, fit.memory, cluster=None, adapters=adapters))
+    disk = await anyio.to_thread.run_sync(
+        partial(disk_tier, settings, info, fit.memory, cluster=None, adapters=adapters)
+    )
     side = ModelSide(settings=settings, info=info, tokenizer=tokenizer, family=family, fit=fit, adapters=adapters,
                      exclusive=exclusive, disk=disk)
     compiler = ConstraintCompiler(tokenizer=tokenizer, vocab_size=info.vocab_size, family=family)

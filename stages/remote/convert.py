@@ -20,7 +20,8 @@ from stages.remote.messages import AdmittedOut, DeltaOut, ErrorOut, FailedOut, R
 
 
 def error_out(error: RequestError) -> ErrorOut:
-    return ErrorOut(kind=error.kind.value, message=error.message, param=error.param, code=error.code, retry_after=error.retry_after)
+    return ErrorOut(kind=error.kind.value, message=error.message, param=error.param, code=error.code,
+                    retry_after=error.retry_after)
 
 
 def request_error(error: ErrorOut) -> RequestError:
@@ -41,8 +42,9 @@ def row_in(row: Prepared) -> RowIn:
         max_tokens=row.max_tokens,
         sampling=SamplingIn(
             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
-            seed=sampling.seed, presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
-            repetition_penalty=sampling.repetition_penalty, logit_bias=dict(sampling.logit_bias), typical_p=sampling.typical_p,
+            seed=sampling.seed, presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty, repetition_penalty=sampling.repetition_penalty,
+            logit_bias=dict(sampling.logit_bias), typical_p=sampling.typical_p,
         ),
         cache_key=params.cache_key,
         logprobs=params.logprobs,
@@ -84,8 +86,9 @@ def prepared_of(row: RowIn, reply: Reply, constraint: CompiledConstraint | None)
         max_tokens=row.max_tokens,
         sampling=Sampling(
             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
-            seed=sampling.seed, presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
-            repetition_penalty=sampling.repetition_penalty, logit_bias=sampling.logit_bias, typical_p=sampling.typical_p,
+            seed=sampling.seed, presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty, repetition_penalty=sampling.repetition_penalty,
+            logit_bias=sampling.logit_bias, typical_p=sampling.typical_p,
         ),
         cache_key=row.cache_key,
         logprobs=row.logprobs,
@@ -105,11 +108,15 @@ def prepared_of(row: RowIn, reply: Reply, constraint: CompiledConstraint | None)
 
 def step_out(outputs: StepOutputs, failed: list[FailedOut]) -> StepOut:
     return StepOut(
-        admitted=[AdmittedOut(request_id=a.prepared.request_id, admitted_at=a.admitted_at, cached_tokens=a.cached_tokens)
-                  for a in outputs.admitted],
+        admitted=[
+            AdmittedOut(request_id=a.prepared.request_id, admitted_at=a.admitted_at, cached_tokens=a.cached_tokens)
+            for a in outputs.admitted
+        ],
         deltas=[
             DeltaOut(
-                request_id=d.request_id, tokens=list(d.new_token_ids), finish=d.finish.value if d.finish is not None else None,
+                request_id=d.request_id,
+                tokens=list(d.new_token_ids),
+                finish=d.finish.value if d.finish is not None else None,
                 logprobs=list(d.logprobs) if d.logprobs is not None else None,
             )
             for d in outputs.deltas

@@ -104,7 +104,9 @@ class RemoteGateway:
     def statistics(self) -> GatewayStatistics:
         if self._beat.gateway is not None:
             return attrs.evolve(self._beat.gateway, pending=self._inbox.statistics().current_buffer_used)
-        handoff = HandoffStatistics(steps_ahead=0, steps_undelivered=0, steps_undelivered_max=0, loop_wait_s=0, idle_wait_s=0)
+        handoff = HandoffStatistics(
+            steps_ahead=0, steps_undelivered=0, steps_undelivered_max=0, loop_wait_s=0, idle_wait_s=0
+        )
         return GatewayStatistics(
             active=0, pending=self._inbox.statistics().current_buffer_used, steps=0, generated_tokens=0,
             waiting_for_memory=0, kv_held_bytes=0, kv_budget_bytes=0, preemptions=0, resumed=0, kv_bytes_in_use=0,

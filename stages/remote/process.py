@@ -54,7 +54,8 @@ async def worker_process(*, connect_timeout: float, grace: float = 0.0) -> Async
     with tempfile.TemporaryDirectory(prefix="mlx-relay-worker-") as folder:
         path = Path(folder) / "worker.sock"
         async with await anyio.create_unix_listener(path, mode=0o600) as listener:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
+            path_entries = filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(path_entries)}
             process = await anyio.open_process(
                 [sys.executable, "-m", "workers.main", "--socket", str(path)],
                 stdin=subprocess.DEVNULL, stdout=None, stderr=None, env=env,

@@ -55,7 +55,8 @@ def wait_ready(server: Server, *, other_than: int | None = None, timeout: float 
 
 
 def answers(server: Server) -> None:
-    completion = server.client().chat.completions.create(model="m", messages=HELLO, max_tokens=3)  # type: ignore[arg-type]
+    client = server.client()
+    completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=3)  # type: ignore[arg-type]
     assert completion.usage is not None and completion.usage.completion_tokens == 3
 
 
@@ -81,8 +82,9 @@ class Outcome:
 
 
 def chat_stream(server: Server, no_eos: dict[str, int], outcome: Outcome) -> None:
-    stream = server.client().with_options(max_retries=0).chat.completions.create(
-        model="m", messages=HELLO, max_tokens=1900, stream=True, logit_bias=no_eos  # type: ignore[arg-type]
+    stream = server.client().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=1900, stream=True,
+        logit_bias=no_eos,
     )
     try:
         for chunk in stream:
@@ -96,7 +98,7 @@ def chat_stream(server: Server, no_eos: dict[str, int], outcome: Outcome) -> Non
 
 
 def messages_stream(server: Server, outcome: Outcome) -> None:
-    claude = server.anthropic_client().with_options(max_retries=0)
+    claude = server.anthropic_client()
     try:
         with claude.messages.stream(model="m", max_tokens=1900, messages=HELLO) as stream:  # type: ignore[arg-type]
             for event in stream:
@@ -109,7 +111,8 @@ def messages_stream(server: Server, outcome: Outcome) -> None:
 
 
 def responses_stream(server: Server, outcome: Outcome, ids: list[str]) -> None:
-    stream = server.client().with_options(max_retries=0).responses.create(model="m", input="hi", max_output_tokens=1900, stream=True)
+    client = server.client()
+    stream = client.responses.create(model="m", input="hi", max_output_tokens=1900, stream=True)
     for event in stream:
         if event.type == "response.created":
             ids.append(event.response.id)
@@ -130,8 +133,10 @@ def test_health_names_the_worker_and_the_front_keeps_it_apart(server: Server) ->
     assert card["state"] == "ready"
 
 
-def test_kill_9_fails_every_stream_in_its_api_shape_then_the_model_answers_again(server: Server, no_eos: dict[str, int]) -> None:
-    """kill -9 of the worker with 8 streams in flight: each gets its API's terminal error within 2 s, nothing is stored."""
+def test_kill_9_fails_every_stream_in_its_api_shape_then_the_model_answers_again(
+    server: Server, no_eos: dict[str, int]
+) -> None:
+    """kill -9 of the worker with 8 streams in flight: each gets its API's terminal error within 2 s; none is stored."""
     pid = wait_ready(server)
     outcomes = [Outcome() for _ in range(8)]
     response_ids: list[str] = []
