@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 
 from stages.models.blas import preload_blas
 
@@ -35,6 +36,10 @@ async def _main(socket: str) -> None:
 
 
 def main() -> None:
+    # Ctrl-C and a SIGTERM to the process group reach the front too, which drains this worker: the worker ends
+    # when the front closes its socket, never halfway through the rows the front is letting finish.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parser = argparse.ArgumentParser(prog="workers.main", description=__doc__)
     parser.add_argument("--socket", required=True, help="the front's Unix socket")
     args = parser.parse_args()
