@@ -343,9 +343,8 @@ class Engine:
         settings = self._settings
         if isinstance(self._exclusive, RemoteExclusiveQueue):
             return RemoteGateway(
-                inbox=inbox, control=control.receive, out=out, exclusive=self._exclusive,
-                capacity=2 * (settings.max_batch + settings.max_pending + settings.exclusive_pending) + 2,
-                heartbeat_timeout=settings.worker_heartbeat_timeout, backoff=settings.worker_restart_backoff,
+                inbox=inbox, control=control.receive, out=out, exclusive=self._exclusive, settings=settings,
+                capacity=2 * (settings.max_batch + settings.max_pending + settings.exclusive_pending) + 3,
             )
         side = ModelSide(settings=settings, info=self.info, tokenizer=self.tokenizer, family=self.family, fit=self.fit,
                          adapters=self.served.adapters, exclusive=self._exclusive, disk=disk, cluster=self._cluster)

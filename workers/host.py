@@ -78,7 +78,7 @@ class WorkerHost:
     # The heartbeat and the failure flush: they end once the last step is framed.
     _helpers: list[anyio.CancelScope] = attrs.field(factory=list, init=False)
 
-    async def serve(self, stream: ByteStream) -> None:
+    async def serve(self, stream: ByteStream, reader: FrameReader[ToWorker]) -> None:
         async with anyio.create_task_group() as group:
             group.start_soon(self._write, FrameWriter(stream))
             group.start_soon(self._helper, self._beat)
@@ -93,7 +93,7 @@ class WorkerHost:
             group.start_soon(self._helper, self._flush_failures)
             await self._outbox.send.send(ReadyOut(pid=os.getpid()))
             log.info("worker.ready", pid=os.getpid(), model=model.side.info.name)
-            ended = await self._read(FrameReader(stream, ToWorker), inbox, control, group)
+            ended = await self._read(reader, inbox, control, group)
             if not ended:
                 # The front went away: nothing is left to serve.
                 group.cancel_scope.cancel()

@@ -1,8 +1,8 @@
 """A model worker process: `python -m workers.main --socket PATH`, started by the front (stages/remote/).
 
-It connects to the front's private socket, reads the same `MLX_RELAY_*`
-settings the front read, and serves one model until the front drains it
-or goes away.
+It connects to the front's private socket, takes its engine's settings
+from the first frame, and serves one model until the front drains it or
+goes away.
 """
 
 from __future__ import annotations
@@ -21,17 +21,23 @@ import structlog  # noqa: E402
 
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
+from stages.remote.frames import FrameReader  # noqa: E402
+from stages.remote.messages import SettingsIn, ToWorker  # noqa: E402
 from workers.host import WorkerHost  # noqa: E402
 
 log = structlog.get_logger(stage="worker")
 
 
 async def _main(socket: str) -> None:
-    settings = Settings.from_env()
-    configure_logging(settings.log_level)
-    structlog.contextvars.bind_contextvars(worker_pid=os.getpid())
     async with await anyio.connect_unix(socket) as stream:
-        await WorkerHost(settings=settings, beat_interval=settings.worker_heartbeat_timeout / 8).serve(stream)
+        reader: FrameReader[ToWorker] = FrameReader(stream, ToWorker)
+        first = await reader.receive()
+        if not isinstance(first, SettingsIn):
+            raise SystemExit(f"the front's first frame is {type(first).__name__}, not its settings")
+        settings = Settings(**first.values)
+        configure_logging(settings.log_level)
+        structlog.contextvars.bind_contextvars(worker_pid=os.getpid())
+        await WorkerHost(settings=settings, beat_interval=settings.worker_heartbeat_timeout / 8).serve(stream, reader)
     log.info("worker.stopped")
 
 

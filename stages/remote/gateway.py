@@ -29,6 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
+from pipeline.settings import Settings
 from stages.cache.prompt import PromptCacheStatistics
 from stages.gateway import GatewayStatistics
 from stages.handoff import HandoffStatistics
@@ -36,7 +37,9 @@ from stages.messages import Abort, Prepared, StepOutputs
 from stages.remote.convert import request_error, row_in, step_outputs
 from stages.remote.frames import FrameError, FrameReader, FrameWriter
 from stages.remote.exclusive import RemoteExclusiveQueue
-from stages.remote.messages import AbortIn, BeatOut, CloseIn, JobOut, ReadyOut, StatsIn, StepOut, ToFront, ToWorker
+from stages.remote.messages import (
+    AbortIn, BeatOut, CloseIn, JobOut, ReadyOut, SettingsIn, StatsIn, StepOut, ToFront, ToWorker,
+)
 from stages.remote.process import WorkerLost, WorkerProcess, worker_process
 
 log = structlog.get_logger(stage="remote")
@@ -75,10 +78,10 @@ class RemoteGateway:
     _control: MemoryObjectReceiveStream[Abort] = attrs.field(alias="control")
     _out: MemoryObjectSendStream[StepOutputs] = attrs.field(alias="out")
     _exclusive: RemoteExclusiveQueue = attrs.field(alias="exclusive")
+    # What the worker is started with: its engine's settings.
+    _settings: Settings = attrs.field(alias="settings")
     # Frames the front may have queued for the worker: a row, an abort and a job or its cancel per request in flight.
     _capacity: int = attrs.field(alias="capacity")
-    _heartbeat_timeout: float = attrs.field(alias="heartbeat_timeout")
-    _backoff: float = attrs.field(alias="backoff")
     _connect_timeout: float = attrs.field(default=600.0, alias="connect_timeout")
     _state: WorkerState = attrs.field(default=WorkerState.LOADING, init=False)
     _worker: WorkerProcess | None = attrs.field(default=None, init=False)
@@ -150,7 +153,7 @@ class RemoteGateway:
                 self._state = WorkerState.FAILED
                 raise WorkerLost(f"{failures} restarts in a row failed; the last: {reason}")
             self._state, self._restarts = WorkerState.RESTARTING, self._restarts + 1
-            delay = min(self._backoff * 2 ** (failures - 1), _MAX_BACKOFF_S)
+            delay = min(self._settings.worker_restart_backoff * 2 ** (failures - 1), _MAX_BACKOFF_S)
             log.warning("worker.restart", reason=reason, delay_s=delay, restarts=self._restarts)
             await anyio.sleep(delay)
 
@@ -160,6 +163,9 @@ class RemoteGateway:
         try:
             async with worker_process(connect_timeout=self._connect_timeout, grace=_GRACE_S) as worker:
                 self._worker, self._outbox = worker, open_channel(self._capacity, name="worker")
+                # Never logged nor sent: the worker needs no keys.
+                values = attrs.asdict(attrs.evolve(self._settings, api_key=None))
+                self._outbox.send.send_nowait(SettingsIn(values=values))
                 self._last_frame = time.monotonic()
                 async with anyio.create_task_group() as session:
                     session.start_soon(self._write, worker, self._outbox.receive)
@@ -248,11 +254,11 @@ class RemoteGateway:
     async def _watch(self, worker: WorkerProcess, lose: Callable[[str], None], scope: anyio.CancelScope) -> None:
         """A worker silent past the heartbeat bound while the front waits on it is hung: it is killed."""
         while True:
-            await anyio.sleep(min(0.1, self._heartbeat_timeout / 4))
+            await anyio.sleep(min(0.1, self._settings.worker_heartbeat_timeout / 4))
             since = self._reading_since
-            if since is not None and time.monotonic() - max(since, self._last_frame) > self._heartbeat_timeout:
-                lose(f"the worker (pid {worker.pid}) sent no heartbeat for {self._heartbeat_timeout:g} s")
-                log.error("worker.hung", pid=worker.pid, bound_s=self._heartbeat_timeout)
+            if since is not None and time.monotonic() - max(since, self._last_frame) > self._settings.worker_heartbeat_timeout:
+                lose(f"the worker (pid {worker.pid}) sent no heartbeat for {self._settings.worker_heartbeat_timeout:g} s")
+                log.error("worker.hung", pid=worker.pid, bound_s=self._settings.worker_heartbeat_timeout)
                 worker.kill()
                 scope.cancel()
                 return

@@ -10,7 +10,7 @@ decode step for all rows.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -46,6 +46,14 @@ class ErrorOut(msgspec.Struct, frozen=True, array_like=True):
 
 
 # -- front → worker ---------------------------------------------------------
+
+
+class SettingsIn(msgspec.Struct, frozen=True, array_like=True, tag="settings"):
+    """The first frame: the engine's settings (`pipeline/settings.py`, as JSON values; no API keys). The
+    worker serves what its engine was built with, not what the environment says (several engines, several
+    models)."""
+
+    values: dict[str, Any]
 
 
 class RowIn(msgspec.Struct, frozen=True, array_like=True, tag="row"):
@@ -99,7 +107,7 @@ class StatsIn(msgspec.Struct, frozen=True, array_like=True, tag="stats"):
     """Send a heartbeat now: `/stats` reads the model side's figures as of this moment."""
 
 
-ToWorker = RowIn | AbortIn | JobIn | CancelIn | CloseIn | StatsIn
+ToWorker = SettingsIn | RowIn | AbortIn | JobIn | CancelIn | CloseIn | StatsIn
 
 
 # -- worker → front ---------------------------------------------------------

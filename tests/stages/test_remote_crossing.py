@@ -26,7 +26,7 @@ from stages.messages import Admitted, Prepared, Reply, StepOutputs, TokenDelta
 from stages.remote.convert import error_out, prepared_of, request_error, row_in, step_out, step_outputs
 from stages.remote.frames import MAX_FRAME, FrameError, FrameReader, FrameWriter
 from stages.remote.messages import (
-    AbortIn, BeatOut, CancelIn, CloseIn, JobIn, JobOut, ReadyOut, StatsIn, StepOut, ToFront, ToWorker,
+    AbortIn, BeatOut, CancelIn, CloseIn, JobIn, JobOut, ReadyOut, SettingsIn, StatsIn, StepOut, ToFront, ToWorker,
 )
 
 
@@ -48,6 +48,7 @@ async def test_every_message_crosses_with_its_type(pair: tuple[ByteStream, ByteS
     """Both directions: each message decodes as the one sent, tagged unions and all."""
     front, worker = pair
     to_worker: list[ToWorker] = [
+        SettingsIn(values={"model": None, "max_batch": 16, "exclusive_share": 0.15, "single_row": True}),
         AbortIn(request_id="a"), CancelIn(job_id=3), CloseIn(), StatsIn(),
         JobIn(job_id=1, kind="score", inputs=[[1, 2], [3]], request_id="r", trace_id="t", rate_key="m", yes=5, no=6),
     ]
@@ -110,7 +111,7 @@ def test_a_row_crosses_with_what_the_model_side_reads() -> None:
     grammar = Grammar(text='start: "a"', param="response_format")
     row = prepared(CompiledConstraint(prototype=None, grammar=grammar))  # type: ignore[arg-type]
     sent = msgspec.msgpack.decode(msgspec.msgpack.encode(row_in(row)), type=ToWorker)
-    assert not isinstance(sent, (AbortIn, CancelIn, CloseIn, StatsIn, JobIn))
+    assert not isinstance(sent, (SettingsIn, AbortIn, CancelIn, CloseIn, StatsIn, JobIn))
     assert (sent.grammar, sent.grammar_param, sent.trace_id) == (grammar.text, grammar.param, "trace")
     arrived = prepared_of(sent, Reply("r1"), None)
     assert arrived.prompt_tokens == row.prompt_tokens and arrived.max_tokens == row.max_tokens
