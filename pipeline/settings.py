@@ -135,6 +135,11 @@ class Settings:
     # (waiting in the queue, or in a long prefill).
     keepalive_interval: float = attrs.field(default=5.0, validator=attrs.validators.gt(0.0))
 
+    @property
+    def model_in_process(self) -> bool:
+        """The model runs in the HTTP process (`in_process`, or sharded: DESIGN.md, "Model workers")."""
+        return self.in_process or self.shard is not None
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Build settings from the environment.

@@ -133,17 +133,12 @@ class Engine:
             retry_after=settings.retry_after,
         )
         self._tokenizing = Reservation.of(settings.prepare_concurrency)
-        queue = ExclusiveQueue if self.in_process else RemoteExclusiveQueue
+        queue = ExclusiveQueue if self._settings.model_in_process else RemoteExclusiveQueue
         self._exclusive = queue(
             admission=Admission(capacity=settings.exclusive_pending, timeout=settings.admission_timeout, retry_after=settings.retry_after),
             share=settings.exclusive_share,
             period=settings.exclusive_period,
         )
-
-    @property
-    def in_process(self) -> bool:
-        """The model runs in this process (`--in-process`, or sharded); else in a worker process."""
-        return self._settings.in_process or self._settings.shard is not None
 
     def worker(self) -> WorkerStatus | None:
         return self._gateway.status() if isinstance(self._gateway, RemoteGateway) else None
@@ -200,7 +195,7 @@ class Engine:
             )
         )  # fmt: skip
         # A worker opens the disk tier in its own process; two processes never share its folder.
-        disk = None if not self.in_process else await anyio.to_thread.run_sync(
+        disk = None if not settings.model_in_process else await anyio.to_thread.run_sync(
             partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters))
         self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
         memory = self.fit.memory
@@ -270,9 +265,13 @@ class Engine:
             return TokenCount(input_tokens=len(rendered.tokens), original_input_tokens=rendered.original_tokens)
         return TokenCount(input_tokens=len(await self.work.tokenize_chat(request)))
 
-    async def drain(self, timeout: float) -> None:
+    def start_draining(self) -> None:
+        """New work is refused with 503 from now on; what is in flight goes on."""
         self._admission.start_draining()
         self._exclusive.start_draining()
+
+    async def drain(self, timeout: float) -> None:
+        self.start_draining()
         self._parse_inbox.send.close()
         with anyio.move_on_after(timeout):
             await self._stopped.wait()
