@@ -79,6 +79,8 @@ class Outcome:
         self.error: str | None = None
         self.ended_at: float | None = None
         self.normal = False
+        # A Responses stream's id, to look for in the store.
+        self.response_id: str | None = None
 
 
 def chat_stream(server: Server, no_eos: dict[str, int], outcome: Outcome) -> None:
@@ -110,12 +112,12 @@ def messages_stream(server: Server, outcome: Outcome) -> None:
     outcome.ended_at = time.monotonic()
 
 
-def responses_stream(server: Server, outcome: Outcome, ids: list[str]) -> None:
+def responses_stream(server: Server, outcome: Outcome) -> None:
     client = server.client()
     stream = client.responses.create(model="m", input="hi", max_output_tokens=1900, stream=True)
     for event in stream:
         if event.type == "response.created":
-            ids.append(event.response.id)
+            outcome.response_id = event.response.id
         elif event.type.endswith(".delta"):
             outcome.started.set()
         elif event.type == "response.failed":
@@ -139,11 +141,10 @@ def test_kill_9_fails_every_stream_in_its_api_shape_then_the_model_answers_again
     """kill -9 of the worker with 8 streams in flight: each gets its API's terminal error within 2 s; none is stored."""
     pid = wait_ready(server)
     outcomes = [Outcome() for _ in range(8)]
-    response_ids: list[str] = []
     runs: list[Callable[[], None]] = [
         *(lambda o=o: chat_stream(server, no_eos, o) for o in outcomes[:3]),
         *(lambda o=o: messages_stream(server, o) for o in outcomes[3:6]),
-        *(lambda o=o: responses_stream(server, o, response_ids) for o in outcomes[6:]),
+        *(lambda o=o: responses_stream(server, o) for o in outcomes[6:]),
     ]
     threads = [threading.Thread(target=run, daemon=True) for run in runs]
     for thread in threads:
@@ -160,9 +161,10 @@ def test_kill_9_fails_every_stream_in_its_api_shape_then_the_model_answers_again
         assert outcome.error is not None and outcome.ended_at is not None
         assert "worker" in outcome.error, outcome.error
         assert outcome.ended_at - killed_at <= ERROR_WITHIN_S, outcome.ended_at - killed_at
-    for response_id in response_ids:
-        with pytest.raises(openai.NotFoundError):
-            server.client().responses.retrieve(response_id)
+    for outcome in in_flight:
+        if outcome.response_id is not None:
+            with pytest.raises(openai.NotFoundError):
+                server.client().responses.retrieve(outcome.response_id)
     assert wait_ready(server, other_than=pid) != pid
     answers(server)
     stats = httpx.get(f"{server.base_url}/stats", timeout=10).json()
