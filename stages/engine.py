@@ -103,7 +103,6 @@ class Engine:
     _stopped: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _parse_inbox: Channel[Submission] = attrs.field(init=False)
     _supervisor: Supervisor = attrs.field(init=False)
-    # The model thread here, or its stand-in for a model worker process (stages/remote/).
     _gateway: GenerationGateway | RemoteGateway = attrs.field(init=False)
     _sink: CompletionSink = attrs.field(init=False)
     fit: Fit = attrs.field(init=False)
@@ -167,11 +166,15 @@ class Engine:
         self.info = await anyio.to_thread.run_sync(
             partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
         )
+        if settings.context_limit:
+            # A window below the model's own (per-model defaults, fleet/): every stage reads the window from here.
+            self.info = attrs.evolve(self.info, context_window=min(self.info.context_window, settings.context_limit))
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
         embedding_bytes = await self._open_embedder()
         self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases),
-                                   embedding=self.embedder.name if self.embedder else None)  # fmt: skip
+                                   embedding=self.embedder.name if self.embedder else None,
+                                   default_adapter=settings.default_adapter)  # fmt: skip
         if self._cluster is not None:
             # Followers replay the generator's calls: an adapter mounted on rank 0 alone would split the group.
             if adapters:
@@ -279,7 +282,6 @@ class Engine:
             log.warning("engine.drain_timeout", open_requests=len(self._open))
 
     async def fresh_statistics(self) -> EngineStatistics:
-        """`statistics()` once a model worker has sent its figures as of now."""
         if isinstance(self._gateway, RemoteGateway):
             await self._gateway.refresh()
         return self.statistics()

@@ -71,7 +71,10 @@ def make_gateway(
         prefill_step_size=settings.prefill_step_size,
         scheduler=KvScheduler(side.fit.model, memory.usable_bytes),
         prefill_rows=memory.prefill_rows,
-        cache=prompt_cache(memory.prompt_cache_bytes, sessions=settings.session_cache, cluster=cluster),
+        cache=prompt_cache(
+            memory.prompt_cache_bytes, sessions=settings.session_cache, cluster=cluster,
+            max_entries=settings.prompt_cache_entries,
+        ),
         disk=side.disk,
         adapters=side.adapters,
         exclusive=side.exclusive,
