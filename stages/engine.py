@@ -137,6 +137,7 @@ class Engine:
             admission=Admission(capacity=settings.exclusive_pending, timeout=settings.admission_timeout, retry_after=settings.retry_after),
             share=settings.exclusive_share,
             period=settings.exclusive_period,
+            idle_turn=settings.step_budget_ms / 1000,
         )
 
     @property
@@ -178,6 +179,7 @@ class Engine:
             info=self.info, preamble=self._preamble, pooling="last" if settings.embedding_pooling == "last" else "mean",
             max_input_tokens=min(settings.embedding_max_tokens, self.info.context_window),
             hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
+            max_request_tokens=settings.exclusive_max_tokens,
         )  # fmt: skip
         self.fit = await anyio.to_thread.run_sync(
             partial(
