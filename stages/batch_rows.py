@@ -57,6 +57,11 @@ class BatchRows:
         """Rows in the batch or waiting for it."""
         return len(self.rows) + len(self.waiting)
 
+    @property
+    def prefilling(self) -> int:
+        """Rows in the batch that have not given a token since they were inserted (a resumed row prefills again)."""
+        return sum(1 for row in self.rows.values() if len(row.generated) == len(row.resume.generated))
+
     def admit(self, generator: BatchGenerator) -> tuple[Admitted, ...]:
         admitted = []
         # First come, first served: a large row is not overtaken by smaller ones for ever.

@@ -339,6 +339,7 @@ class Engine:
             think_ids=think_ids(self.family, self.tokenizer),
             max_batch=settings.max_batch,
             prefill_step_size=settings.prefill_step_size,
+            step_budget_s=settings.step_budget_ms / 1000,
             scheduler=KvScheduler(self.fit.model, memory.usable_bytes),
             prefill_rows=memory.prefill_rows,
             cache=prompt_cache(cache_bytes, sessions=settings.session_cache, cluster=cluster),

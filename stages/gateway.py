@@ -52,6 +52,7 @@ from stages.kv.scheduler import KvScheduler
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
 from stages.messages import Abort, Prepared, StepOutputs, TokenDelta, send_abort
 from stages.single_row import single_row
+from stages.step_budget import StepBudget
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
 
 if TYPE_CHECKING:
@@ -81,6 +82,10 @@ class GatewayStatistics:
     mlx_cache_bytes: int
     # The crossing to the event loop: steps undelivered, and the model thread's waits.
     handoff: HandoffStatistics
+    # The step budget (stages/step_budget.py): the last prefill chunk it chose (tokens a row), and the steps that
+    # ran past the target (a step's decoding rows alone, or a first chunk before the speed was known).
+    prefill_chunk: int = 0
+    steps_over_budget: int = 0
 
 
 def _batch_rows(gateway: GenerationGateway) -> BatchRows:
@@ -117,6 +122,9 @@ class GenerationGateway:
     # Builds the batch generator: mlx-lm's `BatchGenerator`, or one every rank replays (stages/shard/).
     _make_generator: Callable[..., Any] | None = attrs.field(default=None, alias="make_generator")
     _single_row: bool = attrs.field(default=True, alias="single_row")
+    # Seconds a step aims at: prefill chunks are sized to fit it (stages/step_budget.py); None: fixed chunks.
+    _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
+    _budget: StepBudget | None = attrs.field(default=None, init=False)
     # Touched only by the model thread.
     _batch: BatchRows = attrs.field(init=False, default=attrs.Factory(_batch_rows, takes_self=True))
     _spill_outbox: list[SpillJob] = attrs.field(factory=list, init=False)
@@ -158,6 +166,8 @@ class GenerationGateway:
             preemptions=self._kv.preemptions,
             resumed=self._kv.resumed,
             handoff=self._handoff.statistics(),
+            prefill_chunk=self._budget.last_chunk if self._budget is not None else 0,
+            steps_over_budget=self._budget.over_target if self._budget is not None else 0,
         )
 
     def cache_statistics(self) -> PromptCacheStatistics | None:
@@ -188,6 +198,9 @@ class GenerationGateway:
         enabled = self._single_row and self._make_generator is None and self._cache_kind == PLAIN
         solo = single_row(batch, enabled=enabled, model=model, stop_tokens=stops, prefill_step_size=self._prefill_step_size)
         generator = make_generator(model, self._adapters, solo)
+        # Not under a sharded generator: every rank would have to replay each step's chunk size.
+        if self._step_budget_s is not None and self._make_generator is None:
+            self._budget = StepBudget(target_s=self._step_budget_s, max_chunk=self._prefill_step_size)
         anyio.from_thread.run_sync(started)
         try:
             self._serve(generator)
@@ -253,7 +266,16 @@ class GenerationGateway:
 
     def _step(self, generator: BatchGenerator) -> tuple[TokenDelta, ...]:
         anyio.from_thread.check_cancelled()
+        budget = self._budget
+        if budget is not None:
+            # The rows with no token yet prefill, as many at once as the batch takes.
+            prefilling = self._batch.prefilling
+            rows = min(prefilling, self._prefill_rows or self._max_batch)
+            generator.prefill_step_size = budget.chunk(prefilling=rows, decoding=len(self._batch.rows) - prefilling)
+        began = time.perf_counter()
         prefilled, generated = generator.next()
+        if budget is not None:
+            budget.record(time.perf_counter() - began, prefilled, decoding=len(generated))
         if self._cache_kind != PLAIN:
             self._batch.checkpoint(generator, prefilled)
         deltas = self._batch.deltas(generated)
