@@ -133,12 +133,7 @@ class Engine:
             retry_after=settings.retry_after,
         )
         self._tokenizing = Reservation.of(settings.prepare_concurrency)
-        self._exclusive = ExclusiveQueue(
-            admission=Admission(capacity=settings.exclusive_pending, timeout=settings.admission_timeout, retry_after=settings.retry_after),
-            share=settings.exclusive_share,
-            period=settings.exclusive_period,
-            idle_turn=settings.step_budget_ms / 1000,
-        )
+        self._exclusive = ExclusiveQueue.of(settings)
 
     @property
     def dead(self) -> bool:

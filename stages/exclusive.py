@@ -43,6 +43,7 @@ from pipeline.actor import isolated
 from pipeline.admission import Admission, AdmissionStatistics
 from pipeline.channels import ReplySlot
 from pipeline.errors import RequestError, engine_dead, shutting_down
+from pipeline.settings import Settings
 
 log = structlog.get_logger(stage="exclusive")
 
@@ -133,6 +134,18 @@ class ExclusiveQueue:
     _finished: int = attrs.field(default=0, init=False)
     _chunks: int = attrs.field(default=0, init=False)
     _busy: float = attrs.field(default=0.0, init=False)
+
+    @classmethod
+    def of(cls, settings: Settings) -> ExclusiveQueue:
+        admission = Admission(
+            capacity=settings.exclusive_pending, timeout=settings.admission_timeout, retry_after=settings.retry_after
+        )
+        return cls(
+            admission=admission,
+            share=settings.exclusive_share,
+            period=settings.exclusive_period,
+            idle_turn=settings.step_budget_ms / 1000,
+        )
 
     # -- event loop ---------------------------------------------------------
 

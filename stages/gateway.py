@@ -89,7 +89,8 @@ class GatewayStatistics:
 
 
 def _batch_rows(gateway: GenerationGateway) -> BatchRows:
-    return BatchRows(scheduler=gateway._kv, eos_ids=gateway._eos_ids, think_ids=gateway._think_ids, cache=gateway._cache)
+    kv, eos, think = gateway._kv, gateway._eos_ids, gateway._think_ids
+    return BatchRows(scheduler=kv, eos_ids=eos, think_ids=think, cache=gateway._cache)
 
 
 @attrs.define

@@ -190,8 +190,8 @@ class ModelWork:
         """Refuse a request whose inputs add up past the bound, before its work is queued (checked first
         with a lower bound, so a request far past it is refused before it is tokenized)."""
         if tokens > self._max_request_tokens:
-            raise invalid(f"Requested {tokens} tokens, max {self._max_request_tokens} tokens per request "
-                          "(MLX_RELAY_EXCLUSIVE_MAX_TOKENS)", param=param, code="max_tokens_per_request")  # fmt: skip
+            message = f"Requested {tokens} tokens, max {self._max_request_tokens} tokens per request"
+            raise invalid(f"{message} (MLX_RELAY_EXCLUSIVE_MAX_TOKENS)", param=param, code="max_tokens_per_request")
 
     def _answer_ids(self) -> tuple[int, int]:
         yes, no = (self._tokenizer.encode(word, add_special_tokens=False) for word in ("yes", "no"))

@@ -42,8 +42,8 @@ def test_a_chat_arriving_during_a_long_embeddings_job_on_an_idle_server_goes_fir
     statuses: list[int] = []
 
     def embed() -> None:
-        response = httpx.post(f"{server.v1}/embeddings", json={"input": inputs}, headers={"x-request-id": "big-job"},
-                              timeout=600)  # fmt: skip
+        headers = {"x-request-id": "big-job"}
+        response = httpx.post(f"{server.v1}/embeddings", json={"input": inputs}, headers=headers, timeout=600)
         finished["embed"] = time.monotonic()
         statuses.append(response.status_code)
 
@@ -55,9 +55,11 @@ def test_a_chat_arriving_during_a_long_embeddings_job_on_an_idle_server_goes_fir
         while httpx.get(f"{server.base_url}/stats").json()["exclusive"]["chunks"] == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
         chat = httpx.post(
-            f"{server.v1}/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-            headers={"x-request-id": "chat-during-job"}, timeout=600,
-        )  # fmt: skip
+            f"{server.v1}/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            headers={"x-request-id": "chat-during-job"},
+            timeout=600,
+        )
         finished["chat"] = time.monotonic()
     finally:
         job.join()

@@ -86,8 +86,8 @@ async def test_an_idle_thread_runs_a_large_job_in_turns_and_returns_between_them
 
 async def test_rows_arriving_during_an_idle_job_wait_one_turn_then_the_job_waits_for_its_period() -> None:
     """A job started on an idle server; rows come: the job's next turn waits for the busy policy's period."""
-    queue = ExclusiveQueue(admission=Admission(capacity=4, timeout=0.0, retry_after=1.0), share=0.5, period=5,
-                           idle_turn=0.02)  # fmt: skip
+    admission = Admission(capacity=4, timeout=0.0, retry_after=1.0)
+    queue = ExclusiveQueue(admission=admission, share=0.5, period=5, idle_turn=0.02)
     work = Sleepy(1000, seconds=0.001)
     async with anyio.create_task_group() as group:
         group.start_soon(_submitted, queue, work, [])

@@ -77,16 +77,30 @@ def test_what_a_step_prefilled_is_the_progress_since_the_last_step() -> None:
     assert budget._progress == {5: 50}
 
 
-def _gateway(info: ModelInfo, steps: Channel[StepOutputs], inbox: Channel[Prepared], control: Channel[Abort],
-             cache: PromptCache | None = None) -> GenerationGateway:  # fmt: skip
+def _gateway(
+    info: ModelInfo,
+    steps: Channel[StepOutputs],
+    inbox: Channel[Prepared],
+    control: Channel[Abort],
+    cache: PromptCache | None = None,
+) -> GenerationGateway:
     spills: Channel[SpillJob] = open_channel(4, name="spills")
     # A 1 ms target: every chunk is the smallest (16 tokens), where a 2,048-token chunk would take the prompt at once.
     return GenerationGateway(
-        inbox=inbox.receive, control=control.receive, aborts=control.send, out=steps.send,
-        spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, info),
-        eos_ids=EOS, max_batch=4, prefill_step_size=2048, step_budget_s=0.001, cache=cache,
+        inbox=inbox.receive,
+        control=control.receive,
+        aborts=control.send,
+        out=steps.send,
+        spills_out=spills.send,
+        spills_in=spills.receive,
+        load=partial(load_weights, info),
+        eos_ids=EOS,
+        max_batch=4,
+        prefill_step_size=2048,
+        step_budget_s=0.001,
+        cache=cache,
         scheduler=KvScheduler(read_model_shape(info.path, info.context_window), 1 << 30),
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture
@@ -94,7 +108,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def test_a_long_prompt_prefills_over_several_steps_while_a_decoding_row_advances_in_each(model_info: ModelInfo) -> None:
+async def test_a_long_prompt_prefills_over_many_steps_and_a_decoding_row_advances_in_each(model_info: ModelInfo) -> None:
     inbox: Channel[Prepared] = open_channel(16, name="gateway")
     control: Channel[Abort] = open_channel(4, name="control")
     steps: Channel[StepOutputs] = open_channel(256, name="steps")
