@@ -163,8 +163,7 @@ class BatchRows:
             row.generated.append(response.token)
             self._kv.advance(response.uid)
             scores = None if row.logprobs is None else (token_scores(response.logprobs, response.token, row.logprobs),)
-            token = (response.token,)
-            deltas.append(TokenDelta(request_id=row.request_id, new_token_ids=token, finish=finish, logprobs=scores))
+            deltas.append(row.delta(response.token, finish, scores))
             if finish is not None:
                 del self.rows[response.uid], self._uids[row.request_id]
                 self._kv.release(response.uid)
