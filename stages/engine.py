@@ -133,11 +133,7 @@ class Engine:
             retry_after=settings.retry_after,
         )
         self._tokenizing = Reservation.of(settings.prepare_concurrency)
-        self._exclusive = ExclusiveQueue(
-            admission=Admission(capacity=settings.exclusive_pending, timeout=settings.admission_timeout, retry_after=settings.retry_after),
-            share=settings.exclusive_share,
-            period=settings.exclusive_period,
-        )
+        self._exclusive = ExclusiveQueue.of(settings)
 
     @property
     def dead(self) -> bool:
@@ -182,6 +178,7 @@ class Engine:
             info=self.info, preamble=self._preamble, pooling="last" if settings.embedding_pooling == "last" else "mean",
             max_input_tokens=min(settings.embedding_max_tokens, self.info.context_window),
             hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
+            max_request_tokens=settings.exclusive_max_tokens,
         )  # fmt: skip
         self.fit = await anyio.to_thread.run_sync(
             partial(
@@ -345,6 +342,7 @@ class Engine:
             think_ids=think_ids(self.family, self.tokenizer),
             max_batch=settings.max_batch,
             prefill_step_size=settings.prefill_step_size,
+            step_budget_s=settings.step_budget_ms / 1000,
             scheduler=KvScheduler(self.fit.model, memory.usable_bytes),
             prefill_rows=memory.prefill_rows,
             cache=prompt_cache(

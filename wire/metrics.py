@@ -26,7 +26,8 @@ _UNSAFE = re.compile(r"[^a-zA-Z0-9_]")
 COUNTERS = frozenset(
     {
         "submitted", "admission.refused", "gateway.steps", "gateway.generated_tokens", "gateway.preemptions",
-        "gateway.resumed", "prompt_cache.hits", "prompt_cache.misses", "prompt_cache.cached_tokens",
+        "gateway.resumed", "gateway.steps_over_budget", "prompt_cache.hits", "prompt_cache.misses",
+        "prompt_cache.cached_tokens",
         "prompt_cache.session_hits", "prompt_cache.session_misses", "prompt_cache.evictions",
         "prompt_cache.disk.spills", "prompt_cache.disk.spills_dropped", "prompt_cache.disk.spill_errors",
         "prompt_cache.disk.spills_unsupported", "prompt_cache.disk.restores", "prompt_cache.disk.corrupt",
