@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -204,9 +205,11 @@ def test_store_failure_mid_stream_is_response_failed(server_factory: ServerFacto
     assert isinstance(failed, dict) and failed["status"] == "failed" and failed["error"]["code"] == "server_error"  # type: ignore[index]
     assert not any(e["type"] in ("response.completed", "response.incomplete") for e in events)
     response_id = str(failed["id"])
+    # The store cannot be read at all now, so the lookup is the store's failure, not an unknown id.
     lookup = httpx.get(f"{server.v1}/responses/{response_id}", timeout=10)
-    assert lookup.status_code in (404, 500)
-    with pytest.raises(sqlite3.DatabaseError):
-        sqlite3.connect(path).execute("select id from responses").fetchall()
+    assert lookup.status_code == 500, lookup.text
+    assert lookup.json()["error"]["type"] == "server_error" and "database" not in lookup.text
+    with contextlib.closing(sqlite3.connect(path)) as reader, pytest.raises(sqlite3.DatabaseError):
+        reader.execute("select id from responses").fetchall()
     # The server itself keeps serving other APIs.
     assert client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2).usage
