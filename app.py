@@ -14,6 +14,7 @@ from stages.models.blas import preload_blas
 BLAS = preload_blas()
 
 import time  # noqa: E402
+from functools import partial  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import AsyncGenerator, Callable  # noqa: E402
 from typing import cast  # noqa: E402
@@ -24,21 +25,28 @@ from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
+from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
 from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
+from edge.admin_routes import routes as admin_routes  # noqa: E402
+from edge.choice import chosen, current_defaults, current_engine, model_field, model_named  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
 from edge.status_routes import routes as status_routes  # noqa: E402
 from edge.store import store_call  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
-from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
+from pipeline.channels import ReplyClosed  # noqa: E402
+from pipeline.errors import ErrorKind, RequestError, internal_error, shutting_down  # noqa: E402
 from pipeline.observe import Observers  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
+from fleet.defaults import with_defaults  # noqa: E402
+from fleet.fleet import Fleet  # noqa: E402
+from fleet.spec import specs_from_settings  # noqa: E402
 from stages.engine import Engine  # noqa: E402
 from stages.messages import Decoder  # noqa: E402
 from stages.parse import load_json  # noqa: E402
@@ -49,6 +57,7 @@ from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.openapi import document as openapi_document  # noqa: E402
 from wire.response_store import StoredResponse  # noqa: E402
+from wire.responses_items import input_items_page  # noqa: E402
 from wire.responses_requests import continued_input, decode_responses, to_chat  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
@@ -59,15 +68,19 @@ app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
 app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
+# Sees each request's `http.disconnect` on its way to Quart (edge/disconnect.py: why Quart's cancel is not enough).
+app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # Embeddings, rerank and score, tokenize and detokenize.
 app.register_blueprint(model_work_routes)
 app.register_blueprint(status_routes)
+app.register_blueprint(admin_routes)
 
 ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
 
 
 def engine() -> Engine:
-    return cast(Engine, app.extensions["engine"])
+    """The engine of the model this request chose (edge/choice.py)."""
+    return current_engine()
 
 
 @app.while_serving
@@ -89,16 +102,23 @@ async def lifespan() -> AsyncGenerator[None, None]:
     metrics = app.extensions["metrics"] = Metrics()
     tracing = app.extensions["tracing"] = configure_tracing()
     observer = Observers((metrics, tracing)) if tracing is not None else metrics
+    specs = specs_from_settings(settings)
+    several = len(specs) > 1 or settings.models_file is not None
     try:
         async with anyio.create_task_group() as outer:
-            app.extensions["engine"] = await outer.start(Engine(settings=settings, observer=observer).run)
-            metrics.configure(model_name=engine().info.name, context_window=engine().info.context_window)
-            check_aliases(engine().served)
+            fleet = Fleet(settings=settings, specs=specs, several=several, observer=observer)
+            app.extensions["fleet"] = await outer.start(fleet.run)
+            first = fleet.default.engine
+            window = first.info.context_window if first else 2**15
+            metrics.configure(model_name=fleet.default.name, context_window=window)
+            if not several and first is not None:
+                check_aliases(first.served)
             # Which event loop serves (uvloop under `mlx-relay serve --loop uvloop` or `hypercorn -k uvloop`).
-            log.info("server.ready", model=engine().info.name, loop=type(__import__("asyncio").get_running_loop()).__module__)
+            loop = type(__import__("asyncio").get_running_loop()).__module__
+            log.info("server.ready", models=list(fleet.hosts), loop=loop)
             yield
             log.info("server.draining")
-            await engine().drain(settings.drain_timeout)
+            await fleet.drain(settings.drain_timeout)
             outer.cancel_scope.cancel()
     finally:
         await anyio.to_thread.run_sync(store.close)
@@ -106,6 +126,12 @@ async def lifespan() -> AsyncGenerator[None, None]:
             # Flushes the spans still batched.
             await anyio.to_thread.run_sync(tracing.shutdown)
     log.info("server.stopped")
+
+
+def start_draining() -> None:
+    """Refuse new work with 503 from now on (the server has been told to stop); a no-op before the engine is up."""
+    if "fleet" in app.extensions:
+        cast(Fleet, app.extensions["fleet"]).start_draining()
 
 
 @app.post("/v1/chat/completions")
@@ -126,36 +152,63 @@ async def generate(
     request_id: str, decode: Decoder, make_protocol: ProtocolFactory, *, persist: Persist | None = None
 ) -> Response:
     """Run one generation; `persist` saves the finished result before the client is told it finished."""
+    client = current_client()
+    client.last_words = _last_words()
+    # Whenever the client goes (socket closed, h2 stream reset), the waits below end and the reply closes.
+    with client.while_here():
+        return await _generate(client, request_id, decode, make_protocol, persist)
+    return gone_response()
+
+
+async def _generate(
+    client: Client, request_id: str, decode: Decoder, make_protocol: ProtocolFactory, persist: Persist | None
+) -> Response:
     trace_id = guard.trace_id(request_id)
     body = cast(bytes, await request.get_data(as_text=False))
     session = session_key(request.headers.get)
     if session:
         decode = _with_session(decode, session)
     decode = with_model(decode)
-    reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
+    if client.gone:
+        return gone_response()
+    async with chosen(model_named(body)) as chosen_engine:
+        decode = with_defaults(decode, current_defaults())
+        reply = await chosen_engine.submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
+    client.on_gone(reply.close)
     tracing = cast(Tracing | None, app.extensions["tracing"])
     if tracing is not None:
         # No await since submit: the request cannot have finished yet.
         tracing.submitted(request_id, route=request.path, trace_id=trace_id, headers=dict(request.headers.items()))
     try:
         accepted = await reply.accepted()
-    except BaseException:
+    except BaseException as error:
         reply.close()
         if tracing is not None:
             tracing.forget(request_id)
+        if isinstance(error, ReplyClosed):
+            return gone_response()
         raise
     protocol = make_protocol(accepted, request_id)
     headers = {"x-request-id": trace_id}
     if accepted.request.stream:
         headers["cache-control"] = "no-cache"
         interval = cast(float, app.extensions["keepalive_interval"])
+        client.last_words = _last_words(stream_tail=lambda: protocol.error(shutting_down()))
         return Response(sse_body(reply, protocol, persist, interval), content_type="text/event-stream", headers=headers)
     with reply:
         events = [event async for batch in reply for event in batch]
+    if reply.closed:
+        return gone_response()
     result = protocol.body(events, reply.summary)
     if persist is not None:
         await persist(protocol)
     return json_response(result, headers=headers)
+
+
+def _last_words(stream_tail: Callable[[], bytes] | None = None) -> LastWords:
+    """What the request says if the server's graceful timeout cuts it (edge/disconnect.py)."""
+    status, body = _error_parts(shutting_down())
+    return LastWords(status=status, body=body.encode(), stream_tail=stream_tail)
 
 
 def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
@@ -176,16 +229,20 @@ def _include_usage(accepted: Accepted) -> bool:
 
 @app.post("/v1/messages")
 async def messages() -> Response:
-    return await generate(_request_id("msg_"), decode_messages, _messages_protocol)
+    betas = request.headers.get("anthropic-beta", "")
+    interleaved = "interleaved-thinking-2025-05-14" in (beta.strip() for beta in betas.split(","))
+    decode = partial(decode_messages, interleaved_thinking=interleaved)
+    return await generate(_request_id("msg_"), decode, _messages_protocol)
 
 
 @app.post("/v1/messages/count_tokens")
 async def count_tokens() -> Response:
     body = load_json(cast(bytes, await request.get_data(as_text=False)))
     chat = decode_count_tokens(body)
-    # An adapter shares the base model's tokenizer; an unknown model is still a 404.
-    engine().served.adapter_of(body)
-    counted = await engine().count_tokens(chat)
+    async with chosen(model_field(body)) as chosen_engine:
+        # An adapter shares the base model's tokenizer; an unknown model is still a 404.
+        chosen_engine.served.adapter_of(body)
+        counted = await chosen_engine.count_tokens(chat)
     reply: dict[str, JsonValue] = {"input_tokens": counted.input_tokens}
     if counted.original_input_tokens is not None:
         # Anthropic's report when context management was asked: the count before the edits.
@@ -257,9 +314,8 @@ async def get_response(response_id: str) -> Response:
 @app.get("/v1/responses/<response_id>/input_items")
 async def get_input_items(response_id: str) -> Response:
     stored = await _stored(response_id)
-    items: list[JsonValue] = [{"id": f"item_{i}", **item} for i, item in enumerate(stored.input_items)]
-    first, last = (items[0], items[-1]) if items else ({}, {})
-    return json_response({"object": "list", "data": items, "first_id": _id(first), "last_id": _id(last), "has_more": False})
+    items: list[JsonObject] = [{"id": f"item_{i}", **item} for i, item in enumerate(stored.input_items)]
+    return json_response(input_items_page(items, request.args))
 
 
 @app.delete("/v1/responses/<response_id>")
@@ -287,10 +343,6 @@ def _response_not_found(response_id: str, *, param: str | None) -> RequestError:
 
 def _list(value: JsonValue) -> list[JsonValue]:
     return value if isinstance(value, list) else []
-
-
-def _id(item: JsonValue) -> JsonValue:
-    return item.get("id") if isinstance(item, dict) else None
 
 
 
@@ -341,9 +393,14 @@ async def unexpected_error(error: Exception) -> Response:
 def error_response(error: RequestError) -> Response:
     """The error in the shape of the API the client called."""
     headers = {"retry-after": str(max(1, round(error.retry_after)))} if error.retry_after is not None else {}
+    status, body = _error_parts(error)
+    return Response(body, status=status, content_type="application/json", headers=headers)
+
+
+def _error_parts(error: RequestError) -> tuple[int, str]:
     if request.path.startswith("/v1/messages"):
-        return json_response(anthropic.error_body(error), status=anthropic.error_status(error), headers=headers)
-    return json_response(openai.error_body(error), status=error.status, headers=headers)
+        return anthropic.error_status(error), dumps(anthropic.error_body(error))
+    return error.status, dumps(openai.error_body(error))
 
 
 def json_response(body: JsonValue, *, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -50,6 +50,18 @@ class Settings:
     model_aliases: str | None = attrs.field(default=None, validator=lambda _i, _a, value: _check_aliases(value))
     # LoRA adapters in mlx-lm's format served as model ids of their own: "name=path,name2=path2" (stages/adapters.py).
     adapters: str | None = None
+    # Several models served by name: a TOML models file (fleet/spec.py); MLX_RELAY_MODEL may also list
+    # several, comma-separated.
+    models_file: str | None = None
+    # One model's defaults, which a request's own value overrides (a models file sets them per model):
+    # sampling (unset: the model's generation_config.json), max_tokens, the adapter a request naming the base
+    # model gets, and a context window below the model's own.
+    default_temperature: float | None = attrs.field(default=None, converter=attrs.converters.optional(float))
+    default_top_p: float | None = attrs.field(default=None, converter=attrs.converters.optional(float))
+    default_top_k: int | None = attrs.field(default=None, converter=attrs.converters.optional(int))
+    default_max_tokens: int | None = attrs.field(default=None, converter=attrs.converters.optional(int))
+    default_adapter: str | None = None
+    context_limit: int | None = attrs.field(default=None, converter=attrs.converters.optional(int))
     # A model family's call markup / think markers, where the template and vocabulary mislead (stages/families/).
     tool_parser: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(("harmony", "deepseek", "mistral", "phi4", "hermes", "llama3", "json", "mlx-lm")))
@@ -72,6 +84,8 @@ class Settings:
     # KV bytes the prompt cache keeps in memory (at most half of what the
     # weights and a prefill chunk leave of the budget); 0 turns it off.
     prompt_cache_bytes: int = attrs.field(default=2**30, validator=attrs.validators.ge(0))
+    # Entries it keeps at most, whatever their bytes (0: no bound beside the bytes).
+    prompt_cache_entries: int = attrs.field(default=4096, validator=attrs.validators.ge(0))
     # Requests that name a session keep their conversation's entries warm longer.
     session_cache: bool = True
     # On the CPU backend a quantized model is served dequantized to float32 when those weights fit

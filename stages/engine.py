@@ -163,11 +163,15 @@ class Engine:
         self.info = await anyio.to_thread.run_sync(
             partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
         )
+        if settings.context_limit:
+            # A window below the model's own (per-model defaults, fleet/): every stage reads the window from here.
+            self.info = attrs.evolve(self.info, context_window=min(self.info.context_window, settings.context_limit))
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
         embedding_bytes = await self._open_embedder()
         self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases),
-                                   embedding=self.embedder.name if self.embedder else None)  # fmt: skip
+                                   embedding=self.embedder.name if self.embedder else None,
+                                   default_adapter=settings.default_adapter)  # fmt: skip
         if self._cluster is not None:
             # Followers replay the generator's calls: an adapter mounted on rank 0 alone would split the group.
             if adapters:
@@ -261,9 +265,13 @@ class Engine:
             return TokenCount(input_tokens=len(rendered.tokens), original_input_tokens=rendered.original_tokens)
         return TokenCount(input_tokens=len(await self.work.tokenize_chat(request)))
 
-    async def drain(self, timeout: float) -> None:
+    def start_draining(self) -> None:
+        """New work is refused with 503 from now on; what is in flight goes on."""
         self._admission.start_draining()
         self._exclusive.start_draining()
+
+    async def drain(self, timeout: float) -> None:
+        self.start_draining()
         self._parse_inbox.send.close()
         with anyio.move_on_after(timeout):
             await self._stopped.wait()
@@ -344,7 +352,9 @@ class Engine:
             prefill_step_size=settings.prefill_step_size,
             scheduler=KvScheduler(self.fit.model, memory.usable_bytes),
             prefill_rows=memory.prefill_rows,
-            cache=prompt_cache(cache_bytes, sessions=settings.session_cache, cluster=cluster),
+            cache=prompt_cache(
+                cache_bytes, sessions=settings.session_cache, cluster=cluster, max_entries=settings.prompt_cache_entries
+            ),
             disk=disk,
             adapters=self.served.adapters,
             exclusive=self._exclusive,

@@ -352,7 +352,7 @@ class GenerationGateway:
             row.generated.append(response.token)
             self._kv.advance(response.uid)
             scores = None if row.logprobs is None else (token_scores(response.logprobs, response.token, row.logprobs),)
-            deltas.append(TokenDelta(request_id=row.request_id, new_token_ids=(response.token,), finish=finish, logprobs=scores))
+            deltas.append(row.delta(response.token, finish, scores))
             if finish is not None:
                 del self._rows[response.uid], self._uids[row.request_id]
                 self._kv.release(response.uid)

@@ -85,12 +85,16 @@ def open_disk(
     return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint, adapters=spaces)
 
 
-def prompt_cache(max_bytes: int, *, sessions: bool, cluster: Cluster | None) -> PromptCache | None:
+def prompt_cache(
+    max_bytes: int, *, sessions: bool, cluster: Cluster | None, max_entries: int = 0
+) -> PromptCache | None:
     if not max_bytes:
         return None
     if cluster is None:
-        return PromptCache(max_bytes=max_bytes, sessions=sessions)
-    return MirroredPromptCache(max_bytes=max_bytes, sessions=sessions, step_log=cluster.step_log)
+        return PromptCache(max_bytes=max_bytes, sessions=sessions, max_entries=max_entries)
+    return MirroredPromptCache(
+        max_bytes=max_bytes, sessions=sessions, max_entries=max_entries, step_log=cluster.step_log
+    )
 
 
 def rank_share(cluster: Cluster | None, vocab_size: int) -> Callable[[ModelShape], ModelShape] | None:

@@ -187,3 +187,17 @@ def _context_window(config: dict[str, Any]) -> int:
             if isinstance(source.get(key), int):
                 return int(source[key])
     return _FALLBACK_CONTEXT_WINDOW
+
+
+def release_unloaded() -> None:
+    """Give an unloaded model's memory back: collect the engine's reference cycles (its arrays with them),
+    empty MLX's buffer cache, and return the C heap's free pages; blocking (run it off the event loop)."""
+    import gc
+
+    import mlx.core as mx
+
+    from stages.heap import HeapTrimmer
+
+    gc.collect()
+    mx.clear_cache()
+    HeapTrimmer().maybe(force=True)

@@ -175,7 +175,8 @@ def test_named_tool_choice_streams_tool_call_deltas(server: Server) -> None:
     chunks = [c for c in stream_chunks(server, "/chat/completions", body) if isinstance(c, dict) and c["choices"]]
     deltas = [c["choices"][0]["delta"] for c in chunks]  # type: ignore[index]
     calls = [call for d in deltas for call in d.get("tool_calls", [])]
-    assert [call["index"] for call in calls] == [0]
+    # One call, its head first, then its arguments in pieces.
+    assert {call["index"] for call in calls} == {0} and len(calls) >= 2
     assert calls[0]["function"]["name"] == "get_weather"
     jsonschema.validate(json.loads("".join(c["function"]["arguments"] for c in calls)), WEATHER)
     assert not any("<tool_call>" in (d.get("content") or "") for d in deltas)
