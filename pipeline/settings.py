@@ -91,6 +91,9 @@ class Settings:
     prompt_cache_entries: int = attrs.field(default=4096, validator=attrs.validators.ge(0))
     # Requests that name a session keep their conversation's entries warm longer.
     session_cache: bool = True
+    # On the CPU backend a quantized model is served dequantized to float32 when those weights fit
+    # the memory budget (the BLAS runs float32 matmuls many times faster); set to serve it as stored.
+    keep_quantized: bool = False
     # A folder for the prompt cache's disk tier (unset: no disk tier), and its bound.
     cache_dir: str | None = None
     cache_dir_bytes: int = attrs.field(default=8 * 2**30, validator=_positive)

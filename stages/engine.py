@@ -38,6 +38,7 @@ from stages.kv.plan import Fit, assess
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
+from stages.models.weights import WeightForm
 from stages.model_work import ModelWork, dedicated_work, hidden_size
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation, prompt_room
@@ -48,7 +49,7 @@ from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
 from stages.sink import CompletionSink
 from stages.text import TextStage
-from stages.startup import choose_markup, disk_tier, prompt_cache, rank_share, think_ids
+from stages.startup import choose_markup, disk_tier, plan_weights, prompt_cache, rank_share, think_ids
 from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")
@@ -107,6 +108,8 @@ class Engine:
     _gateway: GenerationGateway = attrs.field(init=False)
     _sink: CompletionSink = attrs.field(init=False)
     fit: Fit = attrs.field(init=False)
+    # As stored, or dequantized to float32 for the CPU backend; named in /stats.
+    weights: WeightForm = attrs.field(init=False)
     # Chat templates render under one reservation, for generation and for counting alike.
     _tokenizing: Reservation = attrs.field(init=False)
     info: ModelInfo = attrs.field(init=False)
@@ -180,20 +183,22 @@ class Engine:
             hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
             max_request_tokens=settings.exclusive_max_tokens,
         )  # fmt: skip
-        self.fit = await anyio.to_thread.run_sync(
-            partial(
-                assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
-                prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
-                prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
-                share=rank_share(self._cluster, self.info.vocab_size),
-            )
+        fit = partial(
+            assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
+            prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
+            prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
+            share=rank_share(self._cluster, self.info.vocab_size),
         )  # fmt: skip
+        planned = partial(plan_weights, settings, self.info, fit, cluster=self._cluster)
+        self.fit, self.weights = await anyio.to_thread.run_sync(planned)
+        self.info = attrs.evolve(self.info, float32_weights=self.weights.float32)
         disk = await anyio.to_thread.run_sync(partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters))
         self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
         memory = self.fit.memory
         log.info(
             "engine.starting", model=self.info.name, path=str(self.info.path), max_safe_context=memory.max_safe_context,
             memory_budget=memory.budget_bytes, prompt_cache_bytes=memory.prompt_cache_bytes,
+            weights=self.weights.description,
         )  # fmt: skip
         await self._supervisor.run(task_status=_Relay(task_status, self))
 

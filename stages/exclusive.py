@@ -17,7 +17,7 @@ every `period` steps (default 100), the same share makes one gap in 100
 longer and leaves the p95 gap alone. A turn disturbs about two gaps, its
 own and the first step after it, so one turn in 50 steps still moved the
 clients' p95 by a fifth on a quiet 2-core machine; one in 100 moved it by
-3–10% at the same embedding throughput (README, "Embeddings beside running
+3–10% at the same embedding throughput (docs/benchmarks.md, "Embeddings beside running
 streams"). The cost is that one longer gap: `share × period` steps' worth.
 
 Event loop side: `submit` takes an admission ticket (its own bound: 429
