@@ -107,5 +107,12 @@ async def _snapshot() -> JsonObject:
     current = _engine()
     snapshot = attrs.asdict(await current.fresh_statistics())
     store = await store_call(current_app, lambda store: store.statistics())
-    report: JsonObject = {"model": current.info.name, "blas": cast(str, current_app.extensions["blas"]), **snapshot, "response_store": attrs.asdict(store)}
+    blas = cast(str, current_app.extensions["blas"])
+    report: JsonObject = {
+        "model": current.info.name,
+        "blas": blas,
+        "weights": current.weights.description,
+        **snapshot,
+        "response_store": attrs.asdict(store),
+    }
     return cast(JsonObject, without_paths(report))

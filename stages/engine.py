@@ -40,6 +40,7 @@ from stages.remote.gateway import RemoteGateway, WorkerStatus
 from stages.kv.plan import Fit, assess
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, resolve_model
+from stages.models.weights import WeightForm
 from stages.model_work import ModelWork, dedicated_work, hidden_size
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation, prompt_room
@@ -50,7 +51,7 @@ from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
 from stages.sink import CompletionSink
 from stages.text import TextStage
-from stages.startup import choose_markup, disk_tier, rank_share
+from stages.startup import choose_markup, disk_tier, plan_weights, rank_share
 from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")
@@ -106,6 +107,8 @@ class Engine:
     _gateway: GenerationGateway | RemoteGateway = attrs.field(init=False)
     _sink: CompletionSink = attrs.field(init=False)
     fit: Fit = attrs.field(init=False)
+    # As stored, or dequantized to float32 for the CPU backend; named in /stats.
+    weights: WeightForm = attrs.field(init=False)
     # Chat templates render under one reservation, for generation and for counting alike.
     _tokenizing: Reservation = attrs.field(init=False)
     info: ModelInfo = attrs.field(init=False)
@@ -132,12 +135,7 @@ class Engine:
             retry_after=settings.retry_after,
         )
         self._tokenizing = Reservation.of(settings.prepare_concurrency)
-        queue = ExclusiveQueue if self._settings.model_in_process else RemoteExclusiveQueue
-        self._exclusive = queue(
-            admission=Admission(capacity=settings.exclusive_pending, timeout=settings.admission_timeout, retry_after=settings.retry_after),
-            share=settings.exclusive_share,
-            period=settings.exclusive_period,
-        )
+        self._exclusive = (ExclusiveQueue if settings.model_in_process else RemoteExclusiveQueue).of(settings)
 
     def worker(self) -> WorkerStatus | None:
         return self._gateway.status() if isinstance(self._gateway, RemoteGateway) else None
@@ -188,16 +186,17 @@ class Engine:
             info=self.info, preamble=self._preamble, pooling="last" if settings.embedding_pooling == "last" else "mean",
             max_input_tokens=min(settings.embedding_max_tokens, self.info.context_window),
             hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
+            max_request_tokens=settings.exclusive_max_tokens,
         )  # fmt: skip
-        self.fit = await anyio.to_thread.run_sync(
-            partial(
-                assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
-                prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
-                prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
-                share=rank_share(self._cluster, self.info.vocab_size),
-            )
+        fit = partial(
+            assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
+            prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
+            prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
+            share=rank_share(self._cluster, self.info.vocab_size),
         )  # fmt: skip
-        # A worker opens the disk tier in its own process; two processes never share its folder.
+        planned = partial(plan_weights, settings, self.info, fit, cluster=self._cluster)
+        self.fit, self.weights = await anyio.to_thread.run_sync(planned)
+        self.info = attrs.evolve(self.info, float32_weights=self.weights.float32)
         disk = None if not settings.model_in_process else await anyio.to_thread.run_sync(
             partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters))
         self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
@@ -205,6 +204,7 @@ class Engine:
         log.info(
             "engine.starting", model=self.info.name, path=str(self.info.path), max_safe_context=memory.max_safe_context,
             memory_budget=memory.budget_bytes, prompt_cache_bytes=memory.prompt_cache_bytes,
+            weights=self.weights.description,
         )  # fmt: skip
         await self._supervisor.run(task_status=_Relay(task_status, self))
 

@@ -69,6 +69,7 @@ def make_gateway(
         think_ids=think_ids(side.family, side.tokenizer),
         max_batch=settings.max_batch,
         prefill_step_size=settings.prefill_step_size,
+        step_budget_s=settings.step_budget_ms / 1000,
         scheduler=KvScheduler(side.fit.model, memory.usable_bytes),
         prefill_rows=memory.prefill_rows,
         cache=prompt_cache(

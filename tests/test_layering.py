@@ -38,6 +38,8 @@ FORBIDDEN = {
 # The gateway's model thread and its helpers, and model loading / the built-in model builders.
 MLX_CORE_ALLOWED = {
     "stages/gateway.py", "stages/models/loading.py", "stages/sampling.py", "stages/models/demo.py",
+    # The gateway's rows: what they hold goes to the prompt cache, evaluated first.
+    "stages/batch_rows.py",
     "stages/models/gguf.py",
     # Which backend MLX runs on (the plan prices prefill attention by it).
     "stages/kv/machine.py",
