@@ -27,31 +27,31 @@ from pipeline.settings import Settings, parse_aliases
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
 from stages.adapters import AdapterError, ServedModels, not_found, read_adapters
+from stages.cache.disk import DiskTier
+from stages.cache.prompt import PromptCacheStatistics
 from stages.chat import ChatStage, render_edited
 from stages.constraints import ConstraintCompiler
+from stages.exclusive import ExclusiveQueue, ExclusiveStatistics
 from stages.families.base import Family
 from stages.fim import find_infill
-from stages.cache.disk import DiskTier
-from stages.exclusive import ExclusiveQueue, ExclusiveStatistics
 from stages.gateway import GatewayStatistics, GenerationGateway
-from stages.model_side import ModelSide, make_gateway
-from stages.remote.exclusive import RemoteExclusiveQueue
-from stages.remote.gateway import RemoteGateway, WorkerStatus
 from stages.kv.plan import Fit, assess
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
+from stages.model_side import ModelSide, make_gateway
+from stages.model_work import ModelWork, dedicated_work, hidden_size
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, resolve_model
 from stages.models.weights import WeightForm
-from stages.model_work import ModelWork, dedicated_work, hidden_size
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation, prompt_room
-from stages.cache.prompt import PromptCacheStatistics
+from stages.remote.exclusive import RemoteExclusiveQueue
+from stages.remote.gateway import RemoteGateway, WorkerStatus
 from stages.shard.cluster import Cluster, join
 from stages.shard.liveness import RankStatus
 from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
 from stages.sink import CompletionSink
-from stages.text import TextStage
 from stages.startup import choose_markup, disk_tier, plan_weights, rank_share
+from stages.text import TextStage
 from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")

@@ -37,7 +37,18 @@ from stages.model_side import make_gateway
 from stages.remote.convert import error_out, prepared_of, step_out
 from stages.remote.frames import FrameReader, FrameWriter
 from stages.remote.messages import (
-    AbortIn, BeatOut, CancelIn, CloseIn, FailedOut, JobIn, JobOut, ReadyOut, RowIn, StatsIn, ToFront, ToWorker,
+    AbortIn,
+    BeatOut,
+    CancelIn,
+    CloseIn,
+    FailedOut,
+    JobIn,
+    JobOut,
+    ReadyOut,
+    RowIn,
+    StatsIn,
+    ToFront,
+    ToWorker,
 )
 from workers.model import WorkerModel, open_model
 

@@ -17,9 +17,9 @@ start, as a model that cannot load does in-process.
 from __future__ import annotations
 
 import enum
-from functools import partial
 import time
 from collections.abc import Callable
+from functools import partial
 
 import anyio
 import attrs
@@ -35,10 +35,19 @@ from stages.gateway import GatewayStatistics
 from stages.handoff import HandoffStatistics
 from stages.messages import Abort, Prepared, StepOutputs
 from stages.remote.convert import request_error, row_in, step_outputs
-from stages.remote.frames import FrameError, FrameReader, FrameWriter
 from stages.remote.exclusive import RemoteExclusiveQueue
+from stages.remote.frames import FrameError, FrameReader, FrameWriter
 from stages.remote.messages import (
-    AbortIn, BeatOut, CloseIn, JobOut, ReadyOut, SettingsIn, StatsIn, StepOut, ToFront, ToWorker,
+    AbortIn,
+    BeatOut,
+    CloseIn,
+    JobOut,
+    ReadyOut,
+    SettingsIn,
+    StatsIn,
+    StepOut,
+    ToFront,
+    ToWorker,
 )
 from stages.remote.process import WorkerLost, WorkerProcess, worker_process
 

@@ -26,7 +26,18 @@ from stages.messages import Admitted, Prepared, Reply, StepOutputs, TokenDelta
 from stages.remote.convert import error_out, prepared_of, request_error, row_in, step_out, step_outputs
 from stages.remote.frames import MAX_FRAME, FrameError, FrameReader, FrameWriter
 from stages.remote.messages import (
-    AbortIn, BeatOut, CancelIn, CloseIn, JobIn, JobOut, ReadyOut, SettingsIn, StatsIn, StepOut, ToFront, ToWorker,
+    AbortIn,
+    BeatOut,
+    CancelIn,
+    CloseIn,
+    JobIn,
+    JobOut,
+    ReadyOut,
+    SettingsIn,
+    StatsIn,
+    StepOut,
+    ToFront,
+    ToWorker,
 )
 
 
