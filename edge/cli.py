@@ -102,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
         help="shard the model over the ranks mlx.launch started (MLX_RELAY_SHARD): rank 0 serves HTTP, the others follow",
     )  # fmt: skip
     serve.add_argument(
+        "--in-process", action="store_true",
+        help="run the model in this process, not in a worker process of its own (MLX_RELAY_IN_PROCESS; debugging)",
+    )
+    serve.add_argument(
         "--embedding-model",
         help="a dedicated embedding model served beside the chat model: a directory, a repo id or shaped:NAME (MLX_RELAY_EMBEDDING_MODEL)",
     )  # fmt: skip
@@ -154,6 +158,7 @@ def _export(args: argparse.Namespace) -> None:
         "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard,
         "loop": args.loop, "embedding_model": args.embedding_model, "adapters": args.adapters,
         "web": "0" if args.no_web else None,
+        "in_process": "1" if args.in_process else None,
     }  # fmt: skip
     flags.update({flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag in _DEFAULT_FLAGS})
     for name, value in flags.items():

@@ -18,6 +18,7 @@ from edge.aliases import work_served_as
 from edge.choice import chosen, current_engine, fleet
 from edge.model_cards import card, fleet_cards
 from edge.disconnect import ends_with_client
+from edge.status_routes import model_state
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
 from stages.engine import Engine
@@ -138,7 +139,7 @@ def _model_card(model_id: str) -> JsonObject:
         "max_model_len": info.context_window,
     }
     if model_id == info.name:
-        return card
+        return {**card, "state": model_state(engine)["state"]}
     if engine.embedder is not None and model_id == engine.embedder.name:
         window = engine.embedder.context_window
         return {**card, "context_window": window, "max_model_len": window}

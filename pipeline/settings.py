@@ -75,6 +75,9 @@ class Settings:
     retry_after: float = attrs.field(default=1.0, validator=_non_negative)
     drain_timeout: float = attrs.field(default=30.0, validator=_non_negative)
     prefill_step_size: int = attrs.field(default=512, validator=_positive)
+    # The time one step of the model thread aims at: a prefill chunk is sized from the measured prefill speed
+    # to fit it beside the decoding rows, and exclusive work on an idle server runs in turns of this length.
+    step_budget_ms: float = attrs.field(default=200.0, validator=attrs.validators.gt(0.0))
     # A row alone decodes as mlx-lm's generate_step does, without the batch's per-step costs, and joins
     # the batch when a second row comes (stages/single_row.py); off runs every row in the batch.
     single_row: bool = True
@@ -88,6 +91,9 @@ class Settings:
     prompt_cache_entries: int = attrs.field(default=4096, validator=attrs.validators.ge(0))
     # Requests that name a session keep their conversation's entries warm longer.
     session_cache: bool = True
+    # On the CPU backend a quantized model is served dequantized to float32 when those weights fit
+    # the memory budget (the BLAS runs float32 matmuls many times faster); set to serve it as stored.
+    keep_quantized: bool = False
     # A folder for the prompt cache's disk tier (unset: no disk tier), and its bound.
     cache_dir: str | None = None
     cache_dir_bytes: int = attrs.field(default=8 * 2**30, validator=_positive)
@@ -126,6 +132,9 @@ class Settings:
     embedding_max_tokens: int = attrs.field(default=8192, validator=_positive)
     # Embedding and score requests waiting for the model thread at once; more wait `admission_timeout`, then 429.
     exclusive_pending: int = attrs.field(default=64, validator=_positive)
+    # Tokens one embeddings, rerank or score request may run through the model, summed over its inputs
+    # (OpenAI's embeddings bound); a request past it is a 400 naming it.
+    exclusive_max_tokens: int = attrs.field(default=300_000, validator=_positive)
     # The share of a decode step's time that embeddings and scores may add while streams run.
     exclusive_share: float = attrs.field(default=0.15, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(10.0)))
     # Steps between two turns of that work while streams run: 1 lengthens every gap a little, 100 one gap in 100 more.
@@ -134,6 +143,12 @@ class Settings:
     shard: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("tensor", "pipeline"))))
     # Seconds a follower rank may be silent before the engine counts it lost (503, requests failed).
     shard_timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
+    # The model runs in this process, as before model workers (debugging); sharded serving always does.
+    in_process: bool = False
+    # Seconds a model worker may send nothing while the front waits on it before it counts as hung (then killed).
+    worker_heartbeat_timeout: float = attrs.field(default=2.0, validator=attrs.validators.gt(0.0))
+    # Seconds before the first restart of a lost worker; doubled for each restart in a row that serves nothing.
+    worker_restart_backoff: float = attrs.field(default=0.5, validator=_non_negative)
 
     # The event loop `mlx-relay serve` runs on: "asyncio", or "uvloop" (the `uvloop` extra), which
     # spends less of the loop's time per streamed token. `hypercorn app:app` takes `-k uvloop` instead.
@@ -147,6 +162,11 @@ class Settings:
     web: bool = True
     # Seconds a Responses WebSocket may sit with no turn and no frame before the server closes it (1000).
     socket_idle_timeout: float = attrs.field(default=900.0, validator=attrs.validators.gt(0.0))
+
+    @property
+    def model_in_process(self) -> bool:
+        """The model runs in the HTTP process (`in_process`, or sharded: DESIGN.md, "Model workers")."""
+        return self.in_process or self.shard is not None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

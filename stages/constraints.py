@@ -90,6 +90,8 @@ class CompiledConstraint:
     _prototype: LLMatcher = attrs.field(alias="prototype")
     # The request field it came from, which an error mid-generation names.
     param: str = "response_format"
+    # What it was compiled from: a model worker compiles it again in its own process (stages/remote/).
+    grammar: Grammar | None = None
 
     def matcher(self) -> LLMatcher:
         return self._prototype.deep_copy()
@@ -139,7 +141,7 @@ class ConstraintCompiler:
         if fault:
             log.info("constraint.refused", param=grammar.param, reason=_reason(fault))
             raise invalid(f"Invalid '{grammar.param}': {_reason(fault)}", param=grammar.param, code="invalid_grammar")
-        compiled = CompiledConstraint(prototype=matcher, param=grammar.param)
+        compiled = CompiledConstraint(prototype=matcher, param=grammar.param, grammar=grammar)
         with self._lock:
             self._compiled[grammar.text] = compiled
             while len(self._compiled) > _CACHE_ENTRIES:

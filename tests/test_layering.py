@@ -26,8 +26,9 @@ from tests.conftest import REPO
 
 LAYERS = ("pipeline", "stages", "wire", "fleet")
 MLX = {"mlx", "mlx_lm"}
-# app.py and the HTTP edge (edge/) import every layer, and tests/ and bench/ sit above them: no layer imports them.
-ABOVE = {"app", "edge", "tests", "bench"}
+# app.py and the HTTP edge (edge/) import every layer, and so does a model worker process (workers/); tests/ and bench/
+# sit above them: no layer imports them.
+ABOVE = {"app", "edge", "tests", "bench", "workers"}
 FORBIDDEN = {
     "wire": {"stages", "fleet", "anyio", "quart", *MLX, *ABOVE},
     "stages": {"wire", "fleet", "quart", *ABOVE},
@@ -37,6 +38,8 @@ FORBIDDEN = {
 # The gateway's model thread and its helpers, and model loading / the built-in model builders.
 MLX_CORE_ALLOWED = {
     "stages/gateway.py", "stages/models/loading.py", "stages/sampling.py", "stages/models/demo.py",
+    # The gateway's rows: what they hold goes to the prompt cache, evaluated first.
+    "stages/batch_rows.py",
     "stages/models/gguf.py",
     # Which backend MLX runs on (the plan prices prefill attention by it).
     "stages/kv/machine.py",

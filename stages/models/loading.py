@@ -113,6 +113,8 @@ class ModelInfo:
     name: str
     context_window: int
     vocab_size: int
+    # Serve the weights dequantized to float32 (stages/models/weights.py decides).
+    float32_weights: bool = False
 
 
 def resolve_model(model: str | None, *, demo: str = DEFAULT_MODEL, name: str | None = None) -> ModelInfo:
@@ -168,9 +170,14 @@ def load_tokenizer(info: ModelInfo) -> Tokenizer:
 
 def load_weights(info: ModelInfo) -> object:
     """The model, weights evaluated. Call only on the gateway's model thread."""
-    from mlx_lm.utils import load_model
+    import mlx.core as mx
+    from mlx_lm.utils import dequantize_model, load_model
 
     model, _ = load_model(info.path)
+    if info.float32_weights:
+        model = dequantize_model(model)
+        model.set_dtype(mx.float32)
+        mx.eval(model.parameters())
     return model
 
 

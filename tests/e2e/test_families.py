@@ -8,14 +8,13 @@ opened by its template is split into reasoning in every API."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
 import pytest
 
-from tests.conftest import Server, ServerFactory
+from tests.conftest import Server
 from tests.e2e.conftest import stream_chunks
 from tests.families import CASES, FamilyCase
 
@@ -35,17 +34,15 @@ ASK: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[case.name for case in CASES])
-def family_server(
-    request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, server_factory: ServerFactory
-) -> Iterator[Server]:
+def family_server(request: pytest.FixtureRequest, family_servers: Callable[[str], Server]) -> Server:
     case: FamilyCase = request.param
-    path = case.build(tiny_model, tmp_path_factory.mktemp(case.name))
-    settings = {"model": str(path), "model_name": case.name}
-    if case.tool_parser is not None:
-        settings["tool_parser"] = case.tool_parser
-    server = server_factory(**settings)
-    yield server
-    server.stop()
+    return family_servers(case.name)
+
+
+@pytest.fixture(scope="module")
+def deepseek_server(family_servers: Callable[[str], Server]) -> Server:
+    """The one family whose template opens a think section on request, with single-token markers."""
+    return family_servers("deepseek")
 
 
 def valid(arguments: str | dict[str, Any]) -> dict[str, Any]:
@@ -120,9 +117,8 @@ def test_tool_result_round_trip(family_server: Server) -> None:
     assert with_result.usage.prompt_tokens > without.usage.prompt_tokens + 8
 
 
-def test_reasoning_split_in_every_api(family_server: Server) -> None:
-    if family_server.client().models.list().data[0].id != "deepseek":
-        pytest.skip("only DeepSeek's template opens a think section on request")
+def test_reasoning_split_in_every_api(deepseek_server: Server) -> None:
+    family_server = deepseek_server
     chat = family_server.client().chat.completions.create(
         model="m", messages=ASK, max_tokens=12, temperature=0, extra_body={"chat_template_kwargs": {"thinking": True}}
     )
@@ -140,9 +136,8 @@ def test_reasoning_split_in_every_api(family_server: Server) -> None:
 BUDGET = 1024
 
 
-def test_thinking_budget_closes_the_think_section(family_server: Server) -> None:
-    if family_server.client().models.list().data[0].id != "deepseek":
-        pytest.skip("DeepSeek's template opens a think section on request; its markers are single tokens")
+def test_thinking_budget_closes_the_think_section(deepseek_server: Server) -> None:
+    family_server = deepseek_server
     client = family_server.anthropic_client()
     greedy: dict[str, Any] = {"temperature": 0}  # this SDK's create() takes no temperature argument
     # Anthropic's floor for a budget is 1024 tokens, and the answer needs room after it.
