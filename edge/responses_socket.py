@@ -79,6 +79,17 @@ async def responses_socket() -> Response | None:
     return None
 
 
+@routes.get("/v1/responses")
+async def responses_without_upgrade() -> Response:
+    """A plain GET: 426 names the upgrade this path wants (the status on which Codex falls back to POST)."""
+    response = _error_response(
+        invalid("GET /v1/responses is the Responses WebSocket: send 'Upgrade: websocket', or POST a request")
+    )
+    response.status_code = 426
+    response.headers["upgrade"] = "websocket"
+    return response
+
+
 def sessions(app: Quart) -> set[Session]:
     return cast(set["Session"], app.extensions.setdefault(_SESSIONS, set()))
 

@@ -252,3 +252,9 @@ def test_many_sessions_half_leaving_mid_turn_leave_nothing_running(server: Serve
         timeout=NOTICE,
         what="every session's row left",
     )
+
+
+def test_a_plain_get_is_told_to_upgrade(server: Server) -> None:
+    response = httpx.get(f"{server.v1}/responses", timeout=10)
+    assert response.status_code == 426 and response.headers["upgrade"].lower() == "websocket"
+    assert response.json()["error"]["type"] == "invalid_request_error"
