@@ -87,8 +87,7 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
     choice = read_tool_choice(body.get("tool_choice"), tools)
     constraint = responses_constraint(body)
     if choice.grammar_call is not None:
-        if constraint is not None:
-            raise invalid("A forced custom tool and a text format cannot both constrain one output", param="tool_choice")
+        # The forced call's input is the whole output; a text format governs text, and there is none.
         constraint = tools.specs[choice.grammar_call].grammar
     max_tokens = read_int(body, "max_output_tokens", minimum=1)
     truncation = body.get("truncation") or "disabled"
