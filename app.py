@@ -24,6 +24,7 @@ from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
+from edge.fields import FieldWatch  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
@@ -85,6 +86,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
     app.extensions["response_store"] = store
     app.extensions["keepalive_interval"] = settings.keepalive_interval
     app.extensions["max_batch"] = settings.max_batch
+    app.extensions["strict_fields"] = settings.strict_fields
     app.extensions["blas"] = BLAS
     metrics = app.extensions["metrics"] = Metrics()
     tracing = app.extensions["tracing"] = configure_tracing()
@@ -110,12 +112,14 @@ async def lifespan() -> AsyncGenerator[None, None]:
 
 @app.post("/v1/chat/completions")
 async def chat_completions() -> Response:
-    return await generate(_request_id("chatcmpl-"), decode_chat, _chat_protocol)
+    watch = FieldWatch.for_api("chat")
+    return await generate(_request_id("chatcmpl-"), watch.decode(decode_chat), _chat_protocol, watch=watch)
 
 
 @app.post("/v1/completions")
 async def completions() -> Response:
-    return await generate(_request_id("cmpl-"), decode_completion, _text_protocol)
+    watch = FieldWatch.for_api("completions")
+    return await generate(_request_id("cmpl-"), watch.decode(decode_completion), _text_protocol, watch=watch)
 
 
 def _request_id(prefix: str) -> str:
@@ -123,9 +127,10 @@ def _request_id(prefix: str) -> str:
 
 
 async def generate(
-    request_id: str, decode: Decoder, make_protocol: ProtocolFactory, *, persist: Persist | None = None
+    request_id: str, decode: Decoder, make_protocol: ProtocolFactory, *, watch: FieldWatch, persist: Persist | None = None
 ) -> Response:
-    """Run one generation; `persist` saves the finished result before the client is told it finished."""
+    """Run one generation; `persist` saves the finished result before the client is told it finished.
+    `watch` has seen (or will see, as `decode` runs) which fields the body held that nothing read."""
     trace_id = guard.trace_id(request_id)
     body = cast(bytes, await request.get_data(as_text=False))
     session = session_key(request.headers.get)
@@ -145,7 +150,7 @@ async def generate(
             tracing.forget(request_id)
         raise
     protocol = make_protocol(accepted, request_id)
-    headers = {"x-request-id": trace_id}
+    headers = watch.report({"x-request-id": trace_id}, trace_id=trace_id)
     if accepted.request.stream:
         headers["cache-control"] = "no-cache"
         interval = cast(float, app.extensions["keepalive_interval"])
@@ -176,13 +181,15 @@ def _include_usage(accepted: Accepted) -> bool:
 
 @app.post("/v1/messages")
 async def messages() -> Response:
-    return await generate(_request_id("msg_"), decode_messages, _messages_protocol)
+    watch = FieldWatch.for_api("messages")
+    return await generate(_request_id("msg_"), watch.decode(decode_messages), _messages_protocol, watch=watch)
 
 
 @app.post("/v1/messages/count_tokens")
 async def count_tokens() -> Response:
     body = load_json(cast(bytes, await request.get_data(as_text=False)))
-    chat = decode_count_tokens(body)
+    watch = FieldWatch.for_api("messages")
+    chat = watch.decode(decode_count_tokens)(body)
     # An adapter shares the base model's tokenizer; an unknown model is still a 404.
     engine().served.adapter_of(body)
     counted = await engine().count_tokens(chat)
@@ -190,7 +197,7 @@ async def count_tokens() -> Response:
     if counted.original_input_tokens is not None:
         # Anthropic's report when context management was asked: the count before the edits.
         reply["context_management"] = {"original_input_tokens": counted.original_input_tokens}
-    return json_response(reply)
+    return json_response(reply, headers=watch.report({}, trace_id=request.headers.get("x-request-id") or "count_tokens"))
 
 
 def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
@@ -209,7 +216,8 @@ def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
 @app.post("/v1/responses")
 async def responses() -> Response:
     raw = load_json(cast(bytes, await request.get_data(as_text=False)))
-    decoded = decode_responses(raw)
+    watch = FieldWatch.for_api("responses")
+    decoded = watch.decode(decode_responses)(raw)
     history: tuple[JsonObject, ...] = ()
     instructions = decoded.instructions
     if decoded.previous_response_id is not None:
@@ -246,7 +254,7 @@ async def responses() -> Response:
         )
         await store_call(app, lambda store: store.put(record))
 
-    return await generate(request_id, decode, make_protocol, persist=persist if decoded.store else None)
+    return await generate(request_id, decode, make_protocol, watch=watch, persist=persist if decoded.store else None)
 
 
 @app.get("/v1/responses/<response_id>")
