@@ -41,7 +41,7 @@ from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObje
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
 from stages.engine import Engine  # noqa: E402
-from stages.messages import Decoder  # noqa: E402
+from stages.messages import Decoder, Reply  # noqa: E402
 from stages.parse import load_json  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
 from wire import responses as responses_wire  # noqa: E402
@@ -64,7 +64,8 @@ guard.install(app)
 app.register_blueprint(model_work_routes)
 app.register_blueprint(status_routes)
 
-ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
+# (accepted request, request id, its reply) -> the API's stream protocol.
+ProtocolFactory = Callable[[Accepted, str, Reply], StreamProtocol]
 
 
 def engine() -> Engine:
@@ -149,7 +150,7 @@ async def generate(
         if tracing is not None:
             tracing.forget(request_id)
         raise
-    protocol = make_protocol(accepted, request_id)
+    protocol = make_protocol(accepted, request_id, reply)
     headers = watch.report({"x-request-id": trace_id}, trace_id=trace_id)
     if accepted.request.stream:
         headers["cache-control"] = "no-cache"
@@ -163,13 +164,13 @@ async def generate(
     return json_response(result, headers=headers)
 
 
-def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+def _chat_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
     return openai.ChatStream(
         id=request_id, created=int(time.time()), model=served_as(engine().served, accepted.request), include_usage=_include_usage(accepted)
     )
 
 
-def _text_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+def _text_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
     return openai.TextStream(
         id=request_id, created=int(time.time()), model=served_as(engine().served, accepted.request), include_usage=_include_usage(accepted)
     )
@@ -200,7 +201,7 @@ async def count_tokens() -> Response:
     return json_response(reply, headers=watch.report({}, trace_id=request.headers.get("x-request-id") or "count_tokens"))
 
 
-def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+def _messages_protocol(accepted: Accepted, request_id: str, reply: Reply) -> StreamProtocol:
     chat = accepted.request
     assert isinstance(chat, ChatRequest)
     return anthropic.MessagesStream(
@@ -210,6 +211,7 @@ def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
         input_tokens=accepted.prompt_tokens,
         context_management=applied_edits_body(accepted.applied_edits) if chat.context_edits else None,
         omit_thinking=chat.omit_reasoning,
+        cached_tokens=lambda: reply.cached_tokens,
     )
 
 
@@ -234,7 +236,7 @@ async def responses() -> Response:
         # The body was validated above, before the store lookup; only the splice is left.
         return to_chat(decoded, history, instructions)
 
-    def make_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+    def make_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
         return responses_wire.ResponsesStream(
             id=request_id,
             created_at=int(time.time()),
@@ -264,10 +266,7 @@ async def get_response(response_id: str) -> Response:
 
 @app.get("/v1/responses/<response_id>/input_items")
 async def get_input_items(response_id: str) -> Response:
-    stored = await _stored(response_id)
-    items: list[JsonValue] = [{"id": f"item_{i}", **item} for i, item in enumerate(stored.input_items)]
-    first, last = (items[0], items[-1]) if items else ({}, {})
-    return json_response({"object": "list", "data": items, "first_id": _id(first), "last_id": _id(last), "has_more": False})
+    return json_response(responses_wire.input_items_body((await _stored(response_id)).input_items))
 
 
 @app.delete("/v1/responses/<response_id>")
@@ -295,10 +294,6 @@ def _response_not_found(response_id: str, *, param: str | None) -> RequestError:
 
 def _list(value: JsonValue) -> list[JsonValue]:
     return value if isinstance(value, list) else []
-
-
-def _id(item: JsonValue) -> JsonValue:
-    return item.get("id") if isinstance(item, dict) else None
 
 
 

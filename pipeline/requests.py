@@ -140,6 +140,9 @@ class GenerationParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    # Special tokens (the tokenizer's, bar the model's own call and think markup) stay out of the text;
+    # vLLM's `skip_special_tokens`, true by default as there.
+    skip_special_tokens: bool = True
     # The LoRA adapter the request's `model` named (None: the base model).
     adapter: str | None = None
 

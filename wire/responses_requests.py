@@ -95,6 +95,7 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
         raise invalid("'truncation' must be 'auto' or 'disabled'", param="truncation")
     temperature = read_number(body, "temperature", minimum=0, maximum=2)
     top_p = read_number(body, "top_p", minimum=0, maximum=1)
+    user = read_str(body, "user")
     return ResponsesRequest(
         input=items,
         instructions=read_str(body, "instructions"),
@@ -120,7 +121,8 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
             "tool_choice": body.get("tool_choice", "auto"),
             "tools": _echo_tools(body, tools),
             "truncation": truncation,
-            "user": body.get("user"),
+            # Left out when unset: the schema has it a string.
+            **({} if user is None else {"user": user}),
             "text": {"format": _format_echo(body)},
             "reasoning": {"effort": _effort(body), "summary": None},
         },

@@ -59,7 +59,6 @@ def echo(**fields: JsonValue) -> JsonObject:
         "tool_choice": "auto",
         "tools": [],
         "truncation": "disabled",
-        "user": None,
         "text": {"format": {"type": "text"}},
         "reasoning": {"effort": None, "summary": None},
     }
