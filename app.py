@@ -14,6 +14,7 @@ from stages.models.blas import preload_blas
 BLAS = preload_blas()
 
 import time  # noqa: E402
+from functools import partial  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import AsyncGenerator, Callable  # noqa: E402
 from typing import cast  # noqa: E402
@@ -24,6 +25,7 @@ from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
+from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
 from edge.fields import FieldWatch  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
@@ -34,7 +36,8 @@ from edge.status_routes import routes as status_routes  # noqa: E402
 from edge.store import store_call  # noqa: E402
 from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
-from pipeline.errors import ErrorKind, RequestError, internal_error  # noqa: E402
+from pipeline.channels import ReplyClosed  # noqa: E402
+from pipeline.errors import ErrorKind, RequestError, internal_error, shutting_down  # noqa: E402
 from pipeline.observe import Observers  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
@@ -50,6 +53,7 @@ from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.openapi import document as openapi_document  # noqa: E402
 from wire.response_store import StoredResponse  # noqa: E402
+from wire.responses_items import input_items_page  # noqa: E402
 from wire.responses_requests import continued_input, decode_responses, to_chat  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
@@ -60,6 +64,8 @@ app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
 app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
+# Sees each request's `http.disconnect` on its way to Quart (edge/disconnect.py: why Quart's cancel is not enough).
+app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # Embeddings, rerank and score, tokenize and detokenize.
 app.register_blueprint(model_work_routes)
 app.register_blueprint(status_routes)
@@ -111,6 +117,12 @@ async def lifespan() -> AsyncGenerator[None, None]:
     log.info("server.stopped")
 
 
+def start_draining() -> None:
+    """Refuse new work with 503 from now on (the server has been told to stop); a no-op before the engine is up."""
+    if "engine" in app.extensions:
+        engine().start_draining()
+
+
 @app.post("/v1/chat/completions")
 async def chat_completions() -> Response:
     watch = FieldWatch.for_api("chat")
@@ -132,36 +144,66 @@ async def generate(
 ) -> Response:
     """Run one generation; `persist` saves the finished result before the client is told it finished.
     `watch` has seen (or will see, as `decode` runs) which fields the body held that nothing read."""
+    client = current_client()
+    client.last_words = _last_words()
+    # Whenever the client goes (socket closed, h2 stream reset), the waits below end and the reply closes.
+    with client.while_here():
+        return await _generate(client, request_id, decode, make_protocol, watch, persist)
+    return gone_response()
+
+
+async def _generate(
+    client: Client,
+    request_id: str,
+    decode: Decoder,
+    make_protocol: ProtocolFactory,
+    watch: FieldWatch,
+    persist: Persist | None,
+) -> Response:
     trace_id = guard.trace_id(request_id)
     body = cast(bytes, await request.get_data(as_text=False))
     session = session_key(request.headers.get)
     if session:
         decode = _with_session(decode, session)
     decode = with_model(decode)
+    if client.gone:
+        return gone_response()
     reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
+    client.on_gone(reply.close)
     tracing = cast(Tracing | None, app.extensions["tracing"])
     if tracing is not None:
         # No await since submit: the request cannot have finished yet.
         tracing.submitted(request_id, route=request.path, trace_id=trace_id, headers=dict(request.headers.items()))
     try:
         accepted = await reply.accepted()
-    except BaseException:
+    except BaseException as error:
         reply.close()
         if tracing is not None:
             tracing.forget(request_id)
+        if isinstance(error, ReplyClosed):
+            return gone_response()
         raise
     protocol = make_protocol(accepted, request_id, reply)
     headers = watch.report({"x-request-id": trace_id}, trace_id=trace_id)
     if accepted.request.stream:
         headers["cache-control"] = "no-cache"
         interval = cast(float, app.extensions["keepalive_interval"])
+        client.last_words = _last_words(stream_tail=lambda: protocol.error(shutting_down()))
         return Response(sse_body(reply, protocol, persist, interval), content_type="text/event-stream", headers=headers)
     with reply:
         events = [event async for batch in reply for event in batch]
+    if reply.closed:
+        return gone_response()
     result = protocol.body(events, reply.summary)
     if persist is not None:
         await persist(protocol)
     return json_response(result, headers=headers)
+
+
+def _last_words(stream_tail: Callable[[], bytes] | None = None) -> LastWords:
+    """What the request says if the server's graceful timeout cuts it (edge/disconnect.py)."""
+    status, body = _error_parts(shutting_down())
+    return LastWords(status=status, body=body.encode(), stream_tail=stream_tail)
 
 
 def _chat_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
@@ -182,8 +224,11 @@ def _include_usage(accepted: Accepted) -> bool:
 
 @app.post("/v1/messages")
 async def messages() -> Response:
+    betas = request.headers.get("anthropic-beta", "")
+    interleaved = "interleaved-thinking-2025-05-14" in (beta.strip() for beta in betas.split(","))
+    decode = partial(decode_messages, interleaved_thinking=interleaved)
     watch = FieldWatch.for_api("messages")
-    return await generate(_request_id("msg_"), watch.decode(decode_messages), _messages_protocol, watch=watch)
+    return await generate(_request_id("msg_"), watch.decode(decode), _messages_protocol, watch=watch)
 
 
 @app.post("/v1/messages/count_tokens")
@@ -266,7 +311,9 @@ async def get_response(response_id: str) -> Response:
 
 @app.get("/v1/responses/<response_id>/input_items")
 async def get_input_items(response_id: str) -> Response:
-    return json_response(responses_wire.input_items_body((await _stored(response_id)).input_items))
+    stored = await _stored(response_id)
+    items = responses_wire.input_item_resources(stored.input_items)
+    return json_response(input_items_page(items, request.args))
 
 
 @app.delete("/v1/responses/<response_id>")
@@ -344,9 +391,14 @@ async def unexpected_error(error: Exception) -> Response:
 def error_response(error: RequestError) -> Response:
     """The error in the shape of the API the client called."""
     headers = {"retry-after": str(max(1, round(error.retry_after)))} if error.retry_after is not None else {}
+    status, body = _error_parts(error)
+    return Response(body, status=status, content_type="application/json", headers=headers)
+
+
+def _error_parts(error: RequestError) -> tuple[int, str]:
     if request.path.startswith("/v1/messages"):
-        return json_response(anthropic.error_body(error), status=anthropic.error_status(error), headers=headers)
-    return json_response(openai.error_body(error), status=error.status, headers=headers)
+        return anthropic.error_status(error), dumps(anthropic.error_body(error))
+    return error.status, dumps(openai.error_body(error))
 
 
 def json_response(body: JsonValue, *, status: int = 200, headers: dict[str, str] | None = None) -> Response:

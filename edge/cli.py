@@ -69,7 +69,10 @@ def _parser() -> argparse.ArgumentParser:
         help="serve a model over the OpenAI and Anthropic APIs",
         description="Serve a model. Every MLX_RELAY_* variable still applies; a flag given here overrides it.",
     )
-    serve.add_argument("--model", help="model directory or Hugging Face repo id (MLX_RELAY_MODEL); default: the demo model")
+    serve.add_argument("--model", help=(
+            "model directory, Hugging Face repo id or built-in name (MLX_RELAY_MODEL); "
+            "default: SmolLM2-135M-Instruct (built-in 'smollm2', or MLX_RELAY_DEMO_MODEL)"
+        ),)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     serve.add_argument("--unix", metavar="PATH", help="listen on a Unix socket only its owner may use (mode 0600) instead of TCP")
@@ -188,14 +191,20 @@ def _run(config: object, *, loop: str = "asyncio") -> int:
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.utils import LifespanFailureError
 
-    from app import app
+    from app import app, start_draining
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            # New requests on connections still open (keep-alive, h2) get 503 from now on, not a place in the queue.
+            start_draining()
+            stop.set()
+
         # The same signals `hypercorn app:app` stops on: stop accepting, drain, then stop the engine.
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
+            loop.add_signal_handler(signum, on_signal)
         await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
     try:

@@ -22,6 +22,15 @@ from pipeline.settings import Settings
 OPEN_PATHS = frozenset({"/health"})
 _PREFLIGHT_MAX_AGE = "600"
 _EXPOSED = "x-request-id, retry-after"
+# The request headers a browser may send: the OpenAI and Anthropic SDKs' (with what the Stainless-built SDKs
+# add to every request), tracing's and routers'.
+_ALLOWED_HEADERS = (
+    "authorization, content-type, x-api-key, x-request-id, traceparent, tracestate, x-session-affinity, "
+    "x-smg-routing-key, openai-organization, openai-project, openai-beta, anthropic-version, anthropic-beta, "
+    "anthropic-dangerous-direct-browser-access, x-stainless-arch, x-stainless-lang, x-stainless-os, "
+    "x-stainless-package-version, x-stainless-runtime, x-stainless-runtime-version, x-stainless-retry-count, "
+    "x-stainless-timeout, x-stainless-read-timeout, x-stainless-async, x-stainless-helper-method"
+)
 # A client's trace id is echoed only when it is short and plain; otherwise the server's own id is used.
 _TRACE_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 
@@ -85,9 +94,8 @@ def _preflight(policy: EdgePolicy) -> Response | None:
     response = Response("", status=204)
     response.headers["access-control-allow-origin"] = origin
     response.headers["access-control-allow-methods"] = "GET, POST, DELETE, OPTIONS"
-    response.headers["access-control-allow-headers"] = request.headers.get(
-        "access-control-request-headers", "authorization, content-type, x-api-key"
-    )
+    # A fixed list, never an echo of what was asked.
+    response.headers["access-control-allow-headers"] = _ALLOWED_HEADERS
     response.headers["access-control-max-age"] = _PREFLIGHT_MAX_AGE
     return response
 
@@ -98,6 +106,8 @@ def _authenticate(policy: EdgePolicy) -> None:
         raise RequestError(
             kind=ErrorKind.UNAUTHENTICATED,
             message="Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+            # OpenAI leaves this code null; a client can tell the two 401s apart by it here.
+            code="missing_api_key",
         )
     if not key_matches(presented, policy.keys):
         raise RequestError(kind=ErrorKind.UNAUTHENTICATED, message="Incorrect API key provided", code="invalid_api_key")

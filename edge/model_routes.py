@@ -15,6 +15,7 @@ from quart import Blueprint, Response, current_app, request
 
 from edge import guard
 from edge.aliases import work_served_as
+from edge.disconnect import ends_with_client
 from edge.fields import FieldWatch
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
@@ -43,6 +44,7 @@ def _json(body: JsonValue, trace_id: str | None = None, *, headers: dict[str, st
 
 
 @routes.post("/v1/embeddings")
+@ends_with_client
 async def embeddings() -> Response:
     watch = FieldWatch.for_api("embeddings")
     decoded = watch.decode(decode_embeddings)(await _body())
@@ -56,6 +58,7 @@ async def embeddings() -> Response:
 
 @routes.post("/v1/rerank")
 @routes.post("/rerank")
+@ends_with_client
 async def rerank() -> Response:
     decoded, documents, top_n, return_documents = decode_rerank(await _body())
     request_id = f"rerank-{uuid.uuid4().hex}"
@@ -68,6 +71,7 @@ async def rerank() -> Response:
 
 @routes.post("/v1/score")
 @routes.post("/score")
+@ends_with_client
 async def score() -> Response:
     decoded = decode_score(await _body())
     request_id = f"score-{uuid.uuid4().hex}"

@@ -28,6 +28,9 @@ async def sse_body(reply: Reply, protocol: StreamProtocol, persist: Persist | No
         try:
             async for events in _batches(reply, interval):
                 yield protocol.keepalive() if events is None else protocol.add_events(events)
+            if reply.closed:
+                # The client has gone (edge/disconnect.py): nobody is left to read a tail.
+                return
             tail = protocol.finish(reply.summary)
             if persist is not None:
                 await persist(protocol)

@@ -44,6 +44,10 @@ def open_channel(capacity: int, *, name: str) -> Channel[T]:
     return Channel(name, send, receive)
 
 
+class ReplyClosed(Exception):
+    """The reader closed the reply (its client went away) before the request was accepted."""
+
+
 @attrs.define(eq=False)
 class ReplySlot(Generic[R]):
     """One request's reply: accepted request, events, then a summary or error.
@@ -138,11 +142,12 @@ class ReplySlot(Generic[R]):
 
         Raises:
             RequestError: the request failed before it was accepted.
+            ReplyClosed: the reader closed the reply first.
         """
         while self._request is None:
             self._raise_if_failed()
             if self.done:
-                raise RuntimeError("reply closed before it was accepted")
+                raise ReplyClosed(self.request_id)
             await self._wait()
         return self._request
 

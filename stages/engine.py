@@ -256,9 +256,13 @@ class Engine:
             return TokenCount(input_tokens=len(rendered.tokens), original_input_tokens=rendered.original_tokens)
         return TokenCount(input_tokens=len(await self.work.tokenize_chat(request)))
 
-    async def drain(self, timeout: float) -> None:
+    def start_draining(self) -> None:
+        """New work is refused with 503 from now on; what is in flight goes on."""
         self._admission.start_draining()
         self._exclusive.start_draining()
+
+    async def drain(self, timeout: float) -> None:
+        self.start_draining()
         self._parse_inbox.send.close()
         with anyio.move_on_after(timeout):
             await self._stopped.wait()

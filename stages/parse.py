@@ -62,7 +62,8 @@ def load_json(body: bytes) -> JsonValue:
         RequestError: the body is not UTF-8 JSON, or nests too deep.
     """
     try:
-        return loads(body)
+        # Decoded here, strictly: json.loads would take UTF-16 and UTF-32 bytes too, and JSON between systems is UTF-8.
+        return loads(body.decode("utf-8"))
     except TooDeep:
         raise invalid(f"The request body nests deeper than {MAX_DEPTH} levels") from None
     except UnicodeDecodeError:

@@ -47,12 +47,19 @@ from wire.fields import (
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
 _REFUSED_FIELDS = ("container", "mcp_servers")
 _DISPLAYS = ("summarized", "omitted")
+_MIN_THINKING_BUDGET = 1024
 
 
-def decode_messages(value: JsonValue) -> ChatRequest:
-    """A `POST /v1/messages` body."""
+def decode_messages(value: JsonValue, *, interleaved_thinking: bool = False) -> ChatRequest:
+    """A `POST /v1/messages` body; `interleaved_thinking` (its beta asked in `anthropic-beta`) lets the
+    thinking budget pass `max_tokens`, as Anthropic's does: the budget then spans the turn's thinking blocks."""
     body = as_body(value)
-    return _decode(body, max_tokens=_read_max_tokens(body))
+    max_tokens = _read_max_tokens(body)
+    budget = _thinking_budget(body)
+    if budget is not None and budget >= max_tokens and not interleaved_thinking:
+        # Anthropic's words; thinking counts toward max_tokens, so the answer needs room after it.
+        raise invalid("`max_tokens` must be greater than `thinking.budget_tokens`", param="max_tokens")
+    return _decode(body, max_tokens=max_tokens)
 
 
 def decode_count_tokens(value: JsonValue) -> ChatRequest:
@@ -261,7 +268,14 @@ def _thinking_budget(body: Body) -> int | None:
     raw = body.get("thinking")
     if not isinstance(raw, dict) or raw.get("type") != "enabled":
         return None
-    return read_int(raw, "budget_tokens", minimum=1)
+    budget = read_int(raw, "budget_tokens")
+    if budget is not None and budget < _MIN_THINKING_BUDGET:
+        # Anthropic's words and floor (its request validator's wording for the field).
+        raise invalid(
+            f"thinking.enabled.budget_tokens: Input should be greater than or equal to {_MIN_THINKING_BUDGET}",
+            param="thinking.budget_tokens",
+        )
+    return budget
 # Anthropic's effort levels as the template's (gpt-oss knows low, medium and high).
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
 

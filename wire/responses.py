@@ -288,12 +288,10 @@ def _text_part(text: str) -> JsonObject:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def input_items_body(items: Sequence[JsonObject]) -> JsonObject:
-    """`GET /v1/responses/{id}/input_items`: the stored input as OpenAI lists it, each item with an id,
-    a message's text as a list of parts (`input_text`; `output_text` for the assistant's)."""
-    data: list[JsonValue] = [{"id": f"item_{i}", **_as_resource(item)} for i, item in enumerate(items)]
-    first, last = (data[0], data[-1]) if data else ({}, {})
-    return {"object": "list", "data": data, "first_id": _item_id(first), "last_id": _item_id(last), "has_more": False}
+def input_item_resources(items: Sequence[JsonObject]) -> list[JsonObject]:
+    """The stored input as `GET /v1/responses/{id}/input_items` lists it, each item with an id, a
+    message's text as a list of parts (`input_text`; `output_text` for the assistant's)."""
+    return [{"id": f"item_{i}", **_as_resource(item)} for i, item in enumerate(items)]
 
 
 def _as_resource(item: JsonObject) -> JsonObject:
@@ -309,8 +307,3 @@ def _as_resource(item: JsonObject) -> JsonObject:
         for part in (parts if isinstance(parts, list) else [])
     ]
     return {"status": "completed", **item, "type": "message", "content": outputs}
-
-
-def _item_id(item: JsonValue) -> str | None:
-    value = item.get("id") if isinstance(item, dict) else None
-    return value if isinstance(value, str) else None

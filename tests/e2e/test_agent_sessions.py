@@ -247,7 +247,7 @@ def codex_session(server: Server) -> None:
     assert follow.previous_response_id == completed.response.id
     assert follow.status in ("completed", "incomplete")
     # The stored turn replays the custom call and its output.
-    items = client.responses.input_items.list(follow.id).data
+    items = client.responses.input_items.list(follow.id, order="asc").data
     assert [item.type for item in items][-2:] == ["custom_tool_call", "custom_tool_call_output"]
 
 

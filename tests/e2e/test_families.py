@@ -128,7 +128,7 @@ def test_reasoning_split_in_every_api(family_server: Server) -> None:
     )
     assert (chat.choices[0].message.model_extra or {}).get("reasoning_content") and not chat.choices[0].message.content
     message = family_server.anthropic_client().messages.create(
-        model="m", max_tokens=12, messages=ASK, thinking={"type": "enabled", "budget_tokens": 1024}
+        model="m", max_tokens=12, messages=ASK, thinking={"type": "adaptive"}  # type: ignore[arg-type]
     )
     assert [block.type for block in message.content] == ["thinking"]
     response = family_server.client().responses.create(
@@ -137,19 +137,24 @@ def test_reasoning_split_in_every_api(family_server: Server) -> None:
     assert [item.type for item in response.output] == ["reasoning"]
 
 
+BUDGET = 1024
+
+
 def test_thinking_budget_closes_the_think_section(family_server: Server) -> None:
     if family_server.client().models.list().data[0].id != "deepseek":
         pytest.skip("DeepSeek's template opens a think section on request; its markers are single tokens")
     client = family_server.anthropic_client()
     greedy: dict[str, Any] = {"temperature": 0}  # this SDK's create() takes no temperature argument
+    # Anthropic's floor for a budget is 1024 tokens, and the answer needs room after it.
     unbounded = client.messages.create(
-        model="m", max_tokens=24, messages=ASK, thinking={"type": "enabled", "budget_tokens": 1024}, extra_body=greedy
+        model="m", max_tokens=BUDGET + 16, messages=ASK, thinking={"type": "adaptive"}, extra_body=greedy  # type: ignore[arg-type]
     )
+    if unbounded.content[0].type != "thinking" or len(unbounded.content) > 1:
+        pytest.skip("this random model closes its think section by itself before the budget")
     bounded = client.messages.create(
-        model="m", max_tokens=24, messages=ASK, thinking={"type": "enabled", "budget_tokens": 4}, extra_body=greedy
+        model="m", max_tokens=BUDGET + 16, messages=ASK, thinking={"type": "enabled", "budget_tokens": BUDGET}, extra_body=greedy
     )
-    assert [block.type for block in unbounded.content] == ["thinking"]
     kinds = [block.type for block in bounded.content]
     assert kinds[0] == "thinking" and "text" in kinds, bounded.content
-    # Four thinking tokens, then the forced end marker, then the answer.
+    # The budget's thinking tokens, then the forced end marker, then the answer.
     assert bounded.content[0].thinking == unbounded.content[0].thinking[: len(bounded.content[0].thinking)]  # type: ignore[union-attr]

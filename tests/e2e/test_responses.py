@@ -210,3 +210,20 @@ def test_store_failure_mid_stream_is_response_failed(server_factory: ServerFacto
         sqlite3.connect(path).execute("select id from responses").fetchall()
     # The server itself keeps serving other APIs.
     assert client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2).usage
+
+
+def test_input_items_page_by_limit_order_and_after(client: openai.OpenAI, server: Server) -> None:
+    conversation = [{"role": "user", "content": f"Turn {i}."} for i in range(5)]
+    created = client.responses.create(model="m", input=conversation, max_output_tokens=2)  # type: ignore[arg-type]
+    newest_first = client.responses.input_items.list(created.id)
+    ids = [item.id for item in newest_first.data]
+    assert len(ids) == 5 and newest_first.first_id == ids[0] and newest_first.last_id == ids[-1]
+    oldest_first = client.responses.input_items.list(created.id, order="asc", limit=2)
+    assert [item.id for item in oldest_first.data] == ids[::-1][:2] and oldest_first.has_more is True
+    rest = client.responses.input_items.list(created.id, order="asc", limit=2, after=oldest_first.last_id)
+    assert [item.id for item in rest.data] == ids[::-1][2:4] and rest.has_more is True
+    url = f"{server.v1}/responses/{created.id}/input_items"
+    bad = (("limit=-1", "limit"), ("limit=abc", "limit"), ("limit=101", "limit"), ("order=up", "order"), ("after=no", "after"))
+    for query, param in bad:
+        refused = httpx.get(f"{url}?{query}", timeout=10)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, (query, refused.text)

@@ -200,7 +200,8 @@ def test_cors_preflight_is_answered_for_listed_origins_only(keyed: Server) -> No
     assert allowed.status_code == 204
     assert allowed.headers["access-control-allow-origin"] == ORIGIN
     assert "POST" in allowed.headers["access-control-allow-methods"]
-    assert allowed.headers["access-control-allow-headers"] == "authorization, content-type"
+    allowed_headers = [name.strip() for name in allowed.headers["access-control-allow-headers"].split(",")]
+    assert {"authorization", "content-type", "x-api-key", "anthropic-version", "x-stainless-os"} <= set(allowed_headers)
     other = httpx.options(f"{keyed.v1}/chat/completions", headers=preflight | {"origin": "https://evil.example"}, timeout=10)
     assert "access-control-allow-origin" not in other.headers
     response = httpx.get(f"{keyed.v1}/models", headers={"origin": ORIGIN, "x-api-key": KEY}, timeout=10)
@@ -219,3 +220,38 @@ def test_an_open_server_sends_no_cors_headers(server: Server) -> None:
     assert response.status_code == 200 and "access-control-allow-origin" not in response.headers
     plain = httpx.post(f"{server.v1}/chat/completions", content=json.dumps(CHAT).encode(), headers={"content-type": "text/plain"}, timeout=30)
     assert plain.status_code == 415
+
+
+def test_a_preflight_answers_its_allow_list_not_what_it_was_asked(keyed: Server) -> None:
+    asked = {"access-control-request-method": "POST", "access-control-request-headers": "authorization, x-evil-header"}
+    allowed = httpx.options(f"{keyed.v1}/chat/completions", headers=asked | {"origin": ORIGIN}, timeout=10)
+    assert allowed.status_code == 204
+    assert "x-evil-header" not in allowed.headers["access-control-allow-headers"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "code"),
+    [({}, "missing_api_key"), ({"authorization": "Bearer wrong"}, "invalid_api_key")],
+    ids=["missing", "wrong"],
+)
+def test_both_401s_have_a_code_and_messages_keeps_anthropics_shape(
+    keyed: Server, headers: dict[str, str], code: str
+) -> None:
+    openai_style = httpx.post(f"{keyed.v1}/chat/completions", json=CHAT, headers=headers, timeout=10)
+    assert openai_style.status_code == 401
+    error = openai_style.json()["error"]
+    assert error == {"message": error["message"], "type": "invalid_request_error", "param": None, "code": code}
+    anthropic_style = httpx.post(f"{keyed.v1}/messages", json=MESSAGES, headers=headers, timeout=10)
+    assert anthropic_style.status_code == 401
+    body = anthropic_style.json()
+    assert body == {"type": "error", "error": {"type": "authentication_error", "message": body["error"]["message"]}}
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_a_body_not_in_utf8_is_a_400(keyed: Server, encoding: str, path: str) -> None:
+    body = json.dumps(MESSAGES if path == "/v1/messages" else CHAT).encode(encoding)
+    headers = {"x-api-key": KEY, "content-type": "application/json"}
+    response = httpx.post(keyed.base_url + path, content=body, headers=headers, timeout=30)
+    assert response.status_code == 400, response.text
+    assert ("UTF-8" in response.text) or ("not valid JSON" in response.text)

@@ -85,6 +85,16 @@ def test_help_lists_the_serve_command() -> None:
         assert flag in serve.stdout
 
 
+
+def test_help_names_the_real_default_model() -> None:
+    """SmolLM2 is served when no model is named, not the random demo model."""
+    # Run from this checkout: the console script imports the package the venv installed.
+    command = [sys.executable, "-m", "edge.cli", "serve", "--help"]
+    serve = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert serve.returncode == 0
+    assert "SmolLM2" in " ".join(serve.stdout.split()) and "the demo model" not in serve.stdout
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7", "example.com"])
 def test_a_public_address_needs_a_key(host: str) -> None:
     """One line saying why and what to do, exit 2, nothing bound."""

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from pipeline.channels import Channel, ReplySlot, open_channel
+from pipeline.channels import Channel, ReplyClosed, ReplySlot, open_channel
 from pipeline.errors import RequestError, invalid
 from pipeline.events import CompletionEvent, FinishReason, Summary, TextDelta, Usage
 
@@ -268,7 +268,7 @@ async def test_accepted_on_a_closed_reply_is_an_error() -> None:
     """accepted() never waits forever on a reply that was closed unaccepted."""
     slot: ReplySlot[str] = ReplySlot("r1")
     slot.close()
-    with pytest.raises(RuntimeError, match="closed before it was accepted"):
+    with pytest.raises(ReplyClosed):
         await slot.accepted()
 
 

@@ -227,10 +227,10 @@ VALID_MESSAGES = [
     pytest.param(body(temperature=0, top_p=0, top_k=0), chat(temperature=0.0, top_p=0.0), id="sampling-zeros"),
     pytest.param(body(temperature=1), chat(temperature=1.0), id="temperature-at-maximum"),
     pytest.param(
-        body(thinking={"type": "enabled", "budget_tokens": 1024}),
+        body(max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024}),
         attrs.evolve(
             chat(template_kwargs={"enable_thinking": True}),
-            params=attrs.evolve(chat().params, thinking_budget=1024),
+            params=attrs.evolve(chat(max_tokens=2048).params, thinking_budget=1024),
         ),
         id="thinking-enabled-with-its-budget",
     ),
@@ -281,10 +281,10 @@ VALID_MESSAGES = [
     ),
     pytest.param(body(output_config={"effort": "high"}), chat(template_kwargs={"reasoning_effort": "high"}), id="output_config-effort-sets-the-template-level"),
     pytest.param(
-        body(output_config={"effort": "max"}, thinking={"type": "enabled", "budget_tokens": 2000}),
+        body(max_tokens=4096, output_config={"effort": "max"}, thinking={"type": "enabled", "budget_tokens": 2000}),
         attrs.evolve(
             chat(template_kwargs={"enable_thinking": True, "reasoning_effort": "high"}),
-            params=attrs.evolve(chat().params, thinking_budget=2000),
+            params=attrs.evolve(chat(max_tokens=4096).params, thinking_budget=2000),
         ),
         id="output_config-effort-max-with-thinking",
     ),
@@ -302,10 +302,10 @@ VALID_MESSAGES = [
         id="system-entries-in-messages-fold-into-the-system-prompt-in-order",
     ),
     pytest.param(
-        body(thinking={"type": "enabled", "budget_tokens": 31999, "display": "omitted"}),
+        body(max_tokens=32000, thinking={"type": "enabled", "budget_tokens": 31999, "display": "omitted"}),
         attrs.evolve(
             chat(template_kwargs={"enable_thinking": True}, omit_reasoning=True),
-            params=attrs.evolve(chat().params, thinking_budget=31999),
+            params=attrs.evolve(chat(max_tokens=32000).params, thinking_budget=31999),
         ),
         id="thinking-display-omitted",
     ),

@@ -241,10 +241,29 @@ BAD_MESSAGES = [
         id="context_management-keep-wrong-unit",
     ),
     bad(
-        body(thinking={"type": "enabled", "budget_tokens": 1024, "display": "full"}),
+        body(max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024, "display": "full"}),
         "thinking.display",
         "'summarized' or 'omitted'",
         id="thinking-display-unknown",
+    ),
+    # Anthropic's floor, and its rule that the answer needs room after the thinking.
+    bad(
+        body(max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 1023}),
+        "thinking.budget_tokens",
+        "greater than or equal to 1024",
+        id="thinking-budget-below-1024",
+    ),
+    bad(
+        body(max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 2048}),
+        "max_tokens",
+        "`max_tokens` must be greater than `thinking.budget_tokens`",
+        id="thinking-budget-equal-to-max_tokens",
+    ),
+    bad(
+        body(max_tokens=64, thinking={"type": "enabled", "budget_tokens": 1024}),
+        "max_tokens",
+        "`max_tokens` must be greater than `thinking.budget_tokens`",
+        id="thinking-budget-above-max_tokens",
     ),
 ]
 
@@ -274,6 +293,12 @@ BAD_COUNT_TOKENS = [
         id="server-tool",
     ),
 ]
+
+
+def test_interleaved_thinking_lets_the_budget_pass_max_tokens() -> None:
+    """Anthropic's exception: with the interleaved-thinking beta the budget spans the turn's thinking blocks."""
+    value = body(max_tokens=64, thinking={"type": "enabled", "budget_tokens": 31999})
+    assert decode_messages(value, interleaved_thinking=True).params.thinking_budget == 31999
 
 
 @pytest.mark.parametrize(("value", "param", "gist", "code"), BAD_COUNT_TOKENS)
