@@ -26,7 +26,7 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
 from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
-from edge.fields import FieldWatch  # noqa: E402
+from edge import fields  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
@@ -64,6 +64,8 @@ app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
 app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
+# Unread request fields named in a header (edge/fields.py).
+fields.install(app)
 # Sees each request's `http.disconnect` on its way to Quart (edge/disconnect.py: why Quart's cancel is not enough).
 app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # Embeddings, rerank and score, tokenize and detokenize.
@@ -125,14 +127,12 @@ def start_draining() -> None:
 
 @app.post("/v1/chat/completions")
 async def chat_completions() -> Response:
-    watch = FieldWatch.for_api("chat")
-    return await generate(_request_id("chatcmpl-"), watch.decode(decode_chat), _chat_protocol, watch=watch)
+    return await generate(_request_id("chatcmpl-"), fields.watched("chat", decode_chat), _chat_protocol)
 
 
 @app.post("/v1/completions")
 async def completions() -> Response:
-    watch = FieldWatch.for_api("completions")
-    return await generate(_request_id("cmpl-"), watch.decode(decode_completion), _text_protocol, watch=watch)
+    return await generate(_request_id("cmpl-"), fields.watched("completions", decode_completion), _text_protocol)
 
 
 def _request_id(prefix: str) -> str:
@@ -140,25 +140,19 @@ def _request_id(prefix: str) -> str:
 
 
 async def generate(
-    request_id: str, decode: Decoder, make_protocol: ProtocolFactory, *, watch: FieldWatch, persist: Persist | None = None
+    request_id: str, decode: Decoder, make_protocol: ProtocolFactory, *, persist: Persist | None = None
 ) -> Response:
-    """Run one generation; `persist` saves the finished result before the client is told it finished.
-    `watch` has seen (or will see, as `decode` runs) which fields the body held that nothing read."""
+    """Run one generation; `persist` saves the finished result before the client is told it finished."""
     client = current_client()
     client.last_words = _last_words()
     # Whenever the client goes (socket closed, h2 stream reset), the waits below end and the reply closes.
     with client.while_here():
-        return await _generate(client, request_id, decode, make_protocol, watch, persist)
+        return await _generate(client, request_id, decode, make_protocol, persist)
     return gone_response()
 
 
 async def _generate(
-    client: Client,
-    request_id: str,
-    decode: Decoder,
-    make_protocol: ProtocolFactory,
-    watch: FieldWatch,
-    persist: Persist | None,
+    client: Client, request_id: str, decode: Decoder, make_protocol: ProtocolFactory, persist: Persist | None
 ) -> Response:
     trace_id = guard.trace_id(request_id)
     body = cast(bytes, await request.get_data(as_text=False))
@@ -184,7 +178,7 @@ async def _generate(
             return gone_response()
         raise
     protocol = make_protocol(accepted, request_id, reply)
-    headers = watch.report({"x-request-id": trace_id}, trace_id=trace_id)
+    headers = {"x-request-id": trace_id}
     if accepted.request.stream:
         headers["cache-control"] = "no-cache"
         interval = cast(float, app.extensions["keepalive_interval"])
@@ -227,15 +221,13 @@ async def messages() -> Response:
     betas = request.headers.get("anthropic-beta", "")
     interleaved = "interleaved-thinking-2025-05-14" in (beta.strip() for beta in betas.split(","))
     decode = partial(decode_messages, interleaved_thinking=interleaved)
-    watch = FieldWatch.for_api("messages")
-    return await generate(_request_id("msg_"), watch.decode(decode), _messages_protocol, watch=watch)
+    return await generate(_request_id("msg_"), fields.watched("messages", decode), _messages_protocol)
 
 
 @app.post("/v1/messages/count_tokens")
 async def count_tokens() -> Response:
     body = load_json(cast(bytes, await request.get_data(as_text=False)))
-    watch = FieldWatch.for_api("messages")
-    chat = watch.decode(decode_count_tokens)(body)
+    chat = fields.watched("messages", decode_count_tokens)(body)
     # An adapter shares the base model's tokenizer; an unknown model is still a 404.
     engine().served.adapter_of(body)
     counted = await engine().count_tokens(chat)
@@ -243,7 +235,7 @@ async def count_tokens() -> Response:
     if counted.original_input_tokens is not None:
         # Anthropic's report when context management was asked: the count before the edits.
         reply["context_management"] = {"original_input_tokens": counted.original_input_tokens}
-    return json_response(reply, headers=watch.report({}, trace_id=request.headers.get("x-request-id") or "count_tokens"))
+    return json_response(reply)
 
 
 def _messages_protocol(accepted: Accepted, request_id: str, reply: Reply) -> StreamProtocol:
@@ -263,8 +255,7 @@ def _messages_protocol(accepted: Accepted, request_id: str, reply: Reply) -> Str
 @app.post("/v1/responses")
 async def responses() -> Response:
     raw = load_json(cast(bytes, await request.get_data(as_text=False)))
-    watch = FieldWatch.for_api("responses")
-    decoded = watch.decode(decode_responses)(raw)
+    decoded = fields.watched("responses", decode_responses)(raw)
     history: tuple[JsonObject, ...] = ()
     instructions = decoded.instructions
     if decoded.previous_response_id is not None:
@@ -301,7 +292,7 @@ async def responses() -> Response:
         )
         await store_call(app, lambda store: store.put(record))
 
-    return await generate(request_id, decode, make_protocol, watch=watch, persist=persist if decoded.store else None)
+    return await generate(request_id, decode, make_protocol, persist=persist if decoded.store else None)
 
 
 @app.get("/v1/responses/<response_id>")

@@ -1,9 +1,11 @@
 """The unknown-field policy at the HTTP edge (`wire/field_policy.py`): one watch per request.
 
-The decoder runs wherever the route hands it (the engine's preparation, or
-the route itself); the watch keeps the fields it did not read, and the
-route reports them once: one log line and the `x-mlx-relay-ignored-fields`
-header. In strict mode the decode fails instead, with a 400 naming them.
+A route decodes its body through `watched(api, decoder)`; the decoder runs
+wherever the route hands it (the engine's preparation, or the route
+itself), and the watch, kept on the request's `g`, holds the fields it did
+not read. An `after_request` hook reports them once: one log line and the
+`x-mlx-relay-ignored-fields` header. In strict mode the decode fails
+instead, with a 400 naming them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TypeVar, cast
 
 import attrs
 import structlog
-from quart import current_app
+from quart import Quart, Response, current_app, g
 
 from pipeline.requests import JsonValue
 from wire.field_policy import IGNORED_HEADER, decode_noting_unread, header_value
@@ -28,10 +30,6 @@ class FieldWatch:
     strict: bool
     unread: tuple[str, ...] = ()
 
-    @classmethod
-    def for_api(cls, api: str) -> FieldWatch:
-        return cls(api=api, strict=cast(bool, current_app.extensions.get("strict_fields", False)))
-
     def decode(self, decode: Callable[[JsonValue], T]) -> Callable[[JsonValue], T]:
         def watched(value: JsonValue) -> T:
             decoded, self.unread = decode_noting_unread(decode, value, self.api, strict=self.strict)
@@ -39,9 +37,22 @@ class FieldWatch:
 
         return watched
 
-    def report(self, headers: dict[str, str], *, trace_id: str) -> dict[str, str]:
-        """`headers`, with the ignored fields named when there were any (logged once here)."""
-        if self.unread:
-            log.warning("request.fields_ignored", trace_id=trace_id, api=self.api, fields=list(self.unread[:100]))
-            headers[IGNORED_HEADER] = header_value(self.unread)
-        return headers
+
+def watched(api: str, decode: Callable[[JsonValue], T]) -> Callable[[JsonValue], T]:
+    """`decode`, noting for this request the fields it leaves unread (refusing them in strict mode)."""
+    watch = FieldWatch(api=api, strict=cast(bool, current_app.extensions.get("strict_fields", False)))
+    g.field_watch = watch
+    return watch.decode(decode)
+
+
+def install(app: Quart) -> None:
+    app.after_request(_report)
+
+
+async def _report(response: Response) -> Response:
+    watch = cast(FieldWatch | None, g.get("field_watch"))
+    if watch is not None and watch.unread:
+        trace_id = response.headers.get("x-request-id")
+        log.warning("request.fields_ignored", trace_id=trace_id, api=watch.api, fields=list(watch.unread[:100]))
+        response.headers[IGNORED_HEADER] = header_value(watch.unread)
+    return response

@@ -16,7 +16,7 @@ from quart import Blueprint, Response, current_app, request
 from edge import guard
 from edge.aliases import work_served_as
 from edge.disconnect import ends_with_client
-from edge.fields import FieldWatch
+from edge.fields import watched
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
 from stages.engine import Engine
@@ -38,22 +38,20 @@ async def _body() -> JsonValue:
     return load_json(cast(bytes, await request.get_data(as_text=False)))
 
 
-def _json(body: JsonValue, trace_id: str | None = None, *, headers: dict[str, str] | None = None) -> Response:
-    sent = {**({"x-request-id": trace_id} if trace_id else {}), **(headers or {})}
-    return Response(dumps(body), content_type="application/json", headers=sent or None)
+def _json(body: JsonValue, trace_id: str | None = None) -> Response:
+    headers = {"x-request-id": trace_id} if trace_id else None
+    return Response(dumps(body), content_type="application/json", headers=headers)
 
 
 @routes.post("/v1/embeddings")
 @ends_with_client
 async def embeddings() -> Response:
-    watch = FieldWatch.for_api("embeddings")
-    decoded = watch.decode(decode_embeddings)(await _body())
+    decoded = watched("embeddings", decode_embeddings)(await _body())
     request_id = f"embd-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
     work, model = _answering(decoded.model)
     result = await work.embed(decoded, request_id=request_id, trace_id=trace_id)
-    body = embeddings_body(result, model=model, encoding=decoded.encoding_format)
-    return _json(body, trace_id, headers=watch.report({}, trace_id=trace_id))
+    return _json(embeddings_body(result, model=model, encoding=decoded.encoding_format), trace_id)
 
 
 @routes.post("/v1/rerank")

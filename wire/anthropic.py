@@ -128,7 +128,8 @@ class MessagesStream:
             return b": keepalive\n\n"
         self._started = True
         usage = usage_body(Usage(prompt_tokens=self.input_tokens, completion_tokens=0, cached_tokens=cached or 0))
-        return _event("message_start", {"message": self._message(content=[], stop=None, usage=usage)}) + _event("ping", {})
+        message = self._message(content=[], stop=None, usage=usage)
+        return _event("message_start", {"message": message}) + _event("ping", {})
 
     def finish(self, summary: Summary) -> bytes:
         delta: JsonObject = {"stop_reason": stop_reason(summary), "stop_sequence": summary.stop_sequence}

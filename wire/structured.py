@@ -75,7 +75,8 @@ def _anthropic_format(raw: JsonValue, param: str) -> Constraint:
     format_ = as_object(raw, param)
     if format_.get("type") != "json_schema":
         raise invalid(f"{param}.type: only 'json_schema' is supported", param=f"{param}.type")
-    return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=_schema(format_, f"{param}.schema"), param=f"{param}.schema")
+    schema = f"{param}.schema"
+    return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=_schema(format_, schema), param=schema)
 
 
 def _response_format(body: Body) -> Constraint | None:
