@@ -110,6 +110,8 @@ class Constraint:
     kind: ConstraintKind
     spec: JsonValue
     param: str
+    # The whole output, not a format for text beside calls: a forced custom tool's input (Responses).
+    whole_output: bool = False
 
 
 @attrs.frozen(kw_only=True)

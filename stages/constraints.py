@@ -224,8 +224,8 @@ def _holds_free_calls(request: GenerationRequest) -> bool:
 
 
 def _calls_beside_format(request: ChatRequest) -> bool:
-    auto = request.tool_choice.mode is ToolChoiceMode.AUTO
-    return auto and request.params.constraint is not None and bool(request.tools)
+    auto, text = request.tool_choice.mode is ToolChoiceMode.AUTO, request.params.constraint
+    return auto and text is not None and not text.whole_output and bool(request.tools)
 
 
 def formatted_or_calls_constraint(

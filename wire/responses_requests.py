@@ -88,7 +88,8 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
     constraint = responses_constraint(body)
     if choice.grammar_call is not None:
         # The forced call's input is the whole output; a text format governs text, and there is none.
-        constraint = tools.specs[choice.grammar_call].grammar
+        grammar = tools.specs[choice.grammar_call].grammar
+        constraint = None if grammar is None else attrs.evolve(grammar, whole_output=True)
     max_tokens = read_int(body, "max_output_tokens", minimum=1)
     truncation = body.get("truncation") or "disabled"
     if truncation not in ("auto", "disabled"):

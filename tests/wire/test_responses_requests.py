@@ -164,7 +164,7 @@ VALID = [
         request(
             tools=(PATCH_TOOL,),
             tool_specs={"apply_patch": PATCH_SPEC},
-            constraint=PATCH_SPEC.grammar,
+            constraint=attrs.evolve(PATCH_SPEC.grammar, whole_output=True),
             grammar_call="apply_patch",
             echoed=echo(tools=[PATCH], tool_choice={"type": "custom", "name": "apply_patch"}),
         ),
