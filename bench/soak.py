@@ -11,7 +11,10 @@ bench/out/soak.csv, soak.json (a summary) and soak.png; stops by itself.
 
 The question it answers: does RSS level off? The summary gives RSS at the
 first sample after warm-up, the median of the last third, the end, and
-the slope over the second half of the run in MB per minute.
+the slope over the second half of the run in MB per minute; the same for
+RSS less the prompt cache's own figure (`rss_less_cache_mb`), which must
+level off too: what the cache counts is what it costs the process
+(issue #22 item 7: a per-entry cost it left out grew 110 → 332 MiB).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from bench.soak_load import Client, Tally
 OUT = Path(__file__).resolve().parent / "out"
 MB = 1 << 20
 COLUMNS = (
-    "seconds", "rss_mb", "prompt_cache_mb", "prompt_cache_entries", "store_mb", "store_entries",
+    "seconds", "rss_mb", "rss_less_cache_mb", "prompt_cache_mb", "prompt_cache_entries",
+    "store_mb", "store_entries",
     "mx_active_mb", "mx_cache_mb", "requests", "errors",
 )  # fmt: skip
 
@@ -115,7 +119,8 @@ async def _sample(
     while time.monotonic() < deadline:
         rows.append(row := await _row(http, pid, started_at, tally))
         print(
-            f"{row['seconds']:7.0f} s  rss {row['rss_mb']:7.1f} MB  prompt cache {row['prompt_cache_mb']:6.1f} MB"
+            f"{row['seconds']:7.0f} s  rss {row['rss_mb']:7.1f} MB (less cache {row['rss_less_cache_mb']:7.1f})"
+            f"  prompt cache {row['prompt_cache_mb']:6.1f} MB"
             f" ({row['prompt_cache_entries']:.0f})  store {row['store_mb']:5.1f} MB  mx active {row['mx_active_mb']:6.1f}"
             f" cache {row['mx_cache_mb']:6.1f}  requests {row['requests']:.0f}  errors {row['errors']:.0f}",
             flush=True,
@@ -129,10 +134,12 @@ async def _row(http: httpx.AsyncClient, pid: int, started_at: float, tally: Tall
     cache = stats.get("prompt_cache") or {}
     store = stats.get("response_store") or {}
     gateway = stats.get("gateway") or {}
+    rss, cached = worker_rss(pid) / MB, cache.get("bytes", 0) / MB
     return {
         "seconds": time.monotonic() - started_at,
-        "rss_mb": worker_rss(pid) / MB,
-        "prompt_cache_mb": cache.get("bytes", 0) / MB,
+        "rss_mb": rss,
+        "rss_less_cache_mb": rss - cached,
+        "prompt_cache_mb": cached,
         "prompt_cache_entries": cache.get("entries", 0),
         "store_mb": store.get("bytes", 0) / MB,
         "store_entries": store.get("entries", 0),
@@ -173,22 +180,27 @@ def _rss(pid: int) -> int:
 
 
 def summarize(rows: list[dict[str, float]]) -> dict[str, float]:
-    """RSS at the start, its median over the last third, at the end, and its slope over the second half."""
-    rss = [row["rss_mb"] for row in rows]
+    """RSS (and RSS less the prompt cache) at the start, its median over the last third, at the end, and its
+    slope over the second half."""
     half = [row for row in rows if row["seconds"] >= rows[-1]["seconds"] / 2]
-    return {
-        "rss_start_mb": rss[0],
-        "rss_plateau_mb": statistics.median(rss[-max(1, len(rss) // 3) :]),
-        "rss_end_mb": rss[-1],
-        "rss_peak_mb": max(rss),
-        "second_half_slope_mb_per_min": _slope(half),
-    }
+    summary: dict[str, float] = {}
+    for column, name in (("rss_mb", "rss"), ("rss_less_cache_mb", "rss_less_cache")):
+        values = [row[column] for row in rows]
+        summary |= {
+            f"{name}_start_mb": values[0],
+            f"{name}_plateau_mb": statistics.median(values[-max(1, len(values) // 3) :]),
+            f"{name}_end_mb": values[-1],
+            f"{name}_peak_mb": max(values),
+        }
+    summary["second_half_slope_mb_per_min"] = _slope(half, "rss_mb")
+    summary["rss_less_cache_second_half_slope_mb_per_min"] = _slope(half, "rss_less_cache_mb")
+    return summary
 
 
-def _slope(rows: list[dict[str, float]]) -> float:
+def _slope(rows: list[dict[str, float]], column: str) -> float:
     if len(rows) < 2:
         return 0.0
-    xs, ys = [row["seconds"] / 60 for row in rows], [row["rss_mb"] for row in rows]
+    xs, ys = [row["seconds"] / 60 for row in rows], [row[column] for row in rows]
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
     spread = sum((x - mean_x) ** 2 for x in xs)
     return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread else 0.0
@@ -225,7 +237,12 @@ def _cpus() -> int:
 
 
 def plot(rows: list[dict[str, float]], summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        # The figures are in the CSV and JSON already; the plot is the `bench` extra's.
+        print(f"matplotlib is not installed: no {path.name}")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -234,6 +251,7 @@ def plot(rows: list[dict[str, float]], summary: dict[str, Any], path: Path) -> N
     figure, axis = plt.subplots(figsize=(9, 4.5))
     for column, label in (
         ("rss_mb", "server RSS"),
+        ("rss_less_cache_mb", "RSS less the prompt cache"),
         ("mx_active_mb", "MLX active"),
         ("mx_cache_mb", "MLX buffer cache"),
         ("prompt_cache_mb", "prompt cache (own count)"),

@@ -15,7 +15,15 @@ under `LLParserLimits` tighter than llguidance's defaults; a grammar past
 never holds the slot the cheap ones use.
 On error: an invalid or oversized schema, regex or grammar is a
 `RequestError` (400) that names the field and gives llguidance's reason
-in a bounded excerpt, never a Rust panic or backtrace.
+in a bounded excerpt, never a Rust panic or backtrace. llguidance builds
+much of a grammar lazily, on the first masks, so a compile also walks a
+few tokens down the grammar (`_walk_fault`): a grammar that matches
+nothing or hits a parser or lexer limit there is refused at once rather
+than ending a row with `stop` and text that breaks it. A limit met later,
+mid-generation, fails that row (`stages/sampling.py`'s
+`ConstraintProcessor` records it, the sink ends the row with an error).
+llguidance is kept silent (`log_level=0`: it writes warnings to stderr);
+its warnings and errors go to the structured log here.
 """
 
 from __future__ import annotations
@@ -23,12 +31,14 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import structlog
 
-from pipeline.errors import excerpt, invalid, quote
+from pipeline.errors import RequestError, excerpt, invalid, quote
 from pipeline.requests import ChatRequest, Constraint, ConstraintKind, GenerationRequest, Tool, ToolChoice, ToolChoiceMode
 from stages.families import choose_family
 from stages.families.base import Family, NotCarried, lark_json
@@ -41,6 +51,8 @@ if TYPE_CHECKING:
 
     from stages.models.loading import Tokenizer
 
+log = structlog.get_logger(stage="constraints")
+
 # Compiled grammars kept for reuse; a schema's compile can cost milliseconds.
 _CACHE_ENTRIES = 128
 # Building the lexer for n literal choices costs about n**1.5 (3,000: 0.2 s;
@@ -50,6 +62,10 @@ MAX_CHOICES = 1024
 MAX_GRAMMAR_CHARS = 64 * 1024
 # Grammars longer than this compile in the large-grammar slot.
 LARGE_GRAMMAR_CHARS = 8 * 1024
+# Tokens a compile walks down the grammar: the limits the issue's cases hit show on the first.
+_WALK_TOKENS = 4
+# Lexer fuel: llguidance's default is 1M; bounded repeats (`a{1000000}`) spend it all.
+_LEXER_FUEL = 500_000
 
 
 @attrs.frozen
@@ -72,6 +88,8 @@ class CompiledConstraint:
     """A validated grammar; `matcher()` gives a fresh matcher for one row."""
 
     _prototype: LLMatcher = attrs.field(alias="prototype")
+    # The request field it came from, which an error mid-generation names.
+    param: str = "response_format"
 
     def matcher(self) -> LLMatcher:
         return self._prototype.deep_copy()
@@ -112,12 +130,16 @@ class ConstraintCompiler:
             cached = self._compiled.get(grammar.text)
             if cached is not None:
                 self._compiled.move_to_end(grammar.text)
-                return cached
+                return attrs.evolve(cached, param=grammar.param)
         # Building the matcher is the compile; an invalid grammar leaves it in error.
-        matcher = LLMatcher(self._llguidance_tokenizer(), grammar.text, limits=_limits())
-        if matcher.is_error():
-            raise invalid(f"Invalid {grammar.param}: {_reason(matcher.get_error())}", param=grammar.param)
-        compiled = CompiledConstraint(prototype=matcher)
+        matcher = LLMatcher(self._llguidance_tokenizer(), grammar.text, log_level=0, limits=_limits())
+        if warnings := matcher.get_grammar_warnings():
+            log.warning("constraint.grammar_warnings", param=grammar.param, warnings=[_reason(w) for w in warnings[:8]])
+        fault = matcher.get_error() if matcher.is_error() else _walk_fault(matcher, self._tokenizer.eos_token_ids)
+        if fault:
+            log.info("constraint.refused", param=grammar.param, reason=_reason(fault))
+            raise invalid(f"Invalid '{grammar.param}': {_reason(fault)}", param=grammar.param, code="invalid_grammar")
+        compiled = CompiledConstraint(prototype=matcher, param=grammar.param)
         with self._lock:
             self._compiled[grammar.text] = compiled
             while len(self._compiled) > _CACHE_ENTRIES:
@@ -144,7 +166,33 @@ def _limits() -> LLParserLimits:
     # symbols, 250k lexer states): room for any grammar under
     # MAX_GRAMMAR_CHARS that clients write, and a fast error for one that
     # explodes. Errors name no parser state or grammar internals.
-    return LLParserLimits(initial_lexer_fuel=500_000, max_grammar_size=100_000, max_lexer_states=50_000, verbose_errors=False)
+    return LLParserLimits(
+        initial_lexer_fuel=_LEXER_FUEL, max_grammar_size=100_000, max_lexer_states=50_000, verbose_errors=False
+    )
+
+
+def _walk_fault(prototype: LLMatcher, eos_ids: Iterable[int]) -> str | None:
+    """llguidance's error met walking a few tokens down a fresh copy of the grammar, if any.
+
+    The walk takes the lowest token each mask allows (not an end): the
+    first steps build the lexer and the parser's first rows, where a
+    grammar that matches nothing, a row past `max_items_in_row` or a
+    regex past the lexer's fuel show. It costs a mask per token.
+    """
+    import numpy as np
+
+    walker, ends = prototype.deep_copy(), set(eos_ids)
+    for _ in range(_WALK_TOKENS):
+        words = np.frombuffer(walker.compute_bitmask(), dtype=np.uint8)
+        allowed = np.flatnonzero(np.unpackbits(words, bitorder="little"))
+        if walker.is_error():
+            return walker.get_error()
+        token = next((int(t) for t in allowed if int(t) not in ends), None)
+        if token is None:
+            return None
+        if not walker.consume_token(token):
+            return walker.get_error()
+    return None
 
 
 def grammar_of(constraint: Constraint) -> Grammar:
@@ -183,12 +231,31 @@ def _within_budget(constraint: Constraint) -> None:
         raise invalid(f"'{param}' is {size} characters long; this server compiles at most {MAX_GRAMMAR_CHARS}", param=param)
 
 
+# llguidance's terse errors, said with the limit they hit.
+_PLAIN_REASONS = {
+    "too many expressions constructed": f"the lexer ran out of fuel (limit {_LEXER_FUEL:,} expressions): "
+    "the regex (or a repeat in it, like a{1000000}) is too large",
+    "NoExtensionBias": "the grammar matches no text (a rule that can only refer to itself never ends)",
+}
+
+
 def _reason(message: str) -> str:
     """llguidance's reason, without a Rust panic's backtrace or anything past a short excerpt."""
-    head = message.split("<backtrace>", 1)[0].strip()
+    head = message.split("<backtrace>", 1)[0].replace("<non-verbose/>", "").strip()
     if head.startswith("panic"):
         return "the grammar is too large or too complex to compile"
-    return excerpt(" ".join(head.split()) or "the grammar does not compile", 300)
+    plain = next((f"{text} ({head})" for known, text in _PLAIN_REASONS.items() if known in head), None)
+    return excerpt(plain or " ".join(head.split()) or "the grammar does not compile", 300)
+
+
+def grammar_fault(reason: str, param: str) -> RequestError:
+    """A row's grammar failed mid-generation (a limit llguidance met): the error that ends the row."""
+    return invalid(
+        f"The constraint in '{param}' hit a limit of the grammar engine while generating, so the output cannot "
+        f"be held to it: {_reason(reason)}",
+        param=param,
+        code="invalid_grammar",
+    )
 
 
 def needs_constraint(request: GenerationRequest) -> bool:
@@ -315,8 +382,11 @@ def tool_call_constraint(
     grammar = several if choice.mode is ToolChoiceMode.REQUIRED and several is not None else family.forced
     try:
         lark = grammar(allowed, partial(_marker, tokenizer))
-    except NotImplementedError:
-        raise invalid(f"tool_choice {choice.mode.value!r} cannot be enforced in this model's tool-call markup", param="tool_choice") from None
+    except NotImplementedError as reason:
+        raise invalid(
+            f"tool_choice {choice.mode.value!r} cannot be enforced in this model's tool-call markup: {reason}",
+            param="tool_choice",
+        ) from None
     except NotCarried as error:
         raise invalid(str(error), param=error.param) from None
     return Constraint(kind=ConstraintKind.GRAMMAR, spec=lark, param="tool_choice")

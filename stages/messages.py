@@ -122,6 +122,8 @@ class TokenDelta:
     finish: FinishReason | None = None
     # Per new token: (its logprob, the top (id, logprob) pairs), when asked for.
     logprobs: tuple[TokenScores, ...] | None = None
+    # The row's grammar failed making this token (llguidance's reason): the row ends with an error.
+    grammar_fault: str | None = None
 
 
 @attrs.frozen(kw_only=True)

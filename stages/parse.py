@@ -21,7 +21,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.actor import serve_items
 from pipeline.errors import invalid
-from pipeline.jsontext import MAX_DEPTH, TooDeep, loads
+from pipeline.jsontext import MAX_DEPTH, LoneSurrogate, TooDeep, loads
 from pipeline.requests import ChatRequest, JsonValue, with_adapter
 from pipeline.tracing import Mark
 from stages.messages import Parsed, Submission
@@ -59,13 +59,15 @@ def load_json(body: bytes) -> JsonValue:
     """Decode a request body.
 
     Raises:
-        RequestError: the body is not UTF-8 JSON, or nests too deep.
+        RequestError: the body is not UTF-8 JSON, nests too deep, or holds a string that is not Unicode text.
     """
     try:
         # Decoded here, strictly: json.loads would take UTF-16 and UTF-32 bytes too, and JSON between systems is UTF-8.
         return loads(body.decode("utf-8"))
     except TooDeep:
         raise invalid(f"The request body nests deeper than {MAX_DEPTH} levels") from None
+    except LoneSurrogate as error:
+        raise invalid(f"Invalid request body: {error}", param=error.path or None) from None
     except UnicodeDecodeError:
         raise invalid("The request body is not valid UTF-8") from None
     except json.JSONDecodeError as error:

@@ -138,17 +138,26 @@ class ConstraintProcessor:
     matcher consumes before it computes the next mask. Reading that token
     waits for the step that made it: constrained rows cost the pipeline
     its overlap, free rows in the same batch do not need it.
+
+    llguidance never raises on a limit met mid-generation (a parser row too
+    long, the lexer's fuel spent): the matcher enters an error state and
+    its masks allow nothing but an end. `fault` keeps its reason, which the
+    gateway hands to the sink with the step's token (`stages/kv/rows.py`), so the row ends with
+    an error rather than with `stop` and text that breaks the grammar.
     """
 
     def __init__(self, matcher: LLMatcher) -> None:
         self._matcher = matcher
         self._calls = 0
+        self.fault: str | None = None
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._calls:
             self._matcher.consume_token(cast(int, tokens[-1].item()))
         self._calls += 1
         words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        if self.fault is None and self._matcher.is_error():
+            self.fault = self._matcher.get_error() or "the grammar engine stopped"
         allowed = np.unpackbits(words, bitorder="little")[: logits.shape[-1]].astype(np.bool_)
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
 

@@ -33,6 +33,7 @@ from pipeline.observe import NullObserver, RequestObserver, RequestRecord
 from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
 from stages.messages import send_abort
+from stages.constraints import grammar_fault
 from stages.families import choose_family
 from stages.families.base import Family, Splitter
 from stages.markup import Markers, MarkupSplitter, Section, markers_for, splitter_for
@@ -141,6 +142,9 @@ class CompletionSink:
         reply = row.admitted.prepared.reply
         if reply.done:
             return
+        if delta.grammar_fault is not None:
+            self._grammar_failed(row, delta)
+            return
         if row.completion_tokens == 0:
             row.timeline = row.timeline.stamp(Mark.FIRST_TOKEN, stepped_at)
             log.info("request.prefill", **reply.log_context, duration=_span(row, Mark.ADMITTED, Mark.FIRST_TOKEN))
@@ -157,7 +161,8 @@ class CompletionSink:
             result = StopResult(text=text)
         ended = result.stop is not None or delta.finish is not None
         was_reasoning = row.markup.reasoning
-        events = row.markup.feed(result.text, final=ended)
+        cut = result.stop is None and delta.finish is FinishReason.LENGTH
+        events = row.markup.feed(result.text, final=ended, cut=cut)
         if was_reasoning or row.markup.reasoning:
             row.reasoning_tokens += len(delta.new_token_ids)
         if delta.logprobs is not None:
@@ -174,6 +179,25 @@ class CompletionSink:
             self._finish(row, events, delta.finish, stop=None, at=stepped_at)
         elif events and not reply.put(events):
             del self._rows[delta.request_id]
+
+    def _grammar_failed(self, row: RowText, delta: TokenDelta) -> None:
+        """The row's grammar failed making this token: its text is not held to the grammar, so none of it goes
+        out; the row ends with an error in its API's shape, never `stop` with broken output."""
+        prepared = row.admitted.prepared
+        if delta.finish is None:
+            send_abort(self._aborts, delta.request_id)
+        del self._rows[delta.request_id]
+        param = prepared.constraint.param if prepared.constraint is not None else "response_format"
+        error = grammar_fault(delta.grammar_fault or "", param)
+        log.warning(
+            "request.grammar_fault",
+            **prepared.reply.log_context,
+            param=param,
+            reason=error.message,
+            completion_tokens=row.completion_tokens,
+        )
+        prepared.reply.fail(error)
+        self._observer.finished(_record(row, "abort", len(prepared.prompt_tokens), row.admitted.cached_tokens))
 
     def _logprobs(self, tokens: tuple[int, ...], scores: tuple[TokenScores, ...]) -> Logprobs:
         chosen = tuple(self._scored(token, logprob) for token, (logprob, _) in zip(tokens, scores, strict=True))

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 
 from pipeline.errors import excerpt, invalid, quote
-from pipeline.jsontext import MAX_DEPTH, TooDeep, loads
+from pipeline.jsontext import MAX_DEPTH, LoneSurrogate, TooDeep, loads
 from pipeline.requests import JsonObject, JsonValue, Tool, ToolChoice, ToolChoiceMode
 
 Body = Mapping[str, JsonValue]
@@ -161,6 +161,8 @@ def read_arguments(value: JsonValue, param: str) -> str:
         loads(value)
     except TooDeep:
         raise invalid(f"'{param}' nests deeper than {MAX_DEPTH} levels", param=param) from None
+    except LoneSurrogate as error:
+        raise invalid(f"'{param}' is JSON text where {error}", param=param) from None
     except ValueError:
         pass  # not JSON: templates get the text itself
     return value

@@ -21,6 +21,12 @@ base model, and retrained weights under an old name never match.
 - Index: (space, tokens) -> file, in memory, rebuilt at start from the
   files' headers (temp files of a crashed write are deleted); one lock
   guards it, since the worker adds files and the model thread looks them up.
+- Recovery: a failed write may mean the folder is gone, or was replaced
+  (by a file, by another folder). The index is then rebuilt from what the
+  folder holds, so `/stats` counts what is on disk, and each later write
+  first checks the folder: it makes the model's folder again if that alone
+  is missing (never the cache folder above it: a volume that is gone is
+  not remade on another disk), rescans it once it is a folder, and writes.
 """
 
 from __future__ import annotations
@@ -77,6 +83,8 @@ class DiskTier:
     _bytes: int = attrs.field(default=0, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
     _last_restore: tuple[float, float] | None = attrs.field(default=None, init=False)
+    # A write failed: the folder is checked (and the index rebuilt) before the next one.
+    _suspect: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         names = ("spills", "spills_dropped", "spill_errors", "spills_unsupported", "restores", "corrupt")
@@ -97,15 +105,43 @@ class DiskTier:
         serve it again once it is, and the byte cap evicts them like any other.
         """
         self.root.mkdir(parents=True, exist_ok=True)
-        adapters = self.root / _ADAPTERS
-        folders = [self.root, *(sorted(p for p in adapters.iterdir() if p.is_dir()) if adapters.is_dir() else [])]
-        found = [item for folder in folders for item in self._scan_folder(folder)]
+        self._rescan()
+
+    def _rescan(self) -> None:
+        """The index, rebuilt from the files the folder holds now (none if it is not a folder)."""
+        try:
+            found = self._found()
+        except OSError:
+            found = []
         with self._lock:
-            for _, slot, path in sorted(found):
-                self._add(slot, _File(path, path.stat().st_size))
+            for space, tokens in self._files:
+                self._trie.pop(space, list(tokens))
+            self._files.clear()
+            self._bytes = 0
+            for _, slot, path, size in sorted(found):
+                self._add(slot, _File(path, size))
             victims = self._evict_over(self.max_bytes)
         _unlink(victims)
         log.info("prompt_cache.disk_scan", root=str(self.root), entries=len(self._files), bytes=self._bytes)
+
+    def _found(self) -> list[tuple[float, _Slot, Path, int]]:
+        if not self.root.is_dir():
+            return []
+        adapters = self.root / _ADAPTERS
+        folders = [self.root, *(sorted(p for p in adapters.iterdir() if p.is_dir()) if adapters.is_dir() else [])]
+        return [item for folder in folders for item in self._scan_folder(folder)]
+
+    def _usable(self) -> bool:
+        """After a failed write: whether the folder takes writes again, the index rebuilt from it if so."""
+        with contextlib.suppress(OSError):
+            # One level only: the model's folder, under a cache folder that must still be there.
+            self.root.mkdir(exist_ok=True)
+        if not self.root.is_dir() or not os.access(self.root, os.W_OK | os.X_OK):
+            return False
+        self._rescan()
+        self._suspect = False
+        log.info("prompt_cache.disk_recovered", root=str(self.root), entries=len(self._files))
+        return True
 
     def longest(self, tokens: Sequence[int], space: str = BASE_SPACE) -> tuple[Key, int] | None:
         with self._lock:
@@ -122,6 +158,9 @@ class DiskTier:
         """Write one entry (the worker thread); best effort: an OSError is counted, not raised."""
         head = header(job.tensors, fingerprint=self.fingerprint, prompt_len=job.prompt_len, space=job.space)
         size = len(head) + sum(t.data.nbytes for t in job.tensors)
+        if self._suspect and not self._usable():
+            self.note_error()
+            return
         if self.has(job.tokens, job.space) or size > self.max_bytes:
             return
         path = self._folder(job.space) / (hashlib.sha256(array("i", job.tokens).tobytes()).hexdigest()[:40] + SUFFIX)
@@ -143,6 +182,9 @@ class DiskTier:
             _unlink([temp])
             self.note_error()
             log.warning("prompt_cache.spill_failed", error=type(error).__name__, path=str(path))
+            # The files the index names may be gone with their folder: count what is there.
+            self._suspect = True
+            self._rescan()
             return
         with self._lock:
             self._add((job.space, job.tokens), _File(path, size))
@@ -209,8 +251,8 @@ class DiskTier:
             return self.root
         return self.root / _ADAPTERS / hashlib.sha256(space.encode()).hexdigest()[:16]
 
-    def _scan_folder(self, folder: Path) -> list[tuple[float, _Slot, Path]]:
-        """The files of one folder with their mtimes and slots; a file filed in the wrong folder is discarded."""
+    def _scan_folder(self, folder: Path) -> list[tuple[float, _Slot, Path, int]]:
+        """The files of one folder with their mtimes, slots and sizes; a file filed in the wrong folder is discarded."""
         found = []
         for path in folder.iterdir():
             if path.name.endswith(".tmp"):
@@ -220,7 +262,8 @@ class DiskTier:
                 if slot is None or self._folder(slot[0]) != folder:
                     self._discard(path)
                 else:
-                    found.append((path.stat().st_mtime, slot, path))
+                    status = path.stat()
+                    found.append((status.st_mtime, slot, path, status.st_size))
         return found
 
     # -- index, under the lock -----------------------------------------------

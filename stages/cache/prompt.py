@@ -8,7 +8,9 @@ Entries are never written after they are stored (a view slices them, and
 mlx-lm's BatchKVCache copies what it merges), so one entry can seed many
 rows in one batch.
 
-Bounded in bytes, evicted least-recently-used first, with two refinements:
+Bounded in bytes (what an entry costs the process: its arrays and the
+host objects that key and find it, `tier.Entry.nbytes`) and in entries,
+evicted least-recently-used first, with two refinements:
 - entries of a session (`prompt_cache_key`, `session_id`, the
   x-session-affinity header) are evicted only after every entry without one;
 - when a request contains the whole prompt of the entry it started from, its
@@ -65,6 +67,7 @@ class Hit:
 @attrs.frozen(kw_only=True)
 class PromptCacheStatistics:
     entries: int
+    # What the entries cost the process (arrays and host objects); `kv_bytes` is the arrays' part.
     bytes: int
     max_bytes: int
     hits: int
@@ -74,6 +77,8 @@ class PromptCacheStatistics:
     session_misses: int
     evictions: int
     disk: DiskStatistics | None = None
+    kv_bytes: int = 0
+    max_entries: int = 0
 
 
 @attrs.define
@@ -81,11 +86,14 @@ class PromptCache:
     max_bytes: int
     sessions: bool = True
     lower: LowerTier | None = None
+    # A bound on entries beside the bytes: each is Python objects the collector walks. 0: no bound.
+    max_entries: int = 0
     _trie: PromptTrie = attrs.field(factory=PromptTrie, init=False)
     # Least recently used first; session entries in their own order.
     _plain: OrderedDict[_Slot, Entry] = attrs.field(factory=OrderedDict, init=False)
     _pinned: OrderedDict[_Slot, Entry] = attrs.field(factory=OrderedDict, init=False)
     _bytes: int = attrs.field(default=0, init=False)
+    _kv_bytes: int = attrs.field(default=0, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -114,7 +122,7 @@ class PromptCache:
 
     def store(self, entry: Entry, *, replaces: Key | None = None) -> None:
         """Keep `entry`; drop `replaces` and any entry that is a prefix of it; evict to the cap."""
-        if not entry.tokens or entry.nbytes == 0:
+        if not entry.tokens or entry.kv_bytes == 0:
             return
         if not self.sessions:
             entry.session = None
@@ -130,6 +138,7 @@ class PromptCache:
                 self._forget(prefix)
         (self._pinned if entry.session else self._plain)[_slot(entry)] = entry
         self._bytes += entry.nbytes
+        self._kv_bytes += entry.kv_bytes
         self._evict_to(self.max_bytes)
 
     def keys(self) -> set[Key]:
@@ -152,7 +161,9 @@ class PromptCache:
         return PromptCacheStatistics(
             entries=len(self._plain) + len(self._pinned),
             bytes=self._bytes,
+            kv_bytes=self._kv_bytes,
             max_bytes=self.max_bytes,
+            max_entries=self.max_entries,
             disk=self.lower.statistics() if self.lower is not None else None,
             **self._counts,
         )
@@ -199,15 +210,20 @@ class PromptCache:
         slot = _slot(entry)
         (self._pinned if slot in self._pinned else self._plain).pop(slot)
         self._bytes -= entry.nbytes
+        self._kv_bytes -= entry.kv_bytes
 
     def _evict_to(self, limit: int) -> None:
-        while self._bytes > limit and (self._plain or self._pinned):
+        while (self._plain or self._pinned) and (self._bytes > limit or self._over_entries()):
             slot, entry = (self._plain or self._pinned).popitem(last=False)
             self._trie.pop(slot[0], list(entry.tokens))
             self._bytes -= entry.nbytes
+            self._kv_bytes -= entry.kv_bytes
             self._counts["evictions"] += 1
             if self.lower is not None and not entry.on_disk:
                 self.lower.spill(entry)
+
+    def _over_entries(self) -> bool:
+        return 0 < self.max_entries < len(self._plain) + len(self._pinned)
 
     def _count(self, *, hit: bool, session: str | None, tokens: int = 0) -> None:
         self._counts["hits" if hit else "misses"] += 1

@@ -24,6 +24,7 @@ import attrs
 import mlx.core as mx
 import structlog
 
+from stages.shard.launcher import watch_launcher
 from stages.shard.liveness import Beating, Heartbeats, RankStatus
 from stages.shard.replicated import ReplicatedGenerator, StepLog
 
@@ -102,6 +103,8 @@ def join(mode: str, *, timeout: float) -> Cluster:
     """Join the group `mlx.launch` set up; blocks until every rank has joined."""
     if mode not in MODES:
         raise ValueError(f"unknown shard mode {mode!r}; choose from {MODES}")
+    # A rank outliving its launcher would go on holding the model (and rank 0 serving HTTP) alone.
+    watch_launcher()
     before = _sockets()
     group = mx.distributed.init(strict=True)
     backend_sockets = sorted(_sockets() - before)
@@ -119,7 +122,10 @@ def join(mode: str, *, timeout: float) -> Cluster:
         beating = Beating(rank=rank)
         beating.start(coordinator(), port, str(token))
     log.info("shard.joined", rank=rank, size=size, mode=mode, heartbeat_port=port)
-    return Cluster(group=group, mode=mode, heartbeats=heartbeats, beating=beating, backend_sockets=backend_sockets)
+    cluster = Cluster(group=group, mode=mode, heartbeats=heartbeats, beating=beating, backend_sockets=backend_sockets)
+    if heartbeats is not None:
+        cluster.step_log.doorbell = heartbeats.ring
+    return cluster
 
 
 def coordinator() -> str:

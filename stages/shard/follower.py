@@ -58,13 +58,14 @@ class FollowerSampler:
 class Follower:
     def __init__(
         self, model: Any, group: mx.distributed.Group, on_step: Callable[[int], None] = lambda steps: None,
-        open_disk: Callable[[], DiskTier | None] = lambda: None,
+        open_disk: Callable[[], DiskTier | None] = lambda: None, doorbell: Callable[[], None] | None = None,
     ) -> None:  # fmt: skip
         self._model, self._group, self._on_step, self._open_disk = model, group, on_step, open_disk
         self._handles = Handles()
         self._cache = PromptCache(max_bytes=_UNBOUNDED)
         self._disk: FollowerDisk | None = None
-        self._channel = Broadcast(group, generation_stream)
+        # Waiting for rank 0's ring, not in the collective, is what lets an idle follower sleep.
+        self._channel = Broadcast(group, generation_stream, doorbell=doorbell)
         self._work = WorkReplay()
         self._check: list[list[int]] = []
         self.steps = 0

@@ -10,10 +10,16 @@ requests and aborts the group (`cluster.abort`). The listener is on
 every interface, so a connection counts only once its first line is the
 token rank 0 handed the followers in the group's first collective: no
 one else can speak for a rank, or end one.
+
+The same connection carries rank 0's doorbell the other way: one byte
+before each step message (`transport.Broadcast`), which a follower waits
+for in a blocking read before it enters the collective. A collective
+polls while it waits; a read sleeps, so an idle follower costs no CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -54,6 +60,9 @@ class Heartbeats:
     _seen: dict[int, _Seen] = attrs.field(factory=dict, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _started: float = attrs.field(factory=time.monotonic, init=False)
+    # Each follower's connection, once it has said which rank it is: the doorbell rings on these.
+    _bells: dict[int, socket.socket] = attrs.field(factory=dict, init=False)
+    _all_joined: threading.Event = attrs.field(factory=threading.Event, init=False)
 
     def listen(self, host: str = "0.0.0.0") -> int:
         self._server = socket.create_server((host, 0))
@@ -75,6 +84,21 @@ class Heartbeats:
     def lost(self) -> list[int]:
         return [status.rank for status in self.ranks() if not status.alive]
 
+    def ring(self) -> None:
+        """Wake every follower for the message about to go; never blocks on a follower that stopped reading."""
+        # The first message may come before a follower's connection has said its rank: a ring lost
+        # then would leave that follower waiting for ever. One that never says it is lost (the watch's
+        # business), and is waited for once only.
+        if not self._all_joined.is_set():
+            self._all_joined.wait(self.timeout)
+            self._all_joined.set()
+        with self._lock:
+            bells = list(self._bells.values())
+        for connection in bells:
+            # A follower that is gone or hung is the heartbeats' to notice, not the model thread's to wait on.
+            with contextlib.suppress(OSError):
+                connection.send(b"\x01", socket.MSG_DONTWAIT)
+
     def _accept(self) -> None:
         while True:
             connection, _ = self._server.accept()
@@ -91,6 +115,10 @@ class Heartbeats:
                     rank = int(rank_text)
                     with self._lock:
                         self._seen[rank] = _Seen(at=time.monotonic(), steps=int(steps))
+                        if rank not in self._bells:
+                            self._bells[rank] = connection
+                            if len(self._bells) == self.size - 1:
+                                self._all_joined.set()
             except (OSError, ValueError):
                 pass
         if rank is not None:
@@ -105,12 +133,25 @@ class Beating:
 
     rank: int
     steps: int = 0
+    _connection: socket.socket | None = attrs.field(default=None, init=False)
 
     def start(self, host: str, port: int, token: str) -> None:
         connection = socket.create_connection((host, port), timeout=30)
         connection.settimeout(None)
         connection.sendall(f"{token}\n".encode())
+        self._connection = connection
         threading.Thread(target=self._beat, args=(connection,), name="shard-heartbeat", daemon=True).start()
+
+    def wait_for_ring(self) -> None:
+        """Sleep until rank 0 rings for its next message (`Heartbeats.ring`)."""
+        assert self._connection is not None, "start() first"
+        try:
+            rang = self._connection.recv(1)
+        except OSError:
+            rang = b""
+        if not rang:
+            log.error("shard.rank0_lost", rank=self.rank)
+            os._exit(1)
 
     def _beat(self, connection: socket.socket) -> None:
         try:

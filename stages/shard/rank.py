@@ -35,6 +35,7 @@ def serve_follower(settings: Settings) -> int:
             beating.steps = steps
 
     open_disk = partial(startup.open_disk, settings, info.path, cluster)
-    Follower(model, cluster.group, on_step=on_step, open_disk=open_disk).run()
+    doorbell = beating.wait_for_ring if beating is not None else None
+    Follower(model, cluster.group, on_step=on_step, open_disk=open_disk, doorbell=doorbell).run()
     log.info("follower.exit", rank=cluster.rank)
     return 0

@@ -82,6 +82,8 @@ class StepLog:
     # Rank 0's disk tier is on: the followers open theirs (told in the first message).
     disk: bool = False
     channel: Broadcast | None = None
+    # Wakes the followers before each message (`transport.Broadcast`); None rings nothing.
+    doorbell: Callable[[], None] | None = None
 
     def send(self, last: dict[str, Any]) -> None:
         """The calls so far and `last`, in one message to every other rank."""
@@ -124,7 +126,7 @@ class ReplicatedGenerator:
     def __init__(self, model: Any, group: mx.distributed.Group, log: StepLog, **config: Any) -> None:
         self._generator = BatchGenerator(model, **config)
         self._group, self._log = group, log
-        self.channel = log.channel = Broadcast(group, self._generator.stream)
+        self.channel = log.channel = Broadcast(group, self._generator.stream, doorbell=log.doorbell)
         self.channel.send({"config": config, "disk": log.disk})
         self.steps = 0
 

@@ -9,6 +9,15 @@ stream, after the work already queued there (the last step's forward
 pass and its own collectives), so every rank issues its collectives in
 the same order.
 
+A collective waits by polling (the ring backend spins on its sockets), so
+a follower waiting in one for rank 0's next step burned most of a core
+while the server was idle. The message is therefore preceded by a
+doorbell beside the collectives (`stages/shard/liveness.py`: one byte on
+each follower's heartbeat connection, which it waits on in the kernel):
+rank 0 rings before each message, a follower waits for the ring before
+it enters the collective, so an idle follower sleeps. Every message
+rings once, so rings and messages pair up.
+
 `agree` is the one collective where every rank speaks: each says yes or
 no (a disk file read), and every rank learns the same answer, whether all
 said yes, so every rank takes the same branch after it.
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -30,9 +40,11 @@ _HEADER = 8
 class Broadcast:
     """One message per call: rank 0 sends, every other rank receives the same bytes."""
 
-    def __init__(self, group: mx.distributed.Group, stream: Any) -> None:
+    def __init__(self, group: mx.distributed.Group, stream: Any, doorbell: Callable[[], None] | None = None) -> None:
         self._group, self._stream = group, stream
         self.rank = group.rank()
+        # Rank 0: ring every follower; a follower: wait for the ring (None: go straight into the collective).
+        self._doorbell = doorbell
         # Seconds spent in the collectives, and how many: bench/ reads them.
         self.seconds = 0.0
         self.calls = 0
@@ -45,12 +57,16 @@ class Broadcast:
         head[:_HEADER] = np.frombuffer(len(payload).to_bytes(_HEADER, "little"), dtype=np.uint8)
         first = payload[: FRAME - _HEADER]
         head[_HEADER : _HEADER + len(first)] = np.frombuffer(first, dtype=np.uint8)
+        if self._doorbell is not None:
+            self._doorbell()
         self._sum(head)
         rest = payload[len(first) :]
         if rest:
             self._sum(np.frombuffer(rest, dtype=np.uint8).copy())
 
     def receive(self) -> dict[str, Any]:
+        if self._doorbell is not None:
+            self._doorbell()
         head = self._sum(np.zeros(FRAME, dtype=np.uint8))
         length = int.from_bytes(head[:_HEADER].tobytes(), "little")
         payload = head[_HEADER : _HEADER + min(length, FRAME - _HEADER)].tobytes()

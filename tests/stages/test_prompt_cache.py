@@ -16,11 +16,16 @@ from mlx_lm.models.cache import KVCache
 
 from stages.cache.tier import DiskStatistics
 from stages.cache.prompt import RESTORE_GAIN, PromptCache
-from stages.cache.tier import Entry, Key
+from stages.cache.tier import HOST_BYTES_PER_ENTRY, HOST_BYTES_PER_LAYER, HOST_BYTES_PER_TOKEN, Entry, Key
 
 LAYERS, HEADS, DIM = 2, 2, 4
 # float32 keys and values of every layer: bytes one token costs.
 TOKEN_BYTES = LAYERS * 2 * HEADS * DIM * 4
+
+
+def cost(tokens: int) -> int:
+    """What an entry of `tokens` tokens costs the cache: its KV and the host objects that hold it (tier.Entry)."""
+    return tokens * (TOKEN_BYTES + HOST_BYTES_PER_TOKEN) + HOST_BYTES_PER_ENTRY + LAYERS * HOST_BYTES_PER_LAYER
 
 
 def kv(length: int, *, first: int = 0) -> list[Any]:
@@ -58,8 +63,9 @@ def test_miss_then_hit_on_a_longer_prompt() -> None:
     assert hit is not None and hit.tokens == len(BASE) and hit.source == BASE
     assert positions(hit.cache) == list(range(len(BASE)))
     assert attrs.asdict(cache.statistics()) | {"disk": None} == {
-        "entries": 1, "bytes": len(BASE) * TOKEN_BYTES, "max_bytes": 1 << 20, "hits": 1, "misses": 1,
+        "entries": 1, "bytes": cost(len(BASE)), "max_bytes": 1 << 20, "hits": 1, "misses": 1,
         "cached_tokens": len(BASE), "session_hits": 0, "session_misses": 0, "evictions": 0, "disk": None,
+        "kv_bytes": len(BASE) * TOKEN_BYTES, "max_entries": 0,
     }  # fmt: skip
 
 
@@ -104,27 +110,27 @@ def test_the_longest_of_several_entries_wins() -> None:
 
 def test_byte_cap_evicts_least_recently_used_first() -> None:
     """Past max_bytes the entry used longest ago goes; a fetch counts as a use."""
-    cache = PromptCache(max_bytes=2 * 40 * TOKEN_BYTES)
+    cache = PromptCache(max_bytes=2 * cost(40))
     a, b, c = (tuple(range(k * 1000, k * 1000 + 40)) for k in (1, 2, 3))
     cache.store(entry(a))
     cache.store(entry(b))
     assert cache.fetch(a + (0,)) is not None  # a is now the most recently used
     cache.store(entry(c))
     stats = cache.statistics()
-    assert (stats.entries, stats.bytes, stats.evictions) == (2, 80 * TOKEN_BYTES, 1)
+    assert (stats.entries, stats.bytes, stats.evictions) == (2, 2 * cost(40), 1)
     assert cache.fetch(b + (0,)) is None
     assert cache.fetch(a + (0,)) is not None and cache.fetch(c + (0,)) is not None
 
 
 def test_an_entry_larger_than_the_cap_is_not_kept() -> None:
-    cache = PromptCache(max_bytes=10 * TOKEN_BYTES)
+    cache = PromptCache(max_bytes=cost(10))
     cache.store(entry(BASE))
     assert cache.statistics().entries == 0 and cache.statistics().bytes == 0
 
 
 def test_session_entries_outlive_entries_without_a_session() -> None:
     """Eviction takes every entry without a session before any entry of one."""
-    cache = PromptCache(max_bytes=2 * 40 * TOKEN_BYTES)
+    cache = PromptCache(max_bytes=2 * cost(40))
     mine = tuple(range(1, 41))
     cache.store(entry(mine, session="s1"))
     for k in range(2, 6):
@@ -137,7 +143,7 @@ def test_session_entries_outlive_entries_without_a_session() -> None:
 
 
 def test_sessions_off_treats_every_entry_alike() -> None:
-    cache = PromptCache(max_bytes=2 * 40 * TOKEN_BYTES, sessions=False)
+    cache = PromptCache(max_bytes=2 * cost(40), sessions=False)
     mine = tuple(range(1, 41))
     cache.store(entry(mine, session="s1"))
     for k in range(2, 4):
@@ -174,7 +180,7 @@ def test_a_stored_prefix_of_a_new_entry_is_dropped() -> None:
     cache.store(entry(BASE[:20]))
     cache.store(entry(BASE))
     stats = cache.statistics()
-    assert (stats.entries, stats.bytes) == (1, len(BASE) * TOKEN_BYTES)
+    assert (stats.entries, stats.bytes) == (1, cost(len(BASE)))
 
 
 @attrs.define
@@ -214,7 +220,7 @@ def _shared(key: Key, tokens: Sequence[int]) -> int:
 
 def test_evicted_entries_spill_and_come_back_from_the_lower_tier() -> None:
     lower = FakeLower()
-    cache = PromptCache(max_bytes=100 * TOKEN_BYTES, lower=lower)
+    cache = PromptCache(max_bytes=cost(100), lower=lower)
     a, b = tuple(range(1, 101)), tuple(range(1001, 1101))
     cache.store(entry(a))
     cache.store(entry(b))
@@ -254,7 +260,7 @@ def test_memory_is_preferred_when_it_shares_as_much() -> None:
 @pytest.mark.parametrize("evicted_on_disk", [True, False])
 def test_an_entry_already_on_disk_is_not_written_again(evicted_on_disk: bool) -> None:
     lower = FakeLower()
-    cache = PromptCache(max_bytes=40 * TOKEN_BYTES, lower=lower)
+    cache = PromptCache(max_bytes=cost(40), lower=lower)
     first = entry(tuple(range(1, 41)))
     first.on_disk = evicted_on_disk
     cache.store(first)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stages.cache.prompt import PromptCache
 from stages.cache.tier import Entry
-from tests.stages.test_prompt_cache import BASE, TOKEN_BYTES, FakeLower, kv, positions
+from tests.stages.test_prompt_cache import BASE, FakeLower, cost, kv, positions
 
 
 def adapted(tokens: tuple[int, ...], adapter: str | None, *, first: int = 0) -> Entry:
@@ -40,7 +40,7 @@ def test_replacing_and_prefix_dropping_stay_within_an_adapter() -> None:
 def test_an_adapter_entry_goes_down_under_its_adapter_and_comes_back_only_for_it() -> None:
     """Evicted, an adapter's entry is spilled with its adapter; the lower tier then serves it to that adapter's rows only."""
     lower = FakeLower()
-    cache = PromptCache(max_bytes=100 * TOKEN_BYTES, lower=lower)
+    cache = PromptCache(max_bytes=cost(100), lower=lower)
     a, b, c = tuple(range(1, 101)), tuple(range(1001, 1101)), tuple(range(2001, 2101))
     cache.store(adapted(a, "x", first=1000))
     cache.store(adapted(b, None))

@@ -167,3 +167,45 @@ def test_a_folder_replaced_by_a_file_fails_the_spill_quietly(tmp_path: Path) -> 
     spill(disk, TOKENS)
     stats = disk.statistics()
     assert (stats.spill_errors, stats.spills, stats.entries) == (1, 0, 0)
+
+
+@pytest.mark.parametrize("restored", ["folder-made-again", "file-removed-only"])
+def test_writes_resume_and_stats_count_the_disk_once_the_folder_is_back(tmp_path: Path, restored: str) -> None:
+    """Issue 22 item 8: the folder was replaced by a file, then restored; spill_errors kept rising, nothing was
+    written again, and /stats counted six entries of an empty folder. Now a failed write rebuilds the index from
+    what is there, and the next write finds the folder usable again (making the model's folder if only it is gone)."""
+    root = tmp_path / "kv"
+    disk = tier(root)
+    for k in range(3):
+        spill(disk, tuple(range(k * 100, k * 100 + len(TOKENS))))
+    assert disk.statistics().entries == 3
+    for path in files(root):
+        path.unlink()
+    root.rmdir()
+    root.write_text("not a folder")
+    spill(disk, TOKENS)
+    spill(disk, TOKENS)
+    stats = disk.statistics()
+    assert (stats.spill_errors, stats.entries, stats.bytes) == (2, 0, 0)
+    assert disk.longest(tuple(range(0, 48))) is None
+    root.unlink()
+    if restored == "folder-made-again":
+        root.mkdir()
+    spill(disk, TOKENS)
+    stats = disk.statistics()
+    assert (stats.spill_errors, stats.spills, stats.entries) == (2, 4, 1)
+    assert len(files(root)) == 1 and stats.bytes == files(root)[0].stat().st_size
+    assert restore(disk, TOKENS) is not None
+
+
+def test_a_rescan_finds_what_another_hand_put_back(tmp_path: Path) -> None:
+    """After a failure the index is what the folder holds: files moved back in are served again."""
+    root, aside = tmp_path / "kv", tmp_path / "aside"
+    disk = tier(root)
+    spill(disk, TOKENS)
+    root.rename(aside)
+    spill(disk, tuple(range(0, 48)))  # fails: the folder is gone
+    assert disk.statistics().entries == 0
+    aside.rename(root)
+    spill(disk, tuple(range(1000, 1048)))
+    assert disk.statistics().entries == 2 and restore(disk, TOKENS) is not None

@@ -324,3 +324,24 @@ async def test_no_row_state_outlives_its_request(tokenizer: Tokenizer, finish_fi
                 await steps.send.send(StepOutputs(admitted=(), deltas=last, stepped_at=3.0, removed=("left",)))
                 await anyio.wait_all_tasks_blocked()
                 assert sink.open_rows == (0 if finish_first else 1)
+
+
+@pytest.mark.parametrize("finish", [None, FinishReason.STOP], ids=["running", "ended-by-the-error-mask"])
+async def test_a_grammar_fault_fails_the_row_never_a_stop(tokenizer: Tokenizer, finish: FinishReason | None) -> None:
+    """A row whose grammar failed mid-generation ends with a 400 naming the field, logged; the text made with
+    the fault is not sent, and the row still running in the gateway is dropped."""
+    from pipeline.errors import RequestError
+
+    tokens = tokenizer.encode(TEXT)
+    target = row("r1")
+    deltas = steps_for("r1", tokens[:3], 1, None)
+    deltas.append(TokenDelta(request_id="r1", new_token_ids=(tokens[3],), finish=finish, grammar_fault="limit hit"))
+    with structlog.testing.capture_logs() as logs:
+        aborts = await drive(tokenizer, single_row_outputs(target, deltas))
+    with pytest.raises(RequestError) as caught:
+        await events_of(target.reply)
+    assert caught.value.status == 400 and caught.value.code == "invalid_grammar"
+    assert caught.value.param == "response_format" and "limit hit" in caught.value.message
+    assert aborts == ([Abort(request_id="r1")] if finish is None else [])
+    faults = [entry for entry in logs if entry["event"] == "request.grammar_fault"]
+    assert len(faults) == 1 and faults[0]["request_id"] == "r1" and "limit hit" in faults[0]["reason"]

@@ -1,0 +1,116 @@
+"""A sharded server at rest costs no CPU, and its ranks stop when their launcher is gone (issue 22 item 9).
+
+Measured before: an idle 2-rank tensor group on `tiny` spent 0.43 of a
+core on the follower, which waited for rank 0's next step inside a
+collective (the ring backend polls); and ranks whose `mlx.launch` was
+ended by a signal went on running, rank 0 still serving HTTP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, Server, _free_port
+from tests.e2e.shard_harness import start_sharded
+
+pytestmark = pytest.mark.slow
+
+USER = [{"role": "user", "content": "hi"}]
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of `pid` so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def cores_used(pid: int, seconds: float) -> float:
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / seconds
+
+
+def test_an_idle_follower_sleeps(tmp_path: Path) -> None:
+    sharded = start_sharded(tmp_path, model="tiny")
+    try:
+        reply = sharded.server.client().chat.completions.create(model="m", messages=USER, max_tokens=8)  # type: ignore[arg-type]
+        assert reply.choices[0].message.content is not None
+        time.sleep(1.0)  # the last step's work and the cache's housekeeping settle
+        follower = cores_used(sharded.followers[0].pid, 5.0)
+        leader = cores_used(sharded.server.process.pid, 5.0)
+        # Heartbeats (a line every 0.5 s) and the launcher watch (a look every second) are all that runs.
+        assert follower < 0.05, f"the idle follower used {follower:.3f} of a core"
+        assert leader < 0.05, f"the idle rank 0 used {leader:.3f} of a core"
+        # And it wakes for the next step.
+        again = sharded.server.client().chat.completions.create(model="m", messages=USER, max_tokens=8)  # type: ignore[arg-type]
+        assert again.choices[0].message.content is not None
+    finally:
+        sharded.kill()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_ranks_stop_when_their_launcher_is_gone(tmp_path: Path, sent: signal.Signals) -> None:
+    port = _free_port()
+    launcher = Path(sys.executable).parent / "mlx.launch"
+    launch = [str(launcher), "--backend", "ring", "-n", "2", "--python", sys.executable, "--"]
+    command = [*launch, "-m", "edge.cli", "serve", "--model", "tiny", "--shard", "tensor", "--port", str(port)]
+    log_path = tmp_path / "launch.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.3)
+        ranks = _children(process.pid)
+        assert len(ranks) == 2, server.logs()
+        os.kill(process.pid, sent)
+        process.wait(timeout=30)
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline and any(_alive(rank) for rank in ranks):
+            time.sleep(0.3)
+        assert not any(_alive(rank) for rank in ranks), server.logs()[-3000:]
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{server.base_url}/health", timeout=2)
+    finally:
+        for rank in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGKILL)
+        server.kill()
