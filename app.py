@@ -26,6 +26,7 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
 from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
+from edge import fields  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
@@ -51,7 +52,7 @@ from fleet.defaults import with_defaults  # noqa: E402
 from fleet.fleet import Fleet  # noqa: E402
 from fleet.spec import specs_from_settings  # noqa: E402
 from stages.engine import Engine  # noqa: E402
-from stages.messages import Decoder  # noqa: E402
+from stages.messages import Decoder, Reply  # noqa: E402
 from stages.parse import load_json  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
 from wire.anthropic_context import applied_edits_body  # noqa: E402
@@ -68,6 +69,8 @@ app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
 app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
+# Unread request fields named in a header (edge/fields.py).
+fields.install(app)
 # Sees each request's `http.disconnect` on its way to Quart (edge/disconnect.py: why Quart's cancel is not enough).
 app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # Embeddings, rerank and score, tokenize and detokenize.
@@ -77,7 +80,8 @@ app.register_blueprint(admin_routes)
 app.register_blueprint(responses_socket_routes)
 app.register_blueprint(web_routes)
 
-ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
+# (accepted request, request id, its reply) -> the API's stream protocol.
+ProtocolFactory = Callable[[Accepted, str, Reply], StreamProtocol]
 
 
 def engine() -> Engine:
@@ -102,6 +106,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
     app.extensions["web"] = settings.web
     app.extensions["socket_idle_timeout"] = settings.socket_idle_timeout
     app.extensions["max_batch"] = settings.max_batch
+    app.extensions["strict_fields"] = settings.strict_fields
     app.extensions["blas"] = BLAS
     metrics = app.extensions["metrics"] = Metrics()
     tracing = app.extensions["tracing"] = configure_tracing()
@@ -143,12 +148,12 @@ def start_draining() -> None:
 
 @app.post("/v1/chat/completions")
 async def chat_completions() -> Response:
-    return await generate(_request_id("chatcmpl-"), decode_chat, _chat_protocol)
+    return await generate(_request_id("chatcmpl-"), fields.watched("chat", decode_chat), _chat_protocol)
 
 
 @app.post("/v1/completions")
 async def completions() -> Response:
-    return await generate(_request_id("cmpl-"), decode_completion, _text_protocol)
+    return await generate(_request_id("cmpl-"), fields.watched("completions", decode_completion), _text_protocol)
 
 
 def _request_id(prefix: str) -> str:
@@ -195,7 +200,7 @@ async def _generate(
         if isinstance(error, ReplyClosed):
             return gone_response()
         raise
-    protocol = make_protocol(accepted, request_id)
+    protocol = make_protocol(accepted, request_id, reply)
     headers = {"x-request-id": trace_id}
     if accepted.request.stream:
         headers["cache-control"] = "no-cache"
@@ -218,13 +223,13 @@ def _last_words(stream_tail: Callable[[], bytes] | None = None) -> LastWords:
     return LastWords(status=status, body=body.encode(), stream_tail=stream_tail)
 
 
-def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+def _chat_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
     return openai.ChatStream(
         id=request_id, created=int(time.time()), model=served_as(engine().served, accepted.request), include_usage=_include_usage(accepted)
     )
 
 
-def _text_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+def _text_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
     return openai.TextStream(
         id=request_id, created=int(time.time()), model=served_as(engine().served, accepted.request), include_usage=_include_usage(accepted)
     )
@@ -239,13 +244,13 @@ async def messages() -> Response:
     betas = request.headers.get("anthropic-beta", "")
     interleaved = "interleaved-thinking-2025-05-14" in (beta.strip() for beta in betas.split(","))
     decode = partial(decode_messages, interleaved_thinking=interleaved)
-    return await generate(_request_id("msg_"), decode, _messages_protocol)
+    return await generate(_request_id("msg_"), fields.watched("messages", decode), _messages_protocol)
 
 
 @app.post("/v1/messages/count_tokens")
 async def count_tokens() -> Response:
     body = load_json(cast(bytes, await request.get_data(as_text=False)))
-    chat = decode_count_tokens(body)
+    chat = fields.watched("messages", decode_count_tokens)(body)
     async with chosen(model_field(body)) as chosen_engine:
         # An adapter shares the base model's tokenizer; an unknown model is still a 404.
         chosen_engine.served.adapter_of(body)
@@ -257,7 +262,7 @@ async def count_tokens() -> Response:
     return json_response(reply)
 
 
-def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+def _messages_protocol(accepted: Accepted, request_id: str, reply: Reply) -> StreamProtocol:
     chat = accepted.request
     assert isinstance(chat, ChatRequest)
     return anthropic.MessagesStream(
@@ -267,6 +272,7 @@ def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
         input_tokens=accepted.prompt_tokens,
         context_management=applied_edits_body(accepted.applied_edits) if chat.context_edits else None,
         omit_thinking=chat.omit_reasoning,
+        cached_tokens=lambda: reply.cached_tokens,
     )
 
 

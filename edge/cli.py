@@ -110,6 +110,10 @@ def _parser() -> argparse.ArgumentParser:
         help="a dedicated embedding model served beside the chat model: a directory, a repo id or shaped:NAME (MLX_RELAY_EMBEDDING_MODEL)",
     )  # fmt: skip
     serve.add_argument("--adapters", help="LoRA adapters served as their own model ids: 'name=path,...' (MLX_RELAY_ADAPTERS)")
+    serve.add_argument(
+        "--strict-fields", action="store_true",
+        help="refuse request fields this server does not know with a 400 naming them (MLX_RELAY_STRICT_FIELDS)",
+    )
     serve.add_argument("--loop", choices=("asyncio", "uvloop"), help="the event loop (MLX_RELAY_LOOP; default asyncio)")
     serve.add_argument("--no-web", action="store_true", help="no chat page at / (MLX_RELAY_WEB=0)")
     serve.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds open streams get at shutdown (default 30)")
@@ -156,6 +160,7 @@ def _export(args: argparse.Namespace) -> None:
     flags = {
         "model": ",".join(args.model) if args.model else None, "models_file": args.models_file,
         "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard,
+        "strict_fields": "1" if args.strict_fields else None,
         "loop": args.loop, "embedding_model": args.embedding_model, "adapters": args.adapters,
         "web": "0" if args.no_web else None,
         "in_process": "1" if args.in_process else None,

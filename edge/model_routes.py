@@ -18,6 +18,7 @@ from edge.aliases import work_served_as
 from edge.choice import chosen, current_engine, fleet
 from edge.model_cards import card, fleet_cards
 from edge.disconnect import ends_with_client
+from edge.fields import watched
 from edge.status_routes import model_state
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
@@ -48,7 +49,7 @@ def _json(body: JsonValue, trace_id: str | None = None) -> Response:
 @routes.post("/v1/embeddings")
 @ends_with_client
 async def embeddings() -> Response:
-    decoded = decode_embeddings(await _body())
+    decoded = watched("embeddings", decode_embeddings)(await _body())
     request_id = f"embd-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
     async with chosen(decoded.model):

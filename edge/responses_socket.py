@@ -240,7 +240,7 @@ class Session:
             reply = await engine.submit(request_id=turn.request_id, trace_id=turn.request_id, body=raw, decode=decode)
         with reply:
             accepted = await reply.accepted()
-            protocol = self._protocol = turn.make_protocol(accepted, turn.request_id)
+            protocol = self._protocol = turn.make_protocol(accepted, turn.request_id, reply)
             log.info("socket.turn", request_id=turn.request_id, generate=generate)
             interval = cast(float, self.app.extensions["keepalive_interval"])
             if generate:

@@ -15,6 +15,7 @@ import attrs
 import structlog
 from quart import Quart
 
+from edge import fields
 from edge.aliases import served_as
 from edge.choice import current_engine
 from edge.store import store_call
@@ -22,6 +23,7 @@ from edge.streaming import Persist
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.protocol import StreamProtocol
 from pipeline.requests import Accepted, ChatRequest, JsonObject, JsonValue
+from stages.messages import Reply
 from wire import responses as responses_wire
 from wire.response_store import StoredResponse
 from wire.responses_requests import ResponsesRequest, continued_input, decode_responses, to_chat
@@ -46,7 +48,7 @@ class ResponsesTurn:
         # The body was validated by `prepare_turn`, before the store lookup; only the splice is left.
         return to_chat(self.decoded, self.history, self.instructions)
 
-    def make_protocol(self, accepted: Accepted, request_id: str) -> StreamProtocol:
+    def make_protocol(self, accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
         engine = current_engine()
         return responses_wire.ResponsesStream(
             id=request_id,
@@ -81,7 +83,7 @@ class ResponsesTurn:
 
 async def prepare_turn(app: Quart, raw: JsonValue, *, trace_id: str | None) -> ResponsesTurn:
     """Raises: RequestError for a bad body or a `previous_response_id` the store does not hold."""
-    decoded = decode_responses(raw)
+    decoded = fields.watched("responses", decode_responses)(raw)
     history: tuple[JsonObject, ...] = ()
     instructions = decoded.instructions
     if decoded.previous_response_id is not None:

@@ -114,6 +114,8 @@ class Settings:
     # Origins allowed to call from a browser, comma-separated ("https://app.example"); unset: none.
     cors_origins: str | None = None
     max_body_bytes: int = attrs.field(default=8 * 2**20, validator=_positive)
+    # Unknown request fields are a 400 naming them, instead of served and reported (wire/field_policy.py).
+    strict_fields: bool = False
     # Seconds a request body may take to arrive before a 408.
     body_timeout: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
 
