@@ -14,9 +14,9 @@ from stages.models.blas import preload_blas
 BLAS = preload_blas()
 
 import time  # noqa: E402
-from functools import partial  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import AsyncGenerator, Callable  # noqa: E402
+from functools import partial  # noqa: E402
 from typing import cast  # noqa: E402
 
 import anyio  # noqa: E402
@@ -24,23 +24,26 @@ import structlog  # noqa: E402
 from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
-from edge import guard  # noqa: E402
-from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
-from edge import fields  # noqa: E402
-from edge.metrics import Metrics  # noqa: E402
-from edge.sessions import session_key  # noqa: E402
-from edge.telemetry import Tracing, configure_tracing  # noqa: E402
-from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
+from edge import fields, guard  # noqa: E402
 from edge.admin_routes import routes as admin_routes  # noqa: E402
+from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
 from edge.choice import chosen, current_defaults, current_engine, model_field, model_named  # noqa: E402
+from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
+from edge.metrics import Metrics  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
+from edge.responses_socket import close_all as close_sockets  # noqa: E402
+from edge.responses_socket import routes as responses_socket_routes  # noqa: E402
+from edge.responses_turn import prepare_turn, response_not_found, stored_response  # noqa: E402
+from edge.sessions import session_key  # noqa: E402
+from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.status_routes import routes as status_routes  # noqa: E402
 from edge.store import store_call  # noqa: E402
-from edge.responses_socket import close_all as close_sockets, routes as responses_socket_routes  # noqa: E402
-from edge.web import routes as web_routes  # noqa: E402
-from edge.responses_turn import prepare_turn, response_not_found, stored_response  # noqa: E402
-from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
+from edge.telemetry import Tracing, configure_tracing  # noqa: E402
+from edge.web import routes as web_routes  # noqa: E402
+from fleet.defaults import with_defaults  # noqa: E402
+from fleet.fleet import Fleet  # noqa: E402
+from fleet.spec import specs_from_settings  # noqa: E402
 from pipeline.channels import ReplyClosed  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error, shutting_down  # noqa: E402
 from pipeline.observe import Observers  # noqa: E402
@@ -48,9 +51,6 @@ from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
-from fleet.defaults import with_defaults  # noqa: E402
-from fleet.fleet import Fleet  # noqa: E402
-from fleet.spec import specs_from_settings  # noqa: E402
 from stages.engine import Engine  # noqa: E402
 from stages.messages import Decoder, Reply  # noqa: E402
 from stages.parse import load_json  # noqa: E402

@@ -37,11 +37,11 @@ from quart import Blueprint, Quart, Response, current_app, websocket
 from edge import guard
 from edge.aliases import with_model
 from edge.choice import chosen, current_defaults, model_named
-from fleet.defaults import with_defaults
 from edge.keys import key_matches, presented_key
-from edge.sessions import session_key
 from edge.responses_turn import ResponsesTurn, prepare_turn
+from edge.sessions import session_key
 from edge.streaming import Persist, sse_body
+from fleet.defaults import with_defaults
 from pipeline.errors import ErrorKind, RequestError, invalid, shutting_down
 from pipeline.events import FinishReason, Summary
 from pipeline.protocol import StreamProtocol
@@ -296,4 +296,3 @@ async def _warmed(reply: Reply, protocol: StreamProtocol, persist: Persist | Non
         yield protocol.error(error)
         return
     yield tail
-

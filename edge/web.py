@@ -22,8 +22,12 @@ from werkzeug.exceptions import NotFound
 routes = Blueprint("web", __name__)
 
 ASSET_PREFIX = "/assets/"
-_ASSETS = {"chat.js": "text/javascript", "chat.css": "text/css", "vendor/marked.min.js": "text/javascript",
-           "vendor/purify.min.js": "text/javascript"}  # fmt: skip
+_ASSETS = {
+    "chat.js": "text/javascript",
+    "chat.css": "text/css",
+    "vendor/marked.min.js": "text/javascript",
+    "vendor/purify.min.js": "text/javascript",
+}
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"

@@ -26,9 +26,13 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
     "--disable-sync",
-]  # fmt: skip
+]
 KEY = "sk-page-test"
 LONG = 2000
 NOTICE = 30.0
@@ -129,7 +133,7 @@ def test_stop_aborts_the_stream_and_the_server_drops_the_row(page: Page, server:
 
 HOSTILE = (
     "Look: <img src=x onerror=\"document.title='pwned'\"> and <script>document.title='pwned'</script>\n\n"
-    "[click](javascript:document.title='pwned') <a href=\"javascript:alert(1)\" onclick=\"alert(1)\">there</a>\n\n"
+    '[click](javascript:document.title=\'pwned\') <a href="javascript:alert(1)" onclick="alert(1)">there</a>\n\n'
     "```python\nprint('<b>code</b>')\n```\n"
 )
 
