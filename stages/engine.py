@@ -37,7 +37,7 @@ from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.kv.plan import Fit, assess
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
-from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
+from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, resolve_model
 from stages.model_work import ModelWork, dedicated_work, hidden_size
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation, prompt_room
@@ -48,7 +48,7 @@ from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
 from stages.sink import CompletionSink
 from stages.text import TextStage
-from stages.startup import choose_markup, disk_tier, prompt_cache, rank_share, think_ids
+from stages.startup import batch_factory, choose_markup, disk_tier, kv_scheme, model_loader, prompt_cache, rank_share, think_ids
 from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")
@@ -184,7 +184,7 @@ class Engine:
                 assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
                 prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
                 prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
-                share=rank_share(self._cluster, self.info.vocab_size),
+                share=rank_share(self._cluster, self.info.vocab_size), kv=kv_scheme(settings, self._cluster),
             )
         )  # fmt: skip
         disk = await anyio.to_thread.run_sync(partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters))
@@ -334,8 +334,8 @@ class Engine:
             out=out,
             spills_out=spills.send,
             spills_in=spills.receive,
-            load=partial(load_weights, self.info) if cluster is None else partial(cluster.load, self.info.path),
-            make_generator=None if cluster is None else cluster.make_generator,
+            load=model_loader(self.info, cluster, self.fit.model.kv_scheme),
+            make_generator=batch_factory(cluster, self.fit.model.kv_scheme),
             single_row=settings.single_row,
             eos_ids=frozenset(self.tokenizer.eos_token_ids),
             think_ids=think_ids(self.family, self.tokenizer),

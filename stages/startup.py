@@ -25,8 +25,8 @@ from stages.families import choose_family
 from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools
 from stages.kv.plan import MemoryPlan
-from stages.kv.shape import ModelShape
-from stages.models.loading import ModelInfo, Tokenizer
+from stages.kv.shape import FULL, KvScheme, ModelShape
+from stages.models.loading import ModelInfo, Tokenizer, load_weights
 from stages.shard.cluster import Cluster
 from stages.shard.plan import per_rank
 from stages.shard.caches import MirroredPromptCache
@@ -66,7 +66,8 @@ def open_disk(settings: Settings, path: Path, cluster: Cluster | None, adapters:
     if not settings.cache_dir:
         return None
     # One folder per model: a folder shared by several never mixes their KV.
-    fingerprint = model_fingerprint(path)
+    scheme = kv_scheme(settings, cluster)
+    fingerprint = model_fingerprint(path, scheme.describe())
     root = Path(settings.cache_dir).expanduser() / fingerprint[:16]
     if cluster is not None:
         # Each rank holds its own slice of every entry: a folder, and a fingerprint in each file, per slice.
@@ -74,7 +75,7 @@ def open_disk(settings: Settings, path: Path, cluster: Cluster | None, adapters:
         root, fingerprint = root / piece, hashlib.sha256(f"{fingerprint}:{piece}".encode()).hexdigest()
     # Within it, each adapter's entries are filed by its name and weights, so retrained weights never match.
     spaces = {adapter.name: adapter_fingerprint(adapter.path / CONFIG, adapter.path / WEIGHTS) for adapter in adapters}
-    return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint, adapters=spaces)
+    return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint, adapters=spaces, kv_scheme=scheme)
 
 
 def prompt_cache(
@@ -94,3 +95,52 @@ def rank_share(cluster: Cluster | None, vocab_size: int) -> Callable[[ModelShape
     if cluster is None:
         return None
     return partial(per_rank, mode=cluster.mode, ranks=cluster.size, vocab_size=vocab_size)
+
+
+class KvSchemeError(ValueError):
+    """The KV scheme the settings ask for cannot serve this model or this set-up (raised at start)."""
+
+
+def kv_scheme(settings: Settings, cluster: Cluster | None) -> KvScheme:
+    """The KV scheme of the settings, or the exact combination that refuses it."""
+    if settings.kv_bits is None:
+        return FULL
+    named = f"MLX_RELAY_KV_BITS={settings.kv_bits}"
+    if cluster is not None:
+        raise KvSchemeError(f"{named} cannot be served with MLX_RELAY_SHARD={settings.shard}: a sharded model's KV is full precision")
+    if settings.quantized_kv_start:
+        raise KvSchemeError(
+            f"{named} with MLX_RELAY_QUANTIZED_KV_START={settings.quantized_kv_start}: the continuous batch quantizes "
+            "every row from its first token (one batch layer cannot hold some rows quantized and others not); set it to 0"
+        )
+    return KvScheme(bits=settings.kv_bits, group_size=settings.kv_group_size)
+
+
+def model_loader(info: ModelInfo, cluster: Cluster | None, scheme: KvScheme) -> Callable[[], object]:
+    """What the gateway calls to load the weights, refusing at load (before any row) a model the KV scheme cannot serve."""
+    if cluster is not None:
+        return partial(cluster.load, info.path)
+    if not scheme.quantized:
+        return partial(load_weights, info)
+
+    def load() -> object:
+        from stages.models.quantized_kv import refusal
+
+        model = load_weights(info)
+        reason = refusal(model, scheme)
+        if reason is not None:
+            raise KvSchemeError(reason)
+        return model
+
+    return load
+
+
+def batch_factory(cluster: Cluster | None, scheme: KvScheme) -> Callable[..., object] | None:
+    """What builds the batch: the cluster's replayed generator, one that quantizes every row, or None (mlx-lm's own)."""
+    if cluster is not None:
+        return cluster.make_generator
+    if not scheme.quantized:
+        return None
+    from stages.models.quantized_kv import QuantizedBatchGenerator
+
+    return partial(QuantizedBatchGenerator, kv_scheme=scheme)
