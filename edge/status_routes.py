@@ -74,4 +74,7 @@ async def _snapshot() -> JsonObject:
     snapshot = attrs.asdict(current.statistics())
     store = await store_call(current_app, lambda store: store.statistics())
     report: JsonObject = {"model": current.info.name, "blas": cast(str, current_app.extensions["blas"]), **snapshot, "response_store": attrs.asdict(store)}
+    # The KV cache's scheme as the plan prices it (also in /fit): "full", or "q8g64" with its figures.
+    fit = current.fit
+    report["kv_scheme"] = {"name": fit.kv_scheme, **attrs.asdict(fit.model.kv_scheme), "kv_bytes_per_token": fit.memory.kv_bytes_per_token}
     return cast(JsonObject, without_paths(report))
