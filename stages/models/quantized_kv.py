@@ -51,6 +51,13 @@ class RowQuantizedKV(QuantizedKVCache):
     def size(self) -> int:
         return int(self.offset)
 
+    @property
+    def nbytes(self) -> int:
+        # mlx-lm's QuantizedKVCache.nbytes fails on an empty cache (a row still waiting to prefill).
+        if self.keys is None or self.values is None:
+            return 0
+        return sum(part.nbytes for part in (*self.keys, *self.values))
+
 
 def _zeros(batch: int, heads: int, length: int, head_dim: int, dtype: Any, scheme: KvScheme) -> Triple:
     assert scheme.bits is not None
