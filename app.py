@@ -30,6 +30,8 @@ from edge.metrics import Metrics  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
 from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
+from edge.admin_routes import routes as admin_routes  # noqa: E402
+from edge.choice import chosen, current_defaults, current_engine, model_field, model_named  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
 from edge.status_routes import routes as status_routes  # noqa: E402
 from edge.store import store_call  # noqa: E402
@@ -42,6 +44,9 @@ from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
+from fleet.defaults import with_defaults  # noqa: E402
+from fleet.fleet import Fleet  # noqa: E402
+from fleet.spec import specs_from_settings  # noqa: E402
 from stages.engine import Engine  # noqa: E402
 from stages.messages import Decoder  # noqa: E402
 from stages.parse import load_json  # noqa: E402
@@ -68,12 +73,14 @@ app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # Embeddings, rerank and score, tokenize and detokenize.
 app.register_blueprint(model_work_routes)
 app.register_blueprint(status_routes)
+app.register_blueprint(admin_routes)
 
 ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
 
 
 def engine() -> Engine:
-    return cast(Engine, app.extensions["engine"])
+    """The engine of the model this request chose (edge/choice.py)."""
+    return current_engine()
 
 
 @app.while_serving
@@ -95,16 +102,23 @@ async def lifespan() -> AsyncGenerator[None, None]:
     metrics = app.extensions["metrics"] = Metrics()
     tracing = app.extensions["tracing"] = configure_tracing()
     observer = Observers((metrics, tracing)) if tracing is not None else metrics
+    specs = specs_from_settings(settings)
+    several = len(specs) > 1 or settings.models_file is not None
     try:
         async with anyio.create_task_group() as outer:
-            app.extensions["engine"] = await outer.start(Engine(settings=settings, observer=observer).run)
-            metrics.configure(model_name=engine().info.name, context_window=engine().info.context_window)
-            check_aliases(engine().served)
+            fleet = Fleet(settings=settings, specs=specs, several=several, observer=observer)
+            app.extensions["fleet"] = await outer.start(fleet.run)
+            first = fleet.default.engine
+            window = first.info.context_window if first else 2**15
+            metrics.configure(model_name=fleet.default.name, context_window=window)
+            if not several and first is not None:
+                check_aliases(first.served)
             # Which event loop serves (uvloop under `mlx-relay serve --loop uvloop` or `hypercorn -k uvloop`).
-            log.info("server.ready", model=engine().info.name, loop=type(__import__("asyncio").get_running_loop()).__module__)
+            loop = type(__import__("asyncio").get_running_loop()).__module__
+            log.info("server.ready", models=list(fleet.hosts), loop=loop)
             yield
             log.info("server.draining")
-            await engine().drain(settings.drain_timeout)
+            await fleet.drain(settings.drain_timeout)
             outer.cancel_scope.cancel()
     finally:
         await anyio.to_thread.run_sync(store.close)
@@ -116,8 +130,8 @@ async def lifespan() -> AsyncGenerator[None, None]:
 
 def start_draining() -> None:
     """Refuse new work with 503 from now on (the server has been told to stop); a no-op before the engine is up."""
-    if "engine" in app.extensions:
-        engine().start_draining()
+    if "fleet" in app.extensions:
+        cast(Fleet, app.extensions["fleet"]).start_draining()
 
 
 @app.post("/v1/chat/completions")
@@ -157,7 +171,9 @@ async def _generate(
     decode = with_model(decode)
     if client.gone:
         return gone_response()
-    reply = await engine().submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
+    async with chosen(model_named(body)) as chosen_engine:
+        decode = with_defaults(decode, current_defaults())
+        reply = await chosen_engine.submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
     client.on_gone(reply.close)
     tracing = cast(Tracing | None, app.extensions["tracing"])
     if tracing is not None:
@@ -223,9 +239,10 @@ async def messages() -> Response:
 async def count_tokens() -> Response:
     body = load_json(cast(bytes, await request.get_data(as_text=False)))
     chat = decode_count_tokens(body)
-    # An adapter shares the base model's tokenizer; an unknown model is still a 404.
-    engine().served.adapter_of(body)
-    counted = await engine().count_tokens(chat)
+    async with chosen(model_field(body)) as chosen_engine:
+        # An adapter shares the base model's tokenizer; an unknown model is still a 404.
+        chosen_engine.served.adapter_of(body)
+        counted = await chosen_engine.count_tokens(chat)
     reply: dict[str, JsonValue] = {"input_tokens": counted.input_tokens}
     if counted.original_input_tokens is not None:
         # Anthropic's report when context management was asked: the count before the edits.

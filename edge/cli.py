@@ -22,6 +22,7 @@ from typing import NoReturn
 from edge.guard import EdgePolicy
 from edge.sockets import SocketInUse, bind_unix
 from edge.startup import StartupError, open_response_store
+from fleet.spec import ModelsFileError, specs_from_settings
 from pipeline.settings import PREFIX, Settings, SettingsError
 from stages.adapters import AdapterError, read_adapters
 from stages.models.embedding import EmbeddingModelError, read_embedding_model
@@ -41,7 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     try:
         status = serve(args)
-    except (ServeError, SettingsError, StartupError, SocketInUse, AdapterError, EmbeddingModelError, OSError) as error:
+    except (
+        ServeError, SettingsError, StartupError, SocketInUse, AdapterError, EmbeddingModelError, ModelsFileError,
+        OSError,
+    ) as error:
         print(f"mlx-relay: {error}", file=sys.stderr)
         return USAGE_ERROR
     _exit_now(status)
@@ -69,10 +73,19 @@ def _parser() -> argparse.ArgumentParser:
         help="serve a model over the OpenAI and Anthropic APIs",
         description="Serve a model. Every MLX_RELAY_* variable still applies; a flag given here overrides it.",
     )
-    serve.add_argument("--model", help=(
-            "model directory, Hugging Face repo id or built-in name (MLX_RELAY_MODEL); "
-            "default: SmolLM2-135M-Instruct (built-in 'smollm2', or MLX_RELAY_DEMO_MODEL)"
-        ),)
+    serve.add_argument(
+        "--model", action="append",
+        help="a built-in model, a directory or a Hugging Face repo id (MLX_RELAY_MODEL); repeat it to serve several, "
+        "each chosen by the request's model (comma-separated in MLX_RELAY_MODEL); "
+        "default: SmolLM2-135M-Instruct (built-in 'smollm2', or MLX_RELAY_DEMO_MODEL)",
+    )
+    serve.add_argument(
+        "--models-file",
+        help="a TOML file naming several models and their settings (MLX_RELAY_MODELS_FILE; docs/models.md)",
+    )
+    for flag, meaning in _DEFAULT_FLAGS.items():
+        variable = PREFIX + flag.upper().replace("-", "_")
+        serve.add_argument(f"--{flag}", help=f"{meaning}, unless a request sets it ({variable})")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     serve.add_argument("--unix", metavar="PATH", help="listen on a Unix socket only its owner may use (mode 0600) instead of TCP")
@@ -101,6 +114,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# One model's defaults (a models file sets them per model).
+_DEFAULT_FLAGS = {
+    "default-temperature": "the sampling temperature", "default-top-p": "top_p", "default-top-k": "top_k",
+    "default-max-tokens": "the tokens a reply may have",
+    "default-adapter": "the adapter a request naming the base model gets",
+    "context-limit": "a context window below the model's own",
+}
+
+
 def serve(args: argparse.Namespace) -> int:
     _export(args)
     settings = Settings.from_env()
@@ -114,6 +136,8 @@ def serve(args: argparse.Namespace) -> int:
     open_response_store(settings).close()
     # A bad adapter list is one line too, before the model loads.
     read_adapters(settings.adapters)
+    # A models file (or a list of models) that cannot be served is one line too.
+    specs_from_settings(settings)
     if settings.embedding_model:
         read_embedding_model(settings.embedding_model, fallback="last", matryoshka=settings.embedding_matryoshka)
     listener = bind_unix(args.unix) if args.unix else None
@@ -128,10 +152,12 @@ def serve(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> None:
     flags = {
-        "model": args.model, "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard,
+        "model": ",".join(args.model) if args.model else None, "models_file": args.models_file,
+        "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard,
         "loop": args.loop, "embedding_model": args.embedding_model, "adapters": args.adapters, "kv_bits": args.kv_bits,
         "kv_group_size": args.kv_group_size, "quantized_kv_start": args.quantized_kv_start,
     }  # fmt: skip
+    flags.update({flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag in _DEFAULT_FLAGS})
     for name, value in flags.items():
         if value is not None:
             os.environ[PREFIX + name.upper()] = value

@@ -11,10 +11,12 @@ import time
 import uuid
 from typing import cast
 
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, request
 
 from edge import guard
 from edge.aliases import work_served_as
+from edge.choice import chosen, current_engine, fleet
+from edge.model_cards import card, fleet_cards
 from edge.disconnect import ends_with_client
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
@@ -30,7 +32,7 @@ routes = Blueprint("model_work", __name__)
 
 
 def _engine() -> Engine:
-    return cast(Engine, current_app.extensions["engine"])
+    return current_engine()
 
 
 async def _body() -> JsonValue:
@@ -48,8 +50,9 @@ async def embeddings() -> Response:
     decoded = decode_embeddings(await _body())
     request_id = f"embd-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
-    work, model = _answering(decoded.model)
-    result = await work.embed(decoded, request_id=request_id, trace_id=trace_id)
+    async with chosen(decoded.model):
+        work, model = _answering(decoded.model)
+        result = await work.embed(decoded, request_id=request_id, trace_id=trace_id)
     return _json(embeddings_body(result, model=model, encoding=decoded.encoding_format), trace_id)
 
 
@@ -60,8 +63,9 @@ async def rerank() -> Response:
     decoded, documents, top_n, return_documents = decode_rerank(await _body())
     request_id = f"rerank-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
-    work, model = _answering(decoded.model)
-    scores = await work.score(decoded, request_id=request_id, trace_id=trace_id)
+    async with chosen(decoded.model):
+        work, model = _answering(decoded.model)
+        scores = await work.score(decoded, request_id=request_id, trace_id=trace_id)
     body = rerank_body(scores, documents, id=request_id, model=model, top_n=top_n, return_documents=return_documents)
     return _json(body, trace_id)
 
@@ -73,23 +77,26 @@ async def score() -> Response:
     decoded = decode_score(await _body())
     request_id = f"score-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
-    work, model = _answering(decoded.model)
-    scores = await work.score(decoded, request_id=request_id, trace_id=trace_id)
+    async with chosen(decoded.model):
+        work, model = _answering(decoded.model)
+        scores = await work.score(decoded, request_id=request_id, trace_id=trace_id)
     return _json(score_body(scores, id=request_id, model=model, created=int(time.time())), trace_id)
 
 
 @routes.post("/tokenize")
 async def tokenize() -> Response:
     decoded = decode_tokenize(await _body())
-    work = _tokenizing(decoded.model)
-    tokens, strs = await work.tokenize(decoded)
+    async with chosen(decoded.model):
+        work = _tokenizing(decoded.model)
+        tokens, strs = await work.tokenize(decoded)
     return _json(tokenize_body(tokens, max_model_len=work.context_window, token_strs=strs))
 
 
 @routes.post("/detokenize")
 async def detokenize() -> Response:
     decoded = decode_detokenize(await _body())
-    return _json({"prompt": await _tokenizing(decoded.model).detokenize(decoded.tokens)})
+    async with chosen(decoded.model):
+        return _json({"prompt": await _tokenizing(decoded.model).detokenize(decoded.tokens)})
 
 
 def _tokenizing(model: str | None) -> ModelWork:
@@ -101,12 +108,18 @@ def _tokenizing(model: str | None) -> ModelWork:
 
 @routes.get("/v1/models")
 async def models() -> Response:
+    if fleet().several:
+        return _json({"object": "list", "data": list(fleet_cards(fleet()))})
     served = _engine().served
     return _json({"object": "list", "data": [_model_card(model_id) for model_id in (*served.ids, *served.aliases)]})
 
 
 @routes.get("/v1/models/<path:model_id>")
 async def model(model_id: str) -> Response:
+    if fleet().several:
+        if model_id not in fleet().known_names():
+            raise not_found(model_id, "model", served=tuple(fleet().known_names()))
+        return _json(card(fleet(), model_id))
     served = _engine().served
     if not served.knows(model_id):
         raise not_found(model_id, "model", served=(*served.ids, *served.aliases))

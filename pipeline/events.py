@@ -36,15 +36,38 @@ class ReasoningDelta:
 
 @attrs.frozen(kw_only=True)
 class ToolCall:
-    """One complete tool call, parsed from the model's markup.
+    """One tool call, ended: parsed from the model's markup.
 
     `index` counts the completion's calls from 0; `arguments` is the JSON
-    text of an object, as OpenAI's `function.arguments` carries it.
+    text of an object, as OpenAI's `function.arguments` carries it, or of
+    as much of one as was written when the output was cut (max tokens).
     """
 
     index: int
     id: str
     name: str
+    arguments: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallStart:
+    """A call whose tool is known and whose arguments are still being written.
+
+    Its `ToolCallDelta`s follow, then its `ToolCall`, whose `arguments` are
+    exactly the deltas' pieces joined: a stream sends the start and the
+    pieces, a whole body reads the `ToolCall` alone.
+    """
+
+    index: int
+    id: str
+    name: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallDelta:
+    """The next piece of a started call's arguments (JSON text, cut anywhere)."""
+
+    index: int
     arguments: str
 
 
@@ -65,7 +88,7 @@ class Logprobs:
     top: tuple[tuple[TokenLogprob, ...], ...]
 
 
-CompletionEvent = Union[TextDelta, ReasoningDelta, ToolCall, Logprobs]
+CompletionEvent = Union[TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, ToolCall, Logprobs]
 
 
 def append_text(events: list[CompletionEvent], event: TextDelta | ReasoningDelta) -> None:
@@ -116,3 +139,24 @@ def content_runs(events: Sequence[CompletionEvent]) -> list[TextDelta | Reasonin
         elif isinstance(event, ToolCall):
             runs.append(event)
     return cast("list[TextDelta | ReasoningDelta | ToolCall]", runs)  # only those were appended
+
+
+StreamRun = Union[TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, ToolCall]
+
+
+def stream_runs(events: Sequence[CompletionEvent], *, join: bool = True) -> list[StreamRun]:
+    """`content_runs` for a stream: calls' starts and argument pieces too; with `join`, a call's adjacent pieces
+    are joined as text is, else each event stays one run (a delta per decode step, as OpenAI's events are)."""
+    runs: list[CompletionEvent] = []
+    for event in events:
+        last = runs[-1] if runs else None
+        if isinstance(event, (TextDelta, ReasoningDelta)) and event.text:
+            if join:
+                append_text(runs, event)
+            else:
+                runs.append(event)
+        elif join and isinstance(event, ToolCallDelta) and isinstance(last, ToolCallDelta) and last.index == event.index:
+            runs[-1] = attrs.evolve(last, arguments=last.arguments + event.arguments)
+        elif isinstance(event, (ToolCallStart, ToolCallDelta, ToolCall)):
+            runs.append(event)
+    return cast("list[StreamRun]", runs)  # only those were appended

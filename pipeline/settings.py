@@ -50,6 +50,18 @@ class Settings:
     model_aliases: str | None = attrs.field(default=None, validator=lambda _i, _a, value: _check_aliases(value))
     # LoRA adapters in mlx-lm's format served as model ids of their own: "name=path,name2=path2" (stages/adapters.py).
     adapters: str | None = None
+    # Several models served by name: a TOML models file (fleet/spec.py); MLX_RELAY_MODEL may also list
+    # several, comma-separated.
+    models_file: str | None = None
+    # One model's defaults, which a request's own value overrides (a models file sets them per model):
+    # sampling (unset: the model's generation_config.json), max_tokens, the adapter a request naming the base
+    # model gets, and a context window below the model's own.
+    default_temperature: float | None = attrs.field(default=None, converter=attrs.converters.optional(float))
+    default_top_p: float | None = attrs.field(default=None, converter=attrs.converters.optional(float))
+    default_top_k: int | None = attrs.field(default=None, converter=attrs.converters.optional(int))
+    default_max_tokens: int | None = attrs.field(default=None, converter=attrs.converters.optional(int))
+    default_adapter: str | None = None
+    context_limit: int | None = attrs.field(default=None, converter=attrs.converters.optional(int))
     # A model family's call markup / think markers, where the template and vocabulary mislead (stages/families/).
     tool_parser: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(("harmony", "deepseek", "mistral", "phi4", "hermes", "llama3", "json", "mlx-lm")))
@@ -63,6 +75,9 @@ class Settings:
     retry_after: float = attrs.field(default=1.0, validator=_non_negative)
     drain_timeout: float = attrs.field(default=30.0, validator=_non_negative)
     prefill_step_size: int = attrs.field(default=512, validator=_positive)
+    # The time one step of the model thread aims at: a prefill chunk is sized from the measured prefill speed
+    # to fit it beside the decoding rows, and exclusive work on an idle server runs in turns of this length.
+    step_budget_ms: float = attrs.field(default=200.0, validator=attrs.validators.gt(0.0))
     # A row alone decodes as mlx-lm's generate_step does, without the batch's per-step costs, and joins
     # the batch when a second row comes (stages/single_row.py); off runs every row in the batch.
     single_row: bool = True
@@ -76,6 +91,9 @@ class Settings:
     prompt_cache_entries: int = attrs.field(default=4096, validator=attrs.validators.ge(0))
     # Requests that name a session keep their conversation's entries warm longer.
     session_cache: bool = True
+    # On the CPU backend a quantized model is served dequantized to float32 when those weights fit
+    # the memory budget (the BLAS runs float32 matmuls many times faster); set to serve it as stored.
+    keep_quantized: bool = False
     # A folder for the prompt cache's disk tier (unset: no disk tier), and its bound.
     cache_dir: str | None = None
     cache_dir_bytes: int = attrs.field(default=8 * 2**30, validator=_positive)
@@ -121,6 +139,9 @@ class Settings:
     embedding_max_tokens: int = attrs.field(default=8192, validator=_positive)
     # Embedding and score requests waiting for the model thread at once; more wait `admission_timeout`, then 429.
     exclusive_pending: int = attrs.field(default=64, validator=_positive)
+    # Tokens one embeddings, rerank or score request may run through the model, summed over its inputs
+    # (OpenAI's embeddings bound); a request past it is a 400 naming it.
+    exclusive_max_tokens: int = attrs.field(default=300_000, validator=_positive)
     # The share of a decode step's time that embeddings and scores may add while streams run.
     exclusive_share: float = attrs.field(default=0.15, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(10.0)))
     # Steps between two turns of that work while streams run: 1 lengthens every gap a little, 100 one gap in 100 more.

@@ -115,6 +115,8 @@ class AdapterBatches:
     _left: int = attrs.field(default=0, init=False)
     _steps: int = attrs.field(default=0, init=False)
     switches: int = attrs.field(default=0, init=False)
+    # Prompt tokens a prefilling row takes per step, given to the group that runs; None: each group's own.
+    prefill_step_size: int | None = attrs.field(default=None, init=False)
     switch_seconds: float = attrs.field(default=0.0, init=False)
 
     def insert(self, prompts: list[list[int]], *, adapter: str | None = None, **per_row: Any) -> list[int]:
@@ -153,6 +155,8 @@ class AdapterBatches:
         self._mount(name)
         group = self._groups[name]
         group.last_turn, self._steps = self._steps, self._steps + 1
+        if self.prefill_step_size is not None:
+            group.generator.prefill_step_size = self.prefill_step_size
         prefilled, generated = group.generator.next()
         prefilled = [dataclasses.replace(r, uid=group.uids[r.uid]) for r in prefilled]
         translated = []

@@ -95,6 +95,14 @@ class ServedModels:
     aliases: Mapping[str, str] = attrs.field(factory=dict)
     # A dedicated embedding model's id: listed, and refused for generation.
     embedding: str | None = None
+    # The adapter a request gets when it names the base model (or no model) and no adapter.
+    default_adapter: str | None = attrs.field(default=None)
+
+    @default_adapter.validator
+    def _served_adapter(self, _attribute: object, value: str | None) -> None:
+        if value is not None and all(adapter.name != value for adapter in self.adapters):
+            served = ", ".join(adapter.name for adapter in self.adapters) or "none"
+            raise AdapterError(f"the default adapter {value!r} is not one of the adapters served ({served})")
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -120,7 +128,7 @@ class ServedModels:
         by_model = self._by_model(model) if isinstance(model, str) and model else None
         if by_field is not None and by_model is not None and by_field != by_model:
             raise invalid(f"'adapters' asks for {by_field!r} but 'model' for {by_model!r}", param="adapters")
-        return by_field or by_model
+        return by_field or by_model or self.default_adapter
 
     def _by_model(self, model: str) -> str | None:
         model = self.aliases.get(model, model)

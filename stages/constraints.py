@@ -330,8 +330,11 @@ def tool_call_constraint(
     grammar = several if choice.mode is ToolChoiceMode.REQUIRED and several is not None else family.forced
     try:
         lark = grammar(allowed, partial(_marker, tokenizer))
-    except NotImplementedError:
-        raise invalid(f"tool_choice {choice.mode.value!r} cannot be enforced in this model's tool-call markup", param="tool_choice") from None
+    except NotImplementedError as reason:
+        raise invalid(
+            f"tool_choice {choice.mode.value!r} cannot be enforced in this model's tool-call markup: {reason}",
+            param="tool_choice",
+        ) from None
     except NotCarried as error:
         raise invalid(str(error), param=error.param) from None
     return Constraint(kind=ConstraintKind.GRAMMAR, spec=lark, param="tool_choice")

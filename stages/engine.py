@@ -37,7 +37,8 @@ from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.kv.plan import Fit, assess
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
-from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, resolve_model
+from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
+from stages.models.weights import WeightForm
 from stages.model_work import ModelWork, dedicated_work, hidden_size
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation, prompt_room
@@ -48,7 +49,8 @@ from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
 from stages.sink import CompletionSink
 from stages.text import TextStage
-from stages.startup import batch_factory, choose_markup, disk_tier, kv_scheme, model_loader, prompt_cache, rank_share, think_ids
+from stages.startup import batch_factory, kv_scheme, model_loader
+from stages.startup import choose_markup, disk_tier, plan_weights, prompt_cache, rank_share, think_ids
 from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")
@@ -107,6 +109,8 @@ class Engine:
     _gateway: GenerationGateway = attrs.field(init=False)
     _sink: CompletionSink = attrs.field(init=False)
     fit: Fit = attrs.field(init=False)
+    # As stored, or dequantized to float32 for the CPU backend; named in /stats.
+    weights: WeightForm = attrs.field(init=False)
     # Chat templates render under one reservation, for generation and for counting alike.
     _tokenizing: Reservation = attrs.field(init=False)
     info: ModelInfo = attrs.field(init=False)
@@ -133,11 +137,7 @@ class Engine:
             retry_after=settings.retry_after,
         )
         self._tokenizing = Reservation.of(settings.prepare_concurrency)
-        self._exclusive = ExclusiveQueue(
-            admission=Admission(capacity=settings.exclusive_pending, timeout=settings.admission_timeout, retry_after=settings.retry_after),
-            share=settings.exclusive_share,
-            period=settings.exclusive_period,
-        )
+        self._exclusive = ExclusiveQueue.of(settings)
 
     @property
     def dead(self) -> bool:
@@ -160,11 +160,15 @@ class Engine:
         self.info = await anyio.to_thread.run_sync(
             partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
         )
+        if settings.context_limit:
+            # A window below the model's own (per-model defaults, fleet/): every stage reads the window from here.
+            self.info = attrs.evolve(self.info, context_window=min(self.info.context_window, settings.context_limit))
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
         embedding_bytes = await self._open_embedder()
         self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases),
-                                   embedding=self.embedder.name if self.embedder else None)  # fmt: skip
+                                   embedding=self.embedder.name if self.embedder else None,
+                                   default_adapter=settings.default_adapter)  # fmt: skip
         if self._cluster is not None:
             # Followers replay the generator's calls: an adapter mounted on rank 0 alone would split the group.
             if adapters:
@@ -178,21 +182,24 @@ class Engine:
             info=self.info, preamble=self._preamble, pooling="last" if settings.embedding_pooling == "last" else "mean",
             max_input_tokens=min(settings.embedding_max_tokens, self.info.context_window),
             hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
+            max_request_tokens=settings.exclusive_max_tokens,
         )  # fmt: skip
-        self.fit = await anyio.to_thread.run_sync(
-            partial(
-                assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
-                prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
-                prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
-                share=rank_share(self._cluster, self.info.vocab_size), kv=kv_scheme(settings, self._cluster),
-            )
+        fit = partial(
+            assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
+            prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
+            prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
+            share=rank_share(self._cluster, self.info.vocab_size), kv=kv_scheme(settings, self._cluster),
         )  # fmt: skip
+        planned = partial(plan_weights, settings, self.info, fit, cluster=self._cluster)
+        self.fit, self.weights = await anyio.to_thread.run_sync(planned)
+        self.info = attrs.evolve(self.info, float32_weights=self.weights.float32)
         disk = await anyio.to_thread.run_sync(partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters))
         self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
         memory = self.fit.memory
         log.info(
             "engine.starting", model=self.info.name, path=str(self.info.path), max_safe_context=memory.max_safe_context,
             memory_budget=memory.budget_bytes, prompt_cache_bytes=memory.prompt_cache_bytes,
+            weights=self.weights.description,
         )  # fmt: skip
         await self._supervisor.run(task_status=_Relay(task_status, self))
 
@@ -341,6 +348,7 @@ class Engine:
             think_ids=think_ids(self.family, self.tokenizer),
             max_batch=settings.max_batch,
             prefill_step_size=settings.prefill_step_size,
+            step_budget_s=settings.step_budget_ms / 1000,
             scheduler=KvScheduler(self.fit.model, memory.usable_bytes),
             prefill_rows=memory.prefill_rows,
             cache=prompt_cache(

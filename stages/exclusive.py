@@ -6,7 +6,9 @@ calls `between_steps` once per loop, after taking its intake. While rows
 are decoding, exclusive work gets `share` of the decode time (a job runs
 in chunks sized from its measured speed, so a large batch spreads over
 many steps and running streams slow by about `share` on average); with
-no rows it runs the queue to its end.
+no rows it runs for `idle_turn` seconds (a step's time budget) and returns,
+so the gateway looks at its intake between two chunks: a row that arrives
+while a long job runs on an idle server waits for one chunk, not the job.
 
 Why a period: a forward pass costs about as much as a decode step
 whatever few tokens it carries (it reads every weight once), so a little
@@ -15,7 +17,7 @@ every `period` steps (default 100), the same share makes one gap in 100
 longer and leaves the p95 gap alone. A turn disturbs about two gaps, its
 own and the first step after it, so one turn in 50 steps still moved the
 clients' p95 by a fifth on a quiet 2-core machine; one in 100 moved it by
-3–10% at the same embedding throughput (README, "Embeddings beside running
+3–10% at the same embedding throughput (docs/benchmarks.md, "Embeddings beside running
 streams"). The cost is that one longer gap: `share × period` steps' worth.
 
 Event loop side: `submit` takes an admission ticket (its own bound: 429
@@ -41,6 +43,7 @@ from pipeline.actor import isolated
 from pipeline.admission import Admission, AdmissionStatistics
 from pipeline.channels import ReplySlot
 from pipeline.errors import RequestError, engine_dead, shutting_down
+from pipeline.settings import Settings
 
 log = structlog.get_logger(stage="exclusive")
 
@@ -111,6 +114,8 @@ class ExclusiveQueue:
     # once every `period` steps: one longer gap instead of every gap a little longer.
     _share: float = attrs.field(alias="share")
     _period: int = attrs.field(default=1, alias="period")
+    # Seconds of work per call while no row runs: the gateway takes its intake between two such turns.
+    _idle_turn: float = attrs.field(default=0.2, alias="idle_turn")
     _queue: collections.deque[Job[Any]] = attrs.field(factory=collections.deque, init=False)
     _runner: ChunkRunner = attrs.field(default=lambda job, model, units: job.work.run_chunk(model, units), init=False)
     # Wakes an idle model thread (the gateway's handoff binds it).
@@ -129,6 +134,18 @@ class ExclusiveQueue:
     _finished: int = attrs.field(default=0, init=False)
     _chunks: int = attrs.field(default=0, init=False)
     _busy: float = attrs.field(default=0.0, init=False)
+
+    @classmethod
+    def of(cls, settings: Settings) -> ExclusiveQueue:
+        admission = Admission(
+            capacity=settings.exclusive_pending, timeout=settings.admission_timeout, retry_after=settings.retry_after
+        )
+        return cls(
+            admission=admission,
+            share=settings.exclusive_share,
+            period=settings.exclusive_period,
+            idle_turn=settings.step_budget_ms / 1000,
+        )
 
     # -- event loop ---------------------------------------------------------
 
@@ -198,7 +215,7 @@ class ExclusiveQueue:
     # -- model thread -------------------------------------------------------
 
     def between_steps(self, model: Any, *, busy: bool) -> list[Job[Any]]:
-        """Run queued work: while rows run (`busy`), the time it has earned; else all of it.
+        """Run queued work: while rows run (`busy`), the time it has earned; else `idle_turn` seconds of it.
 
         Returns the jobs it finished, for the loop's `deliver` (they cross with the step's parcel).
         """
@@ -219,7 +236,7 @@ class ExclusiveQueue:
             if self._since < self._period or self._credit <= 0.0:
                 self._last_return, self._was_busy = began, busy
                 return []
-        budget = self._credit if busy else float("inf")
+        budget = self._credit if busy else self._idle_turn
         done: list[Job[Any]] = []
         spent = 0.0
         while self._queue and (spent == 0.0 or spent < budget):
@@ -245,7 +262,7 @@ class ExclusiveQueue:
         if job.started_at is None:
             job.started_at = time.monotonic()
         rate = self._rates.get(job.rate_key, _FIRST_RATE)
-        units = max(1, int(budget / rate)) if budget != float("inf") else job.work.remaining()
+        units = max(1, int(budget / rate))
         began = time.monotonic()
         ran = 0
         with isolated(cast("ReplySlot[Any]", _Failing(job)), stage="exclusive", fail=lambda error: setattr(job, "error", error)):

@@ -26,7 +26,7 @@ engine failure and propagates (S20): the only one that marks the engine dead.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +38,8 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.actor import isolated
-from pipeline.events import FinishReason
-from stages.adapter_batches import adapter_kwargs, make_generator
+from stages.adapter_batches import make_generator
+from stages.batch_rows import BatchRows
 from stages.adapters import Adapter
 from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
@@ -48,20 +47,18 @@ from stages.cache.spiller import Spiller
 from stages.handoff import Handoff, HandoffStatistics, Parcel
 from stages.heap import HeapTrimmer
 from stages.exclusive import ExclusiveQueue, Job
-from stages.kv.rows import Failed, Resume, Row, Waiting
+from stages.kv.rows import Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
-from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, send_abort
+from stages.messages import Abort, Prepared, StepOutputs, TokenDelta, send_abort
 from stages.single_row import single_row
+from stages.step_budget import StepBudget
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
-from stages.cache.tier import Entry
 
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
 
 log = structlog.get_logger(stage="gateway")
-
-_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
 
 
 @attrs.frozen(kw_only=True)
@@ -85,6 +82,15 @@ class GatewayStatistics:
     mlx_cache_bytes: int
     # The crossing to the event loop: steps undelivered, and the model thread's waits.
     handoff: HandoffStatistics
+    # The step budget (stages/step_budget.py): the last prefill chunk it chose (tokens a row), and the steps that
+    # ran past the target (a step's decoding rows alone, or a first chunk before the speed was known).
+    prefill_chunk: int = 0
+    steps_over_budget: int = 0
+
+
+def _batch_rows(gateway: GenerationGateway) -> BatchRows:
+    kv, eos, think = gateway._kv, gateway._eos_ids, gateway._think_ids
+    return BatchRows(scheduler=kv, eos_ids=eos, think_ids=think, cache=gateway._cache)
 
 
 @attrs.define
@@ -117,12 +123,12 @@ class GenerationGateway:
     # Builds the batch generator: mlx-lm's `BatchGenerator`, or one every rank replays (stages/shard/).
     _make_generator: Callable[..., Any] | None = attrs.field(default=None, alias="make_generator")
     _single_row: bool = attrs.field(default=True, alias="single_row")
+    # Seconds a step aims at: prefill chunks are sized to fit it (stages/step_budget.py); None: fixed chunks.
+    _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
+    _budget: StepBudget | None = attrs.field(default=None, init=False)
     # Touched only by the model thread.
-    _rows: dict[int, Row] = attrs.field(factory=dict, init=False)
-    _uids: dict[str, int] = attrs.field(factory=dict, init=False)
-    _waiting: list[Waiting] = attrs.field(factory=list, init=False)
+    _batch: BatchRows = attrs.field(init=False, default=attrs.Factory(_batch_rows, takes_self=True))
     _spill_outbox: list[SpillJob] = attrs.field(factory=list, init=False)
-    _failed: list[Failed] = attrs.field(factory=list, init=False)
     # Exclusive jobs finished on the model thread, handed over with the step's parcel.
     _finished: list[Job[Any]] = attrs.field(factory=list, init=False)
     # Published for statistics().
@@ -152,7 +158,7 @@ class GenerationGateway:
             pending=self._inbox.statistics().current_buffer_used,
             steps=self._steps,
             generated_tokens=self._generated,
-            waiting_for_memory=len(self._waiting),
+            waiting_for_memory=len(self._batch.waiting),
             kv_held_bytes=self._kv.held_bytes,
             kv_budget_bytes=self._kv.budget_bytes,
             kv_bytes_in_use=self._kv_in_use,
@@ -161,6 +167,8 @@ class GenerationGateway:
             preemptions=self._kv.preemptions,
             resumed=self._kv.resumed,
             handoff=self._handoff.statistics(),
+            prefill_chunk=self._budget.last_chunk if self._budget is not None else 0,
+            steps_over_budget=self._budget.over_target if self._budget is not None else 0,
         )
 
     def cache_statistics(self) -> PromptCacheStatistics | None:
@@ -191,6 +199,9 @@ class GenerationGateway:
         enabled = self._single_row and self._make_generator is None and self._cache_kind == PLAIN
         solo = single_row(batch, enabled=enabled, model=model, stop_tokens=stops, prefill_step_size=self._prefill_step_size)
         generator = make_generator(model, self._adapters, solo)
+        # Not under a sharded generator: every rank would have to replay each step's chunk size.
+        if self._step_budget_s is not None and self._make_generator is None:
+            self._budget = StepBudget(target_s=self._step_budget_s, max_chunk=self._prefill_step_size)
         anyio.from_thread.run_sync(started)
         try:
             self._serve(generator)
@@ -198,7 +209,7 @@ class GenerationGateway:
             generator.close()
             # The cache's arrays, like the model's, are freed on the thread that made them.
             del generator, model
-            self._cache = None
+            self._cache = self._batch.cache = None
             mx.clear_cache()
 
     def _prepare_cache(self, model: object) -> None:
@@ -219,29 +230,31 @@ class GenerationGateway:
         while True:
             # 1) take new rows and aborts (waits only while no row is held); new rows queue before aborts apply
             pending = self._exclusive is not None and self._exclusive.pending
-            intake = self._handoff.take(held=len(self._rows) + len(self._waiting), other_work=pending)
+            intake = self._handoff.take(held=self._batch.held, other_work=pending)
             if self._exclusive is not None:
-                self._finished.extend(self._exclusive.between_steps(generator.model, busy=bool(self._rows)))
+                self._finished.extend(self._exclusive.between_steps(generator.model, busy=bool(self._batch.rows)))
             if intake.closed:
                 return
-            self._waiting.extend(Waiting(prepared=row) for row in intake.admitted)
-            removed = self._remove(generator, intake.aborts)
+            self._batch.waiting.extend(Waiting(prepared=row) for row in intake.admitted)
+            removed = self._batch.remove(generator, intake.aborts)
             # 2) admit the waiting rows whose KV fits; preempt if the next step would not
-            admitted = self._admit(generator)
-            self._preempt(generator)
+            admitted = self._batch.admit(generator)
+            self._batch.preempt(generator)
             # 3) step every row at once
-            deltas = self._step(generator) if self._rows else ()
-            self._active = len(self._rows)
+            deltas = self._step(generator) if self._batch.rows else ()
+            self._active = len(self._batch.rows)
             # 4) give freed buffers back: MLX's cache when the batch empties, the C heap's pages on a clock
-            self._release_memory(idle=not self._rows and bool(deltas))
+            self._release_memory(idle=not self._batch.rows and bool(deltas))
             # 5) hand the step over without waiting for the loop (unless `steps_ahead` are undelivered)
             outputs = StepOutputs(admitted=admitted, deltas=deltas, stepped_at=time.monotonic(), removed=removed)
-            self._handoff.hand_over(self._parcel(outputs), held=len(self._rows) + len(self._waiting))
+            self._handoff.hand_over(self._parcel(outputs), held=self._batch.held)
 
     def _parcel(self, outputs: StepOutputs) -> Parcel | None:
-        parcel = Parcel(outputs=outputs, spills=tuple(self._spill_outbox), failed=tuple(self._failed), finished=tuple(self._finished))
+        failed = self._batch.failed
+        spills, finished = tuple(self._spill_outbox), tuple(self._finished)
+        parcel = Parcel(outputs=outputs, spills=spills, failed=tuple(failed), finished=finished)
         self._spill_outbox.clear()
-        self._failed.clear()
+        failed.clear()
         self._finished.clear()
         return parcel if parcel.has_outputs or parcel.spills or parcel.failed or parcel.finished else None
 
@@ -252,136 +265,26 @@ class GenerationGateway:
             mx.clear_cache()
         self._heap.maybe(force=idle)
 
-    def _admit(self, generator: BatchGenerator) -> tuple[Admitted, ...]:
-        admitted = []
-        # First come, first served: a large row is not overtaken by smaller ones for ever.
-        # A row alone always runs: the preparation stage refused any that cannot fit alone.
-        while self._waiting:
-            if self._rows and not self._kv.can_admit(len(self._waiting[0].tokens)):
-                break
-            waiting = self._waiting.pop(0)
-            row = waiting.prepared
-            with isolated(row.reply, stage="gateway", fail=lambda error: self._failed.append(Failed(row=row, error=error))):
-                cached = self._insert(generator, waiting)
-                # A resumed row was announced once, when it first started.
-                if waiting.resume is None:
-                    admitted.append(Admitted(prepared=row, admitted_at=time.monotonic(), cached_tokens=cached))
-        return tuple(admitted)
-
-    def _insert(self, generator: BatchGenerator, waiting: Waiting) -> int:
-        from stages.sampling import make_row_sampler, row_processors, row_stop_sequences
-
-        # What can fail for this row alone (cache lookup, sampler, grammar matcher) comes before the generator holds it.
-        row, tokens = waiting.prepared, waiting.tokens
-        hit = self._cache.fetch(tokens, session=row.params.cache_key, adapter=row.params.adapter) if self._cache is not None else None
-        cached = hit.tokens if hit is not None else 0
-        resume = waiting.resume or Resume(
-            arrival=self._kv.arrive(),
-            generated=(),
-            sampler=make_row_sampler(row.params.sampling),
-            processors=row_processors(row, self._think_ids, self._eos_ids),
-            replaces=hit.source if hit is not None and hit.continues else None,
-        )
-        (uid,) = generator.insert(
-            [list(tokens[cached:])],
-            max_tokens=[row.max_tokens - len(resume.generated)],
-            caches=[hit.cache] if hit is not None else None,
-            all_tokens=[list(tokens[:cached])],
-            samplers=[resume.sampler],
-            logits_processors=[resume.processors],
-            stop_sequences=[row_stop_sequences(row.params, self._eos_ids)],
-            **adapter_kwargs(row.params.adapter),
-        )
-        self._rows[uid] = Row(prepared=row, cached=cached, replaces=resume.replaces, resume=resume)
-        self._rows[uid].generated.extend(resume.generated)
-        self._uids[row.request_id] = uid
-        self._kv.admit(uid, len(tokens), resume.arrival)
-        if waiting.resume is not None:
-            self._kv.resumed += 1
-            log.info("gateway.resume", request_id=row.request_id, tokens=len(tokens), cached=cached)
-        return cached
-
-    def _preempt(self, generator: BatchGenerator) -> None:
-        from stages.sampling import rewind_row
-
-        if not (victims := self._kv.victims()):
-            return
-        # Latest arrival first: each goes in front of the one before, so the earliest leads the queue.
-        for row in self._take_out(generator, victims):
-            rewind_row(row.resume.sampler, row.resume.processors, len(row.generated))
-            # Its own entry (a prefix of where it goes on) now stands for the conversation it continued.
-            resume = attrs.evolve(row.resume, generated=tuple(row.generated), replaces=None)
-            self._waiting.insert(0, Waiting(prepared=row.prepared, resume=resume))
-            self._kv.preemptions += 1
-        log.info("gateway.preempt", rows=len(victims), held_bytes=self._kv.held_bytes)
-
-    def _remove(self, generator: BatchGenerator, aborts: tuple[Abort, ...]) -> tuple[str, ...]:
-        """Drop aborted rows, keeping their KV; the ids of the rows that were in the batch."""
-        gone = {abort.request_id for abort in aborts}
-        self._waiting = [row for row in self._waiting if row.prepared.request_id not in gone]
-        removed = tuple(request_id for request_id in gone if request_id in self._uids)
-        if removed:
-            # An aborted row's KV is still a valid prefix: a stop string, or a client that retries.
-            self._take_out(generator, [self._uids[request_id] for request_id in removed])
-            log.info("gateway.abort", rows=len(removed))
-        return removed
-
-    def _take_out(self, generator: BatchGenerator, uids: list[int]) -> list[Row]:
-        """Rows leave the batch; what they hold beyond their cached start goes to the prompt cache."""
-        caches = generator.remove(uids, return_prompt_caches=self._cache is not None)
-        rows = [self._rows.pop(uid) for uid in uids]
-        for uid, row in zip(uids, rows):
-            del self._uids[row.request_id]
-            self._kv.release(uid)
-            cache, tokens = caches.get(uid, (None, ()))
-            if len(tokens) > row.cached:
-                self._keep(row, cache, tokens)
-        return rows
-
     def _step(self, generator: BatchGenerator) -> tuple[TokenDelta, ...]:
-        from stages.sampling import token_scores
-
         anyio.from_thread.check_cancelled()
+        budget = self._budget
+        if budget is not None:
+            # The rows with no token yet prefill, as many at once as the batch takes.
+            prefilling = self._batch.prefilling
+            rows = min(prefilling, self._prefill_rows or self._max_batch)
+            generator.prefill_step_size = budget.chunk(prefilling=rows, decoding=len(self._batch.rows) - prefilling)
+        began = time.perf_counter()
         prefilled, generated = generator.next()
+        if budget is not None:
+            budget.record(time.perf_counter() - began, prefilled, decoding=len(generated))
         if self._cache_kind != PLAIN:
-            self._checkpoint(generator, prefilled)
-        deltas = []
-        for response in generated:
-            finish = _FINISH.get(response.finish_reason) if response.finish_reason else None
-            row = self._rows[response.uid]
-            row.generated.append(response.token)
-            self._kv.advance(response.uid)
-            scores = None if row.logprobs is None else (token_scores(response.logprobs, response.token, row.logprobs),)
-            deltas.append(row.delta(response.token, finish, scores))
-            if finish is not None:
-                del self._rows[response.uid], self._uids[row.request_id]
-                self._kv.release(response.uid)
-                self._keep(row, response.prompt_cache, response.all_tokens)
-        self._kv.settle()
+            self._batch.checkpoint(generator, prefilled)
+        deltas = self._batch.deltas(generated)
         self._steps += 1
         self._generated += len(deltas)
         self._kv_in_use = generator.prompt_cache_nbytes
         self._mlx_memory = allocator_memory()
-        return tuple(deltas)
-
-    def _checkpoint(self, generator: BatchGenerator, prefilled: Sequence[Any]) -> None:
-        # mlx-lm prefills all but a prompt's last token as one segment; at its end the row's cache holds exactly
-        # the prompt so far (the turn boundary).
-        done = [r.uid for r in prefilled if r.end_of_segment and not r.end_of_prompt and r.uid in self._rows]
-        for uid, (cache, tokens) in generator.extract_cache(done).items():
-            self._keep(self._rows[uid], cache, tuple(tokens), checkpoint=True)
-
-    def _keep(self, row: Row, cache: list[Any] | None, tokens: Sequence[int], *, checkpoint: bool = False) -> None:
-        # A checkpoint holds the prompt so far: all of it is prompt, and it replaces nothing.
-        import mlx.core as mx
-
-        if self._cache is None or not cache:
-            return
-        # Evaluated now, the entry's arrays stop referring to the batch's (much larger) ones.
-        mx.eval([layer.state for layer in cache])
-        prompt_len = len(tokens) if checkpoint else row.prompt_len
-        entry = Entry(tokens=tuple(tokens), cache=cache, prompt_len=prompt_len, session=row.session, adapter=row.adapter)
-        self._cache.store(entry, replaces=None if checkpoint else row.replaces)
+        return deltas
 
     # -- event loop ---------------------------------------------------------
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import enum
 import json
-import uuid
 from collections.abc import Sequence
 
 import attrs
 
-from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall, append_text
+from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, append_text
 from pipeline.requests import Tool
 from stages.families.base import Family, Splitter, in_json_string
+from stages.families.call_stream import CallStream, final_arguments
 from stages.stops import hold_back
 
 
@@ -51,6 +51,7 @@ class MarkupSplitter:
     _closer: str | None = attrs.field(default=None, init=False)
     _call_text: str = attrs.field(default="", init=False)
     _calls: int = attrs.field(default=0, init=False)
+    _call_stream: CallStream = attrs.field(factory=CallStream, init=False)
     # At the start of a message (only whitespace since): where `leading` openers count.
     _boundary: bool = attrs.field(default=True, init=False)
     # Whitespace next to a marker is layout, not content: it is dropped
@@ -70,8 +71,9 @@ class MarkupSplitter:
     def tool_calls(self) -> int:
         return self._calls
 
-    def feed(self, text: str, *, final: bool = False) -> list[CompletionEvent]:
-        """The events that `text` completes; with `final`, nothing is held back."""
+    def feed(self, text: str, *, final: bool = False, cut: bool = False) -> list[CompletionEvent]:
+        """The events that `text` completes; with `final`, nothing is held back;
+        with `cut`, the output ended at max tokens rather than where the model ended it."""
         events: list[CompletionEvent] = []
         buffer, self._held = self._held + text, ""
         while buffer:
@@ -105,8 +107,20 @@ class MarkupSplitter:
             buffer = buffer[index + len(marker) :]
             self._cross(marker, events)
         if final:
-            self._flush(events)
+            self._flush(events, cut=cut)
+        elif self._section is Section.TOOL_CALL:
+            self._stream_call(events)
         return events
+
+    def _stream_call(self, events: list[CompletionEvent]) -> None:
+        family = self._markers.family
+        if family is None or family.progress is None:
+            return
+        try:
+            progress = family.progress(self._opener, self._call_text, self._markers.tools)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError):
+            return
+        self._call_stream.update(progress, events)
 
     def _inside_call(self, marker: str, body: str) -> bool:
         family = self._markers.family
@@ -185,11 +199,11 @@ class MarkupSplitter:
         kind = ReasoningDelta if self._section is Section.REASONING else TextDelta
         append_text(events, kind(text=text))
 
-    def _flush(self, events: list[CompletionEvent]) -> None:
+    def _flush(self, events: list[CompletionEvent], *, cut: bool) -> None:
         if self._section is Section.TOOL_CALL:
             # Some families close a call with EOS rather than an end marker; with
             # an end marker, the output was cut inside the call.
-            events.extend(self._parse_call(cut=self._closer is not None))
+            events.extend(self._parse_call(ended=self._closer is not None, cut=cut))
         elif self._space:
             # No marker followed: the whitespace was the model's text after all.
             kind = ReasoningDelta if self._section is Section.REASONING else TextDelta
@@ -208,17 +222,23 @@ class MarkupSplitter:
             return None
         return [(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in calls]
 
-    def _parse_call(self, *, cut: bool = False) -> list[CompletionEvent]:
-        text, self._call_text = self._call_text, ""
-        parsed = self._parsed(text)
-        if parsed is None:
-            # Unparseable markup is kept as the text the model wrote; a call cut off
-            # by the end of the output (max_tokens) is dropped, so no markup leaks.
-            return [TextDelta(text=f"{self._opener}{text}{self._closer or ''}")] if text.strip() and not cut else []
+    def _parse_call(self, *, ended: bool = False, cut: bool = False) -> list[CompletionEvent]:
+        """The events that end a call section: `ended`, the output ended inside it; `cut`, at max tokens."""
         events: list[CompletionEvent] = []
-        for name, arguments in parsed:
-            events.append(ToolCall(index=self._calls, id=f"call_{uuid.uuid4().hex[:24]}", name=name, arguments=arguments))
-            self._calls += 1
+        self._stream_call(events)
+        text, self._call_text = self._call_text, ""
+        stream, self._call_stream = self._call_stream, CallStream(first=self._calls)
+        parsed = self._parsed(text)
+        if parsed is None and not (cut and stream.started):
+            # Unparseable markup is kept as the text the model wrote; a call the output ended inside
+            # is dropped, so no markup leaks. (A start already streamed stays the stream's alone.)
+            kept = text.strip() and not ended and not cut and not stream.started
+            return events + [TextDelta(text=f"{self._opener}{text}{self._closer or ''}")] if kept else events
+        family = self._markers.family
+        if parsed is not None and family is not None and family.progress is not None:
+            parsed = final_arguments(family.progress(self._opener, text, self._markers.tools), parsed)
+        self._calls += stream.finish(parsed, events)
+        self._call_stream = CallStream(first=self._calls)
         return events
 
 

@@ -69,6 +69,8 @@ class ModelWork:
     _side: SideModel | None = attrs.field(default=None, alias="side")
     _matryoshka: Matryoshka | None = attrs.field(default=None, alias="matryoshka")
     _score_by: ScoreBy = attrs.field(default="judge", alias="score_by")
+    # Tokens one request may run through the model, summed over its inputs (OpenAI's embeddings bound: 300,000).
+    _max_request_tokens: int = attrs.field(default=300_000, alias="max_request_tokens")
 
     @property
     def name(self) -> str:
@@ -142,7 +144,9 @@ class ModelWork:
         width = self._hidden_size or 0
         if dimensions is not None and (reason := allowed_dimensions(self._matryoshka, dimensions, width)) is not None:
             raise invalid(f"'dimensions' {dimensions} is not supported: {reason}", param="dimensions")
+        self._bound_request(sum(map(self._min_tokens, request.inputs)), "input")
         inputs = await self._inputs(request.inputs)
+        self._bound_request(sum(map(len, inputs)), "input")
         vectors = await self._vectors(inputs, None if dimensions == width else dimensions, request_id, trace_id)
         # `tolist` converts in C: a Python loop over a batch's floats holds the GIL the model thread needs.
         return Embeddings(vectors=tuple(tuple(vector.tolist()) for vector in vectors), prompt_tokens=sum(map(len, inputs)))
@@ -161,18 +165,33 @@ class ModelWork:
         if self._score_by == "cosine":
             return await self._cosine(request, request_id=request_id, trace_id=trace_id)
         yes, no = self._answer_ids()
+        self._bound_request(sum(self._min_tokens(text) for pair in request.pairs for text in pair), None)
         inputs = [await self.tokenize_chat(_judgement(query, document)) for query, document in request.pairs]
+        self._bound_request(sum(map(len, inputs)), None)
         work = ScoreWork(inputs=inputs, yes=yes, no=no, side=self._side)
         scores = await self._queue.submit(work, kind="score", request_id=request_id, trace_id=trace_id, rate_key=self.name)
         return Scores(scores=tuple(scores), prompt_tokens=sum(map(len, inputs)))
 
     async def _cosine(self, request: ScoreRequest, *, request_id: str, trace_id: str) -> Scores:
         texts = list(dict.fromkeys(text for pair in request.pairs for text in pair))
+        self._bound_request(sum(map(self._min_tokens, texts)), None)
         inputs = await self._inputs(texts)
+        self._bound_request(sum(map(len, inputs)), None)
         vectors = dict(zip(texts, await self._vectors(inputs, None, request_id, trace_id)))
         # Unit vectors: the dot product is the cosine.
         scores = tuple(float(np.dot(vectors[q], vectors[d])) for q, d in request.pairs)
         return Scores(scores=scores, prompt_tokens=sum(map(len, inputs)))
+
+    def _min_tokens(self, item: Input) -> int:
+        """At least as many tokens as `item` has, known without tokenizing it."""
+        return len(item) if isinstance(item, tuple) else self._encoder.min_tokens(PromptText(item, False))
+
+    def _bound_request(self, tokens: int, param: str | None) -> None:
+        """Refuse a request whose inputs add up past the bound, before its work is queued (checked first
+        with a lower bound, so a request far past it is refused before it is tokenized)."""
+        if tokens > self._max_request_tokens:
+            message = f"Requested {tokens} tokens, max {self._max_request_tokens} tokens per request"
+            raise invalid(f"{message} (MLX_RELAY_EXCLUSIVE_MAX_TOKENS)", param=param, code="max_tokens_per_request")
 
     def _answer_ids(self) -> tuple[int, int]:
         yes, no = (self._tokenizer.encode(word, add_special_tokens=False) for word in ("yes", "no"))
@@ -235,7 +254,7 @@ def dedicated_work(settings: Settings, queue: ExclusiveQueue, reservation: Reser
         queue=queue, tokenizer=tokenizer, encoder=BoundedEncoder.of(tokenizer), reservation=reservation, info=spec.info,
         preamble=None, pooling=spec.pooling, max_input_tokens=min(settings.embedding_max_tokens, spec.info.context_window),
         hidden_size=spec.hidden_size, side=SideModel(load=partial(load_embedding_weights, spec)), matryoshka=spec.matryoshka,
-        score_by=score_by,
+        score_by=score_by, max_request_tokens=settings.exclusive_max_tokens,
     )  # fmt: skip
     return work, spec.nbytes
 

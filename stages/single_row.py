@@ -61,6 +61,8 @@ class _Solo:
     fed: list[int]
     # Prompt tokens not fed yet; empty once decoding.
     remaining: list[int]
+    # The prompt's length as inserted (a cached prefix not counted), for the batch's progress figure.
+    prompt_len: int
     sampler: Any
     processors: list[Any]
     matcher: Any
@@ -79,6 +81,7 @@ class SingleRow:
     _batch: Any = attrs.field(alias="batch")
     _model: Any = attrs.field(alias="model")
     _default_stops: Any = attrs.field(alias="default_stops")
+    # Prompt tokens a prefilling row takes per step; the gateway sizes it before each step (stages/step_budget.py).
     _prefill_step_size: int = attrs.field(alias="prefill_step_size")
     # The batch's stream: a row's arrays stay on the thread's own stream whichever side runs it.
     _stream: Any = attrs.field(alias="stream")
@@ -101,6 +104,14 @@ class SingleRow:
     @property
     def stream(self) -> Any:
         return self._stream
+
+    @property
+    def prefill_step_size(self) -> int:
+        return self._prefill_step_size
+
+    @prefill_step_size.setter
+    def prefill_step_size(self, size: int) -> None:
+        self._prefill_step_size = self._batch.prefill_step_size = size
 
     @property
     def prompt_cache_nbytes(self) -> int:
@@ -151,7 +162,7 @@ class SingleRow:
             if self._solo is None and len(self._waiting) == 1 and not self._inner:
                 self._start(*self._waiting.popitem())
             if self._solo is not None and not self._waiting:
-                return [], self._solo_step()
+                return self._solo_step()
             # Another row came: the one alone joins the batch first, so it keeps its place in the queue.
             handed = self._hand_over() if self._solo is not None else []
             self._place_waiting()
@@ -176,16 +187,20 @@ class SingleRow:
         processors = list(row.get("logits_processors") or [])
         stops = row.get("stop_sequences") or self._default_stops
         self._solo = _Solo(
-            uid=uid, cache=cache, fed=fed, remaining=row["prompt"], sampler=row.get("samplers") or greedy_sampler,
+            uid=uid, cache=cache, fed=fed, remaining=row["prompt"], prompt_len=len(row["prompt"]),
+            sampler=row.get("samplers") or greedy_sampler,
             processors=processors, matcher=stops.matcher(), stops=stops, max_tokens=row["max_tokens"],
         )  # fmt: skip
         self.solo_rows += 1
 
-    def _solo_step(self) -> list[Any]:
+    def _solo_step(self) -> tuple[list[Any], list[Any]]:
+        """One call's prefill chunk (reported as the batch reports its own) and decoded token."""
         import mlx.core as mx
+        from mlx_lm.generate import PromptProcessingBatch
 
         solo = self._solo
         assert solo is not None  # next() checked
+        prefilled: list[Any] = []
         if len(solo.remaining) > 1:
             # Chunked prefill, one chunk per call, every prompt token but the last.
             chunk = solo.remaining[: min(self._prefill_step_size, len(solo.remaining) - 1)]
@@ -194,8 +209,10 @@ class SingleRow:
             solo.fed += chunk
             solo.remaining = solo.remaining[len(chunk) :]
             mx.clear_cache()
+            progress = (solo.prompt_len - len(solo.remaining), solo.prompt_len)
+            prefilled.append(PromptProcessingBatch.Response(solo.uid, progress, len(solo.remaining) == 1, False))
             if len(solo.remaining) > 1:
-                return []
+                return prefilled, []
         if solo.pending is None:
             from mlx_lm.models.cache import TokenBuffer
 
@@ -213,7 +230,7 @@ class SingleRow:
         self._steps += 1
         if self._steps % _CLEAR_EVERY == 0:
             mx.clear_cache()
-        return self._emit(solo, value, logprobs)
+        return prefilled, self._emit(solo, value, logprobs)
 
     def _forward(self, solo: _Solo, tokens: Any) -> tuple[Any, Any]:
         import mlx.core as mx

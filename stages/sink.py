@@ -154,7 +154,8 @@ class CompletionSink:
             result = StopResult(text=text)
         ended = result.stop is not None or delta.finish is not None
         was_reasoning = row.markup.reasoning
-        events = row.markup.feed(result.text, final=ended)
+        cut = result.stop is None and delta.finish is FinishReason.LENGTH
+        events = row.markup.feed(result.text, final=ended, cut=cut)
         if was_reasoning or row.markup.reasoning:
             row.reasoning_tokens += len(delta.new_token_ids)
         if delta.logprobs is not None:

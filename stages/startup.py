@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
+import attrs
 import structlog
 
 from pipeline.settings import Settings
@@ -24,9 +25,11 @@ from stages.cache.prompt import PromptCache
 from stages.families import choose_family
 from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools
-from stages.kv.plan import MemoryPlan
+from stages.kv.machine import backend
+from stages.kv.plan import BudgetError, Fit, MemoryPlan
 from stages.kv.shape import FULL, KvScheme, ModelShape
 from stages.models.loading import ModelInfo, Tokenizer, load_weights
+from stages.models.weights import WeightForm, dequantized, float32_bytes, quantization, stored
 from stages.shard.cluster import Cluster
 from stages.shard.plan import per_rank
 from stages.shard.caches import MirroredPromptCache
@@ -58,10 +61,12 @@ def disk_tier(
 ) -> DiskTier | None:
     if not settings.cache_dir or not memory.prompt_cache_bytes:
         return None
-    return open_disk(settings, info.path, cluster, adapters)
+    return open_disk(settings, info.path, cluster, adapters, float32=info.float32_weights)
 
 
-def open_disk(settings: Settings, path: Path, cluster: Cluster | None, adapters: Sequence[Adapter] = ()) -> DiskTier | None:
+def open_disk(
+    settings: Settings, path: Path, cluster: Cluster | None, adapters: Sequence[Adapter] = (), *, float32: bool = False
+) -> DiskTier | None:
     """The disk tier's folder for this model, and for this rank's slice of it when sharded."""
     if not settings.cache_dir:
         return None
@@ -73,6 +78,9 @@ def open_disk(settings: Settings, path: Path, cluster: Cluster | None, adapters:
         # Each rank holds its own slice of every entry: a folder, and a fingerprint in each file, per slice.
         piece = f"{cluster.mode}-rank{cluster.rank}-of-{cluster.size}"
         root, fingerprint = root / piece, hashlib.sha256(f"{fingerprint}:{piece}".encode()).hexdigest()
+    if float32:
+        # Weights dequantized to float32 compute other keys and values than the stored ones.
+        root, fingerprint = root / "float32", hashlib.sha256(f"{fingerprint}:float32".encode()).hexdigest()
     # Within it, each adapter's entries are filed by its name and weights, so retrained weights never match.
     spaces = {adapter.name: adapter_fingerprint(adapter.path / CONFIG, adapter.path / WEIGHTS) for adapter in adapters}
     return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint, adapters=spaces, kv_scheme=scheme)
@@ -95,6 +103,32 @@ def rank_share(cluster: Cluster | None, vocab_size: int) -> Callable[[ModelShape
     if cluster is None:
         return None
     return partial(per_rank, mode=cluster.mode, ranks=cluster.size, vocab_size=vocab_size)
+
+
+def plan_weights(
+    settings: Settings, info: ModelInfo, fit: Callable[..., Fit], *, cluster: Cluster | None
+) -> tuple[Fit, WeightForm]:
+    """The memory plan, and the form the weights are served in (stages/models/weights.py says why)."""
+    quantized = quantization(info.path)
+    if quantized is None:
+        return fit(), stored("not quantized")
+    if settings.keep_quantized:
+        return fit(), stored("MLX_RELAY_KEEP_QUANTIZED is set")
+    if cluster is not None:
+        return fit(), stored("sharded: each rank loads its slice as stored")
+    if (device := backend()) != "cpu":
+        return fit(), stored(f"quantized kernels run fast on {device}")
+    size = float32_bytes(info.path, quantized)
+    try:
+        planned = fit(form=partial(_as_float32, weights_bytes=size))
+    except BudgetError:
+        return fit(), stored(f"float32 weights of {size / 2**30:.2f} GiB do not fit the memory budget")
+    return planned, dequantized(int(quantized["bits"]), size)
+
+
+def _as_float32(shape: ModelShape, *, weights_bytes: int) -> ModelShape:
+    # Float32 weights compute, and so cache, keys and values in float32 too.
+    return attrs.evolve(shape, weights_bytes=weights_bytes, dtype_bytes=4)
 
 
 class KvSchemeError(ValueError):

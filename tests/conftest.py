@@ -120,12 +120,25 @@ ServerFactory = Callable[..., Server]
 
 @pytest.fixture(scope="session")
 def server_factory(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
+    """A server with these settings: the one already running with exactly them, else a new one.
+
+    So no model server starts twice with the same settings. A test that stops or kills its server,
+    or whose server must start under a changed environment, asks for `private=True`: a server of
+    its own, never handed to another test. Every server ends with the session.
+    """
     started: list[Server] = []
+    shared: dict[frozenset[tuple[str, str]], Server] = {}
     log_dir = tmp_path_factory.mktemp("servers")
 
-    def factory(**settings: str) -> Server:
+    def factory(*, private: bool = False, **settings: str) -> Server:
+        key = frozenset(settings.items())
+        running = None if private else shared.get(key)
+        if running is not None and running.process.poll() is None:
+            return running
         server = start_server(log_dir, **settings)
         started.append(server)
+        if not private:
+            shared[key] = server
         return server
 
     yield factory

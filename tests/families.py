@@ -75,4 +75,32 @@ CASES = (
         '{"name": "get_weather", "arguments": {"city": "Paris"}}',
         tool_parser="json",
     ),
+    FamilyCase(
+        "qwen3_coder", "Qwen-Qwen3-Coder-30B-A3B-Instruct",
+        ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"),
+        None, ("<|im_end|>", "<|endoftext|>"),
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+    ),
+    FamilyCase(
+        "glm", "zai-org-GLM-4.5-Air",
+        ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>", "</think>",
+         "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<tool_response>", "</tool_response>"),
+        None, ("<|endoftext|>", "<|user|>", "<|observation|>"),
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
+    ),
+    FamilyCase(
+        "minimax", "MiniMaxAI-MiniMax-M2",
+        ("]~!b[", "]~b]", "[e~[", "<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"),
+        "]~!b[", ("[e~[",),
+        '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>',
+    ),
+    FamilyCase(
+        "kimi", "moonshotai-Kimi-K2-Instruct",
+        ("[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
+         "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
+         "<|tool_call_end|>"),
+        None, ("<|im_end|>", "[EOS]"),
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+        '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
+    ),
 )  # fmt: skip

@@ -7,6 +7,8 @@ checked against the rules:
 - `wire/` imports neither `stages/`, `anyio`, `quart` nor `mlx`;
 - `stages/` imports neither `wire/` nor `quart`;
 - `pipeline/` imports nothing of ours (`stages`, `wire`, `app`) and no `mlx`;
+- `fleet/` (several models: the file, residency policy, the hosts) drives engines: no `wire/`, `quart` or `mlx`,
+  and no lower layer imports it;
 - no layer imports `app`, `edge`, `tests` or `bench`, which sit above all three;
 - only the model thread's modules and model loading import `mlx.core`.
 
@@ -22,18 +24,21 @@ import pytest
 
 from tests.conftest import REPO
 
-LAYERS = ("pipeline", "stages", "wire")
+LAYERS = ("pipeline", "stages", "wire", "fleet")
 MLX = {"mlx", "mlx_lm"}
 # app.py and the HTTP edge (edge/) import every layer, and tests/ and bench/ sit above them: no layer imports them.
 ABOVE = {"app", "edge", "tests", "bench"}
 FORBIDDEN = {
-    "wire": {"stages", "anyio", "quart", *MLX, *ABOVE},
-    "stages": {"wire", "quart", *ABOVE},
-    "pipeline": {"stages", "wire", *MLX, *ABOVE},
+    "wire": {"stages", "fleet", "anyio", "quart", *MLX, *ABOVE},
+    "stages": {"wire", "fleet", "quart", *ABOVE},
+    "pipeline": {"stages", "wire", "fleet", *MLX, *ABOVE},
+    "fleet": {"wire", "quart", *MLX, *ABOVE},
 }
 # The gateway's model thread and its helpers, and model loading / the built-in model builders.
 MLX_CORE_ALLOWED = {
     "stages/gateway.py", "stages/models/loading.py", "stages/sampling.py", "stages/models/demo.py",
+    # The gateway's rows: what they hold goes to the prompt cache, evaluated first.
+    "stages/batch_rows.py",
     "stages/models/gguf.py",
     # Which backend MLX runs on (the plan prices prefill attention by it).
     "stages/kv/machine.py",
@@ -127,6 +132,9 @@ def test_layer_imports(path: Path) -> None:
         pytest.param("stages/gateway.py", "import mlx.core as mx\n", [], id="gateway-mlx-core"),
         pytest.param("stages/sampling.py", "import mlx.core as mx\n", [], id="sampling-mlx-core"),
         pytest.param("wire/x.py", "from pipeline.errors import invalid\n", [], id="wire-pipeline"),
+        pytest.param("stages/x.py", "from fleet.spec import ModelSpec\n", ["fleet.spec", "fleet.spec.ModelSpec"],
+                     id="stages-fleet"),
+        pytest.param("fleet/x.py", "import quart\n", ["quart"], id="fleet-quart"),
     ],
 )
 def test_the_rules_catch_each_violation(relative: str, source: str, broken: list[str]) -> None:

@@ -11,7 +11,6 @@ stream that fails after it began ends with an `error` event.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import attrs
@@ -25,10 +24,13 @@ from pipeline.events import (
     Summary,
     TextDelta,
     ToolCall,
+    ToolCallDelta,
+    ToolCallStart,
     Usage,
     content_runs,
 )
 from pipeline.requests import JsonObject, JsonValue
+from wire.partial_json import arguments_object
 from wire.sse import Splice, frame
 
 # Anthropic's status for "overloaded" is its own 529, which clients retry.
@@ -74,7 +76,7 @@ def usage_body(usage: Usage) -> JsonObject:
     }
 
 
-def tool_use_id(call: ToolCall) -> str:
+def tool_use_id(call: ToolCall | ToolCallStart) -> str:
     return "toolu_" + call.id.removeprefix("call_")
 
 
@@ -100,6 +102,8 @@ class MessagesStream:
     omit_thinking: bool = False
     _index: int = attrs.field(default=-1, init=False)
     _open: str | None = attrs.field(default=None, init=False)
+    # The call whose tool_use block is open (its completion index).
+    _call: int | None = attrs.field(default=None, init=False)
     # The open block's text-delta frame, built on its first delta (wire/sse.Splice): per token only the text changes.
     _text_frame: Splice | None = attrs.field(default=None, init=False)
 
@@ -149,7 +153,14 @@ class MessagesStream:
         return message
 
     def _on_event(self, event: CompletionEvent) -> bytes:
+        if isinstance(event, ToolCallStart):
+            return self._close() + self._start(_tool_use_block(event, arguments=None), event.index)
+        if isinstance(event, ToolCallDelta):
+            return self._delta({"type": "input_json_delta", "partial_json": event.arguments})
         if isinstance(event, ToolCall):
+            if self._open == "tool_use" and self._call == event.index:
+                return self._close()
+            # A call known only once whole: its block opens, takes the input in one piece, and closes.
             head = self._close() + self._start(_tool_use_block(event, arguments=None))
             arguments: JsonObject = {"type": "input_json_delta", "partial_json": event.arguments}
             return head + self._delta(arguments) + self._close()
@@ -167,8 +178,9 @@ class MessagesStream:
             )
         return head + self._text_frame.fill(event.text)
 
-    def _start(self, block: JsonObject) -> bytes:
+    def _start(self, block: JsonObject, call: int | None = None) -> bytes:
         self._index += 1
+        self._call = call
         self._open = str(block["type"])
         self._text_frame = None
         return _event("content_block_start", {"index": self._index, "content_block": block})
@@ -205,5 +217,6 @@ def _open_block(event: TextDelta | ReasoningDelta) -> JsonObject:
     return {"type": "text", "text": ""}
 
 
-def _tool_use_block(call: ToolCall, *, arguments: str | None) -> JsonObject:
-    return {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": json.loads(arguments) if arguments else {}}
+def _tool_use_block(call: ToolCall | ToolCallStart, *, arguments: str | None) -> JsonObject:
+    # A call cut off by max tokens has the input a partial JSON reader makes of it, as the SDK's stream does.
+    return {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": arguments_object(arguments or "{}")}

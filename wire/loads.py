@@ -16,6 +16,11 @@ SGLang's (`LoadSnapshot`); ours map onto them:
   prompt tokens, since start.
 - `utilization`: running rows over the batch's rows.
 
+`num_waiting_uncached_tokens` is left out: the waiting rows' prefix-cache
+matches are not known before admission, and a constant 0 would tell smg's
+prefill-budget admission there is no queued prefill. smg reads a missing
+field as "not reported" (its load snapshot defaults every field).
+
 Pure; the caller supplies the figures and the clock.
 """
 
@@ -26,7 +31,7 @@ import datetime
 import attrs
 
 from pipeline.requests import JsonObject
-from wire.metrics import kv_usage, running, waiting
+from wire.metrics import KV_BUDGET, KV_HELD, kv_usage, number_at, running, waiting
 
 
 @attrs.frozen(kw_only=True)
@@ -40,11 +45,9 @@ class LoadInputs:
 
 
 def loads_body(inputs: LoadInputs, *, now: float) -> JsonObject:
-    gateway = inputs.snapshot.get("gateway")
-    gateway = gateway if isinstance(gateway, dict) else {}
     per_token = max(1, inputs.kv_bytes_per_token)
-    used = _int(gateway.get("kv_held_bytes")) // per_token
-    capacity = _int(gateway.get("kv_budget_bytes")) // per_token
+    used = number_at(inputs.snapshot, KV_HELD) // per_token
+    capacity = number_at(inputs.snapshot, KV_BUDGET) // per_token
     run, wait = running(inputs.snapshot), waiting(inputs.snapshot)
     usage = round(kv_usage(inputs.snapshot), 4)
     utilization = round(run / inputs.max_running_requests, 4) if inputs.max_running_requests else 0.0
@@ -53,7 +56,6 @@ def loads_body(inputs: LoadInputs, *, now: float) -> JsonObject:
         "dp_rank": 0,
         "num_running_reqs": run,
         "num_waiting_reqs": wait,
-        "num_waiting_uncached_tokens": 0,
         "num_total_reqs": run + wait,
         "num_used_tokens": used,
         "num_total_tokens": used,
@@ -78,7 +80,3 @@ def loads_body(inputs: LoadInputs, *, now: float) -> JsonObject:
             "avg_utilization": utilization,
         },
     }
-
-
-def _int(value: object) -> int:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0

@@ -26,7 +26,8 @@ _UNSAFE = re.compile(r"[^a-zA-Z0-9_]")
 COUNTERS = frozenset(
     {
         "submitted", "admission.refused", "gateway.steps", "gateway.generated_tokens", "gateway.preemptions",
-        "gateway.resumed", "prompt_cache.hits", "prompt_cache.misses", "prompt_cache.cached_tokens",
+        "gateway.resumed", "gateway.steps_over_budget", "prompt_cache.hits", "prompt_cache.misses",
+        "prompt_cache.cached_tokens",
         "prompt_cache.session_hits", "prompt_cache.session_misses", "prompt_cache.evictions",
         "prompt_cache.disk.spills", "prompt_cache.disk.spills_dropped", "prompt_cache.disk.spill_errors",
         "prompt_cache.disk.spills_unsupported", "prompt_cache.disk.restores", "prompt_cache.disk.corrupt",
@@ -34,6 +35,16 @@ COUNTERS = frozenset(
         "response_store.oversized",
     }
 )  # fmt: skip
+
+
+# The paths read by name besides the generic walk; tests/e2e/test_metrics.py finds each, and every
+# path in COUNTERS, in a real server's /stats, so a renamed field cannot silently read as 0.
+RUNNING = ("gateway", "active")
+ADMITTED = ("admission", "in_flight")
+KV_HELD = ("gateway", "kv_held_bytes")
+KV_BUDGET = ("gateway", "kv_budget_bytes")
+PREEMPTIONS = ("gateway", "preemptions")
+READ_PATHS = (RUNNING, ADMITTED, KV_HELD, KV_BUDGET, PREEMPTIONS)
 
 
 @attrs.frozen
@@ -46,17 +57,17 @@ class Figure:
 
 
 def running(snapshot: JsonObject) -> int:
-    return _int(snapshot, "gateway", "active")
+    return number_at(snapshot, RUNNING)
 
 
 def waiting(snapshot: JsonObject) -> int:
     """Requests admitted and not yet in the batch: parsing, preparing, queued, or waiting for KV."""
-    return max(0, _int(snapshot, "admission", "in_flight") - running(snapshot))
+    return max(0, number_at(snapshot, ADMITTED) - running(snapshot))
 
 
 def kv_usage(snapshot: JsonObject) -> float:
-    budget = _int(snapshot, "gateway", "kv_budget_bytes")
-    return _int(snapshot, "gateway", "kv_held_bytes") / budget if budget > 0 else 0.0
+    budget = number_at(snapshot, KV_BUDGET)
+    return number_at(snapshot, KV_HELD) / budget if budget > 0 else 0.0
 
 
 def snapshot_metrics(snapshot: JsonObject) -> list[Figure]:
@@ -65,7 +76,7 @@ def snapshot_metrics(snapshot: JsonObject) -> list[Figure]:
         Figure("vllm:num_requests_waiting", "Requests admitted and waiting for a batch row", waiting(snapshot)),
         Figure("vllm:kv_cache_usage_perc", "KV held by running rows over the KV budget (1 = full)", kv_usage(snapshot)),
         Figure("vllm:num_preemptions", "Rows moved out of the batch under memory pressure",
-               _int(snapshot, "gateway", "preemptions"), counter=True),
+               number_at(snapshot, PREEMPTIONS), counter=True),
     ]  # fmt: skip
     for path, value in _numbers(snapshot, ()):
         dotted = ".".join(path)
@@ -84,7 +95,8 @@ def _numbers(value: JsonValue, path: tuple[str, ...]) -> list[tuple[tuple[str, .
     return []
 
 
-def _int(snapshot: JsonObject, *path: str) -> int:
+def number_at(snapshot: JsonObject, path: tuple[str, ...]) -> int:
+    """The integer at `path`, or 0 where the snapshot has none there."""
     value: JsonValue = snapshot
     for key in path:
         value = value.get(key) if isinstance(value, dict) else None

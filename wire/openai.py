@@ -14,7 +14,17 @@ from collections.abc import Sequence
 import attrs
 
 from pipeline.errors import ErrorKind, RequestError
-from pipeline.events import CompletionEvent, ReasoningDelta, Summary, TextDelta, ToolCall, Usage, content_runs
+from pipeline.events import (
+    CompletionEvent,
+    ReasoningDelta,
+    Summary,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallStart,
+    Usage,
+    stream_runs,
+)
 from pipeline.requests import JsonObject, JsonValue
 from wire.logprobs import chat_logprobs, legacy_logprobs
 from wire.sse import Splice, comment, frame, raw_frame
@@ -119,6 +129,8 @@ class _OpenAIStream:
 @attrs.define(kw_only=True)
 class ChatStream(_OpenAIStream):
     object_name = "chat.completion.chunk"
+    # Calls whose start went out: their arguments came in pieces, and their end adds nothing.
+    _started: set[int] = attrs.field(factory=set, init=False)
 
     def start(self) -> bytes:
         return self._chunk([_chat_choice({"role": "assistant", "content": ""})])
@@ -127,7 +139,7 @@ class ChatStream(_OpenAIStream):
         if all(type(event) is TextDelta for event in events):
             text = joined_text(events)
             return self._text_chunk(text) if text else b""
-        deltas = _chat_deltas(events)
+        deltas = self._deltas(events)
         logprobs = chat_logprobs(events)
         if logprobs is not None and not deltas:
             # Held-back text still reports its tokens' logprobs, in an empty delta.
@@ -136,6 +148,26 @@ class ChatStream(_OpenAIStream):
         if logprobs is not None:
             chunks[-1]["logprobs"] = logprobs
         return b"".join(self._chunk([choice]) for choice in chunks)
+
+    def _deltas(self, events: Sequence[CompletionEvent]) -> list[JsonObject]:
+        """One delta per run of events of one kind, in order; a call as OpenAI streams one:
+        its index, id, type and name with empty arguments, then the arguments in pieces."""
+        deltas: list[JsonObject] = []
+        for run in stream_runs(events):
+            if isinstance(run, TextDelta):
+                deltas.append({"content": run.text})
+            elif isinstance(run, ReasoningDelta):
+                deltas.append(_reasoning(run.text))
+            elif isinstance(run, ToolCallStart):
+                self._started.add(run.index)
+                head: JsonObject = {"index": run.index, "id": run.id, "type": "function", "function": {"name": run.name, "arguments": ""}}
+                deltas.append({"tool_calls": [head]})
+            elif isinstance(run, ToolCallDelta):
+                deltas.append({"tool_calls": [{"index": run.index, "function": {"arguments": run.arguments}}]})
+            elif run.index not in self._started:
+                # A call known only once whole: one piece, a valid stream of its own.
+                deltas.append({"tool_calls": [_tool_call(run, streamed=True)]})
+        return deltas
 
     def _text_choice(self, text: str) -> JsonObject:
         return _chat_choice({"content": text})
@@ -200,20 +232,6 @@ def _chat_choice(delta: JsonObject, finish_reason: str | None = None) -> JsonObj
 
 def _text_choice(text: str, finish_reason: str | None = None) -> JsonObject:
     return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-
-
-def _chat_deltas(events: Sequence[CompletionEvent]) -> list[JsonObject]:
-    """One delta per run of events of one kind, in order."""
-    deltas: list[JsonObject] = []
-    for run in content_runs(events):
-        if isinstance(run, TextDelta):
-            deltas.append({"content": run.text})
-        elif isinstance(run, ReasoningDelta):
-            deltas.append(_reasoning(run.text))
-        else:
-            # The whole call in one fragment: a valid stream of one piece.
-            deltas.append({"tool_calls": [_tool_call(run, streamed=True)]})
-    return deltas
 
 
 def _reasoning(text: str) -> JsonObject:

@@ -64,14 +64,17 @@ OPERATIONS = (
               example={"model": "m", "prompt": "Hello", "add_special_tokens": True}),
     Operation(method="post", path="/detokenize", summary="Text of token ids (vLLM)", decode=decode_detokenize,
               example={"model": "m", "tokens": [1]}),
-    Operation(method="get", path="/v1/models", summary="The served model, as a list"),
-    Operation(method="get", path="/v1/models/{model_id}", summary="The served model"),
+    Operation(method="get", path="/v1/models", summary="The served models, as a list (several: states, defaults)"),
+    Operation(method="get", path="/v1/models/{model_id}", summary="A served model"),
     Operation(method="get", path="/health", summary="Liveness: 200 while the engine serves, 503 otherwise", public=True),
     Operation(method="get", path="/fit", summary="What this machine can serve of this model"),
     Operation(method="get", path="/stats", summary="Live counters of every stage"),
     Operation(method="get", path="/metrics", summary="Prometheus metrics: vLLM's names, and mlx_relay: ones"),
     Operation(method="get", path="/v1/loads", summary="Load in the shape SGLang serves and smg polls"),
     Operation(method="get", path="/openapi.json", summary="This description"),
+    *(Operation(method="post", path=f"/admin/models/{{name}}/{action}", summary=summary) for action, summary in (
+        ("load", "Load a configured model now"), ("unload", "Unload a model now (its requests in flight fail)"),
+        ("drain", "Unload a model once its requests in flight finish"))),
 )  # fmt: skip
 
 

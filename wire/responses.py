@@ -18,9 +18,21 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from pipeline.errors import RequestError
-from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summary, TextDelta, ToolCall, Usage
+from pipeline.events import (
+    CompletionEvent,
+    FinishReason,
+    ReasoningDelta,
+    StreamRun,
+    Summary,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallStart,
+    Usage,
+    stream_runs,
+)
 from pipeline.requests import JsonObject, JsonValue
-from wire.responses_tools import ToolSpec, custom_input
+from wire.responses_tools import ToolSpec, custom_input, custom_input_so_far
 from wire.sse import Splice, comment, frame
 
 Specs = Mapping[str, ToolSpec]
@@ -161,7 +173,7 @@ class ResponsesStream:
         return self._event("response.created", response=snapshot) + self._event("response.in_progress", response=snapshot)
 
     def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
-        return b"".join(self._on_event(event) for event in _content(events))
+        return b"".join(self._on_run(run) for run in stream_runs(events, join=False))
 
     def finish(self, summary: Summary) -> bytes:
         cut = summary.finish_reason is FinishReason.LENGTH
@@ -213,6 +225,30 @@ class ResponsesStream:
             **self.echo,
         }
 
+    def _on_run(self, run: StreamRun) -> bytes:
+        last = self._items[-1] if self._items else None
+        started = last is not None and last.call is not None and last.call.id == getattr(run, "id", None)
+        if isinstance(run, ToolCallStart):
+            return self._on_event(ToolCall(index=run.index, id=run.id, name=run.name, arguments=""))
+        if isinstance(run, ToolCallDelta) and last is not None and last.call is not None:
+            return self._arguments_delta(last, last.call.arguments + run.arguments)
+        if isinstance(run, ToolCall) and started and last is not None:
+            # The call streamed: it ends when the next item opens or the response does.
+            return self._arguments_delta(last, run.arguments)
+        return b"" if isinstance(run, ToolCallDelta) else self._on_event(run)
+
+    def _arguments_delta(self, item: _Item, arguments: str) -> bytes:
+        """The piece that `arguments` adds to the open call: of the input, for a custom tool."""
+        assert item.call is not None
+        before, item.call = item.call, attrs.evolve(item.call, arguments=arguments)
+        index = len(self._items) - 1
+        if item.custom:
+            piece = custom_input_so_far(arguments)[len(custom_input_so_far(before.arguments)) :]
+            name = "response.custom_tool_call_input.delta"
+        else:
+            piece, name = arguments[len(before.arguments) :], "response.function_call_arguments.delta"
+        return self._event(name, item_id=item.id, output_index=index, delta=piece) if piece else b""
+
     def _on_event(self, event: TextDelta | ReasoningDelta | ToolCall) -> bytes:
         frames = b""
         if _add(self._items, event, self.tool_specs, self.grammar_call):
@@ -221,7 +257,9 @@ class ResponsesStream:
         index = len(self._items) - 1
         item = self._items[index]
         item_id = item.id
-        if item.custom:
+        if isinstance(event, ToolCall) and not event.arguments:
+            delta = b""  # a call that streams: its arguments follow in pieces
+        elif item.custom:
             text = item.input() if isinstance(event, ToolCall) else event.text
             delta = self._event("response.custom_tool_call_input.delta", item_id=item_id, output_index=index, delta=text)
         elif isinstance(event, ToolCall):

@@ -15,6 +15,7 @@ type is refused by name.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 
 import attrs
@@ -166,11 +167,41 @@ def call_arguments(item: JsonObject, param: str) -> str:
 
 
 def custom_input(arguments: str) -> str:
-    """A custom tool's input, from the JSON arguments the model wrote."""
+    """A custom tool's input, from the JSON arguments the model wrote (as much as is whole, where they were cut off)."""
     try:
         value = json.loads(arguments)
     except json.JSONDecodeError:
-        return arguments
+        return arguments if _INPUT_HEAD.match(arguments) is None else custom_input_so_far(arguments)
     if isinstance(value, dict) and isinstance(value.get(INPUT), str):
         return str(value[INPUT])
     return arguments
+
+
+_INPUT_HEAD = re.compile(r'\{\s*"input"\s*:\s*"')
+
+
+def custom_input_so_far(arguments: str) -> str:
+    """The input that a custom call's unfinished arguments (`{"input": "…`) hold so far: what its stream's deltas carry.
+
+    An escape that is not yet whole (or half of a surrogate pair) waits for the rest.
+    """
+    head = _INPUT_HEAD.match(arguments)
+    text = arguments[head.end() :] if head is not None else ""
+    decoded: list[str] = []
+    at = 0
+    while at < len(text) and text[at] != '"':
+        if text[at] != "\\":
+            decoded.append(text[at])
+            at += 1
+            continue
+        size = 6 if text[at + 1 : at + 2] == "u" else 2
+        if size == 6 and text[at + 2 : at + 3] in ("d", "D") and text[at + 3 : at + 4] in "89abAB":
+            size = 12  # the high half of a surrogate pair: the low half comes with it
+        if at + size > len(text):
+            break
+        try:
+            decoded.append(json.loads(f'"{text[at : at + size]}"'))
+        except json.JSONDecodeError:
+            break
+        at += size
+    return "".join(decoded)

@@ -3,7 +3,8 @@
 `choose_family` reads the model's vocabulary and chat template once at
 start and returns the `Family` whose markup the model writes: gpt-oss's
 harmony channels, DeepSeek, Mistral, Phi-4, Llama 3 JSON, Hermes/Qwen
-`<tool_call>`, whatever mlx-lm infers for the rest, or plain JSON for a
+`<tool_call>`, the families whose calls mlx-lm recognises (Qwen3-Coder, GLM,
+MiniMax-M2, Kimi K2: their own modules), whatever else mlx-lm infers, or plain JSON for a
 model with no call markup at all. `MLX_RELAY_TOOL_PARSER` and
 `MLX_RELAY_REASONING_PARSER` override the choice for a model whose
 template is unusual.
@@ -17,7 +18,20 @@ from typing import Any
 
 import attrs
 
-from stages.families import deepseek, harmony, hermes, llama3, mistral, mlxlm, phi4, plain
+from stages.families import (
+    deepseek,
+    glm,
+    harmony,
+    hermes,
+    kimi,
+    llama3,
+    minimax,
+    mistral,
+    mlxlm,
+    phi4,
+    plain,
+    qwen3_coder,
+)
 from stages.families.base import Family
 from stages.models.loading import Tokenizer
 
@@ -30,6 +44,10 @@ FAMILIES: Mapping[str, Family] = MappingProxyType(
         "hermes": hermes.FAMILY,
         "llama3": llama3.FAMILY,
         "json": plain.FAMILY,
+        "qwen3_coder": qwen3_coder.FAMILY,
+        "glm": glm.FAMILY,
+        "minimax": minimax.FAMILY,
+        "kimi": kimi.FAMILY,
     }
 )
 THINK_MARKERS: Mapping[str, tuple[str, str] | None] = MappingProxyType(

@@ -6,8 +6,8 @@ close a tool call (a closer of None means the call runs to the next
 opener or to the end of the output, as when EOS ends it), openers that
 count only at a message boundary (Llama's bare JSON), layout markers that
 are removed from the answer and leave a boundary behind, a parser for one
-call section, and the Lark grammar of a forced call in the family's own
-markup; or, for output that is messages rather than text with markers in
+call section, a reader of an unfinished one (so arguments stream), and the
+Lark grammar of a forced call in the family's own markup; or, for output that is messages rather than text with markers in
 it (gpt-oss), a splitter of its own. Pure; no I/O.
 """
 
@@ -21,6 +21,7 @@ import attrs
 
 from pipeline.events import CompletionEvent
 from pipeline.requests import Constraint, ConstraintKind, Tool
+from stages.families.progress import ProgressReader
 
 # One parsed call: the tool's name and its arguments as a JSON object.
 ParsedCall = tuple[str, dict[str, Any]]
@@ -42,7 +43,9 @@ class Splitter(Protocol):
     @property
     def tool_calls(self) -> int: ...
 
-    def feed(self, text: str, *, final: bool = False) -> list[CompletionEvent]: ...
+    def feed(self, text: str, *, final: bool = False, cut: bool = False) -> list[CompletionEvent]:
+        """With `cut`, the output ended at max tokens: a call cut off ends with its arguments so far."""
+        ...
 
 
 # (offered tools, whether calls are parsed) -> a family's own splitter.
@@ -81,6 +84,9 @@ class Family:
     splitter: SplitterFactory | None = None
     # The marker a call (as `forced` writes it) opens with, where the model opens one freely (`lazy.py`).
     trigger: str | None = None
+    # How far an unfinished call section's calls are written, so their arguments stream (`progress.py`);
+    # None where a call is known only once its section is whole.
+    progress: ProgressReader | None = None
 
 
 def lark_json(schema: dict[str, Any]) -> str:

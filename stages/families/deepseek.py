@@ -13,11 +13,13 @@ from typing import Any
 
 from pipeline.requests import Tool
 from stages.families.base import Family, MarkerRef, ParsedCall, json_object, lark_arguments, lark_text
+from stages.families.progress import CallProgress, named_arguments
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 DSML = "｜DSML｜"
 INVOKE_BEGIN, INVOKE_END = f"<{DSML}invoke ", f"</{DSML}invoke>"
+_FENCE_OPEN = re.compile(r"\s*```(?:json)?\s*")
 _FENCED = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 _INVOKE_NAME = re.compile(r'^name="([^"]+)">')
 _PARAMETER = re.compile(rf'<{DSML}parameter name="([^"]+)" string="(true|false)">(.*?)</{DSML}parameter>', re.DOTALL)
@@ -63,6 +65,20 @@ def _parse_dsml(body: str) -> ParsedCall | None:
     return named.group(1), arguments
 
 
+def progress(opener: str, body: str, tools: Sequence[Tool]) -> list[CallProgress]:
+    """The sep forms as they are written; a DSML call is sent whole when it ends."""
+    head, sep, rest = body.partition(SEP)
+    if opener == INVOKE_BEGIN or not sep:
+        return []
+    if head.strip() != "function":
+        return named_arguments(head, body, len(head) + len(sep))
+    name, newline, fenced = rest.partition("\n")
+    brace = fenced.find("{")
+    if not newline or brace < 0 or not _FENCE_OPEN.fullmatch(fenced[:brace]):
+        return []
+    return named_arguments(name, body, len(body) - len(fenced) + brace)
+
+
 def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
     rules = [
         f"c{i}: {marker(CALL_BEGIN)} {lark_text(tool.name)} {marker(SEP)} {lark_arguments(tool)} {marker(CALL_END)}"
@@ -81,5 +97,6 @@ FAMILY = Family(
     calls=((CALL_BEGIN, CALL_END), (INVOKE_BEGIN, INVOKE_END)),
     json_bodies=False,
     trigger=CALLS_BEGIN,
+    progress=progress,
     dropped=(CALLS_BEGIN, CALLS_END, f"<{DSML}function_calls>", f"</{DSML}function_calls>"),
 )

@@ -25,14 +25,15 @@ from __future__ import annotations
 import enum
 import json
 import re
-import uuid
 from collections.abc import Sequence
 
 import attrs
 
-from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall, append_text
+from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, append_text
 from pipeline.requests import Tool
 from stages.families.base import in_json_string, json_object
+from stages.families.call_stream import CallStream, final_arguments
+from stages.families.progress import CallProgress, named_arguments
 from stages.stops import earliest, hold_back
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
@@ -92,6 +93,7 @@ class HarmonySplitter:
     _name: str = attrs.field(default="", init=False)
     _body: str = attrs.field(default="", init=False)
     _calls: int = attrs.field(default=0, init=False)
+    _call_stream: CallStream = attrs.field(factory=CallStream, init=False)
     _saw_markup: bool = attrs.field(default=False, init=False)
     _answered: bool = attrs.field(default=False, init=False)
 
@@ -103,7 +105,7 @@ class HarmonySplitter:
     def tool_calls(self) -> int:
         return self._calls
 
-    def feed(self, text: str, *, final: bool = False) -> list[CompletionEvent]:
+    def feed(self, text: str, *, final: bool = False, cut: bool = False) -> list[CompletionEvent]:
         events: list[CompletionEvent] = []
         buffer, self._held = self._held + text, ""
         while buffer:
@@ -117,7 +119,10 @@ class HarmonySplitter:
             self._token(token, events)
             buffer = buffer[index + len(token) :]
         if final:
-            self._finish(events)
+            self._finish(events, cut=cut)
+        elif self._state is _State.BODY and self._route is Route.CALL:
+            # The recipient named the tool in the header: its arguments stream as they are written.
+            self._call_stream.update(self._progress(), events)
         return events
 
     def _text(self, text: str, events: list[CompletionEvent]) -> None:
@@ -169,23 +174,34 @@ class HarmonySplitter:
             # Two answer messages (a preamble, then the final one) read as two paragraphs.
             append_text(events, TextDelta(text="\n\n"))
 
-    def _close(self, events: list[CompletionEvent], *, terminated: bool) -> None:
+    def _close(self, events: list[CompletionEvent], *, terminated: bool, cut: bool = False) -> None:
+        """End the open message: `terminated` by a marker, or by the end of the output (`cut` at max tokens)."""
         if self._state is not _State.BODY:
             return
         if self._route is Route.ANSWER:
             self._answered = True
         if self._route is Route.CALL:
+            stream, self._call_stream = self._call_stream, CallStream(first=self._calls)
+            progress = self._progress()
+            stream.update(progress, events)
             arguments = json_object(self._body.strip())
             if arguments is not None:
-                call_id = f"call_{uuid.uuid4().hex[:24]}"
-                events.append(ToolCall(index=self._calls, id=call_id, name=self._name, arguments=json.dumps(arguments, ensure_ascii=False)))
-                self._calls += 1
-            elif terminated and self._body.strip():
+                parsed = final_arguments(progress, [(self._name, json.dumps(arguments, ensure_ascii=False))])
+                self._calls += stream.finish(parsed, events)
+            elif cut and stream.started:
+                # Cut off at max tokens: still a call, with the arguments written so far.
+                self._calls += stream.finish(None, events)
+            elif terminated and self._body.strip() and not stream.started:
                 append_text(events, TextDelta(text=self._body))
+            self._call_stream = CallStream(first=self._calls)
         self._body = ""
 
-    def _finish(self, events: list[CompletionEvent]) -> None:
+    def _progress(self) -> list[CallProgress]:
+        """The call once its body opens a JSON object (any other body is kept as text)."""
+        return named_arguments(self._name, self._body, 0) if self._body.lstrip().startswith("{") else []
+
+    def _finish(self, events: list[CompletionEvent], *, cut: bool) -> None:
         if self._state is _State.HEADER and not self._saw_markup:
             append_text(events, TextDelta(text=self._header))
-        self._close(events, terminated=False)
+        self._close(events, terminated=False, cut=cut)
         self._state, self._header = _State.BETWEEN, ""

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from pipeline.requests import Tool
 from stages.families.base import Family, MarkerRef, ParsedCall, json_calls, lark_calls
+from stages.families.progress import one_object
 
 START, END = "<tool_call>", "</tool_call>"
 
@@ -27,4 +28,5 @@ FAMILY = Family(
     think=("<think>", "</think>"),
     calls=((START, END),),
     trigger=START,
+    progress=one_object,
 )

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from pipeline.requests import Tool
 from stages.families.base import Family, MarkerRef, ParsedCall, json_calls, lark_calls
+from stages.families.progress import CallProgress, separated_calls
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -20,6 +21,10 @@ def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | N
             return None
         calls.extend(parsed)
     return calls or None
+
+
+def progress(opener: str, body: str, tools: Sequence[Tool]) -> list[CallProgress]:
+    return separated_calls((opener if opener == "{" else "") + body)
 
 
 def _split_calls(text: str) -> list[str]:
@@ -60,4 +65,5 @@ FAMILY = Family(
     calls=((PYTHON_TAG, None),),
     leading=("{",),
     trigger=PYTHON_TAG,
+    progress=progress,
 )

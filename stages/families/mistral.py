@@ -18,6 +18,8 @@ from stages.families.base import (
     lark_text,
 )
 
+from stages.families.progress import CallProgress, call_list, named_arguments
+
 START, ARGS = "[TOOL_CALLS]", "[ARGS]"
 
 
@@ -31,6 +33,13 @@ def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | N
     if not name or parsed is None:
         return None
     return [(name, parsed)]
+
+
+def progress(opener: str, body: str, tools: Sequence[Tool]) -> list[CallProgress]:
+    if body.lstrip().startswith("["):
+        return call_list(body)
+    name, sep, _ = body.partition(ARGS)
+    return named_arguments(name.partition("[CALL_ID]")[0], body, len(name) + len(sep)) if sep else []
 
 
 def forced_array(tools: Sequence[Tool], marker: MarkerRef) -> str:
@@ -50,6 +59,7 @@ FAMILY = Family(
     think=("[THINK]", "[/THINK]"),
     calls=((START, None),),
     trigger=START,
+    progress=progress,
 )
 COMPACT = Family(
     name="mistral",
@@ -59,4 +69,5 @@ COMPACT = Family(
     think=("[THINK]", "[/THINK]"),
     calls=((START, None),),
     trigger=START,
+    progress=progress,
 )

@@ -4,13 +4,23 @@ its inferred markers and tool parser, adapted to a `Family`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from pipeline.requests import Tool
-from stages.families import hermes
+from stages.families import glm, hermes, kimi, minimax, qwen3_coder
 from stages.families.base import Family, MarkerRef, ParsedCall, named_call
+from stages.families.progress import one_object
 from stages.models.loading import Tokenizer
-from stages.models.mlx_internals import is_json_tool_parser
+from stages.models.mlx_internals import is_json_tool_parser, tool_parser_kind
+
+# mlx-lm's parsers whose markup has a family here (its parser, the grammar of a forced call, its progress).
+OWN_FAMILIES = {
+    "qwen3_coder": qwen3_coder.FAMILY,
+    "glm47": glm.FAMILY,
+    "minimax_m2": minimax.FAMILY,
+    "kimi_k2": kimi.FAMILY,
+}
 
 
 def family_of(tokenizer: Tokenizer) -> Family | None:
@@ -18,6 +28,9 @@ def family_of(tokenizer: Tokenizer) -> Family | None:
     start, end, parser = tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser
     if not start or not end or parser is None:
         return None
+    kind = tool_parser_kind(parser)
+    if kind in OWN_FAMILIES:
+        return OWN_FAMILIES[kind]
     json_markup = is_json_tool_parser(parser)
 
     def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
@@ -41,14 +54,17 @@ def family_of(tokenizer: Tokenizer) -> Family | None:
     return Family(
         name="mlx-lm",
         parse=parse,
-        forced=forced if json_markup else _unsupported,
+        forced=forced if json_markup else partial(_unsupported, kind),
         example=f'{start}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{end}',
         think=think,
         calls=((start, end),),
         trigger=start if json_markup else None,
+        progress=one_object if json_markup else None,
     )
 
 
-def _unsupported(tools: Sequence[Tool], marker: MarkerRef) -> str:
-    raise NotImplementedError("this family's forced calls are not JSON between markers")
+def _unsupported(kind: str, tools: Sequence[Tool], marker: MarkerRef) -> str:
+    raise NotImplementedError(
+        f"mlx-lm reads this model's calls with its {kind!r} parser, whose markup has no grammar here"
+    )
 

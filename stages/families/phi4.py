@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from pipeline.requests import Tool
 from stages.families.base import Family, MarkerRef, ParsedCall, json_calls, lark_call_list
+from stages.families.progress import CallProgress, call_list
 
 START, END = "<|tool_call|>", "<|/tool_call|>"
 FUNCTOOLS = "functools["
@@ -15,6 +16,10 @@ FUNCTOOLS = "functools["
 
 def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
     return json_calls(("[" if opener == FUNCTOOLS else "") + body.strip())
+
+
+def progress(opener: str, body: str, tools: Sequence[Tool]) -> list[CallProgress]:
+    return call_list(("[" if opener == FUNCTOOLS else "") + body)
 
 
 def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
@@ -30,4 +35,5 @@ FAMILY = Family(
     calls=((START, END),),
     trigger=START,
     leading=(FUNCTOOLS,),
+    progress=progress,
 )

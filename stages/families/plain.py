@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from pipeline.requests import Tool
 from stages.families.base import Family, MarkerRef, ParsedCall, json_calls, lark_call_list, lark_calls
+from stages.families.progress import object_or_list
 
 
 def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
@@ -30,4 +31,5 @@ FAMILY = Family(
     leading=("{", "["),
     auto_calls=False,
     forced_required=forced_list,
+    progress=object_or_list,
 )

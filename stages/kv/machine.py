@@ -42,11 +42,12 @@ def read_machine() -> Machine:
         cpus=os.cpu_count(),
         bandwidth_bytes_per_s=known or _measure_bandwidth(),
         bandwidth_source="published" if known else "memcpy",
-        backend=_backend(),
+        backend=backend(),
     )
 
 
-def _backend() -> str:
+def backend() -> str:
+    """The device MLX computes on: `cpu`, `metal` or `cuda`."""
     import mlx.core as mx
 
     if mx.default_device() != mx.gpu:

@@ -199,12 +199,15 @@ class Fit:
 
 def assess(
     path: Path, *, context_window: int, budget: int, prompt_cache: int, max_batch: int, prefill_step: int, adapter_bytes: int = 0,
-    share: Callable[[ModelShape], ModelShape] | None = None, kv: KvScheme = FULL,
+    share: Callable[[ModelShape], ModelShape] | None = None, form: Callable[[ModelShape], ModelShape] | None = None,
+    kv: KvScheme = FULL,
 ) -> Fit:
     """Read the machine and the model and plan the budget; blocking (run it off the event loop).
 
     `adapter_bytes` (LoRA adapters held beside the weights) counts as weights;
     `kv` prices every token of KV as that scheme stores it.
+    `form` gives the model as it will be served where that differs from its
+    files (float32 weights dequantized from the stored ones: stages/models/weights.py).
     `share` gives this process's part of the model when it is sharded over
     several (stages/shard/plan.py): the plan is per rank.
 
@@ -212,6 +215,8 @@ def assess(
         BudgetError: the budget cannot hold the model.
     """
     machine, shape = read_machine(), read_model_shape(path, context_window)
+    if form is not None:
+        shape = form(shape)
     shape = attrs.evolve(shape, weights_bytes=shape.weights_bytes + adapter_bytes, kv_scheme=kv)
     if share is not None:
         shape = share(shape)

@@ -113,6 +113,8 @@ class ModelInfo:
     name: str
     context_window: int
     vocab_size: int
+    # Serve the weights dequantized to float32 (stages/models/weights.py decides).
+    float32_weights: bool = False
 
 
 def resolve_model(model: str | None, *, demo: str = DEFAULT_MODEL, name: str | None = None) -> ModelInfo:
@@ -168,9 +170,14 @@ def load_tokenizer(info: ModelInfo) -> Tokenizer:
 
 def load_weights(info: ModelInfo) -> object:
     """The model, weights evaluated. Call only on the gateway's model thread."""
-    from mlx_lm.utils import load_model
+    import mlx.core as mx
+    from mlx_lm.utils import dequantize_model, load_model
 
     model, _ = load_model(info.path)
+    if info.float32_weights:
+        model = dequantize_model(model)
+        model.set_dtype(mx.float32)
+        mx.eval(model.parameters())
     return model
 
 
@@ -180,3 +187,17 @@ def _context_window(config: dict[str, Any]) -> int:
             if isinstance(source.get(key), int):
                 return int(source[key])
     return _FALLBACK_CONTEXT_WINDOW
+
+
+def release_unloaded() -> None:
+    """Give an unloaded model's memory back: collect the engine's reference cycles (its arrays with them),
+    empty MLX's buffer cache, and return the C heap's free pages; blocking (run it off the event loop)."""
+    import gc
+
+    import mlx.core as mx
+
+    from stages.heap import HeapTrimmer
+
+    gc.collect()
+    mx.clear_cache()
+    HeapTrimmer().maybe(force=True)

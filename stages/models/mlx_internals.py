@@ -56,6 +56,14 @@ def hf_tokenizer(tokenizer: Any) -> Any:
     return getattr(tokenizer, "_tokenizer", tokenizer)
 
 
+def tool_parser_kind(parser: Any) -> str:
+    """The name mlx-lm knows a tool parser by (`qwen3_coder`, `glm47`, …).
+
+    Leans on: mlx-lm naming the parser by its module, `mlx_lm.tool_parsers.<kind>`.
+    """
+    return str(getattr(parser, "__module__", "")).rpartition(".")[2]
+
+
 def is_json_tool_parser(parser: Any) -> bool:
     """Whether mlx-lm picked its `json_tools` parser (a JSON object between the markers).
 

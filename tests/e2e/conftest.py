@@ -74,3 +74,25 @@ def agent_server(server_factory: Callable[..., Server]) -> Server:
 
     ensure_demo_model("tiny-64k")
     return server_factory(demo_model="tiny-64k", keepalive_interval="1")
+
+
+@pytest.fixture(scope="session")
+def family_servers(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., Server]
+) -> Callable[[str], Server]:
+    """A family's server by name (tests/families.py), its model built once: every module asking gets the same one."""
+    from tests.families import CASES
+
+    root = tmp_path_factory.mktemp("families")
+    built: dict[str, Path] = {}
+
+    def serve(name: str) -> Server:
+        case = next(case for case in CASES if case.name == name)
+        if name not in built:
+            built[name] = case.build(tiny_model, root / name)
+        settings = {"model": str(built[name]), "model_name": name}
+        if case.tool_parser is not None:
+            settings["tool_parser"] = case.tool_parser
+        return server_factory(**settings)
+
+    return serve

@@ -15,8 +15,7 @@ words (the demo and family weights are random).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -24,7 +23,6 @@ import openai
 import pytest
 
 from tests.conftest import Server, ServerFactory
-from tests.families import CASES
 
 CLAUDE_BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14", "context-management-2025-06-27"]
 CLAUDE_TOOLS: list[dict[str, Any]] = [
@@ -66,19 +64,15 @@ def claude_turn(server: Server, messages: list[dict[str, Any]], edits: list[dict
 
 @pytest.fixture(scope="module", params=["smollm2", "deepseek"])
 def session_server(
-    request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, server_factory: ServerFactory
-) -> Iterator[tuple[Server, bool]]:
+    request: pytest.FixtureRequest, server_factory: ServerFactory, family_servers: Callable[[str], Server]
+) -> tuple[Server, bool]:
     """The real default model (SmolLM2, 8k window, no tool markup: the preamble and whole-output calls),
     and a family model: DeepSeek V3.1's real template and special tokens (its own call markup and think section);
     whether its weights are real."""
     if request.param == "smollm2":
         request.getfixturevalue("smollm2_model")
-        server = server_factory(model="smollm2")
-    else:
-        case = next(case for case in CASES if case.name == "deepseek")
-        server = server_factory(model=str(case.build(tiny_model, tmp_path_factory.mktemp("deepseek"))), model_name="deepseek")
-    yield server, request.param == "smollm2"
-    server.stop()
+        return server_factory(model="smollm2"), True
+    return family_servers("deepseek"), False
 
 
 def test_claude_code_session_two_turns_with_a_tool_round_trip(agent_server: Server) -> None:

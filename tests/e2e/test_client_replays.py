@@ -15,8 +15,7 @@ schema-valid arguments, and the tool results render into the next prompt.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -25,7 +24,6 @@ import openai
 import pytest
 
 from tests.conftest import Server, ServerFactory
-from tests.families import CASES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -63,18 +61,13 @@ class Turn:
 
 @pytest.fixture(scope="module", params=["smollm2", "deepseek"])
 def replay(
-    request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, server_factory: ServerFactory
-) -> Iterator[tuple[Server, dict[str, Any]]]:
+    request: pytest.FixtureRequest, server_factory: ServerFactory, family_servers: Callable[[str], Server]
+) -> tuple[Server, dict[str, Any]]:
     """A server and the extra body its client sends (DeepSeek's think switch)."""
     if request.param == "smollm2":
         request.getfixturevalue("smollm2_model")
-        server, extra = server_factory(model="smollm2"), {}
-    else:
-        case = next(case for case in CASES if case.name == request.param)
-        path = case.build(tiny_model, tmp_path_factory.mktemp(case.name))
-        server, extra = server_factory(model=str(path), model_name=case.name), {"chat_template_kwargs": {"thinking": True}}
-    yield server, extra
-    server.stop()
+        return server_factory(model="smollm2"), {}
+    return family_servers(request.param), {"chat_template_kwargs": {"thinking": True}}
 
 
 def stream_turn(client: openai.OpenAI, messages: list[Any], extra: dict[str, Any], **fields: Any) -> Turn:

@@ -8,14 +8,13 @@ opened by its template is split into reasoning in every API."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
 import pytest
 
-from tests.conftest import Server, ServerFactory
+from tests.conftest import Server
 from tests.e2e.conftest import stream_chunks
 from tests.families import CASES, FamilyCase
 
@@ -35,17 +34,15 @@ ASK: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[case.name for case in CASES])
-def family_server(
-    request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, server_factory: ServerFactory
-) -> Iterator[Server]:
+def family_server(request: pytest.FixtureRequest, family_servers: Callable[[str], Server]) -> Server:
     case: FamilyCase = request.param
-    path = case.build(tiny_model, tmp_path_factory.mktemp(case.name))
-    settings = {"model": str(path), "model_name": case.name}
-    if case.tool_parser is not None:
-        settings["tool_parser"] = case.tool_parser
-    server = server_factory(**settings)
-    yield server
-    server.stop()
+    return family_servers(case.name)
+
+
+@pytest.fixture(scope="module")
+def deepseek_server(family_servers: Callable[[str], Server]) -> Server:
+    """The one family whose template opens a think section on request, with single-token markers."""
+    return family_servers("deepseek")
 
 
 def valid(arguments: str | dict[str, Any]) -> dict[str, Any]:
@@ -120,9 +117,8 @@ def test_tool_result_round_trip(family_server: Server) -> None:
     assert with_result.usage.prompt_tokens > without.usage.prompt_tokens + 8
 
 
-def test_reasoning_split_in_every_api(family_server: Server) -> None:
-    if family_server.client().models.list().data[0].id != "deepseek":
-        pytest.skip("only DeepSeek's template opens a think section on request")
+def test_reasoning_split_in_every_api(deepseek_server: Server) -> None:
+    family_server = deepseek_server
     chat = family_server.client().chat.completions.create(
         model="m", messages=ASK, max_tokens=12, temperature=0, extra_body={"chat_template_kwargs": {"thinking": True}}
     )
@@ -140,9 +136,8 @@ def test_reasoning_split_in_every_api(family_server: Server) -> None:
 BUDGET = 1024
 
 
-def test_thinking_budget_closes_the_think_section(family_server: Server) -> None:
-    if family_server.client().models.list().data[0].id != "deepseek":
-        pytest.skip("DeepSeek's template opens a think section on request; its markers are single tokens")
+def test_thinking_budget_closes_the_think_section(deepseek_server: Server) -> None:
+    family_server = deepseek_server
     client = family_server.anthropic_client()
     greedy: dict[str, Any] = {"temperature": 0}  # this SDK's create() takes no temperature argument
     # Anthropic's floor for a budget is 1024 tokens, and the answer needs room after it.
@@ -158,3 +153,71 @@ def test_thinking_budget_closes_the_think_section(family_server: Server) -> None
     assert kinds[0] == "thinking" and "text" in kinds, bounded.content
     # The budget's thinking tokens, then the forced end marker, then the answer.
     assert bounded.content[0].thinking == unbounded.content[0].thinking[: len(bounded.content[0].thinking)]  # type: ignore[union-attr]
+
+
+NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
+MESSAGES_WEATHER: Any = {"name": "get_weather", "description": "Weather in a city.", "input_schema": PARAMETERS}
+RESPONSES_WEATHER: Any = {"type": "function", "name": "get_weather", "description": "Weather in a city.", "parameters": PARAMETERS, "strict": True}
+RESPONSES_ASK: dict[str, Any] = {
+    "model": "m",
+    "input": "Weather in Paris?",
+    "tools": [RESPONSES_WEATHER],
+    "tool_choice": {"type": "function", "name": "get_weather"},
+    "temperature": 0,
+    "store": False,
+}
+
+
+def test_forced_call_streams_in_every_api(family_server: Server) -> None:
+    """The call's head, then its arguments in pieces, joining to the unstreamed call's, in all three APIs."""
+    client = family_server.client()
+    ask: dict[str, Any] = {"model": "m", "messages": ASK, "tools": CHAT_TOOLS, "tool_choice": NAMED, "max_tokens": 96, "temperature": 0}
+    (whole,) = client.chat.completions.create(**ask).choices[0].message.tool_calls or []
+    chunks = [c for c in stream_chunks(family_server, "/chat/completions", ask) if isinstance(c, dict) and c["choices"]]
+    calls = [call for c in chunks for call in c["choices"][0]["delta"].get("tool_calls") or []]  # type: ignore[index]
+    assert calls[0]["function"] == {"name": "get_weather", "arguments": ""}, calls
+    assert "".join(call["function"]["arguments"] for call in calls) == whole.function.arguments  # type: ignore[union-attr]
+    with family_server.anthropic_client().messages.stream(
+        model="m", max_tokens=96, messages=ASK, tools=[MESSAGES_WEATHER], tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0}
+    ) as stream:
+        pieces = [e.delta.partial_json for e in stream if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]  # type: ignore[union-attr]
+        final = stream.get_final_message()
+    assert len(pieces) >= 2 and json.loads("".join(pieces)) == final.content[-1].input == valid(whole.function.arguments)  # type: ignore[union-attr]
+    with client.responses.stream(**RESPONSES_ASK, max_output_tokens=96) as responses:
+        deltas = [e.delta for e in responses if e.type == "response.function_call_arguments.delta"]  # type: ignore[union-attr]
+        output = responses.get_final_response().output
+    assert len(deltas) >= 2 and "".join(deltas) == output[-1].arguments  # type: ignore[union-attr]
+    valid(output[-1].arguments)  # type: ignore[union-attr]
+
+
+def test_forced_call_cut_by_max_tokens_is_a_call(family_server: Server) -> None:
+    """Every budget short of the whole call ends `length` with no markup as text, and a call once its name is
+    whole, with a prefix of the whole call's arguments; Messages and Responses say the same in their terms."""
+    client = family_server.client()
+    ask: dict[str, Any] = {"model": "m", "messages": ASK, "tools": CHAT_TOOLS, "tool_choice": NAMED, "temperature": 0}
+    whole = client.chat.completions.create(**ask, max_tokens=96)
+    arguments = (whole.choices[0].message.tool_calls or [])[0].function.arguments  # type: ignore[union-attr]
+    assert whole.usage is not None
+    budget, cut = whole.usage.completion_tokens, arguments
+    while cut == arguments:
+        budget -= 1
+        assert budget > 0, "no budget cut the call inside its arguments"
+        choice = client.chat.completions.create(**ask, max_tokens=budget).choices[0]
+        assert choice.finish_reason == "length" and not choice.message.content, choice
+        calls = choice.message.tool_calls or []
+        assert [call.function.name for call in calls] == ["get_weather"], choice  # type: ignore[union-attr]
+        cut = calls[0].function.arguments  # type: ignore[union-attr]
+        assert arguments.startswith(cut), (cut, arguments)
+    message = family_server.anthropic_client().messages.create(
+        model="m",
+        max_tokens=budget,
+        messages=ASK,
+        tools=[MESSAGES_WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body={"temperature": 0},
+    )
+    assert message.stop_reason == "max_tokens" and [block.type for block in message.content] == ["tool_use"]
+    response = client.responses.create(**RESPONSES_ASK, max_output_tokens=budget)
+    assert response.status == "incomplete" and response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert [(item.type, item.status) for item in response.output] == [("function_call", "incomplete")]

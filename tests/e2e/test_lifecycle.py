@@ -39,7 +39,7 @@ def test_full_queue_answers_429_with_retry_after(server_factory: ServerFactory, 
 
 
 def test_shutdown_lets_the_stream_in_flight_finish(server_factory: ServerFactory, no_eos: dict[str, int]) -> None:
-    server = server_factory()
+    server = server_factory(private=True)  # stopped below
     body = {"messages": HELLO, "max_tokens": 600, "stream": True, "stream_options": {"include_usage": True}, "logit_bias": no_eos}
     events: list[object] = []
     with httpx.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=120) as response:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Server
+from tests.conftest import Server, ServerFactory
+from wire.metrics import COUNTERS, READ_PATHS
 
 HELLO = [{"role": "user", "content": "Hello"}]
 
@@ -55,3 +58,24 @@ def test_loads_answer_in_the_shape_smg_polls(server: Server, client: openai.Open
     assert load["max_total_num_tokens"] > 0 and load["max_running_requests"] > 0
     assert 0 <= load["cache_hit_rate"] <= 1 and load["token_usage"] == 0
     assert body["aggregate"]["total_reqs"] == 0
+
+
+def test_every_stats_path_the_metrics_read_is_in_a_real_snapshot(server_factory: ServerFactory, tmp_path: Path) -> None:
+    """The figures read /stats by path; a field renamed in the snapshot must fail here, not read as 0."""
+    server = server_factory(cache_dir=str(tmp_path / "cache"), response_store=f"sqlite:///{tmp_path / 'store.db'}")
+    client = server.client()
+    client.responses.create(model="m", input="Hello", max_output_tokens=2)
+    snapshot = httpx.get(f"{server.base_url}/stats", timeout=10).json()
+    paths = [tuple(dotted.split(".")) for dotted in COUNTERS] + list(READ_PATHS)
+    missing = [".".join(path) for path in paths if not _is_number(_at(snapshot, path))]
+    assert not missing, f"/stats has no number at {missing}"
+
+
+def _at(snapshot: object, path: tuple[str, ...]) -> object:
+    for key in path:
+        snapshot = snapshot.get(key) if isinstance(snapshot, dict) else None
+    return snapshot
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -177,12 +178,12 @@ def test_function_tools_and_outputs_round_trip(client: openai.OpenAI) -> None:
 
 def test_sqlite_store_survives_a_restart(server_factory: ServerFactory, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'responses.db'}"
-    first_server = server_factory(response_store=url)
+    first_server = server_factory(private=True, response_store=url)  # stopped below
     client = first_server.client()
     one = client.responses.create(model="m", input="One.", max_output_tokens=3, temperature=0)
     two = client.responses.create(model="m", input="Two.", previous_response_id=one.id, max_output_tokens=3, temperature=0)
     assert first_server.stop() == 0
-    second_server = server_factory(response_store=url)
+    second_server = server_factory(private=True, response_store=url)
     client = second_server.client()
     assert client.responses.retrieve(two.id).output_text == two.output_text
     three = client.responses.create(model="m", input="Three.", previous_response_id=two.id, max_output_tokens=3, temperature=0)
@@ -192,7 +193,7 @@ def test_sqlite_store_survives_a_restart(server_factory: ServerFactory, tmp_path
 
 def test_store_failure_mid_stream_is_response_failed(server_factory: ServerFactory, tmp_path: Path) -> None:
     path = tmp_path / "broken.db"
-    server = server_factory(response_store=f"sqlite:///{path}")
+    server = server_factory(private=True, response_store=f"sqlite:///{path}")  # its store is destroyed below
     client = server.client()
     client.responses.create(model="m", input="warm", max_output_tokens=2)
     # Destroy the database under the running server: the next save fails.
@@ -204,10 +205,12 @@ def test_store_failure_mid_stream_is_response_failed(server_factory: ServerFacto
     assert isinstance(failed, dict) and failed["status"] == "failed" and failed["error"]["code"] == "server_error"  # type: ignore[index]
     assert not any(e["type"] in ("response.completed", "response.incomplete") for e in events)
     response_id = str(failed["id"])
+    # The store cannot be read at all now, so the lookup is the store's failure, not an unknown id.
     lookup = httpx.get(f"{server.v1}/responses/{response_id}", timeout=10)
-    assert lookup.status_code in (404, 500)
-    with pytest.raises(sqlite3.DatabaseError):
-        sqlite3.connect(path).execute("select id from responses").fetchall()
+    assert lookup.status_code == 500, lookup.text
+    assert lookup.json()["error"]["type"] == "server_error" and "database" not in lookup.text
+    with contextlib.closing(sqlite3.connect(path)) as reader, pytest.raises(sqlite3.DatabaseError):
+        reader.execute("select id from responses").fetchall()
     # The server itself keeps serving other APIs.
     assert client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2).usage
 

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 
 def test_a_chain_continues_on_whichever_replica_answers(server_factory: ServerFactory, postgres: PostgresServer) -> None:
     url = postgres.new_database()
-    replicas = [server_factory(response_store=url) for _ in range(2)]
+    # Two replicas of one store: the same settings, so each asks for a server of its own.
+    replicas = [server_factory(private=True, response_store=url) for _ in range(2)]
     clients = [replica.client() for replica in replicas]
     previous: str | None = None
     inputs = []
@@ -37,7 +38,7 @@ def test_a_store_failure_is_response_failed_and_nothing_is_stored(
     server_factory: ServerFactory, postgres: PostgresServer
 ) -> None:
     url = postgres.new_database()
-    server = server_factory(response_store=url)
+    server = server_factory(private=True, response_store=url)  # its store is broken below
     server.client().responses.create(model="m", input="warm", max_output_tokens=2)
     with psycopg.connect(url, autocommit=True) as db:
         db.execute("ALTER TABLE mlx_relay_responses RENAME TO gone")

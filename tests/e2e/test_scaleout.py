@@ -1,6 +1,6 @@
 """Replicas behind the routers of deploy/: smg (HTTP mode) and HAProxy, through real processes.
 
-What the README promises about each router: smg polls `/v1/loads` and
+What docs/deploy.md promises about each router: smg polls `/v1/loads` and
 routes; it answers `GET /v1/responses/{id}` itself (a 404 for a response a
 replica stored) while `previous_response_id` reaches the replicas' shared
 store; HAProxy keeps a session key on one replica, from a header or the

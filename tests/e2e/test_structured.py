@@ -55,8 +55,13 @@ def test_json_schema_output_always_validates(client: openai.OpenAI, seed: int) -
     jsonschema.validate(json.loads(choice.message.content or ""), PERSON)
 
 
-def test_json_object_and_streaming(server: Server, client: openai.OpenAI) -> None:
-    body = {"messages": HELLO, "max_tokens": 200, "seed": 5, "response_format": {"type": "json_object"}}
+def test_json_object_and_streaming(server: Server, tokenizer: Tokenizer) -> None:
+    # A random model rarely closes a JSON string on its own, and when it does depends on the BLAS's
+    # numerics; a bias toward quotes and braces closes every string and the object within a few tokens.
+    # Outside the grammar the bias would write bare quotes and braces, which json.loads refuses.
+    closing = {str(tokenizer.token_to_id(token)): 30 for token in ('"', "}")}
+    json_object = {"type": "json_object"}
+    body = {"messages": HELLO, "max_tokens": 200, "seed": 5, "response_format": json_object, "logit_bias": closing}
     chunks = [c for c in stream_chunks(server, "/chat/completions", body) if isinstance(c, dict)]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])  # type: ignore[index]
     assert isinstance(json.loads(text), dict)
@@ -170,7 +175,8 @@ def test_named_tool_choice_streams_tool_call_deltas(server: Server) -> None:
     chunks = [c for c in stream_chunks(server, "/chat/completions", body) if isinstance(c, dict) and c["choices"]]
     deltas = [c["choices"][0]["delta"] for c in chunks]  # type: ignore[index]
     calls = [call for d in deltas for call in d.get("tool_calls", [])]
-    assert [call["index"] for call in calls] == [0]
+    # One call, its head first, then its arguments in pieces.
+    assert {call["index"] for call in calls} == {0} and len(calls) >= 2
     assert calls[0]["function"]["name"] == "get_weather"
     jsonschema.validate(json.loads("".join(c["function"]["arguments"] for c in calls)), WEATHER)
     assert not any("<tool_call>" in (d.get("content") or "") for d in deltas)

@@ -64,7 +64,7 @@ def test_a_request_is_a_span_with_a_child_per_stage_in_the_callers_trace(
 ) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
-    server = server_factory()
+    server = server_factory(private=True)  # started under the OTLP environment set above
     client = server.client()
     client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=3, temperature=0,

@@ -23,11 +23,17 @@ def test_a_stale_socket_is_replaced(tmp_path: Path) -> None:
     path = tmp_path / "s.sock"
     with contextlib.closing(socket.socket(socket.AF_UNIX)) as old:
         old.bind(str(path))
+    with contextlib.closing(socket.socket(socket.AF_UNIX)) as probe, pytest.raises(ConnectionRefusedError):
+        probe.connect(str(path))  # nobody listens on the stale file
     with contextlib.closing(bind_unix(str(path))) as listener:
+        assert listener.getsockname() == str(path)
+        assert stat.S_ISSOCK(path.stat().st_mode) and stat.S_IMODE(path.stat().st_mode) == 0o600
         with contextlib.closing(socket.socket(socket.AF_UNIX)) as client:
             client.connect(str(path))
+            client.sendall(b"ping")
             accepted, _ = listener.accept()
-            accepted.close()
+            with contextlib.closing(accepted):
+                assert accepted.recv(4) == b"ping"
 
 
 def test_a_live_socket_is_not_taken_over(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ def mkl_installed() -> bool:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the preload is for Linux CPUs")
-@pytest.mark.skipif(not mkl_installed(), reason="the mkl wheel (the cpu-mkl extra) is not installed")
+@pytest.mark.skipif(not mkl_installed(), reason="the mkl wheel (the cpu extra, x86_64 Linux) is not installed")
 def test_without_openblas_the_mkl_wheel_is_loaded_and_named() -> None:
     name, product, mapped = probe("blas._OPENBLAS = ()", "libmkl_rt")
     assert name.startswith("mkl (Intel(R) oneAPI Math Kernel Library") and "from the mkl wheel" in name

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
+from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta, ToolCallStart
 from pipeline.requests import Tool
 from stages.families import hermes
 from stages.markup import Markers, MarkupSplitter, Section
@@ -16,10 +16,23 @@ MARKERS = Markers(think=("<think>", "</think>"), family=hermes.FAMILY)
 
 
 def merged(events: list[CompletionEvent]) -> list[tuple[str, str]]:
-    """(kind, content) runs: text and reasoning joined, each call as name + arguments."""
+    """(kind, content) runs: text and reasoning joined, each call as name + arguments.
+
+    A call's streamed pieces join to its arguments, and its start (if sent) names it first.
+    """
     runs: list[tuple[str, str]] = []
+    started: dict[int, tuple[str, str]] = {}
     for event in events:
+        if isinstance(event, ToolCallStart):
+            assert event.index not in started
+            started[event.index] = (event.name, "")
+            continue
+        if isinstance(event, ToolCallDelta):
+            name, sent = started[event.index]
+            started[event.index] = (name, sent + event.arguments)
+            continue
         if isinstance(event, ToolCall):
+            assert started.pop(event.index, (event.name, event.arguments)) == (event.name, event.arguments)
             runs.append(("call", f"{event.name}{event.arguments}"))
             continue
         assert isinstance(event, (TextDelta, ReasoningDelta))
@@ -66,7 +79,7 @@ CASES = [
         'Calling.<tool_call>{"name": "f", "arguments": {"x": "cut by max_tok',
         Section.ANSWER,
         [("text", "Calling.")],
-        id="call-cut-by-the-end-is-dropped",
+        id="call-the-output-ends-inside-is-dropped",
     ),
     pytest.param(
         '<tool_call>{"name": "f", "arguments": {"x": "a </tool_call> b"}}</tool_call>',
@@ -155,3 +168,18 @@ def test_phi4_mini_call_forms(text: str, expected: list[tuple[str, str]]) -> Non
         splitter = MarkupSplitter(Markers(think=phi4.FAMILY.think, family=phi4.FAMILY))
         events = splitter.feed(text[:cut]) + splitter.feed(text[cut:], final=True)
         assert merged(events) == expected, cut
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('Calling.<tool_call>{"name": "f", "arguments": {"x": "cut by max_tok', [("text", "Calling."), ("call", 'f{"x": "cut by max_tok')]),
+        ('Calling.<tool_call>{"name": "get_w', [("text", "Calling.")]),
+    ],
+    ids=["keeps-what-was-written", "before-its-name-nothing"],
+)
+def test_call_cut_by_max_tokens(text: str, expected: list[tuple[str, str]]) -> None:
+    """Cut off at max tokens (not ended by the model), a call whose name is whole is a call with the arguments so far."""
+    for cut in range(len(text) + 1):
+        splitter = MarkupSplitter(MARKERS)
+        assert merged(splitter.feed(text[:cut]) + splitter.feed(text[cut:], final=True, cut=True)) == expected, cut

@@ -5,7 +5,7 @@ from __future__ import annotations
 from wire.loads import LoadInputs, loads_body
 
 _SGLANG_LOAD_FIELDS = {
-    "dp_rank", "num_running_reqs", "num_waiting_reqs", "num_waiting_uncached_tokens", "num_used_tokens",
+    "dp_rank", "num_running_reqs", "num_waiting_reqs", "num_used_tokens",
     "num_total_tokens", "max_total_num_tokens", "max_running_requests", "token_usage", "gen_throughput",
     "cache_hit_rate", "utilization",
 }  # fmt: skip
@@ -21,8 +21,10 @@ def test_the_figures_map_onto_sglangs_fields() -> None:
     assert body["timestamp"] == "1970-01-01T00:00:00+00:00" and body["dp_rank_count"] == 1
     (load,) = body["loads"]  # type: ignore[misc]
     assert _SGLANG_LOAD_FIELDS <= set(load)
+    # Not measured before admission, so not reported rather than reported as a constant 0.
+    assert "num_waiting_uncached_tokens" not in load
     assert load == {
-        "dp_rank": 0, "num_running_reqs": 2, "num_waiting_reqs": 1, "num_waiting_uncached_tokens": 0,
+        "dp_rank": 0, "num_running_reqs": 2, "num_waiting_reqs": 1,
         "num_total_reqs": 3, "num_used_tokens": 256, "num_total_tokens": 256, "max_total_num_tokens": 1024,
         "max_running_requests": 8, "token_usage": 0.25, "gen_throughput": 12.35, "cache_hit_rate": 0.1235,
         "utilization": 0.25,

@@ -1,0 +1,73 @@
+"""Which model's engine a request runs on: the fleet's choice by the body's `model`, kept for the request.
+
+A route calls `chosen(model)` around handing its request over; inside it,
+`current_engine()` is that model's engine (the reply's echo, the model
+list and the tokenizer routes read it), and `current_defaults()` its
+per-model defaults. Outside a choice, the first configured model's engine
+answers (with one model, the only one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import cast
+
+from quart import current_app, g
+
+from fleet.fleet import Fleet
+from fleet.host import unavailable
+from fleet.spec import Defaults
+from pipeline.requests import JsonValue
+from stages.engine import Engine
+from stages.parse import load_json
+
+
+def fleet() -> Fleet:
+    return cast(Fleet, current_app.extensions["fleet"])
+
+
+def current_engine() -> Engine:
+    """The engine chosen for this request, else the first model's.
+
+    Raises:
+        RequestError: 503 when that model is not loaded (several models, none chosen).
+    """
+    chosen_engine = g.get("engine")
+    if chosen_engine is not None:
+        return cast(Engine, chosen_engine)
+    host = fleet().default
+    if host.engine is None:
+        raise unavailable(host, 1.0)
+    return host.engine
+
+
+def current_defaults() -> Defaults:
+    defaults = g.get("defaults")
+    return cast(Defaults, defaults) if defaults is not None else fleet().default.defaults
+
+
+@asynccontextmanager
+async def chosen(model: str | None) -> AsyncIterator[Engine]:
+    """The engine of the model `model` names (loaded if need be), current for this request.
+
+    Raises:
+        RequestError: 404 `model_not_found`; 503 with Retry-After when it cannot be loaded now.
+    """
+    current = fleet()
+    host = current.host_named(model)
+    async with current.use(model) as engine:
+        g.engine, g.defaults = engine, host.defaults
+        yield engine
+
+
+def model_named(body: bytes) -> str | None:
+    """The body's `model`, read only when several models are served (one model answers every name)."""
+    if not fleet().several:
+        return None
+    return model_field(load_json(body))
+
+
+def model_field(value: JsonValue) -> str | None:
+    model = value.get("model") if isinstance(value, dict) else None
+    return model if isinstance(model, str) and model else None

@@ -1,0 +1,82 @@
+"""Health, fit and stats with several models (fleet/): each model's state, footprint and figures.
+
+`/health` is 200 while the fleet serves (a model that is unloaded or
+failed is reported, not fatal: it loads, or reloads, on its next use) and
+503 once it drains. `/fit?model=NAME` is that model's plan when loaded,
+and its footprint (what it would take of the budget) either way.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import attrs
+
+from edge.redact import without_paths
+from fleet.fleet import Fleet
+from fleet.host import ModelHost
+from pipeline.requests import JsonObject
+from stages.adapters import not_found
+
+
+def fleet_health(fleet: Fleet) -> tuple[JsonObject, bool]:
+    models: JsonObject = {}
+    for name, host in fleet.hosts.items():
+        report = host.report()
+        if host.engine is not None:
+            report["ready"] = host.engine.ready
+        models[name] = report
+    ok = not fleet.draining
+    return {"status": "ok" if ok else "unavailable", "models": models}, ok
+
+
+async def fleet_fit(fleet: Fleet) -> JsonObject:
+    return {
+        "budget_bytes": fleet.budget,
+        "resident_bytes": fleet.resident_bytes(),
+        "machine": cast(JsonObject, attrs.asdict(fleet.machine)) if fleet.machine else None,
+        "models": {name: _footprint(host) for name, host in fleet.hosts.items()},
+    }
+
+
+async def model_fit(fleet: Fleet, model: str) -> JsonObject:
+    """One model's fit.
+
+    Raises:
+        RequestError: 404 `model_not_found` for a name no model owns.
+    """
+    owner = fleet.known_names().get(model)
+    if owner is None:
+        raise not_found(model, "model", served=tuple(fleet.known_names()))
+    host = fleet.hosts[owner]
+    await fleet.footprint_of(host)
+    body: JsonObject = {"model": host.name, "budget_bytes": fleet.budget, **_footprint(host)}
+    if host.engine is not None:
+        body.update(cast(JsonObject, without_paths(attrs.asdict(host.engine.fit))))
+    return body
+
+
+def fleet_stats(fleet: Fleet) -> JsonObject:
+    models: JsonObject = {}
+    for name, host in fleet.hosts.items():
+        report = cast(
+            JsonObject,
+            {
+                **host.report(),
+                **_footprint(host),
+                "loads": host.loads,
+                "unloads": host.unloads,
+                "waiting": host.waiting,
+            },
+        )
+        if host.engine is not None:
+            report["engine"] = cast(JsonObject, attrs.asdict(host.engine.statistics()))
+        models[name] = report
+    return {"budget_bytes": fleet.budget, "resident_bytes": fleet.resident_bytes(), "models": models}
+
+
+def _footprint(host: ModelHost) -> JsonObject:
+    report = host.report()
+    if host.footprint is not None:
+        report["footprint"] = cast(JsonObject, attrs.asdict(host.footprint))
+    return report

@@ -1,0 +1,90 @@
+"""A step's time budget: how many prompt tokens the next step may prefill, from the measured speeds.
+
+A step of the batch (mlx-lm's `BatchGenerator.next`) decodes one token for
+every decoding row and then prefills one chunk of each prefilling row's
+prompt, up to `prefill_step_size` tokens a row. A fixed chunk makes the
+step's length depend on the model and the machine: 512 tokens for each of
+several prompts takes seconds on a CPU, and every stream stalls, and no
+abort is seen, until the step ends. vLLM bounds a step by tokens
+(`max_num_batched_tokens`: the decoding rows' tokens first, then prefill
+chunks fill what is left); this bounds it by time as well.
+
+Before each step the gateway asks `chunk` for the prompt tokens a
+prefilling row may take: what the target leaves after the decoding rows'
+share, at the measured prefill speed, divided among the rows that prefill
+together, between `min_chunk` (so a prompt always progresses, even when
+decoding alone fills the step) and `max_chunk` (the token bound, the
+`prefill_step_size` setting). After it, `record` takes the step's length
+and what it did, and updates two running estimates: a step's length with no
+prefill, and the seconds a prompt token costs beside it (both smoothed, so
+one slow step moves them a little; a prefill slows as its context grows,
+and the estimate follows). The first chunk, before any prefill was
+measured, is `first_chunk` tokens: small, so the first measurement cannot
+overrun the target by much.
+
+Pure arithmetic, no MLX: tests drive it by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+# Each measurement's weight in the running estimates.
+_SMOOTHING = 0.3
+
+
+@attrs.define
+class StepBudget:
+    target_s: float
+    max_chunk: int
+    min_chunk: int = 16
+    first_chunk: int = 64
+    # A step's length with rows decoding and nothing prefilling; seconds per prompt token beside them.
+    _decode_s: float | None = attrs.field(default=None, init=False)
+    _token_s: float | None = attrs.field(default=None, init=False)
+    # Each prefilling row's progress at the last step (the batch's own count), to tell what one step prefilled.
+    _progress: dict[int, int] = attrs.field(factory=dict, init=False)
+    # The chunks asked for, and the steps that went past the target, for /stats.
+    chunks: int = attrs.field(default=0, init=False)
+    last_chunk: int = attrs.field(default=0, init=False)
+    over_target: int = attrs.field(default=0, init=False)
+
+    def chunk(self, *, prefilling: int, decoding: int) -> int:
+        """Prompt tokens each of `prefilling` rows may take in the next step, beside `decoding` rows."""
+        if prefilling <= 0:
+            return self.max_chunk
+        if self._token_s is None:
+            size = self.first_chunk
+        else:
+            decode = self._decode_s if decoding and self._decode_s is not None else 0.0
+            size = int((self.target_s - decode) / self._token_s / prefilling)
+        self.chunks += 1
+        self.last_chunk = max(self.min_chunk, min(self.max_chunk, size))
+        return self.last_chunk
+
+    def record(self, seconds: float, prefilled: Sequence[Any], *, decoding: int) -> None:
+        """One step took `seconds`, with `decoding` rows decoding and the batch's prefill responses `prefilled`."""
+        tokens = self._prefilled_tokens(prefilled)
+        if seconds > self.target_s:
+            self.over_target += 1
+        if tokens == 0:
+            if decoding:
+                self._decode_s = _smoothed(self._decode_s, seconds)
+            return
+        decode = self._decode_s if decoding and self._decode_s is not None else 0.0
+        self._token_s = _smoothed(self._token_s, max(seconds - decode, 0.0) / tokens)
+
+    def _prefilled_tokens(self, prefilled: Sequence[Any]) -> int:
+        # `progress` is (prompt tokens sent to the model so far, the prompt's length) for each row still prefilling;
+        # rebuilt every step, so a row that left (finished, aborted, preempted) leaves nothing behind.
+        progress = {int(r.uid): int(r.progress[0]) for r in prefilled if not r.end_of_prompt}
+        tokens = sum(done - self._progress.get(uid, 0) for uid, done in progress.items())
+        self._progress = progress
+        return max(tokens, 0)
+
+
+def _smoothed(estimate: float | None, measured: float) -> float:
+    return measured if estimate is None else (1 - _SMOOTHING) * estimate + _SMOOTHING * measured
