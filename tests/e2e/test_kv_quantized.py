@@ -115,7 +115,7 @@ def test_preempted_quantized_rows_resume_with_the_same_text(server_factory: Serv
 def test_the_disk_tier_restores_its_own_scheme_and_never_another(server_factory: ServerFactory, tmp_path: Path) -> None:
     disk = tmp_path / "kv"
     entry = 2 * 150 * 8 * 4 * 2 * (64 + 8)  # two conversations' worth would not fit: the first spills
-    writer = server_factory(**Q8, cache_dir=str(disk), prompt_cache_bytes=str(entry))
+    writer = server_factory(private=True, **Q8, cache_dir=str(disk), prompt_cache_bytes=str(entry))
     x, y = story("disk x"), story("disk y")
     first = chat(writer, x)
     chat(writer, y)
@@ -126,7 +126,7 @@ def test_the_disk_tier_restores_its_own_scheme_and_never_another(server_factory:
     header = files[0].read_bytes()[8:4096]
     assert b'"kv_scheme": "q8g64"' in header
     # The same scheme restores the entry: a fresh server's first request hits it on disk.
-    reader = server_factory(**Q8, cache_dir=str(disk))
+    reader = server_factory(private=True, **Q8, cache_dir=str(disk))
     again = chat(reader, x)
     assert cached(again) >= first["usage"]["prompt_tokens"] - 2
     assert stats(reader)["prompt_cache"]["disk"]["restores"] >= 1  # type: ignore[index]
@@ -135,13 +135,13 @@ def test_the_disk_tier_restores_its_own_scheme_and_never_another(server_factory:
     # Another scheme never restores it, even with the file put where its own entries live.
     for other in ({"kv_bits": "4"}, {}):
         foreign = tmp_path / f"foreign-{other.get('kv_bits', 'full')}"
-        probe = server_factory(model="demo", cache_dir=str(foreign), **other)
+        probe = server_factory(private=True, model="demo", cache_dir=str(foreign), **other)
         chat(probe, story("warm"), max_tokens=1)
         own = _own_folder(probe, foreign)
         probe.kill()
         for path in folder.glob("*.safetensors"):
             shutil.copy(path, own / path.name)
-        server = server_factory(model="demo", cache_dir=str(foreign), **other)
+        server = server_factory(private=True, model="demo", cache_dir=str(foreign), **other)
         assert cached(chat(server, x)) < 10
         disk_stats = stats(server)["prompt_cache"]["disk"]  # type: ignore[index]
         assert disk_stats["restores"] == 0 and disk_stats["corrupt"] >= 1  # type: ignore[index]
@@ -180,5 +180,25 @@ def _own_folder(server: Server, root: Path) -> Path:
 )
 def test_what_cannot_run_is_refused_at_start_naming_it(server_factory: ServerFactory, settings: dict[str, str], named: str) -> None:
     with pytest.raises(RuntimeError, match="server exited") as refused:
-        server_factory(**settings)
+        server_factory(private=True, **settings)
     assert named in str(refused.value)
+
+
+def test_eight_bit_kv_through_fit_on_a_qwen3_shaped_model_under_twelve_gib(server_factory: ServerFactory) -> None:
+    """The issue's measure, read from /fit of real servers: Qwen3-0.6B's published shape, 28 layers, 12 GiB."""
+    from stages.models.shaped import ensure_shaped_model
+
+    ensure_shaped_model("qwen3-0.6b")
+    fits = {
+        bits: httpx.get(f"{server_factory(model='shaped:qwen3-0.6b', memory_budget=str(12 << 30), **extra).base_url}/fit",
+                        timeout=30).json()
+        for bits, extra in (("full", {}), ("8", {"kv_bits": "8"}))
+    }  # fmt: skip
+    full, q8 = fits["full"]["memory"], fits["8"]["memory"]
+    window = fits["full"]["model"]["context_window"]
+    assert full["kv_bytes_per_token"] >= 1.8 * q8["kv_bytes_per_token"]
+    # 1.8x the full-precision row, or the model's whole window where that is less.
+    assert q8["max_safe_context"] >= min(window, 1.8 * full["max_safe_context"])
+    # Rows of 4k tokens (and a block to grow) that the KV room holds.
+    rows = {name: fit["memory"]["usable_bytes"] // fit["memory"]["kv_bytes_per_token"] // (4096 + 256) for name, fit in fits.items()}
+    assert rows["8"] >= max(16, 1.8 * rows["full"])
