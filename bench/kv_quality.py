@@ -68,7 +68,9 @@ class _Recorder:
         return getattr(self.layer, name)
 
 
-def drift(model: Any, prompt: list[int], sequence: list[int], scheme: KvScheme) -> tuple[list[tuple[float, float, float]], tuple[float, float]]:
+def drift(
+    model: Any, prompt: list[int], sequence: list[int], scheme: KvScheme
+) -> tuple[list[tuple[float, float, float]], tuple[float, float]]:
     """Per layer (mean abs, max abs, mean relative) and the logits' (mean abs, max abs), teacher-forced."""
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -113,7 +115,9 @@ def synthetic(name: str, tokens: int) -> None:
         print(f"{name} {scheme.describe()} agreement over {tokens} tokens: {same:.1%} (first difference at {parted})")
         per_layer, (logit_mean, logit_max) = drift(model, prompt, full, scheme)
         for index, (mean, most, relative) in enumerate(per_layer):
-            print(f"{name} {scheme.describe()} layer {index}: mean |drift| {mean:.2e} ({relative:.2%} of the mean |value|), max {most:.2e}")
+            print(
+                f"{name} {scheme.describe()} layer {index}: mean |drift| {mean:.2e} ({relative:.2%} of the mean |value|), max {most:.2e}"
+            )
         print(f"{name} {scheme.describe()} logits: mean |drift| {logit_mean:.2e}, max {logit_max:.2e}")
 
 

@@ -32,11 +32,11 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, _BaseCache
 
+from stages.kv.shape import KvScheme
+
 # Helpers mlx-lm's cache module uses without exporting them (untyped there).
 _untyped: Any = mlx_cache
 create_causal_mask, dynamic_roll = _untyped.create_causal_mask, _untyped.dynamic_roll
-
-from stages.kv.shape import KvScheme
 
 Triple = tuple[mx.array, mx.array, mx.array]
 
@@ -102,8 +102,12 @@ class BatchQuantizedKV(_BaseCache):
             new_keys = _zeros(batch, heads, length, key_dim, keys.dtype, self.scheme)
             new_values = _zeros(batch, heads, length, values.shape[3], values.dtype, self.scheme)
             if self.keys is not None and self.values is not None:
-                self.keys = tuple(mx.concatenate([old[..., :prev, :], new], axis=2) for old, new in zip(self.keys, new_keys))  # type: ignore[assignment]
-                self.values = tuple(mx.concatenate([old[..., :prev, :], new], axis=2) for old, new in zip(self.values, new_values))  # type: ignore[assignment]
+                self.keys = tuple(
+                    mx.concatenate([old[..., :prev, :], new], axis=2) for old, new in zip(self.keys, new_keys)
+                )  # type: ignore[assignment]
+                self.values = tuple(
+                    mx.concatenate([old[..., :prev, :], new], axis=2) for old, new in zip(self.values, new_values)
+                )  # type: ignore[assignment]
             else:
                 self.keys, self.values = new_keys, new_values
         assert self.keys is not None and self.values is not None
@@ -117,9 +121,17 @@ class BatchQuantizedKV(_BaseCache):
 
     def keys_and_values(self) -> tuple[Triple, Triple]:
         assert self.keys is not None and self.values is not None
-        return _map(lambda part: part[..., : self._idx, :], self.keys), _map(lambda part: part[..., : self._idx, :], self.values)
+        return _map(lambda part: part[..., : self._idx, :], self.keys), _map(
+            lambda part: part[..., : self._idx, :], self.values
+        )
 
-    def prepare(self, *, left_padding: Sequence[int] | None = None, lengths: Any = None, right_padding: Sequence[int] | None = None) -> None:
+    def prepare(
+        self,
+        *,
+        left_padding: Sequence[int] | None = None,
+        lengths: Any = None,
+        right_padding: Sequence[int] | None = None,
+    ) -> None:
         if left_padding is not None:
             if self.keys is not None:
                 raise ValueError("left padding can only be added to an empty BatchQuantizedKV")
@@ -183,21 +195,32 @@ class BatchQuantizedKV(_BaseCache):
         size = max(c.keys[0].shape[2] for c in (self, other) if c.keys is not None)
         template = next(c for c in (self, other) if c.keys is not None)
         assert template.keys is not None and template.values is not None
+        template_keys, template_values = template.keys, template.values
 
         def padded(cache: BatchQuantizedKV) -> tuple[Triple, Triple, mx.array, mx.array]:
             keys, values = cache.keys, cache.values
             if keys is None or values is None:
                 rows = cache.offset.shape[0]
-                keys = _map(lambda part: mx.zeros((rows, part.shape[1], 0, part.shape[3]), dtype=part.dtype), template.keys)  # type: ignore[arg-type]
-                values = _map(lambda part: mx.zeros((rows, part.shape[1], 0, part.shape[3]), dtype=part.dtype), template.values)  # type: ignore[arg-type]
+                keys = _map(
+                    lambda part: mx.zeros((rows, part.shape[1], 0, part.shape[3]), dtype=part.dtype), template_keys
+                )
+                values = _map(
+                    lambda part: mx.zeros((rows, part.shape[1], 0, part.shape[3]), dtype=part.dtype), template_values
+                )
             left = held - cache._idx
             right = size - keys[0].shape[2] - left
             if right < 0:
-                keys, values = _map(lambda part: part[..., :right, :], keys), _map(lambda part: part[..., :right, :], values)
+                keys, values = (
+                    _map(lambda part: part[..., :right, :], keys),
+                    _map(lambda part: part[..., :right, :], values),
+                )
                 right = 0
             if left or right:
                 widths = [(0, 0), (0, 0), (left, right), (0, 0)]
-                keys, values = _map(lambda part: mx.pad(part, widths), keys), _map(lambda part: mx.pad(part, widths), values)
+                keys, values = (
+                    _map(lambda part: mx.pad(part, widths), keys),
+                    _map(lambda part: mx.pad(part, widths), values),
+                )
             return keys, values, cache.offset, cache.left_padding + left
 
         (mine_k, mine_v, mine_o, mine_l), (their_k, their_v, their_o, their_l) = padded(self), padded(other)
@@ -225,8 +248,13 @@ class BatchQuantizedKV(_BaseCache):
             return cls([0] * len(caches), bits=first.bits, group_size=first.group_size)
         padding = [longest - length for length in lengths]
         template = next(c for c in caches if c.keys is not None)
-        keys = _map(lambda part: mx.zeros((len(caches), part.shape[1], longest, part.shape[3]), dtype=part.dtype), template.keys)
-        values = _map(lambda part: mx.zeros((len(caches), part.shape[1], longest, part.shape[3]), dtype=part.dtype), template.values)
+        keys = _map(
+            lambda part: mx.zeros((len(caches), part.shape[1], longest, part.shape[3]), dtype=part.dtype), template.keys
+        )
+        values = _map(
+            lambda part: mx.zeros((len(caches), part.shape[1], longest, part.shape[3]), dtype=part.dtype),
+            template.values,
+        )
         for index, (pad, cache) in enumerate(zip(padding, caches)):
             if cache.keys is None:
                 continue

@@ -66,7 +66,12 @@ def test_fit_and_stats_name_the_scheme_and_price_it(full: Server, quantized: Ser
     assert plain["memory"]["kv_bytes_per_token"] == 8 * 4 * 2 * 64 * 4
     assert q8["memory"]["kv_bytes_per_token"] == 8 * 4 * 2 * (64 + 2 * 4)
     reported = stats(quantized)["kv_scheme"]
-    assert reported == {"name": "q8g64", "bits": 8, "group_size": 64, "kv_bytes_per_token": q8["memory"]["kv_bytes_per_token"]}
+    assert reported == {
+        "name": "q8g64",
+        "bits": 8,
+        "group_size": 64,
+        "kv_bytes_per_token": q8["memory"]["kv_bytes_per_token"],
+    }
     assert stats(full)["kv_scheme"]["name"] == "full"  # type: ignore[index]
 
 
@@ -78,13 +83,18 @@ def test_quantized_rows_answer_and_a_second_turn_hits_the_prompt_cache(quantized
     assert cached(again) >= first["usage"]["prompt_tokens"] - 2
     # The same quantized KV, computed or cached, gives the same greedy tokens.
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
-    streamed, finish = stream_text(quantized, {"model": "demo", "messages": story("stream"), "max_tokens": 8, "temperature": 0})
+    streamed, finish = stream_text(
+        quantized, {"model": "demo", "messages": story("stream"), "max_tokens": 8, "temperature": 0}
+    )
     assert finish in ("stop", "length") and isinstance(streamed, str)
 
 
 def test_quantized_kv_changes_the_arithmetic_not_the_shape_of_answers(full: Server, quantized: Server) -> None:
     """Rows batched together each get a well-formed answer; the cache's scheme is the only difference."""
-    bodies = [{"model": "demo", "messages": story(f"row {i}"), "max_tokens": 24, "temperature": 0, "ignore_eos": True} for i in range(4)]
+    bodies = [
+        {"model": "demo", "messages": story(f"row {i}"), "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        for i in range(4)
+    ]
     barrier = threading.Barrier(len(bodies))
     with ThreadPoolExecutor(len(bodies)) as pool:
         answers = list(pool.map(lambda body: stream_text(quantized, body, barrier), bodies))
@@ -96,7 +106,9 @@ def test_preempted_quantized_rows_resume_with_the_same_text(server_factory: Serv
     info = resolve_model("demo")
     shape = read_model_shape(info.path, info.context_window)
     q8 = attrs.evolve(shape, kv_scheme=KvScheme(bits=8))
-    budget = budget_for(q8, read_machine(), rows * q8.kv_bytes(300), prompt_cache=32 << 20, max_batch=rows, prefill_step=512)
+    budget = budget_for(
+        q8, read_machine(), rows * q8.kv_bytes(300), prompt_cache=32 << 20, max_batch=rows, prefill_step=512
+    )
     tight = server_factory(**Q8, memory_budget=str(budget), prompt_cache_bytes=str(32 << 20), max_batch=str(rows))
     bodies = [{"model": "demo", "messages": story(f"pressed {i}", 40), "max_tokens": 420, "temperature": 0, "ignore_eos": True}
               for i in range(rows)]  # fmt: skip
@@ -178,7 +190,9 @@ def _own_folder(server: Server, root: Path) -> Path:
     ],
     ids=["group-size", "quantized-start", "sliding-window", "recurrent", "bits"],
 )
-def test_what_cannot_run_is_refused_at_start_naming_it(server_factory: ServerFactory, settings: dict[str, str], named: str) -> None:
+def test_what_cannot_run_is_refused_at_start_naming_it(
+    server_factory: ServerFactory, settings: dict[str, str], named: str
+) -> None:
     with pytest.raises(RuntimeError, match="server exited") as refused:
         server_factory(private=True, **settings)
     assert named in str(refused.value)
@@ -200,5 +214,8 @@ def test_eight_bit_kv_through_fit_on_a_qwen3_shaped_model_under_twelve_gib(serve
     # 1.8x the full-precision row, or the model's whole window where that is less.
     assert q8["max_safe_context"] >= min(window, 1.8 * full["max_safe_context"])
     # Rows of 4k tokens (and a block to grow) that the KV room holds.
-    rows = {name: fit["memory"]["usable_bytes"] // fit["memory"]["kv_bytes_per_token"] // (4096 + 256) for name, fit in fits.items()}
+    rows = {
+        name: fit["memory"]["usable_bytes"] // fit["memory"]["kv_bytes_per_token"] // (4096 + 256)
+        for name, fit in fits.items()
+    }
     assert rows["8"] >= max(16, 1.8 * rows["full"])

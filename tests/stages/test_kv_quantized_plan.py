@@ -34,9 +34,10 @@ def test_a_quantized_token_costs_its_values_scales_and_biases(name: str, scheme:
     assert shape.dtype_bytes == 2
     full_layers = shape.layers - shape.sliding_layers
     assert quantized(shape, scheme).kv_bytes_per_token == full_layers * shape.kv_heads * 2 * row
-    assert quantized(shape, scheme).kv_bytes(BLOCK) * shape.layer_token_bytes == shape.kv_bytes(BLOCK) * quantized(
-        shape, scheme
-    ).layer_token_bytes
+    assert (
+        quantized(shape, scheme).kv_bytes(BLOCK) * shape.layer_token_bytes
+        == shape.kv_bytes(BLOCK) * quantized(shape, scheme).layer_token_bytes
+    )
 
 
 def test_the_schemes_name_themselves() -> None:
