@@ -49,7 +49,7 @@ from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
 from stages.sink import CompletionSink
 from stages.text import TextStage
-from stages.startup import batch_factory, kv_scheme, model_loader
+from stages.startup import kv_scheme, model_loader
 from stages.startup import choose_markup, disk_tier, plan_weights, prompt_cache, rank_share, think_ids
 from stages.tokenize import BoundedEncoder
 
@@ -342,7 +342,7 @@ class Engine:
             spills_out=spills.send,
             spills_in=spills.receive,
             load=model_loader(self.info, cluster, self.fit.model.kv_scheme),
-            make_generator=batch_factory(cluster, self.fit.model.kv_scheme),
+            make_generator=None if cluster is None else cluster.make_generator, kv_scheme=self.fit.model.kv_scheme,
             single_row=settings.single_row,
             eos_ids=frozenset(self.tokenizer.eos_token_ids),
             think_ids=think_ids(self.family, self.tokenizer),

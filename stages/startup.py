@@ -167,14 +167,3 @@ def model_loader(info: ModelInfo, cluster: Cluster | None, scheme: KvScheme) -> 
         return model
 
     return load
-
-
-def batch_factory(cluster: Cluster | None, scheme: KvScheme) -> Callable[..., object] | None:
-    """What builds the batch: the cluster's replayed generator, one that quantizes every row, or None (mlx-lm's own)."""
-    if cluster is not None:
-        return cluster.make_generator
-    if not scheme.quantized:
-        return None
-    from stages.models.quantized_kv import QuantizedBatchGenerator
-
-    return partial(QuantizedBatchGenerator, kv_scheme=scheme)

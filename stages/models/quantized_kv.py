@@ -25,6 +25,7 @@ group size does not divide. Model thread only.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, cast
 
 import mlx.core as mx
@@ -328,3 +329,10 @@ class QuantizedBatchGenerator(BatchGenerator):
         given = caches or [None] * len(segments)
         filled = [cache if cache is not None else row_cache(self.model, self._kv_scheme) for cache in given]
         return super().insert_segments(segments, max_tokens, filled, *rest)
+
+
+def batch_generator(base: type, scheme: KvScheme) -> Any:
+    """What builds the batch for `scheme`: mlx-lm's `base` as is, or one that starts every row quantized."""
+    if not scheme.quantized:
+        return base
+    return partial(QuantizedBatchGenerator, kv_scheme=scheme)
