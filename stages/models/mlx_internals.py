@@ -175,6 +175,12 @@ def layer_tensors(layer: Any) -> dict[str, Any] | None:
     for name, triple in (("keys", layer.keys), ("values", layer.values)):
         for suffix, part in zip(("", *(f".{p}" for p in _QUANTIZED_PARTS)), triple):
             named[name + suffix] = part if part.shape[2] == layer.offset else part[..., : layer.offset, :]
+    if any(part.shape[2] != layer.offset for part in (*layer.keys, *layer.values)):
+        import mlx.core as mx
+
+        # A layer cut by `trim`, or still growing: the file format wants each tensor whole and contiguous.
+        named = {name: mx.contiguous(part) for name, part in named.items()}
+        mx.eval(list(named.values()))
     return named
 
 
