@@ -26,6 +26,7 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import guard  # noqa: E402
 from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
+from edge import fields  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
@@ -48,7 +49,7 @@ from fleet.defaults import with_defaults  # noqa: E402
 from fleet.fleet import Fleet  # noqa: E402
 from fleet.spec import specs_from_settings  # noqa: E402
 from stages.engine import Engine  # noqa: E402
-from stages.messages import Decoder  # noqa: E402
+from stages.messages import Decoder, Reply  # noqa: E402
 from stages.parse import load_json  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
 from wire import responses as responses_wire  # noqa: E402
@@ -68,6 +69,8 @@ app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
 app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
+# Unread request fields named in a header (edge/fields.py).
+fields.install(app)
 # Sees each request's `http.disconnect` on its way to Quart (edge/disconnect.py: why Quart's cancel is not enough).
 app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # Embeddings, rerank and score, tokenize and detokenize.
@@ -75,7 +78,8 @@ app.register_blueprint(model_work_routes)
 app.register_blueprint(status_routes)
 app.register_blueprint(admin_routes)
 
-ProtocolFactory = Callable[[Accepted, str], StreamProtocol]
+# (accepted request, request id, its reply) -> the API's stream protocol.
+ProtocolFactory = Callable[[Accepted, str, Reply], StreamProtocol]
 
 
 def engine() -> Engine:
@@ -98,6 +102,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
     app.extensions["response_store"] = store
     app.extensions["keepalive_interval"] = settings.keepalive_interval
     app.extensions["max_batch"] = settings.max_batch
+    app.extensions["strict_fields"] = settings.strict_fields
     app.extensions["blas"] = BLAS
     metrics = app.extensions["metrics"] = Metrics()
     tracing = app.extensions["tracing"] = configure_tracing()
@@ -136,12 +141,12 @@ def start_draining() -> None:
 
 @app.post("/v1/chat/completions")
 async def chat_completions() -> Response:
-    return await generate(_request_id("chatcmpl-"), decode_chat, _chat_protocol)
+    return await generate(_request_id("chatcmpl-"), fields.watched("chat", decode_chat), _chat_protocol)
 
 
 @app.post("/v1/completions")
 async def completions() -> Response:
-    return await generate(_request_id("cmpl-"), decode_completion, _text_protocol)
+    return await generate(_request_id("cmpl-"), fields.watched("completions", decode_completion), _text_protocol)
 
 
 def _request_id(prefix: str) -> str:
@@ -188,7 +193,7 @@ async def _generate(
         if isinstance(error, ReplyClosed):
             return gone_response()
         raise
-    protocol = make_protocol(accepted, request_id)
+    protocol = make_protocol(accepted, request_id, reply)
     headers = {"x-request-id": trace_id}
     if accepted.request.stream:
         headers["cache-control"] = "no-cache"
@@ -211,13 +216,13 @@ def _last_words(stream_tail: Callable[[], bytes] | None = None) -> LastWords:
     return LastWords(status=status, body=body.encode(), stream_tail=stream_tail)
 
 
-def _chat_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+def _chat_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
     return openai.ChatStream(
         id=request_id, created=int(time.time()), model=served_as(engine().served, accepted.request), include_usage=_include_usage(accepted)
     )
 
 
-def _text_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+def _text_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
     return openai.TextStream(
         id=request_id, created=int(time.time()), model=served_as(engine().served, accepted.request), include_usage=_include_usage(accepted)
     )
@@ -232,13 +237,13 @@ async def messages() -> Response:
     betas = request.headers.get("anthropic-beta", "")
     interleaved = "interleaved-thinking-2025-05-14" in (beta.strip() for beta in betas.split(","))
     decode = partial(decode_messages, interleaved_thinking=interleaved)
-    return await generate(_request_id("msg_"), decode, _messages_protocol)
+    return await generate(_request_id("msg_"), fields.watched("messages", decode), _messages_protocol)
 
 
 @app.post("/v1/messages/count_tokens")
 async def count_tokens() -> Response:
     body = load_json(cast(bytes, await request.get_data(as_text=False)))
-    chat = decode_count_tokens(body)
+    chat = fields.watched("messages", decode_count_tokens)(body)
     async with chosen(model_field(body)) as chosen_engine:
         # An adapter shares the base model's tokenizer; an unknown model is still a 404.
         chosen_engine.served.adapter_of(body)
@@ -250,7 +255,7 @@ async def count_tokens() -> Response:
     return json_response(reply)
 
 
-def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+def _messages_protocol(accepted: Accepted, request_id: str, reply: Reply) -> StreamProtocol:
     chat = accepted.request
     assert isinstance(chat, ChatRequest)
     return anthropic.MessagesStream(
@@ -260,13 +265,14 @@ def _messages_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
         input_tokens=accepted.prompt_tokens,
         context_management=applied_edits_body(accepted.applied_edits) if chat.context_edits else None,
         omit_thinking=chat.omit_reasoning,
+        cached_tokens=lambda: reply.cached_tokens,
     )
 
 
 @app.post("/v1/responses")
 async def responses() -> Response:
     raw = load_json(cast(bytes, await request.get_data(as_text=False)))
-    decoded = decode_responses(raw)
+    decoded = fields.watched("responses", decode_responses)(raw)
     history: tuple[JsonObject, ...] = ()
     instructions = decoded.instructions
     if decoded.previous_response_id is not None:
@@ -283,7 +289,7 @@ async def responses() -> Response:
         # The body was validated above, before the store lookup; only the splice is left.
         return to_chat(decoded, history, instructions)
 
-    def make_protocol(accepted: Accepted, request_id: str) -> StreamProtocol:
+    def make_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
         return responses_wire.ResponsesStream(
             id=request_id,
             created_at=int(time.time()),
@@ -314,7 +320,7 @@ async def get_response(response_id: str) -> Response:
 @app.get("/v1/responses/<response_id>/input_items")
 async def get_input_items(response_id: str) -> Response:
     stored = await _stored(response_id)
-    items: list[JsonObject] = [{"id": f"item_{i}", **item} for i, item in enumerate(stored.input_items)]
+    items = responses_wire.input_item_resources(stored.input_items)
     return json_response(input_items_page(items, request.args))
 
 

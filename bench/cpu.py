@@ -28,6 +28,34 @@ def tree_cpu_seconds(pid: int) -> float | None:
     return sum(stats[p][1] for p in tree if p in stats) / ticks
 
 
+def tree_cpu_split(pid: int, marker: str = "workers.main") -> tuple[float, float] | None:
+    """(front, worker) seconds of `pid`'s tree: a process whose command line holds `marker`, and its
+    descendants, count as the worker; None without /proc."""
+    if not (_PROC / str(pid)).exists():
+        return None
+    stats = _all_stats()
+    front, worker, frontier = 0, 0, [(pid, False)]
+    seen = {pid}
+    while frontier:
+        parent, in_worker = frontier.pop()
+        in_worker = in_worker or marker in _cmdline(parent)
+        ticks = stats.get(parent, (0, 0))[1]
+        front, worker = (front, worker + ticks) if in_worker else (front + ticks, worker)
+        for child, (ppid, _) in stats.items():
+            if ppid == parent and child not in seen:
+                seen.add(child)
+                frontier.append((child, in_worker))
+    per_second = os.sysconf("SC_CLK_TCK")
+    return front / per_second, worker / per_second
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (_PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _all_stats() -> dict[int, tuple[int, int]]:
     """pid → (parent pid, utime + stime in clock ticks), for every process readable now."""
     found = {}

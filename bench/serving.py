@@ -34,7 +34,8 @@ from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs in the venv
 
 from bench import report
 from bench.baselines import Record, run_raw
-from bench.cpu import tree_cpu_seconds
+from bench.cpu import tree_cpu_seconds, tree_cpu_split
+from bench.process_cpu import print_process_cpu
 from bench.load import run_wave, summarize, warm_up
 from bench.servers import Server, free_port, mlx_lm_command, relay_command, relay_env, started, wait_healthy
 from bench.workload import WARMUP_PROMPT, Workload
@@ -46,6 +47,8 @@ VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "asyncio": ([], {}),
     "uvloop": (["--worker-class", "uvloop"], {}),
     "batch-only": ([], {"MLX_RELAY_SINGLE_ROW": "0"}),
+    # The model in the HTTP process, as before model workers (stages/remote/).
+    "in-process": ([], {"MLX_RELAY_IN_PROCESS": "1"}),
 }
 
 
@@ -193,14 +196,20 @@ async def _measured_wave(server: Server, level: int, index: int, workload: Workl
     """One wave's summary, with the server's CPU per 1,000 tokens and (mlx-relay) its model thread's waits."""
     pid = server.process.pid if server.process is not None else None
     cpu_before = tree_cpu_seconds(pid) if pid is not None else None
+    split_before = tree_cpu_split(pid) if pid is not None else None
     waits_before = _thread_waits(server)
     wave = await run_wave(server.url, level, workload, wave=index)
     cpu_after = tree_cpu_seconds(pid) if pid is not None else None
+    split_after = tree_cpu_split(pid) if pid is not None else None
     waits_after = _thread_waits(server)
     summary = summarize(wave, workload.max_tokens)
     tokens = int(summary["completion_tokens"])  # type: ignore[call-overload]  # summarize's values are objects
     if cpu_before is not None and cpu_after is not None and tokens:
         summary["cpu_s_per_1k_tokens"] = (cpu_after - cpu_before) / tokens * 1000
+    if split_before is not None and split_after is not None and tokens:
+        # The HTTP front and the model worker apart (a worker restarted mid-wave would make this meaningless).
+        summary["cpu_front_s_per_1k_tokens"] = (split_after[0] - split_before[0]) / tokens * 1000
+        summary["cpu_worker_s_per_1k_tokens"] = (split_after[1] - split_before[1]) / tokens * 1000
     if waits_before is not None and waits_after is not None:
         # Of the wave's wall time the thread was not idle, the share it spent waiting on the loop.
         busy = wave.wall - (waits_after[1] - waits_before[1])
@@ -273,6 +282,7 @@ def _publish(args: argparse.Namespace, workload: Workload, results: report.Resul
     if others := [name for name in results if name.startswith(report.RELAY + " (")]:
         print("\nmlx-relay variants, same run:\n")
         print(report.plain_table(_variant_rows(results, others, levels), VARIANT_HEADER))
+    print_process_cpu(results, levels)
     notes = [f"BLAS: {meta.get('raw_info', {}).get('blas') or meta.get('relay_stats', {}).get('blas')}"]
     notes.append(
         f"mlx-relay tokens: {checks['relay_usage_tokens']} by usage, {checks['relay_stats_generated_tokens']} by /stats"

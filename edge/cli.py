@@ -102,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
         help="shard the model over the ranks mlx.launch started (MLX_RELAY_SHARD): rank 0 serves HTTP, the others follow",
     )  # fmt: skip
     serve.add_argument(
+        "--in-process", action="store_true",
+        help="run the model in this process, not in a worker process of its own (MLX_RELAY_IN_PROCESS; debugging)",
+    )
+    serve.add_argument(
         "--embedding-model",
         help="a dedicated embedding model served beside the chat model: a directory, a repo id or shaped:NAME (MLX_RELAY_EMBEDDING_MODEL)",
     )  # fmt: skip
@@ -109,6 +113,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-group-size", choices=("32", "64", "128"), help="values per scale and bias of the quantized KV (default 64)")
     serve.add_argument("--quantized-kv-start", help="tokens a row holds before its KV is quantized (MLX_RELAY_QUANTIZED_KV_START)")
     serve.add_argument("--adapters", help="LoRA adapters served as their own model ids: 'name=path,...' (MLX_RELAY_ADAPTERS)")
+    serve.add_argument(
+        "--strict-fields", action="store_true",
+        help="refuse request fields this server does not know with a 400 naming them (MLX_RELAY_STRICT_FIELDS)",
+    )
     serve.add_argument("--loop", choices=("asyncio", "uvloop"), help="the event loop (MLX_RELAY_LOOP; default asyncio)")
     serve.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds open streams get at shutdown (default 30)")
     return parser
@@ -154,8 +162,10 @@ def _export(args: argparse.Namespace) -> None:
     flags = {
         "model": ",".join(args.model) if args.model else None, "models_file": args.models_file,
         "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard,
+        "strict_fields": "1" if args.strict_fields else None,
         "loop": args.loop, "embedding_model": args.embedding_model, "adapters": args.adapters, "kv_bits": args.kv_bits,
         "kv_group_size": args.kv_group_size, "quantized_kv_start": args.quantized_kv_start,
+        "in_process": "1" if args.in_process else None,
     }  # fmt: skip
     flags.update({flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag in _DEFAULT_FLAGS})
     for name, value in flags.items():

@@ -18,6 +18,8 @@ from edge.aliases import work_served_as
 from edge.choice import chosen, current_engine, fleet
 from edge.model_cards import card, fleet_cards
 from edge.disconnect import ends_with_client
+from edge.fields import watched
+from edge.status_routes import model_state
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
 from stages.engine import Engine
@@ -47,7 +49,7 @@ def _json(body: JsonValue, trace_id: str | None = None) -> Response:
 @routes.post("/v1/embeddings")
 @ends_with_client
 async def embeddings() -> Response:
-    decoded = decode_embeddings(await _body())
+    decoded = watched("embeddings", decode_embeddings)(await _body())
     request_id = f"embd-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
     async with chosen(decoded.model):
@@ -138,7 +140,7 @@ def _model_card(model_id: str) -> JsonObject:
         "max_model_len": info.context_window,
     }
     if model_id == info.name:
-        return card
+        return {**card, "state": model_state(engine)["state"]}
     if engine.embedder is not None and model_id == engine.embedder.name:
         window = engine.embedder.context_window
         return {**card, "context_window": window, "max_model_len": window}

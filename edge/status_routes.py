@@ -10,6 +10,7 @@ that is loaded.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import cast
 
@@ -50,11 +51,21 @@ async def health() -> Response:
         return _json(body, status=200 if ok else 503)
     current = _engine()
     status = "ok" if current.ready else ("dead" if current.dead else "unavailable")
-    body = {"status": status}
+    body = {"status": status, "models": [model_state(current)]}
     if (ranks := current.ranks()) is not None:
         # Sharded over several processes: each rank's heartbeat (stages/shard/liveness.py).
         body["ranks"] = [cast(JsonObject, attrs.asdict(rank)) for rank in ranks]
     return _json(body, status=200 if status == "ok" else 503)
+
+
+def model_state(engine: Engine) -> JsonObject:
+    """The model's state (loading, ready, restarting, failed) and the process that runs it."""
+    worker = engine.worker()
+    if worker is None:
+        state = "ready" if engine.ready else ("failed" if engine.dead else "loading")
+        return {"id": engine.info.name, "state": state, "pid": os.getpid(), "in_process": True}
+    return {"id": engine.info.name, "state": worker.state, "pid": worker.pid, "restarts": worker.restarts,
+            "in_process": False}
 
 
 @routes.get("/fit")
@@ -94,7 +105,7 @@ def _metrics() -> Metrics:
 
 async def _snapshot() -> JsonObject:
     current = _engine()
-    snapshot = attrs.asdict(current.statistics())
+    snapshot = attrs.asdict(await current.fresh_statistics())
     store = await store_call(current_app, lambda store: store.statistics())
     blas = cast(str, current_app.extensions["blas"])
     report: JsonObject = {

@@ -64,6 +64,8 @@ class ReplySlot(Generic[R]):
     request_id: str
     # The client's id for its request (x-request-id), else the request id.
     trace_id: str = ""
+    # Prompt tokens the prompt cache held, set when the row is admitted (Anthropic's message_start reports them).
+    cached_tokens: int | None = attrs.field(default=None, init=False)
     _on_done: Callable[[], None] = attrs.field(default=lambda: None, alias="on_done")
     _request: R | None = attrs.field(default=None, init=False)
     _events: list[CompletionEvent] = attrs.field(factory=list, init=False)

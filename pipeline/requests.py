@@ -110,6 +110,8 @@ class Constraint:
     kind: ConstraintKind
     spec: JsonValue
     param: str
+    # The whole output, not a format for text beside calls: a forced custom tool's input (Responses).
+    whole_output: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -140,6 +142,9 @@ class GenerationParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    # Special tokens (the tokenizer's, bar the model's own call and think markup) stay out of the text;
+    # vLLM's `skip_special_tokens`, true by default as there.
+    skip_special_tokens: bool = True
     # The LoRA adapter the request's `model` named (None: the base model).
     adapter: str | None = None
 

@@ -121,6 +121,8 @@ class Settings:
     # Origins allowed to call from a browser, comma-separated ("https://app.example"); unset: none.
     cors_origins: str | None = None
     max_body_bytes: int = attrs.field(default=8 * 2**20, validator=_positive)
+    # Unknown request fields are a 400 naming them, instead of served and reported (wire/field_policy.py).
+    strict_fields: bool = False
     # Seconds a request body may take to arrive before a 408.
     body_timeout: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
 
@@ -150,6 +152,12 @@ class Settings:
     shard: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("tensor", "pipeline"))))
     # Seconds a follower rank may be silent before the engine counts it lost (503, requests failed).
     shard_timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
+    # The model runs in this process, as before model workers (debugging); sharded serving always does.
+    in_process: bool = False
+    # Seconds a model worker may send nothing while the front waits on it before it counts as hung (then killed).
+    worker_heartbeat_timeout: float = attrs.field(default=2.0, validator=attrs.validators.gt(0.0))
+    # Seconds before the first restart of a lost worker; doubled for each restart in a row that serves nothing.
+    worker_restart_backoff: float = attrs.field(default=0.5, validator=_non_negative)
 
     # The event loop `mlx-relay serve` runs on: "asyncio", or "uvloop" (the `uvloop` extra), which
     # spends less of the loop's time per streamed token. `hypercorn app:app` takes `-k uvloop` instead.
@@ -158,6 +166,11 @@ class Settings:
     # Seconds between keepalive frames of a stream that has nothing to send yet
     # (waiting in the queue, or in a long prefill).
     keepalive_interval: float = attrs.field(default=5.0, validator=attrs.validators.gt(0.0))
+
+    @property
+    def model_in_process(self) -> bool:
+        """The model runs in the HTTP process (`in_process`, or sharded: DESIGN.md, "Model workers")."""
+        return self.in_process or self.shard is not None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

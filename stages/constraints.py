@@ -41,8 +41,8 @@ import structlog
 from pipeline.errors import RequestError, excerpt, invalid, quote
 from pipeline.requests import ChatRequest, Constraint, ConstraintKind, GenerationRequest, Tool, ToolChoice, ToolChoiceMode
 from stages.families import choose_family
-from stages.families.base import Family, NotCarried
-from stages.families.lazy import CannotHold, lazy_call_grammar
+from stages.families.base import Family, NotCarried, lark_json
+from stages.families.lazy import CannotHold, formatted_or_calls_grammar, lazy_call_grammar
 from stages.models.mlx_internals import hf_tokenizer
 
 if TYPE_CHECKING:
@@ -90,6 +90,8 @@ class CompiledConstraint:
     _prototype: LLMatcher = attrs.field(alias="prototype")
     # The request field it came from, which an error mid-generation names.
     param: str = "response_format"
+    # What it was compiled from: a model worker compiles it again in its own process (stages/remote/).
+    grammar: Grammar | None = None
 
     def matcher(self) -> LLMatcher:
         return self._prototype.deep_copy()
@@ -139,7 +141,7 @@ class ConstraintCompiler:
         if fault:
             log.info("constraint.refused", param=grammar.param, reason=_reason(fault))
             raise invalid(f"Invalid '{grammar.param}': {_reason(fault)}", param=grammar.param, code="invalid_grammar")
-        compiled = CompiledConstraint(prototype=matcher, param=grammar.param)
+        compiled = CompiledConstraint(prototype=matcher, param=grammar.param, grammar=grammar)
         with self._lock:
             self._compiled[grammar.text] = compiled
             while len(self._compiled) > _CACHE_ENTRIES:
@@ -263,24 +265,62 @@ def needs_constraint(request: GenerationRequest) -> bool:
 
 
 def constraint_of(tokenizer: Tokenizer, family: Family, request: GenerationRequest) -> Constraint | None:
+    """The grammar a request's output follows, if any.
+
+    A forced call follows its tool's grammar whatever the response format
+    says (the format governs text, and a forced turn writes none), as
+    OpenAI's API does; under `auto`, a format and tools each govern the
+    output they apply to (`formatted_or_calls_constraint`).
+    """
     if isinstance(request, ChatRequest) and _forces_tool(request):
-        if request.params.constraint is not None:
-            raise invalid("A forced tool call and a response format cannot both constrain one output", param="tool_choice")
         return tool_call_constraint(tokenizer, family, request.tools, request.tool_choice, parallel=request.parallel_tool_calls)
+    if isinstance(request, ChatRequest) and _calls_beside_format(request) and family.auto_calls:
+        assert request.params.constraint is not None
+        return formatted_or_calls_constraint(tokenizer, family, request, request.params.constraint)
     if isinstance(request, ChatRequest) and _holds_free_calls(request) and family.auto_calls:
         return free_call_constraint(tokenizer, family, request.tools)
     return request.params.constraint
 
 
 def _holds_free_calls(request: GenerationRequest) -> bool:
-    """Under `auto`, a call the model opens to a custom tool with a grammar must follow it;
-    a response format, which holds the whole output, leaves no call to open."""
+    """Under `auto`, a call the model opens to a custom tool with a grammar must follow it."""
     return (
         isinstance(request, ChatRequest)
         and request.tool_choice.mode is ToolChoiceMode.AUTO
         and request.params.constraint is None
         and any(tool.input_grammar is not None or tool.strict for tool in request.tools)
     )
+
+
+def _calls_beside_format(request: ChatRequest) -> bool:
+    auto, text = request.tool_choice.mode is ToolChoiceMode.AUTO, request.params.constraint
+    return auto and text is not None and not text.whole_output and bool(request.tools)
+
+
+def formatted_or_calls_constraint(
+    tokenizer: Tokenizer, family: Family, request: ChatRequest, text: Constraint
+) -> Constraint:
+    """Text held to the response format, or calls held to their tools' grammars.
+
+    Raises:
+        RequestError: the family cannot tell a call from text at its first token (gpt-oss's
+            messages, an opener of several tokens), or a tool's grammar cannot be carried.
+    """
+    try:
+        marker = partial(_marker, tokenizer)
+        lark = formatted_or_calls_grammar(
+            family, request.tools, marker, text=format_lark(text), parallel=request.parallel_tool_calls
+        )
+    except CannotHold as reason:
+        raise invalid(
+            f"'{text.param}' beside tools under tool_choice 'auto' cannot be enforced: {reason}, so the output "
+            "cannot be held to the format while leaving the model free to call a tool; force a call "
+            "(tool_choice 'required' or a named tool) or leave the tools out",
+            param=text.param,
+        ) from None
+    except NotCarried as error:
+        raise invalid(str(error), param=error.param) from None
+    return Constraint(kind=ConstraintKind.GRAMMAR, spec=lark, param=text.param)
 
 
 def free_call_constraint(tokenizer: Tokenizer, family: Family, tools: tuple[Tool, ...]) -> Constraint:
@@ -304,6 +344,20 @@ def free_call_constraint(tokenizer: Tokenizer, family: Family, tools: tuple[Tool
     except NotCarried as error:
         raise invalid(str(error), param=error.param) from None
     return Constraint(kind=ConstraintKind.GRAMMAR, spec=lark, param=param)
+
+
+def format_lark(constraint: Constraint) -> str:
+    """A response format's constraint as one Lark expression, to sit beside calls in a grammar."""
+    _within_budget(constraint)
+    spec = constraint.spec
+    if constraint.kind is ConstraintKind.JSON_SCHEMA:
+        return lark_json(spec if isinstance(spec, dict) else {})
+    if constraint.kind is ConstraintKind.REGEX:
+        return "/" + str(spec).replace("/", "\\/") + "/"
+    if constraint.kind is ConstraintKind.CHOICE:
+        choices = spec if isinstance(spec, list) else [spec]
+        return "(" + " | ".join(json.dumps(str(choice)) for choice in choices) + ")"
+    return "%lark {\n" + str(spec) + "\n}"
 
 
 def _forces_tool(request: GenerationRequest) -> bool:

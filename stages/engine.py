@@ -27,30 +27,31 @@ from pipeline.settings import Settings, parse_aliases
 from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
 from stages.adapters import AdapterError, ServedModels, not_found, read_adapters
+from stages.cache.disk import DiskTier
+from stages.cache.prompt import PromptCacheStatistics
 from stages.chat import ChatStage, render_edited
 from stages.constraints import ConstraintCompiler
+from stages.exclusive import ExclusiveQueue, ExclusiveStatistics
 from stages.families.base import Family
 from stages.fim import find_infill
-from stages.cache.disk import DiskTier, SpillJob
-from stages.exclusive import ExclusiveQueue, ExclusiveStatistics
 from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.kv.plan import Fit, assess
-from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
-from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, load_weights, resolve_model
-from stages.models.weights import WeightForm
+from stages.model_side import ModelSide, make_gateway
 from stages.model_work import ModelWork, dedicated_work, hidden_size
+from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, resolve_model
+from stages.models.weights import WeightForm
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation, prompt_room
-from stages.cache.prompt import PromptCacheStatistics
+from stages.remote.exclusive import RemoteExclusiveQueue
+from stages.remote.gateway import RemoteGateway, WorkerStatus
 from stages.shard.cluster import Cluster, join
 from stages.shard.liveness import RankStatus
 from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
 from stages.sink import CompletionSink
+from stages.startup import choose_markup, disk_tier, kv_scheme, plan_weights, rank_share
 from stages.text import TextStage
-from stages.startup import kv_scheme, model_loader
-from stages.startup import choose_markup, disk_tier, plan_weights, prompt_cache, rank_share, think_ids
 from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")
@@ -58,9 +59,6 @@ log = structlog.get_logger(stage="engine")
 # Steps delivered to the sink and not yet taken; the model thread waits once
 # the gateway's `steps_ahead` more are undelivered on its side of the crossing.
 _STEP_BUFFER = 4
-# Evicted entries waiting for the disk writer; beyond this they are dropped,
-# so a slow disk costs cache hits, never memory or request time.
-_SPILL_QUEUE = 4
 
 
 @attrs.frozen(kw_only=True)
@@ -106,7 +104,7 @@ class Engine:
     _stopped: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _parse_inbox: Channel[Submission] = attrs.field(init=False)
     _supervisor: Supervisor = attrs.field(init=False)
-    _gateway: GenerationGateway = attrs.field(init=False)
+    _gateway: GenerationGateway | RemoteGateway = attrs.field(init=False)
     _sink: CompletionSink = attrs.field(init=False)
     fit: Fit = attrs.field(init=False)
     # As stored, or dequantized to float32 for the CPU backend; named in /stats.
@@ -137,7 +135,10 @@ class Engine:
             retry_after=settings.retry_after,
         )
         self._tokenizing = Reservation.of(settings.prepare_concurrency)
-        self._exclusive = ExclusiveQueue.of(settings)
+        self._exclusive = (ExclusiveQueue if settings.model_in_process else RemoteExclusiveQueue).of(settings)
+
+    def worker(self) -> WorkerStatus | None:
+        return self._gateway.status() if isinstance(self._gateway, RemoteGateway) else None
 
     @property
     def dead(self) -> bool:
@@ -146,7 +147,10 @@ class Engine:
     @property
     def ready(self) -> bool:
         ranks_alive = all(rank.alive for rank in self.ranks() or ())
-        return self._supervisor.running and not self._admission.statistics().draining and ranks_alive and not self._lost
+        worker = self.worker()
+        serving = worker is None or worker.state == "ready"
+        draining = self._admission.statistics().draining
+        return self._supervisor.running and not draining and ranks_alive and not self._lost and serving
 
     def ranks(self) -> list[RankStatus] | None:
         """Every rank's liveness when sharded; None in one process."""
@@ -193,7 +197,8 @@ class Engine:
         planned = partial(plan_weights, settings, self.info, fit, cluster=self._cluster)
         self.fit, self.weights = await anyio.to_thread.run_sync(planned)
         self.info = attrs.evolve(self.info, float32_weights=self.weights.float32)
-        disk = await anyio.to_thread.run_sync(partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters))
+        disk = None if not settings.model_in_process else await anyio.to_thread.run_sync(
+            partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters))
         self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
         memory = self.fit.memory
         log.info(
@@ -276,6 +281,11 @@ class Engine:
         if not self._stopped.is_set():
             log.warning("engine.drain_timeout", open_requests=len(self._open))
 
+    async def fresh_statistics(self) -> EngineStatistics:
+        if isinstance(self._gateway, RemoteGateway):
+            await self._gateway.refresh()
+        return self.statistics()
+
     def statistics(self) -> EngineStatistics:
         memory = self.fit.memory
         admission = AdmissionReport(
@@ -330,34 +340,16 @@ class Engine:
         control: Channel[Abort],
         out: MemoryObjectSendStream[StepOutputs],
         disk: DiskTier | None,
-    ) -> GenerationGateway:
-        settings, memory, cluster = self._settings, self.fit.memory, self._cluster
-        spills: Channel[SpillJob] = open_channel(_SPILL_QUEUE, name="spills")
-        cache_bytes = memory.prompt_cache_bytes
-        return GenerationGateway(
-            inbox=inbox,
-            control=control.receive,
-            aborts=control.send,
-            out=out,
-            spills_out=spills.send,
-            spills_in=spills.receive,
-            load=model_loader(self.info, cluster, self.fit.model.kv_scheme),
-            make_generator=None if cluster is None else cluster.make_generator, kv_scheme=self.fit.model.kv_scheme,
-            single_row=settings.single_row,
-            eos_ids=frozenset(self.tokenizer.eos_token_ids),
-            think_ids=think_ids(self.family, self.tokenizer),
-            max_batch=settings.max_batch,
-            prefill_step_size=settings.prefill_step_size,
-            step_budget_s=settings.step_budget_ms / 1000,
-            scheduler=KvScheduler(self.fit.model, memory.usable_bytes),
-            prefill_rows=memory.prefill_rows,
-            cache=prompt_cache(
-                cache_bytes, sessions=settings.session_cache, cluster=cluster, max_entries=settings.prompt_cache_entries
-            ),
-            disk=disk,
-            adapters=self.served.adapters,
-            exclusive=self._exclusive,
-        )
+    ) -> GenerationGateway | RemoteGateway:
+        settings = self._settings
+        if isinstance(self._exclusive, RemoteExclusiveQueue):
+            return RemoteGateway(
+                inbox=inbox, control=control.receive, out=out, exclusive=self._exclusive, settings=settings,
+                capacity=2 * (settings.max_batch + settings.max_pending + settings.exclusive_pending) + 3,
+            )
+        side = ModelSide(settings=settings, info=self.info, tokenizer=self.tokenizer, family=self.family, fit=self.fit,
+                         adapters=self.served.adapters, exclusive=self._exclusive, disk=disk, cluster=self._cluster)
+        return make_gateway(side, inbox, control, out)
 
     def _make_prepare(self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]) -> PrepareStage:
         settings, info = self._settings, self.info

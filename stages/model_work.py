@@ -81,6 +81,11 @@ class ModelWork:
     def context_window(self) -> int:
         return self._info.context_window
 
+    @property
+    def side(self) -> SideModel | None:
+        """The dedicated model this work runs on; None: the chat model."""
+        return self._side
+
     def preload(self) -> None:
         """Queue the dedicated model's loading, so the model thread loads it before the first request."""
         if self._side is not None:

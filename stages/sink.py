@@ -39,6 +39,7 @@ from stages.families.base import Family, Splitter
 from stages.markup import Markers, MarkupSplitter, Section, markers_for, splitter_for
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores
 from stages.models.loading import StreamingDetokenizer, Tokenizer, completion_detokenizer, token_text
+from stages.models.mlx_internals import special_token_ids
 from stages.stops import StopMatcher, StopResult
 
 log = structlog.get_logger(stage="sink")
@@ -76,11 +77,14 @@ class CompletionSink:
     _observer: RequestObserver = attrs.field(factory=NullObserver, alias="observer")
     _rows: dict[str, RowText] = attrs.field(factory=dict, init=False)
     _eos_ids: frozenset[int] = attrs.field(init=False)
+    # Special tokens kept out of text under `skip_special_tokens` (the default).
+    _special_ids: frozenset[int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._eos_ids = frozenset(self._tokenizer.eos_token_ids)
         if self._family is None:
             self._family = choose_family(self._tokenizer)
+        self._special_ids = _skippable(self._tokenizer, self._family)
 
     @property
     def open_rows(self) -> int:
@@ -119,6 +123,7 @@ class CompletionSink:
     def _on_admitted(self, admitted: Admitted) -> None:
         prepared = admitted.prepared
         timeline = prepared.timeline.stamp(Mark.ADMITTED, admitted.admitted_at)
+        prepared.reply.cached_tokens = admitted.cached_tokens
         self._rows[prepared.request_id] = RowText(
             admitted=admitted,
             detokenizer=completion_detokenizer(self._tokenizer),
@@ -126,7 +131,9 @@ class CompletionSink:
             markup=self._markup_for(prepared),
             timeline=timeline,
             single_call=isinstance(prepared.request, ChatRequest) and not prepared.request.parallel_tool_calls,
-            hidden=self._eos_ids | frozenset(prepared.params.stop_token_ids),
+            hidden=self._eos_ids
+            | frozenset(prepared.params.stop_token_ids)
+            | (self._special_ids if prepared.params.skip_special_tokens else frozenset()),
             min_tokens=prepared.params.min_tokens,
         )
         log.info("request.queue", **prepared.reply.log_context, duration=timeline.between(Mark.PREPARED, Mark.ADMITTED))
@@ -263,6 +270,20 @@ class CompletionSink:
         # vLLM's reasons: a turn that ended in a tool call stopped.
         vllm_reason = "length" if reason is FinishReason.LENGTH else "stop"
         self._observer.finished(_record(row, vllm_reason, usage.prompt_tokens, usage.cached_tokens))
+
+
+def _skippable(tokenizer: Tokenizer, family: Family) -> frozenset[int]:
+    """The tokenizer's special tokens less the family's markup, which the splitter reads and removes:
+    its markers, and any special token its calls are written with (DeepSeek's `<｜tool▁sep｜>`).
+
+    A family that reads its output itself (gpt-oss's messages) sees every token: its
+    markers are special tokens, and its splitter lets none of them into text.
+    """
+    if family.splitter is not None:
+        return frozenset()
+    markers = [*(family.think or ()), *(marker for call in family.calls for marker in call if marker)]
+    markup = " ".join([*markers, *family.leading, *family.dropped, family.trigger or "", family.example])
+    return frozenset(token for token in special_token_ids(tokenizer) if tokenizer.decode([token]) not in markup)
 
 
 def _record(row: RowText, reason: str, prompt_tokens: int, cached_tokens: int) -> RequestRecord:

@@ -26,8 +26,9 @@ from tests.conftest import REPO
 
 LAYERS = ("pipeline", "stages", "wire", "fleet")
 MLX = {"mlx", "mlx_lm"}
-# app.py and the HTTP edge (edge/) import every layer, and tests/ and bench/ sit above them: no layer imports them.
-ABOVE = {"app", "edge", "tests", "bench"}
+# app.py and the HTTP edge (edge/) import every layer, and so does a model worker process (workers/); tests/ and bench/
+# sit above them: no layer imports them.
+ABOVE = {"app", "edge", "tests", "bench", "workers"}
 FORBIDDEN = {
     "wire": {"stages", "fleet", "anyio", "quart", *MLX, *ABOVE},
     "stages": {"wire", "fleet", "quart", *ABOVE},

@@ -11,7 +11,7 @@ stream that fails after it began ends with an `error` event.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -100,6 +100,10 @@ class MessagesStream:
     context_management: JsonObject | None = None
     # Thinking blocks keep their place but carry no text (`display: "omitted"`).
     omit_thinking: bool = False
+    # The prompt tokens the prompt cache held; None until the row is admitted, and message_start waits for it
+    # (Anthropic's reports the uncached count and the cache's apart, as message_delta does).
+    cached_tokens: Callable[[], int | None] = lambda: 0
+    _started: bool = attrs.field(default=False, init=False)
     _index: int = attrs.field(default=-1, init=False)
     _open: str | None = attrs.field(default=None, init=False)
     # The call whose tool_use block is open (its completion index).
@@ -108,14 +112,28 @@ class MessagesStream:
     _text_frame: Splice | None = attrs.field(default=None, init=False)
 
     def start(self) -> bytes:
-        message = self._message(content=[], stop=None, usage={"input_tokens": self.input_tokens, "output_tokens": 0})
-        return _event("message_start", {"message": message}) + self.keepalive()
+        return self._message_start(waiting=True)
 
     def keepalive(self) -> bytes:
-        return _event("ping", {})
+        return self._message_start(waiting=True) if not self._started else _event("ping", {})
 
     def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
-        return b"".join(self._on_event(event) for event in events)
+        return self._message_start(waiting=False) + b"".join(self._on_event(event) for event in events)
+
+    def _message_start(self, *, waiting: bool) -> bytes:
+        """message_start then a ping, once the cache's share is known (or output comes).
+
+        Until then an SSE comment keeps the stream alive: no event may come before message_start.
+        """
+        if self._started:
+            return b""
+        cached = self.cached_tokens()
+        if cached is None and waiting:
+            return b": keepalive\n\n"
+        self._started = True
+        usage = usage_body(Usage(prompt_tokens=self.input_tokens, completion_tokens=0, cached_tokens=cached or 0))
+        message = self._message(content=[], stop=None, usage=usage)
+        return _event("message_start", {"message": message}) + _event("ping", {})
 
     def finish(self, summary: Summary) -> bytes:
         delta: JsonObject = {"stop_reason": stop_reason(summary), "stop_sequence": summary.stop_sequence}
@@ -123,7 +141,8 @@ class MessagesStream:
         if self.context_management is not None:
             closing["context_management"] = self.context_management
         return (
-            self._close()
+            self._message_start(waiting=False)
+            + self._close()
             + _event("message_delta", closing)
             + _event("message_stop", {})
         )

@@ -12,21 +12,22 @@ from __future__ import annotations
 import base64
 import struct
 
-from pipeline.errors import invalid, quote
+from pipeline.errors import invalid, quote, unsupported
 from pipeline.model_work import EmbeddingRequest, Embeddings, EncodingFormat, Input
 from pipeline.requests import JsonObject, JsonValue
 from wire.fields import as_body, read_int, read_str
 
 # OpenAI's bound on inputs in one request.
 MAX_INPUTS = 2048
-_KNOWN = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+# vLLM's extensions that would change the embedding; other unknown fields follow `wire/field_policy.py`.
+_REFUSED = ("truncate_prompt_tokens", "normalize", "embed_dtype")
 
 
 def decode_embeddings(value: JsonValue) -> EmbeddingRequest:
     body = as_body(value)
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise invalid(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
+    for key in _REFUSED:
+        if body.get(key) is not None:
+            raise unsupported(key)
     read_str(body, "user")
     fmt = read_str(body, "encoding_format") or "float"
     try:

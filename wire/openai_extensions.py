@@ -1,7 +1,7 @@
 """vLLM / llama.cpp extension fields of Chat Completions and Completions.
 
 Those the server honours (`min_tokens`, `ignore_eos`, `stop_token_ids`,
-`typical_p`) are read here; every other extension that would change the
+`typical_p`; `skip_special_tokens` with the sampling fields) are read here; every other extension that would change the
 output is refused by name unless it holds its neutral value, so none is
 ever accepted and then ignored.
 """
@@ -23,7 +23,6 @@ REFUSED: dict[str, JsonValue] = {
     "draft_model": None,
     "guided_decoding_backend": None,
     "include_stop_str_in_output": False,
-    "skip_special_tokens": True,
     "spaces_between_special_tokens": True,
     "truncate_prompt_tokens": None,
     "add_generation_prompt": True,

@@ -272,6 +272,7 @@ def _read_params(
         min_tokens=read_min_tokens(body),
         ignore_eos=read_ignore_eos(body),
         stop_token_ids=read_stop_token_ids(body),
+        skip_special_tokens=read_bool(body, "skip_special_tokens") is not False,
     )
 
 

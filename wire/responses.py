@@ -221,7 +221,8 @@ class ResponsesStream:
             "reasoning": {"effort": None, "summary": None},
             "store": self.store,
             "text": {"format": {"type": "text"}},
-            "usage": None,
+            # No `usage` until there is some (OpenAI's schema has it an object, and leaves it out of
+            # response.created / in_progress).
             **self.echo,
         }
 
@@ -323,3 +324,24 @@ def _content(events: Sequence[CompletionEvent]) -> list[TextDelta | ReasoningDel
 
 def _text_part(text: str) -> JsonObject:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def input_item_resources(items: Sequence[JsonObject]) -> list[JsonObject]:
+    """The stored input as `GET /v1/responses/{id}/input_items` lists it, each item with an id, a
+    message's text as a list of parts (`input_text`; `output_text` for the assistant's)."""
+    return [{"id": f"item_{i}", **_as_resource(item)} for i, item in enumerate(items)]
+
+
+def _as_resource(item: JsonObject) -> JsonObject:
+    if item.get("type", "message") != "message":
+        return item
+    content = item.get("content")
+    parts: JsonValue = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
+    if item.get("role") != "assistant":
+        return {**item, "type": "message", "content": parts}
+    # The assistant's turn reads back as an output message: its parts are output text, and it is complete.
+    outputs: list[JsonValue] = [
+        {"annotations": [], "logprobs": [], **part, "type": "output_text"} if isinstance(part, dict) else part
+        for part in (parts if isinstance(parts, list) else [])
+    ]
+    return {"status": "completed", **item, "type": "message", "content": outputs}

@@ -87,15 +87,16 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
     choice = read_tool_choice(body.get("tool_choice"), tools)
     constraint = responses_constraint(body)
     if choice.grammar_call is not None:
-        if constraint is not None:
-            raise invalid("A forced custom tool and a text format cannot both constrain one output", param="tool_choice")
-        constraint = tools.specs[choice.grammar_call].grammar
+        # The forced call's input is the whole output; a text format governs text, and there is none.
+        grammar = tools.specs[choice.grammar_call].grammar
+        constraint = None if grammar is None else attrs.evolve(grammar, whole_output=True)
     max_tokens = read_int(body, "max_output_tokens", minimum=1)
     truncation = body.get("truncation") or "disabled"
     if truncation not in ("auto", "disabled"):
         raise invalid("'truncation' must be 'auto' or 'disabled'", param="truncation")
     temperature = read_number(body, "temperature", minimum=0, maximum=2)
     top_p = read_number(body, "top_p", minimum=0, maximum=1)
+    user = read_str(body, "user")
     return ResponsesRequest(
         input=items,
         instructions=read_str(body, "instructions"),
@@ -121,7 +122,8 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
             "tool_choice": body.get("tool_choice", "auto"),
             "tools": _echo_tools(body, tools),
             "truncation": truncation,
-            "user": body.get("user"),
+            # Left out when unset: the schema has it a string.
+            **({} if user is None else {"user": user}),
             "text": {"format": _format_echo(body)},
             "reasoning": {"effort": _effort(body), "summary": None},
         },

@@ -59,17 +59,24 @@ def responses_constraint(body: Body) -> Constraint | None:
 
 
 def anthropic_constraint(body: Body) -> Constraint | None:
-    """`output_config.format` of a Messages body."""
+    """`output_config.format` of a Messages body, or the structured-outputs beta's top-level `output_format`
+    (its earlier name, which litellm sends), the same object."""
     config = body.get("output_config")
-    if config is None:
-        return None
-    raw = as_object(config, "output_config").get("format")
-    if raw is None:
-        return None
-    format_ = as_object(raw, "output_config.format")
+    raw = None if config is None else as_object(config, "output_config").get("format")
+    beta = body.get("output_format")
+    if beta is not None:
+        if raw is not None and raw != beta:
+            raise invalid("'output_format' and 'output_config.format' differ; send one of them", param="output_format")
+        return _anthropic_format(beta, "output_format")
+    return None if raw is None else _anthropic_format(raw, "output_config.format")
+
+
+def _anthropic_format(raw: JsonValue, param: str) -> Constraint:
+    format_ = as_object(raw, param)
     if format_.get("type") != "json_schema":
-        raise invalid("output_config.format.type: only 'json_schema' is supported", param="output_config.format.type")
-    return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=_schema(format_, "output_config.format.schema"), param="output_config.format.schema")
+        raise invalid(f"{param}.type: only 'json_schema' is supported", param=f"{param}.type")
+    schema = f"{param}.schema"
+    return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=_schema(format_, schema), param=schema)
 
 
 def _response_format(body: Body) -> Constraint | None:

@@ -56,6 +56,19 @@ def hf_tokenizer(tokenizer: Any) -> Any:
     return getattr(tokenizer, "_tokenizer", tokenizer)
 
 
+def special_token_ids(tokenizer: Any) -> frozenset[int]:
+    """Ids of the added tokens the tokenizer marks special (what `decode(skip_special_tokens=True)` drops).
+
+    Leans on: Hugging Face's `added_tokens_decoder` (its `AddedToken.special`), and
+    `all_special_ids` where a tokenizer has no added-token table.
+    """
+    hf = hf_tokenizer(tokenizer)
+    added = getattr(hf, "added_tokens_decoder", None)
+    if isinstance(added, dict):
+        return frozenset(int(i) for i, token in added.items() if getattr(token, "special", False))
+    return frozenset(int(i) for i in getattr(hf, "all_special_ids", ()))
+
+
 def tool_parser_kind(parser: Any) -> str:
     """The name mlx-lm knows a tool parser by (`qwen3_coder`, `glm47`, …).
 

@@ -71,7 +71,7 @@ def test_token_inputs_match_text_and_usage_counts_them(server: Server, client: o
         ({"input": "x", "encoding_format": "int8"}, "encoding_format", "base64"),
         ({"input": "x", "dimensions": 8}, "dimensions", "64 dimensions"),
         ({"input": "x", "dimensions": 0}, "dimensions", ""),
-        ({"input": "x", "logit_bias": {}}, "logit_bias", "Unrecognized"),
+        ({"input": "x", "truncate_prompt_tokens": 8}, "truncate_prompt_tokens", "not supported"),
         ({"input": "word " * 3000}, "input", "2048 tokens"),
         ({"input": ["ok", "word " * 3000]}, "input[1]", "2048 tokens"),
     ],

@@ -93,7 +93,6 @@ def response(status: str, output: list[Any], usage: dict[str, Any] | None = None
         "reasoning": {"effort": None, "summary": None},
         "store": True,
         "text": {"format": {"type": "text"}},
-        "usage": usage,
         "max_output_tokens": None,
         "temperature": None,
         "top_p": None,
@@ -102,9 +101,9 @@ def response(status: str, output: list[Any], usage: dict[str, Any] | None = None
         "tool_choice": "auto",
         "tools": [],
         "truncation": "disabled",
-        "user": None,
     }
-    return body | fields
+    # OpenAI's schema: no `usage` until there is some, and no `user` when unset.
+    return body | ({} if usage is None else {"usage": usage}) | fields
 
 
 def text_part(text: str) -> dict[str, Any]:

@@ -150,12 +150,29 @@ def test_start_is_message_start_then_ping() -> None:
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": 12, "output_tokens": 0},
+        "usage": {"input_tokens": 12, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
     }
     assert parse(stream(12).start()) == [
         ("message_start", {"type": "message_start", "message": message}),
         ("ping", {"type": "ping"}),
     ]
+
+
+def test_message_start_waits_for_the_cache_share_and_reports_it_as_message_delta_does() -> None:
+    """Before admission the cache's share is unknown: SSE comments keep the stream alive; message_start then
+    carries the uncached count and the cache read, as message_delta and the whole body do."""
+    admitted: list[int] = []
+    protocol = MessagesStream(id=ID, model=MODEL, input_tokens=25, cached_tokens=lambda: admitted[0] if admitted else None)
+    assert protocol.start() + protocol.keepalive() == b": keepalive\n\n" * 2
+    admitted.append(24)
+    end = summary(prompt=25, cached=24)
+    events = parse(protocol.keepalive() + protocol.add_events([TextDelta(text="Hi")]) + protocol.finish(end))
+    names = [name for name, _ in events]
+    assert names[:2] == ["message_start", "ping"] and names.count("message_start") == 1
+    start_usage = events[0][1]["message"]["usage"]
+    delta_usage = next(data for name, data in events if name == "message_delta")["usage"]
+    assert start_usage == {**delta_usage, "output_tokens": 0}
+    assert start_usage["input_tokens"] == 1 and start_usage["cache_read_input_tokens"] == 24
 
 
 def test_ping_frame_is_byte_exact() -> None:

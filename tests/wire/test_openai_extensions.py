@@ -54,7 +54,7 @@ def test_bad_values_are_400s_naming_the_field(decode, body, field: str, value: J
 # A value for each refused extension that is not its neutral one.
 NOT_NEUTRAL: dict[str, JsonValue] = {
     "chat_template": "{{ messages }}", "prompt_logprobs": 1, "draft_model": "small",
-    "guided_decoding_backend": "outlines", "include_stop_str_in_output": True, "skip_special_tokens": False,
+    "guided_decoding_backend": "outlines", "include_stop_str_in_output": True,
     "spaces_between_special_tokens": False, "truncate_prompt_tokens": 8, "add_generation_prompt": False,
     "use_beam_search": True, "length_penalty": 0.5, "bad_words": ["x"], "allowed_token_ids": [1],
     "logits_processors": ["m.f"], "return_tokens_as_token_ids": True, "structural_tag": "{}", "mirostat": 2,

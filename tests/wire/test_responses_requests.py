@@ -59,7 +59,6 @@ def echo(**fields: JsonValue) -> JsonObject:
         "tool_choice": "auto",
         "tools": [],
         "truncation": "disabled",
-        "user": None,
         "text": {"format": {"type": "text"}},
         "reasoning": {"effort": None, "summary": None},
     }
@@ -165,7 +164,7 @@ VALID = [
         request(
             tools=(PATCH_TOOL,),
             tool_specs={"apply_patch": PATCH_SPEC},
-            constraint=PATCH_SPEC.grammar,
+            constraint=attrs.evolve(PATCH_SPEC.grammar, whole_output=True),
             grammar_call="apply_patch",
             echoed=echo(tools=[PATCH], tool_choice={"type": "custom", "name": "apply_patch"}),
         ),

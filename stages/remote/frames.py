@@ -1,0 +1,76 @@
+"""Length-prefixed msgpack frames over a byte stream (a Unix socket between the front and a worker).
+
+A frame is a 4-byte big-endian length and that many bytes of one message.
+Reading and writing are awaited, so a reader that stops reading holds the
+writer back once the socket's buffer is full: the crossing is bounded in
+both directions by the kernel's buffer and the channels on either side.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Generic, TypeVar, cast
+
+import anyio
+import msgspec
+from anyio.abc import ByteStream
+
+T = TypeVar("T")
+
+_HEADER = struct.Struct(">I")
+# One step's frame for a full batch is a few kilobytes; a job's embeddings can be more.
+MAX_FRAME = 64 * 1024 * 1024
+
+
+class FrameError(Exception):
+    """The peer broke the framing (a frame past the bound, or a message that does not decode)."""
+
+
+class FrameWriter:
+    def __init__(self, stream: ByteStream) -> None:
+        self._stream = stream
+        self._encoder = msgspec.msgpack.Encoder()
+        self._buffer = bytearray()
+
+    async def send(self, message: object) -> None:
+        self._buffer.clear()
+        self._buffer.extend(b"\0\0\0\0")
+        self._encoder.encode_into(message, self._buffer, 4)
+        _HEADER.pack_into(self._buffer, 0, len(self._buffer) - 4)
+        await self._stream.send(bytes(self._buffer))
+
+
+class FrameReader(Generic[T]):
+    def __init__(self, stream: ByteStream, kind: Any) -> None:
+        self._stream = stream
+        self._decoder = msgspec.msgpack.Decoder(kind)
+        self._pending = bytearray()
+
+    async def receive(self) -> T:
+        """The next message.
+
+        Raises:
+            anyio.EndOfStream: the peer closed the stream between frames.
+            FrameError: a frame past `MAX_FRAME`, a stream cut inside a frame, or a message that does not decode.
+        """
+        header = await self._exactly(_HEADER.size, first=True)
+        (size,) = _HEADER.unpack(header)
+        if size > MAX_FRAME:
+            raise FrameError(f"a frame of {size} bytes is past the bound")
+        body = await self._exactly(size, first=False)
+        try:
+            return cast(T, self._decoder.decode(body))
+        except msgspec.DecodeError as error:
+            raise FrameError(str(error)) from error
+
+    async def _exactly(self, size: int, *, first: bool) -> bytes:
+        while len(self._pending) < size:
+            try:
+                self._pending.extend(await self._stream.receive())
+            except anyio.EndOfStream:
+                if first and not self._pending:
+                    raise
+                raise FrameError("the stream ended inside a frame") from None
+        chunk = bytes(self._pending[:size])
+        del self._pending[:size]
+        return chunk

@@ -1,0 +1,311 @@
+"""The front's stand-in for the generation gateway: the model runs in a worker process behind it.
+
+Same face as `GenerationGateway` (`run`, `statistics`, `cache_statistics`):
+it reads `Prepared` rows and aborts from the pipeline and hands the sink one
+`StepOutputs` per decode step, so nothing upstream or downstream knows the
+model is in another process. Underneath it supervises the worker
+(`stages/remote/process.py`): starts it, reads its heartbeats, restarts it
+with back-off when it dies or hangs, and drains it on shutdown.
+On a lost worker: every row and job in flight fails at once with 503
+`worker_lost` (the stream protocols' `error()` gives each API its terminal
+frame), the sink is told the rows are gone, and a new worker is started;
+rows that arrive meanwhile wait in the inbox, where admission counts them.
+A worker that never became ready on the first start fails the engine's
+start, as a model that cannot load does in-process.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from functools import partial
+
+import anyio
+import attrs
+import structlog
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from pipeline.channels import Channel, open_channel
+from pipeline.errors import ErrorKind, RequestError
+from pipeline.settings import Settings
+from stages.cache.prompt import PromptCacheStatistics
+from stages.gateway import GatewayStatistics
+from stages.handoff import HandoffStatistics
+from stages.messages import Abort, Prepared, StepOutputs
+from stages.remote.convert import request_error, row_in, step_outputs
+from stages.remote.exclusive import RemoteExclusiveQueue
+from stages.remote.frames import FrameError, FrameReader, FrameWriter
+from stages.remote.messages import (
+    AbortIn,
+    BeatOut,
+    CloseIn,
+    JobOut,
+    ReadyOut,
+    SettingsIn,
+    StatsIn,
+    StepOut,
+    ToFront,
+    ToWorker,
+)
+from stages.remote.process import WorkerLost, WorkerProcess, worker_process
+
+log = structlog.get_logger(stage="remote")
+
+# Restarts in a row (none of them serving a request) after which the model is marked failed.
+_MAX_FAILURES = 8
+_MAX_BACKOFF_S = 30.0
+# A drained worker's time to finish and exit before it is killed.
+_GRACE_S = 10.0
+
+
+class WorkerState(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@attrs.frozen(kw_only=True)
+class WorkerStatus:
+    state: str
+    # The worker process's id; None while none runs.
+    pid: int | None
+    restarts: int
+
+
+def worker_lost(reason: str) -> RequestError:
+    return RequestError(kind=ErrorKind.UNAVAILABLE, code="worker_lost",
+                        message=f"The model worker stopped ({reason}); the request was not completed. Retry it.")
+
+
+@attrs.define
+class RemoteGateway:
+    _inbox: MemoryObjectReceiveStream[Prepared] = attrs.field(alias="inbox")
+    _control: MemoryObjectReceiveStream[Abort] = attrs.field(alias="control")
+    _out: MemoryObjectSendStream[StepOutputs] = attrs.field(alias="out")
+    _exclusive: RemoteExclusiveQueue = attrs.field(alias="exclusive")
+    # What the worker is started with: its engine's settings.
+    _settings: Settings = attrs.field(alias="settings")
+    # Frames the front may have queued for the worker: a row, an abort and a job or its cancel per request in flight.
+    _capacity: int = attrs.field(alias="capacity")
+    _connect_timeout: float = attrs.field(default=600.0, alias="connect_timeout")
+    _state: WorkerState = attrs.field(default=WorkerState.LOADING, init=False)
+    _worker: WorkerProcess | None = attrs.field(default=None, init=False)
+    _outbox: Channel[ToWorker] | None = attrs.field(default=None, init=False)
+    # Rows sent to the current worker and not yet finished, removed or failed.
+    _rows: dict[str, Prepared] = attrs.field(factory=dict, init=False)
+    _restarts: int = attrs.field(default=0, init=False)
+    _served: bool = attrs.field(default=False, init=False)
+    _beat: BeatOut = attrs.field(factory=BeatOut, init=False)
+    _beats: int = attrs.field(default=0, init=False)
+    _beaten: anyio.Event = attrs.field(factory=anyio.Event, init=False)
+    _last_frame: float = attrs.field(default=0.0, init=False)
+    _reading_since: float | None = attrs.field(default=None, init=False)
+    _ready: anyio.Event = attrs.field(factory=anyio.Event, init=False)
+    _draining: bool = attrs.field(default=False, init=False)
+    # A worker has been ready once: the engine has started.
+    _started: bool = attrs.field(default=False, init=False)
+
+    def status(self) -> WorkerStatus:
+        pid = self._worker.pid if self._worker is not None else None
+        return WorkerStatus(state=self._state.value, pid=pid, restarts=self._restarts)
+
+    def statistics(self) -> GatewayStatistics:
+        if self._beat.gateway is not None:
+            return attrs.evolve(self._beat.gateway, pending=self._inbox.statistics().current_buffer_used)
+        handoff = HandoffStatistics(
+            steps_ahead=0, steps_undelivered=0, steps_undelivered_max=0, loop_wait_s=0, idle_wait_s=0
+        )
+        return GatewayStatistics(
+            active=0, pending=self._inbox.statistics().current_buffer_used, steps=0, generated_tokens=0,
+            waiting_for_memory=0, kv_held_bytes=0, kv_budget_bytes=0, preemptions=0, resumed=0, kv_bytes_in_use=0,
+            mlx_active_bytes=0, mlx_cache_bytes=0, handoff=handoff,
+        )
+
+    def cache_statistics(self) -> PromptCacheStatistics | None:
+        return self._beat.prompt_cache
+
+    async def refresh(self, timeout: float = 1.0) -> None:
+        """Wait (bounded) for a heartbeat sent after this call, so `statistics()` covers every step delivered so far."""
+        if not self._send(StatsIn()):
+            return
+        seen = self._beats
+        with anyio.move_on_after(timeout):
+            while self._beats == seen:
+                await self._beaten.wait()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self._exclusive.jobs.bind(self._send, self._wait_ready)
+        async with self._inbox, self._control, self._out, anyio.create_task_group() as group:
+            group.start_soon(self._forward_aborts)
+            await self._supervise(task_status)
+            group.cancel_scope.cancel()
+
+    async def _supervise(self, task_status: TaskStatus[None]) -> None:
+        failures = 0
+        while True:
+            reason = await self._serve_one(task_status)
+            if reason is None:
+                self._state = WorkerState.STOPPED
+                return
+            await self._lose(reason)
+            if not self._started:
+                # The first start failed: the engine does not start, as with a model that cannot load in-process.
+                self._state = WorkerState.FAILED
+                raise WorkerLost(reason)
+            failures = 1 if self._served else failures + 1
+            self._served = False
+            if failures > _MAX_FAILURES:
+                self._state = WorkerState.FAILED
+                raise WorkerLost(f"{failures} restarts in a row failed; the last: {reason}")
+            self._state, self._restarts = WorkerState.RESTARTING, self._restarts + 1
+            delay = min(self._settings.worker_restart_backoff * 2 ** (failures - 1), _MAX_BACKOFF_S)
+            log.warning("worker.restart", reason=reason, delay_s=delay, restarts=self._restarts)
+            await anyio.sleep(delay)
+
+    async def _serve_one(self, task_status: TaskStatus[None]) -> str | None:
+        """Run one worker until it ends; None when it was drained, else why it was lost."""
+        lost: list[str] = []
+        try:
+            async with worker_process(connect_timeout=self._connect_timeout, grace=_GRACE_S) as worker:
+                self._worker, self._outbox = worker, open_channel(self._capacity, name="worker")
+                # Never logged nor sent: the worker needs no keys.
+                values = attrs.asdict(attrs.evolve(self._settings, api_key=None))
+                self._outbox.send.send_nowait(SettingsIn(values=values))
+                self._last_frame = time.monotonic()
+                async with anyio.create_task_group() as session:
+                    session.start_soon(self._write, worker, self._outbox.receive)
+                    session.start_soon(self._watch, worker, lost.append, session.cancel_scope)
+                    await self._read(worker, task_status, session, lost.append)
+                    session.cancel_scope.cancel()
+                if lost:
+                    # Whatever state it is in, a lost worker is not waited for.
+                    worker.kill()
+        except WorkerLost as error:
+            lost.append(str(error))
+        finally:
+            self._worker, self._outbox = None, None
+        return lost[0] if lost else None
+
+    async def _read(self, worker: WorkerProcess, task_status: TaskStatus[None], session: anyio.abc.TaskGroup,
+                    lose: Callable[[str], None]) -> None:
+        reader: FrameReader[ToFront] = FrameReader(worker.stream, ToFront)
+        while True:
+            self._reading_since = time.monotonic()
+            try:
+                message = await reader.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError, FrameError, OSError) as error:
+                if not (self._draining and not self._rows and isinstance(error, anyio.EndOfStream)):
+                    lose(f"the worker (pid {worker.pid}) exited" if not isinstance(error, FrameError) else str(error))
+                return
+            finally:
+                self._reading_since = None
+            self._last_frame = time.monotonic()
+            if isinstance(message, StepOut):
+                await self._deliver(message)
+            elif isinstance(message, JobOut):
+                self._served = True
+                self._exclusive.jobs.finish(message)
+            elif isinstance(message, BeatOut):
+                self._beat, self._exclusive.remote = message, message.exclusive
+                self._beats += 1
+                self._beaten.set()
+                self._beaten = anyio.Event()
+            elif isinstance(message, ReadyOut):
+                self._on_ready(message, task_status, session)
+
+    def _on_ready(self, ready: ReadyOut, task_status: TaskStatus[None], session: anyio.abc.TaskGroup) -> None:
+        first, self._started = not self._started, True
+        self._state = WorkerState.READY
+        self._ready.set()
+        log.info("worker.ready", pid=ready.pid, restarts=self._restarts)
+        session.start_soon(self._feed)
+        if first:
+            task_status.started()
+
+    async def _deliver(self, step: StepOut) -> None:
+        for failed in step.failed:
+            if (row := self._rows.pop(failed.request_id, None)) is not None:
+                row.reply.fail(request_error(failed.error))
+        outputs = step_outputs(step, self._rows)
+        for delta in outputs.deltas:
+            if delta.finish is not None and self._rows.pop(delta.request_id, None) is not None:
+                self._served = True
+        for request_id in outputs.removed:
+            self._rows.pop(request_id, None)
+        if outputs.admitted or outputs.deltas or outputs.removed:
+            await self._out.send(outputs)
+
+    async def _feed(self) -> None:
+        """Rows from the pipeline to the worker; once the pipeline closes, the worker is drained."""
+        outbox = self._outbox
+        assert outbox is not None
+        async for row in self._inbox:
+            if row.reply.closed:
+                continue
+            self._rows[row.request_id] = row
+            row.reply.bind_abort(partial(self._abort, row.request_id))
+            await outbox.send.send(row_in(row))
+        self._draining = True
+        await outbox.send.send(CloseIn())
+
+    async def _write(self, worker: WorkerProcess, outbox: MemoryObjectReceiveStream[ToWorker]) -> None:
+        writer = FrameWriter(worker.stream)
+        async for message in outbox:
+            try:
+                await writer.send(message)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                return  # the reader sees the worker go
+
+    async def _watch(self, worker: WorkerProcess, lose: Callable[[str], None], scope: anyio.CancelScope) -> None:
+        """A worker silent past the heartbeat bound while the front waits on it is hung: it is killed."""
+        while True:
+            await anyio.sleep(min(0.1, self._settings.worker_heartbeat_timeout / 4))
+            since = self._reading_since
+            if since is not None and time.monotonic() - max(since, self._last_frame) > self._settings.worker_heartbeat_timeout:
+                lose(f"the worker (pid {worker.pid}) sent no heartbeat for {self._settings.worker_heartbeat_timeout:g} s")
+                log.error("worker.hung", pid=worker.pid, bound_s=self._settings.worker_heartbeat_timeout)
+                worker.kill()
+                scope.cancel()
+                return
+
+    async def _lose(self, reason: str) -> None:
+        """Everything the lost worker held fails now; the sink drops the rows' state."""
+        log.error("worker.lost", reason=reason, rows=len(self._rows))
+        self._state = WorkerState.RESTARTING
+        self._ready = anyio.Event()
+        self._beat = BeatOut()
+        error = worker_lost(reason)
+        rows, self._rows = self._rows, {}
+        for row in rows.values():
+            row.reply.fail(error)
+        self._exclusive.jobs.fail_all(error)
+        if rows:
+            await self._out.send(StepOutputs(admitted=(), deltas=(), stepped_at=time.monotonic(), removed=tuple(rows)))
+
+    def _abort(self, request_id: str) -> None:
+        if request_id in self._rows and self._outbox is not None:
+            try:
+                self._outbox.send.send_nowait(AbortIn(request_id=request_id))
+            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                log.warning("worker.abort_dropped", request_id=request_id)
+
+    async def _forward_aborts(self) -> None:
+        async for abort in self._control:
+            self._abort(abort.request_id)
+
+    async def _wait_ready(self) -> None:
+        await self._ready.wait()
+
+    def _send(self, job: ToWorker) -> bool:
+        if self._outbox is None or not self._ready.is_set():
+            return False
+        try:
+            self._outbox.send.send_nowait(job)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return False
+        return True
+

@@ -1,0 +1,208 @@
+"""The model in a worker process of its own: a worker that dies or hangs fails only what it held, and comes back.
+
+One server for the group (module scope), with a short restart back-off so
+the restarts below stay quick; the heartbeat bound is the default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Server, ServerFactory
+
+pytestmark = pytest.mark.slow
+
+HELLO = [{"role": "user", "content": "hi"}]
+# The default heartbeat bound (pipeline/settings.py), which the hang test holds the server to.
+HEARTBEAT_S = 2.0
+# Streams in flight when the worker is killed: every API's terminal error must reach each within this.
+ERROR_WITHIN_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def server(server_factory: ServerFactory) -> Server:
+    return server_factory(worker_restart_backoff="0.05")
+
+
+def model_state(server: Server) -> dict[str, object]:
+    body = httpx.get(f"{server.base_url}/health", timeout=10).json()
+    (model,) = body["models"]
+    assert isinstance(model, dict)
+    return model
+
+
+def wait_ready(server: Server, *, other_than: int | None = None, timeout: float = 60.0) -> int:
+    """The pid of a ready worker (a new one, when `other_than` is given)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        model = model_state(server)
+        if model["state"] == "ready" and model["pid"] != other_than:
+            pid = model["pid"]
+            assert isinstance(pid, int)
+            return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no ready worker within {timeout} s: {model_state(server)}")
+
+
+def answers(server: Server) -> None:
+    client = server.client()
+    completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=3)  # type: ignore[arg-type]
+    assert completion.usage is not None and completion.usage.completion_tokens == 3
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def front_pid(worker_pid: int) -> int:
+    return int(Path(f"/proc/{worker_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+class Outcome:
+    """How one stream ended: its API's terminal error (and when), or a normal end."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.error: str | None = None
+        self.ended_at: float | None = None
+        self.normal = False
+        # A Responses stream's id, to look for in the store.
+        self.response_id: str | None = None
+
+
+def chat_stream(server: Server, no_eos: dict[str, int], outcome: Outcome) -> None:
+    stream = server.client().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=1900, stream=True,
+        logit_bias=no_eos,
+    )
+    try:
+        for chunk in stream:
+            # Its text or its reasoning: a random model may open a think section.
+            if chunk.choices and chunk.choices[0].delta.model_dump(exclude_none=True).keys() - {"role"}:
+                outcome.started.set()
+        outcome.normal = True
+    except openai.APIError as error:
+        outcome.error = str(error)
+    outcome.ended_at = time.monotonic()
+
+
+def messages_stream(server: Server, outcome: Outcome) -> None:
+    claude = server.anthropic_client()
+    try:
+        with claude.messages.stream(model="m", max_tokens=1900, messages=HELLO) as stream:  # type: ignore[arg-type]
+            for event in stream:
+                if event.type == "content_block_delta":
+                    outcome.started.set()
+        outcome.normal = True
+    except anthropic.APIError as error:
+        outcome.error = str(error)
+    outcome.ended_at = time.monotonic()
+
+
+def responses_stream(server: Server, outcome: Outcome) -> None:
+    client = server.client()
+    stream = client.responses.create(model="m", input="hi", max_output_tokens=1900, stream=True)
+    for event in stream:
+        if event.type == "response.created":
+            outcome.response_id = event.response.id
+        elif event.type.endswith(".delta"):
+            outcome.started.set()
+        elif event.type == "response.failed":
+            outcome.error = str(event.response.error)
+        elif event.type == "response.completed":
+            outcome.normal = True
+    outcome.ended_at = time.monotonic()
+
+
+def test_health_names_the_worker_and_the_front_keeps_it_apart(server: Server) -> None:
+    """/health names a worker process other than the front, and /v1/models shows the model ready."""
+    pid = wait_ready(server)
+    assert pid != server.process.pid and front_pid(pid) != pid
+    card = httpx.get(f"{server.v1}/models", timeout=10).json()["data"][0]
+    assert card["state"] == "ready"
+
+
+def test_kill_9_fails_every_stream_in_its_api_shape_then_the_model_answers_again(
+    server: Server, no_eos: dict[str, int]
+) -> None:
+    """kill -9 of the worker with 8 streams in flight: each gets its API's terminal error within 2 s; none is stored."""
+    pid = wait_ready(server)
+    outcomes = [Outcome() for _ in range(8)]
+    runs: list[Callable[[], None]] = [
+        *(lambda o=o: chat_stream(server, no_eos, o) for o in outcomes[:3]),
+        *(lambda o=o: messages_stream(server, o) for o in outcomes[3:6]),
+        *(lambda o=o: responses_stream(server, o) for o in outcomes[6:]),
+    ]
+    threads = [threading.Thread(target=run, daemon=True) for run in runs]
+    for thread in threads:
+        thread.start()
+    assert all(outcome.started.wait(60) for outcome in outcomes), "every stream streams before the kill"
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    for thread in threads:
+        thread.join(30)
+    in_flight = [outcome for outcome in outcomes if not outcome.normal]
+    # A random model may end a stream on its own just before the kill; at most a few.
+    assert len(in_flight) >= 6, [(o.normal, o.error) for o in outcomes]
+    for outcome in in_flight:
+        assert outcome.error is not None and outcome.ended_at is not None
+        assert "worker" in outcome.error, outcome.error
+        assert outcome.ended_at - killed_at <= ERROR_WITHIN_S, outcome.ended_at - killed_at
+    for outcome in in_flight:
+        if outcome.response_id is not None:
+            with pytest.raises(openai.NotFoundError):
+                server.client().responses.retrieve(outcome.response_id)
+    assert wait_ready(server, other_than=pid) != pid
+    answers(server)
+    stats = httpx.get(f"{server.base_url}/stats", timeout=10).json()
+    assert stats["sink_rows"] == 0 and stats["admission"]["in_flight"] == 0
+
+
+def test_a_hung_worker_is_killed_within_the_heartbeat_bound_and_restarted(server: Server) -> None:
+    """SIGSTOP: the front notices within the heartbeat bound, kills the worker and starts another."""
+    pid = wait_ready(server)
+    stopped_at = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        while model_state(server)["state"] == "ready":
+            assert time.monotonic() - stopped_at < HEARTBEAT_S + 1.0, "the hang went unnoticed"
+            time.sleep(0.05)
+        noticed = time.monotonic() - stopped_at
+    finally:
+        # Never left stopped, whatever the test saw.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert noticed >= HEARTBEAT_S * 0.5
+    assert wait_ready(server, other_than=pid) != pid
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    answers(server)
+
+
+def test_the_fronts_memory_stays_flat_over_restarts(server: Server) -> None:
+    """The front's RSS after many worker restarts is within a few MiB of its RSS after the first ones."""
+    pid = wait_ready(server)
+    front = front_pid(pid)
+    samples = []
+    for _ in range(6):
+        os.kill(pid, signal.SIGKILL)
+        pid = wait_ready(server, other_than=pid)
+        answers(server)
+        samples.append(rss_kib(front))
+    assert front_pid(pid) == front
+    # The first restarts warm the front's caches; the later ones must add nothing that grows.
+    assert samples[-1] - samples[1] < 8 * 1024, samples

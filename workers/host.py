@@ -1,0 +1,225 @@
+"""The worker's side of the crossing: the model's gateway, served to the front over one socket.
+
+The gateway runs here as it runs in-process (`stages/model_side.py`): its
+model thread, handoff, KV scheduler, prompt cache and exclusive queue are
+unchanged. This host only translates: frames from the front become
+`Prepared` rows, aborts and jobs on the gateway's channels, and each
+`StepOutputs` the gateway hands over becomes one `StepOut` frame.
+Back-pressure: frames are written one at a time from a small outbox; a
+front that stops reading fills the socket, then the outbox, then the
+gateway's step channel, and the model thread waits (`steps_ahead`).
+A front that goes away (end of stream) ends the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import attrs
+import numpy as np
+import structlog
+from anyio.abc import ByteStream, TaskGroup
+
+from pipeline.channels import Channel, ReplySlot, open_channel
+from pipeline.errors import RequestError
+from pipeline.requests import Accepted
+from pipeline.settings import Settings
+from stages.constraints import CompiledConstraint, Grammar
+from stages.embed import EmbedWork, ScoreWork
+from stages.gateway import GenerationGateway
+from stages.messages import Abort, Prepared, StepOutputs
+from stages.model_side import make_gateway
+from stages.remote.convert import error_out, prepared_of, step_out
+from stages.remote.frames import FrameReader, FrameWriter
+from stages.remote.messages import (
+    AbortIn,
+    BeatOut,
+    CancelIn,
+    CloseIn,
+    FailedOut,
+    JobIn,
+    JobOut,
+    ReadyOut,
+    RowIn,
+    StatsIn,
+    ToFront,
+    ToWorker,
+)
+from workers.model import WorkerModel, open_model
+
+log = structlog.get_logger(stage="worker")
+
+# Frames waiting for the socket: a few steps, beats and finished jobs.
+_OUTBOX = 8
+# Steps handed over and not yet framed (the in-process engine's step buffer).
+_STEP_BUFFER = 4
+
+
+@attrs.define(eq=False)
+class _WorkerReply(ReplySlot[Accepted]):
+    """A row's reply in the worker: nothing reads it but a failure, which crosses to the front."""
+
+    _failures: list[FailedOut] = attrs.field(factory=list, kw_only=True, alias="failures")
+    _failed: anyio.Event | None = attrs.field(default=None, kw_only=True, alias="failed")
+
+    def fail(self, error: RequestError) -> bool:
+        failed = super().fail(error)
+        if failed:
+            self._failures.append(FailedOut(request_id=self.request_id, error=error_out(error)))
+            if self._failed is not None:
+                self._failed.set()
+        return failed
+
+
+@attrs.define
+class WorkerHost:
+    settings: Settings
+    beat_interval: float
+    _outbox: Channel[ToFront] = attrs.field(factory=lambda: open_channel(_OUTBOX, name="front"), init=False)
+    _failures: list[FailedOut] = attrs.field(factory=list, init=False)
+    _failed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
+    _jobs: dict[int, anyio.CancelScope] = attrs.field(factory=dict, init=False)
+    _gateway: GenerationGateway | None = attrs.field(default=None, init=False)
+    _model: WorkerModel | None = attrs.field(default=None, init=False)
+    # The heartbeat and the failure flush: they end once the last step is framed.
+    _helpers: list[anyio.CancelScope] = attrs.field(factory=list, init=False)
+
+    async def serve(self, stream: ByteStream, reader: FrameReader[ToWorker]) -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._write, FrameWriter(stream))
+            group.start_soon(self._helper, self._beat)
+            model = self._model = await open_model(self.settings)
+            settings, in_flight = self.settings, self.settings.max_batch + self.settings.max_pending
+            inbox: Channel[Prepared] = open_channel(in_flight, name="gateway")
+            control: Channel[Abort] = open_channel(settings.max_batch, name="control")
+            steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
+            self._gateway = make_gateway(model.side, inbox.receive, control, steps.send)
+            await group.start(self._gateway.run)
+            group.start_soon(self._pump, steps)
+            group.start_soon(self._helper, self._flush_failures)
+            await self._outbox.send.send(ReadyOut(pid=os.getpid()))
+            log.info("worker.ready", pid=os.getpid(), model=model.side.info.name)
+            ended = await self._read(reader, inbox, control, group)
+            if not ended:
+                # The front went away: nothing is left to serve.
+                group.cancel_scope.cancel()
+
+    async def _read(self, reader: FrameReader[ToWorker], inbox: Channel[Prepared], control: Channel[Abort],
+                    group: TaskGroup) -> bool:
+        """Frames from the front until it closes (False) or drains this worker (True)."""
+        while True:
+            try:
+                message = await reader.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                return False
+            if isinstance(message, RowIn):
+                await inbox.send.send(await self._prepared(message))
+            elif isinstance(message, AbortIn):
+                await control.send.send(Abort(request_id=message.request_id))
+            elif isinstance(message, JobIn):
+                scope = self._jobs[message.job_id] = anyio.CancelScope()
+                group.start_soon(self._run_job, message, scope)
+            elif isinstance(message, CancelIn):
+                if (running := self._jobs.get(message.job_id)) is not None:
+                    running.cancel()
+            elif isinstance(message, StatsIn):
+                await self._outbox.send.send(self._heartbeat())
+            elif isinstance(message, CloseIn):
+                inbox.send.close()
+                return True
+
+    async def _prepared(self, row: RowIn) -> Prepared:
+        assert self._model is not None
+        reply = _WorkerReply(row.request_id, row.trace_id, failures=self._failures, failed=self._failed)
+        constraint: CompiledConstraint | None = None
+        if row.grammar is not None:
+            grammar = Grammar(text=row.grammar, param=row.grammar_param)
+            try:
+                constraint = await anyio.to_thread.run_sync(self._model.compiler.compile_grammar, grammar)
+            except RequestError as error:
+                reply.fail(error)
+        return prepared_of(row, reply, constraint)
+
+    async def _pump(self, steps: Channel[StepOutputs]) -> None:
+        async with steps.receive:
+            async for outputs in steps.receive:
+                await self._outbox.send.send(step_out(outputs, self._take_failures()))
+        await self._outbox.send.send(step_out(StepOutputs(admitted=(), deltas=(), stepped_at=time.monotonic()),
+                                              self._take_failures()))
+        for helper in self._helpers:
+            helper.cancel()
+        self._outbox.send.close()
+
+    async def _helper(self, task: Callable[[], Awaitable[None]]) -> None:
+        with anyio.CancelScope() as scope:
+            self._helpers.append(scope)
+            await task()
+
+    def _take_failures(self) -> list[FailedOut]:
+        failures = list(self._failures)
+        self._failures.clear()
+        return failures
+
+    async def _flush_failures(self) -> None:
+        """Rows that failed in a step that produced no outputs still cross at once."""
+        while True:
+            await self._failed.wait()
+            self._failed = anyio.Event()
+            if self._failures:
+                empty = StepOutputs(admitted=(), deltas=(), stepped_at=time.monotonic())
+                await self._outbox.send.send(step_out(empty, self._take_failures()))
+
+    async def _run_job(self, job: JobIn, scope: anyio.CancelScope) -> None:
+        model = self._model
+        assert model is not None
+        side = model.embedder if job.side else None
+        work: Any = (EmbedWork(inputs=job.inputs, pooling=job.pooling, dimensions=job.dimensions, side=side)
+                     if job.kind == "embed" else ScoreWork(inputs=job.inputs, yes=job.yes, no=job.no, side=side))
+        out: JobOut | None = None
+        with scope:
+            try:
+                result = await model.side.exclusive.submit(work, kind=job.kind, request_id=job.request_id,
+                                                           trace_id=job.trace_id, rate_key=job.rate_key)
+                out = _job_out(job.job_id, job.kind, result)
+            except RequestError as error:
+                out = JobOut(job_id=job.job_id, error=error_out(error))
+        del self._jobs[job.job_id]
+        if out is not None:
+            await self._outbox.send.send(out)
+
+    def _heartbeat(self) -> BeatOut:
+        gateway, model = self._gateway, self._model
+        return BeatOut(
+            gateway=gateway.statistics() if gateway is not None else None,
+            prompt_cache=gateway.cache_statistics() if gateway is not None else None,
+            exclusive=model.side.exclusive.statistics() if model is not None else None,
+        )
+
+    async def _beat(self) -> None:
+        while True:
+            try:
+                self._outbox.send.send_nowait(self._heartbeat())
+            except anyio.WouldBlock:
+                pass  # frames are waiting to go: the front hears from this worker anyway
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+            await anyio.sleep(self.beat_interval)
+
+    async def _write(self, writer: FrameWriter) -> None:
+        async with self._outbox.receive:
+            async for message in self._outbox.receive:
+                try:
+                    await writer.send(message)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    return  # the front is gone: the reader ends the worker
+
+
+def _job_out(job_id: int, kind: str, result: Any) -> JobOut:
+    if kind == "embed":
+        return JobOut(job_id=job_id, vectors=[np.asarray(vector, dtype=np.float32).tobytes() for vector in result])
+    return JobOut(job_id=job_id, scores=[float(score) for score in result])

@@ -1,0 +1,56 @@
+"""A model worker process: `python -m workers.main --socket PATH`, started by the front (stages/remote/).
+
+It connects to the front's private socket, takes its engine's settings
+from the first frame, and serves one model until the front drains it or
+goes away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+
+from stages.models.blas import preload_blas
+
+# Before anything imports mlx: the BLAS is chosen when mlx first loads (as app.py does in the front).
+preload_blas()
+
+import anyio  # noqa: E402
+import structlog  # noqa: E402
+
+from pipeline.settings import Settings  # noqa: E402
+from pipeline.tracing import configure_logging  # noqa: E402
+from stages.remote.frames import FrameReader  # noqa: E402
+from stages.remote.messages import SettingsIn, ToWorker  # noqa: E402
+from workers.host import WorkerHost  # noqa: E402
+
+log = structlog.get_logger(stage="worker")
+
+
+async def _main(socket: str) -> None:
+    async with await anyio.connect_unix(socket) as stream:
+        reader: FrameReader[ToWorker] = FrameReader(stream, ToWorker)
+        first = await reader.receive()
+        if not isinstance(first, SettingsIn):
+            raise SystemExit(f"the front's first frame is {type(first).__name__}, not its settings")
+        settings = Settings(**first.values)
+        configure_logging(settings.log_level)
+        structlog.contextvars.bind_contextvars(worker_pid=os.getpid())
+        await WorkerHost(settings=settings, beat_interval=settings.worker_heartbeat_timeout / 8).serve(stream, reader)
+    log.info("worker.stopped")
+
+
+def main() -> None:
+    # Ctrl-C and a SIGTERM to the process group reach the front too, which drains this worker: the worker ends
+    # when the front closes its socket, never halfway through the rows the front is letting finish.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parser = argparse.ArgumentParser(prog="workers.main", description=__doc__)
+    parser.add_argument("--socket", required=True, help="the front's Unix socket")
+    args = parser.parse_args()
+    anyio.run(_main, args.socket)
+
+
+if __name__ == "__main__":
+    main()
