@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import attrs
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
@@ -122,7 +123,8 @@ def synthetic(name: str, tokens: int) -> None:
 
 
 def smollm2(prompts: int, tokens: int) -> None:
-    info = resolve_model("smollm2")
+    # Dequantized to float32 as the server does on a CPU (its quantized matmuls are slow there).
+    info = attrs.evolve(resolve_model("smollm2"), float32_weights=not mx.metal.is_available())
     model, tokenizer = load_weights(info), load_tokenizer(info)
     encoded = [
         tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
@@ -141,10 +143,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--prompts", type=int, default=20)
-    parser.add_argument("--smollm2-tokens", type=int, default=64)
+    parser.add_argument("--smollm2-tokens", type=int, default=32)
     parser.add_argument("--models", default="demo,shaped:qwen3-0.6b-2l")
     args = parser.parse_args()
-    for name in args.models.split(","):
+    for name in filter(None, args.models.split(",")):
         synthetic(name, args.tokens)
     if args.prompts:
         smollm2(args.prompts, args.smollm2_tokens)
