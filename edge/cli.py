@@ -109,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
         "--embedding-model",
         help="a dedicated embedding model served beside the chat model: a directory, a repo id or shaped:NAME (MLX_RELAY_EMBEDDING_MODEL)",
     )  # fmt: skip
+    serve.add_argument("--kv-bits", choices=("4", "8"), help="quantize the KV cache to 4 or 8 bits (MLX_RELAY_KV_BITS; default full precision)")
+    serve.add_argument("--kv-group-size", choices=("32", "64", "128"), help="values per scale and bias of the quantized KV (default 64)")
+    serve.add_argument("--quantized-kv-start", help="tokens a row holds before its KV is quantized (MLX_RELAY_QUANTIZED_KV_START)")
     serve.add_argument("--adapters", help="LoRA adapters served as their own model ids: 'name=path,...' (MLX_RELAY_ADAPTERS)")
     serve.add_argument(
         "--strict-fields", action="store_true",
@@ -161,7 +164,8 @@ def _export(args: argparse.Namespace) -> None:
         "model": ",".join(args.model) if args.model else None, "models_file": args.models_file,
         "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard,
         "strict_fields": "1" if args.strict_fields else None,
-        "loop": args.loop, "embedding_model": args.embedding_model, "adapters": args.adapters,
+        "loop": args.loop, "embedding_model": args.embedding_model, "adapters": args.adapters, "kv_bits": args.kv_bits,
+        "kv_group_size": args.kv_group_size, "quantized_kv_start": args.quantized_kv_start,
         "web": "0" if args.no_web else None,
         "in_process": "1" if args.in_process else None,
     }  # fmt: skip

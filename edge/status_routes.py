@@ -115,4 +115,8 @@ async def _snapshot() -> JsonObject:
         **snapshot,
         "response_store": attrs.asdict(store),
     }
+    # The KV cache's scheme as the plan prices it (also in /fit): "full", or "q8g64" with its figures.
+    fit = current.fit
+    scheme = attrs.asdict(fit.model.kv_scheme)
+    report["kv_scheme"] = {"name": fit.kv_scheme, **scheme, "kv_bytes_per_token": fit.memory.kv_bytes_per_token}
     return cast(JsonObject, without_paths(report))

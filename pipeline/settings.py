@@ -97,6 +97,13 @@ class Settings:
     # A folder for the prompt cache's disk tier (unset: no disk tier), and its bound.
     cache_dir: str | None = None
     cache_dir_bytes: int = attrs.field(default=8 * 2**30, validator=_positive)
+    # A quantized KV cache (stages/models/quantized_kv.py): 4 or 8 bits per value, a scale and bias per group
+    # of `kv_group_size`; unset keeps it full precision. Every row is quantized from `quantized_kv_start`.
+    kv_bits: int | None = attrs.field(
+        default=None, converter=attrs.converters.optional(int), validator=attrs.validators.optional(attrs.validators.in_((4, 8)))
+    )
+    kv_group_size: int = attrs.field(default=64, validator=attrs.validators.in_((32, 64, 128)))
+    quantized_kv_start: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     # Bytes the server may plan for: weights, KV and a prefill chunk; 0 is 75% of RAM.
     memory_budget: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     log_level: str = attrs.field(

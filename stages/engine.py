@@ -50,7 +50,7 @@ from stages.shard.liveness import RankStatus
 from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
 from stages.sink import CompletionSink
-from stages.startup import choose_markup, disk_tier, plan_weights, rank_share
+from stages.startup import choose_markup, disk_tier, kv_scheme, plan_weights, rank_share
 from stages.text import TextStage
 from stages.tokenize import BoundedEncoder
 
@@ -192,7 +192,7 @@ class Engine:
             assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
             prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
             prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
-            share=rank_share(self._cluster, self.info.vocab_size),
+            share=rank_share(self._cluster, self.info.vocab_size), kv=kv_scheme(settings, self._cluster),
         )  # fmt: skip
         planned = partial(plan_weights, settings, self.info, fit, cluster=self._cluster)
         self.fit, self.weights = await anyio.to_thread.run_sync(planned)

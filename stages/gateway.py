@@ -49,7 +49,9 @@ from stages.heap import HeapTrimmer
 from stages.exclusive import ExclusiveQueue, Job
 from stages.kv.rows import Waiting
 from stages.kv.scheduler import KvScheduler
+from stages.kv.shape import FULL, KvScheme
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
+from stages.models.quantized_kv import batch_generator
 from stages.messages import Abort, Prepared, StepOutputs, TokenDelta, send_abort
 from stages.single_row import single_row
 from stages.step_budget import StepBudget
@@ -123,6 +125,8 @@ class GenerationGateway:
     # Builds the batch generator: mlx-lm's `BatchGenerator`, or one every rank replays (stages/shard/).
     _make_generator: Callable[..., Any] | None = attrs.field(default=None, alias="make_generator")
     _single_row: bool = attrs.field(default=True, alias="single_row")
+    # How the rows' KV is stored: quantized, every row starts with quantized layers (stages/models/quantized_kv.py).
+    _kv_scheme: KvScheme = attrs.field(default=FULL, alias="kv_scheme")
     # Seconds a step aims at: prefill chunks are sized to fit it (stages/step_budget.py); None: fixed chunks.
     _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
     _budget: StepBudget | None = attrs.field(default=None, init=False)
@@ -191,12 +195,15 @@ class GenerationGateway:
         model = self._load()
         self._prepare_cache(model)
         stops = [[token] for token in sorted(self._eos_ids)]
+        generator_class = self._make_generator or batch_generator(BatchGenerator, self._kv_scheme)
         batch = partial(
-            self._make_generator or BatchGenerator, model, stop_tokens=stops, completion_batch_size=self._max_batch,
+            generator_class, model, stop_tokens=stops, completion_batch_size=self._max_batch,
             prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch), prefill_step_size=self._prefill_step_size,
         )  # fmt: skip
-        # A row alone runs as generate_step does (stages/single_row.py); never under a sharded generator.
-        enabled = self._single_row and self._make_generator is None and self._cache_kind == PLAIN
+        # A row alone runs as generate_step does (stages/single_row.py); never under a sharded generator,
+        # nor with quantized KV (its plain layers would join a quantized batch).
+        alone = self._make_generator is None and not self._kv_scheme.quantized
+        enabled = self._single_row and alone and self._cache_kind == PLAIN
         solo = single_row(batch, enabled=enabled, model=model, stop_tokens=stops, prefill_step_size=self._prefill_step_size)
         generator = make_generator(model, self._adapters, solo)
         # Not under a sharded generator: every rank would have to replay each step's chunk size.

@@ -8,7 +8,6 @@ exclusive work.
 
 from __future__ import annotations
 
-from functools import partial
 
 import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -23,9 +22,9 @@ from stages.gateway import GenerationGateway
 from stages.kv.plan import Fit
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Prepared, StepOutputs
-from stages.models.loading import ModelInfo, Tokenizer, load_weights
+from stages.models.loading import ModelInfo, Tokenizer
 from stages.shard.cluster import Cluster
-from stages.startup import prompt_cache, think_ids
+from stages.startup import model_loader, prompt_cache, think_ids
 
 # Evicted entries waiting for the disk writer; beyond this they are dropped,
 # so a slow disk costs cache hits, never memory or request time.
@@ -62,8 +61,9 @@ def make_gateway(
         out=out,
         spills_out=spills.send,
         spills_in=spills.receive,
-        load=partial(load_weights, info) if cluster is None else partial(cluster.load, info.path),
+        load=model_loader(info, cluster, side.fit.model.kv_scheme),
         make_generator=None if cluster is None else cluster.make_generator,
+        kv_scheme=side.fit.model.kv_scheme,
         single_row=settings.single_row,
         eos_ids=frozenset(side.tokenizer.eos_token_ids),
         think_ids=think_ids(side.family, side.tokenizer),

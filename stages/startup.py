@@ -27,8 +27,8 @@ from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools
 from stages.kv.machine import backend
 from stages.kv.plan import BudgetError, Fit, MemoryPlan
-from stages.kv.shape import ModelShape
-from stages.models.loading import ModelInfo, Tokenizer
+from stages.kv.shape import FULL, KvScheme, ModelShape
+from stages.models.loading import ModelInfo, Tokenizer, load_weights
 from stages.models.weights import WeightForm, dequantized, float32_bytes, quantization, stored
 from stages.shard.cluster import Cluster
 from stages.shard.plan import per_rank
@@ -71,7 +71,8 @@ def open_disk(
     if not settings.cache_dir:
         return None
     # One folder per model: a folder shared by several never mixes their KV.
-    fingerprint = model_fingerprint(path)
+    scheme = kv_scheme(settings, cluster)
+    fingerprint = model_fingerprint(path, scheme.describe())
     root = Path(settings.cache_dir).expanduser() / fingerprint[:16]
     if cluster is not None:
         # Each rank holds its own slice of every entry: a folder, and a fingerprint in each file, per slice.
@@ -82,7 +83,7 @@ def open_disk(
         root, fingerprint = root / "float32", hashlib.sha256(f"{fingerprint}:float32".encode()).hexdigest()
     # Within it, each adapter's entries are filed by its name and weights, so retrained weights never match.
     spaces = {adapter.name: adapter_fingerprint(adapter.path / CONFIG, adapter.path / WEIGHTS) for adapter in adapters}
-    return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint, adapters=spaces)
+    return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint, adapters=spaces, kv_scheme=scheme)
 
 
 def prompt_cache(
@@ -128,3 +129,41 @@ def plan_weights(
 def _as_float32(shape: ModelShape, *, weights_bytes: int) -> ModelShape:
     # Float32 weights compute, and so cache, keys and values in float32 too.
     return attrs.evolve(shape, weights_bytes=weights_bytes, dtype_bytes=4)
+
+
+class KvSchemeError(ValueError):
+    """The KV scheme the settings ask for cannot serve this model or this set-up (raised at start)."""
+
+
+def kv_scheme(settings: Settings, cluster: Cluster | None) -> KvScheme:
+    """The KV scheme of the settings, or the exact combination that refuses it."""
+    if settings.kv_bits is None:
+        return FULL
+    named = f"MLX_RELAY_KV_BITS={settings.kv_bits}"
+    if cluster is not None:
+        raise KvSchemeError(f"{named} cannot be served with MLX_RELAY_SHARD={settings.shard}: a sharded model's KV is full precision")
+    if settings.quantized_kv_start:
+        raise KvSchemeError(
+            f"{named} with MLX_RELAY_QUANTIZED_KV_START={settings.quantized_kv_start}: the continuous batch quantizes "
+            "every row from its first token (one batch layer cannot hold some rows quantized and others not); set it to 0"
+        )
+    return KvScheme(bits=settings.kv_bits, group_size=settings.kv_group_size)
+
+
+def model_loader(info: ModelInfo, cluster: Cluster | None, scheme: KvScheme) -> Callable[[], object]:
+    """What the gateway calls to load the weights, refusing at load (before any row) a model the KV scheme cannot serve."""
+    if cluster is not None:
+        return partial(cluster.load, info.path)
+    if not scheme.quantized:
+        return partial(load_weights, info)
+
+    def load() -> object:
+        from stages.models.quantized_kv import refusal
+
+        model = load_weights(info)
+        reason = refusal(model, scheme)
+        if reason is not None:
+            raise KvSchemeError(reason)
+        return model
+
+    return load

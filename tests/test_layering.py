@@ -47,6 +47,8 @@ MLX_CORE_ALLOWED = {
     "stages/models/shaped.py", "stages/models/shaped_embedding.py", "stages/models/mlx_internals.py",
     # Random LoRA adapters for the demo models.
     "stages/models/demo_adapter.py",
+    # The quantized KV cache the batch holds (its layers and the generator that makes them).
+    "stages/models/quantized_kv.py",
     # A row alone, decoded on the model thread as mlx-lm's generate_step does.
     "stages/single_row.py",
     # Embeddings and scores: forward passes the model thread runs between steps.

@@ -18,7 +18,7 @@ from stages.model_side import ModelSide
 from stages.model_work import dedicated_work
 from stages.models.loading import load_tokenizer, resolve_model
 from stages.prepare import Reservation
-from stages.startup import choose_markup, disk_tier, plan_weights
+from stages.startup import choose_markup, disk_tier, kv_scheme, plan_weights
 
 
 @attrs.frozen(kw_only=True)
@@ -50,6 +50,7 @@ async def open_model(settings: Settings) -> WorkerModel:
         assess, info.path, context_window=info.context_window, budget=settings.memory_budget,
         prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch, prefill_step=settings.prefill_step_size,
         adapter_bytes=sum(adapter.nbytes for adapter in adapters) + embedding_bytes, share=None,
+        kv=kv_scheme(settings, None),
     )
     # The same plan and weight form the front chose (stages/startup.py), so the model thread loads them alike.
     fit, weights = await anyio.to_thread.run_sync(partial(plan_weights, settings, info, fit_of, cluster=None))

@@ -45,6 +45,7 @@ import attrs
 import structlog
 from mlx_lm.models.cache import PromptTrie
 
+from stages.kv.shape import FULL, KvScheme
 from stages.cache.kv_file import BASE_SPACE, SUFFIX, Restored, Tensor, header, indexed, parse
 from stages.cache.tier import DiskStatistics, Key, nearest
 
@@ -76,6 +77,8 @@ class DiskTier:
     fingerprint: str
     # Adapter name -> its weights' fingerprint: the adapters whose entries are filed here.
     adapters: Mapping[str, str] = attrs.field(factory=dict)
+    # How the layers' KV is stored (stages/kv/shape.py): written into each file, and part of `fingerprint`.
+    kv_scheme: KvScheme = FULL
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     # Least recently used first.
     _files: OrderedDict[_Slot, _File] = attrs.field(factory=OrderedDict, init=False)
@@ -156,7 +159,9 @@ class DiskTier:
 
     def write(self, job: SpillJob) -> None:
         """Write one entry (the worker thread); best effort: an OSError is counted, not raised."""
-        head = header(job.tensors, fingerprint=self.fingerprint, prompt_len=job.prompt_len, space=job.space)
+        head = header(
+            job.tensors, fingerprint=self.fingerprint, prompt_len=job.prompt_len, space=job.space, kv_scheme=self.kv_scheme.describe()
+        )
         size = len(head) + sum(t.data.nbytes for t in job.tensors)
         if self._suspect and not self._usable():
             self.note_error()

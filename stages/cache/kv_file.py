@@ -1,8 +1,9 @@
 """The disk tier's file format: one prompt-cache entry as a safetensors file.
 
 Written by hand here, readable by `mx.load`: the tokens the entry holds as
-an int32 tensor, each layer's keys and values, and metadata naming the
-format, the model's fingerprint, the entry's space (absent for the base
+an int32 tensor, each layer's keys and values (a quantized layer's packed
+values as uint32 with their `.scales` and `.biases`), and metadata naming the
+format, the KV scheme where it is quantized (`kv_scheme`, "q8g64"), the model's fingerprint, the entry's space (absent for the base
 model; an adapter's name and weights' fingerprint for an adapter's KV) and
 a CRC-32 of the data. Pure bytes in and out: no index, no MLX call, so the
 spill worker can write a file without the model thread.
@@ -29,8 +30,10 @@ _TOKENS = "tokens"
 # safetensors data starts 8-aligned, so every tensor can be viewed in place.
 _ALIGN = 8
 # memoryview format -> safetensors dtype, and each dtype's item size.
-_DTYPES = {"f": "F32", "e": "F16", "bfloat16": "BF16", "i": "I32"}
-_ITEM_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I32": 4}
+_DTYPES = {"f": "F32", "e": "F16", "bfloat16": "BF16", "i": "I32", "I": "U32"}
+_ITEM_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I32": 4, "U32": 4}
+# The KV scheme of full-precision files, which name none (as before quantized KV).
+FULL_SCHEME = "full"
 # Enough of each weight file to tell two models of the same shape apart
 # without reading gigabytes at every start.
 _FINGERPRINT_SAMPLE = 1 << 20
@@ -66,7 +69,7 @@ def token_tensor(tokens: Sequence[int]) -> Tensor:
     return Tensor(_TOKENS, "I32", (len(ids),), memoryview(ids))
 
 
-def header(tensors: Sequence[Tensor], *, fingerprint: str, prompt_len: int, space: str) -> bytes:
+def header(tensors: Sequence[Tensor], *, fingerprint: str, prompt_len: int, space: str, kv_scheme: str = FULL_SCHEME) -> bytes:
     """The length-prefixed JSON header of a file holding `tensors`, padded so the data is aligned."""
     entries: dict[str, Any] = {}
     offset, crc = 0, 0
@@ -77,6 +80,8 @@ def header(tensors: Sequence[Tensor], *, fingerprint: str, prompt_len: int, spac
     metadata = {"format": FORMAT, "fingerprint": fingerprint, "prompt_len": str(prompt_len), "crc32": str(crc)}
     if space != BASE_SPACE:
         metadata["adapter"] = space
+    if kv_scheme != FULL_SCHEME:
+        metadata["kv_scheme"] = kv_scheme
     text = json.dumps({"__metadata__": metadata, **entries}).encode()
     text += b" " * (-(8 + len(text)) % _ALIGN)
     return len(text).to_bytes(8, "little") + text
@@ -124,9 +129,16 @@ def indexed(path: Path, fingerprint: str) -> tuple[str, tuple[int, ...]] | None:
     return space, tuple(ids)
 
 
-def model_fingerprint(path: Path) -> str:
-    """A digest of the model's config and a sample of each weight file."""
+def model_fingerprint(path: Path, kv_scheme: str = FULL_SCHEME) -> str:
+    """A digest of the model's config and a sample of each weight file, and of the KV scheme when quantized.
+
+    The scheme is part of the fingerprint, so a file of another scheme is
+    never this server's (it is not restored); full precision adds nothing,
+    so files written before quantized KV still are.
+    """
     digest = hashlib.sha256(FORMAT.encode())
+    if kv_scheme != FULL_SCHEME:
+        digest.update(f"kv_scheme:{kv_scheme}".encode())
     digest.update((path / "config.json").read_bytes())
     for weights in sorted(path.glob("*" + SUFFIX)):
         size = weights.stat().st_size

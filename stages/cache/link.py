@@ -20,11 +20,13 @@ import structlog
 from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.kv_file import Tensor, tensor, token_tensor
 from stages.cache.tier import DiskStatistics, Entry, Key
-from stages.models.mlx_internals import plain_kv
+from stages.models.mlx_internals import layer_tensors
 
 log = structlog.get_logger(stage="gateway")
 
-MakeLayer = Callable[[Tensor, Tensor], Any]
+# A layer from its named tensors ("keys", "values", a quantized layer's ".scales" and ".biases"),
+# quantized with (bits, group_size) when bits is set.
+MakeLayer = Callable[[dict[str, Tensor], int | None, int], Any]
 
 
 @attrs.define
@@ -45,13 +47,13 @@ class DiskLink:
         # The worker reads these views without calling MLX.
         tensors = [token_tensor(entry.tokens)]
         for index, layer in enumerate(entry.cache):
-            kv = plain_kv(layer)
-            keys, values = (tensor(f"layers.{index}.{n}", a) for n, a in zip(("keys", "values"), kv)) if kv else (None, None)
-            if keys is None or values is None:
+            named = layer_tensors(layer)
+            parts = [tensor(f"layers.{index}.{name}", array) for name, array in named.items()] if named else [None]
+            if any(part is None for part in parts):
                 # A sliding-window or recurrent layer, or a dtype the file format has no name for.
                 self.disk.note_unsupported()
                 return
-            tensors += [keys, values]
+            tensors += [part for part in parts if part is not None]
         self.outbox.append(SpillJob(tokens=entry.tokens, prompt_len=entry.prompt_len, tensors=tuple(tensors), space=space))
 
     def restore(self, key: Key, adapter: str | None = None) -> Entry | None:
@@ -67,15 +69,23 @@ class DiskLink:
         restored = None if space is None else self.disk.read(key, space)
         if restored is None:
             return None
-        layers = len(restored.tensors) // 2
+        layers: dict[int, dict[str, Tensor]] = {}
         try:
-            pairs = [(restored.tensors[f"layers.{i}.keys"], restored.tensors[f"layers.{i}.values"]) for i in range(layers)]
-        except KeyError:
+            for name, item in restored.tensors.items():
+                _, index, part = name.split(".", 2)
+                layers.setdefault(int(index), {})[part] = item
+        except ValueError:
             return None
         # The checksum proved the bytes; this proves they are KV for exactly these tokens.
-        if not pairs or any(keys.shape[2:3] != (len(key),) or values.shape[2:3] != (len(key),) for keys, values in pairs):
+        if not layers or sorted(layers) != list(range(len(layers))) or any(
+            item.shape[2:3] != (len(key),) for parts in layers.values() for item in parts.values()
+        ):
             return None
-        cache = [self.make_layer(keys, values) for keys, values in pairs]
+        scheme = self.disk.kv_scheme
+        try:
+            cache = [self.make_layer(layers[index], scheme.bits, scheme.group_size) for index in range(len(layers))]
+        except KeyError:
+            return None
         return Entry(tokens=key, cache=cache, prompt_len=restored.prompt_len, adapter=adapter, on_disk=True)
 
     def count_restore(self, key: Key, started: float, adapter: str | None = None) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import attrs
 
 from stages.kv.machine import Machine, read_machine
-from stages.kv.shape import ModelShape, read_model_shape
+from stages.kv.shape import FULL, KvScheme, ModelShape, read_model_shape
 
 # The share of RAM a server may plan for when no budget is set: the OS,
 # the HTTP side and MLX's buffer cache need the rest (Metal's recommended
@@ -193,15 +193,19 @@ class Fit:
     model: ModelShape
     memory: MemoryPlan
     decode_tokens_per_s: DecodeRate
+    # The KV cache's scheme in one word ("full", "q8g64"); `model.kv_scheme` has its figures.
+    kv_scheme: str = "full"
 
 
 def assess(
     path: Path, *, context_window: int, budget: int, prompt_cache: int, max_batch: int, prefill_step: int, adapter_bytes: int = 0,
     share: Callable[[ModelShape], ModelShape] | None = None, form: Callable[[ModelShape], ModelShape] | None = None,
+    kv: KvScheme = FULL,
 ) -> Fit:
     """Read the machine and the model and plan the budget; blocking (run it off the event loop).
 
-    `adapter_bytes` (LoRA adapters held beside the weights) counts as weights.
+    `adapter_bytes` (LoRA adapters held beside the weights) counts as weights;
+    `kv` prices every token of KV as that scheme stores it.
     `form` gives the model as it will be served where that differs from its
     files (float32 weights dequantized from the stored ones: stages/models/weights.py).
     `share` gives this process's part of the model when it is sharded over
@@ -213,7 +217,7 @@ def assess(
     machine, shape = read_machine(), read_model_shape(path, context_window)
     if form is not None:
         shape = form(shape)
-    shape = attrs.evolve(shape, weights_bytes=shape.weights_bytes + adapter_bytes)
+    shape = attrs.evolve(shape, weights_bytes=shape.weights_bytes + adapter_bytes, kv_scheme=kv)
     if share is not None:
         shape = share(shape)
     memory = plan(shape, machine, budget=budget, prompt_cache=prompt_cache, max_batch=max_batch, prefill_step=prefill_step)
@@ -221,4 +225,4 @@ def assess(
         empty_context=predicted_decode_rate(shape, machine, 0),
         max_safe_context=predicted_decode_rate(shape, machine, memory.max_safe_context),
     )
-    return Fit(machine=machine, model=shape, memory=memory, decode_tokens_per_s=rate)
+    return Fit(machine=machine, model=shape, memory=memory, decode_tokens_per_s=rate, kv_scheme=kv.describe())

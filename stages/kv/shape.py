@@ -5,6 +5,11 @@ tokens; a sliding-window layer (RotatingKVCache) grows the same way but
 never past its window. So a row of n tokens holds
 `full_layers x block(n) + sliding_layers x min(window, block(n))` tokens'
 worth of one layer's keys and values.
+
+With a quantized KV cache (`KvScheme`), each head's row of keys or values
+is `head_dim x bits / 8` bytes of packed values plus a scale and a bias
+per group of `group_size`, in the model's dtype, as `mx.quantize` lays
+them out (mlx-lm's QuantizedKVCache).
 """
 
 from __future__ import annotations
@@ -28,6 +33,31 @@ def blocks(tokens: int) -> int:
 
 
 @attrs.frozen(kw_only=True)
+class KvScheme:
+    """How the KV cache stores keys and values: full precision (`bits` None), or `bits`-bit groups."""
+
+    bits: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_((4, 8))))
+    group_size: int = attrs.field(default=64, validator=attrs.validators.in_((32, 64, 128)))
+
+    @property
+    def quantized(self) -> bool:
+        return self.bits is not None
+
+    def describe(self) -> str:
+        """One word for /fit, /stats and the disk tier's files: "full" or "q8g64"."""
+        return "full" if self.bits is None else f"q{self.bits}g{self.group_size}"
+
+    def head_row_bytes(self, head_dim: int, dtype_bytes: int) -> int:
+        """One token's keys (or values) for one head."""
+        if self.bits is None:
+            return head_dim * dtype_bytes
+        return head_dim * self.bits // 8 + 2 * (head_dim // self.group_size) * dtype_bytes
+
+
+FULL = KvScheme()
+
+
+@attrs.frozen(kw_only=True)
 class ModelShape:
     weights_bytes: int
     layers: int
@@ -41,11 +71,12 @@ class ModelShape:
     # Layers whose cache keeps only the last `sliding_window` tokens.
     sliding_layers: int = 0
     sliding_window: int | None = None
+    kv_scheme: KvScheme = FULL
 
     @property
     def layer_token_bytes(self) -> int:
-        """One token's keys and values in one layer."""
-        return self.kv_heads * self.head_dim * 2 * self.dtype_bytes
+        """One token's keys and values in one layer, as the KV scheme stores them."""
+        return self.kv_heads * 2 * self.kv_scheme.head_row_bytes(self.head_dim, self.dtype_bytes)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -166,9 +166,54 @@ def kv_layer(keys: Any, values: Any) -> Any:
     return layer
 
 
-def restore_layer(keys: Tensor, values: Tensor) -> Any:
-    """One layer's KV cache from the disk tier's tensors, evaluated."""
-    return kv_layer(_tensor_array(keys), _tensor_array(values))
+# The parts of a quantized tensor after its packed values, as the disk tier names them ("layers.0.keys.scales").
+_QUANTIZED_PARTS = ("scales", "biases")
+
+
+def layer_tensors(layer: Any) -> dict[str, Any] | None:
+    """A layer's KV as named arrays, cut to what it holds: "keys" and "values", and for a quantized
+    layer their "scales" and "biases" too; None for a layer of any other kind.
+
+    Leans on: `QuantizedKVCache.keys/values` being `mx.quantize` triples
+    (packed values, scales, biases), cut to `offset` like a `KVCache`.
+    """
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    if not isinstance(layer, QuantizedKVCache):
+        kv = plain_kv(layer)
+        return None if kv is None else {"keys": kv[0], "values": kv[1]}
+    if layer.keys is None:
+        return None
+    named = {}
+    for name, triple in (("keys", layer.keys), ("values", layer.values)):
+        for suffix, part in zip(("", *(f".{p}" for p in _QUANTIZED_PARTS)), triple):
+            named[name + suffix] = part if part.shape[2] == layer.offset else part[..., : layer.offset, :]
+    if any(part.shape[2] != layer.offset for part in (*layer.keys, *layer.values)):
+        import mlx.core as mx
+
+        # A layer cut by `trim`, or still growing: the file format wants each tensor whole and contiguous.
+        named = {name: mx.contiguous(part) for name, part in named.items()}
+        mx.eval(list(named.values()))
+    return named
+
+
+def restore_layer(parts: dict[str, Tensor], bits: int | None = None, group_size: int = 64) -> Any:
+    """One layer's KV cache from the disk tier's tensors, evaluated: quantized when `bits` is set."""
+    if bits is None:
+        return kv_layer(_tensor_array(parts["keys"]), _tensor_array(parts["values"]))
+    import mlx.core as mx
+
+    from stages.models.quantized_kv import RowQuantizedKV
+
+    layer: Any = RowQuantizedKV(group_size=group_size, bits=bits)
+
+    def triple(name: str) -> tuple[Any, ...]:
+        return tuple(_tensor_array(parts[name + suffix]) for suffix in ("", *(f".{p}" for p in _QUANTIZED_PARTS)))
+
+    layer.keys, layer.values = triple("keys"), triple("values")
+    layer.offset = layer.keys[0].shape[2]
+    mx.eval(layer.keys, layer.values)
+    return layer
 
 
 def _tensor_array(item: Tensor) -> Any:
@@ -179,6 +224,8 @@ def _tensor_array(item: Tensor) -> Any:
     data: Any = item.data
     if item.dtype == "F32":
         return mx.array(data.cast("f", item.shape))
+    if item.dtype == "U32":
+        return mx.array(data.cast("I", item.shape), dtype=mx.uint32)
     return mx.array(data.cast("H", item.shape)).view(mx.float16 if item.dtype == "F16" else mx.bfloat16)
 
 

@@ -7,6 +7,7 @@ message naming it, instead of deep inside a request.
 from __future__ import annotations
 
 import inspect
+import sys
 import re
 from pathlib import Path
 
@@ -107,12 +108,12 @@ def test_cache_classes(layers: list[object], kind: str) -> None:
 
 
 def test_no_other_module_reaches_into_mlx_lm_privately() -> None:
-    """The adapter is the only place a private mlx-lm name appears."""
+    """The adapter is the only place a private mlx-lm name appears (with its quantized cache layers, quantized_kv.py)."""
     from tests.conftest import REPO
 
     offenders = []
     for path in sorted((REPO / "stages").rglob("*.py")) + [REPO / "app.py"]:
-        if path.name == "mlx_internals.py":
+        if path.name in ("mlx_internals.py", "quantized_kv.py"):
             continue
         text = path.read_text(encoding="utf-8")
         for pattern in PRIVATE:
@@ -137,3 +138,20 @@ def test_final_hidden_and_head_logits_rebuild_the_models_logits(model_info: Mode
     cache = make_prompt_cache(model)
     halves = [internals.final_hidden(model, inputs[:, :3], cache), internals.final_hidden(model, inputs[:, 3:], cache)]
     assert mx.allclose(mx.concatenate(halves, axis=1), hidden, atol=1e-4).item()
+
+
+def test_what_the_quantized_batch_cache_leans_on() -> None:
+    """stages/models/quantized_kv.py: mlx-lm's quantized layer, batch helpers and attention dispatch, name by name."""
+    import mlx_lm.models.base as base
+    import mlx_lm.models.cache as cache
+    from mlx_lm.generate import BatchGenerator
+
+    layer = cache.QuantizedKVCache(group_size=64, bits=8)
+    assert (layer.keys, layer.values, layer.offset, layer.group_size, layer.bits) == (None, None, 0, 64, 8)
+    assert callable(cache.dynamic_roll) and callable(cache.create_causal_mask) and hasattr(cache, "_BaseCache")
+    # The batch's attention takes its quantized kernels for any cache that has `bits`.
+    assert 'hasattr(cache, "bits")' in inspect.getsource(base.scaled_dot_product_attention)
+    # Rows join a batch through their first layer's `merge`; insert passes caches third, positionally.
+    assert ".merge(" in inspect.getsource(sys.modules[BatchGenerator.__module__]._merge_caches)
+    parameters = list(inspect.signature(BatchGenerator.insert_segments).parameters)
+    assert parameters[:4] == ["self", "segments", "max_tokens", "caches"]
