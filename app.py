@@ -14,9 +14,9 @@ from stages.models.blas import preload_blas
 BLAS = preload_blas()
 
 import time  # noqa: E402
-from functools import partial  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import AsyncGenerator, Callable  # noqa: E402
+from functools import partial  # noqa: E402
 from typing import cast  # noqa: E402
 
 import anyio  # noqa: E402
@@ -24,20 +24,26 @@ import structlog  # noqa: E402
 from quart import Quart, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException  # noqa: E402
 
-from edge import guard  # noqa: E402
-from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
-from edge import fields  # noqa: E402
-from edge.metrics import Metrics  # noqa: E402
-from edge.sessions import session_key  # noqa: E402
-from edge.telemetry import Tracing, configure_tracing  # noqa: E402
-from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
+from edge import fields, guard  # noqa: E402
 from edge.admin_routes import routes as admin_routes  # noqa: E402
+from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
 from edge.choice import chosen, current_defaults, current_engine, model_field, model_named  # noqa: E402
+from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
+from edge.metrics import Metrics  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
+from edge.responses_socket import close_all as close_sockets  # noqa: E402
+from edge.responses_socket import routes as responses_socket_routes  # noqa: E402
+from edge.responses_turn import prepare_turn, response_not_found, stored_response  # noqa: E402
+from edge.sessions import session_key  # noqa: E402
+from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.status_routes import routes as status_routes  # noqa: E402
 from edge.store import store_call  # noqa: E402
-from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
+from edge.telemetry import Tracing, configure_tracing  # noqa: E402
+from edge.web import routes as web_routes  # noqa: E402
+from fleet.defaults import with_defaults  # noqa: E402
+from fleet.fleet import Fleet  # noqa: E402
+from fleet.spec import specs_from_settings  # noqa: E402
 from pipeline.channels import ReplyClosed  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error, shutting_down  # noqa: E402
 from pipeline.observe import Observers  # noqa: E402
@@ -45,21 +51,15 @@ from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
-from fleet.defaults import with_defaults  # noqa: E402
-from fleet.fleet import Fleet  # noqa: E402
-from fleet.spec import specs_from_settings  # noqa: E402
 from stages.engine import Engine  # noqa: E402
 from stages.messages import Decoder, Reply  # noqa: E402
 from stages.parse import load_json  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
-from wire import responses as responses_wire  # noqa: E402
 from wire.anthropic_context import applied_edits_body  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.openapi import document as openapi_document  # noqa: E402
-from wire.response_store import StoredResponse  # noqa: E402
 from wire.responses_items import input_items_page  # noqa: E402
-from wire.responses_requests import continued_input, decode_responses, to_chat  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
 log = structlog.get_logger(stage="http")
@@ -77,6 +77,8 @@ app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 app.register_blueprint(model_work_routes)
 app.register_blueprint(status_routes)
 app.register_blueprint(admin_routes)
+app.register_blueprint(responses_socket_routes)
+app.register_blueprint(web_routes)
 
 # (accepted request, request id, its reply) -> the API's stream protocol.
 ProtocolFactory = Callable[[Accepted, str, Reply], StreamProtocol]
@@ -101,6 +103,8 @@ async def lifespan() -> AsyncGenerator[None, None]:
         raise
     app.extensions["response_store"] = store
     app.extensions["keepalive_interval"] = settings.keepalive_interval
+    app.extensions["web"] = settings.web
+    app.extensions["socket_idle_timeout"] = settings.socket_idle_timeout
     app.extensions["max_batch"] = settings.max_batch
     app.extensions["strict_fields"] = settings.strict_fields
     app.extensions["blas"] = BLAS
@@ -123,6 +127,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
             log.info("server.ready", models=list(fleet.hosts), loop=loop)
             yield
             log.info("server.draining")
+            close_sockets(app)
             await fleet.drain(settings.drain_timeout)
             outer.cancel_scope.cancel()
     finally:
@@ -137,6 +142,8 @@ def start_draining() -> None:
     """Refuse new work with 503 from now on (the server has been told to stop); a no-op before the engine is up."""
     if "fleet" in app.extensions:
         cast(Fleet, app.extensions["fleet"]).start_draining()
+    # Sockets end their turns and close first, as HTTP drains after (edge/responses_socket.py).
+    close_sockets(app)
 
 
 @app.post("/v1/chat/completions")
@@ -272,85 +279,27 @@ def _messages_protocol(accepted: Accepted, request_id: str, reply: Reply) -> Str
 @app.post("/v1/responses")
 async def responses() -> Response:
     raw = load_json(cast(bytes, await request.get_data(as_text=False)))
-    decoded = fields.watched("responses", decode_responses)(raw)
-    history: tuple[JsonObject, ...] = ()
-    instructions = decoded.instructions
-    if decoded.previous_response_id is not None:
-        previous = await _stored(decoded.previous_response_id, param="previous_response_id")
-        history = continued_input(previous.input_items, _list(previous.body.get("output")))
-        instructions = decoded.instructions if decoded.instructions is not None else previous.instructions
-    request_id = _request_id("resp_")
-    replay = (*history, *decoded.input)
-    if decoded.skipped_tools:
-        # Hosted tools run on OpenAI's side; this server offers the model the others.
-        log.info("request.hosted_tools_skipped", trace_id=request.headers.get("x-request-id") or request_id, tools=list(decoded.skipped_tools))
-
-    def decode(_body: JsonValue) -> ChatRequest:
-        # The body was validated above, before the store lookup; only the splice is left.
-        return to_chat(decoded, history, instructions)
-
-    def make_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
-        return responses_wire.ResponsesStream(
-            id=request_id,
-            created_at=int(time.time()),
-            model=served_as(engine().served, accepted.request),
-            echo=decoded.echo,
-            instructions=instructions,
-            previous_response_id=decoded.previous_response_id,
-            store=decoded.store,
-            tool_specs=decoded.tool_specs,
-            grammar_call=decoded.grammar_call,
-        )
-
-    async def persist(protocol: StreamProtocol) -> None:
-        assert isinstance(protocol, responses_wire.ResponsesStream) and protocol.final is not None
-        record = StoredResponse(
-            id=request_id, created_at=time.time(), body=protocol.final, input_items=replay, instructions=instructions
-        )
-        await store_call(app, lambda store: store.put(record))
-
-    return await generate(request_id, decode, make_protocol, persist=persist if decoded.store else None)
+    turn = await prepare_turn(app, raw, trace_id=request.headers.get("x-request-id"))
+    return await generate(turn.request_id, turn.decode, turn.make_protocol, persist=turn.persist)
 
 
 @app.get("/v1/responses/<response_id>")
 async def get_response(response_id: str) -> Response:
-    return json_response((await _stored(response_id)).body)
+    return json_response((await stored_response(app, response_id)).body)
 
 
 @app.get("/v1/responses/<response_id>/input_items")
 async def get_input_items(response_id: str) -> Response:
-    stored = await _stored(response_id)
-    items = responses_wire.input_item_resources(stored.input_items)
+    stored = await stored_response(app, response_id)
+    items: list[JsonObject] = [{"id": f"item_{i}", **item} for i, item in enumerate(stored.input_items)]
     return json_response(input_items_page(items, request.args))
 
 
 @app.delete("/v1/responses/<response_id>")
 async def delete_response(response_id: str) -> Response:
     if not await store_call(app, lambda store: store.delete(response_id)):
-        raise _response_not_found(response_id, param=None)
+        raise response_not_found(response_id, param=None)
     return json_response({"id": response_id, "object": "response", "deleted": True})
-
-
-async def _stored(response_id: str, *, param: str | None = None) -> StoredResponse:
-    stored = await store_call(app, lambda store: store.get(response_id))
-    if stored is None:
-        raise _response_not_found(response_id, param=param)
-    return stored
-
-
-def _response_not_found(response_id: str, *, param: str | None) -> RequestError:
-    return RequestError(
-        kind=ErrorKind.NOT_FOUND,
-        message=f"Response with id '{response_id}' not found.",
-        param=param,
-        code="previous_response_not_found" if param else None,
-    )
-
-
-def _list(value: JsonValue) -> list[JsonValue]:
-    return value if isinstance(value, list) else []
-
-
 
 
 def _with_session(decode: Decoder, session: str) -> Decoder:

@@ -115,6 +115,7 @@ def _parser() -> argparse.ArgumentParser:
         help="refuse request fields this server does not know with a 400 naming them (MLX_RELAY_STRICT_FIELDS)",
     )
     serve.add_argument("--loop", choices=("asyncio", "uvloop"), help="the event loop (MLX_RELAY_LOOP; default asyncio)")
+    serve.add_argument("--no-web", action="store_true", help="no chat page at / (MLX_RELAY_WEB=0)")
     serve.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds open streams get at shutdown (default 30)")
     return parser
 
@@ -161,6 +162,7 @@ def _export(args: argparse.Namespace) -> None:
         "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard,
         "strict_fields": "1" if args.strict_fields else None,
         "loop": args.loop, "embedding_model": args.embedding_model, "adapters": args.adapters,
+        "web": "0" if args.no_web else None,
         "in_process": "1" if args.in_process else None,
     }  # fmt: skip
     flags.update({flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag in _DEFAULT_FLAGS})
@@ -214,6 +216,8 @@ def _config(args: argparse.Namespace, listener: socket.socket | None) -> object:
         host = f"[{args.host}]" if ":" in args.host else args.host
         config.bind = [f"{host}:{args.port}"]
     config.graceful_timeout = args.graceful_timeout
+    # Pings keep an idle Responses socket open through proxies that cut silent connections.
+    config.websocket_ping_interval = 20.0
     config.accesslog = None
     return config
 

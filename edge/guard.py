@@ -18,8 +18,9 @@ from edge.keys import key_matches, load_keys, load_origins, presented_key
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.settings import Settings
 
-# Exempt from the key: a load balancer's probe must not need a secret.
-OPEN_PATHS = frozenset({"/health"})
+# Exempt from the key: a load balancer's probe must not need a secret, nor the chat page, which asks for one.
+OPEN_PATHS = frozenset({"/health", "/"})
+OPEN_PREFIXES = ("/assets/",)
 _PREFLIGHT_MAX_AGE = "600"
 _EXPOSED = "x-request-id, retry-after"
 # The request headers a browser may send: the OpenAI and Anthropic SDKs' (with what the Stainless-built SDKs
@@ -80,7 +81,7 @@ async def _guard() -> Response | None:
     current = policy()
     if request.method == "OPTIONS":
         return _preflight(current)
-    if current.keys and request.path not in OPEN_PATHS:
+    if current.keys and request.path not in OPEN_PATHS and not request.path.startswith(OPEN_PREFIXES):
         _authenticate(current)
     if request.method == "POST":
         _check_body(current)

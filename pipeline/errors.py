@@ -18,6 +18,7 @@ class ErrorKind(enum.Enum):
 
     INVALID_REQUEST = "invalid_request"
     UNAUTHENTICATED = "unauthenticated"
+    FORBIDDEN = "forbidden"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     BODY_TIMEOUT = "body_timeout"
@@ -31,6 +32,7 @@ class ErrorKind(enum.Enum):
 _STATUS = {
     ErrorKind.INVALID_REQUEST: 400,
     ErrorKind.UNAUTHENTICATED: 401,
+    ErrorKind.FORBIDDEN: 403,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.METHOD_NOT_ALLOWED: 405,
     ErrorKind.BODY_TIMEOUT: 408,

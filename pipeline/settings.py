@@ -160,6 +160,11 @@ class Settings:
     # (waiting in the queue, or in a long prefill).
     keepalive_interval: float = attrs.field(default=5.0, validator=attrs.validators.gt(0.0))
 
+    # The chat page at `/` (edge/web.py); off, `/` is a 404 like any path no handler owns.
+    web: bool = True
+    # Seconds a Responses WebSocket may sit with no turn and no frame before the server closes it (1000).
+    socket_idle_timeout: float = attrs.field(default=900.0, validator=attrs.validators.gt(0.0))
+
     @property
     def model_in_process(self) -> bool:
         """The model runs in the HTTP process (`in_process`, or sharded: DESIGN.md, "Model workers")."""

@@ -39,6 +39,7 @@ _ERRORS = {
     ErrorKind.UNAUTHENTICATED: (401, "authentication_error"),
     ErrorKind.NOT_FOUND: (404, "not_found_error"),
     ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
+    ErrorKind.FORBIDDEN: (403, "permission_error"),
     ErrorKind.BODY_TIMEOUT: (408, "invalid_request_error"),
     ErrorKind.TOO_LARGE: (413, "request_too_large"),
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: (415, "invalid_request_error"),

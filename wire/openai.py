@@ -37,6 +37,7 @@ _ERROR_TYPES = {
     ErrorKind.UNAUTHENTICATED: "invalid_request_error",
     ErrorKind.NOT_FOUND: "not_found_error",
     ErrorKind.METHOD_NOT_ALLOWED: "invalid_request_error",
+    ErrorKind.FORBIDDEN: "permission_error",
     ErrorKind.BODY_TIMEOUT: "invalid_request_error",
     ErrorKind.TOO_LARGE: "invalid_request_error",
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: "invalid_request_error",

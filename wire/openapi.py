@@ -36,6 +36,8 @@ class Operation:
     # True when `stream: true` turns the answer into server-sent events.
     streams: bool = False
     public: bool = False
+    # What a 200 carries, when not JSON.
+    content_type: str = "application/json"
 
 
 OPERATIONS = (
@@ -72,6 +74,11 @@ OPERATIONS = (
     Operation(method="get", path="/metrics", summary="Prometheus metrics: vLLM's names, and mlx_relay: ones"),
     Operation(method="get", path="/v1/loads", summary="Load in the shape SGLang serves and smg polls"),
     Operation(method="get", path="/openapi.json", summary="This description"),
+    Operation(method="get", path="/v1/responses",
+              summary="The Responses API over WebSocket (send Upgrade: websocket; a plain GET is 426)"),
+    Operation(method="get", path="/", summary="The chat page", public=True, content_type="text/html"),
+    Operation(method="get", path="/assets/{name}", summary="The chat page's files, by hashed name", public=True,
+              content_type="text/javascript"),
     *(Operation(method="post", path=f"/admin/models/{{name}}/{action}", summary=summary) for action, summary in (
         ("load", "Load a configured model now"), ("unload", "Unload a model now (its requests in flight fail)"),
         ("drain", "Unload a model once its requests in flight finish"))),
@@ -105,7 +112,8 @@ def document(version: str = "0.1.0") -> JsonObject:
 def _operation(operation: Operation) -> JsonObject:
     error: JsonObject = {"$ref": "#/components/schemas/" + ("AnthropicError" if operation.anthropic else "OpenAIError")}
     error_response: JsonObject = {"description": "An error", "content": {"application/json": {"schema": error}}}
-    ok: JsonObject = {"application/json": {"schema": {"type": "object"}}}
+    json_body = operation.content_type == "application/json"
+    ok: JsonObject = {operation.content_type: {"schema": {"type": "object" if json_body else "string"}}}
     if operation.path == "/metrics":
         ok = {"text/plain": {"schema": {"type": "string"}}}
     if operation.streams:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -88,6 +89,11 @@ class WorkerHost:
     _failures: list[FailedOut] = attrs.field(factory=list, init=False)
     _failed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _jobs: dict[int, anyio.CancelScope] = attrs.field(factory=dict, init=False)
+    # Rows' replies while their rows live: an abort must close the reply of a row still in the gateway's
+    # inbox (a full batch), which the gateway then skips, as the front's closed reply is skipped in process.
+    _replies: weakref.WeakValueDictionary[str, _WorkerReply] = attrs.field(
+        factory=weakref.WeakValueDictionary, init=False
+    )
     _gateway: GenerationGateway | None = attrs.field(default=None, init=False)
     _model: WorkerModel | None = attrs.field(default=None, init=False)
     # The heartbeat and the failure flush: they end once the last step is framed.
@@ -124,6 +130,8 @@ class WorkerHost:
             if isinstance(message, RowIn):
                 await inbox.send.send(await self._prepared(message))
             elif isinstance(message, AbortIn):
+                if (reply := self._replies.get(message.request_id)) is not None:
+                    reply.close()
                 await control.send.send(Abort(request_id=message.request_id))
             elif isinstance(message, JobIn):
                 scope = self._jobs[message.job_id] = anyio.CancelScope()
@@ -140,6 +148,7 @@ class WorkerHost:
     async def _prepared(self, row: RowIn) -> Prepared:
         assert self._model is not None
         reply = _WorkerReply(row.request_id, row.trace_id, failures=self._failures, failed=self._failed)
+        self._replies[row.request_id] = reply
         constraint: CompiledConstraint | None = None
         if row.grammar is not None:
             grammar = Grammar(text=row.grammar, param=row.grammar_param)

@@ -84,6 +84,10 @@ def test_codex_finishes_a_turn(npm_bin: Path, agent_server: Server, tmp_path: Pa
         f'base_url = "{agent_server.v1}"\n'
         'wire_api = "responses"\n'
         'env_key = "RELAY_API_KEY"\n'
+        # The Responses-over-WebSocket transport, which Codex dials first when a provider offers it.
+        "supports_websockets = true\n"
+        "[features]\n"
+        "responses_websockets = true\n"
     )
     before = len(statuses(agent_server))
     result = run_cli(
@@ -93,5 +97,9 @@ def test_codex_finishes_a_turn(npm_bin: Path, agent_server: Server, tmp_path: Pa
     )
     assert result.returncode == 0, result.stdout + result.stderr
     served = statuses(agent_server)[before:]
-    assert any(path.startswith("/v1/responses") for path, _ in served), served
-    assert all(status == 200 for _, status in served), served
+    # The turn went over the socket (the upgrade answered 101, and the server logged its turns there),
+    # and Codex never fell back to HTTP's POST.
+    assert ("/v1/responses", 101) in served, served
+    assert not any(path == "/v1/responses" and status != 101 for path, status in served), served
+    assert '"event": "socket.turn"' in agent_server.logs()
+    assert all(status in (101, 200) for _, status in served), served
