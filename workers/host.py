@@ -5,9 +5,11 @@ model thread, handoff, KV scheduler, prompt cache and exclusive queue are
 unchanged. This host only translates: frames from the front become
 `Prepared` rows, aborts and jobs on the gateway's channels, and each
 `StepOutputs` the gateway hands over becomes one `StepOut` frame.
-Back-pressure: frames are written one at a time from a small outbox; a
-front that stops reading fills the socket, then the outbox, then the
-gateway's step channel, and the model thread waits (`steps_ahead`).
+Back-pressure: each frame is written by the task that made it, one at a
+time under a lock (a step's frame goes out from the pump without a hop
+through another task); a front that stops reading fills the socket, the
+pump waits on it, then the gateway's step channel fills, and the model
+thread waits (`steps_ahead`).
 A front that goes away (end of stream) ends the worker.
 """
 
@@ -55,8 +57,6 @@ from workers.model import WorkerModel, open_model
 
 log = structlog.get_logger(stage="worker")
 
-# Frames waiting for the socket: a few steps, beats and finished jobs.
-_OUTBOX = 8
 # Steps handed over and not yet framed (the in-process engine's step buffer).
 _STEP_BUFFER = 4
 
@@ -81,7 +81,11 @@ class _WorkerReply(ReplySlot[Accepted]):
 class WorkerHost:
     settings: Settings
     beat_interval: float
-    _outbox: Channel[ToFront] = attrs.field(factory=lambda: open_channel(_OUTBOX, name="front"), init=False)
+    _writer: FrameWriter | None = attrs.field(default=None, init=False)
+    # One frame on the socket at a time; uncontended, taking it costs no trip through the event loop.
+    _writing: anyio.Lock = attrs.field(factory=lambda: anyio.Lock(fast_acquire=True), init=False)
+    # The front stopped reading (its socket broke): frames are dropped, the reader ends the worker.
+    _front_gone: bool = attrs.field(default=False, init=False)
     _failures: list[FailedOut] = attrs.field(factory=list, init=False)
     _failed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _jobs: dict[int, anyio.CancelScope] = attrs.field(factory=dict, init=False)
@@ -97,7 +101,7 @@ class WorkerHost:
 
     async def serve(self, stream: ByteStream, reader: FrameReader[ToWorker]) -> None:
         async with anyio.create_task_group() as group:
-            group.start_soon(self._write, FrameWriter(stream))
+            self._writer = FrameWriter(stream)
             group.start_soon(self._helper, self._beat)
             model = self._model = await open_model(self.settings)
             settings, in_flight = self.settings, self.settings.max_batch + self.settings.max_pending
@@ -108,7 +112,7 @@ class WorkerHost:
             await group.start(self._gateway.run)
             group.start_soon(self._pump, steps)
             group.start_soon(self._helper, self._flush_failures)
-            await self._outbox.send.send(ReadyOut(pid=os.getpid()))
+            await self._send(ReadyOut(pid=os.getpid()))
             log.info("worker.ready", pid=os.getpid(), model=model.side.info.name)
             ended = await self._read(reader, inbox, control, group)
             if not ended:
@@ -136,7 +140,7 @@ class WorkerHost:
                 if (running := self._jobs.get(message.job_id)) is not None:
                     running.cancel()
             elif isinstance(message, StatsIn):
-                await self._outbox.send.send(self._heartbeat())
+                await self._send(self._heartbeat())
             elif isinstance(message, CloseIn):
                 inbox.send.close()
                 return True
@@ -157,12 +161,11 @@ class WorkerHost:
     async def _pump(self, steps: Channel[StepOutputs]) -> None:
         async with steps.receive:
             async for outputs in steps.receive:
-                await self._outbox.send.send(step_out(outputs, self._take_failures()))
-        await self._outbox.send.send(step_out(StepOutputs(admitted=(), deltas=(), stepped_at=time.monotonic()),
-                                              self._take_failures()))
+                await self._send(step_out(outputs, self._take_failures()))
+        await self._send(step_out(StepOutputs(admitted=(), deltas=(), stepped_at=time.monotonic()),
+                                  self._take_failures()))
         for helper in self._helpers:
             helper.cancel()
-        self._outbox.send.close()
 
     async def _helper(self, task: Callable[[], Awaitable[None]]) -> None:
         with anyio.CancelScope() as scope:
@@ -181,7 +184,7 @@ class WorkerHost:
             self._failed = anyio.Event()
             if self._failures:
                 empty = StepOutputs(admitted=(), deltas=(), stepped_at=time.monotonic())
-                await self._outbox.send.send(step_out(empty, self._take_failures()))
+                await self._send(step_out(empty, self._take_failures()))
 
     async def _run_job(self, job: JobIn, scope: anyio.CancelScope) -> None:
         model = self._model
@@ -199,7 +202,7 @@ class WorkerHost:
                 out = JobOut(job_id=job.job_id, error=error_out(error))
         del self._jobs[job.job_id]
         if out is not None:
-            await self._outbox.send.send(out)
+            await self._send(out)
 
     def _heartbeat(self) -> BeatOut:
         gateway, model = self._gateway, self._model
@@ -210,22 +213,22 @@ class WorkerHost:
         )
 
     async def _beat(self) -> None:
-        while True:
-            try:
-                self._outbox.send.send_nowait(self._heartbeat())
-            except anyio.WouldBlock:
-                pass  # frames are waiting to go: the front hears from this worker anyway
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return
+        while not self._front_gone:
+            # A frame on its way means the front hears from this worker anyway.
+            if not self._writing.locked():
+                await self._send(self._heartbeat())
             await anyio.sleep(self.beat_interval)
 
-    async def _write(self, writer: FrameWriter) -> None:
-        async with self._outbox.receive:
-            async for message in self._outbox.receive:
-                try:
-                    await writer.send(message)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    return  # the front is gone: the reader ends the worker
+    async def _send(self, message: ToFront) -> None:
+        writer = self._writer
+        assert writer is not None
+        async with self._writing:
+            if self._front_gone:
+                return
+            try:
+                await writer.send(message)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                self._front_gone = True  # the reader ends the worker
 
 
 def _job_out(job_id: int, kind: str, result: Any) -> JobOut:

@@ -68,9 +68,9 @@ def step_outputs(step: StepOut, rows: Mapping[str, Prepared]) -> StepOutputs:
     deltas = tuple(
         TokenDelta(
             request_id=delta.request_id,
-            new_token_ids=tuple(delta.tokens),
+            new_token_ids=delta.tokens,
             finish=FinishReason(delta.finish) if delta.finish is not None else None,
-            logprobs=tuple(delta.logprobs) if delta.logprobs is not None else None,
+            logprobs=delta.logprobs,
         )
         for delta in step.deltas
     )
@@ -115,9 +115,9 @@ def step_out(outputs: StepOutputs, failed: list[FailedOut]) -> StepOut:
         deltas=[
             DeltaOut(
                 request_id=d.request_id,
-                tokens=list(d.new_token_ids),
+                tokens=d.new_token_ids,
                 finish=d.finish.value if d.finish is not None else None,
-                logprobs=list(d.logprobs) if d.logprobs is not None else None,
+                logprobs=d.logprobs,
             )
             for d in outputs.deltas
         ],

@@ -56,6 +56,8 @@ log = structlog.get_logger(stage="remote")
 # Restarts in a row (none of them serving a request) after which the model is marked failed.
 _MAX_FAILURES = 8
 _MAX_BACKOFF_S = 30.0
+# How late past the heartbeat bound the watch may look (so one look past the bound is enough).
+_WATCH_SLACK_S = 0.01
 # A drained worker's time to finish and exit before it is killed.
 _GRACE_S = 10.0
 
@@ -262,15 +264,19 @@ class RemoteGateway:
 
     async def _watch(self, worker: WorkerProcess, lose: Callable[[str], None], scope: anyio.CancelScope) -> None:
         """A worker silent past the heartbeat bound while the front waits on it is hung: it is killed."""
+        bound = self._settings.worker_heartbeat_timeout
         while True:
-            await anyio.sleep(min(0.1, self._settings.worker_heartbeat_timeout / 4))
+            # Wakes at the earliest moment the worker could be past the bound, not on a short poll:
+            # a healthy worker's frames keep moving that moment on, so an idle front wakes about once a bound.
             since = self._reading_since
-            if since is not None and time.monotonic() - max(since, self._last_frame) > self._settings.worker_heartbeat_timeout:
-                lose(f"the worker (pid {worker.pid}) sent no heartbeat for {self._settings.worker_heartbeat_timeout:g} s")
-                log.error("worker.hung", pid=worker.pid, bound_s=self._settings.worker_heartbeat_timeout)
+            silent = time.monotonic() - max(since, self._last_frame) if since is not None else 0.0
+            if silent > bound:
+                lose(f"the worker (pid {worker.pid}) sent no heartbeat for {bound:g} s")
+                log.error("worker.hung", pid=worker.pid, bound_s=bound)
                 worker.kill()
                 scope.cancel()
                 return
+            await anyio.sleep(bound - silent + _WATCH_SLACK_S)
 
     async def _lose(self, reason: str) -> None:
         """Everything the lost worker held fails now; the sink drops the rows' state."""

@@ -120,11 +120,12 @@ class AdmittedOut(msgspec.Struct, frozen=True, array_like=True):
 
 
 class DeltaOut(msgspec.Struct, frozen=True, array_like=True):
+    # Tuples, as `TokenDelta` holds them: both sides use what msgspec hands over without copying it again.
     request_id: str
-    tokens: list[int]
+    tokens: tuple[int, ...]
     # pipeline.events.FinishReason's value.
     finish: str | None = None
-    logprobs: list[Scores] | None = None
+    logprobs: tuple[Scores, ...] | None = None
 
 
 class FailedOut(msgspec.Struct, frozen=True, array_like=True):
