@@ -71,6 +71,7 @@ def step_outputs(step: StepOut, rows: Mapping[str, Prepared]) -> StepOutputs:
             new_token_ids=delta.tokens,
             finish=FinishReason(delta.finish) if delta.finish is not None else None,
             logprobs=delta.logprobs,
+            grammar_fault=delta.grammar_fault,
         )
         for delta in step.deltas
     )
@@ -118,6 +119,7 @@ def step_out(outputs: StepOutputs, failed: list[FailedOut]) -> StepOut:
                 tokens=d.new_token_ids,
                 finish=d.finish.value if d.finish is not None else None,
                 logprobs=d.logprobs,
+                grammar_fault=d.grammar_fault,
             )
             for d in outputs.deltas
         ],

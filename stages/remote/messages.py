@@ -126,6 +126,8 @@ class DeltaOut(msgspec.Struct, frozen=True, array_like=True):
     # pipeline.events.FinishReason's value.
     finish: str | None = None
     logprobs: tuple[Scores, ...] | None = None
+    # Why the row's grammar matcher failed mid-generation: the front's sink fails the row with it.
+    grammar_fault: str | None = None
 
 
 class FailedOut(msgspec.Struct, frozen=True, array_like=True):

@@ -143,6 +143,16 @@ def test_a_step_crosses_back_to_the_rows_the_front_holds() -> None:
     assert step_outputs(wire, {"r1": row}) == outputs
 
 
+def test_a_grammar_fault_crosses_so_the_front_fails_the_row() -> None:
+    """A matcher error mid-generation ends the row with an error at the front, never a plain stop."""
+    row = prepared()
+    fault = TokenDelta(request_id="r1", new_token_ids=(5,), finish=FinishReason.STOP, grammar_fault="lexer error")
+    outputs = StepOutputs(admitted=(), deltas=(fault,), stepped_at=3.0)
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(step_out(outputs, [])), type=ToFront)
+    assert isinstance(wire, StepOut)
+    assert step_outputs(wire, {"r1": row}).deltas[0].grammar_fault == "lexer error"
+
+
 def test_an_error_crosses_as_the_same_request_error() -> None:
     error = invalid("bad grammar", param="response_format", code="x")
     back = request_error(error_out(error))
