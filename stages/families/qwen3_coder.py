@@ -3,12 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from pipeline.requests import Tool
-from stages.families.base import Family, MarkerRef, ParsedCall
-from stages.families.progress import CallProgress
-from stages.families.xml_params import XmlMarkup, forced_calls, parse_call, read_call
+from stages.families.xml_params import XmlMarkup, xml_family
 
 START, END = "<tool_call>", "</tool_call>"
 MARKUP = XmlMarkup(
@@ -27,27 +22,10 @@ MARKUP = XmlMarkup(
 )
 
 
-def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
-    return parse_call(MARKUP, body, tools)
-
-
-def progress(opener: str, body: str, tools: Sequence[Tool]) -> list[CallProgress]:
-    call, _ = read_call(MARKUP, body, tools)
-    return [] if call is None else [call]
-
-
-def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
-    return forced_calls(MARKUP, tools, marker, START, END)
-
-
-FAMILY = Family(
-    name="qwen3_coder",
-    parse=parse,
-    forced=forced,
+FAMILY = xml_family(
+    "qwen3_coder",
+    MARKUP,
+    start=START,
+    end=END,
     example=f"{START}\n<function=<function-name>>\n<parameter=<key>>\n<value>\n</parameter>\n</function>\n{END}",
-    think=("<think>", "</think>"),
-    calls=((START, END),),
-    json_bodies=False,
-    trigger=START,
-    progress=progress,
 )

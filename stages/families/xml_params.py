@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 
 from pipeline.requests import Constraint, ConstraintKind, Tool
-from stages.families.base import JSON_OPTIONS, MarkerRef, ParsedCall, arguments_schema, lark_text
+from stages.families.base import JSON_OPTIONS, Family, MarkerRef, ParsedCall, arguments_schema, lark_text
 from stages.families.progress import CallProgress
 
 # The parameter a custom tool's input travels in, as `wire/responses_tools.py` names it.
@@ -247,3 +247,29 @@ def _raw_lark(grammar: Constraint) -> str:
     if grammar.kind is ConstraintKind.REGEX:
         return "%lark {\nstart: /" + str(grammar.spec).replace("/", "\\/") + "/\n}"
     return "%lark {\n" + str(grammar.spec) + "\n}"
+
+
+def xml_family(name: str, markup: XmlMarkup, *, start: str, end: str, example: str) -> Family:
+    """A family whose calls are one element per parameter inside `start`…`end`, thinking in `<think>`."""
+
+    def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
+        return parse_call(markup, body, tools)
+
+    def progress(opener: str, body: str, tools: Sequence[Tool]) -> list[CallProgress]:
+        call, _ = read_call(markup, body, tools)
+        return [] if call is None else [call]
+
+    def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
+        return forced_calls(markup, tools, marker, start, end)
+
+    return Family(
+        name=name,
+        parse=parse,
+        forced=forced,
+        example=example,
+        think=("<think>", "</think>"),
+        calls=((start, end),),
+        json_bodies=False,
+        trigger=start,
+        progress=progress,
+    )
