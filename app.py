@@ -48,7 +48,7 @@ from pipeline.channels import ReplyClosed  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error, shutting_down  # noqa: E402
 from pipeline.observe import Observers  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
-from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonObject, JsonValue, with_cache_key  # noqa: E402
+from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
 from stages.engine import Engine  # noqa: E402
@@ -59,6 +59,7 @@ from wire.anthropic_context import applied_edits_body  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.openapi import document as openapi_document  # noqa: E402
+from wire.responses import input_item_resources  # noqa: E402
 from wire.responses_items import input_items_page  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
@@ -291,8 +292,7 @@ async def get_response(response_id: str) -> Response:
 @app.get("/v1/responses/<response_id>/input_items")
 async def get_input_items(response_id: str) -> Response:
     stored = await stored_response(app, response_id)
-    items: list[JsonObject] = [{"id": f"item_{i}", **item} for i, item in enumerate(stored.input_items)]
-    return json_response(input_items_page(items, request.args))
+    return json_response(input_items_page(input_item_resources(stored.input_items), request.args))
 
 
 @app.delete("/v1/responses/<response_id>")
