@@ -230,7 +230,8 @@ def fit(server: Server) -> dict[str, Any]:
 
 def test_fit_reports_the_machine_the_split_and_the_largest_safe_context(tight_server: Server) -> None:
     body = fit(tight_server)
-    assert set(body) == {"machine", "model", "memory", "decode_tokens_per_s"}
+    assert set(body) == {"machine", "model", "memory", "decode_tokens_per_s", "kv_scheme"}
+    assert body["kv_scheme"] == "full"  # no --kv-bits
     assert body["machine"]["ram_bytes"] > 0 and body["machine"]["bandwidth_bytes_per_s"] > 0
     memory = body["memory"]
     assert memory["budget_bytes"] == BUDGET and memory["budget_source"] == "MLX_RELAY_MEMORY_BUDGET"
