@@ -344,7 +344,7 @@ class Engine:
         settings = self._settings
         if isinstance(self._exclusive, RemoteExclusiveQueue):
             return RemoteGateway(
-                inbox=inbox, control=control.receive, out=out, exclusive=self._exclusive, settings=settings,
+                inbox=inbox, control=control.receive, aborts=control.send, out=out, exclusive=self._exclusive, settings=settings,
                 capacity=2 * (settings.max_batch + settings.max_pending + settings.exclusive_pending) + 3,
             )
         side = ModelSide(settings=settings, info=self.info, tokenizer=self.tokenizer, family=self.family, fit=self.fit,

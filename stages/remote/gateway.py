@@ -88,6 +88,8 @@ class RemoteGateway:
     _inbox: MemoryObjectReceiveStream[Prepared] = attrs.field(alias="inbox")
     _control: MemoryObjectReceiveStream[Abort] = attrs.field(alias="control")
     _out: MemoryObjectSendStream[StepOutputs] = attrs.field(alias="out")
+    # The control channel's own send end (the sink holds a clone): closed with the gateway, as in process.
+    _aborts: MemoryObjectSendStream[Abort] = attrs.field(alias="aborts")
     _exclusive: RemoteExclusiveQueue = attrs.field(alias="exclusive")
     # What the worker is started with: its engine's settings.
     _settings: Settings = attrs.field(alias="settings")
@@ -141,7 +143,7 @@ class RemoteGateway:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._exclusive.jobs.bind(self._send, self._wait_ready)
-        async with self._inbox, self._control, self._out, anyio.create_task_group() as group:
+        async with self._inbox, self._control, self._aborts, self._out, anyio.create_task_group() as group:
             group.start_soon(self._forward_aborts)
             await self._supervise(task_status)
             group.cancel_scope.cancel()
@@ -189,6 +191,10 @@ class RemoteGateway:
         except WorkerLost as error:
             lost.append(str(error))
         finally:
+            if self._outbox is not None:
+                # What was queued for this worker dies with it (its rows were failed by the loss).
+                self._outbox.send.close()
+                self._outbox.receive.close()
             self._worker, self._outbox = None, None
         return lost[0] if lost else None
 

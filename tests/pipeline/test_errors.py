@@ -30,7 +30,7 @@ def test_status_of_each_kind(kind: ErrorKind, status: int) -> None:
 
 def test_every_kind_has_a_status() -> None:
     """No error kind can reach app.py without a status."""
-    assert {RequestError(kind=kind, message="m").status for kind in ErrorKind} <= {400, 401, 404, 405, 408, 413, 415, 429, 500, 503}
+    assert {RequestError(kind=kind, message="m").status for kind in ErrorKind} <= {400, 401, 403, 404, 405, 408, 413, 415, 429, 500, 503}
 
 
 @pytest.mark.parametrize(
