@@ -34,7 +34,8 @@ from pipeline.actor import isolated, serve_items
 from pipeline.errors import RequestError, invalid
 from pipeline.requests import Accepted, AppliedEdit, ChatRequest, GenerationParams
 from pipeline.tracing import Mark
-from stages.constraints import CompiledConstraint, ConstraintCompiler, needs_constraint
+from stages.constraint_choice import needs_constraint
+from stages.constraints import CompiledConstraint, ConstraintCompiler
 from stages.messages import Prepared, PrepareJob, PrepKind, PromptText, Rendered
 from stages.tokenize import BoundedEncoder
 

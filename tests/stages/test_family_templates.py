@@ -15,7 +15,8 @@ import pytest
 from pipeline.events import ToolCall, ToolCallDelta, ToolCallStart
 from pipeline.requests import ChatRequest, GenerationParams, Message, Role, Sampling, Tool, ToolCallRecord, ToolChoice, ToolChoiceMode
 from stages.chat import render_chat
-from stages.constraints import ConstraintCompiler, tool_call_constraint
+from stages.constraint_choice import tool_call_constraint
+from stages.constraints import ConstraintCompiler
 from stages.families import choose_family
 from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools

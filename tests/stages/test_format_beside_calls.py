@@ -17,7 +17,8 @@ from pipeline.events import TextDelta, ToolCall
 from pipeline.requests import (
     ChatRequest, Constraint, ConstraintKind, GenerationParams, Message, Role, Sampling, Tool, ToolChoice, ToolChoiceMode,
 )
-from stages.constraints import ConstraintCompiler, constraint_of, tool_call_constraint
+from stages.constraint_choice import constraint_of, tool_call_constraint
+from stages.constraints import ConstraintCompiler
 from stages.families import choose_family
 from stages.markup import markers_for, splitter_for
 from stages.models.loading import Tokenizer, load_tokenizer, resolve_model
