@@ -52,6 +52,8 @@ from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import FULL, KvScheme
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
 from stages.models.quantized_kv import batch_generator
+from stages.models.speculative_batch import speculating
+from stages.drafters import SpeculationStatistics
 from stages.messages import Abort, Prepared, StepOutputs, TokenDelta, send_abort
 from stages.single_row import single_row
 from stages.step_budget import StepBudget
@@ -59,6 +61,8 @@ from stages.cache.prompt import PromptCache, PromptCacheStatistics
 
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
+
+    from stages.models.speculative_batch import Speculation
 
 log = structlog.get_logger(stage="gateway")
 
@@ -88,6 +92,8 @@ class GatewayStatistics:
     # ran past the target (a step's decoding rows alone, or a first chunk before the speed was known).
     prefill_chunk: int = 0
     steps_over_budget: int = 0
+    # Speculative decoding's proposals and what the target accepted (stages/drafters.py); None when it is off.
+    speculation: SpeculationStatistics | None = None
 
 
 def _batch_rows(gateway: GenerationGateway) -> BatchRows:
@@ -129,6 +135,9 @@ class GenerationGateway:
     _kv_scheme: KvScheme = attrs.field(default=FULL, alias="kv_scheme")
     # Seconds a step aims at: prefill chunks are sized to fit it (stages/step_budget.py); None: fixed chunks.
     _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
+    # Builds the batch's speculation from the loaded model (stages/speculation.py); None: no speculative decoding.
+    _speculate: Callable[[Any], Speculation] | None = attrs.field(default=None, alias="speculation")
+    _speculation: Speculation | None = attrs.field(default=None, init=False)
     _budget: StepBudget | None = attrs.field(default=None, init=False)
     # Touched only by the model thread.
     _batch: BatchRows = attrs.field(init=False, default=attrs.Factory(_batch_rows, takes_self=True))
@@ -173,6 +182,7 @@ class GenerationGateway:
             handoff=self._handoff.statistics(),
             prefill_chunk=self._budget.last_chunk if self._budget is not None else 0,
             steps_over_budget=self._budget.over_target if self._budget is not None else 0,
+            speculation=self._speculation.statistics() if self._speculation is not None else None,
         )
 
     def cache_statistics(self) -> PromptCacheStatistics | None:
@@ -196,13 +206,15 @@ class GenerationGateway:
         self._prepare_cache(model)
         stops = [[token] for token in sorted(self._eos_ids)]
         generator_class = self._make_generator or batch_generator(BatchGenerator, self._kv_scheme)
-        batch = partial(
+        batch: Callable[[], Any] = partial(
             generator_class, model, stop_tokens=stops, completion_batch_size=self._max_batch,
             prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch), prefill_step_size=self._prefill_step_size,
         )  # fmt: skip
+        if self._speculate is not None:
+            batch = speculating(batch, self._speculation := self._speculate(model))
         # A row alone runs as generate_step does (stages/single_row.py); never under a sharded generator,
-        # nor with quantized KV (its plain layers would join a quantized batch).
-        alone = self._make_generator is None and not self._kv_scheme.quantized
+        # nor with quantized KV (its plain layers would join a quantized batch), nor speculating (in the batch).
+        alone = self._make_generator is None and not self._kv_scheme.quantized and self._speculation is None
         enabled = self._single_row and alone and self._cache_kind == PLAIN
         solo = single_row(batch, enabled=enabled, model=model, stop_tokens=stops, prefill_step_size=self._prefill_step_size)
         generator = make_generator(model, self._adapters, solo)
