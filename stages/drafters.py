@@ -17,7 +17,7 @@ Model thread only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import attrs
 
@@ -98,7 +98,7 @@ class DraftModel:
         row.fed.extend(history[keep:])
         proposed: list[int] = []
         for step in range(k):
-            token = int(mx.argmax(logits, axis=-1).item())
+            token = cast(int, mx.argmax(logits, axis=-1).item())
             proposed.append(token)
             if step + 1 < k:
                 logits = self.model(mx.array([[token]]), cache=row.cache)[:, -1, :]

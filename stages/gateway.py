@@ -211,7 +211,8 @@ class GenerationGateway:
             prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch), prefill_step_size=self._prefill_step_size,
         )  # fmt: skip
         if self._speculate is not None:
-            batch = speculating(batch, self._speculation := self._speculate(model))
+            self._speculation = self._speculate(model)
+            batch = speculating(batch, self._speculation)
         # A row alone runs as generate_step does (stages/single_row.py); never under a sharded generator,
         # nor with quantized KV (its plain layers would join a quantized batch), nor speculating (in the batch).
         alone = self._make_generator is None and not self._kv_scheme.quantized and self._speculation is None

@@ -24,6 +24,7 @@ from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Prepared, StepOutputs
 from stages.models.loading import ModelInfo, Tokenizer
 from stages.shard.cluster import Cluster
+from stages.speculation import speculation_factory
 from stages.startup import model_loader, prompt_cache, think_ids
 
 # Evicted entries waiting for the disk writer; beyond this they are dropped,
@@ -65,6 +66,7 @@ def make_gateway(
         make_generator=None if cluster is None else cluster.make_generator,
         kv_scheme=side.fit.model.kv_scheme,
         single_row=settings.single_row,
+        speculation=speculation_factory(settings, side.tokenizer, sharded=cluster is not None, adapters=bool(side.adapters)),
         eos_ids=frozenset(side.tokenizer.eos_token_ids),
         think_ids=think_ids(side.family, side.tokenizer),
         max_batch=settings.max_batch,

@@ -6,7 +6,9 @@ must share the target's vocabulary (refused at start otherwise). Each
 combination the batch cannot speculate under is refused at start, naming
 it: both drafters at once, a sharded model, LoRA adapters, and models
 whose cache layers cannot be cut back (sliding-window, recurrent).
-The draft model loads on the model thread, beside the target.
+The draft model is checked and loads on the model thread, beside the
+target, before any row (a refusal there fails the start as the KV
+scheme's does).
 docs/speculative-decoding.md.
 """
 
@@ -44,26 +46,36 @@ def speculation_refusal(settings: Settings, *, sharded: bool, adapters: bool) ->
     return None
 
 
-def check_draft_tokenizer(settings: Settings, target: Tokenizer) -> ModelInfo | None:
+def check_draft_tokenizer(name: str, target: Tokenizer) -> ModelInfo:
     """The draft model's files, refused unless its vocabulary is the target's (token ids must mean the same)."""
     from stages.models.loading import load_tokenizer, resolve_model
 
-    if not settings.draft_model:
-        return None
-    info = resolve_model(settings.draft_model)
-    draft = load_tokenizer(info)
-    if draft.vocab_size != target.vocab_size or draft.get_vocab() != target.get_vocab():
+    info = resolve_model(name)
+    draft: Any = load_tokenizer(info)
+    served: Any = target
+    if draft.vocab_size != served.vocab_size or draft.get_vocab() != served.get_vocab():
         raise SpeculationError(
-            f"MLX_RELAY_DRAFT_MODEL={settings.draft_model}: its tokenizer differs from the served model's "
+            f"MLX_RELAY_DRAFT_MODEL={name}: its tokenizer differs from the served model's "
             "(a draft model must share the target's vocabulary)"
         )
     return info
 
 
-def speculation_factory(settings: Settings, draft: ModelInfo | None) -> Callable[[Any], Speculation] | None:
-    """What the model thread calls with the loaded target to build the batch's speculation; None when it is off."""
-    if not (settings.prompt_lookup or draft is not None):
+def speculation_factory(
+    settings: Settings, target: Tokenizer, *, sharded: bool, adapters: bool
+) -> Callable[[Any], Speculation] | None:
+    """What the model thread calls with the loaded target to build the batch's speculation; None when it is off.
+
+    Raises:
+        SpeculationError: now, for a set-up it cannot serve; on the model thread, at load, for a draft
+            model of another vocabulary or a target whose cache cannot be cut back.
+    """
+    reason = speculation_refusal(settings, sharded=sharded, adapters=adapters)
+    if reason is not None:
+        raise SpeculationError(reason)
+    if not (settings.prompt_lookup or settings.draft_model):
         return None
+    draft_name = settings.draft_model
 
     def build(model: Any) -> Speculation:
         from mlx_lm.models.cache import make_prompt_cache
@@ -78,7 +90,9 @@ def speculation_factory(settings: Settings, draft: ModelInfo | None) -> Callable
                 f"speculative decoding cannot serve this model: its cache has {kind} layers, which cannot be cut back "
                 "to the accepted tokens; serve it without MLX_RELAY_PROMPT_LOOKUP / MLX_RELAY_DRAFT_MODEL"
             )
-        drafter: Drafter = PromptLookup() if draft is None else DraftModel(model=load_weights(draft))
+        drafter: Drafter = PromptLookup()
+        if draft_name:
+            drafter = DraftModel(model=load_weights(check_draft_tokenizer(draft_name, target)))
         policy = RowPolicy(
             max_k=settings.num_draft_tokens, min_acceptance=MIN_ACCEPTANCE, max_rows=settings.speculation_max_rows
         )

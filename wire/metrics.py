@@ -32,7 +32,8 @@ COUNTERS = frozenset(
         "prompt_cache.disk.spills", "prompt_cache.disk.spills_dropped", "prompt_cache.disk.spill_errors",
         "prompt_cache.disk.spills_unsupported", "prompt_cache.disk.restores", "prompt_cache.disk.corrupt",
         "response_store.hits", "response_store.misses", "response_store.evictions", "response_store.expirations",
-        "response_store.oversized",
+        "response_store.oversized", "gateway.speculation.drafts", "gateway.speculation.proposed_tokens",
+        "gateway.speculation.accepted_tokens",
     }
 )  # fmt: skip
 
@@ -45,6 +46,13 @@ KV_HELD = ("gateway", "kv_held_bytes")
 KV_BUDGET = ("gateway", "kv_budget_bytes")
 PREEMPTIONS = ("gateway", "preemptions")
 READ_PATHS = (RUNNING, ADMITTED, KV_HELD, KV_BUDGET, PREEMPTIONS)
+# Speculative decoding's counters under vLLM's spec_decode names; absent from /stats (and here) when it is off.
+SPEC_DECODE = (
+    ("vllm:spec_decode_num_drafts", "Steps in which a row proposed tokens", ("gateway", "speculation", "drafts")),
+    ("vllm:spec_decode_num_draft_tokens", "Tokens proposed", ("gateway", "speculation", "proposed_tokens")),
+    ("vllm:spec_decode_num_accepted_tokens", "Proposed tokens the target accepted",
+     ("gateway", "speculation", "accepted_tokens")),
+)  # fmt: skip
 
 
 @attrs.frozen
@@ -78,6 +86,9 @@ def snapshot_metrics(snapshot: JsonObject) -> list[Figure]:
         Figure("vllm:num_preemptions", "Rows moved out of the batch under memory pressure",
                number_at(snapshot, PREEMPTIONS), counter=True),
     ]  # fmt: skip
+    gateway = snapshot.get("gateway")
+    if isinstance(gateway, dict) and gateway.get("speculation"):
+        figures += [Figure(name, text, number_at(snapshot, path), counter=True) for name, text, path in SPEC_DECODE]
     for path, value in _numbers(snapshot, ()):
         dotted = ".".join(path)
         name = PREFIX + "_".join(_UNSAFE.sub("_", part) for part in path)

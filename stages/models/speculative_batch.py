@@ -37,7 +37,8 @@ its private fields. Model thread only.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import attrs
 import mlx.core as mx
@@ -67,31 +68,43 @@ class Speculation:
         )
 
 
+@dataclass
+class SpeculativeResponse(GenerationBatch.Response):
+    """mlx-lm's response, with a finishing row's accepted and proposed tokens (the per-request figure)."""
+
+    speculated: tuple[int, int] | None = None
+
+
 class SpeculativeBatch(GenerationBatch):
     """mlx-lm's GenerationBatch whose steps verify the rows' proposals; see the module's text."""
 
     speculation: Speculation
 
     def filter(self, keep: list[int]) -> None:
-        gone = [uid for index, uid in enumerate(self.uids) if index not in set(keep)]
+        kept = set(keep)
+        gone = [uid for index, uid in enumerate(self.uids) if index not in kept]
         super().filter(keep)
         self.speculation.drafter.forget(gone)
         self.speculation.policy.forget(gone)
+        for uid in gone:
+            # A finished row's figures were taken for its response; these rows left otherwise (abort, preemption).
+            self.speculation.per_row.pop(uid, None)
 
     def next(self) -> list[Any]:
         if not self.uids:
             return []
         proposals = self._proposals()
-        if proposals is None:
-            return list(super().next())
-        return self._verify(proposals)
+        if proposals is not None:
+            return self._verify(proposals)
+        finishing = dict(self.speculation.per_row)
+        return [_told(response, finishing) for response in super().next()]
 
     def _proposals(self) -> list[list[int]] | None:
         policy, drafter = self.speculation.policy, self.speculation.drafter
         budgets = [policy.budget(uid, len(self.uids)) for uid in self.uids]
         if not any(budgets):
             return None
-        pending: list[int] = self._next_tokens.tolist()
+        pending = cast(list[int], self._next_tokens.tolist())
         proposals = []
         for index, (uid, budget) in enumerate(zip(self.uids, budgets)):
             # Never past max_tokens: the row's last token comes from the target.
@@ -102,7 +115,7 @@ class SpeculativeBatch(GenerationBatch):
         return proposals if any(proposals) else None
 
     def _verify(self, proposals: list[list[int]]) -> list[Any]:
-        pending: list[int] = self._next_tokens.tolist()
+        pending = cast(list[int], self._next_tokens.tolist())
         width = max(len(p) for p in proposals)
         rows = [[pending[i], *p, *[pending[i]] * (width - len(p))] for i, p in enumerate(proposals)]
         logits = self.model(mx.array(rows), cache=self.prompt_cache)
@@ -132,7 +145,7 @@ class SpeculativeBatch(GenerationBatch):
         if not processors and sampler is greedy_sampler:
             # No state to keep in step: all positions at once.
             logprobs = logits[:positions] - mx.logsumexp(logits[:positions], axis=-1, keepdims=True)
-            chosen: list[int] = mx.argmax(logprobs, axis=-1).tolist()
+            chosen = cast(list[int], mx.argmax(logprobs, axis=-1).tolist())
             accepted = 0
             while accepted < len(proposal) and chosen[accepted] == proposal[accepted]:
                 accepted += 1
@@ -142,11 +155,12 @@ class SpeculativeBatch(GenerationBatch):
         for position in range(positions):
             row_logits = logits[position : position + 1]
             if processors:
-                context = self._token_context[index].update_and_fetch(context_tokens[position])
+                buffer: Any = self._token_context[index]  # untyped in mlx-lm
+                context = buffer.update_and_fetch(context_tokens[position])
                 for processor in processors:
                     row_logits = processor(context, row_logits)
             logprobs = row_logits - mx.logsumexp(row_logits, axis=-1, keepdims=True)
-            token = int(sampler(logprobs).item())
+            token = cast(int, sampler(logprobs).item())
             looked.append(logprobs[0])
             if position == len(proposal) or token != proposal[position]:
                 return position, looked, token
@@ -191,15 +205,27 @@ class SpeculativeBatch(GenerationBatch):
                         held = len(self.tokens[index])
                         cache = [cut_layer(layer, held - extra, held) for layer in cache]
                 uid = self.uids[index]
-                responses.append(self.Response(uid, token, logprobs[index][place], finish, cache, all_tokens))
+                totals = self.speculation.per_row.pop(uid, None) if finish is not None else None
+                speculated = (totals[0], totals[1]) if totals is not None else None
+                responses.append(
+                    SpeculativeResponse(uid, token, logprobs[index][place], finish, cache, all_tokens, speculated)
+                )
                 if finish is not None:
-                    self.speculation.per_row.pop(uid, None)
                     break
             if finish is None:
                 keep.append(index)
         if len(keep) < len(self.uids):
             self.filter(keep)
         return responses
+
+
+def _told(response: Any, totals: dict[int, list[int]]) -> Any:
+    """A finishing row's response from a plain step, with what it accepted while it speculated."""
+    if response.finish_reason is None or response.uid not in totals:
+        return response
+    accepted, proposed = totals[response.uid]
+    fields = {name: getattr(response, name) for name in response.__dataclass_fields__}
+    return SpeculativeResponse(**fields, speculated=(accepted, proposed))
 
 
 def speculating(make: Callable[[], Any], speculation: Speculation) -> Callable[[], Any]:
