@@ -198,3 +198,45 @@ class SpeculationStatistics:
     accepted_tokens: int
     acceptance_rate: float
     accepted_per_position: tuple[int, ...] = ()
+
+
+# Steps between probes of the way (speculating or not) that is losing, so a change in load is noticed.
+_PROBE_EVERY = 48
+# Weight of the latest step in a way's running speed.
+_SPEED_WEIGHT = 0.2
+
+
+@attrs.define
+class CostGate:
+    """Speculates only while it pays: each batch size's measured speed (tokens a second) with and without.
+
+    A verifying pass costs more than a plain step (1 + k positions a row);
+    whether the accepted tokens make up for it depends on the machine (on a
+    CPU with a slow BLAS a pass costs nearly k + 1 steps) and the load. So
+    both ways keep a running speed per batch size, the faster is taken, and
+    the slower is probed now and then.
+    """
+
+    # Off: every step speculates (tests that must see proposals whatever the machine's speed).
+    measured: bool = True
+    _speeds: dict[tuple[int, bool], float] = attrs.field(factory=dict, init=False)
+    _steps: int = attrs.field(default=0, init=False)
+
+    def speculate(self, rows: int) -> bool:
+        if not self.measured:
+            return True
+        self._steps += 1
+        plain, spec = self._speeds.get((rows, False)), self._speeds.get((rows, True))
+        if plain is None or spec is None:
+            # Learn both: speculate until measured, then a plain step.
+            return spec is None
+        faster = spec >= plain
+        return faster if self._steps % _PROBE_EVERY else not faster
+
+    def record(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        speed = tokens / seconds
+        key = (rows, speculated)
+        held = self._speeds.get(key)
+        self._speeds[key] = speed if held is None else held + _SPEED_WEIGHT * (speed - held)

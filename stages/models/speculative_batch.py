@@ -36,6 +36,7 @@ its private fields. Model thread only.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -45,7 +46,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.sample_utils import greedy_sampler
 
-from stages.drafters import Drafter, DrafterCounts, RowPolicy, SpeculationStatistics
+from stages.drafters import CostGate, Drafter, DrafterCounts, RowPolicy, SpeculationStatistics
 from stages.models.mlx_internals import cut_layer
 
 
@@ -56,6 +57,7 @@ class Speculation:
     drafter: Drafter
     policy: RowPolicy
     counts: DrafterCounts = attrs.Factory(DrafterCounts)
+    gate: CostGate = attrs.Factory(CostGate)
     # Accepted and proposed tokens per uid for the rows now in the batch (the per-request timeline's figure).
     per_row: dict[int, list[int]] = attrs.Factory(dict)
 
@@ -93,11 +95,16 @@ class SpeculativeBatch(GenerationBatch):
     def next(self) -> list[Any]:
         if not self.uids:
             return []
-        proposals = self._proposals()
+        rows, gate = len(self.uids), self.speculation.gate
+        began = time.perf_counter()
+        proposals = self._proposals() if gate.speculate(rows) else None
         if proposals is not None:
-            return self._verify(proposals)
-        finishing = dict(self.speculation.per_row)
-        return [_told(response, finishing) for response in super().next()]
+            responses = self._verify(proposals)
+        else:
+            finishing = dict(self.speculation.per_row)
+            responses = [_told(response, finishing) for response in super().next()]
+        gate.record(rows, proposals is not None, len(responses), time.perf_counter() - began)
+        return responses
 
     def _proposals(self) -> list[list[int]] | None:
         policy, drafter = self.speculation.policy, self.speculation.drafter

@@ -19,7 +19,7 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 
 from pipeline.requests import Sampling
-from stages.drafters import DraftModel, PromptLookup, RowPolicy
+from stages.drafters import CostGate, DraftModel, PromptLookup, RowPolicy
 from stages.models.loading import ModelInfo, load_weights
 from stages.models.speculative_batch import Speculation, speculating
 from stages.sampling import RowStops, make_row_processors, make_row_sampler
@@ -43,7 +43,8 @@ def _batch(model: Any) -> BatchGenerator:
 
 
 def _speculating(model: Any, drafter: Any, *, k: int = 4, max_rows: int = 8) -> tuple[Any, Speculation]:
-    speculation = Speculation(drafter=drafter, policy=RowPolicy(max_k=k, min_acceptance=0.0, max_rows=max_rows))
+    policy = RowPolicy(max_k=k, min_acceptance=0.0, max_rows=max_rows)
+    speculation = Speculation(drafter=drafter, policy=policy, gate=CostGate(measured=False))
     return speculating(lambda: _batch(model), speculation)(), speculation
 
 
@@ -157,3 +158,18 @@ def test_the_policy_adapts_k_and_turns_a_row_off() -> None:
     for _ in range(10):
         policy.record(1, 2, 0)
     assert policy.budget(1, 1) == 0
+
+
+def test_the_gate_takes_the_faster_way_and_probes_the_other() -> None:
+    gate = CostGate()
+    assert gate.speculate(2)
+    gate.record(2, True, 10, 1.0)
+    assert not gate.speculate(2)
+    gate.record(2, False, 2, 1.0)
+    # Speculating measured faster: it stays on, but a plain step is probed now and then.
+    choices = [gate.speculate(2) for _ in range(100)]
+    assert choices.count(False) in (2, 3) and choices.count(True) > 90
+    gate.record(1, True, 1, 1.0)
+    gate.record(1, False, 5, 1.0)
+    choices = [gate.speculate(1) for _ in range(100)]
+    assert choices.count(True) in (2, 3)
