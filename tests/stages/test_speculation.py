@@ -173,3 +173,30 @@ def test_the_gate_takes_the_faster_way_and_probes_the_other() -> None:
     gate.record(1, False, 5, 1.0)
     choices = [gate.speculate(1) for _ in range(100)]
     assert choices.count(True) in (2, 3)
+
+
+def test_quantized_kv_rows_speculate_with_the_same_tokens() -> None:
+    """The batch's quantized layers (stages/models/quantized_kv.py) are cut back and rolled like plain ones (on demo:
+    tiny's head dim is below a quantization group)."""
+    from stages.kv.shape import KvScheme
+    from stages.models.demo import ensure_demo_model
+    from stages.models.loading import resolve_model
+    from stages.models.quantized_kv import QuantizedBatchGenerator
+
+    model = load_weights(resolve_model(str(ensure_demo_model("demo"))))
+    scheme = KvScheme(bits=8, group_size=64)
+
+    def quantized() -> Any:
+        return QuantizedBatchGenerator(
+            model, kv_scheme=scheme, stop_tokens=[[0]], completion_batch_size=4, prefill_batch_size=4, prefill_step_size=16
+        )
+
+    arrivals = {0: [("a", COPY, GREEDY, 16, [[0]])], 2: [("b", OTHER, GREEDY, 12, [[0]]), ("c", COPY[4:], GREEDY, 10, [[0]])]}
+    speculation = Speculation(
+        drafter=PromptLookup(), policy=RowPolicy(max_k=4, min_acceptance=0.0, max_rows=8), gate=CostGate(measured=False)
+    )
+    expected, got = _drive(quantized(), arrivals), _drive(speculating(quantized, speculation)(), arrivals)
+    for name in expected:
+        assert got[name]["tokens"] == expected[name]["tokens"], name
+        assert got[name]["all_tokens"] == expected[name]["all_tokens"], name
+    assert speculation.counts.accepted > 0
