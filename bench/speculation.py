@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--k", type=int, default=4, help="tokens a row proposes at most")
     parser.add_argument("--max-rows", type=int, default=8, help="rows above which no row speculates")
     parser.add_argument("--workload", choices=tuple(PROMPTS), default="copy")
+    parser.add_argument("--ungated", action="store_true", help="speculate every step (no measured gate): the raw cost")
     args = parser.parse_args(argv)
     from stages.models.blas import preload_blas
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     messages = [{"role": "user", "content": PROMPTS[args.workload]}]
     prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
     print(f"{args.model}, workload {args.workload}, {args.tokens} tokens a row, {args.rounds} rounds, BLAS {blas}, "
-          f"drafter {args.draft or 'prompt lookup'}, k<={args.k}; the machine is shared: ratios within one run only")  # fmt: skip
+          f"drafter {args.draft or 'prompt lookup'}, k<={args.k}{', ungated' if args.ungated else ''}; the machine is shared: ratios within one run only")  # fmt: skip
     print(f"{'rows':>4}  {'plain tok/s':>11}  {'spec tok/s':>10}  {'ratio':>6}  {'accepted/proposed':>17}  same")
     for rows in (int(n) for n in args.rows.split(",")):
         plain, spec, counts = _ways(model, draft, prompt, rows, args)
@@ -73,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
                 walls[name].append(time.perf_counter() - began)
         total = rows * args.tokens
         plain_rate, spec_rate = total / statistics.median(walls["plain"]), total / statistics.median(walls["spec"])
-        rate = f"{counts.accepted}/{counts.proposed}" + (f" ({counts.accepted / counts.proposed:.0%})" if counts.proposed else "")
+        rate = f"{counts.accepted}/{counts.proposed}" + (
+            f" ({counts.accepted / counts.proposed:.0%})" if counts.proposed else ""
+        )
         print(f"{rows:>4}  {plain_rate:11.1f}  {spec_rate:10.1f}  {spec_rate / plain_rate:6.2f}  {rate:>17}  {same}")
 
 
@@ -86,17 +89,21 @@ def _load(name: str) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _ways(model: Any, draft: Any, prompt: list[int], rows: int, args: Any) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
+def _ways(
+    model: Any, draft: Any, prompt: list[int], rows: int, args: Any
+) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
     from mlx_lm.generate import BatchGenerator
 
     from pipeline.requests import Sampling
-    from stages.drafters import DrafterCounts, DraftModel, PromptLookup, RowPolicy
+    from stages.drafters import CostGate, DrafterCounts, DraftModel, PromptLookup, RowPolicy
     from stages.models.speculative_batch import Speculation, speculating
     from stages.sampling import make_row_sampler
     from stages.single_row import single_row
 
     def batch() -> BatchGenerator:
-        return BatchGenerator(model, stop_tokens=[], completion_batch_size=max(rows, 1), prefill_batch_size=max(rows, 1))
+        return BatchGenerator(
+            model, stop_tokens=[], completion_batch_size=max(rows, 1), prefill_batch_size=max(rows, 1)
+        )
 
     plain_make = single_row(batch, enabled=rows == 1, model=model, stop_tokens=[], prefill_step_size=512)
     counts = DrafterCounts()
@@ -104,13 +111,16 @@ def _ways(model: Any, draft: Any, prompt: list[int], rows: int, args: Any) -> tu
     def spec_make() -> Any:
         drafter = DraftModel(model=draft) if draft is not None else PromptLookup()
         policy = RowPolicy(max_k=args.k, min_acceptance=0.3, max_rows=args.max_rows)
-        return speculating(batch, Speculation(drafter=drafter, policy=policy, counts=counts))()
+        gate = CostGate(measured=not args.ungated)
+        return speculating(batch, Speculation(drafter=drafter, policy=policy, counts=counts, gate=gate))()
 
     def run(make: Callable[[], Any]) -> list[list[int]]:
         generator = make()
         sampling = Sampling(temperature=1.0 if args.workload == "fresh" else 0.0, seed=1)
         uids = [
-            generator.insert([prompt], max_tokens=[args.tokens], samplers=[make_row_sampler(attrs_seed(sampling, i))])[0]
+            generator.insert([prompt], max_tokens=[args.tokens], samplers=[make_row_sampler(attrs_seed(sampling, i))])[
+                0
+            ]
             for i in range(rows)
         ]
         tokens: dict[int, list[int]] = {uid: [] for uid in uids}

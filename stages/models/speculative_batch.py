@@ -64,8 +64,11 @@ class Speculation:
     def statistics(self) -> SpeculationStatistics:
         counts = self.counts
         return SpeculationStatistics(
-            drafter=self.drafter.name, drafts=counts.drafts, proposed_tokens=counts.proposed,
-            accepted_tokens=counts.accepted, accepted_per_position=tuple(counts.accepted_per_position),
+            drafter=self.drafter.name,
+            drafts=counts.drafts,
+            proposed_tokens=counts.proposed,
+            accepted_tokens=counts.accepted,
+            accepted_per_position=tuple(counts.accepted_per_position),
             acceptance_rate=counts.accepted / counts.proposed if counts.proposed else 0.0,
         )
 
@@ -130,8 +133,16 @@ class SpeculativeBatch(GenerationBatch):
         emitted_logprobs: list[list[mx.array]] = []
         next_tokens: list[int] = []
         next_logprobs: list[mx.array] = []
+        # Greedy rows without processors have no state to keep in step: all their positions at once, in one read.
+        logprobs_all = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        chosen_all = cast(list[list[int]], mx.argmax(logprobs_all, axis=-1).tolist())
         for index, proposal in enumerate(proposals):
-            accepted, logprobs, sampled = self._verify_row(index, logits[index], proposal)
+            if self._plain_greedy(index):
+                accepted = _matched(chosen_all[index], proposal)
+                sampled = chosen_all[index][accepted]
+                logprobs = list(logprobs_all[index, : accepted + 1])
+            else:
+                accepted, logprobs, sampled = self._verify_row(index, logits[index], proposal)
             tokens = [pending[index], *proposal[:accepted]]
             emitted.append(tokens)
             emitted_logprobs.append([self._next_logprobs[index], *logprobs[:accepted]])
@@ -144,19 +155,18 @@ class SpeculativeBatch(GenerationBatch):
         self._next_logprobs = next_logprobs
         return self._responses(emitted, emitted_logprobs)
 
+    def _sampler(self, index: int) -> Any:
+        return self.samplers[index] if self.samplers and self.samplers[index] is not None else self.fallback_sampler
+
+    def _plain_greedy(self, index: int) -> bool:
+        return not (self.logits_processors and self.logits_processors[index]) and self._sampler(index) is greedy_sampler
+
     def _verify_row(self, index: int, logits: mx.array, proposal: list[int]) -> tuple[int, list[mx.array], int]:
-        """Tokens of `proposal` the target accepts, the logprobs of each position looked at, and the next token."""
-        sampler = self.samplers[index] if self.samplers and self.samplers[index] is not None else self.fallback_sampler
+        """Tokens of `proposal` the target accepts, the logprobs of each position looked at, and the next token:
+        each position processed and sampled in order, as consecutive plain steps would."""
+        sampler = self._sampler(index)
         processors = self.logits_processors[index] if self.logits_processors else None
         positions = len(proposal) + 1
-        if not processors and sampler is greedy_sampler:
-            # No state to keep in step: all positions at once.
-            logprobs = logits[:positions] - mx.logsumexp(logits[:positions], axis=-1, keepdims=True)
-            chosen = cast(list[int], mx.argmax(logprobs, axis=-1).tolist())
-            accepted = 0
-            while accepted < len(proposal) and chosen[accepted] == proposal[accepted]:
-                accepted += 1
-            return accepted, list(logprobs[: accepted + 1]), chosen[accepted]
         context_tokens = [self._next_tokens[index : index + 1], *(mx.array([t]) for t in proposal)]
         looked: list[mx.array] = []
         for position in range(positions):
@@ -224,6 +234,14 @@ class SpeculativeBatch(GenerationBatch):
         if len(keep) < len(self.uids):
             self.filter(keep)
         return responses
+
+
+def _matched(chosen: list[int], proposal: list[int]) -> int:
+    """How many of `proposal` the target's own choices repeat, from the start."""
+    accepted = 0
+    while accepted < len(proposal) and chosen[accepted] == proposal[accepted]:
+        accepted += 1
+    return accepted
 
 
 def _told(response: Any, totals: dict[int, list[int]]) -> Any:

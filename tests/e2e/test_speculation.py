@@ -59,19 +59,22 @@ def _chat(server: Server, **extra: Any) -> Any:
 CASES: dict[str, Any] = {
     "greedy": lambda s: _complete(s).choices[0].text,
     "seeded": lambda s: _complete(s, temperature=0.4, seed=7).choices[0].text,
-    "penalties": lambda s: _complete(s, temperature=0.7, seed=3, presence_penalty=0.8, frequency_penalty=0.4)
-    .choices[0]
-    .text,
+    "penalties": lambda s: (
+        _complete(s, temperature=0.7, seed=3, presence_penalty=0.8, frequency_penalty=0.4).choices[0].text
+    ),
     "stop": lambda s: (lambda c: (c.text, c.finish_reason))(_complete(s, stop=["eta", "ta"], max_tokens=60).choices[0]),
     "logprobs": lambda s: [
         (item.token, round(item.logprob, 3), [(top.token, round(top.logprob, 3)) for top in item.top_logprobs])
         for item in _chat(s, logprobs=True, top_logprobs=2).choices[0].logprobs.content
     ],
-    "constrained": lambda s: _chat(
-        s, response_format={"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True}}
-    )
-    .choices[0]
-    .message.content,
+    "constrained": lambda s: (
+        _chat(
+            s,
+            response_format={"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True}},
+        )
+        .choices[0]
+        .message.content
+    ),
 }
 
 
@@ -89,9 +92,9 @@ def test_a_reply_is_the_same_with_either_drafter(servers: dict[str, Server], cas
 def test_rows_verified_together_keep_their_replies(servers: dict[str, Server]) -> None:
     """Several rows at once: the speculating server verifies them in one pass per step."""
     requests = [
-        lambda s, i=i: _complete(s, prompt=COPY[i * 7 :], max_tokens=30 + i, temperature=0.3 * (i % 2), seed=i)
-        .choices[0]
-        .text
+        lambda s, i=i: (
+            _complete(s, prompt=COPY[i * 7 :], max_tokens=30 + i, temperature=0.3 * (i % 2), seed=i).choices[0].text
+        )
         for i in range(4)
     ]
 
@@ -113,7 +116,9 @@ def test_stats_and_metrics_count_proposed_and_accepted_tokens(servers: dict[str,
         assert speculation["drafter"] == drafter
         assert speculation["proposed_tokens"] >= speculation["accepted_tokens"] > 0
         metrics = httpx.get(f"{servers[name].base_url}/metrics", timeout=10).text
-        accepted = next(line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_accepted_tokens_total"))
+        accepted = next(
+            line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_accepted_tokens_total")
+        )
         assert float(accepted.split()[-1]) == speculation["accepted_tokens"]
         assert "vllm:spec_decode_num_draft_tokens_total" in metrics
     plain: Any = stats(servers["plain"])["gateway"]

@@ -27,7 +27,9 @@ from stages.sampling import RowStops, make_row_processors, make_row_sampler
 GREEDY = Sampling(temperature=0.0)
 # Low enough that a random model's samples often repeat what a drafter proposes (still the sampled path).
 SEEDED = Sampling(temperature=0.3, seed=5)
-PENALISED = Sampling(temperature=0.8, seed=11, repetition_penalty=1.3, presence_penalty=0.5, logit_bias={5: 3.0, 7: -100.0})
+PENALISED = Sampling(
+    temperature=0.8, seed=11, repetition_penalty=1.3, presence_penalty=0.5, logit_bias={5: 3.0, 7: -100.0}
+)
 # A prompt that repeats itself: prompt lookup has something to copy.
 COPY = [*range(3, 30), *range(3, 30), *range(3, 12)]
 OTHER = list(range(50, 95))
@@ -104,7 +106,9 @@ def test_one_row_gives_the_same_tokens_with_speculation(model: Any, sampling: Sa
     _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
     assert speculation.counts.proposed > 0
     # A random model's samples rarely repeat a proposal; its greedy tokens, or its own low-temperature ones, do.
-    assert speculation.counts.accepted > 0 or sampling is PENALISED or (sampling is SEEDED and drafter == "prompt_lookup")
+    assert (
+        speculation.counts.accepted > 0 or sampling is PENALISED or (sampling is SEEDED and drafter == "prompt_lookup")
+    )
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
@@ -128,7 +132,10 @@ def test_stop_tokens_and_max_tokens_end_a_row_inside_an_accepted_proposal(model:
     # A token the row produces after its start: the row must end on it, even where it was accepted mid-proposal.
     stop = next(token for token in free[4:] if token not in free[:4])
     for max_tokens in (7, 13, 40):
-        arrivals = {0: [("a", COPY, GREEDY, max_tokens, [[0], [stop]])], 2: [("b", COPY[3:], GREEDY, max_tokens, [[0]])]}
+        arrivals = {
+            0: [("a", COPY, GREEDY, max_tokens, [[0], [stop]])],
+            2: [("b", COPY[3:], GREEDY, max_tokens, [[0]])],
+        }
         generator, speculation = _speculating(model, DraftModel(model=model))
         got = _drive(generator, arrivals)
         _same(_drive(_batch(model), arrivals), got)
@@ -188,10 +195,18 @@ def test_quantized_kv_rows_speculate_with_the_same_tokens() -> None:
 
     def quantized() -> Any:
         return QuantizedBatchGenerator(
-            model, kv_scheme=scheme, stop_tokens=[[0]], completion_batch_size=4, prefill_batch_size=4, prefill_step_size=16
+            model,
+            kv_scheme=scheme,
+            stop_tokens=[[0]],
+            completion_batch_size=4,
+            prefill_batch_size=4,
+            prefill_step_size=16,
         )
 
-    arrivals = {0: [("a", COPY, GREEDY, 16, [[0]])], 2: [("b", OTHER, GREEDY, 12, [[0]]), ("c", COPY[4:], GREEDY, 10, [[0]])]}
+    arrivals = {
+        0: [("a", COPY, GREEDY, 16, [[0]])],
+        2: [("b", OTHER, GREEDY, 12, [[0]]), ("c", COPY[4:], GREEDY, 10, [[0]])],
+    }
     speculation = Speculation(
         drafter=PromptLookup(), policy=RowPolicy(max_k=4, min_acceptance=0.0, max_rows=8), gate=CostGate(measured=False)
     )
