@@ -51,9 +51,9 @@ from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
-from stages.engine import Engine  # noqa: E402
+from stages.engine.engine import Engine  # noqa: E402
 from stages.messages import Decoder, Reply  # noqa: E402
-from stages.parse import load_json  # noqa: E402
+from stages.prompt.parse import load_json  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
 from wire.anthropic_context import applied_edits_body  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402

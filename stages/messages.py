@@ -22,7 +22,7 @@ from pipeline.requests import Accepted, AppliedEdit, GenerationParams, Generatio
 from pipeline.tracing import Timeline
 
 if TYPE_CHECKING:
-    from stages.constraints import CompiledConstraint
+    from stages.prompt.constraints import CompiledConstraint
 
 Reply = ReplySlot[Accepted]
 TokenScores = tuple[float, tuple[tuple[int, float], ...]]
@@ -83,7 +83,7 @@ class PrepareJob:
 
     `tokenize` is pure and thread-safe; it may raise `RequestError`. It
     gives the prompt's tokens, or its text, which the preparation stage
-    tokenizes within bounds (`stages/tokenize.py`).
+    tokenizes within bounds (`stages/prompt/tokenize.py`).
     """
 
     request_id: str

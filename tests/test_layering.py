@@ -37,9 +37,9 @@ FORBIDDEN = {
 }
 # The gateway's model thread and its helpers, and model loading / the built-in model builders.
 MLX_CORE_ALLOWED = {
-    "stages/gateway.py", "stages/models/loading.py", "stages/sampling.py", "stages/models/demo.py",
+    "stages/model_thread/gateway.py", "stages/models/loading.py", "stages/model_thread/sampling.py", "stages/models/demo.py",
     # The gateway's rows: what they hold goes to the prompt cache, evaluated first.
-    "stages/batch_rows.py",
+    "stages/model_thread/batch_rows.py",
     "stages/models/gguf.py",
     # Which backend MLX runs on (the plan prices prefill attention by it).
     "stages/kv/machine.py",
@@ -50,9 +50,9 @@ MLX_CORE_ALLOWED = {
     # The quantized KV cache the batch holds (its layers and the generator that makes them).
     "stages/models/quantized_kv.py",
     # A row alone, decoded on the model thread as mlx-lm's generate_step does.
-    "stages/single_row.py",
+    "stages/model_thread/single_row.py",
     # Embeddings and scores: forward passes the model thread runs between steps.
-    "stages/embed.py",
+    "stages/model_thread/embed.py",
     # A sharded model: the group, each rank's slice, the step messages and their replay (the model threads of every rank).
     "stages/shard/cluster.py", "stages/shard/transport.py", "stages/shard/replicated.py", "stages/shard/follower.py",
     "stages/shard/work.py",
@@ -115,7 +115,7 @@ def test_layer_imports(path: Path) -> None:
     ("relative", "source", "broken"),
     [
         pytest.param("wire/x.py", "import anyio\n", ["anyio"], id="wire-anyio"),
-        pytest.param("wire/x.py", "from stages.sink import CompletionSink\n", ["stages.sink", "stages.sink.CompletionSink"],
+        pytest.param("wire/x.py", "from stages.reply.sink import CompletionSink\n", ["stages.reply.sink", "stages.reply.sink.CompletionSink"],
                      id="wire-stages"),
         pytest.param("wire/x.py", "def f():\n    import quart\n", ["quart"], id="wire-quart-in-function"),
         pytest.param("wire/x.py", "import mlx_lm\n", ["mlx_lm"], id="wire-mlx_lm"),
@@ -123,15 +123,15 @@ def test_layer_imports(path: Path) -> None:
         pytest.param("stages/x.py", "import quart\n", ["quart"], id="stages-quart"),
         pytest.param("stages/x.py", "import app\n", ["app"], id="stages-app"),
         pytest.param("wire/x.py", "from edge.guard import trace_id\n", ["edge.guard", "edge.guard.trace_id"], id="wire-edge"),
-        pytest.param("stages/sink.py", "import mlx.core as mx\n", ["mlx.core"], id="sink-mlx-core"),
-        pytest.param("stages/chat.py", "from mlx import core\n", ["mlx.core"], id="chat-from-mlx-import-core"),
+        pytest.param("stages/reply/sink.py", "import mlx.core as mx\n", ["mlx.core"], id="sink-mlx-core"),
+        pytest.param("stages/prompt/chat.py", "from mlx import core\n", ["mlx.core"], id="chat-from-mlx-import-core"),
         pytest.param("pipeline/x.py", "from stages import messages\n", ["stages", "stages.messages"],
                      id="pipeline-stages"),
         pytest.param("pipeline/x.py", "import mlx\n", ["mlx"], id="pipeline-mlx"),
         pytest.param("pipeline/x.py", "import anyio, attrs, structlog\n", [], id="pipeline-allowed"),
         pytest.param("stages/x.py", "import anyio\nimport mlx_lm\nimport jinja2\n", [], id="stages-allowed"),
-        pytest.param("stages/gateway.py", "import mlx.core as mx\n", [], id="gateway-mlx-core"),
-        pytest.param("stages/sampling.py", "import mlx.core as mx\n", [], id="sampling-mlx-core"),
+        pytest.param("stages/model_thread/gateway.py", "import mlx.core as mx\n", [], id="gateway-mlx-core"),
+        pytest.param("stages/model_thread/sampling.py", "import mlx.core as mx\n", [], id="sampling-mlx-core"),
         pytest.param("wire/x.py", "from pipeline.errors import invalid\n", [], id="wire-pipeline"),
         pytest.param("stages/x.py", "from fleet.spec import ModelSpec\n", ["fleet.spec", "fleet.spec.ModelSpec"],
                      id="stages-fleet"),
@@ -157,7 +157,7 @@ def test_the_rules_catch_each_violation(relative: str, source: str, broken: list
             id="type-checking-block",
         ),
         pytest.param("from mlx import core as mx\n", "stages", {"mlx", "mlx.core"}, id="from-mlx-import-core"),
-        pytest.param("from . import sink\n", "stages", {"stages", "stages.sink"}, id="relative"),
+        pytest.param("from . import sink\n", "stages", {"stages", "stages.reply.sink"}, id="relative"),
         pytest.param("from ..x import y\n", "stages.sub", {"stages.x", "stages.x.y"}, id="relative-parent"),
     ],
 )

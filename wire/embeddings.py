@@ -13,7 +13,7 @@ import base64
 import struct
 
 from pipeline.errors import invalid, quote, unsupported
-from pipeline.model_work import EmbeddingRequest, Embeddings, EncodingFormat, Input
+from pipeline.work_requests import EmbeddingRequest, Embeddings, EncodingFormat, Input
 from pipeline.requests import JsonObject, JsonValue
 from wire.fields import as_body, read_int, read_str
 

@@ -34,7 +34,7 @@ def family_of(tokenizer: Tokenizer) -> Family | None:
     json_markup = is_json_tool_parser(parser)
 
     def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
-        from stages.chat import template_tool  # the chat stage imports the families
+        from stages.prompt.chat import template_tool  # the chat stage imports the families
 
         schema = [template_tool(tool) for tool in tools]
         try:

@@ -196,7 +196,7 @@ def release_unloaded() -> None:
 
     import mlx.core as mx
 
-    from stages.heap import HeapTrimmer
+    from stages.model_thread.heap import HeapTrimmer
 
     gc.collect()
     mx.clear_cache()

@@ -31,8 +31,8 @@ from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.settings import Settings
 from stages.cache.prompt import PromptCacheStatistics
-from stages.gateway import GatewayStatistics
-from stages.handoff import HandoffStatistics
+from stages.model_thread.gateway import GatewayStatistics
+from stages.model_thread.handoff import HandoffStatistics
 from stages.messages import Abort, Prepared, StepOutputs
 from stages.remote.convert import request_error, row_in, step_outputs
 from stages.remote.exclusive import RemoteExclusiveQueue

@@ -19,7 +19,7 @@ log = structlog.get_logger(stage="follower")
 
 
 def serve_follower(settings: Settings) -> int:
-    from stages import startup
+    from stages.engine import decisions
     from stages.shard.cluster import join
     from stages.shard.follower import Follower
 
@@ -34,7 +34,7 @@ def serve_follower(settings: Settings) -> int:
         if beating is not None:
             beating.steps = steps
 
-    open_disk = partial(startup.open_disk, settings, info.path, cluster)
+    open_disk = partial(decisions.open_disk, settings, info.path, cluster)
     doorbell = beating.wait_for_ring if beating is not None else None
     Follower(model, cluster.group, on_step=on_step, open_disk=open_disk, doorbell=doorbell).run()
     log.info("follower.exit", rank=cluster.rank)

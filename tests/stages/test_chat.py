@@ -1,4 +1,4 @@
-"""stages/chat.py: chat requests rendered through the demo model's own template."""
+"""stages/prompt/chat.py: chat requests rendered through the demo model's own template."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.requests import ChatRequest, GenerationParams, JsonValue, Message, Role, Sampling, TextRequest
 from pipeline.tracing import Timeline
-from stages.chat import ChatStage, render_chat, render_chat_text
+from stages.prompt.chat import ChatStage, render_chat, render_chat_text
 from stages.messages import Parsed, PrepareJob, PrepKind, Reply
 from stages.models.loading import Tokenizer
 from wire.openai_requests import decode_chat

@@ -24,7 +24,7 @@ from pipeline.requests import Tool
 from stages.families import FAMILIES, deepseek, harmony, hermes, llama3, mistral, phi4
 from stages.families.base import Family
 from stages.families.base import Splitter
-from stages.markup import Markers, Section, splitter_for
+from stages.reply.markup import Markers, Section, splitter_for
 
 # canitoolcall's family slug → the project's family.
 FAMILY_OF: dict[str, Family] = {

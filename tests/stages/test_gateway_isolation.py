@@ -1,4 +1,4 @@
-"""stages/gateway.py: a row that fails while it is admitted fails alone; the batch goes on."""
+"""stages/model_thread/gateway.py: a row that fails while it is admitted fails alone; the batch goes on."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import structlog.testing
 from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
 from stages.cache.disk import SpillJob
-from stages.constraints import CompiledConstraint
-from stages.gateway import GenerationGateway
+from stages.prompt.constraints import CompiledConstraint
+from stages.model_thread.gateway import GenerationGateway
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import read_model_shape
 from stages.messages import Abort, Prepared, StepOutputs

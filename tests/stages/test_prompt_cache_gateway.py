@@ -24,7 +24,7 @@ from pipeline.channels import Channel, open_channel
 from pipeline.requests import GenerationParams, Sampling, TextRequest
 from pipeline.tracing import Timeline
 from stages.cache.disk import SpillJob
-from stages.gateway import GatewayStatistics, GenerationGateway
+from stages.model_thread.gateway import GatewayStatistics, GenerationGateway
 from stages.messages import send_abort
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import read_model_shape

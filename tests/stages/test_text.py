@@ -1,4 +1,4 @@
-"""stages/text.py: raw prompts (text or token ids) → prompt tokens."""
+"""stages/prompt/text.py: raw prompts (text or token ids) → prompt tokens."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pipeline.tracing import Timeline
 from stages.messages import Parsed, PrepareJob, PrepKind, Reply
 from stages.models.loading import ModelInfo, Tokenizer
 from stages.messages import PromptText
-from stages.text import TextStage, encode_prompt
+from stages.prompt.text import TextStage, encode_prompt
 
 PARAMS = GenerationParams(max_tokens=4, sampling=Sampling())
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from stages.sampling import _opened
-from stages.sampling import ThinkBudget
+from stages.model_thread.sampling import _opened
+from stages.model_thread.sampling import ThinkBudget
 
 START, END, VOCAB = 3, 4, 8
 

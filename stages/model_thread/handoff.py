@@ -31,7 +31,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from pipeline.channels import drain_nowait
 from stages.cache.disk import SpillJob
-from stages.exclusive import Job
+from stages.model_thread.exclusive import Job
 from stages.kv.rows import Failed, Intake
 from stages.messages import Abort, Prepared, StepOutputs
 

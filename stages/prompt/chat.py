@@ -23,12 +23,12 @@ from pipeline.actor import serve_items
 from pipeline.errors import excerpt, invalid
 from pipeline.jsontext import loads
 from pipeline.requests import ChatRequest, GenerationParams, JsonObject, JsonValue, Message, Role, Tool, ToolCallRecord, ToolChoiceMode
-from stages.context_edits import apply_edits
+from stages.prompt.context_edits import apply_edits
 from stages.families.base import Family
 from stages.families.preamble import tool_preamble
 from stages.messages import Parsed, PrepareJob, PrepKind, PromptText, Rendered
 from stages.models.loading import Tokenizer
-from stages.truncation import render_truncated
+from stages.prompt.truncation import render_truncated
 
 
 @attrs.define

@@ -3,7 +3,7 @@
 Each function here reads the loaded model (tokenizer, template, shape) or the
 settings and returns one piece of the wiring the engine assembles: the markup
 family, the think markers as ids, the cache tiers, a rank's share of the
-model. Kept apart from `stages/engine.py` so the engine reads as the actors'
+model. Kept apart from `stages/engine/engine.py` so the engine reads as the actors'
 lifecycle.
 """
 

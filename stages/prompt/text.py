@@ -5,7 +5,7 @@ Outbox: `PrepareJob` whose `tokenize` encodes the prompt (or checks ids).
 Owns: the tokenizer reference and the model's vocabulary size.
 On cancel: a request whose reply is closed is dropped.
 On error: token ids outside the vocabulary, or a `suffix` for a model that
-cannot fill in the middle (`stages/fim.py`), fail that reply (400).
+cannot fill in the middle (`stages/prompt/fim.py`), fail that reply (400).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pipeline.actor import serve_items
 from pipeline.errors import invalid
 from pipeline.requests import TextRequest
-from stages.fim import Infill, refuse_suffix
+from stages.prompt.fim import Infill, refuse_suffix
 from stages.messages import Parsed, PrepareJob, PrepKind, PromptText
 from stages.models.loading import Tokenizer
 
