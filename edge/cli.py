@@ -21,11 +21,11 @@ from typing import NoReturn
 
 from edge.guard import EdgePolicy
 from edge.sockets import SocketInUse, bind_unix
-from edge.startup import StartupError, open_response_store
 from fleet.spec import ModelsFileError, specs_from_settings
 from pipeline.settings import PREFIX, Settings, SettingsError
 from stages.adapters import AdapterError, read_adapters
 from stages.models.embedding import EmbeddingModelError, read_embedding_model
+from store.startup import StartupError, open_response_store
 
 USAGE_ERROR = 2
 

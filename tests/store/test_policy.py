@@ -11,16 +11,14 @@ from typing import Literal
 import attrs
 import pytest
 
-from wire.response_store import (
+from store.opening import open_store, store_path
+from store.policy import (
     EncodedResponse,
     MemoryResponseStore,
     ResponseStore,
     StoredResponse,
     StoreError,
-    open_store,
-    store_path,
 )
-
 
 Kind = Literal["memory", "sqlite", "postgresql"]
 
