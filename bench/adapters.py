@@ -30,8 +30,8 @@ from typing import Any  # noqa: E402
 import attrs  # noqa: E402
 
 from bench import report  # noqa: E402
-from stages.model_thread.adapter_batches import AdapterBatches, make_generator  # noqa: E402
 from stages.adapters import read_adapters  # noqa: E402
+from stages.model_thread.adapter_batches import AdapterBatches, make_generator  # noqa: E402
 from stages.models.demo_adapter import write_random_adapter  # noqa: E402
 from stages.models.loading import resolve_model  # noqa: E402
 

@@ -16,9 +16,9 @@ from quart import Blueprint, Response, request
 from edge import guard
 from edge.aliases import work_served_as
 from edge.choice import chosen, current_engine, fleet
-from edge.model_cards import card, fleet_cards
 from edge.disconnect import ends_with_client
 from edge.fields import watched
+from edge.model_cards import card, fleet_cards
 from edge.status_routes import model_state
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found

@@ -32,11 +32,10 @@ from pipeline.channels import Channel, ReplySlot, open_channel
 from pipeline.errors import RequestError
 from pipeline.requests import Accepted
 from pipeline.settings import Settings
-from stages.prompt.constraints import CompiledConstraint, Grammar
+from stages.engine.model_side import make_gateway
+from stages.messages import Abort, CompiledConstraint, Grammar, Prepared, StepOutputs
 from stages.model_thread.embed import EmbedWork, ScoreWork
 from stages.model_thread.gateway import GenerationGateway
-from stages.messages import Abort, Prepared, StepOutputs
-from stages.engine.model_side import make_gateway
 from stages.remote.convert import error_out, prepared_of, step_out
 from stages.remote.frames import FrameReader, FrameWriter
 from stages.remote.messages import (

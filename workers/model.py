@@ -10,15 +10,15 @@ import attrs
 
 from pipeline.settings import Settings
 from stages.adapters import read_adapters
-from stages.prompt.constraints import ConstraintCompiler
-from stages.model_thread.embed import SideModel
-from stages.model_thread.exclusive import ExclusiveQueue
-from stages.kv.plan import assess
+from stages.engine.decisions import choose_markup, disk_tier, kv_scheme, plan_weights
 from stages.engine.model_side import ModelSide
 from stages.engine.work_service import dedicated_work
+from stages.kv.plan import assess
+from stages.model_thread.embed import SideModel
+from stages.model_thread.exclusive import ExclusiveQueue
 from stages.models.loading import load_tokenizer, resolve_model
+from stages.prompt.constraints import ConstraintCompiler
 from stages.prompt.prepare import Reservation
-from stages.engine.decisions import choose_markup, disk_tier, kv_scheme, plan_weights
 
 
 @attrs.frozen(kw_only=True)

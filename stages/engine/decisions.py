@@ -30,9 +30,9 @@ from stages.kv.plan import BudgetError, Fit, MemoryPlan
 from stages.kv.shape import FULL, KvScheme, ModelShape
 from stages.models.loading import ModelInfo, Tokenizer, load_weights
 from stages.models.weights import WeightForm, dequantized, float32_bytes, quantization, stored
+from stages.shard.caches import MirroredPromptCache
 from stages.shard.cluster import Cluster
 from stages.shard.plan import per_rank
-from stages.shard.caches import MirroredPromptCache
 
 log = structlog.get_logger(stage="engine")
 

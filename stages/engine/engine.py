@@ -29,30 +29,30 @@ from pipeline.tracing import Timeline
 from stages.adapters import AdapterError, ServedModels, not_found, read_adapters
 from stages.cache.disk import DiskTier
 from stages.cache.prompt import PromptCacheStatistics
-from stages.prompt.chat import ChatStage, render_edited
-from stages.prompt.constraints import ConstraintCompiler
-from stages.model_thread.exclusive import ExclusiveQueue, ExclusiveStatistics
-from stages.families.base import Family
-from stages.prompt.fim import find_infill
-from stages.model_thread.gateway import GatewayStatistics, GenerationGateway
-from stages.kv.plan import Fit, assess
-from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
+from stages.engine.decisions import choose_markup, disk_tier, kv_scheme, plan_weights, rank_share
 from stages.engine.model_side import ModelSide, make_gateway
 from stages.engine.work_service import ModelWork, dedicated_work, hidden_size
+from stages.families.base import Family
+from stages.kv.plan import Fit, assess
+from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
+from stages.model_thread.exclusive import ExclusiveQueue, ExclusiveStatistics
+from stages.model_thread.gateway import GatewayStatistics, GenerationGateway
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, resolve_model
 from stages.models.weights import WeightForm
+from stages.prompt.chat import ChatStage, render_edited
+from stages.prompt.constraints import ConstraintCompiler
+from stages.prompt.fim import find_infill
 from stages.prompt.parse import ParseStage
 from stages.prompt.prepare import PrepareStage, Reservation, prompt_room
+from stages.prompt.text import TextStage
+from stages.prompt.tokenize import BoundedEncoder
 from stages.remote.exclusive import RemoteExclusiveQueue
 from stages.remote.gateway import RemoteGateway, WorkerStatus
+from stages.reply.sink import CompletionSink
 from stages.shard.cluster import Cluster, join
 from stages.shard.liveness import RankStatus
 from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
-from stages.reply.sink import CompletionSink
-from stages.engine.decisions import choose_markup, disk_tier, kv_scheme, plan_weights, rank_share
-from stages.prompt.text import TextStage
-from stages.prompt.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")
 

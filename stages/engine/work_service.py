@@ -20,8 +20,8 @@ texts' embeddings instead, as vLLM scores with an embedding model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import json
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -31,16 +31,16 @@ import attrs
 import numpy as np
 
 from pipeline.errors import invalid
-from pipeline.work_requests import EmbeddingRequest, Embeddings, Input, ScoreRequest, Scores, TokenizeRequest
 from pipeline.requests import ChatRequest, GenerationParams, Message, Role, Sampling
-from stages.prompt.chat import render_chat_text
 from pipeline.settings import Settings
-from stages.model_thread.embed import EmbedWork, LoadWork, Pooling, ScoreWork, SideModel
-from stages.model_thread.exclusive import ExclusiveQueue
+from pipeline.work_requests import EmbeddingRequest, Embeddings, Input, ScoreRequest, Scores, TokenizeRequest
 from stages.families.base import Family
 from stages.messages import PromptText
+from stages.model_thread.embed import EmbedWork, LoadWork, Pooling, ScoreWork, SideModel
+from stages.model_thread.exclusive import ExclusiveQueue
 from stages.models.embedding import Matryoshka, allowed_dimensions, load_embedding_weights, read_embedding_model
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer
+from stages.prompt.chat import render_chat_text
 from stages.prompt.prepare import Reservation, encode_bounded
 from stages.prompt.tokenize import PIECE_CHARS, BoundedEncoder
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import attrs
 
-from stages.cache.tier import Key
 from pipeline.errors import RequestError
 from pipeline.events import FinishReason
+from stages.cache.tier import Key
 from stages.messages import Abort, Prepared, TokenDelta, TokenScores
 
 

@@ -24,12 +24,12 @@ import structlog
 from pipeline.actor import isolated
 from pipeline.errors import RequestError
 from pipeline.events import FinishReason
-from stages.model_thread.adapter_batches import adapter_kwargs
 from stages.cache.prompt import PromptCache
 from stages.cache.tier import Entry
 from stages.kv.rows import Failed, Resume, Row, Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Admitted, Prepared, TokenDelta
+from stages.model_thread.adapter_batches import adapter_kwargs
 
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator

@@ -38,24 +38,24 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from stages.model_thread.adapter_batches import make_generator
-from stages.model_thread.batch_rows import BatchRows
 from stages.adapters import Adapter
 from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
+from stages.cache.prompt import PromptCache, PromptCacheStatistics
 from stages.cache.spiller import Spiller
-from stages.model_thread.handoff import Handoff, HandoffStatistics, Parcel
-from stages.model_thread.heap import HeapTrimmer
-from stages.model_thread.exclusive import ExclusiveQueue, Job
 from stages.kv.rows import Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import FULL, KvScheme
-from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
-from stages.models.quantized_kv import batch_generator
 from stages.messages import Abort, Prepared, StepOutputs, TokenDelta, send_abort
+from stages.model_thread.adapter_batches import make_generator
+from stages.model_thread.batch_rows import BatchRows
+from stages.model_thread.exclusive import ExclusiveQueue, Job
+from stages.model_thread.handoff import Handoff, HandoffStatistics, Parcel
+from stages.model_thread.heap import HeapTrimmer
 from stages.model_thread.single_row import single_row
 from stages.model_thread.step_budget import StepBudget
-from stages.cache.prompt import PromptCache, PromptCacheStatistics
+from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
+from stages.models.quantized_kv import batch_generator
 
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator

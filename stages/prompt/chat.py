@@ -22,12 +22,21 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pipeline.actor import serve_items
 from pipeline.errors import excerpt, invalid
 from pipeline.jsontext import loads
-from pipeline.requests import ChatRequest, GenerationParams, JsonObject, JsonValue, Message, Role, Tool, ToolCallRecord, ToolChoiceMode
-from stages.prompt.context_edits import apply_edits
+from pipeline.requests import (
+    ChatRequest,
+    GenerationParams,
+    JsonObject,
+    JsonValue,
+    Message,
+    Role,
+    ToolCallRecord,
+    ToolChoiceMode,
+)
 from stages.families.base import Family
-from stages.families.preamble import tool_preamble
+from stages.families.preamble import template_tool, tool_preamble
 from stages.messages import Parsed, PrepareJob, PrepKind, PromptText, Rendered
 from stages.models.loading import Tokenizer
+from stages.prompt.context_edits import apply_edits
 from stages.prompt.truncation import render_truncated
 
 
@@ -171,13 +180,3 @@ def _template_call(call: ToolCallRecord) -> JsonValue:
     except ValueError:
         arguments = call.arguments
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
-
-
-def template_tool(tool: Tool) -> JsonValue:
-    """A tool as chat templates and mlx-lm's tool parsers read it: OpenAI's function shape."""
-    # Key order is the client's usual one: templates print the tool as JSON.
-    function: JsonObject = {"name": tool.name}
-    if tool.description is not None:
-        function["description"] = tool.description
-    function["parameters"] = tool.parameters
-    return {"type": "function", "function": function}

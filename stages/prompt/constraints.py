@@ -39,10 +39,11 @@ import structlog
 
 from pipeline.errors import RequestError, excerpt, invalid
 from pipeline.requests import Constraint, ConstraintKind, GenerationRequest
-from stages.prompt.constraint_choice import MAX_GRAMMAR_CHARS, constraint_of, within_budget
 from stages.families import choose_family
 from stages.families.base import Family
+from stages.messages import CompiledConstraint, Grammar
 from stages.models.mlx_internals import hf_tokenizer
+from stages.prompt.constraint_choice import MAX_GRAMMAR_CHARS, constraint_of, within_budget
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher, LLParserLimits, LLTokenizer
@@ -54,41 +55,15 @@ log = structlog.get_logger(stage="constraints")
 
 # Compiled grammars kept for reuse; a schema's compile can cost milliseconds.
 _CACHE_ENTRIES = 128
-# Grammars longer than this compile in the large-grammar slot.
-LARGE_GRAMMAR_CHARS = 8 * 1024
 # Tokens a compile walks down the grammar: the limits the issue's cases hit show on the first.
 _WALK_TOKENS = 4
 # Lexer fuel: llguidance's default is 1M; bounded repeats (`a{1000000}`) spend it all.
 _LEXER_FUEL = 500_000
 
 
-@attrs.frozen
-class Grammar:
-    """A constraint's llguidance grammar text, measured."""
-
-    text: str
-    param: str
-
-    @property
-    def large(self) -> bool:
-        return len(self.text) > LARGE_GRAMMAR_CHARS
 # JSON as clients expect to read it, with no room for runs of whitespace:
 # a model may otherwise spend its whole budget on newlines.
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-@attrs.define
-class CompiledConstraint:
-    """A validated grammar; `matcher()` gives a fresh matcher for one row."""
-
-    _prototype: LLMatcher = attrs.field(alias="prototype")
-    # The request field it came from, which an error mid-generation names.
-    param: str = "response_format"
-    # What it was compiled from: a model worker compiles it again in its own process (stages/remote/).
-    grammar: Grammar | None = None
-
-    def matcher(self) -> LLMatcher:
-        return self._prototype.deep_copy()
 
 
 @attrs.define

@@ -34,9 +34,9 @@ from pipeline.actor import isolated, serve_items
 from pipeline.errors import RequestError, invalid
 from pipeline.requests import Accepted, AppliedEdit, ChatRequest, GenerationParams
 from pipeline.tracing import Mark
+from stages.messages import CompiledConstraint, Prepared, PrepareJob, PrepKind, PromptText, Rendered
 from stages.prompt.constraint_choice import needs_constraint
-from stages.prompt.constraints import CompiledConstraint, ConstraintCompiler
-from stages.messages import Prepared, PrepareJob, PrepKind, PromptText, Rendered
+from stages.prompt.constraints import ConstraintCompiler
 from stages.prompt.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="prepare")

@@ -21,9 +21,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pipeline.actor import serve_items
 from pipeline.errors import invalid
 from pipeline.requests import TextRequest
-from stages.prompt.fim import Infill, refuse_suffix
 from stages.messages import Parsed, PrepareJob, PrepKind, PromptText
 from stages.models.loading import Tokenizer
+from stages.prompt.fim import Infill, refuse_suffix
 
 
 @attrs.define

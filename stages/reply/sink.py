@@ -32,14 +32,13 @@ from pipeline.events import CompletionEvent, FinishReason, Logprobs, Summary, To
 from pipeline.observe import NullObserver, RequestObserver, RequestRecord
 from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
-from stages.messages import send_abort
-from stages.prompt.constraints import grammar_fault
 from stages.families import choose_family
 from stages.families.base import Family, Splitter
-from stages.reply.markup import Markers, MarkupSplitter, Section, markers_for, splitter_for
-from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores
+from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores, send_abort
 from stages.models.loading import StreamingDetokenizer, Tokenizer, completion_detokenizer, token_text
 from stages.models.mlx_internals import special_token_ids
+from stages.prompt.constraints import grammar_fault
+from stages.reply.markup import Markers, MarkupSplitter, Section, markers_for, splitter_for
 from stages.reply.stops import StopMatcher, StopResult
 
 log = structlog.get_logger(stage="sink")

@@ -12,9 +12,9 @@ from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.requests import ChatRequest, GenerationParams, JsonValue, Message, Role, Sampling, TextRequest
 from pipeline.tracing import Timeline
-from stages.prompt.chat import ChatStage, render_chat, render_chat_text
 from stages.messages import Parsed, PrepareJob, PrepKind, Reply
 from stages.models.loading import Tokenizer
+from stages.prompt.chat import ChatStage, render_chat, render_chat_text
 from wire.openai_requests import decode_chat
 
 PARAMS = GenerationParams(max_tokens=8, sampling=Sampling())

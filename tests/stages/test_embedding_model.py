@@ -10,9 +10,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from stages.prompt.chat import render_chat_text
-from stages.model_thread.embed import EmbedWork, SideModel
 from stages.engine.work_service import _judgement
+from stages.model_thread.embed import EmbedWork, SideModel
 from stages.models.embedding import (
     EmbeddingModelError,
     Matryoshka,
@@ -23,6 +22,7 @@ from stages.models.embedding import (
 from stages.models.loading import Tokenizer, load_tokenizer
 from stages.models.mlx_internals import final_hidden
 from stages.models.shaped_embedding import ensure_embedding_model
+from stages.prompt.chat import render_chat_text
 
 NAME = "qwen3-embedding-0.6b-2l"
 

@@ -22,8 +22,7 @@ from canitoolcall.results import Observation, ParsedToolCall, ParseResult, Statu
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
 from pipeline.requests import Tool
 from stages.families import FAMILIES, deepseek, harmony, hermes, llama3, mistral, phi4
-from stages.families.base import Family
-from stages.families.base import Splitter
+from stages.families.base import Family, Splitter
 from stages.reply.markup import Markers, Section, splitter_for
 
 # canitoolcall's family slug → the project's family.

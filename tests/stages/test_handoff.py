@@ -16,9 +16,9 @@ import anyio.to_thread
 import pytest
 
 from pipeline.channels import Channel, open_channel
-from stages.model_thread.handoff import Handoff, Parcel
 from stages.kv.rows import Intake
 from stages.messages import Abort, Prepared, StepOutputs
+from stages.model_thread.handoff import Handoff, Parcel
 from tests.stages.test_prompt_cache_gateway import row
 
 

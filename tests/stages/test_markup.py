@@ -9,8 +9,8 @@ import pytest
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta, ToolCallStart
 from pipeline.requests import Tool
 from stages.families import hermes
-from stages.reply.markup import Markers, MarkupSplitter, Section
 from stages.models.loading import Tokenizer
+from stages.reply.markup import Markers, MarkupSplitter, Section
 
 MARKERS = Markers(think=("<think>", "</think>"), family=hermes.FAMILY)
 

@@ -15,12 +15,21 @@ import pytest
 
 from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
-from pipeline.requests import Accepted, ChatRequest, GenerationParams, GenerationRequest, Message, Role, Sampling, TextRequest
+from pipeline.requests import (
+    Accepted,
+    ChatRequest,
+    GenerationParams,
+    GenerationRequest,
+    Message,
+    Role,
+    Sampling,
+    TextRequest,
+)
 from pipeline.tracing import Mark, Timeline
-from stages.prompt.chat import render_chat
-from stages.prompt.constraints import ConstraintCompiler
 from stages.messages import Prepared, PrepareJob, PrepKind, Reply
 from stages.models.loading import Tokenizer
+from stages.prompt.chat import render_chat
+from stages.prompt.constraints import ConstraintCompiler
 from stages.prompt.prepare import PrepareStage, Reservation
 from stages.prompt.text import encode_prompt
 from stages.prompt.tokenize import BoundedEncoder

@@ -7,11 +7,10 @@ import math
 import mlx.core as mx
 import pytest
 
-from pipeline.requests import Sampling
-from pipeline.requests import Constraint, ConstraintKind
-from stages.prompt.constraints import ConstraintCompiler
-from stages.models.loading import ModelInfo, Tokenizer
+from pipeline.requests import Constraint, ConstraintKind, Sampling
 from stages.model_thread.sampling import ConstraintProcessor, KeyedSampler, make_row_processors, make_row_sampler
+from stages.models.loading import ModelInfo, Tokenizer
+from stages.prompt.constraints import ConstraintCompiler
 
 VOCAB = 64
 DRAWS = 24

@@ -19,9 +19,9 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 
 from pipeline.requests import Sampling
-from stages.models.loading import ModelInfo, load_weights
 from stages.model_thread.sampling import make_row_processors, make_row_sampler
 from stages.model_thread.single_row import SingleRow, single_row
+from stages.models.loading import ModelInfo, load_weights
 
 GREEDY = Sampling(temperature=0.0)
 SEEDED = Sampling(temperature=0.9, seed=5)
@@ -151,10 +151,10 @@ async def _gateway_run(model_info: ModelInfo, rows: list[Any], second_after: int
 
     from pipeline.channels import Channel, open_channel
     from stages.cache.disk import SpillJob
-    from stages.model_thread.gateway import GenerationGateway
     from stages.kv.scheduler import KvScheduler
     from stages.kv.shape import read_model_shape
     from stages.messages import Abort, Prepared, StepOutputs
+    from stages.model_thread.gateway import GenerationGateway
 
     inbox: Channel[Prepared] = open_channel(16, name="gateway")
     control: Channel[Abort] = open_channel(4, name="control")

@@ -17,7 +17,16 @@ import structlog.testing
 
 from pipeline.channels import Channel, open_channel
 from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summary, TextDelta, Usage
-from pipeline.requests import Accepted, ChatRequest, GenerationParams, GenerationRequest, Message, Role, Sampling, TextRequest
+from pipeline.requests import (
+    Accepted,
+    ChatRequest,
+    GenerationParams,
+    GenerationRequest,
+    Message,
+    Role,
+    Sampling,
+    TextRequest,
+)
 from pipeline.tracing import Mark, Timeline
 from stages.messages import Abort, Admitted, Prepared, Reply, StepOutputs, TokenDelta
 from stages.models.loading import Tokenizer

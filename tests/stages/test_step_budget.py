@@ -17,12 +17,12 @@ from mlx_lm.generate import PromptProcessingBatch
 from pipeline.channels import Channel, open_channel
 from stages.cache.disk import SpillJob
 from stages.cache.prompt import PromptCache
-from stages.model_thread.gateway import GenerationGateway
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import read_model_shape
 from stages.messages import Abort, Prepared, StepOutputs, send_abort
-from stages.models.loading import ModelInfo, load_weights
+from stages.model_thread.gateway import GenerationGateway
 from stages.model_thread.step_budget import StepBudget
+from stages.models.loading import ModelInfo, load_weights
 from tests.stages.test_prompt_cache_gateway import EOS, TOKEN_BYTES, model_info, row  # noqa: F401
 
 # Ids that never end a row on the tiny model (its EOS logits are zero: greedy never picks them).

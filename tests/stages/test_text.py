@@ -9,9 +9,8 @@ from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.requests import ChatRequest, GenerationParams, Message, Role, Sampling, TextRequest
 from pipeline.tracing import Timeline
-from stages.messages import Parsed, PrepareJob, PrepKind, Reply
+from stages.messages import Parsed, PrepareJob, PrepKind, PromptText, Reply
 from stages.models.loading import ModelInfo, Tokenizer
-from stages.messages import PromptText
 from stages.prompt.text import TextStage, encode_prompt
 
 PARAMS = GenerationParams(max_tokens=4, sampling=Sampling())

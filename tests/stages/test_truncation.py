@@ -10,8 +10,8 @@ from functools import partial
 import pytest
 
 from pipeline.requests import ChatRequest, GenerationParams, Message, Role, Sampling, ToolCallRecord
-from stages.prompt.chat import render_chat
 from stages.models.loading import Tokenizer
+from stages.prompt.chat import render_chat
 from stages.prompt.truncation import render_truncated
 
 SYSTEM = Message(role=Role.SYSTEM, content="You are the harbour master's assistant.")
