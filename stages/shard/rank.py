@@ -1,7 +1,7 @@
 """A follower rank's whole life: join, load this rank's slice, replay rank 0's steps, stop when it says so.
 
 `mlx-relay serve --shard …` runs this instead of the HTTP server on every
-rank but 0 (edge/cli.py). It reads the same settings (the model, the
+rank but 0 (mlx_relay.py). It reads the same settings (the model, the
 shard mode); everything that shapes the batch comes from rank 0.
 """
 

@@ -1,4 +1,5 @@
-"""`mlx-relay serve`: the same app and settings as `hypercorn app:app`, with the edge's safety checks.
+"""`mlx-relay serve` (`python -m mlx_relay serve`): the same app and settings as `hypercorn app:app`, with the
+edge's safety checks. Beside `app.py`, above everything it starts: no layer imports it.
 
 Flags are written into the `MLX_RELAY_*` environment before the app reads
 its settings, so a flag overrides the environment and the app has one
