@@ -34,17 +34,17 @@ from stages.engine.model_side import ModelSide, make_gateway
 from stages.engine.work_service import ModelWork, dedicated_work, hidden_size
 from stages.families.base import Family
 from stages.kv.plan import Fit, assess
-from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
+from stages.messages import Abort, Decoder, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.model_thread.exclusive import ExclusiveQueue, ExclusiveStatistics
 from stages.model_thread.gateway import GatewayStatistics, GenerationGateway
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, resolve_model
 from stages.models.weights import WeightForm
-from stages.prompt.chat import ChatStage, render_edited
+from stages.prompt.chat import ChatJobs, render_edited
 from stages.prompt.constraints import ConstraintCompiler
 from stages.prompt.fim import find_infill
 from stages.prompt.parse import ParseStage
 from stages.prompt.prepare import PrepareStage, Reservation, prompt_room
-from stages.prompt.text import TextStage
+from stages.prompt.text import TextJobs
 from stages.prompt.tokenize import BoundedEncoder
 from stages.remote.exclusive import RemoteExclusiveQueue
 from stages.remote.gateway import RemoteGateway, WorkerStatus
@@ -310,8 +310,6 @@ class Engine:
         settings, info, tokenizer = self._settings, self.info, self.tokenizer
         in_flight = settings.max_batch + settings.max_pending
         self._parse_inbox = open_channel(in_flight, name="parse")
-        chat: Channel[Parsed] = open_channel(in_flight, name="chat")
-        text: Channel[Parsed] = open_channel(in_flight, name="text")
         jobs: Channel[PrepareJob] = open_channel(in_flight, name="prepare")
         prepared: Channel[Prepared] = open_channel(in_flight, name="gateway")
         # At most one abort per running row between two steps.
@@ -328,10 +326,12 @@ class Engine:
             self._gateway,
             self._sink,
             self._make_prepare(jobs.receive, prepared.send),
-            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer, preamble=self._preamble,
-                      room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context)),
-            TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
-            ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send, route=self.served.adapter_of),
+            ParseStage(
+                inbox=self._parse_inbox.receive, out=jobs.send, route=self.served.adapter_of,
+                chat=ChatJobs(tokenizer=tokenizer, preamble=self._preamble,
+                              room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context)),
+                text=TextJobs(vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
+            ),
         ]
 
     def _make_gateway(
