@@ -14,9 +14,23 @@ import httpx
 from bench.servers import REPO
 
 sys.path.insert(0, str(REPO))
-from deploy.scaleout import Cluster  # noqa: E402
+from deploy.scaleout import Cluster
 
-_WORDS = "river stone lantern orchard copper meadow harbor violet summit falcon ember willow canyon".split()
+_WORDS = [
+    "river",
+    "stone",
+    "lantern",
+    "orchard",
+    "copper",
+    "meadow",
+    "harbor",
+    "violet",
+    "summit",
+    "falcon",
+    "ember",
+    "willow",
+    "canyon",
+]
 
 
 def replica_env(model: str) -> dict[str, str]:
@@ -34,7 +48,7 @@ def in_threads(count: int, work: Callable[[int], None]) -> None:
     def body(index: int) -> None:
         try:
             work(index)
-        except BaseException as error:  # noqa: BLE001 - reported by the caller
+        except BaseException as error:
             errors.append(error)
 
     threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]

@@ -45,9 +45,7 @@ def store_path(url: str | None) -> Path | None:
     return Path(path)
 
 
-_ACCEPTED = (
-    "use 'memory', 'sqlite:///absolute/path.db', 'sqlite:relative/path.db' or 'postgresql://user@host/database'"
-)
+_ACCEPTED = "use 'memory', 'sqlite:///absolute/path.db', 'sqlite:relative/path.db' or 'postgresql://user@host/database'"
 
 
 def open_store(url: str | None, *, ttl_seconds: float, max_bytes: int, clock: Clock = time.time) -> ResponseStore:

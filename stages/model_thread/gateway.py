@@ -51,9 +51,9 @@ from stages.model_thread.adapter_batches import make_generator
 from stages.model_thread.batch_rows import BatchRows
 from stages.model_thread.exclusive import ExclusiveQueue, Job
 from stages.model_thread.handoff import Handoff, HandoffStatistics, Parcel
-from stages.model_thread.heap import HeapTrimmer
 from stages.model_thread.single_row import single_row
 from stages.model_thread.step_budget import StepBudget
+from stages.models.heap import HeapTrimmer
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
 from stages.models.quantized_kv import batch_generator
 

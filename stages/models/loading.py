@@ -195,7 +195,7 @@ def release_unloaded() -> None:
 
     import mlx.core as mx
 
-    from stages.model_thread.heap import HeapTrimmer
+    from stages.models.heap import HeapTrimmer
 
     gc.collect()
     mx.clear_cache()
