@@ -1,6 +1,6 @@
 """Preparation executor: CPU work off the event loop, bounded per kind.
 
-Inbox: `PrepareJob` from the chat and text stages.
+Inbox: `PrepareJob` from the parse stage (a chat or text request's job).
 Outbox: `Prepared` to the generation gateway.
 Owns: one reservation (semaphore + thread limiter) per `PrepKind`; a job
 holds its kind's reservation while its work runs in a worker thread, and

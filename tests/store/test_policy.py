@@ -1,4 +1,4 @@
-"""wire/response_store*.py: every store keeps one policy, on real files, a real PostgreSQL server and real threads."""
+"""store/: every store keeps one policy, on real files, a real PostgreSQL server and real threads."""
 
 from __future__ import annotations
 

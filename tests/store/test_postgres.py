@@ -1,7 +1,7 @@
 """store/postgres.py against a real PostgreSQL server: what the shared policy table cannot show.
 
 The policy itself (TTL, LRU byte cap, oversized records, copies, closing)
-runs for every store in test_response_store.py; these are PostgreSQL's
+runs for every store in test_policy.py; these are PostgreSQL's
 own cases: replicas sharing one database, the schema, reaching the server.
 """
 
