@@ -21,15 +21,15 @@ import circle.
 
 from __future__ import annotations
 
-import ast
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
 import pytest
 
 from tests.conftest import REPO
+from tests.imports import circles, imported, resolved
 
 DESIGN = REPO / "docs" / "DESIGN.md"
 MLX = {"mlx", "mlx_lm"}
@@ -131,25 +131,6 @@ def sources() -> list[Path]:
     return found
 
 
-def imported(source: str, package: str) -> list[tuple[int, str]]:
-    """(line, dotted module) for every import in `source`; relative imports are resolved against `package`."""
-    names: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = parts[: len(parts) - node.level + 1]
-                module = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                module = node.module or ""
-            names.append((node.lineno, module))
-            # `from mlx import core` imports mlx.core too.
-            names.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
-    return names
-
-
 def package_of(path: Path) -> str:
     return ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
 
@@ -160,38 +141,6 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
 
 def label(path: Path) -> str:
     return path.relative_to(REPO).as_posix()
-
-
-def file_of(module: str, repo: Path = REPO) -> str | None:
-    """The file of ours a dotted module name imports (`stages.messages` → `stages/messages.py`), or None."""
-    parts = module.split(".")
-    for end in range(len(parts), 0, -1):
-        stem = "/".join(parts[:end])
-        if (repo / f"{stem}.py").is_file():
-            return f"{stem}.py"
-        if (repo / stem / "__init__.py").is_file():
-            return f"{stem}/__init__.py"
-    return None
-
-
-def resolved(names: list[tuple[int, str]]) -> list[tuple[int, str, str | None]]:
-    """(line, module, the file of ours it imports or None), leaving out a package that is only the way to its
-    modules: `from stages import messages` imports stages/messages.py, not what stages/__init__.py imports."""
-    targets = {(line, module): file_of(module) for line, module in names}
-
-    def only_the_way(line: int, module: str, target: str | None) -> bool:
-        return (
-            target is not None
-            and target.endswith("/__init__.py")
-            and any(
-                at == line and other.startswith(f"{module}.") and found not in (None, target)
-                for (at, other), found in targets.items()
-            )
-        )
-
-    return [
-        (line, module, target) for (line, module), target in targets.items() if not only_the_way(line, module, target)
-    ]
 
 
 SOURCES = sources()
@@ -340,48 +289,6 @@ def module_graph(paths: list[Path]) -> dict[str, set[str]]:
         targets = {target for _, _, target in resolved(imports_of(path))}
         graph[own] = {target for target in targets if target is not None and target != own}
     return graph
-
-
-def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
-    """The strongly connected groups of more than one module (Tarjan's algorithm, without recursion)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph.get(root, ()))))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, edges = work[-1]
-            for target in edges:
-                if target not in index:
-                    index[target] = low[target] = len(index)
-                    stack.append(target)
-                    on_stack.add(target)
-                    work.append((target, iter(sorted(graph.get(target, ())))))
-                    break
-                if target in on_stack:
-                    low[node] = min(low[node], index[target])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    group = []
-                    while True:
-                        member = stack.pop()
-                        on_stack.discard(member)
-                        group.append(member)
-                        if member == node:
-                            break
-                    if len(group) > 1:
-                        found.append(sorted(group))
-    return found
 
 
 def test_no_module_outside_bench_takes_part_in_an_import_circle() -> None:
