@@ -22,6 +22,7 @@ import circle.
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -308,3 +309,21 @@ def test_no_module_outside_bench_takes_part_in_an_import_circle() -> None:
 )
 def test_the_circle_finder_finds_circles(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
     assert circles(graph) == expected
+
+
+def test_every_package_is_installed_type_checked_and_first_party() -> None:
+    """A new folder joins pyproject's wheel, mypy's packages and ruff's first-party list, as the others are."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    shipped = {
+        init.parent.relative_to(REPO).as_posix().replace("/", ".")
+        for root in CODE_ROOTS
+        if not root.endswith(".py") and root not in ("bench", "deploy")
+        for init in (REPO / root).rglob("__init__.py")
+    }
+    tops = {name.split(".")[0] for name in shipped}
+    modules = {root.removesuffix(".py") for root in CODE_ROOTS if root.endswith(".py")}
+    assert set(project["tool"]["setuptools"]["packages"]) == shipped
+    assert set(project["tool"]["setuptools"]["py-modules"]) == modules
+    assert set(project["tool"]["mypy"]["packages"]) == tops
+    assert set(project["tool"]["mypy"]["modules"]) == modules
+    assert tops | modules <= set(project["tool"]["ruff"]["lint"]["isort"]["known-first-party"])
