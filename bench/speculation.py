@@ -5,7 +5,7 @@
 
 No server, no HTTP: the model thread's own work. Each round runs the same
 rows (N at once, all inserted together) without speculation, as the server
-runs them (a lone row on the single-row path, stages/single_row.py; else
+runs them (a lone row on the single-row path, stages/model_thread/single_row.py; else
 mlx-lm's batch), and with it (prompt lookup, or `--draft`), in turns so a
 busy machine slows each alike; the figure is the ratio of medians. Tokens
 are checked equal first (greedy rows; `fresh` rows are seeded samples).
@@ -95,10 +95,10 @@ def _ways(
     from mlx_lm.generate import BatchGenerator
 
     from pipeline.requests import Sampling
-    from stages.drafters import CostGate, DrafterCounts, DraftModel, PromptLookup, RowPolicy
-    from stages.models.speculative_batch import Speculation, speculating
-    from stages.sampling import make_row_sampler
-    from stages.single_row import single_row
+    from stages.model_thread.drafters import CostGate, DrafterCounts, DraftModel, PromptLookup, RowPolicy
+    from stages.model_thread.speculative_batch import Speculation, speculating
+    from stages.model_thread.sampling import make_row_sampler
+    from stages.model_thread.single_row import single_row
 
     def batch() -> BatchGenerator:
         return BatchGenerator(

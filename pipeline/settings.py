@@ -79,7 +79,7 @@ class Settings:
     # to fit it beside the decoding rows, and exclusive work on an idle server runs in turns of this length.
     step_budget_ms: float = attrs.field(default=200.0, validator=attrs.validators.gt(0.0))
     # A row alone decodes as mlx-lm's generate_step does, without the batch's per-step costs, and joins
-    # the batch when a second row comes (stages/single_row.py); off runs every row in the batch.
+    # the batch when a second row comes (stages/model_thread/single_row.py); off runs every row in the batch.
     single_row: bool = True
     prepare_concurrency: int = attrs.field(default=2, validator=_positive)
     # Structured-output grammars compiling at once (each can take a core).
@@ -104,7 +104,7 @@ class Settings:
     )
     kv_group_size: int = attrs.field(default=64, validator=attrs.validators.in_((32, 64, 128)))
     quantized_kv_start: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    # Speculative decoding inside the batch (stages/speculation.py, docs/speculative-decoding.md): proposals from
+    # Speculative decoding inside the batch (stages/engine/speculation.py, docs/speculative-decoding.md): proposals from
     # the row's own prompt and output (`prompt_lookup`) or from a smaller model with the same vocabulary.
     prompt_lookup: bool = False
     draft_model: str | None = None

@@ -1,4 +1,4 @@
-"""stages/models/speculative_batch.py on the tiny demo model: speculation changes how fast, never what.
+"""stages/model_thread/speculative_batch.py on the tiny demo model: speculation changes how fast, never what.
 
 Each case runs the same rows through mlx-lm's `BatchGenerator` and through
 one whose generation batch speculates: every row's tokens, logprobs,
@@ -19,10 +19,10 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 
 from pipeline.requests import Sampling
-from stages.drafters import CostGate, DraftModel, PromptLookup, RowPolicy
+from stages.model_thread.drafters import CostGate, DraftModel, PromptLookup, RowPolicy
 from stages.models.loading import ModelInfo, load_weights
-from stages.models.speculative_batch import Speculation, speculating
-from stages.sampling import RowStops, make_row_processors, make_row_sampler
+from stages.model_thread.speculative_batch import Speculation, speculating
+from stages.model_thread.sampling import RowStops, make_row_processors, make_row_sampler
 
 GREEDY = Sampling(temperature=0.0)
 # Low enough that a random model's samples often repeat what a drafter proposes (still the sampled path).
