@@ -96,9 +96,9 @@ def _ways(
 
     from pipeline.requests import Sampling
     from stages.model_thread.drafters import CostGate, DrafterCounts, DraftModel, PromptLookup, RowPolicy
-    from stages.model_thread.speculative_batch import Speculation, speculating
     from stages.model_thread.sampling import make_row_sampler
     from stages.model_thread.single_row import single_row
+    from stages.model_thread.speculative_batch import Speculation, speculating
 
     def batch() -> BatchGenerator:
         return BatchGenerator(

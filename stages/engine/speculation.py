@@ -21,8 +21,8 @@ from pipeline.settings import Settings
 from stages.model_thread.drafters import Drafter, DraftModel, PromptLookup, RowPolicy
 
 if TYPE_CHECKING:
-    from stages.models.loading import ModelInfo, Tokenizer
     from stages.model_thread.speculative_batch import Speculation
+    from stages.models.loading import ModelInfo, Tokenizer
 
 # Below this share of its proposed tokens accepted, a row stops proposing for a while.
 MIN_ACCEPTANCE = 0.3
@@ -80,9 +80,9 @@ def speculation_factory(
     def build(model: Any) -> Speculation:
         from mlx_lm.models.cache import make_prompt_cache
 
+        from stages.model_thread.speculative_batch import Speculation
         from stages.models.loading import load_weights
         from stages.models.mlx_internals import PLAIN, cache_kind
-        from stages.model_thread.speculative_batch import Speculation
 
         kind = cache_kind(make_prompt_cache(model))
         if kind != PLAIN:

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import BatchGenerator
 
 from pipeline.requests import Sampling
 from stages.model_thread.drafters import CostGate, DraftModel, PromptLookup, RowPolicy
-from stages.models.loading import ModelInfo, load_weights
-from stages.model_thread.speculative_batch import Speculation, speculating
 from stages.model_thread.sampling import RowStops, make_row_processors, make_row_sampler
+from stages.model_thread.speculative_batch import Speculation, speculating
+from stages.models.loading import ModelInfo, load_weights
 
 GREEDY = Sampling(temperature=0.0)
 # Low enough that a random model's samples often repeat what a drafter proposes (still the sampled path).
@@ -215,3 +216,17 @@ def test_quantized_kv_rows_speculate_with_the_same_tokens() -> None:
         assert got[name]["tokens"] == expected[name]["tokens"], name
         assert got[name]["all_tokens"] == expected[name]["all_tokens"], name
     assert speculation.counts.accepted > 0
+
+
+def test_set_ups_that_cannot_speculate_are_named() -> None:
+    from pipeline.settings import Settings
+    from stages.engine.speculation import SpeculationError, speculation_factory
+
+    lookup = Settings(prompt_lookup=True)
+    with pytest.raises(SpeculationError, match="MLX_RELAY_SHARD=tensor"):
+        speculation_factory(attrs.evolve(lookup, shard="tensor"), None, sharded=True, adapters=False)  # type: ignore[arg-type]
+    with pytest.raises(SpeculationError, match="MLX_RELAY_ADAPTERS"):
+        speculation_factory(lookup, None, sharded=False, adapters=True)  # type: ignore[arg-type]
+    assert speculation_factory(Settings(), None, sharded=True, adapters=True) is None  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="choose one drafter"):
+        Settings(prompt_lookup=True, draft_model="tiny")
