@@ -32,8 +32,7 @@ COUNTERS = frozenset(
         "prompt_cache.disk.spills", "prompt_cache.disk.spills_dropped", "prompt_cache.disk.spill_errors",
         "prompt_cache.disk.spills_unsupported", "prompt_cache.disk.restores", "prompt_cache.disk.corrupt",
         "response_store.hits", "response_store.misses", "response_store.evictions", "response_store.expirations",
-        "response_store.oversized", "gateway.speculation.drafts", "gateway.speculation.proposed_tokens",
-        "gateway.speculation.accepted_tokens",
+        "response_store.oversized",
     }
 )  # fmt: skip
 
@@ -46,13 +45,15 @@ KV_HELD = ("gateway", "kv_held_bytes")
 KV_BUDGET = ("gateway", "kv_budget_bytes")
 PREEMPTIONS = ("gateway", "preemptions")
 READ_PATHS = (RUNNING, ADMITTED, KV_HELD, KV_BUDGET, PREEMPTIONS)
-# Speculative decoding's counters under vLLM's spec_decode names; absent from /stats (and here) when it is off.
+# Speculative decoding's counters under vLLM's spec_decode names; absent from /stats (and here) when it is off,
+# so tests/e2e/test_speculation.py, not test_metrics.py, finds each in a speculating server's snapshot.
 SPEC_DECODE = (
     ("vllm:spec_decode_num_drafts", "Steps in which a row proposed tokens", ("gateway", "speculation", "drafts")),
     ("vllm:spec_decode_num_draft_tokens", "Tokens proposed", ("gateway", "speculation", "proposed_tokens")),
     ("vllm:spec_decode_num_accepted_tokens", "Proposed tokens the target accepted",
      ("gateway", "speculation", "accepted_tokens")),
 )  # fmt: skip
+SPEC_DECODE_PATHS = frozenset(path for _, _, path in SPEC_DECODE)
 
 
 @attrs.frozen
@@ -92,7 +93,8 @@ def snapshot_metrics(snapshot: JsonObject) -> list[Figure]:
     for path, value in _numbers(snapshot, ()):
         dotted = ".".join(path)
         name = PREFIX + "_".join(_UNSAFE.sub("_", part) for part in path)
-        figures.append(Figure(name, f"/stats {dotted}", value, counter=dotted in COUNTERS))
+        counter = dotted in COUNTERS or path in SPEC_DECODE_PATHS
+        figures.append(Figure(name, f"/stats {dotted}", value, counter=counter))
     return figures
 
 

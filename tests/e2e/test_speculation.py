@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import Server, ServerFactory, start_server
 from tests.e2e.conftest import stats
+from wire.metrics import SPEC_DECODE_PATHS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -121,9 +122,18 @@ def test_stats_and_metrics_count_proposed_and_accepted_tokens(servers: dict[str,
         )
         assert float(accepted.split()[-1]) == speculation["accepted_tokens"]
         assert "vllm:spec_decode_num_draft_tokens_total" in metrics
+        # Each path the metrics read by name is a number here (a renamed field would read as 0).
+        assert all(isinstance(_at(figures, path[1:]), int) for path in SPEC_DECODE_PATHS)
+        assert "mlx_relay:gateway_speculation_accepted_tokens_total" in metrics
     plain: Any = stats(servers["plain"])["gateway"]
     assert plain["speculation"] is None
     assert "vllm:spec_decode" not in httpx.get(f"{servers['plain'].base_url}/metrics", timeout=10).text
+
+
+def _at(snapshot: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        snapshot = snapshot.get(key) if isinstance(snapshot, dict) else None
+    return snapshot
 
 
 def test_the_finish_line_carries_the_rows_acceptance(servers: dict[str, Server]) -> None:
