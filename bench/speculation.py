@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--k", type=int, default=4, help="tokens a row proposes at most")
-    parser.add_argument("--max-rows", type=int, default=8, help="rows above which no row speculates")
+    parser.add_argument("--max-rows", type=int, default=4, help="rows above which no row speculates")
     parser.add_argument("--workload", choices=tuple(PROMPTS), default="copy")
     parser.add_argument("--ungated", action="store_true", help="speculate every step (no measured gate): the raw cost")
     args = parser.parse_args(argv)

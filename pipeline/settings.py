@@ -111,7 +111,7 @@ class Settings:
     # Tokens a row proposes at most per step (mlx-lm's --num-draft-tokens); each row's own k adapts below it.
     num_draft_tokens: int = attrs.field(default=4, validator=attrs.validators.in_(range(1, 17)))
     # Rows in the batch above which no row speculates: verifying then costs more than it saves (measured on demo).
-    speculation_max_rows: int = attrs.field(default=8, validator=attrs.validators.ge(0))
+    speculation_max_rows: int = attrs.field(default=4, validator=attrs.validators.ge(0))
     # Bytes the server may plan for: weights, KV and a prefill chunk; 0 is 75% of RAM.
     memory_budget: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     log_level: str = attrs.field(
