@@ -30,6 +30,7 @@ from stages.cache.tier import Entry
 from stages.kv.rows import Failed, Resume, Row, Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Admitted, Prepared, TokenDelta
+from stages.model_thread.vision_rows import VisionRows, keyed
 
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
@@ -46,6 +47,8 @@ class BatchRows:
     # The think markers as token ids (the start may take several tokens, the end is one): thinking budgets need them.
     _think_ids: tuple[tuple[int, ...], int] | None = attrs.field(alias="think_ids")
     cache: PromptCache | None = None
+    # A vision-language model's image side: rows with images are encoded and prefilled before they join.
+    vision: VisionRows | None = None
     rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     waiting: list[Waiting] = attrs.field(factory=list, init=False)
     # Rows that failed at admission, for their replies with the step's parcel.
@@ -87,8 +90,12 @@ class BatchRows:
         # What can fail for this row alone (cache lookup, sampler, grammar matcher) comes before the generator holds it.
         row, tokens = waiting.prepared, waiting.tokens
         params = row.params
-        hit = None if self.cache is None else self.cache.fetch(tokens, session=params.cache_key, adapter=params.adapter)
+        key = self._key(row, tokens)
+        hit = None if self.cache is None else self.cache.fetch(key, session=params.cache_key, adapter=params.adapter)
         cached = hit.tokens if hit is not None else 0
+        layers, start = (hit.cache if hit is not None else None), cached
+        if row.images and self.vision is not None:
+            layers, start = self.vision.prefill(tokens, row.images, cached, layers)
         resume = waiting.resume or Resume(
             arrival=self._kv.arrive(),
             generated=(),
@@ -97,10 +104,10 @@ class BatchRows:
             replaces=hit.source if hit is not None and hit.continues else None,
         )
         (uid,) = generator.insert(
-            [list(tokens[cached:])],
+            [list(tokens[start:])],
             max_tokens=[row.max_tokens - len(resume.generated)],
-            caches=[hit.cache] if hit is not None else None,
-            all_tokens=[list(tokens[:cached])],
+            caches=[layers] if layers is not None else None,
+            all_tokens=[list(tokens[:start])],
             samplers=[resume.sampler],
             logits_processors=[resume.processors],
             stop_sequences=[row_stop_sequences(params, self._eos_ids)],
@@ -178,6 +185,12 @@ class BatchRows:
         for uid, (cache, tokens) in generator.extract_cache(done).items():
             self._keep(self.rows[uid], cache, tuple(tokens), checkpoint=True)
 
+    def _key(self, row: Prepared, tokens: Sequence[int]) -> tuple[int, ...]:
+        """The prompt cache's view of a row's tokens: each image's tokens stand for its picture."""
+        if not row.images or self.vision is None:
+            return tuple(tokens)
+        return keyed(tokens, row.images, self.vision.image_token)
+
     def _keep(self, row: Row, cache: list[Any] | None, tokens: Sequence[int], *, checkpoint: bool = False) -> None:
         # A checkpoint holds the prompt so far: all of it is prompt, and it replaces nothing.
         import mlx.core as mx
@@ -187,6 +200,6 @@ class BatchRows:
         # Evaluated now, the entry's arrays stop referring to the batch's (much larger) ones.
         mx.eval([layer.state for layer in cache])
         prompt_len = len(tokens) if checkpoint else row.prompt_len
-        entry = Entry(tokens=tuple(tokens), cache=cache, prompt_len=prompt_len, session=row.session,
+        entry = Entry(tokens=self._key(row.prepared, tokens), cache=cache, prompt_len=prompt_len, session=row.session,
                       adapter=row.adapter)
         self.cache.store(entry, replaces=None if checkpoint else row.replaces)

@@ -50,7 +50,7 @@ from stages.shard.liveness import RankStatus
 from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
 from stages.sink import CompletionSink
-from stages.startup import choose_markup, disk_tier, kv_scheme, plan_weights, rank_share
+from stages.startup import choose_markup, disk_tier, kv_scheme, plan_weights, rank_share, vision_prompt
 from stages.text import TextStage
 from stages.tokenize import BoundedEncoder
 
@@ -187,6 +187,7 @@ class Engine:
             max_input_tokens=min(settings.embedding_max_tokens, self.info.context_window),
             hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
             max_request_tokens=settings.exclusive_max_tokens,
+            vision=await anyio.to_thread.run_sync(partial(vision_prompt, settings, self.info, self.tokenizer)),
         )  # fmt: skip
         fit = partial(
             assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
@@ -328,7 +329,7 @@ class Engine:
             self._gateway,
             self._sink,
             self._make_prepare(jobs.receive, prepared.send),
-            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer, preamble=self._preamble,
+            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer, preamble=self._preamble, vision=self.work.vision,
                       room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context)),
             TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
             ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send, route=self.served.adapter_of),

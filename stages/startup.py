@@ -29,6 +29,7 @@ from stages.kv.machine import backend
 from stages.kv.plan import BudgetError, Fit, MemoryPlan
 from stages.kv.shape import FULL, KvScheme, ModelShape
 from stages.models.loading import ModelInfo, Tokenizer, load_weights
+from stages.prompt.vision_chat import VisionPrompt
 from stages.models.weights import WeightForm, dequantized, float32_bytes, quantization, stored
 from stages.shard.cluster import Cluster
 from stages.shard.plan import per_rank
@@ -45,6 +46,11 @@ def choose_markup(settings: Settings, tokenizer: Tokenizer) -> tuple[Family, Fam
     )
     log.info("engine.markup", family=family.name, think=family.think, tool_preamble=ignores)
     return family, family if ignores else None
+
+
+def vision_prompt(settings: Settings, info: ModelInfo, tokenizer: Tokenizer) -> VisionPrompt | None:
+    """A vision-language model's image side (its processor, the image limits); None for a text model."""
+    return VisionPrompt.load(info.path, tokenizer, settings)
 
 
 def think_ids(family: Family, tokenizer: Tokenizer) -> tuple[tuple[int, ...], int] | None:

@@ -36,9 +36,15 @@ IMAGE_TOKEN = "<image>"
 EOS_TOKEN = "<end_of_utterance>"
 _GRID = 6
 SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", EOS_TOKEN, "<fake_token_around_image>", IMAGE_TOKEN, "<global-img>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    EOS_TOKEN,
+    "<fake_token_around_image>",
+    IMAGE_TOKEN,
+    "<global-img>",
     *(f"<row_{row}_col_{col}>" for row in range(1, _GRID + 1) for col in range(1, _GRID + 1)),
-)  # fmt: skip
+)
 
 # SmolVLM-256M-Instruct's chat_template.json, as published.
 CHAT_TEMPLATE = (
@@ -66,9 +72,13 @@ def _build(dest: Path) -> None:
     config = model_config(vocab)
     _write_json(dest / "config.json", config)
     _write_json(dest / "preprocessor_config.json", _preprocessor_config())
-    _write_json(dest / "processor_config.json", {"image_seq_len": IMAGE_SEQ_LEN, "processor_class": "Idefics3Processor"})
+    _write_json(
+        dest / "processor_config.json", {"image_seq_len": IMAGE_SEQ_LEN, "processor_class": "Idefics3Processor"}
+    )
     _write_json(dest / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
-    _write_json(dest / "generation_config.json", {"bos_token_id": vocab["<|im_start|>"], "eos_token_id": vocab[EOS_TOKEN]})
+    _write_json(
+        dest / "generation_config.json", {"bos_token_id": vocab["<|im_start|>"], "eos_token_id": vocab[EOS_TOKEN]}
+    )
     _write_weights(dest / "model.safetensors", config)
 
 
@@ -81,17 +91,27 @@ def _write_tokenizer(dest: Path) -> dict[str, int]:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=_VOCAB, special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
+        vocab_size=_VOCAB,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
     tokenizer.save(str(dest / "tokenizer.json"))
-    _write_json(dest / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|im_start|>", "eos_token": EOS_TOKEN,
-        "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "model_max_length": _CONTEXT,
-        "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE,
-        "additional_special_tokens": [EOS_TOKEN, "<fake_token_around_image>", IMAGE_TOKEN],
-    })  # fmt: skip
+    _write_json(
+        dest / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<|im_start|>",
+            "eos_token": EOS_TOKEN,
+            "pad_token": "<|endoftext|>",
+            "unk_token": "<|endoftext|>",
+            "model_max_length": _CONTEXT,
+            "clean_up_tokenization_spaces": False,
+            "chat_template": CHAT_TEMPLATE,
+            "additional_special_tokens": [EOS_TOKEN, "<fake_token_around_image>", IMAGE_TOKEN],
+        },
+    )
     vocab: dict[str, int] = tokenizer.get_vocab(with_added_tokens=True)
     return vocab
 
@@ -100,38 +120,71 @@ def model_config(vocab: Mapping[str, int]) -> dict[str, Any]:
     """Idefics3's config.json (SmolVLM-256M's keys), at tiny sizes."""
     eos = vocab[EOS_TOKEN]
     text = {
-        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
-        "max_position_embeddings": _CONTEXT, "vocab_size": len(vocab), "tie_word_embeddings": False,
-        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-    }  # fmt: skip
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_hidden_layers": 2,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0,
+        "max_position_embeddings": _CONTEXT,
+        "vocab_size": len(vocab),
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
     vision = {
-        "model_type": "idefics3_vision", "hidden_size": 48, "intermediate_size": 96, "num_attention_heads": 4,
-        "num_hidden_layers": 2, "patch_size": _PATCH, "image_size": TILE, "num_channels": 3, "layer_norm_eps": 1e-6,
-    }  # fmt: skip
+        "model_type": "idefics3_vision",
+        "hidden_size": 48,
+        "intermediate_size": 96,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "patch_size": _PATCH,
+        "image_size": TILE,
+        "num_channels": 3,
+        "layer_norm_eps": 1e-6,
+    }
     return {
-        "architectures": ["Idefics3ForConditionalGeneration"], "model_type": "idefics3",
-        "image_token_id": vocab[IMAGE_TOKEN], "scale_factor": _SCALE, "vocab_size": len(vocab),
-        "tie_word_embeddings": False, "eos_token_id": [eos], "text_config": text, "vision_config": vision,
+        "architectures": ["Idefics3ForConditionalGeneration"],
+        "model_type": "idefics3",
+        "image_token_id": vocab[IMAGE_TOKEN],
+        "scale_factor": _SCALE,
+        "vocab_size": len(vocab),
+        "tie_word_embeddings": False,
+        "eos_token_id": [eos],
+        "text_config": text,
+        "vision_config": vision,
         "torch_dtype": "float32",
-    }  # fmt: skip
+    }
 
 
 def _preprocessor_config() -> dict[str, Any]:
     # SmolVLM-256M-Instruct's preprocessor_config.json with its sizes scaled from 512-pixel tiles to TILE.
     return {
-        "do_convert_rgb": True, "do_image_splitting": True, "do_normalize": True, "do_pad": True,
-        "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-        "image_processor_type": "Idefics3ImageProcessor", "processor_class": "Idefics3Processor",
-        "max_image_size": {"longest_edge": TILE}, "size": {"longest_edge": 2 * TILE}, "resample": 1,
+        "do_convert_rgb": True,
+        "do_image_splitting": True,
+        "do_normalize": True,
+        "do_pad": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "image_processor_type": "Idefics3ImageProcessor",
+        "processor_class": "Idefics3Processor",
+        "max_image_size": {"longest_edge": TILE},
+        "size": {"longest_edge": 2 * TILE},
+        "resample": 1,
         "rescale_factor": 1 / 255,
-    }  # fmt: skip
+    }
 
 
 def _write_weights(path: Path, config: dict[str, Any]) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_vlm.models.idefics3 import Model
+    from mlx_vlm.models.idefics3.idefics3 import Model
     from mlx_vlm.models.idefics3.config import ModelConfig, TextConfig, VisionConfig
 
     mx.random.seed(_SEED)

@@ -77,7 +77,8 @@ def load_vision_language(info: ModelInfo, config: dict[str, Any]) -> Any:
     text_config = dict(config["text_config"])
     model_class, args_class = _get_classes(text_config)
     model = model_class(args_class.from_dict(text_config))
-    moved = [(_text_name(name), value) for name, value in tree_flatten(vlm.language_model.parameters())]
+    flat = tree_flatten(vlm.language_model.parameters())
+    moved = [(_text_name(name), value) for name, value in (flat.items() if isinstance(flat, dict) else flat)]
     model.load_weights(moved, strict=True)
     mx.eval(model.parameters())
     model.vision_tower = VisionTower(

@@ -1,0 +1,124 @@
+"""A row with images, made ready for the text batch on the model thread.
+
+Before a row with images is inserted (`stages/batch_rows.py`, at admission,
+between two steps), its images are encoded (vision tower and connector, or
+the encoder-output cache) and its prompt is prefilled from embeddings up to
+its last image token: each `<image>` token's embedding is the next row of its
+image's features, every other token's is the language model's own. The row
+then enters the batch with that KV as its cache and the rest of its prompt
+(text) as tokens, and decodes beside the text rows as one of them; this is
+how vllm-mlx's MLLM batch generator runs a multimodal row's language model.
+
+The prompt cache sees an image as its digest: `key` gives each image token an
+id made from its image's digest and its place in the image (above any real
+vocabulary, within the disk tier's int32), so a prefix matches only where
+the same pictures sit at the same places, and turn 2 of a conversation
+reuses turn 1's KV, images and all, without encoding them again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from stages.messages import PromptImage
+from stages.model_thread.encoder_cache import EncoderCache, EncoderCacheStatistics
+
+# Image-token keys lie in [2**30, 2**31): past any vocabulary, inside the disk tier's int32 token ids.
+_KEY_BASE = 1 << 30
+
+
+def image_keys(image: PromptImage) -> list[int]:
+    """The prompt cache's ids for one image's tokens: its digest and each token's place in it."""
+    ids = []
+    for place in range(image.tokens):
+        mixed = hashlib.blake2b(image.digest + place.to_bytes(4, "little"), digest_size=4).digest()
+        ids.append(_KEY_BASE + int.from_bytes(mixed, "little") % _KEY_BASE)
+    return ids
+
+
+def keyed(tokens: Sequence[int], images: Sequence[PromptImage], image_token: int) -> tuple[int, ...]:
+    """`tokens` with each image token replaced by its image's key (the prompt cache's view of the prompt)."""
+    keys = [key for image in images for key in image_keys(image)]
+    out, taken = list(tokens), 0
+    for index, token in enumerate(out):
+        if token == image_token and taken < len(keys):
+            out[index] = keys[taken]
+            taken += 1
+    return tuple(out)
+
+
+@attrs.define
+class VisionRows:
+    model: Any
+    tower: Any
+    cache: EncoderCache
+    chunk: int = 512
+
+    @classmethod
+    def of(cls, model: Any, *, cache_bytes: int, chunk: int) -> VisionRows | None:
+        """The model thread's image side for `model`; None for a text model."""
+        tower = getattr(model, "vision_tower", None)
+        return None if tower is None else cls(model=model, tower=tower, cache=EncoderCache(cache_bytes), chunk=chunk)
+
+    @property
+    def image_token(self) -> int:
+        return int(self.tower.image_token_id)
+
+    def statistics(self) -> EncoderCacheStatistics:
+        return self.cache.statistics()
+
+    def prefill(
+        self, tokens: Sequence[int], images: Sequence[PromptImage], start: int, layers: list[Any] | None
+    ) -> tuple[list[Any], int]:
+        """The row's KV from `start` through its last image token, and where the batch takes over.
+
+        `layers` hold the KV of `tokens[:start]` (a prompt-cache hit), or None for none.
+        """
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        positions = [index for index, token in enumerate(tokens) if token == self.image_token]
+        # The batch prefills the rest: at least the prompt's last token, whose logits start the answer.
+        end = min(positions[-1] + 1 if positions else 0, len(tokens) - 1)
+        if layers is None:
+            layers = make_prompt_cache(self.model)
+        if end <= start:
+            return layers, start
+        # An image wholly inside the cached prefix is not encoded again: its rows are never read.
+        pieces, taken = [], 0
+        for image in images:
+            needed = positions[taken + image.tokens - 1] >= start
+            pieces.append(self._features(image) if needed else mx.zeros((image.tokens, self._hidden)))
+            taken += image.tokens
+        features = mx.concatenate(pieces, axis=0)
+        for low in range(start, end, self.chunk):
+            high = min(low + self.chunk, end)
+            ids = mx.array(list(tokens[low:high]))
+            embeddings = self.model.model.embed_tokens(ids)
+            inside = [(place - low, row) for row, place in enumerate(positions) if low <= place < high]
+            if inside:
+                local, rows = zip(*inside, strict=True)
+                embeddings[mx.array(local)] = features[mx.array(rows)].astype(embeddings.dtype)
+            self.model(ids[None], cache=layers, input_embeddings=embeddings[None])
+            mx.eval([layer.state for layer in layers])
+        return layers, end
+
+    @property
+    def _hidden(self) -> int:
+        return int(self.model.model.embed_tokens.weight.shape[-1])
+
+    def _features(self, image: PromptImage) -> Any:
+        features = self.cache.get(image.digest) if self.cache.max_bytes else None
+        if features is None:
+            began = time.perf_counter()
+            features = self.tower.encode(image.pixels)
+            self.cache.encode_seconds += time.perf_counter() - began
+            self.cache.encoded_images += 1
+            if self.cache.max_bytes:
+                self.cache.put(image.digest, features)
+        return features
