@@ -52,10 +52,14 @@ def test_chat_counts_the_image_tokens_streaming_and_not(vl: Server) -> None:
     assert with_image.usage.prompt_tokens - text_only.usage.prompt_tokens >= IMAGE_TOKENS
     chunks = list(
         client.chat.completions.create(
-            model="m", max_tokens=4, temperature=0, stream=True, stream_options={"include_usage": True},
+            model="m",
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
             messages=[{"role": "user", "content": chat_parts(url)}],
         )
-    )  # fmt: skip
+    )
     usage = chunks[-1].usage
     assert usage is not None and usage.prompt_tokens == with_image.usage.prompt_tokens
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -78,8 +82,9 @@ def test_responses_input_image_streaming_and_not(vl: Server) -> None:
     # Four tokens end it at max_output_tokens: "incomplete", as OpenAI answers.
     assert answer.status == "incomplete" and answer.usage is not None and plain.usage is not None
     assert answer.usage.input_tokens - plain.usage.input_tokens >= IMAGE_TOKENS
-    events = list(client.responses.create(model="m", max_output_tokens=4, temperature=0, input=item, stream=True,
-                                          store=False))  # fmt: skip
+    events = list(
+        client.responses.create(model="m", max_output_tokens=4, temperature=0, input=item, stream=True, store=False)
+    )
     done = events[-1]
     assert done.type == "response.incomplete"
     assert done.response.usage is not None and done.response.usage.input_tokens == answer.usage.input_tokens
@@ -109,8 +114,9 @@ def test_messages_image_block_and_count_tokens(vl: Server, source: str) -> None:
 
 def _ttft(server: Server, messages: Any) -> float:
     began = time.perf_counter()
-    stream = server.client().chat.completions.create(model="m", max_tokens=1, temperature=0, stream=True,
-                                                     messages=messages)  # fmt: skip
+    stream = server.client().chat.completions.create(
+        model="m", max_tokens=1, temperature=0, stream=True, messages=messages
+    )
     # The first chunk (the role) leaves at admission; the first token's after the prefill.
     for chunk in stream:
         if chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].finish_reason):
@@ -129,9 +135,19 @@ def test_the_same_picture_twice_hits_the_encoder_cache(vl: Server) -> None:
     # The same pixels as base64 in another API's shape: the same digest.
     claude = vl.anthropic_client()
     began = time.perf_counter()
-    claude.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": [
-        {"type": "text", "text": "Second: look again."},
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(png)}}]}])  # fmt: skip
+    claude.messages.create(
+        model="m",
+        max_tokens=1,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Second: look again."},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(png)}},
+                ],
+            }
+        ],
+    )
     second = time.perf_counter() - began
     after_second = encoder(vl)
     print(f"first prefill (encode) {first * 1000:.1f} ms, second (encoder cache hit) {second * 1000:.1f} ms")
@@ -154,8 +170,10 @@ def test_an_image_conversation_reuses_its_prefix_over_three_turns(vl: Server) ->
             # Turn n's prompt is turn n-1's, then its answer and a new question: all of the old prompt is reused.
             assert cached >= previous_prompt, (turn, cached, previous_prompt)
         previous_prompt = answer.usage.prompt_tokens
-        messages += [{"role": "assistant", "content": answer.choices[0].message.content},
-                     {"role": "user", "content": f"And now, turn {turn + 2}?"}]  # fmt: skip
+        messages += [
+            {"role": "assistant", "content": answer.choices[0].message.content},
+            {"role": "user", "content": f"And now, turn {turn + 2}?"},
+        ]
     # Encoded once, on the first turn.
     assert encoder(vl)["encoded_images"] == encoded_before + 1
 
@@ -168,9 +186,11 @@ def test_a_text_row_beside_an_image_row_decodes_unchanged(vl: Server) -> None:
 
     def image_request(seed: int) -> None:
         results[f"image{seed}"] = vl.client().chat.completions.create(
-            model="m", max_tokens=24, temperature=0,
+            model="m",
+            max_tokens=24,
+            temperature=0,
             messages=[{"role": "user", "content": chat_parts(data_url(encoded(picture(seed))), f"Image {seed}:")}],
-        )  # fmt: skip
+        )
 
     threads = [threading.Thread(target=image_request, args=(seed,)) for seed in (6, 7)]
     for thread in threads:
