@@ -192,7 +192,8 @@ class Engine:
         fit = partial(
             assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
             prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
-            prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
+            prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes
+            + (self.work.vision.held_bytes if self.work.vision else 0),
             share=rank_share(self._cluster, self.info.vocab_size), kv=kv_scheme(settings, self._cluster),
         )  # fmt: skip
         planned = partial(plan_weights, settings, self.info, fit, cluster=self._cluster)

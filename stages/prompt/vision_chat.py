@@ -40,6 +40,8 @@ class VisionPrompt:
     image_token_id: int
     limits: ImageLimits
     max_images: int
+    # What the model side holds for images beside the weights (the encoder cache's cap), for the memory plan.
+    held_bytes: int = 0
 
     @classmethod
     def load(cls, path: Path, tokenizer: Tokenizer, settings: Settings) -> VisionPrompt | None:
@@ -63,6 +65,7 @@ class VisionPrompt:
             image_token_id=ids[0],
             limits=ImageLimits.of(settings),
             max_images=settings.max_images,
+            held_bytes=settings.encoder_cache_bytes,
         )
 
     def render(self, tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None) -> Rendered:
