@@ -78,7 +78,7 @@ class PromptImage:
 
     digest: bytes
     tokens: int
-    # (tiles, channels, height, width) float32, normalized as the model's processor does.
+    # (tiles, channels, height, width) uint8, resized and tiled as the model's processor does, not yet normalized.
     pixels: Any = attrs.field(eq=False, repr=False)
 
 

@@ -47,12 +47,17 @@ class VisionTower:
     connector: Any
     patch_size: int
     image_token_id: int
+    # The processor's normalization (preprocessor_config.json), applied here to the prompt side's uint8 tiles.
+    scale: float = 1 / 255
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
 
     def encode(self, pixels: Any) -> Any:
-        """`pixels` (tiles, channels, height, width), float32 → (tiles × image_seq_len, hidden), evaluated."""
+        """`pixels` (tiles, channels, height, width), uint8 → (tiles × image_seq_len, hidden), evaluated."""
         import mlx.core as mx
 
-        tiles = mx.array(pixels)
+        mean, std = mx.array(self.mean)[:, None, None], mx.array(self.std)[:, None, None]
+        tiles = (mx.array(pixels).astype(mx.float32) * self.scale - mean) / std
         count, _, height, width = tiles.shape
         patches = mx.ones((count, height // self.patch_size, width // self.patch_size), dtype=mx.bool_)
         hidden, *_ = self.vision(tiles.transpose(0, 2, 3, 1), patch_attention_mask=patches, output_hidden_states=True)
@@ -86,8 +91,22 @@ def load_vision_language(info: ModelInfo, config: dict[str, Any]) -> Any:
         connector=vlm.connector,
         patch_size=int(config["vision_config"]["patch_size"]),
         image_token_id=int(config.get("image_token_id", config.get("image_token_index", -1))),
+        **_normalization(info.path),
     )
     return model
+
+
+def _normalization(path: Path) -> dict[str, Any]:
+    processor_file = path / "preprocessor_config.json"
+    config = json.loads(processor_file.read_text(encoding="utf-8")) if processor_file.is_file() else {}
+    values: dict[str, Any] = {
+        "scale": float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else 1.0
+    }
+    if not config.get("do_normalize", True):
+        values["mean"], values["std"] = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+    elif "image_mean" in config:
+        values["mean"], values["std"] = tuple(config["image_mean"]), tuple(config["image_std"])
+    return values
 
 
 def _text_name(name: str) -> str:

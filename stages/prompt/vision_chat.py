@@ -100,8 +100,17 @@ class VisionPrompt:
     def _tile(self, part: ImagePart) -> tuple[PromptImage, str]:
         picture = decode(part, self.limits)
         split = part.detail is not ImageDetail.LOW and bool(getattr(self.processor, "do_image_splitting", False))
-        out = self.processor([[picture.image]], return_row_col_info=True, do_image_splitting=split, return_tensors="np")
-        pixels = out["pixel_values"][0]
+        # Resized, tiled and padded, but not rescaled nor normalized: uint8 tiles, a quarter of float32's bytes to
+        # the model side, which normalizes them (stages/models/vlm.py).
+        out = self.processor(
+            [[picture.image]],
+            return_row_col_info=True,
+            do_image_splitting=split,
+            return_tensors="np",
+            do_rescale=False,
+            do_normalize=False,
+        )
+        pixels = out["pixel_values"][0].astype("uint8", copy=False)
         rows, cols = int(out["rows"][0][0]), int(out["cols"][0][0])
         # The same picture tiled otherwise is other pixels for the tower: its own entry in the encoder cache.
         digest = hashlib.sha256(picture.digest + (b"tiled" if split else b"global")).digest()

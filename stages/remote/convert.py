@@ -62,12 +62,12 @@ def row_in(row: Prepared) -> RowIn:
 
 
 def image_in(image: PromptImage) -> ImageIn:
-    pixels = np.ascontiguousarray(image.pixels, dtype=np.float32)
+    pixels = np.ascontiguousarray(image.pixels, dtype=np.uint8)
     return ImageIn(digest=image.digest, tokens=image.tokens, shape=list(pixels.shape), pixels=pixels.tobytes())
 
 
 def prompt_image(image: ImageIn) -> PromptImage:
-    pixels = np.frombuffer(image.pixels, dtype=np.float32).reshape(image.shape)
+    pixels = np.frombuffer(image.pixels, dtype=np.uint8).reshape(image.shape)
     return PromptImage(digest=image.digest, tokens=image.tokens, pixels=pixels)
 
 

@@ -57,8 +57,8 @@ class SettingsIn(msgspec.Struct, frozen=True, array_like=True, tag="settings"):
 
 
 class ImageIn(msgspec.Struct, frozen=True, array_like=True):
-    """One image of a row: its tiles as float32 bytes of `shape` (decoded and tiled in the front, so the worker's
-    model thread only runs the tower), its digest and its token count."""
+    """One image of a row: its tiles as uint8 bytes of `shape` (decoded and tiled in the front, so the worker's
+    model thread only normalizes them and runs the tower), its digest and its token count."""
 
     digest: bytes
     tokens: int
