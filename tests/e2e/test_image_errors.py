@@ -118,3 +118,17 @@ def test_the_server_keeps_serving_images_after_bad_ones(vl: Server) -> None:
         model="m", max_tokens=2, messages=[{"role": "user", "content": [image_part(data_url(encoded(picture(9))))]}]
     )
     assert good.choices[0].finish_reason in ("length", "stop")
+
+
+def test_a_fleet_serves_images_to_its_vision_model_only(server_factory: ServerFactory) -> None:
+    fleet = server_factory(model="tiny,tiny-vl")
+    parts: Any = [{"type": "text", "text": "Look:"}, image_part(data_url(encoded(picture(10))))]
+    seen = fleet.client().chat.completions.create(
+        model="mlx-relay/tiny-vl", max_tokens=2, messages=[{"role": "user", "content": parts}]
+    )
+    assert seen.usage is not None and seen.usage.prompt_tokens > 80
+    with pytest.raises(openai.BadRequestError) as caught:
+        fleet.client().chat.completions.create(
+            model="mlx-relay/tiny", max_tokens=2, messages=[{"role": "user", "content": parts}]
+        )
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "messages[0].content[1]"

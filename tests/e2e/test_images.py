@@ -200,3 +200,18 @@ def test_a_text_row_beside_an_image_row_decodes_unchanged(vl: Server) -> None:
         thread.join(60)
     assert beside.choices[0].message.content == alone.choices[0].message.content
     assert all(results[f"image{seed}"].usage.prompt_tokens > IMAGE_TOKENS for seed in (6, 7))
+
+
+def test_detail_low_reads_the_picture_as_one_tile(vl: Server) -> None:
+    client = vl.client()
+    url = data_url(encoded(picture(8)))
+    usage = {}
+    for detail in ("high", "low"):
+        part = {"type": "image_url", "image_url": {"url": url, "detail": detail}}
+        answer = client.chat.completions.create(
+            model="m", max_tokens=1, messages=[{"role": "user", "content": [{"type": "text", "text": "See:"}, part]}]
+        )
+        assert answer.usage is not None
+        usage[detail] = answer.usage.prompt_tokens
+    # Four tiles and the global image against the global image alone: 64 image tokens fewer, and the tiles' markers.
+    assert usage["high"] - usage["low"] >= IMAGE_TOKENS * 4 // 5
