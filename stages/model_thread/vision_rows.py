@@ -82,7 +82,9 @@ class VisionRows:
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
+        # The images' own tokens: the first ones of that id (a resumed row's generated tokens may hold it too).
         positions = [index for index, token in enumerate(tokens) if token == self.image_token]
+        positions = positions[: sum(image.tokens for image in images)]
         # The batch prefills the rest: at least the prompt's last token, whose logits start the answer.
         end = min(positions[-1] + 1 if positions else 0, len(tokens) - 1)
         if layers is None:
