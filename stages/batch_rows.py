@@ -72,14 +72,31 @@ class BatchRows:
         while self.waiting:
             if self.rows and not self._kv.can_admit(len(self.waiting[0].tokens)):
                 break
+            ready = self._images_ready(self.waiting[0])
+            if ready is False:
+                break
             waiting = self.waiting.pop(0)
             row = waiting.prepared
+            if ready is None:
+                continue
             with isolated(row.reply, stage="gateway", fail=partial(self._fail, row)):
                 cached = self._insert(generator, waiting)
                 # A resumed row was announced once, when it first started.
                 if waiting.resume is None:
                     admitted.append(Admitted(prepared=row, admitted_at=time.monotonic(), cached_tokens=cached))
         return tuple(admitted)
+
+    def _images_ready(self, waiting: Waiting) -> bool | None:
+        """Whether the row's images are encoded (a tile more each step while other rows decode); None: it failed."""
+        row = waiting.prepared
+        if not row.images or self.vision is None or not self.rows:
+            return True
+        outcome = None
+        with isolated(row.reply, stage="gateway", fail=partial(self._fail, row)):
+            outcome = self.vision.encode_step(row.images)
+        if outcome is None:
+            self.vision.forget(row.images)
+        return outcome
 
     def _fail(self, row: Prepared, error: RequestError) -> None:
         self.failed.append(Failed(row=row, error=error))
@@ -139,6 +156,9 @@ class BatchRows:
     def remove(self, generator: BatchGenerator, aborts: tuple[Abort, ...]) -> tuple[str, ...]:
         """Drop aborted rows, keeping their KV; the ids of the rows that were in the batch."""
         gone = {abort.request_id for abort in aborts}
+        if self.vision is not None:
+            for left in (row for row in self.waiting if row.prepared.request_id in gone):
+                self.vision.forget(left.prepared.images)
         self.waiting = [row for row in self.waiting if row.prepared.request_id not in gone]
         removed = tuple(request_id for request_id in gone if request_id in self._uids)
         if removed:

@@ -40,6 +40,9 @@ class EncoderCache:
     encoded_images: int = attrs.field(default=0, init=False)
     encode_seconds: float = attrs.field(default=0.0, init=False)
 
+    def __contains__(self, digest: bytes) -> bool:
+        return digest in self._entries
+
     def get(self, digest: bytes) -> Any | None:
         features = self._entries.get(digest)
         if features is None:

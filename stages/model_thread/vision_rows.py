@@ -58,6 +58,9 @@ class VisionRows:
     tower: Any
     cache: EncoderCache
     chunk: int = 512
+    # Tiles encoded so far of images not yet whole, and whole images no row has taken yet, by digest.
+    _partial: dict[bytes, list[Any]] = attrs.field(factory=dict, init=False)
+    _ready: dict[bytes, Any] = attrs.field(factory=dict, init=False)
 
     @classmethod
     def of(cls, model: Any, *, cache_bytes: int, chunk: int) -> VisionRows | None:
@@ -114,13 +117,50 @@ class VisionRows:
     def _hidden(self) -> int:
         return int(self.model.model.embed_tokens.weight.shape[-1])
 
+    def encode_step(self, images: Sequence[PromptImage]) -> bool:
+        """One tile of the row's first image not yet encoded; True once every image is ready.
+
+        While other rows decode, a row's images are encoded a tile a step, so no
+        gap between their tokens holds more than one tile's encode.
+        """
+        for image in images:
+            if image.digest in self._ready or image.digest in self.cache:
+                continue
+            tiles = self._partial.setdefault(image.digest, [])
+            if not tiles:
+                self.cache.misses += 1
+            tiles.append(self._encode(image.pixels[len(tiles) : len(tiles) + 1]))
+            if len(tiles) == len(image.pixels):
+                import mlx.core as mx
+
+                features = mx.concatenate(self._partial.pop(image.digest), axis=0)
+                self._ready[image.digest] = features
+                self.cache.encoded_images += 1
+                if self.cache.max_bytes:
+                    self.cache.put(image.digest, features)
+            return False
+        return True
+
+    def forget(self, images: Sequence[PromptImage]) -> None:
+        """A row that left before its prefill: what was encoded for it alone goes (the cache keeps its own)."""
+        for image in images:
+            self._partial.pop(image.digest, None)
+            self._ready.pop(image.digest, None)
+
     def _features(self, image: PromptImage) -> Any:
+        features = self._ready.pop(image.digest, None)
+        if features is not None:
+            return features
         features = self.cache.get(image.digest) if self.cache.max_bytes else None
         if features is None:
-            began = time.perf_counter()
-            features = self.tower.encode(image.pixels)
-            self.cache.encode_seconds += time.perf_counter() - began
+            features = self._encode(image.pixels)
             self.cache.encoded_images += 1
             if self.cache.max_bytes:
                 self.cache.put(image.digest, features)
+        return features
+
+    def _encode(self, pixels: Any) -> Any:
+        began = time.perf_counter()
+        features = self.tower.encode(pixels)
+        self.cache.encode_seconds += time.perf_counter() - began
         return features
