@@ -136,6 +136,8 @@ class GenerationGateway:
     _budget: StepBudget | None = attrs.field(default=None, init=False)
     # Bytes of vision-tower output kept per image (a vision-language model's; stages/model_thread/encoder_cache.py).
     _encoder_cache_bytes: int = attrs.field(default=0, alias="encoder_cache_bytes")
+    # The share of decoding time image encodes may add while rows decode (MLX_RELAY_EXCLUSIVE_SHARE).
+    _image_share: float = attrs.field(default=0.15, alias="image_share")
     # Touched only by the model thread.
     _batch: BatchRows = attrs.field(init=False, default=attrs.Factory(_batch_rows, takes_self=True))
     _spill_outbox: list[SpillJob] = attrs.field(factory=list, init=False)
@@ -201,7 +203,9 @@ class GenerationGateway:
 
         model = self._load()
         self._prepare_cache(model)
-        self._batch.vision = VisionRows.of(model, cache_bytes=self._encoder_cache_bytes, chunk=self._prefill_step_size)
+        self._batch.vision = VisionRows.of(
+            model, cache_bytes=self._encoder_cache_bytes, chunk=self._prefill_step_size, share=self._image_share
+        )
         stops = [[token] for token in sorted(self._eos_ids)]
         generator_class = self._make_generator or batch_generator(BatchGenerator, self._kv_scheme)
         batch = partial(

@@ -58,15 +58,23 @@ class VisionRows:
     tower: Any
     cache: EncoderCache
     chunk: int = 512
+    # The share of the decoding rows' time that encoding may add while they run (MLX_RELAY_EXCLUSIVE_SHARE's rule).
+    share: float = 0.15
+    # Seconds of encoding earned (share × time passed) and not yet spent; the last tile's cost; when last earned.
+    _credit: float = attrs.field(default=0.0, init=False)
+    _tile_cost: float = attrs.field(default=0.0, init=False)
+    _earned_at: float | None = attrs.field(default=None, init=False)
     # Tiles encoded so far of images not yet whole, and whole images no row has taken yet, by digest.
     _partial: dict[bytes, list[Any]] = attrs.field(factory=dict, init=False)
     _ready: dict[bytes, Any] = attrs.field(factory=dict, init=False)
 
     @classmethod
-    def of(cls, model: Any, *, cache_bytes: int, chunk: int) -> VisionRows | None:
+    def of(cls, model: Any, *, cache_bytes: int, chunk: int, share: float = 0.15) -> VisionRows | None:
         """The model thread's image side for `model`; None for a text model."""
         tower = getattr(model, "vision_tower", None)
-        return None if tower is None else cls(model=model, tower=tower, cache=EncoderCache(cache_bytes), chunk=chunk)
+        if tower is None:
+            return None
+        return cls(model=model, tower=tower, cache=EncoderCache(cache_bytes), chunk=chunk, share=share)
 
     @property
     def image_token(self) -> int:
@@ -120,16 +128,27 @@ class VisionRows:
     def encode_step(self, images: Sequence[PromptImage]) -> bool:
         """One tile of the row's first image not yet encoded; True once every image is ready.
 
-        While other rows decode, a row's images are encoded a tile a step, so no
-        gap between their tokens holds more than one tile's encode.
+        While other rows decode, a row's images are encoded a tile at a time, and
+        only once `share` of the time passed since pays for a tile: no gap between
+        their tokens holds more than one tile's encode, and few gaps hold one.
         """
+        now = time.perf_counter()
+        if self._earned_at is not None:
+            # Capped at two tiles' worth: credit saved while idle never buys a burst.
+            self._credit = min(self._credit + (now - self._earned_at) * self.share, 2 * self._tile_cost)
+        self._earned_at = now
+        if self._credit < self._tile_cost:
+            return False
         for image in images:
             if image.digest in self._ready or image.digest in self.cache:
                 continue
             tiles = self._partial.setdefault(image.digest, [])
             if not tiles:
                 self.cache.misses += 1
+            began = time.perf_counter()
             tiles.append(self._encode(image.pixels[len(tiles) : len(tiles) + 1]))
+            self._tile_cost = time.perf_counter() - began
+            self._credit -= self._tile_cost
             if len(tiles) == len(image.pixels):
                 import mlx.core as mx
 
