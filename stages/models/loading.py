@@ -19,7 +19,6 @@ from pipeline.requests import JsonValue
 from stages.models.builtin import BUILTIN_MODELS, DEFAULT_MODEL, builtin_model_path
 from stages.models.mlx_internals import byte_decoder, keep_leading_space, local_model_path
 
-
 # `MLX_RELAY_MODEL=shaped:<name>` serves a shape-true random-weight model (stages/models/shaped.py).
 SHAPED = "shaped:"
 # Used when a config names no window; a conservative size most models support.
@@ -176,7 +175,7 @@ def load_weights(info: ModelInfo) -> object:
     from stages.models.vlm import load_vision_language, vision_config
 
     if (config := vision_config(info.path)) is not None:
-        return load_vision_language(info, config)
+        return load_vision_language(info.path, config)
     model, _ = load_model(info.path)
     if info.float32_weights:
         model = dequantize_model(model)
@@ -200,7 +199,7 @@ def release_unloaded() -> None:
 
     import mlx.core as mx
 
-    from stages.heap import HeapTrimmer
+    from stages.models.heap import HeapTrimmer
 
     gc.collect()
     mx.clear_cache()

@@ -184,8 +184,8 @@ def _preprocessor_config() -> dict[str, Any]:
 def _write_weights(path: Path, config: dict[str, Any]) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_vlm.models.idefics3.idefics3 import Model
     from mlx_vlm.models.idefics3.config import ModelConfig, TextConfig, VisionConfig
+    from mlx_vlm.models.idefics3.idefics3 import Model
 
     mx.random.seed(_SEED)
     model_config = ModelConfig.from_dict(config)

@@ -20,8 +20,6 @@ from typing import Any
 
 import attrs
 
-from stages.models.loading import ModelInfo
-
 # The VLM architectures whose language model decodes in the text batch unchanged.
 SERVED = frozenset({"idefics3", "smolvlm"})
 
@@ -67,7 +65,7 @@ class VisionTower:
         return features
 
 
-def load_vision_language(info: ModelInfo, config: dict[str, Any]) -> Any:
+def load_vision_language(path: Path, config: dict[str, Any]) -> Any:
     """The mlx-lm language model, weights evaluated, with its `VisionTower` as `vision_tower`."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -76,9 +74,9 @@ def load_vision_language(info: ModelInfo, config: dict[str, Any]) -> Any:
 
     if config.get("model_type") not in SERVED:
         raise UnsupportedVisionModel(
-            f"{info.path} is a {config.get('model_type')!r} vision-language model; served are {sorted(SERVED)}"
+            f"{path} is a {config.get('model_type')!r} vision-language model; served are {sorted(SERVED)}"
         )
-    vlm = load_model(info.path)
+    vlm = load_model(path)
     text_config = dict(config["text_config"])
     model_class, args_class = _get_classes(text_config)
     model = model_class(args_class.from_dict(text_config))
@@ -91,7 +89,7 @@ def load_vision_language(info: ModelInfo, config: dict[str, Any]) -> Any:
         connector=vlm.connector,
         patch_size=int(config["vision_config"]["patch_size"]),
         image_token_id=int(config.get("image_token_id", config.get("image_token_index", -1))),
-        **_normalization(info.path),
+        **_normalization(path),
     )
     return model
 

@@ -22,10 +22,10 @@ import attrs
 from pipeline.errors import invalid
 from pipeline.requests import ChatRequest, ImageDetail, ImagePart
 from pipeline.settings import Settings
-from stages.chat import render_chat_text
 from stages.families.base import Family
 from stages.messages import PromptImage, Rendered
 from stages.models.loading import Tokenizer
+from stages.prompt.chat import render_chat_text
 from stages.prompt.images import ImageLimits, decode
 
 IMAGE_TOKEN = "<image>"

@@ -16,8 +16,7 @@ from pipeline.errors import ErrorKind, RequestError
 from pipeline.events import FinishReason
 from pipeline.requests import GenerationParams, Sampling, TextRequest
 from pipeline.tracing import Timeline
-from stages.constraints import CompiledConstraint
-from stages.messages import Admitted, Prepared, PromptImage, Reply, StepOutputs, TokenDelta
+from stages.messages import Admitted, CompiledConstraint, Prepared, PromptImage, Reply, StepOutputs, TokenDelta
 from stages.remote.messages import AdmittedOut, DeltaOut, ErrorOut, FailedOut, ImageIn, RowIn, SamplingIn, StepOut
 
 

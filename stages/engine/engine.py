@@ -29,30 +29,30 @@ from pipeline.tracing import Timeline
 from stages.adapters import AdapterError, ServedModels, not_found, read_adapters
 from stages.cache.disk import DiskTier
 from stages.cache.prompt import PromptCacheStatistics
-from stages.chat import ChatStage, render_edited
-from stages.constraints import ConstraintCompiler
-from stages.exclusive import ExclusiveQueue, ExclusiveStatistics
+from stages.engine.decisions import choose_markup, disk_tier, kv_scheme, plan_weights, rank_share, vision_prompt
+from stages.engine.model_side import ModelSide, make_gateway
+from stages.engine.work_service import ModelWork, dedicated_work, hidden_size
 from stages.families.base import Family
-from stages.fim import find_infill
-from stages.gateway import GatewayStatistics, GenerationGateway
 from stages.kv.plan import Fit, assess
-from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
-from stages.model_side import ModelSide, make_gateway
-from stages.model_work import ModelWork, dedicated_work, hidden_size
+from stages.messages import Abort, Decoder, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
+from stages.model_thread.exclusive import ExclusiveQueue, ExclusiveStatistics
+from stages.model_thread.gateway import GatewayStatistics, GenerationGateway
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, resolve_model
 from stages.models.weights import WeightForm
-from stages.parse import ParseStage
-from stages.prepare import PrepareStage, Reservation, prompt_room
+from stages.prompt.chat import ChatJobs, render_edited
+from stages.prompt.constraints import ConstraintCompiler
+from stages.prompt.fim import find_infill
+from stages.prompt.parse import ParseStage
+from stages.prompt.prepare import PrepareStage, Reservation, prompt_room
+from stages.prompt.text import TextJobs
+from stages.prompt.tokenize import BoundedEncoder
 from stages.remote.exclusive import RemoteExclusiveQueue
 from stages.remote.gateway import RemoteGateway, WorkerStatus
+from stages.reply.sink import CompletionSink
 from stages.shard.cluster import Cluster, join
 from stages.shard.liveness import RankStatus
 from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
-from stages.sink import CompletionSink
-from stages.startup import choose_markup, disk_tier, kv_scheme, plan_weights, rank_share, vision_prompt
-from stages.text import TextStage
-from stages.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="engine")
 
@@ -168,8 +168,9 @@ class Engine:
             # A window below the model's own (per-model defaults, fleet/): every stage reads the window from here.
             self.info = attrs.evolve(self.info, context_window=min(self.info.context_window, settings.context_limit))
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
+        vision = await anyio.to_thread.run_sync(partial(vision_prompt, settings, self.info, self.tokenizer))
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
-        embedding_bytes = await self._open_embedder()
+        beside_bytes = await self._open_embedder() + (vision.held_bytes if vision else 0)
         self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases),
                                    embedding=self.embedder.name if self.embedder else None,
                                    default_adapter=settings.default_adapter)  # fmt: skip
@@ -186,14 +187,12 @@ class Engine:
             info=self.info, preamble=self._preamble, pooling="last" if settings.embedding_pooling == "last" else "mean",
             max_input_tokens=min(settings.embedding_max_tokens, self.info.context_window),
             hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
-            max_request_tokens=settings.exclusive_max_tokens,
-            vision=await anyio.to_thread.run_sync(partial(vision_prompt, settings, self.info, self.tokenizer)),
+            max_request_tokens=settings.exclusive_max_tokens, vision=vision,
         )  # fmt: skip
         fit = partial(
             assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
             prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
-            prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes
-            + (self.work.vision.held_bytes if self.work.vision else 0),
+            prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + beside_bytes,
             share=rank_share(self._cluster, self.info.vocab_size), kv=kv_scheme(settings, self._cluster),
         )  # fmt: skip
         planned = partial(plan_weights, settings, self.info, fit, cluster=self._cluster)
@@ -312,8 +311,6 @@ class Engine:
         settings, info, tokenizer = self._settings, self.info, self.tokenizer
         in_flight = settings.max_batch + settings.max_pending
         self._parse_inbox = open_channel(in_flight, name="parse")
-        chat: Channel[Parsed] = open_channel(in_flight, name="chat")
-        text: Channel[Parsed] = open_channel(in_flight, name="text")
         jobs: Channel[PrepareJob] = open_channel(in_flight, name="prepare")
         prepared: Channel[Prepared] = open_channel(in_flight, name="gateway")
         # At most one abort per running row between two steps.
@@ -330,10 +327,12 @@ class Engine:
             self._gateway,
             self._sink,
             self._make_prepare(jobs.receive, prepared.send),
-            ChatStage(inbox=chat.receive, out=jobs.send, tokenizer=tokenizer, preamble=self._preamble, vision=self.work.vision,
-                      room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context)),
-            TextStage(inbox=text.receive, out=jobs.send.clone(), tokenizer=tokenizer, vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
-            ParseStage(inbox=self._parse_inbox.receive, chat=chat.send, text=text.send, route=self.served.adapter_of),
+            ParseStage(
+                inbox=self._parse_inbox.receive, out=jobs.send, route=self.served.adapter_of,
+                chat=ChatJobs(tokenizer=tokenizer, preamble=self._preamble, vision=self.work.vision,
+                              room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context)),
+                text=TextJobs(vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
+            ),
         ]
 
     def _make_gateway(

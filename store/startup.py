@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 
 from pipeline.settings import Settings
-from wire.response_store import ResponseStore, StoreError, open_store, store_path
-from wire.response_store_postgres import redacted
+from store.opening import open_store, store_path
+from store.policy import ResponseStore, StoreError
+from store.postgres import redacted
 
 # SQLite keeps these beside the file in WAL mode; they move with it.
 _COMPANIONS = ("", "-wal", "-shm")

@@ -2,7 +2,7 @@
 family's markup, or, under `auto`, free text or a response format beside calls held to their tools.
 
 The constraint is measured here, before any grammar is built from it (`within_budget`);
-`stages/constraints.py` compiles what this module chooses.
+`stages/prompt/constraints.py` compiles what this module chooses.
 """
 
 from __future__ import annotations

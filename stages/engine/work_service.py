@@ -4,7 +4,7 @@ Tokenizing runs in the preparation threads under the tokenize reservation
 (the one chat rendering takes for generation, so `/tokenize`,
 `/v1/messages/count_tokens` and prompts share one bound). Embeddings and
 scores tokenize the same way, then run on the model thread between decode
-steps through the exclusive queue (`stages/exclusive.py`).
+steps through the exclusive queue (`stages/model_thread/exclusive.py`).
 
 A score is the model's judgement: Qwen3-Reranker's prompt (its model
 card's system line and `<Instruct>: …\n<Query>: …\n<Document>: …` user
@@ -20,8 +20,8 @@ texts' embeddings instead, as vLLM scores with an embedding model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import json
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -31,19 +31,19 @@ import attrs
 import numpy as np
 
 from pipeline.errors import invalid
-from pipeline.model_work import EmbeddingRequest, Embeddings, Input, ScoreRequest, Scores, TokenizeRequest
 from pipeline.requests import ChatRequest, GenerationParams, Message, Role, Sampling
-from stages.chat import render_chat_text
 from pipeline.settings import Settings
-from stages.embed import EmbedWork, LoadWork, Pooling, ScoreWork, SideModel
-from stages.exclusive import ExclusiveQueue
+from pipeline.work_requests import EmbeddingRequest, Embeddings, Input, ScoreRequest, Scores, TokenizeRequest
 from stages.families.base import Family
 from stages.messages import PromptText
+from stages.model_thread.embed import EmbedWork, LoadWork, Pooling, ScoreWork, SideModel
+from stages.model_thread.exclusive import ExclusiveQueue
 from stages.models.embedding import Matryoshka, allowed_dimensions, load_embedding_weights, read_embedding_model
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer
-from stages.prepare import Reservation, encode_bounded
+from stages.prompt.chat import render_chat_text
+from stages.prompt.prepare import Reservation, encode_bounded
+from stages.prompt.tokenize import PIECE_CHARS, BoundedEncoder
 from stages.prompt.vision_chat import VisionPrompt
-from stages.tokenize import PIECE_CHARS, BoundedEncoder
 
 T = TypeVar("T")
 # Qwen3-Reranker's system line and default instruction, from its model card.

@@ -1,11 +1,11 @@
 """Preparation executor: CPU work off the event loop, bounded per kind.
 
-Inbox: `PrepareJob` from the chat and text stages.
+Inbox: `PrepareJob` from the parse stage (a chat or text request's job).
 Outbox: `Prepared` to the generation gateway.
 Owns: one reservation (semaphore + thread limiter) per `PrepKind`; a job
 holds its kind's reservation while its work runs in a worker thread, and
 the stage stops taking jobs while every reservation of that kind is held.
-A long prompt is tokenized in pieces (`stages/tokenize.py`); between two
+A long prompt is tokenized in pieces (`stages/prompt/tokenize.py`); between two
 pieces the job hands its reservation back and queues for it again, so one
 huge prompt cannot hold the tokenizer while others wait, and it stops as
 soon as its count is past the window. A prompt whose byte length alone
@@ -34,10 +34,10 @@ from pipeline.actor import isolated, serve_items
 from pipeline.errors import RequestError, invalid
 from pipeline.requests import Accepted, AppliedEdit, ChatRequest, GenerationParams
 from pipeline.tracing import Mark
-from stages.constraint_choice import needs_constraint
-from stages.constraints import CompiledConstraint, ConstraintCompiler
-from stages.messages import Prepared, PrepareJob, PrepKind, PromptImage, PromptText, Rendered
-from stages.tokenize import BoundedEncoder
+from stages.messages import CompiledConstraint, Prepared, PrepareJob, PrepKind, PromptImage, PromptText, Rendered
+from stages.prompt.constraint_choice import needs_constraint
+from stages.prompt.constraints import ConstraintCompiler
+from stages.prompt.tokenize import BoundedEncoder
 
 log = structlog.get_logger(stage="prepare")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from edge.redact import without_paths
-from edge.startup import StartupError, open_response_store
 from pipeline.settings import Settings
+from store.startup import StartupError, open_response_store
 
 GARBAGE = b"not a database at all " * 200
 

@@ -1,6 +1,6 @@
 """The SQLite response store on real files: durability, several store objects and processes on one file, damaged files and unknown schemas.
 
-The behaviour both stores share is tested in test_response_store.py.
+The behaviour both stores share is tested in test_policy.py.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from store.policy import StoreError
+from store.sqlite import SqliteResponseStore
 from tests.conftest import REPO
-from wire.response_store import StoreError
-from wire.response_store_sqlite import SqliteResponseStore
-from tests.wire.test_response_store import (
+from tests.store.test_policy import (
     SIZE,
     ids,
     record,
@@ -63,7 +63,7 @@ def test_two_store_objects_on_one_file_share_records(tmp_path: Path) -> None:
 
 WRITER = """
 import sys
-from tests.wire.test_response_store_sqlite import sqlite_store, write_and_read
+from tests.store.test_sqlite import sqlite_store, write_and_read
 store = sqlite_store(sys.argv[1])
 write_and_read(store, range(int(sys.argv[2]), int(sys.argv[2]) + 100))
 store.close()

@@ -1,11 +1,11 @@
-"""Text stage: a raw prompt → a tokenizing job for the preparation executor.
+"""Text completions: a raw prompt → a tokenizing job for the preparation executor.
 
-Inbox: `Parsed` carrying a `TextRequest`.
-Outbox: `PrepareJob` whose `tokenize` encodes the prompt (or checks ids).
+The parse stage calls `TextJobs` with each parsed `TextRequest`; the job's
+`tokenize` encodes the prompt (or checks its ids) in a preparation thread.
 Owns: the tokenizer reference and the model's vocabulary size.
-On cancel: a request whose reply is closed is dropped.
-On error: token ids outside the vocabulary, or a `suffix` for a model that
-cannot fill in the middle (`stages/fim.py`), fail that reply (400).
+On error: token ids outside the vocabulary (in the job), or a `suffix` for a
+model that cannot fill in the middle (`stages/prompt/fim.py`, at once), fail
+that reply (400).
 """
 
 from __future__ import annotations
@@ -13,37 +13,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-import anyio
 import attrs
-from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.actor import serve_items
 from pipeline.errors import invalid
 from pipeline.requests import TextRequest
-from stages.fim import Infill, refuse_suffix
 from stages.messages import Parsed, PrepareJob, PrepKind, PromptText
 from stages.models.loading import Tokenizer
+from stages.prompt.fim import Infill, refuse_suffix
 
 
-@attrs.define
-class TextStage:
-    _inbox: MemoryObjectReceiveStream[Parsed] = attrs.field(alias="inbox")
-    _out: MemoryObjectSendStream[PrepareJob] = attrs.field(alias="out")
-    _tokenizer: Tokenizer = attrs.field(alias="tokenizer")
+@attrs.frozen
+class TextJobs:
     _vocab_size: int = attrs.field(alias="vocab_size")
     # The model's fill-in-the-middle format; None when it has none.
     _infill: Infill | None = attrs.field(default=None, alias="infill")
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._inbox, self._out:
-            task_status.started()
-            await serve_items(self._inbox, self._on_parsed, stage="text")
+    def job(self, parsed: Parsed, request: TextRequest) -> PrepareJob:
+        """The job that tokenizes `request`'s prompt in a preparation thread.
 
-    async def _on_parsed(self, parsed: Parsed) -> None:
-        request = parsed.request
-        if not isinstance(request, TextRequest):
-            return
+        Raises:
+            RequestError: a `suffix` for a model that cannot fill in the middle.
+        """
         tokenize: Callable[[], list[int] | PromptText] = partial(prompt_of, self._vocab_size, request.prompt)
         params = request.params
         if request.suffix is not None:
@@ -52,7 +42,7 @@ class TextStage:
             prompt, params = self._infill.request_prompt(request)
             tokenize = partial(_as_is, prompt)
             request = attrs.evolve(request, params=params)
-        job = PrepareJob(
+        return PrepareJob(
             request_id=parsed.request_id,
             kind=PrepKind.TOKENIZE,
             tokenize=tokenize,
@@ -61,7 +51,6 @@ class TextStage:
             reply=parsed.reply,
             timeline=parsed.timeline,
         )
-        await self._out.send(job)
 
 
 def encode_prompt(tokenizer: Tokenizer, vocab_size: int, prompt: str | tuple[int, ...]) -> list[int]:

@@ -31,9 +31,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from pipeline.channels import drain_nowait
 from stages.cache.disk import SpillJob
-from stages.exclusive import Job
 from stages.kv.rows import Failed, Intake
 from stages.messages import Abort, Prepared, StepOutputs
+from stages.model_thread.exclusive import Job
 
 # A waiting model thread looks for its host's cancellation this often.
 _POLL_S = 0.1

@@ -1,11 +1,12 @@
-"""Parse stage: raw JSON bytes → a typed request.
+"""Parse stage: raw JSON bytes → a typed request → its tokenizing job.
 
 Inbox: `Submission` from the HTTP handler (via admission).
-Outbox: `Parsed` to the chat stage or the text stage, by request type.
+Outbox: `PrepareJob` for the preparation executor, made by the request's kind:
+a chat template's render (`chat.py`) or a text prompt (`text.py`).
 Owns: nothing between requests.
 On cancel: a submission whose reply is closed is dropped unread.
-On error: bad JSON, JSON nested too deep, or a decoder's `RequestError`
-fails that reply (400); anything else fails it with 500 (`pipeline/actor.py`).
+On error: bad JSON, JSON nested too deep, a decoder's `RequestError` or a
+job's (`text.py`: a suffix without infill) fails that reply (400); anything else fails it with 500 (`pipeline/actor.py`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from pipeline.errors import invalid
 from pipeline.jsontext import MAX_DEPTH, LoneSurrogate, TooDeep, loads
 from pipeline.requests import ChatRequest, JsonValue, with_adapter
 from pipeline.tracing import Mark
-from stages.messages import Parsed, Submission
+from stages.messages import Parsed, PrepareJob, Submission
+from stages.prompt.chat import ChatJobs
+from stages.prompt.text import TextJobs
 
 log = structlog.get_logger(stage="parse")
 
@@ -32,13 +35,14 @@ log = structlog.get_logger(stage="parse")
 @attrs.define
 class ParseStage:
     _inbox: MemoryObjectReceiveStream[Submission] = attrs.field(alias="inbox")
-    _chat: MemoryObjectSendStream[Parsed] = attrs.field(alias="chat")
-    _text: MemoryObjectSendStream[Parsed] = attrs.field(alias="text")
+    _out: MemoryObjectSendStream[PrepareJob] = attrs.field(alias="out")
+    _chat: ChatJobs = attrs.field(alias="chat")
+    _text: TextJobs = attrs.field(alias="text")
     # The LoRA adapter a body's `model` asks for (stages/adapters.py); None: the server serves none.
     _route: Callable[[JsonValue], str | None] | None = attrs.field(default=None, alias="route")
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._inbox, self._chat, self._text:
+        async with self._inbox, self._out:
             task_status.started()
             await serve_items(self._inbox, self._on_submission, stage="parse")
 
@@ -52,7 +56,8 @@ class ParseStage:
             "request.parse", **submission.reply.log_context, duration=timeline.between(Mark.RECEIVED, Mark.PARSED)
         )
         parsed = Parsed(request_id=submission.request_id, request=request, reply=submission.reply, timeline=timeline)
-        await (self._chat if isinstance(request, ChatRequest) else self._text).send(parsed)
+        job = self._chat.job(parsed, request) if isinstance(request, ChatRequest) else self._text.job(parsed, request)
+        await self._out.send(job)
 
 
 def load_json(body: bytes) -> JsonValue:

@@ -7,7 +7,7 @@ sink; evicted prompt-cache entries to the disk tier's writer
 Owns: the model, mlx-lm's `BatchGenerator`, the row table, the prompt cache
 (`stages/cache/prompt.py`) and the batch's KV account (`stages/kv/scheduler.py`),
 all on one long-lived model thread (S12). The thread never waits for the
-event loop (`stages/handoff.py`): it takes new rows and aborts at the top of
+event loop (`stages/model_thread/handoff.py`): it takes new rows and aborts at the top of
 each step and hands the step's outputs, spills and failed rows over after
 it; it blocks only while it holds no row, or while `steps_ahead` steps are
 still undelivered (back-pressure from a slow sink). A row is admitted
@@ -38,26 +38,26 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from stages.adapter_batches import make_generator
-from stages.batch_rows import BatchRows
 from stages.adapters import Adapter
 from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
+from stages.cache.prompt import PromptCache, PromptCacheStatistics
 from stages.cache.spiller import Spiller
-from stages.handoff import Handoff, HandoffStatistics, Parcel
-from stages.heap import HeapTrimmer
-from stages.exclusive import ExclusiveQueue, Job
 from stages.kv.rows import Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import FULL, KvScheme
+from stages.messages import Abort, Prepared, StepOutputs, TokenDelta, send_abort
+from stages.model_thread.adapter_batches import make_generator
+from stages.model_thread.batch_rows import BatchRows
+from stages.model_thread.exclusive import ExclusiveQueue, Job
+from stages.model_thread.handoff import Handoff, HandoffStatistics, Parcel
+from stages.model_thread.single_row import single_row
+from stages.model_thread.step_budget import StepBudget
+from stages.models.heap import HeapTrimmer
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
 from stages.models.quantized_kv import batch_generator
-from stages.messages import Abort, Prepared, StepOutputs, TokenDelta, send_abort
 from stages.model_thread.encoder_cache import EncoderCacheStatistics
 from stages.model_thread.vision_rows import VisionRows
-from stages.single_row import single_row
-from stages.step_budget import StepBudget
-from stages.cache.prompt import PromptCache, PromptCacheStatistics
 
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
@@ -86,7 +86,7 @@ class GatewayStatistics:
     mlx_cache_bytes: int
     # The crossing to the event loop: steps undelivered, and the model thread's waits.
     handoff: HandoffStatistics
-    # The step budget (stages/step_budget.py): the last prefill chunk it chose (tokens a row), and the steps that
+    # The step budget (stages/model_thread/step_budget.py): the last prefill chunk it chose (tokens a row), and the steps that
     # ran past the target (a step's decoding rows alone, or a first chunk before the speed was known).
     prefill_chunk: int = 0
     steps_over_budget: int = 0
@@ -118,9 +118,9 @@ class GenerationGateway:
     _prefill_rows: int | None = attrs.field(default=None, alias="prefill_rows")
     # The think markers as token ids (the start may take several tokens, the end is one): thinking budgets need them.
     _think_ids: tuple[tuple[int, ...], int] | None = attrs.field(default=None, alias="think_ids")
-    # LoRA adapters served beside the base model (stages/adapter_batches.py groups their rows).
+    # LoRA adapters served beside the base model (stages/model_thread/adapter_batches.py groups their rows).
     _adapters: tuple[Adapter, ...] = attrs.field(default=(), alias="adapters")
-    # Embeddings and scores, run on the model thread between two steps (stages/exclusive.py).
+    # Embeddings and scores, run on the model thread between two steps (stages/model_thread/exclusive.py).
     _exclusive: ExclusiveQueue | None = attrs.field(default=None, alias="exclusive")
     # Steps the model thread may run ahead of the sink before it waits.
     _steps_ahead: int = attrs.field(default=4, alias="steps_ahead")
@@ -131,7 +131,7 @@ class GenerationGateway:
     _single_row: bool = attrs.field(default=True, alias="single_row")
     # How the rows' KV is stored: quantized, every row starts with quantized layers (stages/models/quantized_kv.py).
     _kv_scheme: KvScheme = attrs.field(default=FULL, alias="kv_scheme")
-    # Seconds a step aims at: prefill chunks are sized to fit it (stages/step_budget.py); None: fixed chunks.
+    # Seconds a step aims at: prefill chunks are sized to fit it (stages/model_thread/step_budget.py); None: fixed chunks.
     _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
     _budget: StepBudget | None = attrs.field(default=None, init=False)
     # Bytes of vision-tower output kept per image (a vision-language model's; stages/model_thread/encoder_cache.py).
@@ -212,7 +212,7 @@ class GenerationGateway:
             generator_class, model, stop_tokens=stops, completion_batch_size=self._max_batch,
             prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch), prefill_step_size=self._prefill_step_size,
         )  # fmt: skip
-        # A row alone runs as generate_step does (stages/single_row.py); never under a sharded generator,
+        # A row alone runs as generate_step does (stages/model_thread/single_row.py); never under a sharded generator,
         # nor with quantized KV (its plain layers would join a quantized batch).
         alone = self._make_generator is None and not self._kv_scheme.quantized
         enabled = self._single_row and alone and self._cache_kind == PLAIN

@@ -1,62 +1,59 @@
-"""Chat stage: messages → a tokenizing job for the preparation executor.
+"""Chat requests: messages → a tokenizing job for the preparation executor.
 
-Inbox: `Parsed` carrying a `ChatRequest`.
-Outbox: `PrepareJob` whose `tokenize` renders the model's chat template
-(after context edits, or cut to the window under `truncation: "auto"`).
+The parse stage calls `ChatJobs` with each parsed `ChatRequest`; the job's
+`tokenize` renders the model's chat template (after context edits, or cut to
+the window under `truncation: "auto"`) in a preparation thread, where a
+template that rejects the messages fails that reply (400).
 Owns: the tokenizer reference (read-only; rendering runs in a worker thread).
-On cancel: a request whose reply is closed is dropped.
-On error: a template that rejects the messages fails that reply (400).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-import anyio
 import attrs
 import jinja2
-from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.actor import serve_items
 from pipeline.errors import excerpt, invalid
 from pipeline.jsontext import loads
-from pipeline.requests import ChatRequest, GenerationParams, JsonObject, JsonValue, Message, Role, Tool, ToolCallRecord, ToolChoiceMode
-from stages.context_edits import apply_edits
+from pipeline.requests import (
+    ChatRequest,
+    GenerationParams,
+    JsonObject,
+    JsonValue,
+    Message,
+    Role,
+    ToolCallRecord,
+    ToolChoiceMode,
+)
 from stages.families.base import Family
-from stages.families.preamble import tool_preamble
+from stages.families.preamble import template_tool, tool_preamble
 from stages.messages import Parsed, PrepareJob, PrepKind, PromptText, Rendered
 from stages.models.loading import Tokenizer
-from stages.truncation import render_truncated
+from stages.prompt.context_edits import apply_edits
+from stages.prompt.truncation import render_truncated
 
-if TYPE_CHECKING:
-    from stages.prompt.vision_chat import VisionPrompt
+class ImageRenderer(Protocol):
+    """A vision-language model's prompt side (`stages/prompt/vision_chat.py`'s `VisionPrompt`)."""
+
+    def render(self, tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None) -> Rendered: ...
 
 
-@attrs.define
-class ChatStage:
-    _inbox: MemoryObjectReceiveStream[Parsed] = attrs.field(alias="inbox")
-    _out: MemoryObjectSendStream[PrepareJob] = attrs.field(alias="out")
+@attrs.frozen
+class ChatJobs:
     _tokenizer: Tokenizer = attrs.field(alias="tokenizer")
     # Set where the template ignores `tools`: they are described in a system preamble instead.
     _preamble: Family | None = attrs.field(default=None, alias="preamble")
     # The most prompt tokens a request may have (`truncation: "auto"` cuts a conversation to it).
     _room: Callable[[GenerationParams], int] | None = attrs.field(default=None, alias="room")
     # A vision-language model's image side; None: the model reads text only, and an image is a 400.
-    _vision: VisionPrompt | None = attrs.field(default=None, alias="vision")
+    _vision: ImageRenderer | None = attrs.field(default=None, alias="vision")
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._inbox, self._out:
-            task_status.started()
-            await serve_items(self._inbox, self._on_parsed, stage="chat")
-
-    async def _on_parsed(self, parsed: Parsed) -> None:
-        request = parsed.request
-        if not isinstance(request, ChatRequest):
-            return
-        job = PrepareJob(
+    def job(self, parsed: Parsed, request: ChatRequest) -> PrepareJob:
+        """The job that renders and tokenizes `request`'s prompt in a preparation thread."""
+        return PrepareJob(
             request_id=parsed.request_id,
             kind=PrepKind.TOKENIZE,
             tokenize=self._renderer(request),
@@ -65,7 +62,6 @@ class ChatStage:
             reply=parsed.reply,
             timeline=parsed.timeline,
         )
-        await self._out.send(job)
 
     def _renderer(self, request: ChatRequest) -> Callable[[], list[int] | PromptText | Rendered]:
         parts = self._vision is not None
@@ -219,13 +215,3 @@ def _template_call(call: ToolCallRecord) -> JsonValue:
     except ValueError:
         arguments = call.arguments
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
-
-
-def template_tool(tool: Tool) -> JsonValue:
-    """A tool as chat templates and mlx-lm's tool parsers read it: OpenAI's function shape."""
-    # Key order is the client's usual one: templates print the tool as JSON.
-    function: JsonObject = {"name": tool.name}
-    if tool.description is not None:
-        function["description"] = tool.description
-    function["parameters"] = tool.parameters
-    return {"type": "function", "function": function}

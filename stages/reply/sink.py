@@ -4,7 +4,7 @@ Inbox: `StepOutputs` from the gateway, one per decode step.
 Outbox: each request's `ReplySlot` (never blocks, S10), and an `Abort` on
 the gateway's control channel when a stop string ends a row early.
 Owns: per-row text state — mlx-lm's streaming detokenizer, the stop-string
-matcher, the markup splitter (reasoning and tool calls, `stages/markup.py`),
+matcher, the markup splitter (reasoning and tool calls, `stages/reply/markup.py`),
 token counts and the row's timeline — and the per-request
 `request.queue` / `request.prefill` / `request.decode` / `request.finish`
 log lines.
@@ -32,15 +32,14 @@ from pipeline.events import CompletionEvent, FinishReason, Logprobs, Summary, To
 from pipeline.observe import NullObserver, RequestObserver, RequestRecord
 from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
-from stages.messages import send_abort
-from stages.constraints import grammar_fault
 from stages.families import choose_family
 from stages.families.base import Family, Splitter
-from stages.markup import Markers, MarkupSplitter, Section, markers_for, splitter_for
-from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores
+from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores, send_abort
 from stages.models.loading import StreamingDetokenizer, Tokenizer, completion_detokenizer, token_text
 from stages.models.mlx_internals import special_token_ids
-from stages.stops import StopMatcher, StopResult
+from stages.prompt.constraints import grammar_fault
+from stages.reply.markup import Markers, MarkupSplitter, Section, markers_for, splitter_for
+from stages.reply.stops import StopMatcher, StopResult
 
 log = structlog.get_logger(stage="sink")
 

@@ -1,7 +1,7 @@
-"""wire/response_store_postgres.py against a real PostgreSQL server: what the shared policy table cannot show.
+"""store/postgres.py against a real PostgreSQL server: what the shared policy table cannot show.
 
 The policy itself (TTL, LRU byte cap, oversized records, copies, closing)
-runs for every store in test_response_store.py; these are PostgreSQL's
+runs for every store in test_policy.py; these are PostgreSQL's
 own cases: replicas sharing one database, the schema, reaching the server.
 """
 
@@ -10,10 +10,11 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from store.opening import open_store
+from store.policy import StoreError
+from store.postgres import PostgresResponseStore, redacted
 from tests.pg import PostgresServer
-from tests.wire.test_response_store import SIZE, record, run_threads
-from wire.response_store import StoreError, open_store
-from wire.response_store_postgres import PostgresResponseStore, redacted
+from tests.store.test_policy import SIZE, record, run_threads
 
 pytestmark = pytest.mark.slow
 

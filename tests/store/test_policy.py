@@ -1,4 +1,4 @@
-"""wire/response_store*.py: every store keeps one policy, on real files, a real PostgreSQL server and real threads."""
+"""store/: every store keeps one policy, on real files, a real PostgreSQL server and real threads."""
 
 from __future__ import annotations
 
@@ -11,16 +11,14 @@ from typing import Literal
 import attrs
 import pytest
 
-from wire.response_store import (
+from store.opening import open_store, store_path
+from store.policy import (
     EncodedResponse,
     MemoryResponseStore,
     ResponseStore,
     StoredResponse,
     StoreError,
-    open_store,
-    store_path,
 )
-
 
 Kind = Literal["memory", "sqlite", "postgresql"]
 

@@ -3,7 +3,7 @@
 Each function here reads the loaded model (tokenizer, template, shape) or the
 settings and returns one piece of the wiring the engine assembles: the markup
 family, the think markers as ids, the cache tiers, a rank's share of the
-model. Kept apart from `stages/engine.py` so the engine reads as the actors'
+model. Kept apart from `stages/engine/engine.py` so the engine reads as the actors'
 lifecycle.
 """
 
@@ -31,9 +31,9 @@ from stages.kv.shape import FULL, KvScheme, ModelShape
 from stages.models.loading import ModelInfo, Tokenizer, load_weights
 from stages.prompt.vision_chat import VisionPrompt
 from stages.models.weights import WeightForm, dequantized, float32_bytes, quantization, stored
+from stages.shard.caches import MirroredPromptCache
 from stages.shard.cluster import Cluster
 from stages.shard.plan import per_rank
-from stages.shard.caches import MirroredPromptCache
 
 log = structlog.get_logger(stage="engine")
 

@@ -2,10 +2,10 @@
 
 One small synchronous interface, `ResponseStore`, with three stores behind
 it: `MemoryResponseStore` (the default), `SqliteResponseStore` in
-`wire/response_store_sqlite.py`, which survives a restart and is shared by
+`store/sqlite.py`, which survives a restart and is shared by
 the processes of one host, and `PostgresResponseStore` in
-`wire/response_store_postgres.py`, shared by replicas on several hosts. `open_store`
-picks one from the `MLX_RELAY_RESPONSE_STORE` URL. The app calls a store
+`store/postgres.py`, shared by replicas on several hosts. `open_store`
+picks one from the `MLX_RELAY_RESPONSE_STORE` URL (`store/opening.py`). The app calls a store
 through `anyio.to_thread.run_sync`, so every store is thread-safe, and
 every failure inside one is a `StoreError`, which fails that one request.
 
@@ -34,9 +34,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal, Protocol
-from urllib.parse import unquote, urlsplit
 
 import attrs
 
@@ -295,60 +293,3 @@ class MemoryResponseStore:
         if entry is not None:
             self._bytes -= entry.record.size
         return entry
-
-
-def store_path(url: str | None) -> Path | None:
-    """The SQLite file a store URL names, or None for the memory store.
-
-    Accepted: unset, "", "memory" or "memory://"; "sqlite:///abs/path.db" (and
-    SQLAlchemy's "sqlite:////abs/path.db", the same file); "sqlite:rel.db",
-    relative to the working directory. Percent-escapes are decoded.
-
-    Raises:
-        StoreError: any other URL, with what would have been accepted.
-    """
-    text = (url or "").strip()
-    if text in ("", "memory", "memory://"):
-        return None
-    parts = urlsplit(text)
-    if parts.scheme.lower() != "sqlite":
-        raise StoreError(f"unknown response store {text!r}: {_ACCEPTED}")
-    if parts.netloc:
-        raise StoreError(f"response store {text!r} names a host {parts.netloc!r}: {_ACCEPTED}")
-    if parts.query or parts.fragment or text.endswith(("?", "#")):
-        raise StoreError(f"response store {text!r} takes no query or fragment: {_ACCEPTED}")
-    path = unquote(parts.path)
-    if path.startswith("//"):
-        path = "/" + path.lstrip("/")
-    if path in ("", "/") or path.endswith("/"):
-        raise StoreError(f"response store {text!r} names no database file: {_ACCEPTED}")
-    if path == ":memory:":
-        raise StoreError(f"response store {text!r}: for a store in memory, write 'memory'")
-    return Path(path)
-
-
-_ACCEPTED = (
-    "use 'memory', 'sqlite:///absolute/path.db', 'sqlite:relative/path.db' or 'postgresql://user@host/database'"
-)
-
-
-def open_store(url: str | None, *, ttl_seconds: float, max_bytes: int, clock: Clock = time.time) -> ResponseStore:
-    """Open the store that `url` names: a postgresql:// (or postgres://) URL in
-    libpq's form, else see `store_path`.
-
-    Raises:
-        StoreError: a bad URL or limit, or a database that cannot be opened
-            (a settings error at startup).
-    """
-    # Imported here: the other stores' modules import this one for the record types.
-    from wire.response_store_postgres import PostgresResponseStore, is_postgres_url
-
-    if is_postgres_url(url):
-        assert url is not None
-        return PostgresResponseStore(url.strip(), ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)
-    path = store_path(url)
-    if path is None:
-        return MemoryResponseStore(ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)
-    from wire.response_store_sqlite import SqliteResponseStore
-
-    return SqliteResponseStore(path, ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)

@@ -6,12 +6,12 @@ llguidance grammar, which is validated against the model's tokenizer and
 compiled into an `LLMatcher` prototype. Compiling runs in the preparation
 executor under its own reservation, never on the event loop; compiled
 prototypes are cached by grammar text, and each row gets a deep copy for
-the model thread (`stages/sampling.py` applies its token mask).
-Which constraint a request gets is `stages/constraint_choice.py`'s; it also
+the model thread (`stages/model_thread/sampling.py` applies its token mask).
+Which constraint a request gets is `stages/prompt/constraint_choice.py`'s; it also
 measures it before llguidance sees it (choices, grammar text). A grammar compiles
 under `LLParserLimits` tighter than llguidance's defaults; a grammar past
 `LARGE_GRAMMAR_CHARS` compiles under a reservation of its own
-(`PrepKind.CONSTRAIN_LARGE`, `stages/prepare.py`), so one costly grammar
+(`PrepKind.CONSTRAIN_LARGE`, `stages/prompt/prepare.py`), so one costly grammar
 never holds the slot the cheap ones use.
 On error: an invalid or oversized schema, regex or grammar is a
 `RequestError` (400) that names the field and gives llguidance's reason
@@ -20,7 +20,7 @@ much of a grammar lazily, on the first masks, so a compile also walks a
 few tokens down the grammar (`_walk_fault`): a grammar that matches
 nothing or hits a parser or lexer limit there is refused at once rather
 than ending a row with `stop` and text that breaks it. A limit met later,
-mid-generation, fails that row (`stages/sampling.py`'s
+mid-generation, fails that row (`stages/model_thread/sampling.py`'s
 `ConstraintProcessor` records it, the sink ends the row with an error).
 llguidance is kept silent (`log_level=0`: it writes warnings to stderr);
 its warnings and errors go to the structured log here.
@@ -39,10 +39,11 @@ import structlog
 
 from pipeline.errors import RequestError, excerpt, invalid
 from pipeline.requests import Constraint, ConstraintKind, GenerationRequest
-from stages.constraint_choice import MAX_GRAMMAR_CHARS, constraint_of, within_budget
 from stages.families import choose_family
 from stages.families.base import Family
+from stages.messages import CompiledConstraint, Grammar
 from stages.models.mlx_internals import hf_tokenizer
+from stages.prompt.constraint_choice import MAX_GRAMMAR_CHARS, constraint_of, within_budget
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher, LLParserLimits, LLTokenizer
@@ -54,41 +55,15 @@ log = structlog.get_logger(stage="constraints")
 
 # Compiled grammars kept for reuse; a schema's compile can cost milliseconds.
 _CACHE_ENTRIES = 128
-# Grammars longer than this compile in the large-grammar slot.
-LARGE_GRAMMAR_CHARS = 8 * 1024
 # Tokens a compile walks down the grammar: the limits the issue's cases hit show on the first.
 _WALK_TOKENS = 4
 # Lexer fuel: llguidance's default is 1M; bounded repeats (`a{1000000}`) spend it all.
 _LEXER_FUEL = 500_000
 
 
-@attrs.frozen
-class Grammar:
-    """A constraint's llguidance grammar text, measured."""
-
-    text: str
-    param: str
-
-    @property
-    def large(self) -> bool:
-        return len(self.text) > LARGE_GRAMMAR_CHARS
 # JSON as clients expect to read it, with no room for runs of whitespace:
 # a model may otherwise spend its whole budget on newlines.
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-@attrs.define
-class CompiledConstraint:
-    """A validated grammar; `matcher()` gives a fresh matcher for one row."""
-
-    _prototype: LLMatcher = attrs.field(alias="prototype")
-    # The request field it came from, which an error mid-generation names.
-    param: str = "response_format"
-    # What it was compiled from: a model worker compiles it again in its own process (stages/remote/).
-    grammar: Grammar | None = None
-
-    def matcher(self) -> LLMatcher:
-        return self._prototype.deep_copy()
 
 
 @attrs.define

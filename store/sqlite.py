@@ -1,6 +1,6 @@
 """The durable Responses store: one SQLite file, shared by threads and processes.
 
-Same policy as the memory store (see `wire/response_store.py`); the
+Same policy as the memory store (see `store/policy.py`); the
 records outlive the server.
 
 Threads: one connection per store object, used only under the store's
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import attrs
 
-from wire.response_store import (
+from store.policy import (
     Clock,
     EncodedResponse,
     ResponseStoreStatistics,

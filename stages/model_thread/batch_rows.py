@@ -24,12 +24,12 @@ import structlog
 from pipeline.actor import isolated
 from pipeline.errors import RequestError
 from pipeline.events import FinishReason
-from stages.adapter_batches import adapter_kwargs
 from stages.cache.prompt import PromptCache
 from stages.cache.tier import Entry
 from stages.kv.rows import Failed, Resume, Row, Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Admitted, Prepared, TokenDelta
+from stages.model_thread.adapter_batches import adapter_kwargs
 from stages.model_thread.vision_rows import VisionRows, keyed
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class BatchRows:
         self.failed.append(Failed(row=row, error=error))
 
     def _insert(self, generator: BatchGenerator, waiting: Waiting) -> int:
-        from stages.sampling import make_row_sampler, row_processors, row_stop_sequences
+        from stages.model_thread.sampling import make_row_sampler, row_processors, row_stop_sequences
 
         # What can fail for this row alone (cache lookup, sampler, grammar matcher) comes before the generator holds it.
         row, tokens = waiting.prepared, waiting.tokens
@@ -140,7 +140,7 @@ class BatchRows:
         return cached
 
     def preempt(self, generator: BatchGenerator) -> None:
-        from stages.sampling import rewind_row
+        from stages.model_thread.sampling import rewind_row
 
         if not (victims := self._kv.victims()):
             return
@@ -181,7 +181,7 @@ class BatchRows:
 
     def deltas(self, generated: Sequence[Any]) -> tuple[TokenDelta, ...]:
         """A step's generated responses as token deltas; finished rows leave, their KV to the prompt cache."""
-        from stages.sampling import token_scores
+        from stages.model_thread.sampling import token_scores
 
         deltas = []
         for response in generated:

@@ -1,6 +1,6 @@
 """The shared Responses store: one PostgreSQL database, for replicas on several hosts.
 
-Same policy as the memory and SQLite stores (see `wire/response_store.py`),
+Same policy as the memory and SQLite stores (see `store/policy.py`),
 so a `previous_response_id` resolves on whichever replica a router picks.
 SQLite's WAL needs shared memory between its processes, so it serves one
 host only; this store is for more than one.
@@ -32,7 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 
-from wire.response_store import (
+from store.policy import (
     Clock,
     EncodedResponse,
     ResponseStoreStatistics,

@@ -8,7 +8,6 @@ exclusive work.
 
 from __future__ import annotations
 
-
 import attrs
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -16,15 +15,15 @@ from pipeline.channels import Channel, open_channel
 from pipeline.settings import Settings
 from stages.adapters import Adapter
 from stages.cache.disk import DiskTier, SpillJob
-from stages.exclusive import ExclusiveQueue
+from stages.engine.decisions import model_loader, prompt_cache, think_ids
 from stages.families.base import Family
-from stages.gateway import GenerationGateway
 from stages.kv.plan import Fit
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Prepared, StepOutputs
+from stages.model_thread.exclusive import ExclusiveQueue
+from stages.model_thread.gateway import GenerationGateway
 from stages.models.loading import ModelInfo, Tokenizer
 from stages.shard.cluster import Cluster
-from stages.startup import model_loader, prompt_cache, think_ids
 
 # Evicted entries waiting for the disk writer; beyond this they are dropped,
 # so a slow disk costs cache hits, never memory or request time.

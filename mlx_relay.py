@@ -1,4 +1,5 @@
-"""`mlx-relay serve`: the same app and settings as `hypercorn app:app`, with the edge's safety checks.
+"""`mlx-relay serve` (`python -m mlx_relay serve`): the same app and settings as `hypercorn app:app`, with the
+edge's safety checks. Beside `app.py`, above everything it starts: no layer imports it.
 
 Flags are written into the `MLX_RELAY_*` environment before the app reads
 its settings, so a flag overrides the environment and the app has one
@@ -21,11 +22,11 @@ from typing import NoReturn
 
 from edge.guard import EdgePolicy
 from edge.sockets import SocketInUse, bind_unix
-from edge.startup import StartupError, open_response_store
 from fleet.spec import ModelsFileError, specs_from_settings
 from pipeline.settings import PREFIX, Settings, SettingsError
 from stages.adapters import AdapterError, read_adapters
 from stages.models.embedding import EmbeddingModelError, read_embedding_model
+from store.startup import StartupError, open_response_store
 
 USAGE_ERROR = 2
 

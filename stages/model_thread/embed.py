@@ -1,6 +1,6 @@
 """Embeddings and yes/no scores from the chat model, as chunked exclusive work.
 
-Both run on the model thread through `stages/exclusive.py`. Inputs are
+Both run on the model thread through `stages/model_thread/exclusive.py`. Inputs are
 sorted by length and run in groups padded on the right: under causal
 attention a real token never sees the padding after it, so an input's
 hidden states are the same alone or in a group (within float rounding),
