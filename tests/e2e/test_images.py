@@ -215,3 +215,21 @@ def test_detail_low_reads_the_picture_as_one_tile(vl: Server) -> None:
         usage[detail] = answer.usage.prompt_tokens
     # Four tiles and the global image against the global image alone: 64 image tokens fewer, and the tiles' markers.
     assert usage["high"] - usage["low"] >= IMAGE_TOKENS * 4 // 5
+
+
+def test_another_picture_at_the_same_place_reuses_no_image_kv(vl: Server) -> None:
+    client = vl.client()
+
+    def ask(seed: int) -> Any:
+        content = chat_parts(data_url(encoded(picture(seed))), "Same words before either picture:")
+        return client.chat.completions.create(
+            model="m", max_tokens=2, temperature=0, messages=[{"role": "user", "content": content}]
+        )
+
+    first, other, again = ask(11), ask(12), ask(11)
+    for answer in (first, other, again):
+        assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+    # The prompts are token for token alike but for the picture: only the words before it may be reused.
+    assert other.usage.prompt_tokens == first.usage.prompt_tokens
+    assert (other.usage.prompt_tokens_details.cached_tokens or 0) < other.usage.prompt_tokens - IMAGE_TOKENS
+    assert (again.usage.prompt_tokens_details.cached_tokens or 0) >= again.usage.prompt_tokens - 2
