@@ -168,6 +168,9 @@ def model_loader(info: ModelInfo, cluster: Cluster | None, scheme: KvScheme) -> 
 
         model = load_weights(info)
         reason = refusal(model, scheme)
+        if reason is None and getattr(model, "vision_tower", None) is not None:
+            reason = (f"MLX_RELAY_KV_BITS={scheme.bits} cannot serve a vision-language model yet: its image rows are "
+                      "prefilled into full-precision KV")
         if reason is not None:
             raise KvSchemeError(reason)
         return model

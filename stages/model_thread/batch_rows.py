@@ -99,6 +99,8 @@ class BatchRows:
         return outcome
 
     def _fail(self, row: Prepared, error: RequestError) -> None:
+        if row.images and self.vision is not None:
+            self.vision.forget(row.images)
         self.failed.append(Failed(row=row, error=error))
 
     def _insert(self, generator: BatchGenerator, waiting: Waiting) -> int:
