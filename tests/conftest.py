@@ -26,24 +26,6 @@ REPO = Path(__file__).resolve().parent.parent
 STARTUP_TIMEOUT = 120.0
 
 
-# Files whose tests share the servers of these models (SmolLM2, the family models, the 64k tiny model):
-# under `-n 2 --dist loadgroup` they run on one worker, so each of those servers starts once.
-SHARED_MODEL_FILES = frozenset(
-    f"tests/e2e/{name}.py"
-    for name in ("test_smollm2", "test_families", "test_agent_clients", "test_agent_sessions", "test_client_replays")
-)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's `--dist loadgroup`, a file's tests stay on one worker (its module's servers start
-    once), and the files sharing the costly models' servers form one group. Harmless without xdist."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            path = item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group("shared-models" if path in SHARED_MODEL_FILES else path))
-
-
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     from stages.models.demo import ensure_demo_model
