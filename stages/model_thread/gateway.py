@@ -58,6 +58,8 @@ from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, res
 from stages.models.quantized_kv import batch_generator
 from stages.model_thread.speculative_batch import speculating
 from stages.model_thread.drafters import SpeculationStatistics
+from stages.model_thread.encoder_cache import EncoderCacheStatistics
+from stages.model_thread.vision_rows import VisionRows
 
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
@@ -94,6 +96,8 @@ class GatewayStatistics:
     steps_over_budget: int = 0
     # Speculative decoding's proposals and what the target accepted (stages/model_thread/drafters.py); None when it is off.
     speculation: SpeculationStatistics | None = None
+    # A vision-language model's encoder-output cache and its encodes.
+    encoder_cache: EncoderCacheStatistics | None = None
 
 
 def _batch_rows(gateway: GenerationGateway) -> BatchRows:
@@ -139,6 +143,10 @@ class GenerationGateway:
     _speculate: Callable[[Any], Speculation] | None = attrs.field(default=None, alias="speculation")
     _speculation: Speculation | None = attrs.field(default=None, init=False)
     _budget: StepBudget | None = attrs.field(default=None, init=False)
+    # Bytes of vision-tower output kept per image (a vision-language model's; stages/model_thread/encoder_cache.py).
+    _encoder_cache_bytes: int = attrs.field(default=0, alias="encoder_cache_bytes")
+    # The share of decoding time image encodes may add while rows decode (MLX_RELAY_EXCLUSIVE_SHARE).
+    _image_share: float = attrs.field(default=0.15, alias="image_share")
     # Touched only by the model thread.
     _batch: BatchRows = attrs.field(init=False, default=attrs.Factory(_batch_rows, takes_self=True))
     _spill_outbox: list[SpillJob] = attrs.field(factory=list, init=False)
@@ -183,6 +191,7 @@ class GenerationGateway:
             prefill_chunk=self._budget.last_chunk if self._budget is not None else 0,
             steps_over_budget=self._budget.over_target if self._budget is not None else 0,
             speculation=self._speculation.statistics() if self._speculation is not None else None,
+            encoder_cache=self._batch.vision.statistics() if self._batch.vision is not None else None,
         )
 
     def cache_statistics(self) -> PromptCacheStatistics | None:
@@ -204,6 +213,9 @@ class GenerationGateway:
 
         model = self._load()
         self._prepare_cache(model)
+        self._batch.vision = VisionRows.of(
+            model, cache_bytes=self._encoder_cache_bytes, chunk=self._prefill_step_size, share=self._image_share
+        )
         stops = [[token] for token in sorted(self._eos_ids)]
         generator_class = self._make_generator or batch_generator(BatchGenerator, self._kv_scheme)
         batch: Callable[[], Any] = partial(
