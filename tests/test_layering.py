@@ -56,6 +56,8 @@ MLX_CORE_ALLOWED = {
     # A sharded model: the group, each rank's slice, the step messages and their replay (the model threads of every rank).
     "stages/shard/cluster.py", "stages/shard/transport.py", "stages/shard/replicated.py", "stages/shard/follower.py",
     "stages/shard/work.py",
+    # The speech model's thread (stages/speech/): building, loading and running a Whisper model.
+    "stages/speech/whisper.py",
 }  # fmt: skip
 
 

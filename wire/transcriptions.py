@@ -80,6 +80,22 @@ def decode_transcription(
     )
 
 
+def audio_form(*, translations: bool) -> JsonObject:
+    """The form's schema, for the OpenAPI description."""
+    text: JsonObject = {"type": "string"}
+    properties: JsonObject = {
+        "file": {"type": "string", "format": "binary"},
+        "model": text,
+        "prompt": text,
+        "response_format": {"type": "string", "enum": [item.value for item in ResponseFormat]},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+    }
+    if not translations:
+        granularities: JsonObject = {"type": "array", "items": {"type": "string", "enum": list(_GRANULARITIES)}}
+        properties.update(language=text, **{"timestamp_granularities[]": granularities})
+    return {"type": "object", "required": ["file", "model"], "properties": properties}
+
+
 def _refuse_unknown(fields: Mapping[str, Sequence[str]], task: Task) -> None:
     known = _COMMON | (_TRANSCRIPTION_ONLY if task is Task.TRANSCRIBE else set())
     for name in fields:
