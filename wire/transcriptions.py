@@ -155,7 +155,8 @@ def render(transcript: Transcript, request: TranscriptionRequest) -> tuple[JsonO
 def verbose(transcript: Transcript, request: TranscriptionRequest) -> JsonObject:
     body: JsonObject = {
         "task": request.task.value,
-        "language": transcript.language,
+        # A translation's is the output's, always English (OpenAI's TranslationVerbose).
+        "language": transcript.language if request.task is Task.TRANSCRIBE else "english",
         "duration": transcript.duration,
         "text": transcript.text,
     }
