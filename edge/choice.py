@@ -20,9 +20,9 @@ from fleet.host import unavailable
 from fleet.spec import Defaults
 from pipeline.errors import invalid
 from pipeline.requests import JsonValue
-from stages.engine import Engine
-from stages.parse import load_json
-from stages.speech.engine import SpeechEngine
+from stages.engine.engine import Engine
+from stages.prompt.parse import load_json
+from stages.engine.speech import SpeechEngine
 
 
 def fleet() -> Fleet:

@@ -17,7 +17,7 @@ from fleet.fleet import Fleet
 from fleet.host import ModelHost
 from pipeline.requests import JsonObject
 from stages.adapters import not_found
-from stages.engine import Engine
+from stages.engine.engine import Engine
 
 
 def fleet_health(fleet: Fleet) -> tuple[JsonObject, bool]:

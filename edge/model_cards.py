@@ -12,7 +12,7 @@ from __future__ import annotations
 from fleet.fleet import Fleet
 from fleet.host import ModelHost
 from pipeline.requests import JsonObject
-from stages.speech.engine import SpeechEngine
+from stages.engine.speech import SpeechEngine
 
 
 def fleet_cards(fleet: Fleet) -> list[JsonObject]:

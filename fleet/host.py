@@ -21,8 +21,8 @@ from fleet.policy import Resident
 from fleet.spec import Defaults, ModelSpec
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.requests import JsonObject
-from stages.engine import Engine
-from stages.speech.engine import SpeechEngine
+from stages.engine.engine import Engine
+from stages.engine.speech import SpeechEngine
 
 
 class State(enum.Enum):

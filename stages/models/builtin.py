@@ -23,7 +23,7 @@ def builtin_model_path(name: str) -> Path | None:
 
         return ensure_smollm2_model()
     if name == "tiny-whisper":
-        from stages.speech.whisper import ensure_tiny_whisper
+        from stages.models.whisper import ensure_tiny_whisper
 
         return ensure_tiny_whisper()
     from stages.models.demo import DEMO_MODELS, ensure_demo_model

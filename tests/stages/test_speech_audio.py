@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import RequestError
-from stages.speech.audio import SAMPLE_RATE, decode_audio
+from stages.prompt.audio import SAMPLE_RATE, decode_audio
 from tests.speech_clips import clip
 
 

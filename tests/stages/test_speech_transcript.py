@@ -8,7 +8,7 @@ import math
 import attrs
 
 from pipeline.transcripts import TranscriptionRequest
-from stages.speech.work import transcript_of, whisper_options
+from stages.model_thread.transcribe import transcript_of, whisper_options
 
 
 def _raw(segments: list[dict[str, object]]) -> dict[str, object]:
