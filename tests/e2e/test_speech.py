@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 import warnings
 
 import httpx
@@ -198,3 +200,28 @@ def test_both_models_serve_side_by_side(both: Server) -> None:
         client.chat.completions.create(model="tiny-whisper", messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(openai.NotFoundError):
         client.audio.transcriptions.create(file=CLIP, model="whisper-9")
+
+
+def test_a_transcription_whose_client_left_while_queued_is_dropped_unrun(client: openai.OpenAI, speech: Server) -> None:
+    long_one = threading.Thread(
+        target=lambda: client.audio.transcriptions.create(
+            file=CLIP, model=SPEECH, response_format="verbose_json", timestamp_granularities=["word"], temperature=0.2
+        )
+    )
+    long_one.start()
+    time.sleep(1.0)  # the first one is on the speech model's thread; the next one queues behind it
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{speech.v1}/audio/transcriptions",
+            files={"file": CLIP},
+            data={"model": SPEECH},
+            headers={"x-request-id": "left-while-queued"},
+            timeout=httpx.Timeout(60, read=1.0),
+        )
+    long_one.join()
+    deadline = time.monotonic() + 30
+    while '"outcome": "cancelled"' not in speech.logs() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    events = [json.loads(line) for line in speech.logs().splitlines() if "left-while-queued" in line]
+    ran = [event for event in events if event.get("event") == "request.transcribe"]
+    assert ran and ran[0]["outcome"] == "cancelled", events
