@@ -74,7 +74,12 @@ def model_state(engine: Engine) -> JsonObject:
 def _speech_health(engine: SpeechEngine) -> Response:
     """A speech model served alone: ready once its model loaded, on a thread of this process."""
     status = "ok" if engine.ready else ("dead" if engine.dead else "unavailable")
-    state: JsonObject = {"id": engine.info.name, "state": "ready" if engine.ready else "loading", "pid": os.getpid(), "in_process": True}
+    state: JsonObject = {
+        "id": engine.info.name,
+        "state": "ready" if engine.ready else "loading",
+        "pid": os.getpid(),
+        "in_process": True,
+    }
     return _json({"status": status, "models": [state]}, status=200 if status == "ok" else 503)
 
 

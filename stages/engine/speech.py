@@ -14,6 +14,7 @@ default), not between this model's jobs.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from functools import partial
 from typing import Any
@@ -103,6 +104,17 @@ class SpeechEngine:
             anyio.from_thread.run_sync(settle, error, token=token)
             return
         anyio.from_thread.run_sync(settle, None, token=token)
+        try:
+            self._run_jobs(model, token)
+        except BaseException:
+            # Not a job's failure (those are isolated to their job): the thread cannot go on. Its model is dead,
+            # as a chat engine's is when its step fails; queued and later jobs fail with 503.
+            log.exception("speech.thread_failed", model=self.info.name)
+            self.dead = True
+            with contextlib.suppress(RuntimeError):
+                anyio.from_thread.run_sync(self._queue.stop, True, token=token)
+
+    def _run_jobs(self, model: Any, token: anyio.lowlevel.EventLoopToken) -> None:
         while True:
             self._wake.wait()
             self._wake.clear()

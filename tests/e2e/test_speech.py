@@ -225,3 +225,21 @@ def test_a_transcription_whose_client_left_while_queued_is_dropped_unrun(client:
     events = [json.loads(line) for line in speech.logs().splitlines() if "left-while-queued" in line]
     ran = [event for event in events if event.get("event") == "request.transcribe"]
     assert ran and ran[0]["outcome"] == "cancelled", events
+
+
+def test_past_the_queue_bound_a_transcription_is_429(server_factory: ServerFactory) -> None:
+    bounded = server_factory(model="tiny-whisper", exclusive_pending="1", admission_timeout="0.5")
+    client = bounded.client(timeout=120)
+    client.audio.transcriptions.create(file=CLIP, model=SPEECH, temperature=0.2)  # the model is loaded
+    long_one = threading.Thread(
+        target=lambda: client.audio.transcriptions.create(
+            file=CLIP, model=SPEECH, response_format="verbose_json", timestamp_granularities=["word"], temperature=0.2
+        )
+    )
+    long_one.start()
+    time.sleep(1.0)
+    try:
+        with pytest.raises(openai.RateLimitError):
+            client.audio.transcriptions.create(file=CLIP, model=SPEECH, temperature=0.2)
+    finally:
+        long_one.join()
