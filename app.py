@@ -31,6 +31,7 @@ from edge.choice import chosen, current_defaults, current_engine, model_field, m
 from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
+from edge.audio_routes import routes as audio_routes  # noqa: E402
 from edge.responses_socket import close_all as close_sockets  # noqa: E402
 from edge.responses_socket import routes as responses_socket_routes  # noqa: E402
 from edge.responses_turn import prepare_turn, response_not_found, stored_response  # noqa: E402
@@ -76,6 +77,7 @@ fields.install(app)
 app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # Embeddings, rerank and score, tokenize and detokenize.
 app.register_blueprint(model_work_routes)
+app.register_blueprint(audio_routes)
 app.register_blueprint(status_routes)
 app.register_blueprint(admin_routes)
 app.register_blueprint(responses_socket_routes)
@@ -118,7 +120,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
         async with anyio.create_task_group() as outer:
             fleet = Fleet(settings=settings, specs=specs, several=several, observer=observer)
             app.extensions["fleet"] = await outer.start(fleet.run)
-            first = fleet.default.engine
+            first = fleet.default.engine if isinstance(fleet.default.engine, Engine) else None
             window = first.info.context_window if first else 2**15
             metrics.configure(model_name=fleet.default.name, context_window=window)
             if not several and first is not None:
