@@ -14,7 +14,7 @@ busy). Loads and evictions happen one at a time, under one lock.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -48,7 +48,10 @@ class Fleet:
     specs: tuple[ModelSpec, ...] = attrs.field(alias="specs")
     # Several models from a file or list; False: today's one model, planned and named as before.
     several: bool = attrs.field(alias="several")
-    _observer: RequestObserver = attrs.field(factory=NullObserver, alias="observer")
+    # Each model's engine tells its own observer (the metrics label each series with the model).
+    _observer_for: Callable[[str], RequestObserver] = attrs.field(
+        default=lambda _: NullObserver(), alias="observer_for"
+    )
     hosts: dict[str, ModelHost] = attrs.field(init=False)
     # Every name a client may ask by (model, alias, adapter, embedding model) to its model's name.
     _names: dict[str, str] = attrs.field(init=False)
@@ -175,7 +178,7 @@ class Fleet:
             settings = engine_settings(settings, host.spec, host.footprint)
         host.starting()
         log.info("fleet.loading", model=host.name)
-        engine = Engine(settings=settings, observer=self._observer)
+        engine = Engine(settings=settings, observer=self._observer_for(host.name))
         self._group.start_soon(host.serve, engine)
         await host.started.wait()
         if host.engine is None:

@@ -85,6 +85,15 @@ def snapshot_metrics(snapshot: JsonObject) -> list[Figure]:
     return figures
 
 
+def server_metrics(snapshot: JsonObject) -> list[Figure]:
+    """Figures of the server rather than of one model (the Responses store), named as `snapshot_metrics` names them."""
+    return [
+        Figure(PREFIX + "_".join(_UNSAFE.sub("_", part) for part in path), f"/stats {'.'.join(path)}", value,
+               counter=".".join(path) in COUNTERS)
+        for path, value in _numbers(snapshot, ())
+    ]  # fmt: skip
+
+
 def _numbers(value: JsonValue, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], float]]:
     if isinstance(value, dict):
         return [pair for key, child in value.items() for pair in _numbers(child, (*path, key))]
