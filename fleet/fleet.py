@@ -82,10 +82,11 @@ class Fleet:
         async with anyio.create_task_group() as self._group:
             for host in self.hosts.values():
                 if host.spec.pinned:
-                    # A pinned model that cannot load fails the start, as the one model always has.
                     async with self._placing:
                         await self._load(host)
-                    if host.state is not State.READY:
+                    # The one model that cannot load fails the start, as it always has; of several, a pinned
+                    # model that cannot load fails alone (reported failed, with why) and the others serve.
+                    if host.state is not State.READY and not self.several:
                         raise host.failure or RuntimeError(f"model {host.name!r} failed to load: {host.error}")
             if self.several and any(spec.ttl for spec in self.specs):
                 self._group.start_soon(self._expire_idle)
@@ -125,7 +126,7 @@ class Fleet:
             host.leases -= 1
             host.touch()
 
-    async def _ready(self, host: ModelHost) -> Engine:
+    async def _ready(self, host: ModelHost, *, reload_refused: bool = False) -> Engine:
         retry = self._settings.retry_after
         if self.draining:
             raise shutting_down()
@@ -138,6 +139,9 @@ class Fleet:
             return host.engine
         if host.state is State.UNLOADING:
             raise unavailable(host, retry)
+        if host.refused and not reload_refused:
+            # Its worker said these settings cannot serve it: every load would end alike, so none is tried.
+            raise load_failed(host, retry)
         if host.waiting >= max(1, self._settings.max_pending):
             raise RequestError(
                 kind=ErrorKind.UNAVAILABLE,
@@ -219,7 +223,8 @@ class Fleet:
 
     async def load(self, name: str) -> ModelHost:
         host = self._admin_host(name)
-        await self._ready(host)
+        # An operator's load tries again even a model that refused (its files may have been mended).
+        await self._ready(host, reload_refused=True)
         return host
 
     async def unload(self, name: str, *, graceful: bool) -> ModelHost:

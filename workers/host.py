@@ -29,7 +29,7 @@ import structlog
 from anyio.abc import ByteStream, TaskGroup
 
 from pipeline.channels import Channel, ReplySlot, open_channel
-from pipeline.errors import RequestError
+from pipeline.errors import RequestError, reason_of
 from pipeline.requests import Accepted
 from pipeline.settings import Settings
 from stages.constraints import CompiledConstraint, Grammar
@@ -48,6 +48,7 @@ from stages.remote.messages import (
     JobIn,
     JobOut,
     ReadyOut,
+    RefusedOut,
     RowIn,
     StatsIn,
     ToFront,
@@ -103,13 +104,18 @@ class WorkerHost:
         async with anyio.create_task_group() as group:
             self._writer = FrameWriter(stream)
             group.start_soon(self._helper, self._beat)
-            model = self._model = await open_model(self.settings)
             settings, in_flight = self.settings, self.settings.max_batch + self.settings.max_pending
             inbox: Channel[Prepared] = open_channel(in_flight, name="gateway")
             control: Channel[Abort] = open_channel(settings.max_batch, name="control")
             steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
-            self._gateway = make_gateway(model.side, inbox.receive, control, steps.send)
-            await group.start(self._gateway.run)
+            try:
+                model = self._model = await open_model(self.settings)
+                self._gateway = make_gateway(model.side, inbox.receive, control, steps.send)
+                await group.start(self._gateway.run)
+            except Exception as error:
+                # The front hears why before the process ends (its own log then has the traceback).
+                await self._send(RefusedOut(reason=reason_of(error)))
+                raise
             group.start_soon(self._pump, steps)
             group.start_soon(self._helper, self._flush_failures)
             await self._send(ReadyOut(pid=os.getpid()))

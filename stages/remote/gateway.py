@@ -11,7 +11,10 @@ On a lost worker: every row and job in flight fails at once with 503
 frame), the sink is told the rows are gone, and a new worker is started;
 rows that arrive meanwhile wait in the inbox, where admission counts them.
 A worker that never became ready on the first start fails the engine's
-start, as a model that cannot load does in-process.
+start, as a model that cannot load does in-process; one that refuses its
+model (`RefusedOut`: settings it cannot run, a model that does not load)
+says why first, and is not restarted: the engine fails with that reason,
+which the front logs and `/health` and `/v1/models` show.
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ from stages.remote.messages import (
     CloseIn,
     JobOut,
     ReadyOut,
+    RefusedOut,
     SettingsIn,
     StatsIn,
     StepOut,
     ToFront,
     ToWorker,
 )
-from stages.remote.process import WorkerLost, WorkerProcess, worker_process
+from stages.remote.process import WorkerLost, WorkerProcess, WorkerRefused, worker_process
 
 log = structlog.get_logger(stage="remote")
 
@@ -112,6 +116,8 @@ class RemoteGateway:
     _draining: bool = attrs.field(default=False, init=False)
     # A worker has been ready once: the engine has started.
     _started: bool = attrs.field(default=False, init=False)
+    # Why the worker said it cannot serve this model: not restarted, the model fails with this reason.
+    _refused: str | None = attrs.field(default=None, init=False)
 
     def status(self) -> WorkerStatus:
         pid = self._worker.pid if self._worker is not None else None
@@ -156,6 +162,10 @@ class RemoteGateway:
                 self._state = WorkerState.STOPPED
                 return
             await self._lose(reason)
+            if self._refused is not None:
+                # Settings the model cannot run with fail every start alike: no restart, the reason is the model's.
+                self._state = WorkerState.FAILED
+                raise WorkerRefused(self._refused)
             if not self._started:
                 # The first start failed: the engine does not start, as with a model that cannot load in-process.
                 self._state = WorkerState.FAILED
@@ -224,6 +234,11 @@ class RemoteGateway:
                 self._beaten = anyio.Event()
             elif isinstance(message, ReadyOut):
                 self._on_ready(message, task_status, session)
+            elif isinstance(message, RefusedOut):
+                self._refused = message.reason
+                log.error("worker.refused", pid=worker.pid, reason=message.reason)
+                lose(f"the worker (pid {worker.pid}) refused to start: {message.reason}")
+                return
 
     def _on_ready(self, ready: ReadyOut, task_status: TaskStatus[None], session: anyio.abc.TaskGroup) -> None:
         first, self._started = not self._started, True

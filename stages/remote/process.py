@@ -30,6 +30,10 @@ class WorkerLost(Exception):
     """The worker ended, or stopped answering, before its work was done."""
 
 
+class WorkerRefused(Exception):
+    """The worker cannot serve its model with these settings; the message is the worker's reason."""
+
+
 @attrs.define(eq=False)
 class WorkerProcess:
     process: Process

@@ -8,6 +8,7 @@ models file under a KV scheme one of them cannot serve.
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -75,3 +76,39 @@ def test_loads_have_an_entry_per_loaded_model_and_answer_for_one(pair: Server) -
     assert load["model"] == DEMO and one["dp_rank_count"] == 1
     unknown = httpx.get(f"{pair.base_url}/v1/loads", params={"model": "nope"}, headers=HEADERS, timeout=10)
     assert unknown.status_code == 404
+
+
+GROUP_SIZE_REFUSAL = "MLX_RELAY_KV_GROUP_SIZE=64"  # tiny's head dim is 16; demo's takes 8-bit groups of 64
+
+
+def test_a_model_its_worker_refuses_fails_alone_with_the_reason(
+    server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    models_file = tmp_path_factory.mktemp("refused") / "models.toml"
+    models_file.write_text(
+        '[models.tiny]\nmodel = "tiny"\npinned = true\n[models.demo]\nmodel = "demo"\npinned = true\n'
+    )
+    server = server_factory(models_file=str(models_file), kv_bits="8")
+    health = httpx.get(f"{server.base_url}/health", timeout=10)
+    assert health.status_code == 200
+    reported = health.json()["models"]
+    assert reported["tiny"]["state"] == "failed" and GROUP_SIZE_REFUSAL in reported["tiny"]["error"]
+    assert reported["demo"]["state"] == "ready"
+    cards = {card["id"]: card for card in httpx.get(f"{server.v1}/models", timeout=10).json()["data"]}
+    assert cards["tiny"]["state"] == "failed" and GROUP_SIZE_REFUSAL in cards["tiny"]["error"]
+    client = server.client()
+    assert client.completions.create(model="demo", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+    for _ in range(2):
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.completions.create(model="tiny", prompt="Hi", max_tokens=2)
+        assert refused.value.status_code == 503 and GROUP_SIZE_REFUSAL in refused.value.message
+    # The refusal is the model's answer: no request starts another worker to be refused again.
+    assert httpx.get(f"{server.base_url}/stats", timeout=10).json()["models"]["tiny"]["loads"] == 1
+
+
+def test_the_one_model_s_refusal_is_in_the_front_s_own_log(server_factory: ServerFactory) -> None:
+    with pytest.raises(RuntimeError, match="server exited") as stopped:
+        server_factory(private=True, kv_bits="8")
+    lines = [line for line in str(stopped.value).splitlines() if '"worker.refused"' in line]
+    assert lines and GROUP_SIZE_REFUSAL in lines[0]
+    assert '"stage": "remote"' in lines[0]
