@@ -28,6 +28,7 @@ from fleet.footprint import Footprint, fleet_budget, read_footprint
 from fleet.host import ModelHost, State, cannot_place, load_failed, unavailable
 from fleet.policy import Refuse, expired, place
 from fleet.spec import ModelSpec, served_name
+from fleet.yielding import yielding_gil
 from pipeline.errors import ErrorKind, RequestError, shutting_down
 from pipeline.observe import NullObserver, RequestObserver
 from pipeline.settings import Settings
@@ -166,6 +167,11 @@ class Fleet:
 
     async def _load(self, host: ModelHost) -> None:
         """Place `host` (evicting as the policy says) and start its engine; under `_placing`."""
+        # Other models may be streaming: the loop keeps its turn beside the load's threads.
+        with yielding_gil():
+            await self._place_and_start(host)
+
+    async def _place_and_start(self, host: ModelHost) -> None:
         retry = self._settings.retry_after
         settings = self._settings
         if self.several:

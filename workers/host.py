@@ -55,11 +55,26 @@ from stages.remote.messages import (
     ToWorker,
 )
 from workers.model import WorkerModel, open_model
+from workers.priority import restore
 
 log = structlog.get_logger(stage="worker")
 
 # Steps handed over and not yet framed (the in-process engine's step buffer).
 _STEP_BUFFER = 4
+
+
+@attrs.frozen(kw_only=True)
+class StartTimes:
+    """Seconds of a worker's start, by phase, as `worker.ready` logs them."""
+
+    # Importing mlx, mlx-lm (and transformers through it) and this code.
+    imports_s: float
+    # Connecting to the front and reading its settings.
+    connect_s: float
+    # The tokenizer, markup family, adapters and memory plan (`workers/model.py`).
+    open_s: float = 0.0
+    # The weights onto the model thread, the prompt cache, and the generator made (the gateway's start).
+    load_s: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -82,6 +97,9 @@ class _WorkerReply(ReplySlot[Accepted]):
 class WorkerHost:
     settings: Settings
     beat_interval: float
+    # The nice value to serve at once loaded (workers/priority.py); None: it was never changed.
+    base_nice: int | None = None
+    times: StartTimes = attrs.field(factory=lambda: StartTimes(imports_s=0.0, connect_s=0.0))
     _writer: FrameWriter | None = attrs.field(default=None, init=False)
     # One frame on the socket at a time; uncontended, taking it costs no trip through the event loop.
     _writing: anyio.Lock = attrs.field(factory=lambda: anyio.Lock(fast_acquire=True), init=False)
@@ -109,17 +127,22 @@ class WorkerHost:
             control: Channel[Abort] = open_channel(settings.max_batch, name="control")
             steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
             try:
+                opened = time.perf_counter()
                 model = self._model = await open_model(self.settings)
+                loaded = time.perf_counter()
                 self._gateway = make_gateway(model.side, inbox.receive, control, steps.send)
                 await group.start(self._gateway.run)
+                times = attrs.evolve(self.times, open_s=loaded - opened, load_s=time.perf_counter() - loaded)
             except Exception as error:
                 # The front hears why before the process ends (its own log then has the traceback).
                 await self._send(RefusedOut(reason=reason_of(error)))
                 raise
+            restore(self.base_nice)
             group.start_soon(self._pump, steps)
             group.start_soon(self._helper, self._flush_failures)
             await self._send(ReadyOut(pid=os.getpid()))
-            log.info("worker.ready", pid=os.getpid(), model=model.side.info.name)
+            log.info("worker.ready", pid=os.getpid(), model=model.side.info.name,
+                     **{key: round(value, 3) for key, value in attrs.asdict(times).items()})
             ended = await self._read(reader, inbox, control, group)
             if not ended:
                 # The front went away: nothing is left to serve.
