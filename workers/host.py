@@ -38,7 +38,7 @@ from stages.gateway import GenerationGateway
 from stages.messages import Abort, Prepared, StepOutputs
 from stages.model_side import make_gateway
 from stages.remote.convert import error_out, prepared_of, step_out
-from stages.remote.frames import FrameReader, FrameWriter
+from stages.remote.frames import FrameReader
 from stages.remote.messages import (
     AbortIn,
     BeatOut,
@@ -54,6 +54,7 @@ from stages.remote.messages import (
     ToFront,
     ToWorker,
 )
+from workers.frames_out import FramesOut
 from workers.model import WorkerModel, open_model
 from workers.priority import restore
 
@@ -100,11 +101,7 @@ class WorkerHost:
     # The nice value to serve at once loaded (workers/priority.py); None: it was never changed.
     base_nice: int | None = None
     times: StartTimes = attrs.field(factory=lambda: StartTimes(imports_s=0.0, connect_s=0.0))
-    _writer: FrameWriter | None = attrs.field(default=None, init=False)
-    # One frame on the socket at a time; uncontended, taking it costs no trip through the event loop.
-    _writing: anyio.Lock = attrs.field(factory=lambda: anyio.Lock(fast_acquire=True), init=False)
-    # The front stopped reading (its socket broke): frames are dropped, the reader ends the worker.
-    _front_gone: bool = attrs.field(default=False, init=False)
+    _frames: FramesOut | None = attrs.field(default=None, init=False)
     _failures: list[FailedOut] = attrs.field(factory=list, init=False)
     _failed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _jobs: dict[int, anyio.CancelScope] = attrs.field(factory=dict, init=False)
@@ -120,7 +117,7 @@ class WorkerHost:
 
     async def serve(self, stream: ByteStream, reader: FrameReader[ToWorker]) -> None:
         async with anyio.create_task_group() as group:
-            self._writer = FrameWriter(stream)
+            frames = self._frames = FramesOut(stream)
             group.start_soon(self._helper, self._beat)
             settings, in_flight = self.settings, self.settings.max_batch + self.settings.max_pending
             inbox: Channel[Prepared] = open_channel(in_flight, name="gateway")
@@ -131,6 +128,9 @@ class WorkerHost:
                 model = self._model = await open_model(self.settings)
                 loaded = time.perf_counter()
                 self._gateway = make_gateway(model.side, inbox.receive, control, steps.send)
+                # Each step's frame goes out from the model thread (workers/frames_out.py); rows that fail
+                # on the loop cross in the failure flush's frames.
+                self._gateway.send_steps_with(lambda outputs: frames.send_from_thread(step_out(outputs, [])))
                 await group.start(self._gateway.run)
                 times = attrs.evolve(self.times, open_s=loaded - opened, load_s=time.perf_counter() - loaded)
             except Exception as error:
@@ -242,23 +242,16 @@ class WorkerHost:
         )
 
     async def _beat(self) -> None:
-        while not self._front_gone:
+        assert self._frames is not None
+        while not self._frames.front_gone:
             # A frame on its way means the front hears from this worker anyway.
-            if not self._writing.locked():
+            if not self._frames.busy:
                 await self._send(self._heartbeat())
             await anyio.sleep(self.beat_interval)
 
     async def _send(self, message: ToFront) -> None:
-        writer = self._writer
-        assert writer is not None
-        async with self._writing:
-            if self._front_gone:
-                return
-            try:
-                await writer.send(message)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                self._front_gone = True  # the reader ends the worker
-
+        assert self._frames is not None
+        await self._frames.send(message)
 
 def _job_out(job_id: int, kind: str, result: Any) -> JobOut:
     if kind == "embed":

@@ -3,8 +3,10 @@
 A worker's start is seconds of CPU (imports, the tokenizer, the weights,
 the first graphs). On a machine with few cores that is taken from the
 other models' workers and the front, whose streams slow while it loads.
-So the worker starts `_LOADING_NICE` steps nicer and goes back once its
-model is ready. Going back lowers the nice value, which only a process
+So, when the front asks (`YIELD_FLAG`: other models' workers are
+serving), the worker starts `_LOADING_NICE` steps nicer and goes back
+once its model is ready; a worker alone (the one model's restart) starts
+at full speed. Going back lowers the nice value, which only a process
 allowed to (root, CAP_SYS_NICE, or Linux's RLIMIT_NICE) may do: where it
 may not, the worker is not made nicer at all, rather than serve niced.
 On Linux a nice value belongs to each thread, so every thread is set back.
@@ -18,6 +20,8 @@ import sys
 from pathlib import Path
 
 _LOADING_NICE = 10
+# The worker's command-line flag by which the front asks for it (stages/remote/process.py).
+YIELD_FLAG = "--yield-while-loading"
 
 
 def lower_while_loading() -> int | None:

@@ -66,6 +66,17 @@ _WATCH_SLACK_S = 0.01
 _GRACE_S = 10.0
 
 
+@attrs.define
+class _Serving:
+    """This front's workers that are ready now (several models): a worker that starts beside them yields the
+    CPU until it is ready, so their streams keep their pace; a worker alone starts at full speed."""
+
+    count: int = 0
+
+
+_SERVING = _Serving()
+
+
 class WorkerState(enum.Enum):
     LOADING = "loading"
     READY = "ready"
@@ -118,6 +129,8 @@ class RemoteGateway:
     _started: bool = attrs.field(default=False, init=False)
     # Why the worker said it cannot serve this model: not restarted, the model fails with this reason.
     _refused: str | None = attrs.field(default=None, init=False)
+    # The current worker is counted in `_SERVING`.
+    _counted: bool = attrs.field(default=False, init=False)
 
     def status(self) -> WorkerStatus:
         pid = self._worker.pid if self._worker is not None else None
@@ -184,7 +197,9 @@ class RemoteGateway:
         """Run one worker until it ends; None when it was drained, else why it was lost."""
         lost: list[str] = []
         try:
-            async with worker_process(connect_timeout=self._connect_timeout, grace=_GRACE_S) as worker:
+            beside_others = _SERVING.count > 0
+            starting = worker_process(connect_timeout=self._connect_timeout, grace=_GRACE_S, yield_cpu=beside_others)
+            async with starting as worker:
                 self._worker, self._outbox = worker, open_channel(self._capacity, name="worker")
                 # Never logged nor sent: the worker needs no keys.
                 values = attrs.asdict(attrs.evolve(self._settings, api_key=None))
@@ -201,6 +216,8 @@ class RemoteGateway:
         except WorkerLost as error:
             lost.append(str(error))
         finally:
+            if self._counted:
+                _SERVING.count, self._counted = _SERVING.count - 1, False
             if self._outbox is not None:
                 # What was queued for this worker dies with it (its rows were failed by the loss).
                 self._outbox.send.close()
@@ -243,6 +260,8 @@ class RemoteGateway:
     def _on_ready(self, ready: ReadyOut, task_status: TaskStatus[None], session: anyio.abc.TaskGroup) -> None:
         first, self._started = not self._started, True
         self._state = WorkerState.READY
+        if not self._counted:
+            _SERVING.count, self._counted = _SERVING.count + 1, True
         self._ready.set()
         log.info("worker.ready", pid=ready.pid, restarts=self._restarts)
         session.start_soon(self._feed)
