@@ -28,6 +28,7 @@ import numpy as np
 import structlog
 from anyio.abc import ByteStream, TaskGroup
 
+from fleet.yielding import yielding_gil
 from pipeline.channels import Channel, ReplySlot, open_channel
 from pipeline.errors import RequestError, reason_of
 from pipeline.requests import Accepted
@@ -124,14 +125,16 @@ class WorkerHost:
             control: Channel[Abort] = open_channel(settings.max_batch, name="control")
             steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
             try:
-                opened = time.perf_counter()
-                model = self._model = await open_model(self.settings)
-                loaded = time.perf_counter()
-                self._gateway = make_gateway(model.side, inbox.receive, control, steps.send)
-                # Each step's frame goes out from the model thread (workers/frames_out.py); rows that fail
-                # on the loop cross in the failure flush's frames.
-                self._gateway.send_steps_with(lambda outputs: frames.send_from_thread(step_out(outputs, [])))
-                await group.start(self._gateway.run)
+                # The heartbeats keep their turn beside the loading threads (fleet/yielding.py says why).
+                with yielding_gil():
+                    opened = time.perf_counter()
+                    model = self._model = await open_model(self.settings)
+                    loaded = time.perf_counter()
+                    self._gateway = make_gateway(model.side, inbox.receive, control, steps.send)
+                    # Each step's frame goes out from the model thread (workers/frames_out.py); rows that fail
+                    # on the loop cross in the failure flush's frames.
+                    self._gateway.send_steps_with(lambda outputs: frames.send_from_thread(step_out(outputs, [])))
+                    await group.start(self._gateway.run)
                 times = attrs.evolve(self.times, open_s=loaded - opened, load_s=time.perf_counter() - loaded)
             except Exception as error:
                 # The front hears why before the process ends (its own log then has the traceback).

@@ -62,6 +62,8 @@ _MAX_FAILURES = 8
 _MAX_BACKOFF_S = 30.0
 # How late past the heartbeat bound the watch may look (so one look past the bound is enough).
 _WATCH_SLACK_S = 0.01
+# The heartbeat bound of a worker still loading its model, in bounds.
+_LOADING_BOUND_FACTOR = 10
 # A drained worker's time to finish and exit before it is killed.
 _GRACE_S = 10.0
 
@@ -304,8 +306,11 @@ class RemoteGateway:
 
     async def _watch(self, worker: WorkerProcess, lose: Callable[[str], None], scope: anyio.CancelScope) -> None:
         """A worker silent past the heartbeat bound while the front waits on it is hung: it is killed."""
-        bound = self._settings.worker_heartbeat_timeout
         while True:
+            # A loading worker's beats come from its loop beside the threads that load the model, which hold the
+            # interpreter lock for long stretches (and it runs nicer beside other workers): it has a longer bound.
+            ready = self._ready.is_set()
+            bound = self._settings.worker_heartbeat_timeout * (1 if ready else _LOADING_BOUND_FACTOR)
             # Wakes at the earliest moment the worker could be past the bound, not on a short poll:
             # a healthy worker's frames keep moving that moment on, so an idle front wakes about once a bound.
             since = self._reading_since
