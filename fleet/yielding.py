@@ -7,7 +7,9 @@ must wait for it back, up to the interpreter's switch interval (5 ms):
 with a load running, each SSE write of another model's streams can cost a
 switch interval, and those streams' token gaps grow. While any load runs,
 the interval is cut to `_LOADING_INTERVAL_S`, so the loop waits a fraction
-of that; the load itself takes a little longer.
+of that; the load itself takes a little longer. A worker process does
+the same while it loads its model (`workers/host.py`), so its heartbeats
+keep their turn beside its own loading threads.
 """
 
 from __future__ import annotations
