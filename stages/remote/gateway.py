@@ -309,8 +309,8 @@ class RemoteGateway:
         while True:
             # A loading worker's beats come from its loop beside the threads that load the model, which hold the
             # interpreter lock for long stretches (and it runs nicer beside other workers): it has a longer bound.
-            ready = self._ready.is_set()
-            bound = self._settings.worker_heartbeat_timeout * (1 if ready else _LOADING_BOUND_FACTOR)
+            ready, beat_bound = self._ready.is_set(), self._settings.worker_heartbeat_timeout
+            bound = beat_bound * (1 if ready else _LOADING_BOUND_FACTOR)
             # Wakes at the earliest moment the worker could be past the bound, not on a short poll:
             # a healthy worker's frames keep moving that moment on, so an idle front wakes about once a bound.
             since = self._reading_since
@@ -321,7 +321,8 @@ class RemoteGateway:
                 worker.kill()
                 scope.cancel()
                 return
-            await anyio.sleep(bound - silent + _WATCH_SLACK_S)
+            # At most one beat bound: a worker that becomes ready meanwhile is held to it from then on.
+            await anyio.sleep(min(bound - silent, beat_bound) + _WATCH_SLACK_S)
 
     async def _lose(self, reason: str) -> None:
         """Everything the lost worker held fails now; the sink drops the rows' state."""
