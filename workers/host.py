@@ -1,6 +1,6 @@
 """The worker's side of the crossing: the model's gateway, served to the front over one socket.
 
-The gateway runs here as it runs in-process (`stages/model_side.py`): its
+The gateway runs here as it runs in-process (`stages/engine/model_side.py`): its
 model thread, handoff, KV scheduler, prompt cache and exclusive queue are
 unchanged. This host only translates: frames from the front become
 `Prepared` rows, aborts and jobs on the gateway's channels, and each
@@ -28,16 +28,15 @@ import numpy as np
 import structlog
 from anyio.abc import ByteStream, TaskGroup
 
-from fleet.yielding import yielding_gil
+from pipeline.yielding import yielding_gil
 from pipeline.channels import Channel, ReplySlot, open_channel
 from pipeline.errors import RequestError, reason_of
 from pipeline.requests import Accepted
 from pipeline.settings import Settings
-from stages.constraints import CompiledConstraint, Grammar
-from stages.embed import EmbedWork, ScoreWork
-from stages.gateway import GenerationGateway
-from stages.messages import Abort, Prepared, StepOutputs
-from stages.model_side import make_gateway
+from stages.engine.model_side import make_gateway
+from stages.messages import Abort, CompiledConstraint, Grammar, Prepared, StepOutputs
+from stages.model_thread.embed import EmbedWork, ScoreWork
+from stages.model_thread.gateway import GenerationGateway
 from stages.remote.convert import error_out, prepared_of, step_out
 from stages.remote.frames import FrameReader
 from stages.remote.messages import (
@@ -125,7 +124,7 @@ class WorkerHost:
             control: Channel[Abort] = open_channel(settings.max_batch, name="control")
             steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
             try:
-                # The heartbeats keep their turn beside the loading threads (fleet/yielding.py says why).
+                # The heartbeats keep their turn beside the loading threads (pipeline/yielding.py says why).
                 with yielding_gil():
                     opened = time.perf_counter()
                     model = self._model = await open_model(self.settings)
