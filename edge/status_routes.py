@@ -115,7 +115,8 @@ async def loads() -> Response:
             model_name=name,
             snapshot=await _model_snapshot(engine),
             kv_bytes_per_token=engine.fit.memory.kv_bytes_per_token,
-            max_batch=engine.max_batch,
+            # A model's own batch (its `kv.max_batch` in the models file), else the server's.
+            max_batch=fleet().hosts[name].spec.kv.max_batch or cast(int, current_app.extensions["max_batch"]),
         )
         for name, engine in engines.items()
     ]

@@ -28,10 +28,10 @@ from fleet.footprint import Footprint, fleet_budget, read_footprint
 from fleet.host import ModelHost, State, cannot_place, load_failed, unavailable
 from fleet.policy import Refuse, expired, place
 from fleet.spec import ModelSpec, served_name
-from pipeline.yielding import yielding_gil
 from pipeline.errors import ErrorKind, RequestError, shutting_down
 from pipeline.observe import NullObserver, RequestObserver
 from pipeline.settings import Settings
+from pipeline.yielding import yielding_gil
 from stages.adapters import not_found
 from stages.engine.engine import Engine
 from stages.kv.machine import Machine, read_machine

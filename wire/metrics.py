@@ -87,11 +87,12 @@ def snapshot_metrics(snapshot: JsonObject) -> list[Figure]:
 
 def server_metrics(snapshot: JsonObject) -> list[Figure]:
     """Figures of the server rather than of one model (the Responses store), named as `snapshot_metrics` names them."""
-    return [
-        Figure(PREFIX + "_".join(_UNSAFE.sub("_", part) for part in path), f"/stats {'.'.join(path)}", value,
-               counter=".".join(path) in COUNTERS)
-        for path, value in _numbers(snapshot, ())
-    ]  # fmt: skip
+    figures = []
+    for path, value in _numbers(snapshot, ()):
+        dotted = ".".join(path)
+        name = PREFIX + "_".join(_UNSAFE.sub("_", part) for part in path)
+        figures.append(Figure(name, f"/stats {dotted}", value, counter=dotted in COUNTERS))
+    return figures
 
 
 def _numbers(value: JsonValue, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], float]]:

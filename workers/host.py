@@ -28,11 +28,11 @@ import numpy as np
 import structlog
 from anyio.abc import ByteStream, TaskGroup
 
-from pipeline.yielding import yielding_gil
 from pipeline.channels import Channel, ReplySlot, open_channel
 from pipeline.errors import RequestError, reason_of
 from pipeline.requests import Accepted
 from pipeline.settings import Settings
+from pipeline.yielding import yielding_gil
 from stages.engine.model_side import make_gateway
 from stages.messages import Abort, CompiledConstraint, Grammar, Prepared, StepOutputs
 from stages.model_thread.embed import EmbedWork, ScoreWork

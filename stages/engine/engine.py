@@ -137,11 +137,6 @@ class Engine:
         self._tokenizing = Reservation.of(settings.prepare_concurrency)
         self._exclusive = (ExclusiveQueue if settings.model_in_process else RemoteExclusiveQueue).of(settings)
 
-    @property
-    def max_batch(self) -> int:
-        """The batch's rows (a model's own `kv.max_batch` with several models)."""
-        return self._settings.max_batch
-
     def worker(self) -> WorkerStatus | None:
         return self._gateway.status() if isinstance(self._gateway, RemoteGateway) else None
 

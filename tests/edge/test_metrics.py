@@ -66,7 +66,8 @@ def test_requests_feed_vllms_histograms_and_counters() -> None:
 
 def test_an_aborted_row_counts_without_the_spans_it_never_reached() -> None:
     metrics = configured()
-    metrics.observer("tiny").finished(record(finish_reason="abort", prefill=None, decode=None, first_token=None, total=None))
+    aborted = record(finish_reason="abort", prefill=None, decode=None, first_token=None, total=None)
+    metrics.observer("tiny").finished(aborted)
     _, samples = scrape(metrics)
     assert value(samples, "vllm:request_success_total", finished_reason="abort") == 1
     assert value(samples, "vllm:time_to_first_token_seconds_count") == 0
