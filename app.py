@@ -31,6 +31,7 @@ from edge.choice import chosen, current_defaults, current_engine, model_field, m
 from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
+from edge.audio_routes import routes as audio_routes  # noqa: E402
 from edge.responses_socket import close_all as close_sockets  # noqa: E402
 from edge.responses_socket import routes as responses_socket_routes  # noqa: E402
 from edge.responses_turn import prepare_turn, response_not_found, stored_response  # noqa: E402
@@ -78,6 +79,7 @@ fields.install(app)
 app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # Embeddings, rerank and score, tokenize and detokenize.
 app.register_blueprint(model_work_routes)
+app.register_blueprint(audio_routes)
 app.register_blueprint(status_routes)
 app.register_blueprint(admin_routes)
 app.register_blueprint(responses_socket_routes)
@@ -124,7 +126,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
         async with anyio.create_task_group() as outer:
             fleet = Fleet(settings=settings, specs=specs, several=several, observer_for=observer)
             app.extensions["fleet"] = await outer.start(fleet.run)
-            first = fleet.default.engine
+            first = fleet.default.engine if isinstance(fleet.default.engine, Engine) else None
             # With several models the token buckets must hold any model's window, loaded now or later.
             window = _FLEET_WINDOW if several else first.info.context_window if first else 2**15
             metrics.configure(model_names=list(fleet.hosts), context_window=window)

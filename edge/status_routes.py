@@ -26,6 +26,7 @@ from edge.store import store_call
 from fleet.host import unavailable
 from pipeline.requests import JsonObject, JsonValue
 from stages.engine.engine import Engine
+from stages.engine.speech import SpeechEngine
 from wire.sse import dumps
 
 routes = Blueprint("status", __name__)
@@ -34,7 +35,7 @@ routes = Blueprint("status", __name__)
 def _engine() -> Engine:
     """The model these reports read: the one model, or the first loaded of several."""
     hosts = fleet().hosts.values()
-    loaded = [host.engine for host in hosts if host.engine is not None]
+    loaded = [host.engine for host in hosts if isinstance(host.engine, Engine)]
     if not loaded:
         raise unavailable(fleet().default, 1.0)
     return loaded[0]
@@ -49,6 +50,8 @@ async def health() -> Response:
     if fleet().several:
         body, ok = fleet_health(fleet())
         return _json(body, status=200 if ok else 503)
+    if isinstance(speech := fleet().default.engine, SpeechEngine):
+        return _speech_health(speech)
     current = _engine()
     status = "ok" if current.ready else ("dead" if current.dead else "unavailable")
     body = {"status": status, "models": [model_state(current)]}
@@ -68,6 +71,18 @@ def model_state(engine: Engine) -> JsonObject:
             "in_process": False}
 
 
+def _speech_health(engine: SpeechEngine) -> Response:
+    """A speech model served alone: ready once its model loaded, on a thread of this process."""
+    status = "ok" if engine.ready else ("dead" if engine.dead else "unavailable")
+    state: JsonObject = {
+        "id": engine.info.name,
+        "state": "ready" if engine.ready else "loading",
+        "pid": os.getpid(),
+        "in_process": True,
+    }
+    return _json({"status": status, "models": [state]}, status=200 if status == "ok" else 503)
+
+
 @routes.get("/fit")
 async def fit() -> Response:
     """What this machine can serve of this model: memory split, largest safe context, decode bound."""
@@ -85,6 +100,8 @@ async def stats() -> Response:
         blas = cast(str, current_app.extensions["blas"])
         report.update(blas=blas, response_store=cast(JsonObject, attrs.asdict(store)))
         return _json(without_paths(report))
+    if isinstance(speech := fleet().default.engine, SpeechEngine):
+        return _json(without_paths({"model": speech.info.name, **attrs.asdict(speech.statistics())}))
     return _json(await _snapshot())
 
 
@@ -107,7 +124,7 @@ async def loads() -> Response:
         engines = {fleet().default.name: _engine()}
     elif model := request.args.get("model"):
         host = fleet().host_named(model)
-        engines = {host.name: host.engine} if host.engine is not None else {}
+        engines = {host.name: host.engine} if isinstance(host.engine, Engine) else {}
     else:
         engines = _loaded()
     models = [
@@ -128,8 +145,8 @@ def _metrics() -> Metrics:
 
 
 def _loaded() -> dict[str, Engine]:
-    """The models with an engine now, by name, in the order configured."""
-    return {name: host.engine for name, host in fleet().hosts.items() if host.engine is not None}
+    """The language models with an engine now, by name, in the order configured (a speech model has no batch)."""
+    return {name: host.engine for name, host in fleet().hosts.items() if isinstance(host.engine, Engine)}
 
 
 async def _store_statistics() -> JsonObject:

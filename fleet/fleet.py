@@ -24,7 +24,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from fleet.defaults import generation_config
-from fleet.footprint import Footprint, fleet_budget, read_footprint
+from fleet.footprint import Footprint, fleet_budget, read_footprint, speech_footprint
 from fleet.host import ModelHost, State, cannot_place, load_failed, unavailable
 from fleet.policy import Refuse, expired, place
 from fleet.spec import ModelSpec, served_name
@@ -36,6 +36,8 @@ from stages.adapters import not_found
 from stages.engine.engine import Engine
 from stages.kv.machine import Machine, read_machine
 from stages.models.loading import release_unloaded, resolve_model
+from stages.engine.speech import SpeechEngine
+from stages.models.whisper import speech_info_for
 
 log = structlog.get_logger(stage="fleet")
 
@@ -111,7 +113,7 @@ class Fleet:
         return dict(self._names)
 
     @asynccontextmanager
-    async def use(self, model: str | None) -> AsyncIterator[Engine]:
+    async def use(self, model: str | None) -> AsyncIterator[Engine | SpeechEngine]:
         """The engine of the model `model` names, loaded if need be, held until the block ends.
 
         Raises:
@@ -127,7 +129,7 @@ class Fleet:
             host.leases -= 1
             host.touch()
 
-    async def _ready(self, host: ModelHost, *, reload_refused: bool = False) -> Engine:
+    async def _ready(self, host: ModelHost, *, reload_refused: bool = False) -> Engine | SpeechEngine:
         retry = self._settings.retry_after
         if self.draining:
             raise shutting_down()
@@ -188,7 +190,7 @@ class Fleet:
             settings = engine_settings(settings, host.spec, host.footprint)
         host.starting()
         log.info("fleet.loading", model=host.name)
-        engine = Engine(settings=settings, observer=self._observer_for(host.name))
+        engine = await self._engine_for(settings, host.name)
         self._group.start_soon(host.serve, engine)
         await host.started.wait()
         if host.engine is None:
@@ -200,6 +202,14 @@ class Fleet:
         host.touch()
         log.info("fleet.ready", model=host.name)
 
+    async def _engine_for(self, settings: Settings, name: str) -> Engine | SpeechEngine:
+        """A speech model's engine (stages/speech/), else a language model's."""
+        find = partial(speech_info_for, settings.model, demo=settings.demo_model, name=settings.model_name)
+        speech = await anyio.to_thread.run_sync(find)
+        if speech is not None:
+            return SpeechEngine(settings=settings, info=speech)
+        return Engine(settings=settings, observer=self._observer_for(name))
+
     async def footprint_of(self, host: ModelHost) -> Footprint:
         """What `host` takes of the budget (measured once, without loading it)."""
         if host.footprint is None:
@@ -210,6 +220,9 @@ class Fleet:
         return sum(host.resident().bytes for host in self.hosts.values() if host.holds_memory)
 
     def _measure(self, spec: ModelSpec) -> Footprint:
+        speech = speech_info_for(spec.source, demo=self._settings.demo_model, name=spec.name)
+        if speech is not None:
+            return speech_footprint(speech.path)
         info = resolve_model(spec.source, demo=self._settings.demo_model, name=spec.name)
         assert self.machine is not None
         return read_footprint(spec, info.path, info.context_window, self.machine, self._settings)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import Any
 
 import anyio
 import attrs
@@ -21,6 +22,7 @@ from fleet.spec import Defaults, ModelSpec
 from pipeline.errors import ErrorKind, RequestError, first_error, reason_of
 from pipeline.requests import JsonObject
 from stages.engine.engine import Engine
+from stages.engine.speech import SpeechEngine
 from stages.remote.process import WorkerRefused
 
 
@@ -37,7 +39,7 @@ class State(enum.Enum):
 class ModelHost:
     spec: ModelSpec
     state: State = State.UNLOADED
-    engine: Engine | None = None
+    engine: Engine | SpeechEngine | None = None
     # Known once it was first placed; None in the single-model mode, which plans as one model always has.
     footprint: Footprint | None = None
     # The spec's defaults over the model's generation_config.json, composed at each load.
@@ -91,7 +93,7 @@ class ModelHost:
         self.started, self.stopped = anyio.Event(), anyio.Event()
         self.loads += 1
 
-    async def serve(self, engine: Engine) -> None:
+    async def serve(self, engine: Engine | SpeechEngine) -> None:
         """Run `engine` until it stops or the fleet cancels it; never raises (a failure is this model's state)."""
         try:
             with anyio.CancelScope() as self.scope:
@@ -126,10 +128,10 @@ class ModelHost:
 
 
 @attrs.define
-class _Started(TaskStatus[Engine]):
+class _Started(TaskStatus[Any]):
     _host: ModelHost
 
-    def started(self, value: Engine | None = None) -> None:
+    def started(self, value: Engine | SpeechEngine | None = None) -> None:
         self._host.engine = value
         self._host.started.set()
 

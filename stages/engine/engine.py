@@ -29,7 +29,7 @@ from pipeline.tracing import Timeline
 from stages.adapters import AdapterError, ServedModels, not_found, read_adapters
 from stages.cache.disk import DiskTier
 from stages.cache.prompt import PromptCacheStatistics
-from stages.engine.decisions import choose_markup, disk_tier, kv_scheme, plan_weights, rank_share
+from stages.engine.decisions import choose_markup, disk_tier, kv_scheme, plan_weights, rank_share, vision_prompt
 from stages.engine.model_side import ModelSide, make_gateway
 from stages.engine.work_service import ModelWork, dedicated_work, hidden_size
 from stages.families.base import Family
@@ -168,8 +168,9 @@ class Engine:
             # A window below the model's own (per-model defaults, fleet/): every stage reads the window from here.
             self.info = attrs.evolve(self.info, context_window=min(self.info.context_window, settings.context_limit))
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
+        vision = await anyio.to_thread.run_sync(partial(vision_prompt, settings, self.info, self.tokenizer))
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
-        embedding_bytes = await self._open_embedder()
+        beside_bytes = await self._open_embedder() + (vision.held_bytes if vision else 0)
         self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases),
                                    embedding=self.embedder.name if self.embedder else None,
                                    default_adapter=settings.default_adapter)  # fmt: skip
@@ -186,12 +187,12 @@ class Engine:
             info=self.info, preamble=self._preamble, pooling="last" if settings.embedding_pooling == "last" else "mean",
             max_input_tokens=min(settings.embedding_max_tokens, self.info.context_window),
             hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
-            max_request_tokens=settings.exclusive_max_tokens,
+            max_request_tokens=settings.exclusive_max_tokens, vision=vision,
         )  # fmt: skip
         fit = partial(
             assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
             prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
-            prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
+            prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + beside_bytes,
             share=rank_share(self._cluster, self.info.vocab_size), kv=kv_scheme(settings, self._cluster),
         )  # fmt: skip
         planned = partial(plan_weights, settings, self.info, fit, cluster=self._cluster)
@@ -328,7 +329,7 @@ class Engine:
             self._make_prepare(jobs.receive, prepared.send),
             ParseStage(
                 inbox=self._parse_inbox.receive, out=jobs.send, route=self.served.adapter_of,
-                chat=ChatJobs(tokenizer=tokenizer, preamble=self._preamble,
+                chat=ChatJobs(tokenizer=tokenizer, preamble=self._preamble, vision=self.work.vision,
                               room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context)),
                 text=TextJobs(vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
             ),

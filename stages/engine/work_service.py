@@ -43,6 +43,7 @@ from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer
 from stages.prompt.chat import render_chat_text
 from stages.prompt.prepare import Reservation, encode_bounded
 from stages.prompt.tokenize import PIECE_CHARS, BoundedEncoder
+from stages.prompt.vision_chat import VisionPrompt
 
 T = TypeVar("T")
 # Qwen3-Reranker's system line and default instruction, from its model card.
@@ -71,6 +72,8 @@ class ModelWork:
     _score_by: ScoreBy = attrs.field(default="judge", alias="score_by")
     # Tokens one request may run through the model, summed over its inputs (OpenAI's embeddings bound: 300,000).
     _max_request_tokens: int = attrs.field(default=300_000, alias="max_request_tokens")
+    # A vision-language model's image side (stages/prompt/vision_chat.py); None: a text model.
+    vision: VisionPrompt | None = None
 
     @property
     def name(self) -> str:
@@ -100,6 +103,11 @@ class ModelWork:
             RequestError: the template refused the conversation, or the
                 prompt is past the context window (counting stops there).
         """
+        if self.vision is not None:
+            # Images are counted as the model reads them: each one's run of image tokens.
+            vision = partial(self.vision.render, self._tokenizer, request, preamble=self._preamble)
+            async with self._reservation.slots:
+                return (await anyio.to_thread.run_sync(vision, limiter=self._reservation.threads)).tokens
         render = partial(render_chat_text, self._tokenizer, request, preamble=self._preamble)
         async with self._reservation.slots:
             text = await anyio.to_thread.run_sync(render, limiter=self._reservation.threads)
