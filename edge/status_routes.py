@@ -20,7 +20,7 @@ from quart import Blueprint, Response, current_app, request
 from edge.choice import fleet
 from edge.fleet_status import fleet_fit, fleet_health, fleet_stats, model_fit
 from edge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from edge.metrics import Metrics
+from edge.metrics import Metrics, ModelLoad
 from edge.redact import without_paths
 from edge.store import store_call
 from fleet.host import unavailable
@@ -107,30 +107,68 @@ async def stats() -> Response:
 
 @routes.get("/metrics")
 async def metrics() -> Response:
-    return Response(_metrics().render(await _snapshot()), content_type=METRICS_CONTENT_TYPE)
+    if not fleet().several:
+        snapshot = await _snapshot()
+        return Response(_metrics().render({fleet().default.name: snapshot}), content_type=METRICS_CONTENT_TYPE)
+    # Each model's own series; the Responses store is the server's, so it is told once, not under every model.
+    snapshots = {name: await _model_snapshot(engine) for name, engine in _loaded().items()}
+    shared: JsonObject = {"response_store": await _store_statistics()}
+    return Response(_metrics().render(snapshots, shared), content_type=METRICS_CONTENT_TYPE)
 
 
 @routes.get("/v1/loads")
 async def loads() -> Response:
-    per_token, max_batch = _engine().fit.memory.kv_bytes_per_token, cast(int, current_app.extensions["max_batch"])
-    return _json(_metrics().loads(await _snapshot(), kv_bytes_per_token=per_token, max_batch=max_batch, now=time.time()))
+    """SGLang's load report: one entry per loaded model (`?model=NAME`: that model's alone)."""
+    several = fleet().several
+    if not several:
+        engines = {fleet().default.name: _engine()}
+    elif model := request.args.get("model"):
+        host = fleet().host_named(model)
+        engines = {host.name: host.engine} if isinstance(host.engine, Engine) else {}
+    else:
+        engines = _loaded()
+    models = [
+        ModelLoad(
+            model_name=name,
+            snapshot=await _model_snapshot(engine),
+            kv_bytes_per_token=engine.fit.memory.kv_bytes_per_token,
+            # A model's own batch (its `kv.max_batch` in the models file), else the server's.
+            max_batch=fleet().hosts[name].spec.kv.max_batch or cast(int, current_app.extensions["max_batch"]),
+        )
+        for name, engine in engines.items()
+    ]
+    return _json(_metrics().loads(models, named=several, now=time.time()))
 
 
 def _metrics() -> Metrics:
     return cast(Metrics, current_app.extensions["metrics"])
 
 
-async def _snapshot() -> JsonObject:
-    current = _engine()
-    snapshot = attrs.asdict(await current.fresh_statistics())
+def _loaded() -> dict[str, Engine]:
+    """The language models with an engine now, by name, in the order configured (a speech model has no batch)."""
+    return {name: host.engine for name, host in fleet().hosts.items() if isinstance(host.engine, Engine)}
+
+
+async def _store_statistics() -> JsonObject:
     store = await store_call(current_app, lambda store: store.statistics())
+    return cast(JsonObject, attrs.asdict(store))
+
+
+async def _snapshot() -> JsonObject:
+    """The one model's `/stats`: its figures and the Responses store's."""
+    report = await _model_snapshot(_engine())
+    report["response_store"] = await _store_statistics()
+    return report
+
+
+async def _model_snapshot(current: Engine) -> JsonObject:
+    snapshot = attrs.asdict(await current.fresh_statistics())
     blas = cast(str, current_app.extensions["blas"])
     report: JsonObject = {
         "model": current.info.name,
         "blas": blas,
         "weights": current.weights.description,
         **snapshot,
-        "response_store": attrs.asdict(store),
     }
     # The KV cache's scheme as the plan prices it (also in /fit): "full", or "q8g64" with its figures.
     fit = current.fit

@@ -14,7 +14,7 @@ busy). Loads and evictions happen one at a time, under one lock.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -31,6 +31,7 @@ from fleet.spec import ModelSpec, served_name
 from pipeline.errors import ErrorKind, RequestError, shutting_down
 from pipeline.observe import NullObserver, RequestObserver
 from pipeline.settings import Settings
+from pipeline.yielding import yielding_gil
 from stages.adapters import not_found
 from stages.engine.engine import Engine
 from stages.kv.machine import Machine, read_machine
@@ -50,7 +51,10 @@ class Fleet:
     specs: tuple[ModelSpec, ...] = attrs.field(alias="specs")
     # Several models from a file or list; False: today's one model, planned and named as before.
     several: bool = attrs.field(alias="several")
-    _observer: RequestObserver = attrs.field(factory=NullObserver, alias="observer")
+    # Each model's engine tells its own observer (the metrics label each series with the model).
+    _observer_for: Callable[[str], RequestObserver] = attrs.field(
+        default=lambda _: NullObserver(), alias="observer_for"
+    )
     hosts: dict[str, ModelHost] = attrs.field(init=False)
     # Every name a client may ask by (model, alias, adapter, embedding model) to its model's name.
     _names: dict[str, str] = attrs.field(init=False)
@@ -81,10 +85,11 @@ class Fleet:
         async with anyio.create_task_group() as self._group:
             for host in self.hosts.values():
                 if host.spec.pinned:
-                    # A pinned model that cannot load fails the start, as the one model always has.
                     async with self._placing:
                         await self._load(host)
-                    if host.state is not State.READY:
+                    # The one model that cannot load fails the start, as it always has; of several, a pinned
+                    # model that cannot load fails alone (reported failed, with why) and the others serve.
+                    if host.state is not State.READY and not self.several:
                         raise host.failure or RuntimeError(f"model {host.name!r} failed to load: {host.error}")
             if self.several and any(spec.ttl for spec in self.specs):
                 self._group.start_soon(self._expire_idle)
@@ -124,7 +129,7 @@ class Fleet:
             host.leases -= 1
             host.touch()
 
-    async def _ready(self, host: ModelHost) -> Engine | SpeechEngine:
+    async def _ready(self, host: ModelHost, *, reload_refused: bool = False) -> Engine | SpeechEngine:
         retry = self._settings.retry_after
         if self.draining:
             raise shutting_down()
@@ -137,6 +142,9 @@ class Fleet:
             return host.engine
         if host.state is State.UNLOADING:
             raise unavailable(host, retry)
+        if host.refused and not reload_refused:
+            # Its worker said these settings cannot serve it: every load would end alike, so none is tried.
+            raise load_failed(host, retry)
         if host.waiting >= max(1, self._settings.max_pending):
             raise RequestError(
                 kind=ErrorKind.UNAVAILABLE,
@@ -161,6 +169,11 @@ class Fleet:
 
     async def _load(self, host: ModelHost) -> None:
         """Place `host` (evicting as the policy says) and start its engine; under `_placing`."""
+        # Other models may be streaming: the loop keeps its turn beside the load's threads.
+        with yielding_gil():
+            await self._place_and_start(host)
+
+    async def _place_and_start(self, host: ModelHost) -> None:
         retry = self._settings.retry_after
         settings = self._settings
         if self.several:
@@ -177,7 +190,7 @@ class Fleet:
             settings = engine_settings(settings, host.spec, host.footprint)
         host.starting()
         log.info("fleet.loading", model=host.name)
-        engine = await self._engine_for(settings)
+        engine = await self._engine_for(settings, host.name)
         self._group.start_soon(host.serve, engine)
         await host.started.wait()
         if host.engine is None:
@@ -189,13 +202,13 @@ class Fleet:
         host.touch()
         log.info("fleet.ready", model=host.name)
 
-    async def _engine_for(self, settings: Settings) -> Engine | SpeechEngine:
+    async def _engine_for(self, settings: Settings, name: str) -> Engine | SpeechEngine:
         """A speech model's engine (stages/speech/), else a language model's."""
         find = partial(speech_info_for, settings.model, demo=settings.demo_model, name=settings.model_name)
         speech = await anyio.to_thread.run_sync(find)
         if speech is not None:
             return SpeechEngine(settings=settings, info=speech)
-        return Engine(settings=settings, observer=self._observer)
+        return Engine(settings=settings, observer=self._observer_for(name))
 
     async def footprint_of(self, host: ModelHost) -> Footprint:
         """What `host` takes of the budget (measured once, without loading it)."""
@@ -229,7 +242,8 @@ class Fleet:
 
     async def load(self, name: str) -> ModelHost:
         host = self._admin_host(name)
-        await self._ready(host)
+        # An operator's load tries again even a model that refused (its files may have been mended).
+        await self._ready(host, reload_refused=True)
         return host
 
     async def unload(self, name: str, *, graceful: bool) -> ModelHost:

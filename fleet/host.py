@@ -19,10 +19,11 @@ from anyio.abc import TaskStatus
 from fleet.footprint import Footprint
 from fleet.policy import Resident
 from fleet.spec import Defaults, ModelSpec
-from pipeline.errors import ErrorKind, RequestError
+from pipeline.errors import ErrorKind, RequestError, first_error, reason_of
 from pipeline.requests import JsonObject
 from stages.engine.engine import Engine
 from stages.engine.speech import SpeechEngine
+from stages.remote.process import WorkerRefused
 
 
 class State(enum.Enum):
@@ -100,7 +101,9 @@ class ModelHost:
             if engine.dead and self.state is not State.UNLOADING:
                 self.error = "the engine stopped; see the server log"
         except Exception as error:  # noqa: BLE001 - a model that cannot load or crashes fails alone
-            self.error, self.failure = f"{type(error).__name__}: {error}", error
+            # A worker's refusal is already its reason, named by its own type.
+            first = first_error(error)
+            self.error, self.failure = str(first) if isinstance(first, WorkerRefused) else reason_of(error), error
         finally:
             # An engine that started and died is kept: it answers its requests with 503 `engine_dead`, and
             # /health reports it, until the fleet replaces it.
@@ -110,6 +113,12 @@ class ModelHost:
             self.state = State.FAILED if self.error else State.UNLOADED
             self.started.set()
             self.stopped.set()
+
+    @property
+    def refused(self) -> bool:
+        """The last load failed because the model's worker refused its settings (`WorkerRefused`)."""
+        failure = self.failure
+        return self.state is State.FAILED and failure is not None and isinstance(first_error(failure), WorkerRefused)
 
     def report(self) -> JsonObject:
         report: JsonObject = {"state": self.state.value, "pinned": self.spec.pinned, "ttl": self.spec.ttl}
