@@ -113,6 +113,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-bits", choices=("4", "8"), help="quantize the KV cache to 4 or 8 bits (MLX_RELAY_KV_BITS; default full precision)")
     serve.add_argument("--kv-group-size", choices=("32", "64", "128"), help="values per scale and bias of the quantized KV (default 64)")
     serve.add_argument("--quantized-kv-start", help="tokens a row holds before its KV is quantized (MLX_RELAY_QUANTIZED_KV_START)")
+    serve.add_argument(
+        "--prompt-lookup", action="store_true",
+        help="speculate with n-gram proposals from each row's own prompt and output (MLX_RELAY_PROMPT_LOOKUP)",
+    )
+    serve.add_argument(
+        "--draft-model", help="speculate with a smaller model of the same vocabulary: a built-in name, directory or repo id (MLX_RELAY_DRAFT_MODEL)",
+    )  # fmt: skip
+    serve.add_argument("--num-draft-tokens", help="tokens a row proposes at most per step (MLX_RELAY_NUM_DRAFT_TOKENS; default 4)")
     serve.add_argument("--adapters", help="LoRA adapters served as their own model ids: 'name=path,...' (MLX_RELAY_ADAPTERS)")
     serve.add_argument(
         "--strict-fields", action="store_true",
@@ -167,6 +175,8 @@ def _export(args: argparse.Namespace) -> None:
         "strict_fields": "1" if args.strict_fields else None,
         "loop": args.loop, "embedding_model": args.embedding_model, "adapters": args.adapters, "kv_bits": args.kv_bits,
         "kv_group_size": args.kv_group_size, "quantized_kv_start": args.quantized_kv_start,
+        "prompt_lookup": "1" if args.prompt_lookup else None, "draft_model": args.draft_model,
+        "num_draft_tokens": args.num_draft_tokens,
         "web": "0" if args.no_web else None,
         "in_process": "1" if args.in_process else None,
     }  # fmt: skip

@@ -305,6 +305,9 @@ def engine_settings(settings: Settings, spec: ModelSpec, footprint: Footprint) -
         models_file=None,
         prompt_cache_bytes=settings.prompt_cache_bytes if kv.prompt_cache_bytes is None else kv.prompt_cache_bytes,
         max_batch=kv.max_batch or settings.max_batch,
+        kv_bits=settings.kv_bits if kv.kv_bits is None else kv.kv_bits,
+        kv_group_size=kv.kv_group_size or settings.kv_group_size,
+        quantized_kv_start=settings.quantized_kv_start if kv.quantized_kv_start is None else kv.quantized_kv_start,
         default_adapter=spec.defaults.adapter,
         context_limit=spec.defaults.context_limit,
     )

@@ -19,7 +19,7 @@ from fleet.spec import ModelSpec
 from pipeline.settings import Settings
 from stages.kv.machine import Machine
 from stages.kv.plan import budget_for
-from stages.kv.shape import ModelShape, read_model_shape
+from stages.kv.shape import KvScheme, ModelShape, read_model_shape
 from stages.models.vlm import vision_config
 
 # The share of RAM the fleet plans for when no budget is set, as one model's plan does.
@@ -42,6 +42,10 @@ def fleet_budget(settings: Settings, machine: Machine) -> int:
 def footprint(spec: ModelSpec, shape: ModelShape, machine: Machine, settings: Settings) -> Footprint:
     """What `spec` takes beside the other models, from its shape (pure: tests pass published configs)."""
     window = min(shape.context_window, spec.defaults.context_limit or shape.context_window)
+    bits = settings.kv_bits if spec.kv.kv_bits is None else spec.kv.kv_bits
+    if bits is not None:
+        # Its KV at the scheme it will run with: a quantized model plans for fewer bytes a token.
+        shape = attrs.evolve(shape, kv_scheme=KvScheme(bits=bits, group_size=spec.kv.kv_group_size or settings.kv_group_size))
     tokens = min(spec.kv.context or window, window)
     if spec.kv.memory_budget:
         return Footprint(

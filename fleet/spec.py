@@ -16,6 +16,9 @@ ignored), so a typo cannot silently serve a model other than the one meant:
     context = 8192             # or: the tokens of KV it reserves (its budget is planned from it)
     prompt_cache_bytes = 536870912
     max_batch = 8
+    kv_bits = 8                # a quantized KV cache for this model (4 or 8; unset: the server's MLX_RELAY_KV_BITS)
+    kv_group_size = 64
+    quantized_kv_start = 0
     [models.chat.defaults]
     temperature = 0.7          # unset: the model's generation_config.json, else the API's default
     top_p = 0.9
@@ -80,6 +83,12 @@ class KvSpec:
     context: int | None = None
     prompt_cache_bytes: int | None = None
     max_batch: int | None = None
+    # The model's KV scheme (MLX_RELAY_KV_BITS and friends for it alone); unset: the server's.
+    kv_bits: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_((4, 8))))
+    kv_group_size: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_((32, 64, 128)))
+    )
+    quantized_kv_start: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -171,7 +180,15 @@ def parse_models(document: Mapping[str, Any], *, where: str = "models file") -> 
 
 
 _MODEL_KEYS = {"model", "aliases", "adapters", "embedding_model", "pinned", "ttl", "kv", "defaults"}
-_KV_TYPES: dict[str, type] = {"memory_budget": int, "context": int, "prompt_cache_bytes": int, "max_batch": int}
+_KV_TYPES: dict[str, type] = {
+    "memory_budget": int,
+    "context": int,
+    "prompt_cache_bytes": int,
+    "max_batch": int,
+    "kv_bits": int,
+    "kv_group_size": int,
+    "quantized_kv_start": int,
+}
 _DEFAULT_TYPES: dict[str, type] = {
     "temperature": float,
     "top_p": float,
@@ -205,9 +222,17 @@ def _model(name: str, table: Any, where: str) -> ModelSpec:
         embedding_model=_typed(table, "embedding_model", str, where),
         pinned=bool(_typed(table, "pinned", bool, where)),
         ttl=ttl,
-        kv=KvSpec(**_section(table, "kv", _KV_TYPES, where)),
+        kv=_kv(table, where),
         defaults=Defaults(**_section(table, "defaults", _DEFAULT_TYPES, where)),
     )
+
+
+def _kv(table: Mapping[str, Any], where: str) -> KvSpec:
+    values = _section(table, "kv", _KV_TYPES, where)
+    try:
+        return KvSpec(**values)
+    except ValueError as error:
+        raise ModelsFileError(f"{where}.kv: kv_bits must be 4 or 8 and kv_group_size 32, 64 or 128 ({error})") from None
 
 
 def _section(table: Mapping[str, Any], key: str, types: dict[str, type], where: str) -> dict[str, Any]:

@@ -104,6 +104,14 @@ class Settings:
     )
     kv_group_size: int = attrs.field(default=64, validator=attrs.validators.in_((32, 64, 128)))
     quantized_kv_start: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    # Speculative decoding inside the batch (stages/engine/speculation.py, docs/speculative-decoding.md): proposals from
+    # the row's own prompt and output (`prompt_lookup`) or from a smaller model with the same vocabulary.
+    prompt_lookup: bool = False
+    draft_model: str | None = attrs.field(default=None, validator=lambda settings, _, value: _one_drafter(settings, value))
+    # Tokens a row proposes at most per step (mlx-lm's --num-draft-tokens); each row's own k adapts below it.
+    num_draft_tokens: int = attrs.field(default=4, validator=attrs.validators.in_(range(1, 17)))
+    # Rows in the batch above which no row speculates: verifying then costs more than it saves (measured on demo).
+    speculation_max_rows: int = attrs.field(default=4, validator=attrs.validators.ge(0))
     # Bytes the server may plan for: weights, KV and a prefill chunk; 0 is 75% of RAM.
     memory_budget: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     log_level: str = attrs.field(
@@ -214,6 +222,11 @@ class Settings:
             return cls(**values)  # type: ignore[arg-type]
         except ValueError as error:
             raise SettingsError(f"invalid {PREFIX}* setting: {error}") from None
+
+
+def _one_drafter(settings: Settings, draft_model: str | None) -> None:
+    if draft_model and settings.prompt_lookup:
+        raise ValueError(f"MLX_RELAY_PROMPT_LOOKUP=1 with MLX_RELAY_DRAFT_MODEL={draft_model}: choose one drafter")
 
 
 def _check_aliases(value: str | None) -> None:

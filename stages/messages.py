@@ -172,6 +172,8 @@ class TokenDelta:
     logprobs: tuple[TokenScores, ...] | None = None
     # The row's grammar failed making this token (llguidance's reason): the row ends with an error.
     grammar_fault: str | None = None
+    # Speculative decoding (stages/model_thread/speculative_batch.py): the row's accepted and proposed tokens, on its last delta.
+    speculated: tuple[int, int] | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -45,6 +45,15 @@ KV_HELD = ("gateway", "kv_held_bytes")
 KV_BUDGET = ("gateway", "kv_budget_bytes")
 PREEMPTIONS = ("gateway", "preemptions")
 READ_PATHS = (RUNNING, ADMITTED, KV_HELD, KV_BUDGET, PREEMPTIONS)
+# Speculative decoding's counters under vLLM's spec_decode names; absent from /stats (and here) when it is off,
+# so tests/e2e/test_speculation.py, not test_metrics.py, finds each in a speculating server's snapshot.
+SPEC_DECODE = (
+    ("vllm:spec_decode_num_drafts", "Steps in which a row proposed tokens", ("gateway", "speculation", "drafts")),
+    ("vllm:spec_decode_num_draft_tokens", "Tokens proposed", ("gateway", "speculation", "proposed_tokens")),
+    ("vllm:spec_decode_num_accepted_tokens", "Proposed tokens the target accepted",
+     ("gateway", "speculation", "accepted_tokens")),
+)  # fmt: skip
+SPEC_DECODE_PATHS = frozenset(path for _, _, path in SPEC_DECODE)
 
 
 @attrs.frozen
@@ -78,10 +87,14 @@ def snapshot_metrics(snapshot: JsonObject) -> list[Figure]:
         Figure("vllm:num_preemptions", "Rows moved out of the batch under memory pressure",
                number_at(snapshot, PREEMPTIONS), counter=True),
     ]  # fmt: skip
+    gateway = snapshot.get("gateway")
+    if isinstance(gateway, dict) and gateway.get("speculation"):
+        figures += [Figure(name, text, number_at(snapshot, path), counter=True) for name, text, path in SPEC_DECODE]
     for path, value in _numbers(snapshot, ()):
         dotted = ".".join(path)
         name = PREFIX + "_".join(_UNSAFE.sub("_", part) for part in path)
-        figures.append(Figure(name, f"/stats {dotted}", value, counter=dotted in COUNTERS))
+        counter = dotted in COUNTERS or path in SPEC_DECODE_PATHS
+        figures.append(Figure(name, f"/stats {dotted}", value, counter=counter))
     return figures
 
 

@@ -24,6 +24,7 @@ from stages.model_thread.exclusive import ExclusiveQueue
 from stages.model_thread.gateway import GenerationGateway
 from stages.models.loading import ModelInfo, Tokenizer
 from stages.shard.cluster import Cluster
+from stages.engine.speculation import speculation_factory
 
 # Evicted entries waiting for the disk writer; beyond this they are dropped,
 # so a slow disk costs cache hits, never memory or request time.
@@ -64,6 +65,7 @@ def make_gateway(
         make_generator=None if cluster is None else cluster.make_generator,
         kv_scheme=side.fit.model.kv_scheme,
         single_row=settings.single_row,
+        speculation=speculation_factory(settings, side.tokenizer, sharded=cluster is not None, adapters=bool(side.adapters)),
         eos_ids=frozenset(side.tokenizer.eos_token_ids),
         think_ids=think_ids(side.family, side.tokenizer),
         max_batch=settings.max_batch,

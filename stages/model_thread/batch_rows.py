@@ -192,7 +192,7 @@ class BatchRows:
             row.generated.append(response.token)
             self._kv.advance(response.uid)
             scores = None if row.logprobs is None else (token_scores(response.logprobs, response.token, row.logprobs),)
-            deltas.append(row.delta(response.token, finish, scores))
+            deltas.append(row.delta(response.token, finish, scores, getattr(response, "speculated", None)))
             if finish is not None:
                 del self.rows[response.uid], self._uids[row.request_id]
                 self._kv.release(response.uid)

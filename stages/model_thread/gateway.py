@@ -56,11 +56,15 @@ from stages.model_thread.step_budget import StepBudget
 from stages.models.heap import HeapTrimmer
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
 from stages.models.quantized_kv import batch_generator
+from stages.model_thread.speculative_batch import speculating
+from stages.model_thread.drafters import SpeculationStatistics
 from stages.model_thread.encoder_cache import EncoderCacheStatistics
 from stages.model_thread.vision_rows import VisionRows
 
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
+
+    from stages.model_thread.speculative_batch import Speculation
 
 log = structlog.get_logger(stage="gateway")
 
@@ -90,6 +94,8 @@ class GatewayStatistics:
     # ran past the target (a step's decoding rows alone, or a first chunk before the speed was known).
     prefill_chunk: int = 0
     steps_over_budget: int = 0
+    # Speculative decoding's proposals and what the target accepted (stages/model_thread/drafters.py); None when it is off.
+    speculation: SpeculationStatistics | None = None
     # A vision-language model's encoder-output cache and its encodes.
     encoder_cache: EncoderCacheStatistics | None = None
 
@@ -133,6 +139,9 @@ class GenerationGateway:
     _kv_scheme: KvScheme = attrs.field(default=FULL, alias="kv_scheme")
     # Seconds a step aims at: prefill chunks are sized to fit it (stages/model_thread/step_budget.py); None: fixed chunks.
     _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
+    # Builds the batch's speculation from the loaded model (stages/engine/speculation.py); None: no speculative decoding.
+    _speculate: Callable[[Any], Speculation] | None = attrs.field(default=None, alias="speculation")
+    _speculation: Speculation | None = attrs.field(default=None, init=False)
     _budget: StepBudget | None = attrs.field(default=None, init=False)
     # Bytes of vision-tower output kept per image (a vision-language model's; stages/model_thread/encoder_cache.py).
     _encoder_cache_bytes: int = attrs.field(default=0, alias="encoder_cache_bytes")
@@ -181,6 +190,7 @@ class GenerationGateway:
             handoff=self._handoff.statistics(),
             prefill_chunk=self._budget.last_chunk if self._budget is not None else 0,
             steps_over_budget=self._budget.over_target if self._budget is not None else 0,
+            speculation=self._speculation.statistics() if self._speculation is not None else None,
             encoder_cache=self._batch.vision.statistics() if self._batch.vision is not None else None,
         )
 
@@ -213,13 +223,16 @@ class GenerationGateway:
         )
         stops = [[token] for token in sorted(self._eos_ids)]
         generator_class = self._make_generator or batch_generator(BatchGenerator, self._kv_scheme)
-        batch = partial(
+        batch: Callable[[], Any] = partial(
             generator_class, model, stop_tokens=stops, completion_batch_size=self._max_batch,
             prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch), prefill_step_size=self._prefill_step_size,
         )  # fmt: skip
+        if self._speculate is not None:
+            self._speculation = self._speculate(model)
+            batch = speculating(batch, self._speculation)
         # A row alone runs as generate_step does (stages/model_thread/single_row.py); never under a sharded generator,
-        # nor with quantized KV (its plain layers would join a quantized batch).
-        alone = self._make_generator is None and not self._kv_scheme.quantized
+        # nor with quantized KV (its plain layers would join a quantized batch), nor speculating (in the batch).
+        alone = self._make_generator is None and not self._kv_scheme.quantized and self._speculation is None
         enabled = self._single_row and alone and self._cache_kind == PLAIN
         solo = single_row(batch, enabled=enabled, model=model, stop_tokens=stops, prefill_step_size=self._prefill_step_size)
         generator = make_generator(model, self._adapters, solo)

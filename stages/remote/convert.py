@@ -84,6 +84,7 @@ def step_outputs(step: StepOut, rows: Mapping[str, Prepared]) -> StepOutputs:
             finish=FinishReason(delta.finish) if delta.finish is not None else None,
             logprobs=delta.logprobs,
             grammar_fault=delta.grammar_fault,
+            speculated=delta.speculated,
         )
         for delta in step.deltas
     )
@@ -133,6 +134,7 @@ def step_out(outputs: StepOutputs, failed: list[FailedOut]) -> StepOut:
                 finish=d.finish.value if d.finish is not None else None,
                 logprobs=d.logprobs,
                 grammar_fault=d.grammar_fault,
+                speculated=d.speculated,
             )
             for d in outputs.deltas
         ],

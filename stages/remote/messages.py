@@ -139,6 +139,8 @@ class DeltaOut(msgspec.Struct, frozen=True, array_like=True):
     logprobs: tuple[Scores, ...] | None = None
     # Why the row's grammar matcher failed mid-generation: the front's sink fails the row with it.
     grammar_fault: str | None = None
+    # Speculative decoding: the row's accepted and proposed tokens, on its last delta.
+    speculated: tuple[int, int] | None = None
 
 
 class FailedOut(msgspec.Struct, frozen=True, array_like=True):

@@ -64,6 +64,8 @@ class RowText:
     completion_tokens: int = 0
     # The step that brought this row's last token (inter-token latency).
     last_token_at: float | None = None
+    # Speculative decoding: the row's accepted and proposed tokens, told with its last token.
+    speculated: tuple[int, int] | None = None
 
 
 @attrs.define
@@ -152,6 +154,7 @@ class CompletionSink:
             for _ in delta.new_token_ids:
                 self._observer.token_gap(gap)
         row.last_token_at = stepped_at
+        row.speculated = delta.speculated or row.speculated
         row.completion_tokens += len(delta.new_token_ids)
         text = self._detokenize(row, delta)
         if row.completion_tokens > row.min_tokens:
@@ -265,6 +268,7 @@ class CompletionSink:
             prefill=_span(row, Mark.ADMITTED, Mark.FIRST_TOKEN),
             decode=_span(row, Mark.FIRST_TOKEN, Mark.FINISHED),
             total=_span(row, Mark.RECEIVED, Mark.FINISHED),
+            **_acceptance(row.speculated),
         )
         # vLLM's reasons: a turn that ended in a tool call stopped.
         vllm_reason = "length" if reason is FinishReason.LENGTH else "stop"
@@ -298,6 +302,11 @@ def _record(row: RowText, reason: str, prompt_tokens: int, cached_tokens: int) -
         first_token=_span(row, Mark.RECEIVED, Mark.FIRST_TOKEN),
         total=_span(row, Mark.RECEIVED, Mark.FINISHED),
     )
+
+
+def _acceptance(speculated: tuple[int, int] | None) -> dict[str, int]:
+    """A speculating row's proposed tokens and how many the target accepted, for its finish line."""
+    return {} if speculated is None else {"accepted_tokens": speculated[0], "proposed_tokens": speculated[1]}
 
 
 def _span(row: RowText, start: Mark, end: Mark) -> float | None:

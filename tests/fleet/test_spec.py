@@ -30,6 +30,9 @@ context_limit = 4096
 ttl = 30
 [models.tiny.kv]
 context = 1024
+kv_bits = 8
+kv_group_size = 32
+quantized_kv_start = 0
 """
 
 
@@ -52,7 +55,9 @@ def test_every_key_of_a_model_is_read(tmp_path: Path) -> None:
         defaults=Defaults(temperature=0.7, top_k=40, max_tokens=512, adapter="support", context_limit=4096),
     )
     # A model with no `model` key is the built-in (or directory) of its name.
-    assert tiny == ModelSpec(name="tiny", source="tiny", ttl=30.0, kv=KvSpec(context=1024))
+    assert tiny == ModelSpec(
+        name="tiny", source="tiny", ttl=30.0, kv=KvSpec(context=1024, kv_bits=8, kv_group_size=32, quantized_kv_start=0)
+    )
 
 
 @pytest.mark.parametrize(
@@ -69,6 +74,7 @@ def test_every_key_of_a_model_is_read(tmp_path: Path) -> None:
             "default adapter 'x' is not one of its adapters",
             id="unknown-default-adapter",
         ),
+        pytest.param("[models.a.kv]\nkv_bits = 6\n", "kv_bits must be 4 or 8", id="kv-bits-6"),
         pytest.param("models = 1\n", "at least one [models.<name>]", id="no-models"),
         pytest.param("[other]\n", "unknown key 'other'", id="unknown-table"),
         pytest.param("[models.a\n", "not TOML", id="not-toml"),
@@ -111,3 +117,14 @@ def test_one_model_is_todays_pinned_model_with_the_settings_defaults() -> None:
 def test_the_file_wins_over_the_model_setting(tmp_path: Path) -> None:
     specs = specs_from_settings(Settings(model="demo", models_file=str(write(tmp_path, FULL))))
     assert [spec.name for spec in specs] == ["chat", "tiny"]
+
+
+def test_a_models_kv_scheme_reaches_its_engine_settings() -> None:
+    from fleet.fleet import engine_settings
+    from fleet.footprint import Footprint
+
+    spot = Footprint(bytes=1 << 30, source="planned", kv_tokens=1024, weights_bytes=0)
+    mine = engine_settings(Settings(), ModelSpec(name="a", source="tiny", kv=KvSpec(kv_bits=4, kv_group_size=32)), spot)
+    assert (mine.kv_bits, mine.kv_group_size, mine.quantized_kv_start) == (4, 32, 0)
+    server_wide = engine_settings(Settings(kv_bits=8), ModelSpec(name="b", source="tiny"), spot)
+    assert (server_wide.kv_bits, server_wide.kv_group_size) == (8, 64)

@@ -1,0 +1,145 @@
+"""Speculative decoding in the batch, in process: tokens per second with and without it, and acceptance.
+
+    python -m bench.speculation [--model demo|tiny|smollm2|PATH] [--draft NAME] [--rows 1,4,16]
+                                [--tokens 128] [--rounds 3] [--workload copy|fresh|repeat]
+
+No server, no HTTP: the model thread's own work. Each round runs the same
+rows (N at once, all inserted together) without speculation, as the server
+runs them (a lone row on the single-row path, stages/model_thread/single_row.py; else
+mlx-lm's batch), and with it (prompt lookup, or `--draft`), in turns so a
+busy machine slows each alike; the figure is the ratio of medians. Tokens
+are checked equal first (greedy rows; `fresh` rows are seeded samples).
+
+Workloads: `copy` asks to repeat a code block (greedy; on a random-weight
+model the greedy output falls into loops, which prompt lookup copies);
+`fresh` samples at temperature 1 (nothing to copy: the cost of looking);
+`repeat` asks a real model (SmolLM2) to repeat a paragraph word for word.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+CODE = """def merge(left, right):
+    result = []
+    while left and right:
+        result.append(left.pop(0) if left[0] <= right[0] else right.pop(0))
+    return result + left + right
+"""
+PARAGRAPH = (
+    "The lighthouse keeper climbed the spiral stairs each evening at dusk, carrying a small brass lamp and a "
+    "notebook in which he recorded the weather, the ships that passed, and the colour of the sea."
+)
+PROMPTS = {
+    "copy": f"Repeat this code exactly, then repeat it again:\n{CODE}\n{CODE}",
+    "fresh": "Write a short story about a dragon and a knight in a small village.",
+    "repeat": f"Repeat the following paragraph word for word.\n\n{PARAGRAPH}",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.speculation", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="demo", help="demo, tiny, smollm2 (built locally), or a model directory")
+    parser.add_argument("--draft", help="a draft model (default: prompt lookup)")
+    parser.add_argument("--rows", default="1,4,16")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--k", type=int, default=4, help="tokens a row proposes at most")
+    parser.add_argument("--max-rows", type=int, default=4, help="rows above which no row speculates")
+    parser.add_argument("--workload", choices=tuple(PROMPTS), default="copy")
+    parser.add_argument("--ungated", action="store_true", help="speculate every step (no measured gate): the raw cost")
+    args = parser.parse_args(argv)
+    from stages.models.blas import preload_blas
+
+    blas = preload_blas()
+    model, tokenizer = _load(args.model)
+    draft = _load(args.draft)[0] if args.draft else None
+    messages = [{"role": "user", "content": PROMPTS[args.workload]}]
+    prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    print(f"{args.model}, workload {args.workload}, {args.tokens} tokens a row, {args.rounds} rounds, BLAS {blas}, "
+          f"drafter {args.draft or 'prompt lookup'}, k<={args.k}{', ungated' if args.ungated else ''}; the machine is shared: ratios within one run only")  # fmt: skip
+    print(f"{'rows':>4}  {'plain tok/s':>11}  {'spec tok/s':>10}  {'ratio':>6}  {'accepted/proposed':>17}  same")
+    for rows in (int(n) for n in args.rows.split(",")):
+        plain, spec, counts = _ways(model, draft, prompt, rows, args)
+        same = plain() == spec()
+        walls: dict[str, list[float]] = {"plain": [], "spec": []}
+        for _ in range(args.rounds):
+            for name, run in (("plain", plain), ("spec", spec)):
+                began = time.perf_counter()
+                run()
+                walls[name].append(time.perf_counter() - began)
+        total = rows * args.tokens
+        plain_rate, spec_rate = total / statistics.median(walls["plain"]), total / statistics.median(walls["spec"])
+        rate = f"{counts.accepted}/{counts.proposed}" + (
+            f" ({counts.accepted / counts.proposed:.0%})" if counts.proposed else ""
+        )
+        print(f"{rows:>4}  {plain_rate:11.1f}  {spec_rate:10.1f}  {spec_rate / plain_rate:6.2f}  {rate:>17}  {same}")
+
+
+def _load(name: str) -> tuple[Any, Any]:
+    import mlx_lm
+
+    from stages.models.loading import resolve_model
+
+    model, tokenizer = mlx_lm.load(str(resolve_model(name).path))[:2]
+    return model, tokenizer
+
+
+def _ways(
+    model: Any, draft: Any, prompt: list[int], rows: int, args: Any
+) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
+    from mlx_lm.generate import BatchGenerator
+
+    from pipeline.requests import Sampling
+    from stages.model_thread.drafters import CostGate, DrafterCounts, DraftModel, PromptLookup, RowPolicy
+    from stages.model_thread.sampling import make_row_sampler
+    from stages.model_thread.single_row import single_row
+    from stages.model_thread.speculative_batch import Speculation, speculating
+
+    def batch() -> BatchGenerator:
+        return BatchGenerator(
+            model, stop_tokens=[], completion_batch_size=max(rows, 1), prefill_batch_size=max(rows, 1)
+        )
+
+    plain_make = single_row(batch, enabled=rows == 1, model=model, stop_tokens=[], prefill_step_size=512)
+    counts = DrafterCounts()
+
+    def spec_make() -> Any:
+        drafter = DraftModel(model=draft) if draft is not None else PromptLookup()
+        policy = RowPolicy(max_k=args.k, min_acceptance=0.3, max_rows=args.max_rows)
+        gate = CostGate(measured=not args.ungated)
+        return speculating(batch, Speculation(drafter=drafter, policy=policy, counts=counts, gate=gate))()
+
+    def run(make: Callable[[], Any]) -> list[list[int]]:
+        generator = make()
+        sampling = Sampling(temperature=1.0 if args.workload == "fresh" else 0.0, seed=1)
+        uids = [
+            generator.insert([prompt], max_tokens=[args.tokens], samplers=[make_row_sampler(attrs_seed(sampling, i))])[
+                0
+            ]
+            for i in range(rows)
+        ]
+        tokens: dict[int, list[int]] = {uid: [] for uid in uids}
+        finished = 0
+        while finished < rows:
+            for response in generator.next()[1]:
+                tokens[response.uid].append(response.token)
+                finished += response.finish_reason is not None
+        generator.close()
+        return [tokens[uid] for uid in uids]
+
+    return (lambda: run(plain_make)), (lambda: run(spec_make)), counts
+
+
+def attrs_seed(sampling: Any, row: int) -> Any:
+    import attrs
+
+    return attrs.evolve(sampling, seed=row + 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Speculative decoding as the settings ask for it, decided at start: which drafter, and what refuses it.
+
+`--prompt-lookup` proposes from the row's own tokens (stages/model_thread/drafters.py's
+`PromptLookup`); `--draft-model NAME|PATH` from a second model, which
+must share the target's vocabulary (refused at start otherwise). Each
+combination the batch cannot speculate under is refused at start, naming
+it: both drafters at once, a sharded model, LoRA adapters, and models
+whose cache layers cannot be cut back (sliding-window, recurrent).
+The draft model is checked and loads on the model thread, beside the
+target, before any row (a refusal there fails the start as the KV
+scheme's does).
+docs/speculative-decoding.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pipeline.settings import Settings
+from stages.model_thread.drafters import Drafter, DraftModel, PromptLookup, RowPolicy
+
+if TYPE_CHECKING:
+    from stages.model_thread.speculative_batch import Speculation
+    from stages.models.loading import ModelInfo, Tokenizer
+
+# Below this share of its proposed tokens accepted, a row stops proposing for a while.
+MIN_ACCEPTANCE = 0.3
+
+
+class SpeculationError(ValueError):
+    """The speculation the settings ask for cannot serve this model or this set-up (raised at start)."""
+
+
+def speculation_refusal(settings: Settings, *, sharded: bool, adapters: bool) -> str | None:
+    """Why the settings' speculation cannot run in this set-up, or None (also None when it is off)."""
+    if not (settings.prompt_lookup or settings.draft_model):
+        return None
+    named = "MLX_RELAY_PROMPT_LOOKUP=1" if settings.prompt_lookup else f"MLX_RELAY_DRAFT_MODEL={settings.draft_model}"
+    if settings.prompt_lookup and settings.draft_model:
+        return f"MLX_RELAY_PROMPT_LOOKUP=1 with MLX_RELAY_DRAFT_MODEL={settings.draft_model}: choose one drafter"
+    if sharded:
+        return f"{named} cannot be served with MLX_RELAY_SHARD={settings.shard}: every rank would replay the proposals"
+    if adapters:
+        return f"{named} cannot be served with MLX_RELAY_ADAPTERS: each adapter's batch would need its own drafter"
+    return None
+
+
+def check_draft_tokenizer(name: str, target: Tokenizer) -> ModelInfo:
+    """The draft model's files, refused unless its vocabulary is the target's (token ids must mean the same)."""
+    from stages.models.loading import load_tokenizer, resolve_model
+
+    info = resolve_model(name)
+    draft: Any = load_tokenizer(info)
+    served: Any = target
+    if draft.vocab_size != served.vocab_size or draft.get_vocab() != served.get_vocab():
+        raise SpeculationError(
+            f"MLX_RELAY_DRAFT_MODEL={name}: its tokenizer differs from the served model's "
+            "(a draft model must share the target's vocabulary)"
+        )
+    return info
+
+
+def speculation_factory(
+    settings: Settings, target: Tokenizer, *, sharded: bool, adapters: bool
+) -> Callable[[Any], Speculation] | None:
+    """What the model thread calls with the loaded target to build the batch's speculation; None when it is off.
+
+    Raises:
+        SpeculationError: now, for a set-up it cannot serve; on the model thread, at load, for a draft
+            model of another vocabulary or a target whose cache cannot be cut back.
+    """
+    reason = speculation_refusal(settings, sharded=sharded, adapters=adapters)
+    if reason is not None:
+        raise SpeculationError(reason)
+    if not (settings.prompt_lookup or settings.draft_model):
+        return None
+    draft_name = settings.draft_model
+
+    def build(model: Any) -> Speculation:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        from stages.model_thread.speculative_batch import Speculation
+        from stages.models.loading import load_weights
+        from stages.models.mlx_internals import PLAIN, cache_kind
+
+        kind = cache_kind(make_prompt_cache(model))
+        if kind != PLAIN:
+            raise SpeculationError(
+                f"speculative decoding cannot serve this model: its cache has {kind} layers, which cannot be cut back "
+                "to the accepted tokens; serve it without MLX_RELAY_PROMPT_LOOKUP / MLX_RELAY_DRAFT_MODEL"
+            )
+        drafter: Drafter = PromptLookup()
+        if draft_name:
+            drafter = DraftModel(model=load_weights(check_draft_tokenizer(draft_name, target)))
+        policy = RowPolicy(
+            max_k=settings.num_draft_tokens, min_acceptance=MIN_ACCEPTANCE, max_rows=settings.speculation_max_rows
+        )
+        return Speculation(drafter=drafter, policy=policy)
+
+    return build

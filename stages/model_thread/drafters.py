@@ -1,0 +1,242 @@
+"""What a speculating row proposes, and how many tokens it proposes.
+
+Two drafters behind one interface (`Drafter`): prompt lookup, which finds
+the row's last few tokens earlier in its own prompt and output and
+proposes what followed them there (vLLM's n-gram speculator, no second
+model), and a draft model, a smaller model with the target's vocabulary
+that proposes its greedy continuation. Both propose deterministic tokens,
+so the target's verification (stages/model_thread/speculative_batch.py) keeps
+the output distribution exact.
+
+`RowPolicy` sizes each row's proposal from its acceptance: k grows after
+a fully accepted proposal and shrinks to what was accepted otherwise; a
+row whose acceptance stays low stops speculating for a while.
+Model thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, cast
+
+import attrs
+
+# A row speculates again after this many steps off, in case its text changed kind (prose to a quoted block).
+_COOLDOWN_STEPS = 64
+# Proposed tokens a row's acceptance is judged over before it may be turned off.
+_JUDGED_AFTER = 16
+
+
+class Drafter(Protocol):
+    """Proposes up to `k` tokens to follow a row's `history` (every token so far, the pending one last)."""
+
+    name: str
+
+    def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]: ...
+
+    def forget(self, uids: Sequence[int]) -> None: ...
+
+
+@attrs.define
+class PromptLookup:
+    """vLLM's `ngram` speculator: the longest recent n-gram found earlier in the row, and what followed it."""
+
+    max_ngram: int = 3
+    min_ngram: int = 1
+    name: str = "prompt_lookup"
+
+    def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]:
+        length = len(history)
+        for size in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            tail = list(history[length - size :])
+            # The latest earlier occurrence: recent text is the likeliest to be copied on.
+            for start in range(length - size - 1, -1, -1):
+                if history[start] == tail[0] and list(history[start : start + size]) == tail:
+                    follow = list(history[start + size : start + size + k])
+                    if follow:
+                        return follow
+        return []
+
+    def forget(self, uids: Sequence[int]) -> None:
+        return None
+
+
+@attrs.define
+class _DraftRow:
+    cache: list[Any]
+    # The tokens whose KV the draft cache holds.
+    fed: list[int] = attrs.Factory(list)
+
+
+@attrs.define
+class DraftModel:
+    """A second model's greedy continuation, each row with a cache of its own kept in step with the row.
+
+    The draft cache follows the row by its longest common prefix with the
+    row's history: rejected proposals are trimmed off, new tokens fed.
+    """
+
+    model: Any
+    name: str = "draft_model"
+    _rows: dict[int, _DraftRow] = attrs.field(factory=dict, init=False)
+
+    def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]:
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        row = self._rows.get(uid)
+        if row is None:
+            row = self._rows[uid] = _DraftRow(cache=make_prompt_cache(self.model))
+        common = _common_prefix(row.fed, history)
+        # At least the last token is fed again: its logits are where the proposal starts.
+        keep = min(common, len(history) - 1)
+        if keep < len(row.fed):
+            for layer in row.cache:
+                layer.trim(len(row.fed) - keep)
+            del row.fed[keep:]
+        logits = self.model(mx.array(list(history[keep:]))[None], cache=row.cache)[:, -1, :]
+        row.fed.extend(history[keep:])
+        proposed: list[int] = []
+        for step in range(k):
+            token = cast(int, mx.argmax(logits, axis=-1).item())
+            proposed.append(token)
+            if step + 1 < k:
+                logits = self.model(mx.array([[token]]), cache=row.cache)[:, -1, :]
+                row.fed.append(token)
+        return proposed
+
+    def forget(self, uids: Sequence[int]) -> None:
+        for uid in uids:
+            self._rows.pop(uid, None)
+
+
+def _common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
+    size = min(len(first), len(second))
+    for index in range(size):
+        if first[index] != second[index]:
+            return index
+    return size
+
+
+@attrs.define
+class _RowState:
+    k: int
+    proposed: int = 0
+    accepted: int = 0
+    # Steps left before a row turned off speculates again.
+    off_for: int = 0
+
+
+@attrs.define
+class RowPolicy:
+    """Per-row k from acceptance, and when a row or the whole batch stops speculating."""
+
+    max_k: int
+    # Below this share of proposed tokens accepted, a row stops speculating for a while.
+    min_acceptance: float
+    # Rows in the batch above which no row speculates: verification costs more than it saves.
+    max_rows: int
+    _rows: dict[int, _RowState] = attrs.field(factory=dict, init=False)
+
+    def budget(self, uid: int, batch_rows: int) -> int:
+        """Tokens the row may propose this step (0: it decodes as usual)."""
+        if batch_rows > self.max_rows or self.max_k <= 0:
+            return 0
+        state = self._rows.setdefault(uid, _RowState(k=self.max_k))
+        if state.off_for > 0:
+            state.off_for -= 1
+            if state.off_for == 0:
+                state.proposed = state.accepted = 0
+            return 0
+        return state.k
+
+    def record(self, uid: int, proposed: int, accepted: int) -> None:
+        if proposed <= 0:
+            return
+        state = self._rows.setdefault(uid, _RowState(k=self.max_k))
+        state.proposed += proposed
+        state.accepted += accepted
+        state.k = min(self.max_k, state.k + 1) if accepted == proposed else max(1, accepted + 1)
+        if state.proposed >= _JUDGED_AFTER and state.accepted < self.min_acceptance * state.proposed:
+            state.off_for, state.k = _COOLDOWN_STEPS, 1
+
+    def forget(self, uids: Sequence[int]) -> None:
+        for uid in uids:
+            self._rows.pop(uid, None)
+
+
+@attrs.define
+class DrafterCounts:
+    """What one drafter proposed and what the target accepted, since start (vLLM's spec_decode counters)."""
+
+    drafts: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    # Accepted tokens by their place in the proposal (vLLM's num_accepted_tokens_per_pos).
+    accepted_per_position: list[int] = attrs.Factory(list)
+
+    def record(self, proposed: int, accepted: int) -> None:
+        if proposed <= 0:
+            return
+        self.drafts += 1
+        self.proposed += proposed
+        self.accepted += accepted
+        if len(self.accepted_per_position) < proposed:
+            self.accepted_per_position.extend([0] * (proposed - len(self.accepted_per_position)))
+        for position in range(accepted):
+            self.accepted_per_position[position] += 1
+
+
+@attrs.frozen(kw_only=True)
+class SpeculationStatistics:
+    """`/stats`' speculation figures (vLLM's spec_decode counters, per drafter)."""
+
+    drafter: str
+    # Steps in which a row proposed, and its tokens proposed and accepted.
+    drafts: int
+    proposed_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float
+    accepted_per_position: tuple[int, ...] = ()
+
+
+# Steps between probes of the way (speculating or not) that is losing, so a change in load is noticed.
+_PROBE_EVERY = 48
+# Weight of the latest step in a way's running speed.
+_SPEED_WEIGHT = 0.2
+
+
+@attrs.define
+class CostGate:
+    """Speculates only while it pays: each batch size's measured speed (tokens a second) with and without.
+
+    A verifying pass costs more than a plain step (1 + k positions a row);
+    whether the accepted tokens make up for it depends on the machine (on a
+    CPU with a slow BLAS a pass costs nearly k + 1 steps) and the load. So
+    both ways keep a running speed per batch size, the faster is taken, and
+    the slower is probed now and then.
+    """
+
+    # Off: every step speculates (tests that must see proposals whatever the machine's speed).
+    measured: bool = True
+    _speeds: dict[tuple[int, bool], float] = attrs.field(factory=dict, init=False)
+    _steps: int = attrs.field(default=0, init=False)
+
+    def speculate(self, rows: int) -> bool:
+        if not self.measured:
+            return True
+        self._steps += 1
+        plain, spec = self._speeds.get((rows, False)), self._speeds.get((rows, True))
+        if plain is None or spec is None:
+            # Learn both: speculate until measured, then a plain step.
+            return spec is None
+        faster = spec >= plain
+        return faster if self._steps % _PROBE_EVERY else not faster
+
+    def record(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        speed = tokens / seconds
+        key = (rows, speculated)
+        held = self._speeds.get(key)
+        self._speeds[key] = speed if held is None else held + _SPEED_WEIGHT * (speed - held)

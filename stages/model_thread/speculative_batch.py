@@ -1,0 +1,266 @@
+"""Speculative decoding inside mlx-lm's continuous batch.
+
+mlx-lm's `BatchGenerator` decodes one token per row per step
+(`GenerationBatch`), and `mlx_lm.server` turns batching off to speculate.
+`SpeculativeBatch` takes the generation batch's place: in a step where
+some rows have proposals (stages/model_thread/drafters.py), every row of the batch goes
+through ONE forward pass of `1 + K` positions, its pending token then its
+proposal (right-padded to the longest), so rows that do not speculate
+still decode in the same step. A step where no row proposes is mlx-lm's
+own, pipelined step.
+
+Verification keeps each row's meaning exactly. The target samples each
+position in order with the row's own sampler and logits processors,
+exactly as consecutive plain steps would (the same number of sampler and
+processor calls, the same context), and a proposed token is accepted only
+when it equals the token sampled there. Under greedy that is the exact
+match; for a sampled row it is rejection sampling against a point-mass
+proposal (accept with p(d), else the residual, which is p without d), so
+the distribution is unchanged, and a seeded row draws the same keys in
+the same order: the same tokens with speculation on or off. A grammar
+masks each position before sampling, so a proposed token it forbids is
+never accepted; stop sequences and max_tokens see every emitted token in
+order and end the row where they would have.
+
+Rejected positions leave the KV: every layer is cut back to the longest
+accepted proposal and the rows that accepted less are rolled right by the
+difference (their left padding grows), which is how mlx-lm's batch caches
+take right-padded prompts (`prepare(right_padding=...)`, `finalize`). A
+finishing row's cache is cut to the tokens it emitted before it goes to
+the prompt cache. Only plain `KVCache` (and quantized) layers; models with
+other layers are refused at start.
+
+Like quantized_kv.py this module subclasses mlx-lm's batch and so reads
+its private fields. Model thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import attrs
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch
+from mlx_lm.sample_utils import greedy_sampler
+
+from stages.model_thread.drafters import CostGate, Drafter, DrafterCounts, RowPolicy, SpeculationStatistics
+from stages.models.mlx_internals import cut_layer
+
+
+@attrs.define
+class Speculation:
+    """The drafter, the per-row policy, and what was proposed and accepted."""
+
+    drafter: Drafter
+    policy: RowPolicy
+    counts: DrafterCounts = attrs.Factory(DrafterCounts)
+    gate: CostGate = attrs.Factory(CostGate)
+    # Accepted and proposed tokens per uid for the rows now in the batch (the per-request timeline's figure).
+    per_row: dict[int, list[int]] = attrs.Factory(dict)
+
+    def statistics(self) -> SpeculationStatistics:
+        counts = self.counts
+        return SpeculationStatistics(
+            drafter=self.drafter.name,
+            drafts=counts.drafts,
+            proposed_tokens=counts.proposed,
+            accepted_tokens=counts.accepted,
+            accepted_per_position=tuple(counts.accepted_per_position),
+            acceptance_rate=counts.accepted / counts.proposed if counts.proposed else 0.0,
+        )
+
+
+@dataclass
+class SpeculativeResponse(GenerationBatch.Response):
+    """mlx-lm's response, with a finishing row's accepted and proposed tokens (the per-request figure)."""
+
+    speculated: tuple[int, int] | None = None
+
+
+class SpeculativeBatch(GenerationBatch):
+    """mlx-lm's GenerationBatch whose steps verify the rows' proposals; see the module's text."""
+
+    speculation: Speculation
+
+    def filter(self, keep: list[int]) -> None:
+        kept = set(keep)
+        gone = [uid for index, uid in enumerate(self.uids) if index not in kept]
+        super().filter(keep)
+        self.speculation.drafter.forget(gone)
+        self.speculation.policy.forget(gone)
+        for uid in gone:
+            # A finished row's figures were taken for its response; these rows left otherwise (abort, preemption).
+            self.speculation.per_row.pop(uid, None)
+
+    def next(self) -> list[Any]:
+        if not self.uids:
+            return []
+        rows, gate = len(self.uids), self.speculation.gate
+        began = time.perf_counter()
+        proposals = self._proposals() if gate.speculate(rows) else None
+        if proposals is not None:
+            responses = self._verify(proposals)
+        else:
+            finishing = dict(self.speculation.per_row)
+            responses = [_told(response, finishing) for response in super().next()]
+        gate.record(rows, proposals is not None, len(responses), time.perf_counter() - began)
+        return responses
+
+    def _proposals(self) -> list[list[int]] | None:
+        policy, drafter = self.speculation.policy, self.speculation.drafter
+        budgets = [policy.budget(uid, len(self.uids)) for uid in self.uids]
+        if not any(budgets):
+            return None
+        pending = cast(list[int], self._next_tokens.tolist())
+        proposals = []
+        for index, (uid, budget) in enumerate(zip(self.uids, budgets)):
+            # Never past max_tokens: the row's last token comes from the target.
+            room = self.max_tokens[index] - self._num_tokens[index] - 1
+            size = min(budget, room)
+            history = [*self.tokens[index], pending[index]]
+            proposals.append(drafter.propose(uid, history, size) if size > 0 else [])
+        return proposals if any(proposals) else None
+
+    def _verify(self, proposals: list[list[int]]) -> list[Any]:
+        pending = cast(list[int], self._next_tokens.tolist())
+        width = max(len(p) for p in proposals)
+        rows = [[pending[i], *p, *[pending[i]] * (width - len(p))] for i, p in enumerate(proposals)]
+        logits = self.model(mx.array(rows), cache=self.prompt_cache)
+        emitted: list[list[int]] = []
+        emitted_logprobs: list[list[mx.array]] = []
+        next_tokens: list[int] = []
+        next_logprobs: list[mx.array] = []
+        # Greedy rows without processors have no state to keep in step: all their positions at once, in one read.
+        logprobs_all = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        chosen_all = cast(list[list[int]], mx.argmax(logprobs_all, axis=-1).tolist())
+        for index, proposal in enumerate(proposals):
+            if self._plain_greedy(index):
+                accepted = _matched(chosen_all[index], proposal)
+                sampled = chosen_all[index][accepted]
+                logprobs = list(logprobs_all[index, : accepted + 1])
+            else:
+                accepted, logprobs, sampled = self._verify_row(index, logits[index], proposal)
+            tokens = [pending[index], *proposal[:accepted]]
+            emitted.append(tokens)
+            emitted_logprobs.append([self._next_logprobs[index], *logprobs[:accepted]])
+            next_tokens.append(sampled)
+            next_logprobs.append(logprobs[accepted])
+            self.tokens[index].extend(tokens)
+            self._record(self.uids[index], len(proposal), accepted)
+        self._cut(width, [len(tokens) - 1 for tokens in emitted])
+        self._next_tokens = mx.array(next_tokens, dtype=self._next_tokens.dtype)
+        self._next_logprobs = next_logprobs
+        return self._responses(emitted, emitted_logprobs)
+
+    def _sampler(self, index: int) -> Any:
+        return self.samplers[index] if self.samplers and self.samplers[index] is not None else self.fallback_sampler
+
+    def _plain_greedy(self, index: int) -> bool:
+        return not (self.logits_processors and self.logits_processors[index]) and self._sampler(index) is greedy_sampler
+
+    def _verify_row(self, index: int, logits: mx.array, proposal: list[int]) -> tuple[int, list[mx.array], int]:
+        """Tokens of `proposal` the target accepts, the logprobs of each position looked at, and the next token:
+        each position processed and sampled in order, as consecutive plain steps would."""
+        sampler = self._sampler(index)
+        processors = self.logits_processors[index] if self.logits_processors else None
+        positions = len(proposal) + 1
+        context_tokens = [self._next_tokens[index : index + 1], *(mx.array([t]) for t in proposal)]
+        looked: list[mx.array] = []
+        for position in range(positions):
+            row_logits = logits[position : position + 1]
+            if processors:
+                buffer: Any = self._token_context[index]  # untyped in mlx-lm
+                context = buffer.update_and_fetch(context_tokens[position])
+                for processor in processors:
+                    row_logits = processor(context, row_logits)
+            logprobs = row_logits - mx.logsumexp(row_logits, axis=-1, keepdims=True)
+            token = cast(int, sampler(logprobs).item())
+            looked.append(logprobs[0])
+            if position == len(proposal) or token != proposal[position]:
+                return position, looked, token
+        raise AssertionError("unreachable: the last position always returns")
+
+    def _record(self, uid: int, proposed: int, accepted: int) -> None:
+        speculation = self.speculation
+        speculation.policy.record(uid, proposed, accepted)
+        speculation.counts.record(proposed, accepted)
+        if proposed:
+            totals = speculation.per_row.setdefault(uid, [0, 0])
+            totals[0] += accepted
+            totals[1] += proposed
+
+    def _cut(self, width: int, accepted: Sequence[int]) -> None:
+        """Drop the rejected positions from every layer: cut to the longest accepted, roll the rest right."""
+        longest = max(accepted)
+        shifts = [longest - count for count in accepted]
+        for layer in self.prompt_cache:
+            layer.trim(width - longest)
+            if any(shifts):
+                layer.prepare(right_padding=shifts)
+                layer.finalize()
+
+    def _responses(self, emitted: list[list[int]], logprobs: list[list[mx.array]]) -> list[Any]:
+        keep, responses = [], []
+        for index, tokens in enumerate(emitted):
+            finish = None
+            for place, token in enumerate(tokens):
+                self._num_tokens[index] += 1
+                if self._num_tokens[index] >= self.max_tokens[index]:
+                    finish = "length"
+                if self._matchers[index].advance(token):
+                    finish = "stop"
+                cache, all_tokens = None, None
+                if finish is not None:
+                    # The cache holds every emitted token; a row that ends early keeps only those up to its end.
+                    extra = len(tokens) - 1 - place
+                    cache = self.extract_cache(index)
+                    all_tokens = self.tokens[index][: len(self.tokens[index]) - extra]
+                    if extra:
+                        held = len(self.tokens[index])
+                        cache = [cut_layer(layer, held - extra, held) for layer in cache]
+                uid = self.uids[index]
+                totals = self.speculation.per_row.pop(uid, None) if finish is not None else None
+                speculated = (totals[0], totals[1]) if totals is not None else None
+                responses.append(
+                    SpeculativeResponse(uid, token, logprobs[index][place], finish, cache, all_tokens, speculated)
+                )
+                if finish is not None:
+                    break
+            if finish is None:
+                keep.append(index)
+        if len(keep) < len(self.uids):
+            self.filter(keep)
+        return responses
+
+
+def _matched(chosen: list[int], proposal: list[int]) -> int:
+    """How many of `proposal` the target's own choices repeat, from the start."""
+    accepted = 0
+    while accepted < len(proposal) and chosen[accepted] == proposal[accepted]:
+        accepted += 1
+    return accepted
+
+
+def _told(response: Any, totals: dict[int, list[int]]) -> Any:
+    """A finishing row's response from a plain step, with what it accepted while it speculated."""
+    if response.finish_reason is None or response.uid not in totals:
+        return response
+    accepted, proposed = totals[response.uid]
+    fields = {name: getattr(response, name) for name in response.__dataclass_fields__}
+    return SpeculativeResponse(**fields, speculated=(accepted, proposed))
+
+
+def speculating(make: Callable[[], Any], speculation: Speculation) -> Callable[[], Any]:
+    """`make` (a BatchGenerator factory) whose generators' generation batch speculates."""
+
+    def build() -> Any:
+        generator = make()
+        batch = SpeculativeBatch.empty(generator.model, generator.sampler)
+        batch.speculation = speculation
+        generator._generation_batch = batch
+        return generator
+
+    return build

@@ -1,0 +1,232 @@
+"""stages/model_thread/speculative_batch.py on the tiny demo model: speculation changes how fast, never what.
+
+Each case runs the same rows through mlx-lm's `BatchGenerator` and through
+one whose generation batch speculates: every row's tokens, logprobs,
+finish reason and final cache must agree, greedy, seeded and with
+penalties and bias, with stop tokens and max_tokens, with rows joining
+mid-generation, for prompt lookup and for a draft model (the model itself,
+so nearly every proposal is accepted). Each case also checks that
+proposals were made and accepted, so a speculation that never ran cannot
+pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import BatchGenerator
+
+from pipeline.requests import Sampling
+from stages.model_thread.drafters import CostGate, DraftModel, PromptLookup, RowPolicy
+from stages.model_thread.sampling import RowStops, make_row_processors, make_row_sampler
+from stages.model_thread.speculative_batch import Speculation, speculating
+from stages.models.loading import ModelInfo, load_weights
+
+GREEDY = Sampling(temperature=0.0)
+# Low enough that a random model's samples often repeat what a drafter proposes (still the sampled path).
+SEEDED = Sampling(temperature=0.3, seed=5)
+PENALISED = Sampling(
+    temperature=0.8, seed=11, repetition_penalty=1.3, presence_penalty=0.5, logit_bias={5: 3.0, 7: -100.0}
+)
+# A prompt that repeats itself: prompt lookup has something to copy.
+COPY = [*range(3, 30), *range(3, 30), *range(3, 12)]
+OTHER = list(range(50, 95))
+
+
+@pytest.fixture(scope="module")
+def model(model_info: ModelInfo) -> Any:
+    return load_weights(model_info)
+
+
+def _batch(model: Any) -> BatchGenerator:
+    return BatchGenerator(model, stop_tokens=[[0]], completion_batch_size=4, prefill_batch_size=4, prefill_step_size=16)
+
+
+def _speculating(model: Any, drafter: Any, *, k: int = 4, max_rows: int = 8) -> tuple[Any, Speculation]:
+    policy = RowPolicy(max_k=k, min_acceptance=0.0, max_rows=max_rows)
+    speculation = Speculation(drafter=drafter, policy=policy, gate=CostGate(measured=False))
+    return speculating(lambda: _batch(model), speculation)(), speculation
+
+
+Arrival = tuple[str, list[int], Sampling, int, list[list[int]]]
+
+
+def _drive(generator: Any, arrivals: dict[int, list[Arrival]]) -> dict[str, dict[str, Any]]:
+    rows: dict[int, dict[str, Any]] = {}
+    call = 0
+    while call <= max(arrivals) or any(row["finish"] is None for row in rows.values()):
+        for name, prompt, sampling, max_tokens, stops in arrivals.get(call, []):
+            (uid,) = generator.insert(
+                [prompt], max_tokens=[max_tokens], caches=None, all_tokens=[[]],
+                samplers=[make_row_sampler(sampling)], logits_processors=[make_row_processors(sampling, max_tokens)],
+                stop_sequences=[RowStops(stops)],
+            )  # fmt: skip
+            rows[uid] = {"name": name, "prompt": prompt, "tokens": [], "logprobs": [], "finish": None}
+        for response in generator.next()[1]:
+            row = rows[response.uid]
+            assert row["finish"] is None, "a token after the row finished"
+            row["tokens"].append(response.token)
+            row["logprobs"].append(response.logprobs)
+            row["finish"] = response.finish_reason
+            if response.finish_reason is not None:
+                row["cache"], row["all_tokens"] = response.prompt_cache, response.all_tokens
+        call += 1
+        assert call < 500
+    return {row["name"]: row for row in rows.values()}
+
+
+def _same(expected: dict[str, dict[str, Any]], got: dict[str, dict[str, Any]]) -> None:
+    assert expected.keys() == got.keys()
+    for name in expected:
+        want, have = expected[name], got[name]
+        assert have["tokens"] == want["tokens"], name
+        assert have["finish"] == want["finish"], name
+        for a, b in zip(want["logprobs"], have["logprobs"]):
+            assert mx.allclose(a, b, atol=1e-4).item(), name
+        # The finished row's cache holds exactly the tokens it names: no rejected proposal is left in it.
+        assert have["all_tokens"] == want["all_tokens"], name
+        layer = have["cache"][0]
+        assert layer.offset == len(have["all_tokens"]), name
+        expected_keys = want["cache"][0].keys[..., : want["cache"][0].offset, :]
+        assert mx.allclose(layer.keys[..., : layer.offset, :], expected_keys, atol=1e-4).item(), name
+
+
+def _drafters(model: Any) -> list[Any]:
+    return [PromptLookup(), DraftModel(model=model)]
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED, PENALISED], ids=["greedy", "seeded", "penalties"])
+@pytest.mark.parametrize("drafter", ["prompt_lookup", "draft_model"])
+def test_one_row_gives_the_same_tokens_with_speculation(model: Any, sampling: Sampling, drafter: str) -> None:
+    arrivals = {0: [("a", COPY, sampling, 48, [[0]])]}
+    chosen = PromptLookup() if drafter == "prompt_lookup" else DraftModel(model=model)
+    generator, speculation = _speculating(model, chosen)
+    _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
+    assert speculation.counts.proposed > 0
+    # A random model's samples rarely repeat a proposal; its greedy tokens, or its own low-temperature ones, do.
+    assert (
+        speculation.counts.accepted > 0 or sampling is PENALISED or (sampling is SEEDED and drafter == "prompt_lookup")
+    )
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("drafter", ["prompt_lookup", "draft_model"])
+def test_rows_joining_mid_generation_keep_their_tokens(model: Any, sampling: Sampling, drafter: str) -> None:
+    """Rows of different lengths and acceptances share the verifying pass; each keeps its own KV."""
+    arrivals = {
+        0: [("a", COPY, sampling, 40, [[0]])],
+        3: [("b", OTHER, sampling, 30, [[0]]), ("c", COPY[5:], sampling, 25, [[0]])],
+        9: [("d", OTHER[:20] + OTHER[:20], sampling, 20, [[0]])],
+    }
+    chosen = PromptLookup() if drafter == "prompt_lookup" else DraftModel(model=model)
+    generator, speculation = _speculating(model, chosen)
+    _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
+    assert speculation.counts.proposed > 0
+    assert speculation.counts.accepted > 0 or (sampling is SEEDED and drafter == "prompt_lookup")
+
+
+def test_stop_tokens_and_max_tokens_end_a_row_inside_an_accepted_proposal(model: Any) -> None:
+    free = _drive(_batch(model), {0: [("a", COPY, GREEDY, 40, [[0]])]})["a"]["tokens"]
+    # A token the row produces after its start: the row must end on it, even where it was accepted mid-proposal.
+    stop = next(token for token in free[4:] if token not in free[:4])
+    for max_tokens in (7, 13, 40):
+        arrivals = {
+            0: [("a", COPY, GREEDY, max_tokens, [[0], [stop]])],
+            2: [("b", COPY[3:], GREEDY, max_tokens, [[0]])],
+        }
+        generator, speculation = _speculating(model, DraftModel(model=model))
+        got = _drive(generator, arrivals)
+        _same(_drive(_batch(model), arrivals), got)
+        assert got["b"]["finish"] == "length" and len(got["b"]["tokens"]) == max_tokens
+        assert speculation.counts.accepted > 0
+
+
+def test_above_max_rows_the_batch_decodes_without_proposals(model: Any) -> None:
+    arrivals = {0: [(f"r{i}", COPY[i:], GREEDY, 12, [[0]]) for i in range(3)]}
+    generator, speculation = _speculating(model, PromptLookup(), max_rows=2)
+    _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
+    assert speculation.counts.proposed == 0
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_match() -> None:
+    lookup = PromptLookup()
+    assert lookup.propose(0, [1, 2, 3, 9, 1, 2, 3, 4, 5, 1, 2, 3], 3) == [4, 5, 1]
+    assert lookup.propose(0, [1, 2, 3, 4], 3) == []
+    assert lookup.propose(0, [7, 8, 7], 2) == [8, 7]
+
+
+def test_the_policy_adapts_k_and_turns_a_row_off() -> None:
+    policy = RowPolicy(max_k=4, min_acceptance=0.5, max_rows=4)
+    assert policy.budget(1, 1) == 4 and policy.budget(1, 5) == 0
+    policy.record(1, 4, 1)
+    assert policy.budget(1, 1) == 2
+    for _ in range(10):
+        policy.record(1, 2, 0)
+    assert policy.budget(1, 1) == 0
+
+
+def test_the_gate_takes_the_faster_way_and_probes_the_other() -> None:
+    gate = CostGate()
+    assert gate.speculate(2)
+    gate.record(2, True, 10, 1.0)
+    assert not gate.speculate(2)
+    gate.record(2, False, 2, 1.0)
+    # Speculating measured faster: it stays on, but a plain step is probed now and then.
+    choices = [gate.speculate(2) for _ in range(100)]
+    assert choices.count(False) in (2, 3) and choices.count(True) > 90
+    gate.record(1, True, 1, 1.0)
+    gate.record(1, False, 5, 1.0)
+    choices = [gate.speculate(1) for _ in range(100)]
+    assert choices.count(True) in (2, 3)
+
+
+def test_quantized_kv_rows_speculate_with_the_same_tokens() -> None:
+    """The batch's quantized layers (stages/models/quantized_kv.py) are cut back and rolled like plain ones (on demo:
+    tiny's head dim is below a quantization group)."""
+    from stages.kv.shape import KvScheme
+    from stages.models.demo import ensure_demo_model
+    from stages.models.loading import resolve_model
+    from stages.models.quantized_kv import QuantizedBatchGenerator
+
+    model = load_weights(resolve_model(str(ensure_demo_model("demo"))))
+    scheme = KvScheme(bits=8, group_size=64)
+
+    def quantized() -> Any:
+        return QuantizedBatchGenerator(
+            model,
+            kv_scheme=scheme,
+            stop_tokens=[[0]],
+            completion_batch_size=4,
+            prefill_batch_size=4,
+            prefill_step_size=16,
+        )
+
+    arrivals = {
+        0: [("a", COPY, GREEDY, 16, [[0]])],
+        2: [("b", OTHER, GREEDY, 12, [[0]]), ("c", COPY[4:], GREEDY, 10, [[0]])],
+    }
+    speculation = Speculation(
+        drafter=PromptLookup(), policy=RowPolicy(max_k=4, min_acceptance=0.0, max_rows=8), gate=CostGate(measured=False)
+    )
+    expected, got = _drive(quantized(), arrivals), _drive(speculating(quantized, speculation)(), arrivals)
+    for name in expected:
+        assert got[name]["tokens"] == expected[name]["tokens"], name
+        assert got[name]["all_tokens"] == expected[name]["all_tokens"], name
+    assert speculation.counts.accepted > 0
+
+
+def test_set_ups_that_cannot_speculate_are_named() -> None:
+    from pipeline.settings import Settings
+    from stages.engine.speculation import SpeculationError, speculation_factory
+
+    lookup = Settings(prompt_lookup=True)
+    with pytest.raises(SpeculationError, match="MLX_RELAY_SHARD=tensor"):
+        speculation_factory(attrs.evolve(lookup, shard="tensor"), None, sharded=True, adapters=False)  # type: ignore[arg-type]
+    with pytest.raises(SpeculationError, match="MLX_RELAY_ADAPTERS"):
+        speculation_factory(lookup, None, sharded=False, adapters=True)  # type: ignore[arg-type]
+    assert speculation_factory(Settings(), None, sharded=True, adapters=True) is None  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="choose one drafter"):
+        Settings(prompt_lookup=True, draft_model="tiny")
