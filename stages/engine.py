@@ -2,7 +2,7 @@
 
 `Engine.run` resolves and loads the model, wires parse → chat | text →
 prepare → gateway → sink with bounded channels, and runs them under one
-`Supervisor`. `submit` is the only way in (admission first, S11); `drain`
+`Supervisor`. `submit` is the only way in (admission first; docs/STYLE.md, "Admission"); `drain`
 is the only way out: it refuses new work, closes the parse inbox so that
 closing cascades stage by stage, and waits (bounded) for rows in flight to
 finish before the model thread stops.
@@ -322,7 +322,8 @@ class Engine:
             inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer, family=self.family, observer=self._observer
         )
         watch: list[Actor] = [ShardWatch(cluster=self._cluster, on_lost=self._on_lost)] if self._cluster else []
-        # Started in this order: the model loads first, then downstream to upstream (S6).
+        # Started in this order: the model loads first, then downstream to upstream
+        # (docs/STYLE.md, "Readiness from downstream").
         return [
             *watch,
             self._gateway,

@@ -6,7 +6,7 @@ sink; evicted prompt-cache entries to the disk tier's writer
 (`stages/cache/spiller.py`).
 Owns: the model, mlx-lm's `BatchGenerator`, the row table, the prompt cache
 (`stages/cache/prompt.py`) and the batch's KV account (`stages/kv/scheduler.py`),
-all on one long-lived model thread (S12). The thread never waits for the
+all on one long-lived model thread (docs/STYLE.md, "One model thread"). The thread never waits for the
 event loop (`stages/handoff.py`): it takes new rows and aborts at the top of
 each step and hands the step's outputs, spills and failed rows over after
 it; it blocks only while it holds no row, or while `steps_ahead` steps are
@@ -21,7 +21,8 @@ step; the thread then frees the generator and the model.
 On error: a failure while admitting one row (its cache lookup, sampler,
 grammar matcher) fails that row alone (`pipeline/actor.py`), handed to its
 reply with that step's parcel. A failure of the step itself (MLX) is an
-engine failure and propagates (S20): the only one that marks the engine dead.
+engine failure and propagates (docs/STYLE.md, "Failures are values, crashes are fatal"): the only one
+that marks the engine dead.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The layering is a test, not a hope (STYLE.md S3, DESIGN.md "Layout").
+"""The layering is a test, not a hope (docs/STYLE.md, "Layering is tested"; DESIGN.md "Layout").
 
 Every import in `pipeline/`, `stages/` and `wire/` is read with `ast`,
 including imports inside functions and under `if TYPE_CHECKING:`, and

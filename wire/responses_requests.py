@@ -1,6 +1,6 @@
 """OpenAI Responses requests → internal chat requests.
 
-Decoding is two steps, both pure (S17): `decode_responses` validates a
+Decoding is two steps, both pure (docs/STYLE.md, "Pure wire"): `decode_responses` validates a
 body into `ResponsesRequest` (everything a 400 can be about, before any
 store lookup), and `to_chat` turns it — with the stored history that
 `previous_response_id` names spliced in front — into a `ChatRequest`.

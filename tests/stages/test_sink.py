@@ -246,7 +246,8 @@ async def test_a_closed_reply_is_dropped_and_other_rows_carry_on(tokenizer: Toke
         left.reply.summary  # noqa: B018
     assert text_of(await events_of(stays.reply)) == TEXT
     assert stays.reply.summary.finish_reason is FinishReason.LENGTH
-    # The reader's own close() sends the gateway its abort (S7); the sink sends none.
+    # The reader's own close() sends the gateway its abort; the sink sends none
+    # (docs/STYLE.md, "Cancellation through scopes").
     assert aborts == []
 
 
