@@ -57,7 +57,7 @@ def decode(generator: Any, rows: int, tokens: int, seeded: bool) -> dict[str, fl
     generator.insert(
         PROMPT[:rows], max_tokens=[tokens] * rows, caches=None, all_tokens=[[] for _ in range(rows)],
         samplers=_samplers(rows, seeded), logits_processors=[[] for _ in range(rows)],
-    )  # fmt: skip
+    )
     produced, started, counted, steps = 0, 0.0, 0, 0
     channel = getattr(generator, "channel", None)
     before = (channel.seconds, channel.calls) if channel is not None else (0.0, 0)

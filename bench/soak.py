@@ -41,7 +41,7 @@ COLUMNS = (
     "seconds", "rss_mb", "rss_less_cache_mb", "prompt_cache_mb", "prompt_cache_entries",
     "store_mb", "store_entries",
     "mx_active_mb", "mx_cache_mb", "requests", "errors",
-)  # fmt: skip
+)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -61,7 +61,7 @@ def work_served_as(served: ServedModels, model: str | None) -> str:
         raise invalid(
             f"The model `{model[:200]}` is a LoRA adapter; embeddings and scores come from the base model only: "
             f"ask for `{served.base}`", param="model", code="model_not_supported",
-        )  # fmt: skip
+        )
     if served.adapters and not served.knows(model):
         raise not_found(model, "model", served=(*served.ids, *served.aliases))
     return model if model in served.aliases else served.base

@@ -33,10 +33,10 @@ _LABEL = ("model_name",)
 
 # vLLM v1's buckets, so its dashboards' quantiles mean the same here.
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-         80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+         80.0, 160.0, 640.0, 2560.0)
 _ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-            960.0, 1920.0, 7680.0)  # fmt: skip
+            960.0, 1920.0, 7680.0)
 
 
 def _token_buckets(max_tokens: int) -> tuple[float, ...]:
@@ -175,7 +175,7 @@ class Metrics:
             snapshot=snapshot, kv_bytes_per_token=kv_bytes_per_token, max_running_requests=max_batch,
             gen_throughput=self.gen_throughput(generated if isinstance(generated, int) else 0, now),
             cache_hit_rate=self.cache_hit_rate, version="mlx-relay",
-        )  # fmt: skip
+        )
         return loads_body(inputs, now=now)
 
     def render(self, snapshot: JsonObject) -> bytes:

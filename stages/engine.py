@@ -172,7 +172,7 @@ class Engine:
         embedding_bytes = await self._open_embedder()
         self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases),
                                    embedding=self.embedder.name if self.embedder else None,
-                                   default_adapter=settings.default_adapter)  # fmt: skip
+                                   default_adapter=settings.default_adapter)
         if self._cluster is not None:
             # Followers replay the generator's calls: an adapter mounted on rank 0 alone would split the group.
             if adapters:
@@ -187,13 +187,13 @@ class Engine:
             max_input_tokens=min(settings.embedding_max_tokens, self.info.context_window),
             hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
             max_request_tokens=settings.exclusive_max_tokens,
-        )  # fmt: skip
+        )
         fit = partial(
             assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
             prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
             prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
             share=rank_share(self._cluster, self.info.vocab_size), kv=kv_scheme(settings, self._cluster),
-        )  # fmt: skip
+        )
         planned = partial(plan_weights, settings, self.info, fit, cluster=self._cluster)
         self.fit, self.weights = await anyio.to_thread.run_sync(planned)
         self.info = attrs.evolve(self.info, float32_weights=self.weights.float32)
@@ -205,7 +205,7 @@ class Engine:
             "engine.starting", model=self.info.name, path=str(self.info.path), max_safe_context=memory.max_safe_context,
             memory_budget=memory.budget_bytes, prompt_cache_bytes=memory.prompt_cache_bytes,
             weights=self.weights.description,
-        )  # fmt: skip
+        )
         await self._supervisor.run(task_status=_Relay(task_status, self))
 
     def model_work(self, model: str | None) -> ModelWork:

@@ -200,7 +200,7 @@ class GenerationGateway:
         batch = partial(
             generator_class, model, stop_tokens=stops, completion_batch_size=self._max_batch,
             prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch), prefill_step_size=self._prefill_step_size,
-        )  # fmt: skip
+        )
         # A row alone runs as generate_step does (stages/single_row.py); never under a sharded generator,
         # nor with quantized KV (its plain layers would join a quantized batch).
         alone = self._make_generator is None and not self._kv_scheme.quantized

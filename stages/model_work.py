@@ -109,7 +109,7 @@ class ModelWork:
         )
         if tokens is None:
             raise invalid(f"prompt is too long: more than {window} tokens, this model's maximum", param="messages",
-                          code="context_length_exceeded")  # fmt: skip
+                          code="context_length_exceeded")
         return tokens
 
     async def tokenize(self, request: TokenizeRequest) -> tuple[list[int], list[str] | None]:
@@ -202,7 +202,7 @@ class ModelWork:
         yes, no = (self._tokenizer.encode(word, add_special_tokens=False) for word in ("yes", "no"))
         if not yes or not no or yes[0] == no[0]:
             raise invalid(f"The model '{self._info.name}' cannot score: its vocabulary does not tell 'yes' from 'no' in one token",
-                          param="model", code="model_not_supported")  # fmt: skip
+                          param="model", code="model_not_supported")
         return yes[0], no[0]
 
     async def _inputs(self, inputs: Sequence[Input]) -> list[tuple[int, ...]]:
@@ -230,7 +230,7 @@ class ModelWork:
     def _too_long(self, param: str, limit: int | None = None) -> Exception:
         limit = self._max_input_tokens if limit is None else limit
         return invalid(f"'{param}' is too long: more than {limit} tokens, this model's maximum", param=param,
-                       code="context_length_exceeded")  # fmt: skip
+                       code="context_length_exceeded")
 
     def _check_ids(self, tokens: Sequence[int], param: str) -> None:
         vocab = self._info.vocab_size
@@ -251,7 +251,7 @@ def dedicated_work(settings: Settings, queue: ExclusiveQueue, reservation: Reser
     """
     assert settings.embedding_model is not None
     spec = read_embedding_model(settings.embedding_model, fallback="last" if settings.embedding_model_pooling == "last" else "mean",
-                                matryoshka=settings.embedding_matryoshka)  # fmt: skip
+                                matryoshka=settings.embedding_matryoshka)
     tokenizer = load_tokenizer(spec.info)
     sentence_transformers = (spec.info.path / "modules.json").is_file()
     score_by: ScoreBy = "judge" if settings.embedding_score == "judge" or (settings.embedding_score is None and not sentence_transformers) else "cosine"
@@ -260,7 +260,7 @@ def dedicated_work(settings: Settings, queue: ExclusiveQueue, reservation: Reser
         preamble=None, pooling=spec.pooling, max_input_tokens=min(settings.embedding_max_tokens, spec.info.context_window),
         hidden_size=spec.hidden_size, side=SideModel(load=partial(load_embedding_weights, spec)), matryoshka=spec.matryoshka,
         score_by=score_by, max_request_tokens=settings.exclusive_max_tokens,
-    )  # fmt: skip
+    )
     return work, spec.nbytes
 
 

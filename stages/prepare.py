@@ -138,7 +138,7 @@ class PrepareStage:
         if tokens is None:
             # Past the limit: the exact count is not worth the work.
             raise self._refusal(job, at_most + 1, None if job.params.clamp_max_tokens else job.params.max_tokens,
-                                at_least=True) or invalid("The prompt is too long", param=_prompt_param(job))  # fmt: skip
+                                at_least=True) or invalid("The prompt is too long", param=_prompt_param(job))
         return tokens, ()
 
     def _room(self, job: PrepareJob) -> int:
@@ -152,7 +152,7 @@ class PrepareStage:
         budget = f"This server's memory budget admits at most {safe} tokens per request (prompt plus completion)."
         return _past(job, prompt, wanted, f"This model's maximum context length is {window} tokens.", window,
                      "context_length_exceeded", at_least=at_least) or _past(
-            job, prompt, wanted, budget, safe, "context_over_budget", at_least=at_least)  # fmt: skip
+            job, prompt, wanted, budget, safe, "context_over_budget", at_least=at_least)
 
     async def _constrain(self, job: PrepareJob) -> CompiledConstraint | None:
         """The request's grammar, made under the constraint reservation and

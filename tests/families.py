@@ -103,4 +103,4 @@ CASES = (
         "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
         '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
     ),
-)  # fmt: skip
+)

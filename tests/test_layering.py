@@ -56,7 +56,7 @@ MLX_CORE_ALLOWED = {
     # A sharded model: the group, each rank's slice, the step messages and their replay (the model threads of every rank).
     "stages/shard/cluster.py", "stages/shard/transport.py", "stages/shard/replicated.py", "stages/shard/follower.py",
     "stages/shard/work.py",
-}  # fmt: skip
+}
 
 
 def modules() -> list[Path]:

@@ -82,7 +82,7 @@ OPERATIONS = (
     *(Operation(method="post", path=f"/admin/models/{{name}}/{action}", summary=summary) for action, summary in (
         ("load", "Load a configured model now"), ("unload", "Unload a model now (its requests in flight fail)"),
         ("drain", "Unload a model once its requests in flight finish"))),
-)  # fmt: skip
+)
 
 
 @functools.cache
@@ -153,7 +153,7 @@ _OPENAI_ERROR: JsonObject = {
                            "code": _NULLABLE_STRING},
         }
     },
-}  # fmt: skip
+}
 _ANTHROPIC_ERROR: JsonObject = {
     "type": "object",
     "required": ["type", "error"],

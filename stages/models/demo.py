@@ -67,7 +67,7 @@ _CORPUS_MODULES = (
     "math", "pathlib", "pickle", "pprint", "queue", "random", "re", "shutil",
     "statistics", "string", "tarfile", "textwrap", "threading", "typing",
     "unittest", "urllib.parse", "uuid", "zipfile",
-)  # fmt: skip
+)
 _PARAGRAPH = """\
 The server reads a request, renders the conversation with the model's chat
 template, and streams the answer back one token at a time. Small models are

@@ -40,7 +40,7 @@ add_line: "+" /(.*)/ LF -> line
 CUSTOM = Tool(
     name="shout", description="Says words.", parameters={"type": "object", "properties": {"input": {"type": "string"}}},
     input_grammar=Constraint(kind=ConstraintKind.GRAMMAR, spec=GRAMMAR, param="tools[0].format.definition"),
-)  # fmt: skip
+)
 WEATHER = Tool(name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris"]}}, "required": ["city"], "additionalProperties": False})
 HELD = [case for case in CASES if case.name not in ("harmony", "json")]
 

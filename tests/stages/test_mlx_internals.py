@@ -23,7 +23,7 @@ from stages.models.loading import ModelInfo, Tokenizer
 # tokenizer (not our own `self._tokenizer`), parser detection by module name,
 # and writes to a cache layer's offset.
 PRIVATE = (r"_maybe_trim_space", r"_byte_decoder", r"\b_download\b", r"(?<!self)\._tokenizer\b", r"json_tools\b\"\)",
-           r"\.offset\s*=[^=]", r"\b_get_classes\b")  # fmt: skip
+           r"\.offset\s*=[^=]", r"\b_get_classes\b")
 
 
 def test_maybe_trim_space(tokenizer: Tokenizer) -> None:

@@ -373,7 +373,7 @@ def test_a_text_only_chunk_is_the_bytes_the_whole_chunk_encodes_to(text: str, in
          {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}),
         (TextStream(id=ID, created=CREATED, model=MODEL, include_usage=include_usage),
          {"index": 0, "text": text, "logprobs": None, "finish_reason": None}),
-    ):  # fmt: skip
+    ):
         chunk: dict[str, JsonValue] = {"id": ID, "object": stream.object_name, "created": CREATED, "model": MODEL}
         chunk["choices"] = [choice]
         if include_usage:

@@ -256,4 +256,4 @@ def test_spliced_delta_frames_are_the_bytes_the_whole_event_encodes_to(text: str
     assert deltas == [
         ("response.reasoning_text.delta", 0, text), ("response.reasoning_text.delta", 0, text),
         ("response.output_text.delta", 1, text), ("response.output_text.delta", 1, text + "!"),
-    ]  # fmt: skip
+    ]
