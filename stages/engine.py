@@ -18,7 +18,7 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.admission import Admission, AdmissionStatistics
+from pipeline.admission import Admission
 from pipeline.channels import Channel, ReplySlot, open_channel
 from pipeline.errors import engine_dead, shutting_down
 from pipeline.observe import NullObserver, RequestObserver
@@ -28,18 +28,18 @@ from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
 from stages.adapters import AdapterError, ServedModels, not_found, read_adapters
 from stages.cache.disk import DiskTier
-from stages.cache.prompt import PromptCacheStatistics
 from stages.chat import ChatStage, render_edited
 from stages.constraints import ConstraintCompiler
-from stages.exclusive import ExclusiveQueue, ExclusiveStatistics
+from stages.exclusive import ExclusiveQueue
 from stages.families.base import Family
 from stages.fim import find_infill
-from stages.gateway import GatewayStatistics, GenerationGateway
-from stages.kv.plan import Fit, assess
+from stages.engine_statistics import AdmissionReport, EngineStatistics, TokenCount
+from stages.gateway import GenerationGateway
+from stages.kv.plan import Fit
 from stages.messages import Abort, Decoder, Parsed, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
 from stages.model_side import ModelSide, make_gateway
-from stages.model_work import ModelWork, dedicated_work, hidden_size
-from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, resolve_model
+from stages.model_work import ModelWork, chat_model_work, open_embedder
+from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer
 from stages.models.weights import WeightForm
 from stages.parse import ParseStage
 from stages.prepare import PrepareStage, Reservation, prompt_room
@@ -50,7 +50,7 @@ from stages.shard.liveness import RankStatus
 from stages.shard.watch import ShardWatch
 from stages.shard.work import ReplicatedWork
 from stages.sink import CompletionSink
-from stages.startup import choose_markup, disk_tier, kv_scheme, plan_weights, rank_share
+from stages.startup import choose_markup, disk_tier, plan_memory, served_model
 from stages.text import TextStage
 from stages.tokenize import BoundedEncoder
 
@@ -59,38 +59,6 @@ log = structlog.get_logger(stage="engine")
 # Steps delivered to the sink and not yet taken; the model thread waits once
 # the gateway's `steps_ahead` more are undelivered on its side of the crossing.
 _STEP_BUFFER = 4
-
-
-@attrs.frozen(kw_only=True)
-class TokenCount:
-    """A prompt's tokens; with context edits, also its tokens before them."""
-
-    input_tokens: int
-    original_input_tokens: int | None = None
-
-
-@attrs.frozen(kw_only=True)
-class AdmissionReport(AdmissionStatistics):
-    """The queue's admission figures, and memory admission's."""
-
-    max_safe_context: int
-    memory_budget_bytes: int
-    usable_bytes: int
-    weights_bytes: int
-
-
-@attrs.frozen(kw_only=True)
-class EngineStatistics:
-    admission: AdmissionReport
-    gateway: GatewayStatistics
-    prompt_cache: PromptCacheStatistics | None
-    # Embeddings and scores: their queue and the model thread's time on them.
-    exclusive: ExclusiveStatistics
-    # Rows whose text state the sink holds; 0 whenever no request is in flight.
-    sink_rows: int
-    submitted: int
-    running: bool
-    dead: bool
 
 
 @attrs.define
@@ -161,12 +129,7 @@ class Engine:
         if settings.shard:
             # Blocks until every rank mlx.launch started has joined.
             self._cluster = await anyio.to_thread.run_sync(partial(join, settings.shard, timeout=settings.shard_timeout))
-        self.info = await anyio.to_thread.run_sync(
-            partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
-        )
-        if settings.context_limit:
-            # A window below the model's own (per-model defaults, fleet/): every stage reads the window from here.
-            self.info = attrs.evolve(self.info, context_window=min(self.info.context_window, settings.context_limit))
+        self.info = await anyio.to_thread.run_sync(served_model, settings)
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
         embedding_bytes = await self._open_embedder()
@@ -181,24 +144,17 @@ class Engine:
             self._exclusive.run_chunks_with(ReplicatedWork(self._cluster.step_log))
         self._encoder = await anyio.to_thread.run_sync(BoundedEncoder.of, self.tokenizer)
         self.family, self._preamble = await anyio.to_thread.run_sync(partial(choose_markup, settings, self.tokenizer))
-        self.work = ModelWork(
-            queue=self._exclusive, tokenizer=self.tokenizer, encoder=self._encoder, reservation=self._tokenizing,
-            info=self.info, preamble=self._preamble, pooling="last" if settings.embedding_pooling == "last" else "mean",
-            max_input_tokens=min(settings.embedding_max_tokens, self.info.context_window),
-            hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
-            max_request_tokens=settings.exclusive_max_tokens,
+        chat_work = partial(
+            chat_model_work, settings, self._exclusive, self.info, self._encoder, self._tokenizing, self._preamble
         )
-        fit = partial(
-            assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
-            prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
-            prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + embedding_bytes,
-            share=rank_share(self._cluster, self.info.vocab_size), kv=kv_scheme(settings, self._cluster),
-        )
-        planned = partial(plan_weights, settings, self.info, fit, cluster=self._cluster)
-        self.fit, self.weights = await anyio.to_thread.run_sync(planned)
-        self.info = attrs.evolve(self.info, float32_weights=self.weights.float32)
-        disk = None if not settings.model_in_process else await anyio.to_thread.run_sync(
-            partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters))
+        self.work = await anyio.to_thread.run_sync(chat_work)
+        adapter_bytes = self.served.adapter_bytes + embedding_bytes
+        planned = partial(plan_memory, settings, self.info, adapter_bytes=adapter_bytes, cluster=self._cluster)
+        self.info, self.fit, self.weights = await anyio.to_thread.run_sync(planned)
+        disk = None
+        if settings.model_in_process:
+            tier = partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters)
+            disk = await anyio.to_thread.run_sync(tier)
         self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
         memory = self.fit.memory
         log.info(
@@ -224,16 +180,11 @@ class Engine:
         return self.work
 
     async def _open_embedder(self) -> int:
-        settings = self._settings
-        if settings.embedding_model is None:
-            return 0
-        if self._cluster is not None:
-            raise ValueError("MLX_RELAY_EMBEDDING_MODEL cannot be served with --shard (exclusive work runs on one process only)")
-        embedder, nbytes = await anyio.to_thread.run_sync(dedicated_work, settings, self._exclusive, self._tokenizing)
-        if embedder.name == self.info.name:
-            raise ValueError(f"MLX_RELAY_EMBEDDING_MODEL is served as {embedder.name!r}, the chat model's id too")
-        embedder.preload()
-        self.embedder = embedder
+        settings, sharded = self._settings, self._cluster is not None
+        opened = partial(open_embedder, settings, self._exclusive, self._tokenizing, chat=self.info.name, sharded=sharded)
+        self.embedder, nbytes = await anyio.to_thread.run_sync(opened)
+        if self.embedder is not None:
+            self.embedder.preload()
         return nbytes
 
     async def submit(self, *, request_id: str, trace_id: str, body: bytes, decode: Decoder) -> Reply:
@@ -287,16 +238,8 @@ class Engine:
         return self.statistics()
 
     def statistics(self) -> EngineStatistics:
-        memory = self.fit.memory
-        admission = AdmissionReport(
-            **attrs.asdict(self._admission.statistics()),
-            max_safe_context=memory.max_safe_context,
-            memory_budget_bytes=memory.budget_bytes,
-            usable_bytes=memory.usable_bytes,
-            weights_bytes=memory.weights_bytes,
-        )
         return EngineStatistics(
-            admission=admission,
+            admission=AdmissionReport.of(self._admission.statistics(), self.fit.memory),
             gateway=self._gateway.statistics(),
             prompt_cache=self._gateway.cache_statistics(),
             exclusive=self._exclusive.statistics(),

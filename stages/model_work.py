@@ -243,6 +243,29 @@ class ModelWork:
             return await anyio.to_thread.run_sync(call, limiter=self._reservation.threads)
 
 
+def chat_model_work(
+    settings: Settings,
+    queue: ExclusiveQueue,
+    info: ModelInfo,
+    encoder: BoundedEncoder,
+    reservation: Reservation,
+    preamble: Family | None,
+) -> ModelWork:
+    """The chat model's own embeddings and scores (its last hidden states); reads its config, so off the loop."""
+    return ModelWork(
+        queue=queue,
+        tokenizer=encoder.tokenizer,
+        encoder=encoder,
+        reservation=reservation,
+        info=info,
+        preamble=preamble,
+        pooling="last" if settings.embedding_pooling == "last" else "mean",
+        max_input_tokens=min(settings.embedding_max_tokens, info.context_window),
+        hidden_size=hidden_size(info.path),
+        max_request_tokens=settings.exclusive_max_tokens,
+    )
+
+
 def dedicated_work(settings: Settings, queue: ExclusiveQueue, reservation: Reservation) -> tuple[ModelWork, int]:
     """The work of `settings.embedding_model`, and its weights' bytes; off the loop and off the model thread.
 
@@ -262,6 +285,26 @@ def dedicated_work(settings: Settings, queue: ExclusiveQueue, reservation: Reser
         score_by=score_by, max_request_tokens=settings.exclusive_max_tokens,
     )
     return work, spec.nbytes
+
+
+def open_embedder(
+    settings: Settings, queue: ExclusiveQueue, reservation: Reservation, *, chat: str, sharded: bool
+) -> tuple[ModelWork | None, int]:
+    """`dedicated_work` when an embedding model is set, refused where it cannot be served; (None, 0) when none is.
+
+    Raises:
+        ValueError: under --shard, or served under the chat model's id.
+    """
+    if settings.embedding_model is None:
+        return None, 0
+    if sharded:
+        raise ValueError(
+            "MLX_RELAY_EMBEDDING_MODEL cannot be served with --shard (exclusive work runs on one process only)"
+        )
+    work, nbytes = dedicated_work(settings, queue, reservation)
+    if work.name == chat:
+        raise ValueError(f"MLX_RELAY_EMBEDDING_MODEL is served as {work.name!r}, the chat model's id too")
+    return work, nbytes
 
 
 def hidden_size(path: Path) -> int | None:
