@@ -117,7 +117,8 @@ def synthetic(name: str, tokens: int) -> None:
         per_layer, (logit_mean, logit_max) = drift(model, prompt, full, scheme)
         for index, (mean, most, relative) in enumerate(per_layer):
             print(
-                f"{name} {scheme.describe()} layer {index}: mean |drift| {mean:.2e} ({relative:.2%} of the mean |value|), max {most:.2e}"
+                f"{name} {scheme.describe()} layer {index}: mean |drift| {mean:.2e}"
+                f" ({relative:.2%} of the mean |value|), max {most:.2e}"
             )
         print(f"{name} {scheme.describe()} logits: mean |drift| {logit_mean:.2e}, max {logit_max:.2e}")
 

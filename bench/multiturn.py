@@ -1,6 +1,7 @@
 """Multi-turn benchmark: time to first token per turn, prompt cache off vs on.
 
-    python -m bench.multiturn [--model demo|tiny|shaped:NAME|PATH[,...]] [--turns 8] [--system-tokens 2000] [--repeats 1]
+    python -m bench.multiturn [--model demo|tiny|shaped:NAME|PATH[,...]] [--turns 8]
+        [--system-tokens 2000] [--repeats 1]
 
 An agent-style conversation: a long system prompt, then turns that each
 resend everything so far (the system prompt, every question, every answer)

@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'router':8} {'policy':26} {'cached':>7} {'ceiling':>8}  per replica   TTFT p50/p95 ms per turn")
     for run in runs:
         ttft = "  ".join(f"{t['ttft_p50_ms']:.0f}/{t['ttft_p95_ms']:.0f}" for t in run["per_turn"].values())
-        print(f"{run['router']:8} {run['policy']:26} {run['cached_share']:7.3f} {run['ceiling']:8.3f}  {run['requests_per_replica']!s:13} {ttft}")
+        shares = f"{run['cached_share']:7.3f} {run['ceiling']:8.3f}  {run['requests_per_replica']!s:13}"
+        print(f"{run['router']:8} {run['policy']:26} {shares} {ttft}")
     from bench.scaleout_failover import failover_run  # it imports this module's helpers
 
     failover = failover_run(args)

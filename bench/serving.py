@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--waves", type=int, default=1, help="waves per level; the median one is reported (default 1)")
     parser.add_argument(
         "--relay", default="asyncio",
-        help=f"mlx-relay variants to run, each a phase of its own in this run, the first as the main contender: {', '.join(VARIANTS)} (default asyncio)",
+        help="mlx-relay variants to run, each a phase of its own in this run, the first as the main contender: "
+        f"{', '.join(VARIANTS)} (default asyncio)",
     )
     parser.add_argument("--url", help="benchmark this running mlx-relay instead of starting one (it must serve --model)")
     parser.add_argument("--skip", default="", help=f"comma-separated baselines to leave out: {', '.join(PEERS)}")

@@ -38,7 +38,8 @@ def check_aliases(served: ServedModels) -> None:
 
 
 def served_as(served: ServedModels, request: GenerationRequest) -> str:
-    """The model name a reply carries: the alias the client asked by, else the id that answered (an adapter's or the base model's)."""
+    """The model name a reply carries: the alias the client asked by, else the id that answered (an adapter's or the
+    base model's)."""
     if request.model is not None and (request.model in served.aliases or request.model == served.base):
         # Asked by the base model's name, a default adapter answers under that name.
         return request.model

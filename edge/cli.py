@@ -99,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--shard", choices=("tensor", "pipeline"),
-        help="shard the model over the ranks mlx.launch started (MLX_RELAY_SHARD): rank 0 serves HTTP, the others follow",
+        help="shard the model over the ranks mlx.launch started (MLX_RELAY_SHARD): "
+        "rank 0 serves HTTP, the others follow",
     )
     serve.add_argument(
         "--in-process", action="store_true",
@@ -107,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--embedding-model",
-        help="a dedicated embedding model served beside the chat model: a directory, a repo id or shaped:NAME (MLX_RELAY_EMBEDDING_MODEL)",
+        help="a dedicated embedding model served beside the chat model: "
+        "a directory, a repo id or shaped:NAME (MLX_RELAY_EMBEDDING_MODEL)",
     )
     serve.add_argument("--kv-bits", choices=("4", "8"), help="quantize the KV cache to 4 or 8 bits (MLX_RELAY_KV_BITS; default full precision)")
     serve.add_argument("--kv-group-size", choices=("32", "64", "128"), help="values per scale and bias of the quantized KV (default 64)")

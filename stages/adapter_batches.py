@@ -85,7 +85,8 @@ def make_generator(model: Any, adapters: Sequence[Adapter], make: Callable[[], A
 
 
 def adapter_kwargs(adapter: str | None) -> dict[str, Any]:
-    """What `insert` takes for a row of `adapter`: nothing for the base model, so a plain `BatchGenerator` takes it too."""
+    """What `insert` takes for a row of `adapter`: nothing for the base model, so a plain `BatchGenerator` takes it
+    too."""
     return {} if adapter is None else {"adapter": adapter}
 
 

@@ -165,7 +165,8 @@ class Engine:
         await self._supervisor.run(task_status=_Relay(task_status, self))
 
     def model_work(self, model: str | None) -> ModelWork:
-        """Who answers embeddings, rerank and score naming `model`: the dedicated model when it is named (or none is), else the chat model.
+        """Who answers embeddings, rerank and score naming `model`: the dedicated model when it is named (or none
+        is), else the chat model.
 
         Raises:
             RequestError: 404 `model_not_found` for an unknown name while two models are served.

@@ -46,7 +46,10 @@ from stages.tokenize import PIECE_CHARS, BoundedEncoder
 
 T = TypeVar("T")
 # Qwen3-Reranker's system line and default instruction, from its model card.
-_JUDGE = 'Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be "yes" or "no".'
+_JUDGE = (
+    "Judge whether the Document meets the requirements based on the Query and the Instruct provided. "
+    'Note that the answer can only be "yes" or "no".'
+)
 _INSTRUCT = "Given a web search query, retrieve relevant passages that answer the query"
 ScoreBy = Literal["judge", "cosine"]
 Vector = np.ndarray[Any, Any]
@@ -201,7 +204,8 @@ class ModelWork:
     def _answer_ids(self) -> tuple[int, int]:
         yes, no = (self._tokenizer.encode(word, add_special_tokens=False) for word in ("yes", "no"))
         if not yes or not no or yes[0] == no[0]:
-            raise invalid(f"The model '{self._info.name}' cannot score: its vocabulary does not tell 'yes' from 'no' in one token",
+            raise invalid(f"The model '{self._info.name}' cannot score: "
+                          "its vocabulary does not tell 'yes' from 'no' in one token",
                           param="model", code="model_not_supported")
         return yes[0], no[0]
 

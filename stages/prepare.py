@@ -145,7 +145,8 @@ class PrepareStage:
         return prompt_room(self._context_window, self._max_safe_context, job.params)
 
     def _refusal(self, job: PrepareJob, prompt: int, wanted: int | None, *, at_least: bool) -> RequestError | None:
-        """The 400 for a prompt (of at least `prompt` tokens if `at_least`) that does not fit the window or the budget."""
+        """The 400 for a prompt (of at least `prompt` tokens if `at_least`) that does not fit the window or the
+        budget."""
         window = self._context_window
         safe = min(window, self._max_safe_context or window)
         # The memory budget's limit: a request past it fails here, before any model work.

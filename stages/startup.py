@@ -177,13 +177,15 @@ def kv_scheme(settings: Settings, cluster: Cluster | None) -> KvScheme:
     if settings.quantized_kv_start:
         raise KvSchemeError(
             f"{named} with MLX_RELAY_QUANTIZED_KV_START={settings.quantized_kv_start}: the continuous batch quantizes "
-            "every row from its first token (one batch layer cannot hold some rows quantized and others not); set it to 0"
+            "every row from its first token (one batch layer cannot hold some rows quantized and others not); "
+            "set it to 0"
         )
     return KvScheme(bits=settings.kv_bits, group_size=settings.kv_group_size)
 
 
 def model_loader(info: ModelInfo, cluster: Cluster | None, scheme: KvScheme) -> Callable[[], object]:
-    """What the gateway calls to load the weights, refusing at load (before any row) a model the KV scheme cannot serve."""
+    """What the gateway calls to load the weights, refusing at load (before any row) a model the KV scheme cannot
+    serve."""
     if cluster is not None:
         return partial(cluster.load, info.path)
     if not scheme.quantized:

@@ -53,7 +53,8 @@ MLX_CORE_ALLOWED = {
     "stages/single_row.py",
     # Embeddings and scores: forward passes the model thread runs between steps.
     "stages/embed.py",
-    # A sharded model: the group, each rank's slice, the step messages and their replay (the model threads of every rank).
+    # A sharded model: the group, each rank's slice, the step messages and their replay (the model threads of every
+    # rank).
     "stages/shard/cluster.py", "stages/shard/transport.py", "stages/shard/replicated.py", "stages/shard/follower.py",
     "stages/shard/work.py",
 }

@@ -120,7 +120,7 @@ def _operation(operation: Operation) -> JsonObject:
         ok["text/event-stream"] = {"schema": {"type": "string"}}
     described: JsonObject = {
         "summary": operation.summary,
-        "operationId": f"{operation.method}_{operation.path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
+        "operationId": f"{operation.method}_{_operation_path(operation.path)}",
         "responses": {"200": {"description": "Success", "content": ok}, "4XX": error_response, "5XX": error_response},
     }
     parameters: list[JsonValue] = [
@@ -135,6 +135,11 @@ def _operation(operation: Operation) -> JsonObject:
         schema = body_schema(operation.decode, operation.example)
         described["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
     return described
+
+
+def _operation_path(path: str) -> str:
+    """`/v1/responses/{response_id}` as `v1_responses_response_id`: the path part of an operationId."""
+    return path.strip("/").replace("/", "_").replace("{", "").replace("}", "")
 
 
 def _path_parameters(path: str) -> list[str]:

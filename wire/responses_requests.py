@@ -211,7 +211,8 @@ def _text_parts(value: JsonValue, param: str) -> str:
         part = as_object(raw, f"{param}[{index}]")
         if part.get("type") not in _TEXT_PARTS:
             raise invalid(
-                f"Invalid '{param}[{index}].type': {quote(part.get('type'))} is not supported; the served model reads text only.",
+                f"Invalid '{param}[{index}].type': {quote(part.get('type'))} is not supported; "
+                "the served model reads text only.",
                 param=f"{param}[{index}].type",
             )
         texts.append(as_str(part.get("text"), f"{param}[{index}].text"))

@@ -40,7 +40,8 @@ def test_both_models_are_listed_with_their_own_windows(client: openai.OpenAI, se
 
 
 def test_the_request_model_chooses_which_model_embeds(client: openai.OpenAI, server: Server) -> None:
-    """The embedding model's vectors are its width; the chat model still answers when named; none named is the embedder."""
+    """The embedding model's vectors are its width; the chat model still answers when named; none named is the
+    embedder."""
     dedicated = client.embeddings.create(model=EMBEDDER, input=TEXTS)
     chat = client.embeddings.create(model=CHAT, input=TEXTS)
     assert (dedicated.model, _vectors(dedicated).shape) == (EMBEDDER, (4, 1024))

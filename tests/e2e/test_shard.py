@@ -141,7 +141,8 @@ def test_every_api_gives_one_process_output_with_rows_sharing_the_batch(pair: tu
     assert got == expected
     assert all(expected.values()), expected
     json.loads(got["chat-json-schema"])
-    # The aborted stream's row leaves once the server notices the client went: soon, not necessarily before the last reply.
+    # The aborted stream's row leaves once the server notices the client went: soon, not necessarily before the last
+    # reply.
     deadline = time.monotonic() + 30
     while (stats := httpx.get(f"{sharded.server.base_url}/stats", timeout=10).json()) and time.monotonic() < deadline:
         if stats["gateway"]["active"] == 0 and stats["sink_rows"] == 0:

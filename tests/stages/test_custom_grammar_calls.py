@@ -63,7 +63,8 @@ def accepts(tokenizer: Tokenizer, grammar: str, text: str) -> bool:
 
 
 def walk(tokenizer: Tokenizer, matcher: LLMatcher, *, seed: int | None, open_at: int | None, opener: int | None) -> list[int]:
-    """Tokens the grammar allows: seeded choices (or the lowest id), the opener at `open_at`, EOS once a call is made."""
+    """Tokens the grammar allows: seeded choices (or the lowest id), the opener at `open_at`, EOS once a call is
+    made."""
     rng = random.Random(seed)
     eos = set(tokenizer.eos_token_ids)
     tokens: list[int] = []

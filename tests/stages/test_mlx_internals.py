@@ -108,7 +108,8 @@ def test_cache_classes(layers: list[object], kind: str) -> None:
 
 
 def test_no_other_module_reaches_into_mlx_lm_privately() -> None:
-    """The adapter is the only place a private mlx-lm name appears (with its quantized cache layers, quantized_kv.py)."""
+    """The adapter is the only place a private mlx-lm name appears (with its quantized cache layers,
+    quantized_kv.py)."""
     from tests.conftest import REPO
 
     offenders = []

@@ -1,4 +1,5 @@
-"""stages/single_row.py on the tiny demo model: a row alone gives the batch's tokens, and keeps them when it joins the batch.
+"""stages/single_row.py on the tiny demo model: a row alone gives the batch's tokens, and keeps them when it joins
+the batch.
 
 Each case runs the same rows, arriving at the same calls, through mlx-lm's
 `BatchGenerator` and through `SingleRow` over one: every row's tokens, finish
