@@ -16,6 +16,7 @@ Writes bench/out/embeddings.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import time
@@ -76,7 +77,7 @@ def _stream_gaps(url: str, index: int, max_tokens: int) -> list[float]:
             if line.startswith("data: {") and '"content"' in line:
                 arrivals.append(time.perf_counter())
     # The first gap is the prompt's prefill, not a decode step.
-    return [later - earlier for earlier, later in zip(arrivals[1:], arrivals[2:])]
+    return [later - earlier for earlier, later in itertools.pairwise(arrivals[1:])]
 
 
 def _gaps(url: str, streams: int, max_tokens: int) -> list[float]:

@@ -45,7 +45,7 @@ import httpx
 from bench.servers import REPO
 
 sys.path.insert(0, str(REPO))
-from deploy.scaleout import Cluster  # noqa: E402
+from deploy.scaleout import Cluster
 
 OUT = Path(__file__).resolve().parent / "out"
 _TIMEOUT = httpx.Timeout(300.0, connect=10.0)

@@ -84,7 +84,7 @@ class WorkReplay:
         try:
             with mx.stream(stream):
                 self._work.run_chunk(model, op["units"])
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 -- rank 0 logs the failure; this rank only drops the job
             # Rank 0's chunk failed the same way (same inputs, same code): its job fails, and it sends no more chunks.
             log.warning("follower.work_failed", job=op["job"], error=type(error).__name__)
             self._work = None

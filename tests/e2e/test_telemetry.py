@@ -6,14 +6,15 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
 from tests.conftest import ServerFactory
 
 pytest.importorskip("opentelemetry.sdk", reason="traces are the otel extra: pip install 'mlx-relay[otel]'")
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from opentelemetry.proto.trace.v1.trace_pb2 import Span  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 pytestmark = pytest.mark.slow
 
@@ -22,9 +23,9 @@ PARENT_ID = "00f067aa0ba902b7"
 
 
 class Receiver(BaseHTTPRequestHandler):
-    spans: list[Span] = []
+    spans: ClassVar[list[Span]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # http.server's name for it
         body = self.rfile.read(int(self.headers["content-length"]))
         if self.path == "/v1/traces":
             request = ExportTraceServiceRequest.FromString(body)

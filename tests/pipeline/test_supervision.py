@@ -1,4 +1,4 @@
-"""pipeline/supervision.py: the supervisor owns the actors one level down 
+"""pipeline/supervision.py: the supervisor owns the actors one level down
 (docs/STYLE.md, "One owner for the tree", "Readiness from downstream", "Failures are values, crashes are fatal").
 
 The actors here are small stand-ins written against the `Actor` protocol:

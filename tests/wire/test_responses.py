@@ -25,7 +25,6 @@ from pipeline.events import (
     TextDelta,
     TokenLogprob,
     ToolCall,
-    Usage,
 )
 from pipeline.protocol import StreamProtocol
 from tests.wire.responses_expected import (
@@ -44,7 +43,6 @@ from tests.wire.responses_expected import (
     summary,
     usage_json,
 )
-from wire.responses import output_text
 from wire.responses_requests import decode_responses
 
 
