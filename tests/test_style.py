@@ -24,7 +24,7 @@ def test_the_modules_are_found() -> None:
 def test_no_module_passes_the_ceiling() -> None:
     sizes = {path: len(path.read_text().splitlines()) for path in MODULES}
     over = {str(path.relative_to(REPO)): lines for path, lines in sizes.items() if lines > CEILING}
-    assert not over, f"split these along a seam (docs/STYLE.md, \"Size\"): {over}"
+    assert not over, f'split these along a seam (docs/STYLE.md, "Size"): {over}'
 
 
 def test_the_formatter_owns_every_statement() -> None:
