@@ -110,10 +110,7 @@ def served_model(settings: Settings) -> ModelInfo:
 def plan_memory(
     settings: Settings, info: ModelInfo, *, adapter_bytes: int, cluster: Cluster | None
 ) -> tuple[ModelInfo, Fit, WeightForm]:
-    """The memory plan and the weights' form, with `info` saying whether they are served as float32.
-
-    The front and a model worker both plan with this, so the model thread loads what the front planned.
-    """
+    """The memory plan and the weights' form, with `info` saying whether they are served as float32."""
     fit = partial(
         assess,
         info.path,
