@@ -35,7 +35,6 @@ from edge.responses_socket import close_all as close_sockets  # noqa: E402
 from edge.responses_socket import routes as responses_socket_routes  # noqa: E402
 from edge.responses_turn import prepare_turn, response_not_found, stored_response  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
-from edge.startup import StartupError, open_response_store  # noqa: E402
 from edge.status_routes import routes as status_routes  # noqa: E402
 from edge.store import store_call  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
@@ -51,9 +50,10 @@ from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
-from stages.engine import Engine  # noqa: E402
+from stages.engine.engine import Engine  # noqa: E402
 from stages.messages import Decoder, Reply  # noqa: E402
-from stages.parse import load_json  # noqa: E402
+from stages.prompt.parse import load_json  # noqa: E402
+from store.startup import StartupError, open_response_store  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
 from wire.anthropic_context import applied_edits_body  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402

@@ -7,7 +7,7 @@ with two random adapters (`stages/models/demo_adapter.py`):
 - `base`: all rows on the base model, mlx-lm's plain `BatchGenerator`;
 - `one adapter`: all rows on adapter A (one group: LoRA's own cost);
 - `three groups`: the rows split evenly over base, A and B, which take
-  turns one step each (`stages/adapter_batches.py`).
+  turns one step each (`stages/model_thread/adapter_batches.py`).
 Prints wall time, generated tokens/s, steps, each row's mean gap between
 tokens, and the mean time of one adapter switch (the module swap); writes
 bench/out/adapters.json.
@@ -30,8 +30,8 @@ from typing import Any  # noqa: E402
 import attrs  # noqa: E402
 
 from bench import report  # noqa: E402
-from stages.adapter_batches import AdapterBatches, make_generator  # noqa: E402
 from stages.adapters import read_adapters  # noqa: E402
+from stages.model_thread.adapter_batches import AdapterBatches, make_generator  # noqa: E402
 from stages.models.demo_adapter import write_random_adapter  # noqa: E402
 from stages.models.loading import resolve_model  # noqa: E402
 

@@ -35,7 +35,6 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +44,12 @@ import httpx
 from bench.servers import REPO
 
 sys.path.insert(0, str(REPO))
+from bench.scaleout_cluster import in_threads, model_id, replica_env, submitted, system_prompt
+from bench.scaleout_failover import failover_run
 from deploy.scaleout import Cluster
 
 OUT = Path(__file__).resolve().parent / "out"
 _TIMEOUT = httpx.Timeout(300.0, connect=10.0)
-_WORDS = "river stone lantern orchard copper meadow harbor violet summit falcon ember willow canyon".split()
 
 
 @attrs.define
@@ -76,15 +76,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--only-failover", action="store_true", help="skip the router runs")
     parser.add_argument("--out", type=Path, default=OUT)
     return parser
-
-
-def _env(model: str) -> dict[str, str]:
-    return {"MLX_RELAY_DEMO_MODEL": model} if model in ("tiny", "demo", "smollm2") else {"MLX_RELAY_MODEL": model}
-
-
-def system_prompt(conversation: int, words: int) -> str:
-    picked = [_WORDS[(conversation * 7 + i * (conversation + 3)) % len(_WORDS)] for i in range(words)]
-    return f"Conversation {conversation}. Remember these words: " + " ".join(picked)
 
 
 def chat_turn(url: str, model: str, messages: list[dict[str, str]], max_tokens: int, headers: dict[str, str]) -> tuple[str, float, dict[str, Any]]:
@@ -121,26 +112,8 @@ def run_conversations(url: str, model: str, args: argparse.Namespace, *, keyed: 
             with lock:
                 results.append(TurnResult(index, turn, ttft, usage["prompt_tokens"], cached, usage["completion_tokens"]))
 
-    _in_threads(args.conversations, conversation)
+    in_threads(args.conversations, conversation)
     return results
-
-
-def _in_threads(count: int, work: Callable[[int], None]) -> None:
-    errors: list[BaseException] = []
-
-    def body(index: int) -> None:
-        try:
-            work(index)
-        except BaseException as error:  # noqa: BLE001 - reported by the caller
-            errors.append(error)
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
 
 
 def summarise(results: list[TurnResult], per_replica: list[int]) -> dict[str, Any]:
@@ -169,24 +142,10 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[index]
 
 
-def submitted(cluster: Cluster) -> list[int]:
-    counts = []
-    for replica in cluster.replicas:
-        try:
-            counts.append(int(httpx.get(f"{replica.url}/stats", timeout=10).json()["submitted"]))
-        except httpx.HTTPError:
-            counts.append(-1)  # gone
-    return counts
-
-
-def model_id(cluster: Cluster) -> str:
-    return str(httpx.get(f"{cluster.replicas[0].url}/v1/models", timeout=10).json()["data"][0]["id"])
-
-
 def routed_run(args: argparse.Namespace, router: str, policy: str, *, keyed: bool) -> dict[str, Any]:
     cluster = Cluster.create(run_dir=args.out / "logs" / f"scaleout-{router}-{policy}")
     try:
-        cluster.start_replicas(args.replicas, env=_env(args.model))
+        cluster.start_replicas(args.replicas, env=replica_env(args.model))
         url = cluster.start_smg(policy=policy) if router == "smg" else cluster.start_haproxy()
         before = submitted(cluster)
         results = run_conversations(url, model_id(cluster), args, keyed=keyed)
@@ -209,8 +168,6 @@ def main(argv: list[str] | None = None) -> None:
         ttft = "  ".join(f"{t['ttft_p50_ms']:.0f}/{t['ttft_p95_ms']:.0f}" for t in run["per_turn"].values())
         shares = f"{run['cached_share']:7.3f} {run['ceiling']:8.3f}  {run['requests_per_replica']!s:13}"
         print(f"{run['router']:8} {run['policy']:26} {shares} {ttft}")
-    from bench.scaleout_failover import failover_run  # it imports this module's helpers
-
     failover = failover_run(args)
     print(json.dumps(failover, indent=2))
     name = "scaleout-failover.json" if args.only_failover else "scaleout.json"

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from bench.scaleout import Cluster, _env, _in_threads, model_id, submitted, system_prompt
+from bench.scaleout_cluster import Cluster, in_threads, model_id, replica_env, submitted, system_prompt
 
 _TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 # Long enough answers that turns are in flight when the replica dies.
@@ -59,7 +59,7 @@ def failover_run(args: argparse.Namespace) -> dict[str, Any]:
     lock = threading.Lock()
     killed = threading.Event()
     try:
-        cluster.start_replicas(args.replicas, env=_env(args.model))
+        cluster.start_replicas(args.replicas, env=replica_env(args.model))
         url = cluster.start_smg(policy="cache_aware")
         model = model_id(cluster)
         at_kill: list[int] = []
@@ -100,7 +100,7 @@ def failover_run(args: argparse.Namespace) -> dict[str, Any]:
 
         thread = threading.Thread(target=killer)
         thread.start()
-        _in_threads(args.conversations, conversation)
+        in_threads(args.conversations, conversation)
         thread.join()
         after = submitted(cluster)
         return {

@@ -47,7 +47,7 @@ def _samplers(rows: int, seeded: bool) -> list[Any]:
     from mlx_lm.sample_utils import greedy_sampler
 
     from pipeline.requests import Sampling
-    from stages.sampling import KeyedSampler
+    from stages.model_thread.sampling import KeyedSampler
 
     return [KeyedSampler(Sampling(temperature=0.8, seed=row)) if seeded else greedy_sampler for row in range(rows)]
 

@@ -7,7 +7,7 @@ thread. The three run in turns, `--rounds` times (so a busy machine slows
 each alike), and each reports the median and best wall milliseconds and
 process CPU milliseconds per token; greedy, so all three must give the same
 tokens (checked first). The gap between the batch and `generate_step` is
-what `stages/single_row.py` removes.
+what `stages/model_thread/single_row.py` removes.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _ways(model: Any, prompt: list[int], tokens: int) -> dict[str, Callable[[], 
     import mlx.core as mx
     from mlx_lm.generate import BatchGenerator, generate_step
 
-    from stages.single_row import single_row
+    from stages.model_thread.single_row import single_row
 
     def batch() -> BatchGenerator:
         return BatchGenerator(model, stop_tokens=[[]], completion_batch_size=1, prefill_batch_size=1)

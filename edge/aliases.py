@@ -13,11 +13,11 @@ from __future__ import annotations
 import attrs
 import structlog
 
-from edge.startup import StartupError
 from pipeline.errors import invalid
 from pipeline.requests import GenerationRequest, JsonValue
 from stages.adapters import ServedModels, not_found
 from stages.messages import Decoder
+from store.startup import StartupError
 
 log = structlog.get_logger()
 

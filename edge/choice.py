@@ -19,8 +19,8 @@ from fleet.fleet import Fleet
 from fleet.host import unavailable
 from fleet.spec import Defaults
 from pipeline.requests import JsonValue
-from stages.engine import Engine
-from stages.parse import load_json
+from stages.engine.engine import Engine
+from stages.prompt.parse import load_json
 
 
 def fleet() -> Fleet:

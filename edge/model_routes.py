@@ -16,15 +16,15 @@ from quart import Blueprint, Response, request
 from edge import guard
 from edge.aliases import work_served_as
 from edge.choice import chosen, current_engine, fleet
-from edge.model_cards import card, fleet_cards
 from edge.disconnect import ends_with_client
 from edge.fields import watched
+from edge.model_cards import card, fleet_cards
 from edge.status_routes import model_state
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
-from stages.engine import Engine
-from stages.model_work import ModelWork
-from stages.parse import load_json
+from stages.engine.engine import Engine
+from stages.engine.work_service import ModelWork
+from stages.prompt.parse import load_json
 from wire.embeddings import decode_embeddings, embeddings_body
 from wire.scoring import decode_rerank, decode_score, rerank_body, score_body
 from wire.sse import dumps

@@ -47,7 +47,7 @@ from pipeline.events import FinishReason, Summary
 from pipeline.protocol import StreamProtocol
 from pipeline.requests import GenerationRequest, JsonObject, JsonValue, with_cache_key
 from stages.messages import Decoder, Reply
-from stages.parse import load_json
+from stages.prompt.parse import load_json
 from wire import openai
 from wire.sse import dumps
 

@@ -25,7 +25,7 @@ from edge.redact import without_paths
 from edge.store import store_call
 from fleet.host import unavailable
 from pipeline.requests import JsonObject, JsonValue
-from stages.engine import Engine
+from stages.engine.engine import Engine
 from wire.sse import dumps
 
 routes = Blueprint("status", __name__)

@@ -32,7 +32,7 @@ from pipeline.errors import ErrorKind, RequestError, shutting_down
 from pipeline.observe import NullObserver, RequestObserver
 from pipeline.settings import Settings
 from stages.adapters import not_found
-from stages.engine import Engine
+from stages.engine.engine import Engine
 from stages.kv.machine import Machine, read_machine
 from stages.models.loading import release_unloaded, resolve_model
 

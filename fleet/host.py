@@ -20,7 +20,7 @@ from fleet.policy import Resident
 from fleet.spec import Defaults, ModelSpec
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.requests import JsonObject
-from stages.engine import Engine
+from stages.engine.engine import Engine
 
 
 class State(enum.Enum):

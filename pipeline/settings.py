@@ -79,7 +79,7 @@ class Settings:
     # to fit it beside the decoding rows, and exclusive work on an idle server runs in turns of this length.
     step_budget_ms: float = attrs.field(default=200.0, validator=attrs.validators.gt(0.0))
     # A row alone decodes as mlx-lm's generate_step does, without the batch's per-step costs, and joins
-    # the batch when a second row comes (stages/single_row.py); off runs every row in the batch.
+    # the batch when a second row comes (stages/model_thread/single_row.py); off runs every row in the batch.
     single_row: bool = True
     prepare_concurrency: int = attrs.field(default=2, validator=_positive)
     # Structured-output grammars compiling at once (each can take a core).

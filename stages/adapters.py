@@ -9,7 +9,7 @@ server serves adapters, `model` must name one of its ids: with several
 models behind one server an unknown name cannot be guessed, so it is a
 404 `model_not_found` (a server with no adapters still answers any name
 with its one model). The model thread's half (mounting the layers and
-grouping rows by adapter) is `stages/adapter_batches.py`. An alias
+grouping rows by adapter) is `stages/model_thread/adapter_batches.py`. An alias
 (`MLX_RELAY_MODEL_ALIASES`) names a served id, the base model's or an
 adapter's, and resolves to it before that check.
 """

@@ -22,10 +22,39 @@ from pipeline.requests import Accepted, AppliedEdit, GenerationParams, Generatio
 from pipeline.tracing import Timeline
 
 if TYPE_CHECKING:
-    from stages.constraints import CompiledConstraint
+    from llguidance import LLMatcher
 
 Reply = ReplySlot[Accepted]
 TokenScores = tuple[float, tuple[tuple[int, float], ...]]
+
+# Grammars longer than this compile in the large-grammar slot.
+LARGE_GRAMMAR_CHARS = 8 * 1024
+
+
+@attrs.frozen
+class Grammar:
+    """A constraint's llguidance grammar text, measured."""
+
+    text: str
+    param: str
+
+    @property
+    def large(self) -> bool:
+        return len(self.text) > LARGE_GRAMMAR_CHARS
+
+
+@attrs.define
+class CompiledConstraint:
+    """A validated grammar; `matcher()` gives a fresh matcher for one row."""
+
+    _prototype: LLMatcher = attrs.field(alias="prototype")
+    # The request field it came from, which an error mid-generation names.
+    param: str = "response_format"
+    # What it was compiled from: a model worker compiles it again in its own process (stages/remote/).
+    grammar: Grammar | None = None
+
+    def matcher(self) -> LLMatcher:
+        return self._prototype.deep_copy()
 Decoder = Callable[[JsonValue], GenerationRequest]
 
 
@@ -83,7 +112,7 @@ class PrepareJob:
 
     `tokenize` is pure and thread-safe; it may raise `RequestError`. It
     gives the prompt's tokens, or its text, which the preparation stage
-    tokenizes within bounds (`stages/tokenize.py`).
+    tokenizes within bounds (`stages/prompt/tokenize.py`).
     """
 
     request_id: str

@@ -1,45 +1,53 @@
 """The layering is a test, not a hope (docs/STYLE.md, "Layering is tested"; DESIGN.md "Layout").
 
-Every import in `pipeline/`, `stages/` and `wire/` is read with `ast`,
-including imports inside functions and under `if TYPE_CHECKING:`, and
-checked against the rules:
+The rules come from DESIGN.md's Layout table itself, so the doc cannot drift from the code. Each row's
+"may import" cell, up to its first " — " (what follows is a note), names what code of ours the row's
+folder or module may import:
 
-- `wire/` imports neither `stages/`, `anyio`, `quart` nor `mlx`;
-- `stages/` imports neither `wire/` nor `quart`;
-- `pipeline/` imports nothing of ours (`stages`, `wire`, `app`) and no `mlx`;
-- `fleet/` (several models: the file, residency policy, the hosts) drives engines: no `wire/`, `quart` or `mlx`,
-  and no lower layer imports it;
-- no layer imports `app`, `edge`, `tests` or `bench`, which sit above all three;
-- only the model thread's modules and model loading import `mlx.core`.
+- backticked paths (`pipeline/`, `stages/messages.py`): a folder allows everything under it, a file itself;
+- "everything": any code of ours; "nothing of ours": none.
 
-`mlx` here means the whole MLX stack, `mlx` and `mlx_lm`.
+A module belongs to the row with the longest path that holds it, and may always import its own row.
+Every import in the code is read with `ast`, including imports inside functions and under
+`if TYPE_CHECKING:`. Beside the table, the third-party rules the table's notes state:
+
+- `wire/` and `store/` import neither `anyio`, `quart` nor `mlx`; `stages/` and `fleet/` no `quart`;
+  `pipeline/` and `fleet/` no `mlx`;
+- below the app, only the model thread's modules and model loading import `mlx.core`.
+
+`mlx` here means the whole MLX stack, `mlx` and `mlx_lm`. And no module outside `bench/` takes part in an
+import circle.
 """
 
 from __future__ import annotations
 
-import ast
+import re
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 
+import attrs
 import pytest
 
 from tests.conftest import REPO
+from tests.imports import circles, imported, resolved
 
-LAYERS = ("pipeline", "stages", "wire", "fleet")
+DESIGN = REPO / "docs" / "DESIGN.md"
 MLX = {"mlx", "mlx_lm"}
-# app.py and the HTTP edge (edge/) import every layer, and so does a model worker process (workers/); tests/ and bench/
-# sit above them: no layer imports them.
-ABOVE = {"app", "edge", "tests", "bench", "workers"}
-FORBIDDEN = {
-    "wire": {"stages", "fleet", "anyio", "quart", *MLX, *ABOVE},
-    "stages": {"wire", "fleet", "quart", *ABOVE},
-    "pipeline": {"stages", "wire", "fleet", *MLX, *ABOVE},
-    "fleet": {"wire", "quart", *MLX, *ABOVE},
+# Third-party packages a folder must not import, whatever its row allows of ours.
+FORBIDDEN_THIRD_PARTY = {
+    "wire": {"anyio", "quart", *MLX},
+    "store": {"anyio", "quart", *MLX},
+    "stages": {"quart"},
+    "pipeline": {*MLX},
+    "fleet": {"quart", *MLX},
 }
 # The gateway's model thread and its helpers, and model loading / the built-in model builders.
 MLX_CORE_ALLOWED = {
-    "stages/gateway.py", "stages/models/loading.py", "stages/sampling.py", "stages/models/demo.py",
+    "stages/model_thread/gateway.py", "stages/models/loading.py", "stages/model_thread/sampling.py",
+    "stages/models/demo.py",
     # The gateway's rows: what they hold goes to the prompt cache, evaluated first.
-    "stages/batch_rows.py",
+    "stages/model_thread/batch_rows.py",
     "stages/models/gguf.py",
     # Which backend MLX runs on (the plan prices prefill attention by it).
     "stages/kv/machine.py",
@@ -50,99 +58,206 @@ MLX_CORE_ALLOWED = {
     # The quantized KV cache the batch holds (its layers and the generator that makes them).
     "stages/models/quantized_kv.py",
     # A row alone, decoded on the model thread as mlx-lm's generate_step does.
-    "stages/single_row.py",
+    "stages/model_thread/single_row.py",
     # Embeddings and scores: forward passes the model thread runs between steps.
-    "stages/embed.py",
-    # A sharded model: the group, each rank's slice, the step messages and their replay (the model threads of every
-    # rank).
+    "stages/model_thread/embed.py",
+    # A sharded model: the group, each rank's slice, the step messages and their replay (every rank's model thread).
     "stages/shard/cluster.py", "stages/shard/transport.py", "stages/shard/replicated.py", "stages/shard/follower.py",
     "stages/shard/work.py",
 }
+# The layers below the app where only the modules above may import mlx.core.
+MLX_CORE_CHECKED = ("pipeline/", "stages/", "wire/", "fleet/", "store/")
+# Folders whose code the table governs; tests/ and docs/ have rows too, but allow everything or hold no code.
+CODE_ROOTS = (
+    "app.py",
+    "mlx_relay.py",
+    "edge",
+    "pipeline",
+    "stages",
+    "fleet",
+    "workers",
+    "wire",
+    "store",
+    "deploy",
+    "bench",
+)
 
 
-def modules() -> list[Path]:
-    found = sorted(path for layer in LAYERS for path in (REPO / layer).rglob("*.py"))
+@attrs.frozen
+class Rule:
+    """What the code of one row of the Layout table may import of ours."""
+
+    path: str
+    everything: bool
+    allowed: tuple[str, ...]
+
+    def allows(self, target: str) -> bool:
+        return self.everything or any(holds(entry, target) for entry in self.allowed)
+
+
+def holds(entry: str, relative: str) -> bool:
+    """Whether a table path (`stages/`, `app.py`) is, or holds, the file at `relative`."""
+    return relative == entry or (entry.endswith("/") and relative.startswith(entry))
+
+
+def read_rules(design: str) -> dict[str, Rule]:
+    """The Layout table's rows, by path (`stages/kv/`, `app.py`)."""
+    section = design.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rules: dict[str, Rule] = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        path_cell, _, may = (cell.strip() for cell in line.strip().strip("|").split(" | "))
+        path = path_cell.strip("`")
+        rule = may.split(" — ", 1)[0]
+        allowed = tuple(entry for entry in re.findall(r"`([^`]+)`", rule) if entry.endswith(("/", ".py")))
+        rules[path] = Rule(path=path, everything=rule.startswith("everything"), allowed=allowed)
+    return rules
+
+
+RULES = read_rules(DESIGN.read_text(encoding="utf-8"))
+
+
+def row_of(relative: str, rules: Mapping[str, Rule]) -> Rule | None:
+    """The row a file belongs to: the longest path in the table that holds it."""
+    holding = [path for path in rules if holds(path, relative)]
+    return rules[max(holding, key=len)] if holding else None
+
+
+def sources() -> list[Path]:
+    found = sorted(
+        path for root in CODE_ROOTS for path in ([REPO / root] if root.endswith(".py") else (REPO / root).rglob("*.py"))
+    )
     assert found, "no sources found"
     return found
 
 
-def imported(source: str, package: str) -> list[tuple[int, str]]:
-    """(line, dotted module) for every import in `source`; relative imports are resolved against `package`."""
-    names: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = parts[: len(parts) - node.level + 1]
-                module = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                module = node.module or ""
-            names.append((node.lineno, module))
-            # `from mlx import core` imports mlx.core too.
-            names.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
-    return names
+def package_of(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
-    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
-    return imported(path.read_text(encoding="utf-8"), package)
+    return imported(path.read_text(encoding="utf-8"), package_of(path))
 
 
 def label(path: Path) -> str:
     return path.relative_to(REPO).as_posix()
 
 
-SOURCES = modules()
+SOURCES = sources()
 
 
-def violations(relative: str, names: list[tuple[int, str]]) -> list[str]:
+def violations(relative: str, names: list[tuple[int, str]], rules: Mapping[str, Rule] = RULES) -> list[str]:
     """The imports of the file at `relative` (e.g. "wire/sse.py") that break a rule."""
-    layer = relative.split("/")[0]
-    broken = [(line, module) for line, module in names if module.split(".")[0] in FORBIDDEN[layer]]
-    if relative not in MLX_CORE_ALLOWED:
-        broken += [(line, m) for line, m in names if m == "mlx.core" or m.startswith("mlx.core.")]
-    return [f"{relative}:{line} imports {module}" for line, module in sorted(set(broken))]
+    own = row_of(relative, rules)
+    assert own is not None, f"{relative} is in no row of DESIGN.md's Layout table"
+    broken: set[tuple[int, str]] = set()
+    for line, module, target in resolved(names):
+        if target is not None:
+            target_row = row_of(target, rules)
+            if target_row is not own and not own.allows(target):
+                broken.add((line, module))
+        elif module.split(".")[0] in FORBIDDEN_THIRD_PARTY.get(relative.split("/")[0], set()):
+            broken.add((line, module))
+    if relative.startswith(MLX_CORE_CHECKED) and relative not in MLX_CORE_ALLOWED:
+        broken |= {(line, m) for line, m in names if m == "mlx.core" or m.startswith("mlx.core.")}
+    return [f"{relative}:{line} imports {module}" for line, module in sorted(broken)]
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=label)
 def test_layer_imports(path: Path) -> None:
-    """Each module imports only what DESIGN.md's layout allows, and mlx.core only where MLX may run."""
+    """Each module imports only what its row of DESIGN.md's Layout table allows, and mlx.core only where MLX may run."""
     assert violations(label(path), imports_of(path)) == []
+
+
+def test_the_table_names_every_folder_and_only_real_paths() -> None:
+    """Every package of the code has its own row, and every path a row allows exists."""
+    packages = {
+        f"{init.parent.relative_to(REPO).as_posix()}/"
+        for root in CODE_ROOTS
+        if not root.endswith(".py")
+        for init in (REPO / root).rglob("__init__.py")
+    }
+    assert packages - set(RULES) == set()
+    named = {entry for rule in RULES.values() for entry in rule.allowed} | {path for path in RULES if path != "docs/"}
+    assert {entry for entry in named if not (REPO / entry).exists()} == set()
+
+
+SAMPLE_RULES = read_rules(
+    """## Layout
+
+| path | owns | may import |
+| --- | --- | --- |
+| `app.py` | the app | everything |
+| `pipeline/` | runtime | nothing of ours — stdlib, anyio |
+| `stages/` | stages | `pipeline/` — mlx |
+| `stages/prompt/` | the prompt side | `pipeline/`, `stages/messages.py`, `stages/models/` — no `wire/` |
+| `stages/models/` | models | `pipeline/` |
+| `stages/reply/` | reply | `pipeline/`, `stages/messages.py` |
+| `wire/` | formats | `pipeline/` — types only; no `stages/` |
+| `store/` | the store | `pipeline/` |
+| `edge/` | the edge | `pipeline/`, `wire/`, `store/`, `stages/` |
+"""
+)
 
 
 @pytest.mark.parametrize(
     ("relative", "source", "broken"),
     [
         pytest.param("wire/x.py", "import anyio\n", ["anyio"], id="wire-anyio"),
-        pytest.param("wire/x.py", "from stages.sink import CompletionSink\n", ["stages.sink", "stages.sink.CompletionSink"],
-                     id="wire-stages"),
+        pytest.param(
+            "wire/x.py",
+            "from stages.reply.sink import CompletionSink\n",
+            ["stages.reply.sink", "stages.reply.sink.CompletionSink"],
+            id="wire-stages-despite-the-note",
+        ),
         pytest.param("wire/x.py", "def f():\n    import quart\n", ["quart"], id="wire-quart-in-function"),
         pytest.param("wire/x.py", "import mlx_lm\n", ["mlx_lm"], id="wire-mlx_lm"),
-        pytest.param("stages/x.py", "from wire import sse\n", ["wire", "wire.sse"], id="stages-wire"),
+        pytest.param("store/x.py", "from wire import openai\n", ["wire.openai"], id="store-wire"),
+        pytest.param("stages/x.py", "from wire import sse\n", ["wire.sse"], id="stages-wire"),
         pytest.param("stages/x.py", "import quart\n", ["quart"], id="stages-quart"),
         pytest.param("stages/x.py", "import app\n", ["app"], id="stages-app"),
-        pytest.param("wire/x.py", "from edge.guard import trace_id\n", ["edge.guard", "edge.guard.trace_id"], id="wire-edge"),
-        pytest.param("stages/sink.py", "import mlx.core as mx\n", ["mlx.core"], id="sink-mlx-core"),
-        pytest.param("stages/chat.py", "from mlx import core\n", ["mlx.core"], id="chat-from-mlx-import-core"),
-        pytest.param("pipeline/x.py", "from stages import messages\n", ["stages", "stages.messages"],
-                     id="pipeline-stages"),
+        pytest.param(
+            "stages/messages.py", "from stages.prompt import chat\n", ["stages.prompt.chat"], id="root-imports-a-room"
+        ),
+        pytest.param(
+            "stages/prompt/x.py",
+            "from stages.reply.sink import CompletionSink\n",
+            ["stages.reply.sink", "stages.reply.sink.CompletionSink"],
+            id="prompt-reply",
+        ),
+        pytest.param(
+            "stages/prompt/x.py",
+            "from stages.models.loading import Tokenizer\nfrom stages import messages\n",
+            [],
+            id="prompt-allowed",
+        ),
+        pytest.param(
+            "stages/prompt/x.py",
+            "from stages.adapters import Adapter\n",
+            ["stages.adapters", "stages.adapters.Adapter"],
+            id="a-file-not-named",
+        ),
+        pytest.param("stages/prompt/x.py", "from .chat import ChatJobs\n", [], id="own-row-relative"),
+        pytest.param(
+            "wire/x.py", "from edge.guard import trace_id\n", ["edge.guard", "edge.guard.trace_id"], id="wire-edge"
+        ),
+        pytest.param("stages/reply/sink.py", "import mlx.core as mx\n", ["mlx.core"], id="sink-mlx-core"),
+        pytest.param("stages/prompt/chat.py", "from mlx import core\n", ["mlx.core"], id="chat-from-mlx-import-core"),
+        pytest.param("pipeline/x.py", "from stages import messages\n", ["stages.messages"], id="pipeline-stages"),
         pytest.param("pipeline/x.py", "import mlx\n", ["mlx"], id="pipeline-mlx"),
         pytest.param("pipeline/x.py", "import anyio, attrs, structlog\n", [], id="pipeline-allowed"),
         pytest.param("stages/x.py", "import anyio\nimport mlx_lm\nimport jinja2\n", [], id="stages-allowed"),
-        pytest.param("stages/gateway.py", "import mlx.core as mx\n", [], id="gateway-mlx-core"),
-        pytest.param("stages/sampling.py", "import mlx.core as mx\n", [], id="sampling-mlx-core"),
+        pytest.param("stages/model_thread/gateway.py", "import mlx.core as mx\n", [], id="gateway-mlx-core"),
         pytest.param("wire/x.py", "from pipeline.errors import invalid\n", [], id="wire-pipeline"),
-        pytest.param("stages/x.py", "from fleet.spec import ModelSpec\n", ["fleet.spec", "fleet.spec.ModelSpec"],
-                     id="stages-fleet"),
-        pytest.param("fleet/x.py", "import quart\n", ["quart"], id="fleet-quart"),
+        pytest.param("edge/x.py", "import app\n", ["app"], id="edge-app"),
+        pytest.param("app.py", "import edge.guard, stages.reply.sink\n", [], id="app-everything"),
     ],
 )
 def test_the_rules_catch_each_violation(relative: str, source: str, broken: list[str]) -> None:
-    """Each rule fires on a module that breaks it, and stays quiet on allowed imports."""
-    package = relative.rsplit("/", 1)[0].replace("/", ".")
-    found = violations(relative, imported(source, package))
+    """Each rule read from a table fires on a module that breaks it, and stays quiet on allowed imports."""
+    package = relative.rsplit("/", 1)[0].replace("/", ".") if "/" in relative else ""
+    found = violations(relative, imported(source, package), SAMPLE_RULES)
     assert [entry.split(" imports ")[1] for entry in found] == sorted(broken)
 
 
@@ -165,3 +280,50 @@ def test_the_rules_catch_each_violation(relative: str, source: str, broken: list
 def test_the_checker_sees_every_form_of_import(source: str, package: str, expected: set[str]) -> None:
     """The walk finds nested, TYPE_CHECKING, aliased and relative imports, so no form slips past the rules."""
     assert {module for _, module in imported(source, package)} == expected
+
+
+def module_graph(paths: list[Path]) -> dict[str, set[str]]:
+    """Each file of ours (as its path) → the files of ours it imports."""
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        own = label(path)
+        targets = {target for _, _, target in resolved(imports_of(path))}
+        graph[own] = {target for target in targets if target is not None and target != own}
+    return graph
+
+
+def test_no_module_outside_bench_takes_part_in_an_import_circle() -> None:
+    """Outside bench/, modules import one another in one direction only: no circle, however long."""
+    graph = module_graph([path for path in SOURCES if not label(path).startswith("bench/")])
+    assert circles(graph) == []
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        pytest.param({"a": {"b"}, "b": {"c"}, "c": set()}, [], id="a-line"),
+        pytest.param({"a": {"b"}, "b": {"a"}}, [["a", "b"]], id="two"),
+        pytest.param({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]], id="three-and-a-tail"),
+        pytest.param({"a": {"a"}}, [], id="itself"),
+    ],
+)
+def test_the_circle_finder_finds_circles(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
+    assert circles(graph) == expected
+
+
+def test_every_package_is_installed_type_checked_and_first_party() -> None:
+    """A new folder joins pyproject's wheel, mypy's packages and ruff's first-party list, as the others are."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    shipped = {
+        init.parent.relative_to(REPO).as_posix().replace("/", ".")
+        for root in CODE_ROOTS
+        if not root.endswith(".py") and root not in ("bench", "deploy")
+        for init in (REPO / root).rglob("__init__.py")
+    }
+    tops = {name.split(".")[0] for name in shipped}
+    modules = {root.removesuffix(".py") for root in CODE_ROOTS if root.endswith(".py")}
+    assert set(project["tool"]["setuptools"]["packages"]) == shipped
+    assert set(project["tool"]["setuptools"]["py-modules"]) == modules
+    assert set(project["tool"]["mypy"]["packages"]) == tops
+    assert set(project["tool"]["mypy"]["modules"]) == modules
+    assert tops | modules <= set(project["tool"]["ruff"]["lint"]["isort"]["known-first-party"])

@@ -13,8 +13,8 @@ import base64
 import struct
 
 from pipeline.errors import invalid, quote, unsupported
-from pipeline.model_work import EmbeddingRequest, Embeddings, EncodingFormat, Input
 from pipeline.requests import JsonObject, JsonValue
+from pipeline.work_requests import EmbeddingRequest, Embeddings, EncodingFormat, Input
 from wire.fields import as_body, read_int, read_str
 
 # OpenAI's bound on inputs in one request.

@@ -9,8 +9,8 @@ against many, or pairwise when both are arrays of the same length.
 from __future__ import annotations
 
 from pipeline.errors import invalid
-from pipeline.model_work import ScoreRequest, Scores
 from pipeline.requests import JsonObject, JsonValue
+from pipeline.work_requests import ScoreRequest, Scores
 from wire.fields import as_body, as_str, read_bool, read_int, read_str
 
 # Documents in one request, as for embeddings' inputs.

@@ -4,7 +4,7 @@ OpenAI's `response_format` (`json_object`, `json_schema`), the vLLM-style
 `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` and
 `structured_outputs`, Responses' `text.format` and Anthropic's
 `output_config.format` all say "the output must match this". The grammar
-itself is checked when it compiles (stages/constraints.py); here only the
+itself is checked when it compiles (stages/prompt/constraints.py); here only the
 shapes are.
 """
 

@@ -10,8 +10,8 @@ it answers `count`, `max_model_len`, `tokens` and, when asked,
 from __future__ import annotations
 
 from pipeline.errors import invalid, unsupported
-from pipeline.model_work import DetokenizeRequest, TokenizeRequest
 from pipeline.requests import JsonObject, JsonValue
+from pipeline.work_requests import DetokenizeRequest, TokenizeRequest
 from wire.fields import as_body, read_bool, read_str
 from wire.openai_requests import decode_chat
 

@@ -1,6 +1,6 @@
 """The worker's side of the crossing: the model's gateway, served to the front over one socket.
 
-The gateway runs here as it runs in-process (`stages/model_side.py`): its
+The gateway runs here as it runs in-process (`stages/engine/model_side.py`): its
 model thread, handoff, KV scheduler, prompt cache and exclusive queue are
 unchanged. This host only translates: frames from the front become
 `Prepared` rows, aborts and jobs on the gateway's channels, and each
@@ -32,11 +32,10 @@ from pipeline.channels import Channel, ReplySlot, open_channel
 from pipeline.errors import RequestError
 from pipeline.requests import Accepted
 from pipeline.settings import Settings
-from stages.constraints import CompiledConstraint, Grammar
-from stages.embed import EmbedWork, ScoreWork
-from stages.gateway import GenerationGateway
-from stages.messages import Abort, Prepared, StepOutputs
-from stages.model_side import make_gateway
+from stages.engine.model_side import make_gateway
+from stages.messages import Abort, CompiledConstraint, Grammar, Prepared, StepOutputs
+from stages.model_thread.embed import EmbedWork, ScoreWork
+from stages.model_thread.gateway import GenerationGateway
 from stages.remote.convert import error_out, prepared_of, step_out
 from stages.remote.frames import FrameReader, FrameWriter
 from stages.remote.messages import (

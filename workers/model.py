@@ -10,15 +10,15 @@ import attrs
 
 from pipeline.settings import Settings
 from stages.adapters import read_adapters
-from stages.constraints import ConstraintCompiler
-from stages.embed import SideModel
-from stages.exclusive import ExclusiveQueue
+from stages.engine.decisions import choose_markup, disk_tier, kv_scheme, plan_weights
+from stages.engine.model_side import ModelSide
+from stages.engine.work_service import dedicated_work
 from stages.kv.plan import assess
-from stages.model_side import ModelSide
-from stages.model_work import dedicated_work
+from stages.model_thread.embed import SideModel
+from stages.model_thread.exclusive import ExclusiveQueue
 from stages.models.loading import load_tokenizer, resolve_model
-from stages.prepare import Reservation
-from stages.startup import choose_markup, disk_tier, kv_scheme, plan_weights
+from stages.prompt.constraints import ConstraintCompiler
+from stages.prompt.prepare import Reservation
 
 
 @attrs.frozen(kw_only=True)
@@ -52,7 +52,7 @@ async def open_model(settings: Settings) -> WorkerModel:
         adapter_bytes=sum(adapter.nbytes for adapter in adapters) + embedding_bytes, share=None,
         kv=kv_scheme(settings, None),
     )
-    # The same plan and weight form the front chose (stages/startup.py), so the model thread loads them alike.
+    # The same plan and weight form the front chose (stages/engine/decisions.py), so the model thread loads them alike.
     fit, weights = await anyio.to_thread.run_sync(partial(plan_weights, settings, info, fit_of, cluster=None))
     info = attrs.evolve(info, float32_weights=weights.float32)
     disk = await anyio.to_thread.run_sync(

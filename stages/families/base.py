@@ -34,7 +34,7 @@ ForcedGrammar = Callable[[Sequence[Tool], MarkerRef], str]
 
 
 class Splitter(Protocol):
-    """Completion events out of decoded text, fed as it streams (`stages/markup.py`)."""
+    """Completion events out of decoded text, fed as it streams (`stages/reply/markup.py`)."""
 
     @property
     def reasoning(self) -> bool: ...

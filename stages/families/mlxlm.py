@@ -10,6 +10,7 @@ from typing import Any
 from pipeline.requests import Tool
 from stages.families import glm, hermes, kimi, minimax, qwen3_coder
 from stages.families.base import Family, MarkerRef, ParsedCall, named_call
+from stages.families.preamble import template_tool
 from stages.families.progress import one_object
 from stages.models.loading import Tokenizer
 from stages.models.mlx_internals import is_json_tool_parser, tool_parser_kind
@@ -34,8 +35,6 @@ def family_of(tokenizer: Tokenizer) -> Family | None:
     json_markup = is_json_tool_parser(parser)
 
     def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
-        from stages.chat import template_tool  # the chat stage imports the families
-
         schema = [template_tool(tool) for tool in tools]
         try:
             parsed: Any = parser(body, schema)

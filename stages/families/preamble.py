@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.requests import JsonObject, Message, Role, Tool
+from pipeline.requests import JsonObject, JsonValue, Message, Role, Tool
 from stages.families.base import Family
 
 _PROBE = "mlx_relay_probe_tool"
@@ -78,3 +78,13 @@ def _arguments(text: str) -> Any:
 
 def _content(content: Any) -> str:
     return content if isinstance(content, str) else "" if content is None else str(content)
+
+
+def template_tool(tool: Tool) -> JsonValue:
+    """A tool as chat templates and mlx-lm's tool parsers read it: OpenAI's function shape."""
+    # Key order is the client's usual one: templates print the tool as JSON.
+    function: JsonObject = {"name": tool.name}
+    if tool.description is not None:
+        function["description"] = tool.description
+    function["parameters"] = tool.parameters
+    return {"type": "function", "function": function}

@@ -12,9 +12,9 @@ from typing import Any
 
 import attrs
 
-from stages.cache.tier import Key
 from pipeline.errors import RequestError
 from pipeline.events import FinishReason
+from stages.cache.tier import Key
 from stages.messages import Abort, Prepared, TokenDelta, TokenScores
 
 
@@ -71,7 +71,7 @@ class Row:
 
     def delta(self, token: int, finish: FinishReason | None, scores: tuple[TokenScores, ...] | None) -> TokenDelta:
         """The step's token for the sink, with why the row's grammar failed when it failed making it."""
-        # stages/sampling.py's ConstraintProcessor keeps llguidance's reason in `fault`.
+        # stages/model_thread/sampling.py's ConstraintProcessor keeps llguidance's reason in `fault`.
         fault = None
         if self.prepared.constraint is not None:
             fault = next((part.fault for part in self.resume.processors if getattr(part, "fault", None)), None)

@@ -19,7 +19,6 @@ from pipeline.requests import JsonValue
 from stages.models.builtin import BUILTIN_MODELS, DEFAULT_MODEL, builtin_model_path
 from stages.models.mlx_internals import byte_decoder, keep_leading_space, local_model_path
 
-
 # `MLX_RELAY_MODEL=shaped:<name>` serves a shape-true random-weight model (stages/models/shaped.py).
 SHAPED = "shaped:"
 # Used when a config names no window; a conservative size most models support.
@@ -196,7 +195,7 @@ def release_unloaded() -> None:
 
     import mlx.core as mx
 
-    from stages.heap import HeapTrimmer
+    from stages.models.heap import HeapTrimmer
 
     gc.collect()
     mx.clear_cache()

@@ -14,8 +14,7 @@ from pipeline.errors import ErrorKind, RequestError
 from pipeline.events import FinishReason
 from pipeline.requests import GenerationParams, Sampling, TextRequest
 from pipeline.tracing import Timeline
-from stages.constraints import CompiledConstraint
-from stages.messages import Admitted, Prepared, Reply, StepOutputs, TokenDelta
+from stages.messages import Admitted, CompiledConstraint, Prepared, Reply, StepOutputs, TokenDelta
 from stages.remote.messages import AdmittedOut, DeltaOut, ErrorOut, FailedOut, RowIn, SamplingIn, StepOut
 
 

@@ -14,8 +14,8 @@ from typing import Any, TypeVar, cast
 import attrs
 import numpy as np
 
-from stages.embed import EmbedWork, ScoreWork
-from stages.exclusive import ExclusiveQueue, ExclusiveStatistics, Work
+from stages.model_thread.embed import EmbedWork, ScoreWork
+from stages.model_thread.exclusive import ExclusiveQueue, ExclusiveStatistics, Work
 from stages.remote.convert import request_error
 from stages.remote.jobs import JobBook
 from stages.remote.messages import JobIn, JobOut

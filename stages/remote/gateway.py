@@ -31,9 +31,9 @@ from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.settings import Settings
 from stages.cache.prompt import PromptCacheStatistics
-from stages.gateway import GatewayStatistics
-from stages.handoff import HandoffStatistics
 from stages.messages import Abort, Prepared, StepOutputs
+from stages.model_thread.gateway import GatewayStatistics
+from stages.model_thread.handoff import HandoffStatistics
 from stages.remote.convert import request_error, row_in, step_outputs
 from stages.remote.exclusive import RemoteExclusiveQueue
 from stages.remote.frames import FrameError, FrameReader, FrameWriter

@@ -15,8 +15,8 @@ from typing import Any, Literal
 import msgspec
 
 from stages.cache.prompt import PromptCacheStatistics
-from stages.exclusive import ExclusiveStatistics
-from stages.gateway import GatewayStatistics
+from stages.model_thread.exclusive import ExclusiveStatistics
+from stages.model_thread.gateway import GatewayStatistics
 
 # (its logprob, the top (id, logprob) pairs) of one token.
 Scores = tuple[float, tuple[tuple[int, float], ...]]

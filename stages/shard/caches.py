@@ -5,7 +5,7 @@ hits, stores and evictions into the step log; a follower makes the same
 calls on its own cache, which never evicts by itself (its slice of an
 entry is not rank 0's size).
 
-Disk tier: every rank has its own folder (`stages/startup.py`), and writes
+Disk tier: every rank has its own folder (`stages/engine/decisions.py`), and writes
 and reads its own files. Rank 0 decides which evicted entries go down (the
 followers spill the same keys) and which file a prompt comes back from.
 Writes are each rank's own, in the background, so one rank's file may be

@@ -1,7 +1,7 @@
 """A follower rank's whole life: join, load this rank's slice, replay rank 0's steps, stop when it says so.
 
 `mlx-relay serve --shard …` runs this instead of the HTTP server on every
-rank but 0 (edge/cli.py). It reads the same settings (the model, the
+rank but 0 (mlx_relay.py). It reads the same settings (the model, the
 shard mode); everything that shapes the batch comes from rank 0.
 """
 
@@ -19,7 +19,7 @@ log = structlog.get_logger(stage="follower")
 
 
 def serve_follower(settings: Settings) -> int:
-    from stages import startup
+    from stages.engine import decisions
     from stages.shard.cluster import join
     from stages.shard.follower import Follower
 
@@ -34,7 +34,7 @@ def serve_follower(settings: Settings) -> int:
         if beating is not None:
             beating.steps = steps
 
-    open_disk = partial(startup.open_disk, settings, info.path, cluster)
+    open_disk = partial(decisions.open_disk, settings, info.path, cluster)
     doorbell = beating.wait_for_ring if beating is not None else None
     Follower(model, cluster.group, on_step=on_step, open_disk=open_disk, doorbell=doorbell).run()
     log.info("follower.exit", rank=cluster.rank)

@@ -1,7 +1,7 @@
 """Exclusive model work (embeddings, scores) on a sharded model: every rank runs the same forward pass.
 
 A forward pass of a sharded model is itself a run of collectives, so it
-must run on every rank at once. Rank 0's exclusive queue (`stages/exclusive.py`)
+must run on every rank at once. Rank 0's exclusive queue (`stages/model_thread/exclusive.py`)
 runs each chunk through `ReplicatedWork`: it sends the step log at once,
 ending with the chunk (the job's inputs with its first chunk, then only
 how many tokens to run), and runs the chunk; each follower builds the
@@ -24,8 +24,8 @@ import mlx.core as mx
 import structlog
 
 from pipeline.errors import invalid
-from stages.embed import EmbedWork, ScoreWork
-from stages.exclusive import Job, Work
+from stages.model_thread.embed import EmbedWork, ScoreWork
+from stages.model_thread.exclusive import Job, Work
 from stages.shard.replicated import Desync, StepLog
 
 log = structlog.get_logger(stage="shard")

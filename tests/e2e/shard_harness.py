@@ -46,7 +46,7 @@ def start_sharded(log_dir: Path, *, model: str, ranks: int = 2, mode: str = "ten
     hostfile.write_text(json.dumps([[f"127.0.0.1:{_free_port()}"] for _ in range(ranks)]))
     env = {**os.environ, "MLX_HOSTFILE": str(hostfile), "MLX_RELAY_DEMO_MODEL": "tiny",
            **{f"MLX_RELAY_{k.upper()}": v for k, v in settings.items()}}
-    command = [sys.executable, "-m", "edge.cli", "serve", "--model", model, "--shard", mode, "--port", str(port)]
+    command = [sys.executable, "-m", "mlx_relay", "serve", "--model", model, "--shard", mode, "--port", str(port)]
     processes = []
     for rank in range(ranks):
         log_path = log_dir / f"shard-{port}-rank{rank}.log"

@@ -94,7 +94,7 @@ def test_a_stalled_reader_neither_stalls_others_nor_grows_the_crossing(
     server: Server, client: openai.OpenAI, no_eos: dict[str, int]
 ) -> None:
     """A client that stops reading: its events wait in its reply, the other rows go on, and the
-    steps held between the model thread and the loop never pass the bound (stages/handoff.py)."""
+    steps held between the model thread and the loop never pass the bound (stages/model_thread/handoff.py)."""
     body = json.dumps({"model": "m", "messages": HELLO, "max_tokens": 1500, "stream": True, "logit_bias": no_eos})
     host, port = server.base_url.removeprefix("http://").split(":")
     head = (

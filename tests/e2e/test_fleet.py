@@ -279,8 +279,8 @@ def test_mlx_relay_serve_with_a_repeated_model_serves_both(tmp_path: Path) -> No
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_RELAY_")}
-    # `python -m edge.cli` from this checkout: the installed console script may belong to another one.
-    command = [sys.executable, "-m", "edge.cli", "serve", "--port", str(port), "--model", "tiny", "--model", "demo"]
+    # `python -m mlx_relay` from this checkout: the installed console script may belong to another one.
+    command = [sys.executable, "-m", "mlx_relay", "serve", "--port", str(port), "--model", "tiny", "--model", "demo"]
     with (tmp_path / "serve.log").open("wb") as log:
         process = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -312,7 +312,7 @@ def test_a_bad_models_file_is_one_line(tmp_path: Path) -> None:
     command = [
         sys.executable,
         "-m",
-        "edge.cli",
+        "mlx_relay",
         "serve",
         "--port",
         str(_free_port()),

@@ -94,7 +94,7 @@ def test_help_lists_the_serve_command() -> None:
 def test_help_names_the_real_default_model() -> None:
     """SmolLM2 is served when no model is named, not the random demo model."""
     # Run from this checkout: the console script imports the package the venv installed.
-    command = [sys.executable, "-m", "edge.cli", "serve", "--help"]
+    command = [sys.executable, "-m", "mlx_relay", "serve", "--help"]
     serve = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
     assert serve.returncode == 0
     assert "SmolLM2" in " ".join(serve.stdout.split()) and "the demo model" not in serve.stdout

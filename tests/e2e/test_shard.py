@@ -235,7 +235,7 @@ def test_mlx_launch_starts_a_sharded_server(tmp_path: Path) -> None:
     port = _free_port()
     launcher = Path(sys.executable).parent / "mlx.launch"
     command = [str(launcher), "--backend", "ring", "-n", "2", "--python", sys.executable, "--",
-               "-m", "edge.cli", "serve", "--model", "tiny", "--shard", "tensor", "--port", str(port)]
+               "-m", "mlx_relay", "serve", "--model", "tiny", "--shard", "tensor", "--port", str(port)]
     log_path = tmp_path / "launch.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)

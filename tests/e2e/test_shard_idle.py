@@ -79,7 +79,7 @@ def test_ranks_stop_when_their_launcher_is_gone(tmp_path: Path, sent: signal.Sig
     port = _free_port()
     launcher = Path(sys.executable).parent / "mlx.launch"
     launch = [str(launcher), "--backend", "ring", "-n", "2", "--python", sys.executable, "--"]
-    command = [*launch, "-m", "edge.cli", "serve", "--model", "tiny", "--shard", "tensor", "--port", str(port)]
+    command = [*launch, "-m", "mlx_relay", "serve", "--model", "tiny", "--shard", "tensor", "--port", str(port)]
     log_path = tmp_path / "launch.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(

@@ -46,7 +46,7 @@ def serving(port: int, store: Path) -> Iterator[subprocess.Popen[bytes]]:
         "MLX_RELAY_ADMISSION_TIMEOUT": "60",
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_RELAY_")} | settings
-    command = [sys.executable, "-m", "edge.cli", "serve", "--port", str(port), "--graceful-timeout", str(GRACE)]
+    command = [sys.executable, "-m", "mlx_relay", "serve", "--port", str(port), "--graceful-timeout", str(GRACE)]
     process = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )

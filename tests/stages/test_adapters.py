@@ -1,5 +1,5 @@
-"""stages/adapters.py and stages/adapter_batches.py: which adapter a request names, and rows of several adapters on
-one model.
+"""stages/adapters.py and stages/model_thread/adapter_batches.py: which adapter a request names, and rows of
+several adapters on one model.
 
 The adapters are random (tests/conftest.py `lora_adapters`); the reference is
 mlx-lm itself: `mlx_lm.load(adapter_path=...)` then `mlx_lm.generate`, greedy.
@@ -19,8 +19,8 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 
 from pipeline.errors import ErrorKind, RequestError
-from stages.adapter_batches import AdapterBatches, build_mounts, make_generator
 from stages.adapters import AdapterError, ServedModels, read_adapters
+from stages.model_thread.adapter_batches import AdapterBatches, build_mounts, make_generator
 
 PROMPTS = ([5, 17, 99, 230, 41, 7], [300, 12, 12, 8], [64, 65, 66, 67, 68, 69, 70, 71, 72])
 MAX_TOKENS = 12

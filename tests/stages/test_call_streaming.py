@@ -17,7 +17,7 @@ from pipeline.requests import Tool
 from stages.families import FAMILIES
 from stages.families.base import Family
 from stages.families.jsonscan import scan_value
-from stages.markup import markers_for, splitter_for
+from stages.reply.markup import markers_for, splitter_for
 from tests.families import CASES, FamilyCase
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}}

@@ -1,20 +1,18 @@
-"""stages/chat.py: chat requests rendered through the demo model's own template."""
+"""stages/prompt/chat.py: chat requests rendered through the demo model's own template."""
 
 from __future__ import annotations
 
 import enum
 from typing import Any
 
-import anyio
 import pytest
 
-from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.requests import ChatRequest, GenerationParams, JsonValue, Message, Role, Sampling, TextRequest
 from pipeline.tracing import Timeline
-from stages.chat import ChatStage, render_chat, render_chat_text
-from stages.messages import Parsed, PrepareJob, PrepKind, Reply
+from stages.messages import Parsed, PrepKind, Reply
 from stages.models.loading import Tokenizer
+from stages.prompt.chat import ChatJobs, render_chat, render_chat_text
 from wire.openai_requests import decode_chat
 
 PARAMS = GenerationParams(max_tokens=8, sampling=Sampling())
@@ -135,24 +133,12 @@ def parsed(request_id: str, generation: ChatRequest | TextRequest) -> Parsed:
     return Parsed(request_id=request_id, request=generation, reply=reply, timeline=Timeline.start())
 
 
-async def test_chat_stage_turns_parsed_requests_into_tokenize_jobs(tokenizer: Tokenizer) -> None:
-    """Chat requests become TOKENIZE jobs that render the template; closed or non-chat requests are dropped."""
-    inbox: Channel[Parsed] = open_channel(4, name="chat")
-    out: Channel[PrepareJob] = open_channel(4, name="prepare")
+def test_chat_jobs_turn_parsed_requests_into_tokenize_jobs(tokenizer: Tokenizer) -> None:
+    """A chat request becomes a TOKENIZE job that renders the template in the job, not before."""
     live = parsed("live", request(m(Role.USER, "hi")))
-    gone = parsed("gone", request(m(Role.USER, "bye")))
-    gone.reply.close()
-    text = parsed("text", TextRequest(prompt="x", params=PARAMS))
-    with out.receive, anyio.fail_after(10):
-        async with anyio.create_task_group() as group:
-            await group.start(ChatStage(inbox=inbox.receive, out=out.send, tokenizer=tokenizer).run)
-            async with inbox.send:
-                for item in (gone, live, text):
-                    await inbox.send.send(item)
-        jobs = [job async for job in out.receive]
-    assert [job.request_id for job in jobs] == ["live"]
-    (job,) = jobs
-    assert (job.kind, job.request, job.params, job.reply, job.timeline) == (
-        PrepKind.TOKENIZE, live.request, PARAMS, live.reply, live.timeline
+    assert isinstance(live.request, ChatRequest)
+    job = ChatJobs(tokenizer=tokenizer).job(live, live.request)
+    assert (job.request_id, job.kind, job.request, job.params, job.reply, job.timeline) == (
+        "live", PrepKind.TOKENIZE, live.request, PARAMS, live.reply, live.timeline
     )
     assert job.tokenize() == render_chat_text(tokenizer, request(m(Role.USER, "hi")))

@@ -1,4 +1,4 @@
-"""stages/context_edits.py: Anthropic's history edits on the internal conversation.
+"""stages/prompt/context_edits.py: Anthropic's history edits on the internal conversation.
 
 The prompt size is counted by a stand-in (characters of every message),
 so each trigger and threshold is exact; the real template's counts are
@@ -18,7 +18,7 @@ from pipeline.requests import (
     Sampling,
     ToolCallRecord,
 )
-from stages.context_edits import CLEARED_RESULT, apply_edits
+from stages.prompt.context_edits import CLEARED_RESULT, apply_edits
 
 
 def size(request: ChatRequest) -> int:

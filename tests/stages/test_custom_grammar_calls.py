@@ -15,13 +15,24 @@ from llguidance import LLMatcher
 
 from pipeline.errors import RequestError
 from pipeline.events import ToolCall
-from pipeline.requests import ChatRequest, Constraint, ConstraintKind, GenerationParams, Message, Role, Sampling, Tool, ToolChoice, ToolChoiceMode
-from stages.constraint_choice import constraint_of, tool_call_constraint
-from stages.constraints import ConstraintCompiler
+from pipeline.requests import (
+    ChatRequest,
+    Constraint,
+    ConstraintKind,
+    GenerationParams,
+    Message,
+    Role,
+    Sampling,
+    Tool,
+    ToolChoice,
+    ToolChoiceMode,
+)
 from stages.families import choose_family
 from stages.families.json_image import json_string_lark
-from stages.markup import markers_for, splitter_for
 from stages.models.loading import Tokenizer, load_tokenizer, resolve_model
+from stages.prompt.constraint_choice import constraint_of, tool_call_constraint
+from stages.prompt.constraints import ConstraintCompiler
+from stages.reply.markup import markers_for, splitter_for
 from tests.families import CASES, FamilyCase
 
 # Quotes and newlines in the input, so its escaped form is what is held.

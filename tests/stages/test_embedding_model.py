@@ -10,9 +10,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from stages.chat import render_chat_text
-from stages.embed import EmbedWork, SideModel
-from stages.model_work import _judgement
+from stages.engine.work_service import _judgement
+from stages.model_thread.embed import EmbedWork, SideModel
 from stages.models.embedding import (
     EmbeddingModelError,
     Matryoshka,
@@ -23,6 +22,7 @@ from stages.models.embedding import (
 from stages.models.loading import Tokenizer, load_tokenizer
 from stages.models.mlx_internals import final_hidden
 from stages.models.shaped_embedding import ensure_embedding_model
+from stages.prompt.chat import render_chat_text
 
 NAME = "qwen3-embedding-0.6b-2l"
 
@@ -147,7 +147,7 @@ def test_the_tokenizer_loads_like_the_chat_models(built: Path) -> None:
 
 def test_a_judgement_on_the_dedicated_model_runs_that_model(built: Path) -> None:
     """`ScoreWork` with a side model reads that model's head at the prompt's last token, whatever the gateway passes."""
-    from stages.embed import ScoreWork
+    from stages.model_thread.embed import ScoreWork
     from stages.models.mlx_internals import head_logits
 
     spec = read_embedding_model(str(built), fallback="last", matryoshka=None)

@@ -1,4 +1,4 @@
-"""stages/exclusive.py: the queue the model thread drains between decode steps, driven by hand."""
+"""stages/model_thread/exclusive.py: the queue the model thread drains between decode steps, driven by hand."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import structlog.testing
 
 from pipeline.admission import Admission
 from pipeline.errors import ErrorKind, RequestError, invalid
-from stages.exclusive import ExclusiveQueue
+from stages.model_thread.exclusive import ExclusiveQueue
 
 
 @attrs.define

@@ -22,9 +22,8 @@ from canitoolcall.results import Observation, ParsedToolCall, ParseResult, Statu
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
 from pipeline.requests import Tool
 from stages.families import FAMILIES, deepseek, harmony, hermes, llama3, mistral, phi4
-from stages.families.base import Family
-from stages.families.base import Splitter
-from stages.markup import Markers, Section, splitter_for
+from stages.families.base import Family, Splitter
+from stages.reply.markup import Markers, Section, splitter_for
 
 # canitoolcall's family slug → the project's family.
 FAMILY_OF: dict[str, Family] = {

@@ -13,15 +13,25 @@ import jsonschema
 import pytest
 
 from pipeline.events import ToolCall, ToolCallDelta, ToolCallStart
-from pipeline.requests import ChatRequest, GenerationParams, Message, Role, Sampling, Tool, ToolCallRecord, ToolChoice, ToolChoiceMode
-from stages.chat import render_chat
-from stages.constraint_choice import tool_call_constraint
-from stages.constraints import ConstraintCompiler
+from pipeline.requests import (
+    ChatRequest,
+    GenerationParams,
+    Message,
+    Role,
+    Sampling,
+    Tool,
+    ToolCallRecord,
+    ToolChoice,
+    ToolChoiceMode,
+)
 from stages.families import choose_family
 from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools
-from stages.markup import markers_for, splitter_for
 from stages.models.loading import Tokenizer, load_tokenizer, resolve_model
+from stages.prompt.chat import render_chat
+from stages.prompt.constraint_choice import tool_call_constraint
+from stages.prompt.constraints import ConstraintCompiler
+from stages.reply.markup import markers_for, splitter_for
 from tests.families import CASES, FamilyCase
 
 WEATHER = Tool(

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer as HfTokenizer
 from pipeline.events import CompletionEvent, ToolCall, ToolCallDelta, ToolCallStart
 from pipeline.requests import Tool
 from stages.families import deepseek, llama3
-from stages.markup import Markers, splitter_for
+from stages.reply.markup import Markers, splitter_for
 from tests.families import CASES, FamilyCase
 from tests.wheels import wheel_member
 

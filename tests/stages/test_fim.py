@@ -1,4 +1,4 @@
-"""stages/fim.py: the infilling format read from a vocabulary, and the prompt it makes."""
+"""stages/prompt/fim.py: the infilling format read from a vocabulary, and the prompt it makes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.errors import RequestError
 from pipeline.requests import GenerationParams, Sampling, TextRequest
-from stages.fim import find_infill
+from stages.prompt.fim import find_infill
 
 
 class Vocab:

@@ -15,13 +15,22 @@ from llguidance import LLMatcher
 from pipeline.errors import RequestError
 from pipeline.events import TextDelta, ToolCall
 from pipeline.requests import (
-    ChatRequest, Constraint, ConstraintKind, GenerationParams, Message, Role, Sampling, Tool, ToolChoice, ToolChoiceMode,
+    ChatRequest,
+    Constraint,
+    ConstraintKind,
+    GenerationParams,
+    Message,
+    Role,
+    Sampling,
+    Tool,
+    ToolChoice,
+    ToolChoiceMode,
 )
-from stages.constraint_choice import constraint_of, tool_call_constraint
-from stages.constraints import ConstraintCompiler
 from stages.families import choose_family
-from stages.markup import markers_for, splitter_for
 from stages.models.loading import Tokenizer, load_tokenizer, resolve_model
+from stages.prompt.constraint_choice import constraint_of, tool_call_constraint
+from stages.prompt.constraints import ConstraintCompiler
+from stages.reply.markup import markers_for, splitter_for
 from tests.families import CASES
 from tests.stages.test_custom_grammar_calls import WEATHER, family_tokenizer, walk
 

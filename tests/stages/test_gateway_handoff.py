@@ -1,4 +1,4 @@
-"""stages/gateway.py over stages/handoff.py, on the tiny demo model: a stalled sink bounds the thread.
+"""stages/model_thread/gateway.py over stages/model_thread/handoff.py, on the tiny demo model: a stalled sink bounds the thread.
 
 Nothing reads the step channel for a while: the model thread runs ahead
 by at most `steps_ahead` steps (their tokens held on the crossing), then
@@ -16,10 +16,10 @@ import pytest
 from pipeline.channels import Channel, open_channel
 from pipeline.requests import Sampling
 from stages.cache.disk import SpillJob
-from stages.gateway import GenerationGateway
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import read_model_shape
 from stages.messages import Abort, Prepared, StepOutputs
+from stages.model_thread.gateway import GenerationGateway
 from stages.models.loading import ModelInfo, load_weights
 from tests.stages.test_prompt_cache_gateway import EOS, GREEDY, Harness, Run, _until_done, model_info, row  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""stages/gateway.py: a row that fails while it is admitted fails alone; the batch goes on."""
+"""stages/model_thread/gateway.py: a row that fails while it is admitted fails alone; the batch goes on."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import structlog.testing
 from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
 from stages.cache.disk import SpillJob
-from stages.constraints import CompiledConstraint
-from stages.gateway import GenerationGateway
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import read_model_shape
-from stages.messages import Abort, Prepared, StepOutputs
+from stages.messages import Abort, CompiledConstraint, Prepared, StepOutputs
+from stages.model_thread.gateway import GenerationGateway
 from stages.models.loading import ModelInfo, load_weights
+
 # model_info is that module's fixture, shared here.
 from tests.stages.test_prompt_cache_gateway import EOS, SYSTEM, Run, _until_done, model_info, row  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""stages/handoff.py: the crossing between the model thread and the loop, with a stand-in thread (no MLX).
+"""stages/model_thread/handoff.py: the crossing between the model thread and the loop, with a stand-in thread (no MLX).
 
 The invariants: the thread never waits for the loop while fewer than
 `depth` steps are undelivered, and waits once that many are (so a stalled
@@ -16,9 +16,9 @@ import anyio.to_thread
 import pytest
 
 from pipeline.channels import Channel, open_channel
-from stages.handoff import Handoff, Parcel
 from stages.kv.rows import Intake
 from stages.messages import Abort, Prepared, StepOutputs
+from stages.model_thread.handoff import Handoff, Parcel
 from tests.stages.test_prompt_cache_gateway import row
 
 

@@ -29,8 +29,8 @@ from openai_harmony import HarmonyEncoding, HarmonyEncodingName, Message, Role, 
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
 from pipeline.requests import Tool
 from stages.families import harmony
-from stages.markup import Markers, splitter_for
 from stages.models.publish import build_once, default_cache_root
+from stages.reply.markup import Markers, splitter_for
 from tests.families import CASES
 from tests.wheels import wheel_member
 

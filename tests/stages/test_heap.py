@@ -1,4 +1,4 @@
-"""stages/heap.py: the C heap's trim runs when forced, else at most once per interval."""
+"""stages/models/heap.py: the C heap's trim runs when forced, else at most once per interval."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from stages.heap import HeapTrimmer
+from stages.models.heap import HeapTrimmer
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's")

@@ -9,8 +9,8 @@ import pytest
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall, ToolCallDelta, ToolCallStart
 from pipeline.requests import Tool
 from stages.families import hermes
-from stages.markup import Markers, MarkupSplitter, Section
 from stages.models.loading import Tokenizer
+from stages.reply.markup import Markers, MarkupSplitter, Section
 
 MARKERS = Markers(think=("<think>", "</think>"), family=hermes.FAMILY)
 
@@ -134,7 +134,7 @@ def test_no_markers_is_plain_text() -> None:
 def test_real_tokens_through_the_detokenizer(tokenizer: Tokenizer, per_step: int) -> None:
     """The path the sink takes: model tokens → mlx-lm's streaming detokenizer → splitter."""
     from stages.families import choose_family
-    from stages.markup import markers_for
+    from stages.reply.markup import markers_for
 
     text = (
         "<think>\nweigh é options\n</think>\n\n"

@@ -33,7 +33,7 @@ from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
 from pipeline.requests import Tool
 from stages.families import mistral
 from stages.families.base import Family
-from stages.markup import Markers, splitter_for
+from stages.reply.markup import Markers, splitter_for
 from tests.families import CASES
 
 CALLS = [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "Europe/Paris"})]

@@ -1,4 +1,4 @@
-"""stages/prepare.py: tokenizing off the event loop, and the context-window checks.
+"""stages/prompt/prepare.py: tokenizing off the event loop, and the context-window checks.
 
 The stage is driven through its own streams with real tokenize work
 (`encode_prompt`, `render_chat` on the tiny demo model's tokenizer).
@@ -15,15 +15,24 @@ import pytest
 
 from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
-from pipeline.requests import Accepted, ChatRequest, GenerationParams, GenerationRequest, Message, Role, Sampling, TextRequest
+from pipeline.requests import (
+    Accepted,
+    ChatRequest,
+    GenerationParams,
+    GenerationRequest,
+    Message,
+    Role,
+    Sampling,
+    TextRequest,
+)
 from pipeline.tracing import Mark, Timeline
-from stages.chat import render_chat
-from stages.constraints import ConstraintCompiler
 from stages.messages import Prepared, PrepareJob, PrepKind, Reply
 from stages.models.loading import Tokenizer
-from stages.prepare import PrepareStage, Reservation
-from stages.text import encode_prompt
-from stages.tokenize import BoundedEncoder
+from stages.prompt.chat import render_chat
+from stages.prompt.constraints import ConstraintCompiler
+from stages.prompt.prepare import PrepareStage, Reservation
+from stages.prompt.text import encode_prompt
+from stages.prompt.tokenize import BoundedEncoder
 
 VOCAB = 1024
 WINDOW = 16

@@ -24,13 +24,12 @@ from pipeline.channels import Channel, open_channel
 from pipeline.requests import GenerationParams, Sampling, TextRequest
 from pipeline.tracing import Timeline
 from stages.cache.disk import SpillJob
-from stages.gateway import GatewayStatistics, GenerationGateway
-from stages.messages import send_abort
+from stages.cache.prompt import PromptCache
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import read_model_shape
-from stages.messages import Abort, Prepared, Reply, StepOutputs
+from stages.messages import Abort, Prepared, Reply, StepOutputs, send_abort
+from stages.model_thread.gateway import GatewayStatistics, GenerationGateway
 from stages.models.loading import ModelInfo, load_weights, resolve_model
-from stages.cache.prompt import PromptCache
 
 EOS = frozenset({0, 2})
 # The tiny model's KV: 2 layers x 2 heads x 16 dims x (keys, values) x float32.

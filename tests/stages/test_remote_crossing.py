@@ -21,8 +21,7 @@ from pipeline.errors import ErrorKind, RequestError, invalid
 from pipeline.events import FinishReason
 from pipeline.requests import GenerationParams, Sampling, TextRequest
 from pipeline.tracing import Timeline
-from stages.constraints import CompiledConstraint, Grammar
-from stages.messages import Admitted, Prepared, Reply, StepOutputs, TokenDelta
+from stages.messages import Admitted, CompiledConstraint, Grammar, Prepared, Reply, StepOutputs, TokenDelta
 from stages.remote.convert import error_out, prepared_of, request_error, row_in, step_out, step_outputs
 from stages.remote.frames import MAX_FRAME, FrameError, FrameReader, FrameWriter
 from stages.remote.messages import (

@@ -1,4 +1,4 @@
-"""stages/sampling.py: per-row samplers with their own keys, and logits processors."""
+"""stages/model_thread/sampling.py: per-row samplers with their own keys, and logits processors."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ import math
 import mlx.core as mx
 import pytest
 
-from pipeline.requests import Sampling
-from pipeline.requests import Constraint, ConstraintKind
-from stages.constraints import ConstraintCompiler
+from pipeline.requests import Constraint, ConstraintKind, Sampling
+from stages.model_thread.sampling import ConstraintProcessor, KeyedSampler, make_row_processors, make_row_sampler
 from stages.models.loading import ModelInfo, Tokenizer
-from stages.sampling import ConstraintProcessor, KeyedSampler, make_row_processors, make_row_sampler
+from stages.prompt.constraints import ConstraintCompiler
 
 VOCAB = 64
 DRAWS = 24
@@ -186,7 +185,7 @@ def test_a_rewound_grammar_sees_the_resumed_tokens_as_before(tokenizer: Tokenize
 
 
 def test_typical_p_keeps_the_tokens_nearest_the_entropy_until_the_mass() -> None:
-    from stages.sampling import apply_typical_p
+    from stages.model_thread.sampling import apply_typical_p
 
     # Entropy of (0.5, 0.3, 0.15, 0.05) is 1.14 nats; surprises are 0.69, 1.20, 1.90, 3.00:
     # token 1 is the most typical, then 0, then 2, then 3.
@@ -208,7 +207,7 @@ def test_typical_p_in_a_keyed_sampler_narrows_the_draws() -> None:
 
 
 def test_min_tokens_bans_the_stop_tokens_until_the_count_then_lets_them_through() -> None:
-    from stages.sampling import MinTokens
+    from stages.model_thread.sampling import MinTokens
 
     processor = MinTokens(2, [5, 9])
     logits = mx.zeros((1, VOCAB))
@@ -226,7 +225,7 @@ def test_min_tokens_bans_the_stop_tokens_until_the_count_then_lets_them_through(
 
 def test_row_stop_ids_are_eos_unless_ignored_plus_the_requested_ones() -> None:
     from pipeline.requests import GenerationParams
-    from stages.sampling import row_stop_ids
+    from stages.model_thread.sampling import row_stop_ids
 
     params = GenerationParams(max_tokens=4, sampling=Sampling(), stop_token_ids=(7,))
     assert row_stop_ids(params, [0, 2]) == {0, 2, 7}

@@ -18,10 +18,10 @@ from pipeline.settings import Settings
 from stages.cache.link import DiskLink
 from stages.cache.prompt import PromptCache
 from stages.cache.tier import Entry
+from stages.engine.decisions import open_disk
 from stages.models.mlx_internals import restore_layer
 from stages.shard.caches import FollowerDisk
 from stages.shard.cluster import Cluster
-from stages.startup import open_disk
 from stages.shard.transport import Broadcast
 from tests.stages.test_prompt_cache import kv
 from tests.stages.test_prompt_cache_disk import spill, tier

@@ -1,5 +1,5 @@
-"""stages/single_row.py on the tiny demo model: a row alone gives the batch's tokens, and keeps them when it joins
-the batch.
+"""stages/model_thread/single_row.py on the tiny demo model: a row alone gives the batch's tokens, and keeps
+them when it joins the batch.
 
 Each case runs the same rows, arriving at the same calls, through mlx-lm's
 `BatchGenerator` and through `SingleRow` over one: every row's tokens, finish
@@ -20,9 +20,9 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 
 from pipeline.requests import Sampling
+from stages.model_thread.sampling import make_row_processors, make_row_sampler
+from stages.model_thread.single_row import SingleRow, single_row
 from stages.models.loading import ModelInfo, load_weights
-from stages.sampling import make_row_processors, make_row_sampler
-from stages.single_row import SingleRow, single_row
 
 GREEDY = Sampling(temperature=0.0)
 SEEDED = Sampling(temperature=0.9, seed=5)
@@ -57,7 +57,7 @@ def _drive(generator: Any, arrivals: dict[int, list[Arrival]]) -> dict[str, dict
     call = 0
     while call <= max(arrivals) or any(row["finish"] is None for row in rows.values()):
         for name, prompt, sampling, max_tokens, stops in arrivals.get(call, []):
-            from stages.sampling import RowStops
+            from stages.model_thread.sampling import RowStops
 
             (uid,) = generator.insert(
                 [prompt], max_tokens=[max_tokens], caches=None, all_tokens=[[]],
@@ -122,7 +122,7 @@ def test_stop_tokens_end_a_row_alone_and_at_its_hand_over(model: Any) -> None:
 
 def test_a_removed_row_leaves_with_its_cache_and_tokens(model: Any) -> None:
     solo = _solo(model)
-    from stages.sampling import RowStops
+    from stages.model_thread.sampling import RowStops
 
     (uid,) = solo.insert([PROMPT], max_tokens=[30], caches=None, all_tokens=[[]], samplers=[make_row_sampler(GREEDY)],
                          logits_processors=[[]], stop_sequences=[RowStops([[0]])])
@@ -152,10 +152,10 @@ async def _gateway_run(model_info: ModelInfo, rows: list[Any], second_after: int
 
     from pipeline.channels import Channel, open_channel
     from stages.cache.disk import SpillJob
-    from stages.gateway import GenerationGateway
     from stages.kv.scheduler import KvScheduler
     from stages.kv.shape import read_model_shape
     from stages.messages import Abort, Prepared, StepOutputs
+    from stages.model_thread.gateway import GenerationGateway
 
     inbox: Channel[Prepared] = open_channel(16, name="gateway")
     control: Channel[Abort] = open_channel(4, name="control")

@@ -1,4 +1,4 @@
-"""stages/sink.py: per-step token deltas → text events on each request's reply.
+"""stages/reply/sink.py: per-step token deltas → text events on each request's reply.
 
 The sink is driven through its own streams: `StepOutputs` in (as the
 gateway sends them), events on each `ReplySlot` and `Abort`s on the
@@ -17,11 +17,20 @@ import structlog.testing
 
 from pipeline.channels import Channel, open_channel
 from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summary, TextDelta, Usage
-from pipeline.requests import Accepted, ChatRequest, GenerationParams, GenerationRequest, Message, Role, Sampling, TextRequest
+from pipeline.requests import (
+    Accepted,
+    ChatRequest,
+    GenerationParams,
+    GenerationRequest,
+    Message,
+    Role,
+    Sampling,
+    TextRequest,
+)
 from pipeline.tracing import Mark, Timeline
 from stages.messages import Abort, Admitted, Prepared, Reply, StepOutputs, TokenDelta
 from stages.models.loading import Tokenizer
-from stages.sink import CompletionSink
+from stages.reply.sink import CompletionSink
 
 PROMPT = (5, 6, 7, 8)
 TEXT = "Hello, world! The server reads a request."

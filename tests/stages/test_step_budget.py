@@ -1,4 +1,4 @@
-"""stages/step_budget.py by hand, and the gateway under a step budget on the tiny demo model.
+"""stages/model_thread/step_budget.py by hand, and the gateway under a step budget on the tiny demo model.
 
 The gateway's tests read what it did step by step (its `StepOutputs` and its
 step counter), never how long a step took: a 1 ms target makes every chunk
@@ -17,12 +17,12 @@ from mlx_lm.generate import PromptProcessingBatch
 from pipeline.channels import Channel, open_channel
 from stages.cache.disk import SpillJob
 from stages.cache.prompt import PromptCache
-from stages.gateway import GenerationGateway
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import read_model_shape
 from stages.messages import Abort, Prepared, StepOutputs, send_abort
+from stages.model_thread.gateway import GenerationGateway
+from stages.model_thread.step_budget import StepBudget
 from stages.models.loading import ModelInfo, load_weights
-from stages.step_budget import StepBudget
 from tests.stages.test_prompt_cache_gateway import EOS, TOKEN_BYTES, model_info, row  # noqa: F401
 
 # Ids that never end a row on the tiny model (its EOS logits are zero: greedy never picks them).

@@ -1,18 +1,15 @@
-"""stages/text.py: raw prompts (text or token ids) → prompt tokens."""
+"""stages/prompt/text.py: raw prompts (text or token ids) → prompt tokens."""
 
 from __future__ import annotations
 
-import anyio
 import pytest
 
-from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError
-from pipeline.requests import ChatRequest, GenerationParams, Message, Role, Sampling, TextRequest
+from pipeline.requests import ChatRequest, GenerationParams, Sampling, TextRequest
 from pipeline.tracing import Timeline
-from stages.messages import Parsed, PrepareJob, PrepKind, Reply
+from stages.messages import Parsed, PrepKind, PromptText, Reply
 from stages.models.loading import ModelInfo, Tokenizer
-from stages.messages import PromptText
-from stages.text import TextStage, encode_prompt
+from stages.prompt.text import TextJobs, encode_prompt
 
 PARAMS = GenerationParams(max_tokens=4, sampling=Sampling())
 
@@ -59,25 +56,17 @@ def parsed(request_id: str, generation: ChatRequest | TextRequest) -> Parsed:
     return Parsed(request_id=request_id, request=generation, reply=reply, timeline=Timeline.start())
 
 
-async def test_text_stage_turns_parsed_requests_into_tokenize_jobs(tokenizer: Tokenizer, model_info: ModelInfo) -> None:
-    """Text requests become TOKENIZE jobs; closed or chat requests are dropped; a bad id fails only in the job."""
-    inbox: Channel[Parsed] = open_channel(4, name="text")
-    out: Channel[PrepareJob] = open_channel(4, name="prepare")
+def test_text_jobs_turn_parsed_requests_into_tokenize_jobs(model_info: ModelInfo) -> None:
+    """Text requests become TOKENIZE jobs; a bad id fails only in the job, a suffix without infill at once."""
+    jobs = TextJobs(vocab_size=model_info.vocab_size)
     live = parsed("live", TextRequest(prompt="Once", params=PARAMS))
     bad_ids = parsed("bad", TextRequest(prompt=(5000,), params=PARAMS))
-    gone = parsed("gone", TextRequest(prompt="x", params=PARAMS))
-    gone.reply.close()
-    chat = parsed("chat", ChatRequest(messages=(Message(role=Role.USER, content="x"),), params=PARAMS))
-    stage = TextStage(inbox=inbox.receive, out=out.send, tokenizer=tokenizer, vocab_size=model_info.vocab_size)
-    with out.receive, anyio.fail_after(10):
-        async with anyio.create_task_group() as group:
-            await group.start(stage.run)
-            async with inbox.send:
-                for item in (gone, live, chat, bad_ids):
-                    await inbox.send.send(item)
-        jobs = [job async for job in out.receive]
-    assert [(job.request_id, job.kind) for job in jobs] == [("live", PrepKind.TOKENIZE), ("bad", PrepKind.TOKENIZE)]
-    assert jobs[0].tokenize() == PromptText("Once", add_special_tokens=True)
-    assert (jobs[0].reply, jobs[0].params) == (live.reply, PARAMS)
+    made = [jobs.job(item, item.request) for item in (live, bad_ids) if isinstance(item.request, TextRequest)]
+    assert [(job.request_id, job.kind) for job in made] == [("live", PrepKind.TOKENIZE), ("bad", PrepKind.TOKENIZE)]
+    assert made[0].tokenize() == PromptText("Once", add_special_tokens=True)
+    assert (made[0].reply, made[0].params, made[0].timeline) == (live.reply, PARAMS, live.timeline)
     with pytest.raises(RequestError):
-        jobs[1].tokenize()
+        made[1].tokenize()
+    suffixed = TextRequest(prompt="def f(", suffix="return 1", params=PARAMS)
+    with pytest.raises(RequestError):
+        jobs.job(parsed("fim", suffixed), suffixed)

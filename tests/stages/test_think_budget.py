@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from stages.sampling import _opened
-from stages.sampling import ThinkBudget
+from stages.model_thread.sampling import ThinkBudget, _opened
 
 START, END, VOCAB = 3, 4, 8
 

@@ -1,4 +1,4 @@
-"""stages/tokenize.py: the byte bound never overshoots, and pieces tokenize as the whole text does."""
+"""stages/prompt/tokenize.py: the byte bound never overshoots, and pieces tokenize as the whole text does."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from stages.messages import PromptText
 from stages.models.loading import Tokenizer
-from stages.tokenize import PIECE_CHARS, BoundedEncoder, split_text
+from stages.prompt.tokenize import PIECE_CHARS, BoundedEncoder, split_text
 
 WORDS = ["hello", "world", "\n", "  ", "x=1", "数字", ":\n", "\n\n", "{", "}", "\t", "é", "<|im_start|>", "123456"]
 

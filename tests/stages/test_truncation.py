@@ -1,4 +1,4 @@
-"""stages/truncation.py: Responses' `truncation: "auto"` cuts the oldest exchanges until the prompt fits.
+"""stages/prompt/truncation.py: Responses' `truncation: "auto"` cuts the oldest exchanges until the prompt fits.
 
 Rendered through the tiny demo model's real chat template, as the server renders a Responses turn.
 """
@@ -10,9 +10,9 @@ from functools import partial
 import pytest
 
 from pipeline.requests import ChatRequest, GenerationParams, Message, Role, Sampling, ToolCallRecord
-from stages.chat import render_chat
 from stages.models.loading import Tokenizer
-from stages.truncation import render_truncated
+from stages.prompt.chat import render_chat
+from stages.prompt.truncation import render_truncated
 
 SYSTEM = Message(role=Role.SYSTEM, content="You are the harbour master's assistant.")
 

@@ -16,12 +16,12 @@ import pytest
 from pipeline.errors import RequestError
 from pipeline.events import ToolCall, ToolCallDelta
 from pipeline.requests import Tool, ToolChoice, ToolChoiceMode
-from stages.constraint_choice import tool_call_constraint
-from stages.constraints import ConstraintCompiler
 from stages.families import choose_family, glm, minimax, qwen3_coder
 from stages.families.mlxlm import _unsupported
-from stages.markup import markers_for, splitter_for
 from stages.models.loading import Tokenizer, load_tokenizer, resolve_model
+from stages.prompt.constraint_choice import tool_call_constraint
+from stages.prompt.constraints import ConstraintCompiler
+from stages.reply.markup import markers_for, splitter_for
 from tests.families import CASES, FamilyCase
 
 TOOL = Tool(
