@@ -85,8 +85,8 @@ class GatewayStatistics:
     mlx_cache_bytes: int
     # The crossing to the event loop: steps undelivered, and the model thread's waits.
     handoff: HandoffStatistics
-    # The step budget (stages/model_thread/step_budget.py): the last prefill chunk it chose (tokens a row), and the steps that
-    # ran past the target (a step's decoding rows alone, or a first chunk before the speed was known).
+    # The step budget (stages/model_thread/step_budget.py): the last prefill chunk it chose (tokens a row), and the
+    # steps that ran past the target (a step's decoding rows alone, or a first chunk before the speed was known).
     prefill_chunk: int = 0
     steps_over_budget: int = 0
 
@@ -128,7 +128,8 @@ class GenerationGateway:
     _single_row: bool = attrs.field(default=True, alias="single_row")
     # How the rows' KV is stored: quantized, every row starts with quantized layers (stages/models/quantized_kv.py).
     _kv_scheme: KvScheme = attrs.field(default=FULL, alias="kv_scheme")
-    # Seconds a step aims at: prefill chunks are sized to fit it (stages/model_thread/step_budget.py); None: fixed chunks.
+    # Seconds a step aims at: prefill chunks are sized to fit it (stages/model_thread/step_budget.py); None: fixed
+    # chunks.
     _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
     _budget: StepBudget | None = attrs.field(default=None, init=False)
     # Touched only by the model thread.

@@ -81,7 +81,8 @@ class SingleRow:
     _batch: Any = attrs.field(alias="batch")
     _model: Any = attrs.field(alias="model")
     _default_stops: Any = attrs.field(alias="default_stops")
-    # Prompt tokens a prefilling row takes per step; the gateway sizes it before each step (stages/model_thread/step_budget.py).
+    # Prompt tokens a prefilling row takes per step; the gateway sizes it before each step
+    # (stages/model_thread/step_budget.py).
     _prefill_step_size: int = attrs.field(alias="prefill_step_size")
     # The batch's stream: a row's arrays stay on the thread's own stream whichever side runs it.
     _stream: Any = attrs.field(alias="stream")

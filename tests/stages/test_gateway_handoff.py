@@ -1,4 +1,5 @@
-"""stages/model_thread/gateway.py over stages/model_thread/handoff.py, on the tiny demo model: a stalled sink bounds the thread.
+"""stages/model_thread/gateway.py over stages/model_thread/handoff.py, on the tiny demo model: a stalled sink bounds
+the thread.
 
 Nothing reads the step channel for a while: the model thread runs ahead
 by at most `steps_ahead` steps (their tokens held on the crossing), then
