@@ -20,6 +20,7 @@ from pipeline.settings import Settings
 from stages.kv.machine import Machine
 from stages.kv.plan import budget_for
 from stages.kv.shape import ModelShape, read_model_shape
+from stages.models.vlm import vision_config
 
 # The share of RAM the fleet plans for when no budget is set, as one model's plan does.
 RAM_SHARE = 0.75
@@ -59,7 +60,11 @@ def footprint(spec: ModelSpec, shape: ModelShape, machine: Machine, settings: Se
 
 def read_footprint(spec: ModelSpec, path: Path, context_window: int, machine: Machine, settings: Settings) -> Footprint:
     """`footprint` of a model directory; blocking (reads its config and weight sizes)."""
-    return footprint(spec, read_model_shape(path, context_window), machine, settings)
+    shape = read_model_shape(path, context_window)
+    if vision_config(path) is not None:
+        # A vision-language model's engine plans its encoder cache beside the weights (stages/engine.py).
+        shape = attrs.evolve(shape, weights_bytes=shape.weights_bytes + settings.encoder_cache_bytes)
+    return footprint(spec, shape, machine, settings)
 
 
 def _or(value: int | None, fallback: int) -> int:

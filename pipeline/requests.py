@@ -32,6 +32,32 @@ class ToolCallRecord:
     arguments: str
 
 
+class ImageDetail(enum.Enum):
+    """OpenAI's `detail`: `low` reads the image as one tile; `high` and `auto` tile it as the model's processor does."""
+
+    AUTO = "auto"
+    LOW = "low"
+    HIGH = "high"
+
+
+@attrs.frozen(kw_only=True)
+class ImagePart:
+    """An image in a message, as the client sent it: its bytes (a `data:` URL, base64) or an http(s) URL.
+
+    `offset` is where it sits in the message's text (a character index of
+    `Message.content`); `param` names the part in the client's request, for
+    its 400s. Decoding and checking the picture is the prompt side's work.
+    """
+
+    param: str
+    offset: int
+    data: bytes | None = None
+    url: str | None = None
+    # The media type the client declared (a data: URL's, Anthropic's `media_type`); None: read from the bytes.
+    media_type: str | None = None
+    detail: ImageDetail = ImageDetail.AUTO
+
+
 @attrs.frozen(kw_only=True)
 class Message:
     role: Role
@@ -40,6 +66,8 @@ class Message:
     tool_call_id: str | None = None
     tool_calls: tuple[ToolCallRecord, ...] = ()
     reasoning: str | None = None
+    # Images within `content`, in order of their offsets.
+    images: tuple[ImagePart, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -141,6 +141,18 @@ class Settings:
     embedding_score: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("cosine", "judge"))))
     # Tokens one embedding input may have (and the context window, whichever is less).
     embedding_max_tokens: int = attrs.field(default=8192, validator=_positive)
+    # Images one request may carry (a vision-language model's); more is a 400 naming the first past it.
+    max_images: int = attrs.field(default=8, validator=_positive)
+    # The largest image file (bytes, as sent or fetched) and picture (width × height pixels) decoded; more is a 400.
+    max_image_bytes: int = attrs.field(default=20 * 2**20, validator=_positive)
+    max_image_pixels: int = attrs.field(default=40_000_000, validator=_positive)
+    # Hosts whose http(s) image URLs are fetched, comma-separated ("*" any public host); unset: none, a 400.
+    # Loopback, link-local and private addresses are never fetched.
+    image_url_hosts: str | None = None
+    # Seconds a fetch of an image URL may take.
+    image_url_timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
+    # Bytes of vision-tower output kept per image for reuse (the encoder cache, LRU); 0 turns it off.
+    encoder_cache_bytes: int = attrs.field(default=256 * 2**20, validator=attrs.validators.ge(0))
     # Embedding and score requests waiting for the model thread at once; more wait `admission_timeout`, then 429.
     exclusive_pending: int = attrs.field(default=64, validator=_positive)
     # Tokens one embeddings, rerank or score request may run through the model, summed over its inputs

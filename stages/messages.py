@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
@@ -97,6 +97,21 @@ class PromptText:
 
 
 @attrs.frozen(kw_only=True)
+class PromptImage:
+    """One image of a prompt, decoded and cut into the model's tiles (`stages/prompt/images.py`).
+
+    Its `tokens` image tokens are the next ones of that id in the prompt,
+    in order; `digest` (a hash of the decoded pixels) keys the encoder-output
+    cache and stands for the image in the prompt cache's keys.
+    """
+
+    digest: bytes
+    tokens: int
+    # (tiles, channels, height, width) uint8, resized and tiled as the model's processor does, not yet normalized.
+    pixels: Any = attrs.field(eq=False, repr=False)
+
+
+@attrs.frozen(kw_only=True)
 class Rendered:
     """Prompt tokens of a chat whose history was edited first, and what the edits removed."""
 
@@ -104,6 +119,8 @@ class Rendered:
     applied_edits: tuple[AppliedEdit, ...] = ()
     # The prompt's tokens before any edit (Anthropic's `original_input_tokens`).
     original_tokens: int = 0
+    # The prompt's images, in the order of their tokens (a vision-language model's).
+    images: tuple[PromptImage, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -137,6 +154,8 @@ class Prepared:
     timeline: Timeline
     # The row's grammar, when its output is constrained.
     constraint: CompiledConstraint | None = None
+    # Its images, in prompt order (a vision-language model's row).
+    images: tuple[PromptImage, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -101,18 +102,33 @@ def start_server(log_dir: Path, **settings: str) -> Server:
             command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
-    deadline = time.monotonic() + STARTUP_TIMEOUT
+    started = time.monotonic()
+    deadline = started + STARTUP_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{server.logs()}")
         try:
             if httpx.get(f"{server.base_url}/health", timeout=1.0).status_code == 200:
+                record_start("server", settings, time.monotonic() - started)
                 return server
         except httpx.TransportError:
             pass
         time.sleep(0.2)
     server.kill()
     raise RuntimeError(f"server did not become healthy:\n{server.logs()}")
+
+
+def record_start(kind: str, settings: dict[str, str], seconds: float) -> None:
+    """One line per model process started, where TEST_SERVER_STARTS names a file: which test, what, how long.
+
+    So where the suite's time goes (docs/testing.md) is counted, not guessed.
+    """
+    path = os.environ.get("TEST_SERVER_STARTS")
+    if path:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "")
+        record = {"test": test, "kind": kind, "settings": settings, "seconds": round(seconds, 2)}
+        with open(path, "a") as log:
+            log.write(json.dumps(record) + "\n")
 
 
 ServerFactory = Callable[..., Server]

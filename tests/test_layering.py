@@ -64,6 +64,9 @@ MLX_CORE_ALLOWED = {
     # A sharded model: the group, each rank's slice, the step messages and their replay (every rank's model thread).
     "stages/shard/cluster.py", "stages/shard/transport.py", "stages/shard/replicated.py", "stages/shard/follower.py",
     "stages/shard/work.py",
+    # A vision-language model: its loading, the tiny-vl builder, and image rows encoded and prefilled on the model
+    # thread.
+    "stages/models/vlm.py", "stages/models/tiny_vl.py", "stages/model_thread/vision_rows.py",
 }
 # The layers below the app where only the modules above may import mlx.core.
 MLX_CORE_CHECKED = ("pipeline/", "stages/", "wire/", "fleet/", "store/")

@@ -20,6 +20,7 @@ from pipeline.requests import (
     GenerationParams,
     JsonObject,
     JsonValue,
+    ImagePart,
     Message,
     Role,
     Sampling,
@@ -29,6 +30,7 @@ from pipeline.requests import (
     ToolChoiceMode,
 )
 from wire.anthropic_context import read_context_management
+from wire.images import image_from_base64, image_from_url
 from wire.structured import anthropic_constraint
 from wire.fields import (
     Body,
@@ -177,16 +179,30 @@ def _assistant_turn(blocks: list[JsonObject], param: str) -> Message:
 
 def _user_turns(blocks: list[JsonObject], param: str) -> list[Message]:
     """Tool results first (they answer the previous turn), then the user's text."""
-    results, texts = [], []
+    results, texts, images = [], [], []
     for index, block in enumerate(blocks):
         kind, where = block.get("type"), f"{param}.{index}"
         if kind == "text":
             texts.append(as_str(block.get("text"), f"{where}.text"))
+        elif kind == "image":
+            images.append(_image_block(block, where, offset=sum(map(len, texts))))
         elif kind == "tool_result":
             results.append(_tool_result(block, where))
         else:
             raise _unsupported_block(kind, where)
-    return results + ([Message(role=Role.USER, content="".join(texts))] if texts else [])
+    turn = Message(role=Role.USER, content="".join(texts), images=tuple(images))
+    return results + ([turn] if texts or images else [])
+
+
+def _image_block(block: JsonObject, where: str, *, offset: int) -> ImagePart:
+    source = as_object(block.get("source"), f"{where}.source")
+    kind = source.get("type")
+    if kind == "base64":
+        media_type = as_str(source.get("media_type"), f"{where}.source.media_type")
+        return image_from_base64(as_str(source.get("data"), f"{where}.source.data"), media_type, param=where, offset=offset)
+    if kind == "url":
+        return image_from_url(as_str(source.get("url"), f"{where}.source.url"), param=where, offset=offset)
+    raise invalid(f"{where}.source.type: Input should be 'base64' or 'url', got {quote(kind)}", param=f"{where}.source.type")
 
 
 def _tool_result(block: JsonObject, where: str) -> Message:
@@ -209,7 +225,7 @@ def _text_of_blocks(blocks: list[JsonValue], param: str) -> str:
 
 def _unsupported_block(kind: JsonValue, where: str) -> Exception:
     if kind in ("image", "document"):
-        return invalid(f"{where}: '{kind}' content is not supported: the served model reads text only", param=where)
+        return invalid(f"{where}: '{kind}' content is not supported here", param=where)
     return invalid(f"{where}.type: unsupported content block type {quote(kind)}", param=f"{where}.type")
 
 

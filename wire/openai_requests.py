@@ -13,6 +13,7 @@ from __future__ import annotations
 from pipeline.errors import invalid, quote, unsupported
 from pipeline.requests import (
     ChatRequest,
+    ImagePart,
     GenerationParams,
     JsonValue,
     Message,
@@ -25,6 +26,7 @@ from pipeline.requests import (
     ToolChoiceMode,
 )
 from wire.openai_extensions import read_ignore_eos, read_min_tokens, read_stop_token_ids, read_typical_p, refuse_extensions
+from wire.images import image_from_url
 from wire.structured import openai_constraint
 from wire.fields import (
     read_arguments,
@@ -86,6 +88,9 @@ def decode_completion(value: JsonValue) -> TextRequest:
     _refuse_unsupported(body)
     if read_bool(body, "echo"):
         raise unsupported("echo")
+    for key in ("multi_modal_data", "images", "image_url"):
+        if body.get(key) is not None:
+            raise invalid(f"'{key}': Completions take text only; send images to /v1/chat/completions", param=key)
     if read_bool(body, "continue_final_message"):
         raise unsupported("continue_final_message")
     if (read_int(body, "best_of", minimum=1) or 1) > 1:
@@ -147,7 +152,7 @@ def _read_message(value: JsonValue, param: str) -> Message:
     role = _ROLES.get(role_name)
     if role is None:
         raise invalid(f"'{param}.role' must be one of {sorted(_ROLES)}, got {quote(role_name)}", param=f"{param}.role")
-    content = _read_content(item.get("content"), f"{param}.content", allow_null=role is Role.ASSISTANT)
+    content, images = _read_content(item.get("content"), f"{param}.content", allow_null=role is Role.ASSISTANT)
     reasoning = read_str(item, "reasoning_content", param=f"{param}.reasoning_content")
     return Message(
         role=role,
@@ -156,6 +161,7 @@ def _read_message(value: JsonValue, param: str) -> Message:
         tool_call_id=read_str(item, "tool_call_id", param=f"{param}.tool_call_id"),
         tool_calls=_read_message_calls(item.get("tool_calls"), f"{param}.tool_calls"),
         reasoning=reasoning if reasoning is not None else read_str(item, "reasoning", param=f"{param}.reasoning"),
+        images=images,
     )
 
 
@@ -213,22 +219,32 @@ def _check_effort(effort: str) -> None:
         raise invalid(f"'reasoning_effort' must be one of {sorted(_EFFORTS)}", param="reasoning_effort")
 
 
-def _read_content(value: JsonValue, param: str, *, allow_null: bool) -> str:
+def _read_content(value: JsonValue, param: str, *, allow_null: bool) -> tuple[str, tuple[ImagePart, ...]]:
     if value is None and allow_null:
-        return ""
+        return "", ()
     if isinstance(value, str):
-        return value
+        return value, ()
     parts = as_list(value, param) if value is not None else None
     if parts is None:
         raise invalid(f"'{param}' is required", param=param)
-    texts = []
+    texts: list[str] = []
+    images: list[ImagePart] = []
+    offset = 0
     for index, part in enumerate(parts):
         part_param = f"{param}[{index}]"
-        kind = as_object(part, part_param).get("type")
+        item = as_object(part, part_param)
+        kind = item.get("type")
+        if kind == "image_url":
+            image = as_object(item.get("image_url"), f"{part_param}.image_url")
+            url = as_str(image.get("url"), f"{part_param}.image_url.url")
+            images.append(image_from_url(url, param=part_param, offset=offset, detail=read_str(image, "detail")))
+            continue
         if kind not in ("text", "input_text"):
-            raise invalid(f"'{part_param}.type' {quote(kind)} is not supported; only text parts are", param=f"{part_param}.type")
-        texts.append(as_str(as_object(part, part_param).get("text"), f"{part_param}.text"))
-    return "".join(texts)
+            message = f"'{part_param}.type' {quote(kind)} is not supported; only text and image_url parts are"
+            raise invalid(message, param=f"{part_param}.type")
+        texts.append(as_str(item.get("text"), f"{part_param}.text"))
+        offset += len(texts[-1])
+    return "".join(texts), tuple(images)
 
 
 def _read_prompt(body: Body) -> str | tuple[int, ...]:

@@ -23,6 +23,7 @@ from pipeline.requests import (
     GenerationParams,
     JsonObject,
     JsonValue,
+    ImagePart,
     Message,
     Role,
     Sampling,
@@ -30,6 +31,7 @@ from pipeline.requests import (
     ToolCallRecord,
     ToolChoice,
 )
+from wire.images import image_from_url
 from wire.responses_tools import ResponsesTools, ToolSpec, call_arguments, qualified, read_tool_choice, read_tools
 from wire.structured import responses_constraint
 from wire.fields import (
@@ -201,22 +203,44 @@ def _message(item: JsonObject, param: str) -> Message:
     if role is None:
         raise invalid(f"Invalid '{param}.role': {quote(role_name)}.", param=f"{param}.role")
     content = item.get("content")
-    text = content if isinstance(content, str) else _text_parts(content, f"{param}.content")
-    return Message(role=role, content=text)
+    if isinstance(content, str):
+        return Message(role=role, content=content)
+    text, images = _parts(content, f"{param}.content")
+    return Message(role=role, content=text, images=images)
 
 
 def _text_parts(value: JsonValue, param: str) -> str:
-    texts = []
+    text, images = _parts(value, param)
+    if images:
+        raise invalid(f"Invalid '{images[0].param}': images are not allowed here.", param=images[0].param)
+    return text
+
+
+def _parts(value: JsonValue, param: str) -> tuple[str, tuple[ImagePart, ...]]:
+    texts: list[str] = []
+    images: list[ImagePart] = []
     for index, raw in enumerate(as_list(value, param)):
-        part = as_object(raw, f"{param}[{index}]")
+        where = f"{param}[{index}]"
+        part = as_object(raw, where)
+        if part.get("type") == "input_image":
+            images.append(_input_image(part, where, offset=sum(map(len, texts))))
+            continue
         if part.get("type") not in _TEXT_PARTS:
             raise invalid(
-                f"Invalid '{param}[{index}].type': {quote(part.get('type'))} is not supported; "
-                "the served model reads text only.",
-                param=f"{param}[{index}].type",
+                f"Invalid '{where}.type': {quote(part.get('type'))} is not supported; "
+                "text and input_image parts are.",
+                param=f"{where}.type",
             )
-        texts.append(as_str(part.get("text"), f"{param}[{index}].text"))
-    return "".join(texts)
+        texts.append(as_str(part.get("text"), f"{where}.text"))
+    return "".join(texts), tuple(images)
+
+
+def _input_image(part: JsonObject, where: str, *, offset: int) -> ImagePart:
+    if part.get("file_id") is not None:
+        raise invalid(f"Invalid '{where}.file_id': uploaded files are not supported; send 'image_url'.",
+                      param=f"{where}.file_id", code="unsupported_parameter")
+    url = as_str(part.get("image_url"), f"{where}.image_url")
+    return image_from_url(url, param=where, offset=offset, detail=read_str(part, "detail", param=f"{where}.detail"))
 
 
 def _add_call(messages: list[Message], item: JsonObject, param: str) -> None:

@@ -29,6 +29,7 @@ from stages.kv.machine import backend
 from stages.kv.plan import BudgetError, Fit, MemoryPlan, assess
 from stages.kv.shape import FULL, KvScheme, ModelShape
 from stages.models.loading import ModelInfo, Tokenizer, load_weights, resolve_model
+from stages.prompt.vision_chat import VisionPrompt
 from stages.models.weights import WeightForm, dequantized, float32_bytes, quantization, stored
 from stages.shard.caches import MirroredPromptCache
 from stages.shard.cluster import Cluster
@@ -45,6 +46,11 @@ def choose_markup(settings: Settings, tokenizer: Tokenizer) -> tuple[Family, Fam
     )
     log.info("engine.markup", family=family.name, think=family.think, tool_preamble=ignores)
     return family, family if ignores else None
+
+
+def vision_prompt(settings: Settings, info: ModelInfo, tokenizer: Tokenizer) -> VisionPrompt | None:
+    """A vision-language model's image side (its processor, the image limits); None for a text model."""
+    return VisionPrompt.load(info.path, tokenizer, settings)
 
 
 def think_ids(family: Family, tokenizer: Tokenizer) -> tuple[tuple[int, ...], int] | None:
@@ -193,6 +199,9 @@ def model_loader(info: ModelInfo, cluster: Cluster | None, scheme: KvScheme) -> 
 
         model = load_weights(info)
         reason = refusal(model, scheme)
+        if reason is None and getattr(model, "vision_tower", None) is not None:
+            reason = (f"MLX_RELAY_KV_BITS={scheme.bits} cannot serve a vision-language model yet: its image rows are "
+                      "prefilled into full-precision KV")
         if reason is not None:
             raise KvSchemeError(reason)
         return model

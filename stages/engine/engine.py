@@ -28,7 +28,7 @@ from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
 from stages.adapters import AdapterError, ServedModels, not_found, read_adapters
 from stages.cache.disk import DiskTier
-from stages.engine.decisions import choose_markup, disk_tier, plan_memory, served_model
+from stages.engine.decisions import choose_markup, disk_tier, plan_memory, served_model, vision_prompt
 from stages.engine.model_side import ModelSide, make_gateway
 from stages.engine.reports import AdmissionReport, EngineStatistics, TokenCount
 from stages.engine.work_service import ModelWork, chat_model_work, open_embedder
@@ -131,8 +131,9 @@ class Engine:
             self._cluster = await anyio.to_thread.run_sync(partial(join, settings.shard, timeout=settings.shard_timeout))
         self.info = await anyio.to_thread.run_sync(served_model, settings)
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
+        vision = await anyio.to_thread.run_sync(partial(vision_prompt, settings, self.info, self.tokenizer))
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
-        embedding_bytes = await self._open_embedder()
+        beside_bytes = await self._open_embedder() + (vision.held_bytes if vision else 0)
         self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases),
                                    embedding=self.embedder.name if self.embedder else None,
                                    default_adapter=settings.default_adapter)
@@ -145,10 +146,10 @@ class Engine:
         self._encoder = await anyio.to_thread.run_sync(BoundedEncoder.of, self.tokenizer)
         self.family, self._preamble = await anyio.to_thread.run_sync(partial(choose_markup, settings, self.tokenizer))
         chat_work = partial(
-            chat_model_work, settings, self._exclusive, self.info, self._encoder, self._tokenizing, self._preamble
+            chat_model_work, settings, self._exclusive, self.info, self._encoder, self._tokenizing, self._preamble, vision
         )
         self.work = await anyio.to_thread.run_sync(chat_work)
-        adapter_bytes = self.served.adapter_bytes + embedding_bytes
+        adapter_bytes = self.served.adapter_bytes + beside_bytes
         planned = partial(plan_memory, settings, self.info, adapter_bytes=adapter_bytes, cluster=self._cluster)
         self.info, self.fit, self.weights = await anyio.to_thread.run_sync(planned)
         disk = None
@@ -273,7 +274,7 @@ class Engine:
             self._make_prepare(jobs.receive, prepared.send),
             ParseStage(
                 inbox=self._parse_inbox.receive, out=jobs.send, route=self.served.adapter_of,
-                chat=ChatJobs(tokenizer=tokenizer, preamble=self._preamble,
+                chat=ChatJobs(tokenizer=tokenizer, preamble=self._preamble, vision=self.work.vision,
                               room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context)),
                 text=TextJobs(vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
             ),

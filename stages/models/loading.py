@@ -172,6 +172,10 @@ def load_weights(info: ModelInfo) -> object:
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model, load_model
 
+    from stages.models.vlm import load_vision_language, vision_config
+
+    if (config := vision_config(info.path)) is not None:
+        return load_vision_language(info.path, config)
     model, _ = load_model(info.path)
     if info.float32_weights:
         model = dequantize_model(model)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Protocol
 
 import attrs
 import jinja2
@@ -34,6 +35,11 @@ from stages.models.loading import Tokenizer
 from stages.prompt.context_edits import apply_edits
 from stages.prompt.truncation import render_truncated
 
+class ImageRenderer(Protocol):
+    """A vision-language model's prompt side (`stages/prompt/vision_chat.py`'s `VisionPrompt`)."""
+
+    def render(self, tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None) -> Rendered: ...
+
 
 @attrs.frozen
 class ChatJobs:
@@ -42,6 +48,8 @@ class ChatJobs:
     _preamble: Family | None = attrs.field(default=None, alias="preamble")
     # The most prompt tokens a request may have (`truncation: "auto"` cuts a conversation to it).
     _room: Callable[[GenerationParams], int] | None = attrs.field(default=None, alias="room")
+    # A vision-language model's image side; None: the model reads text only, and an image is a 400.
+    _vision: ImageRenderer | None = attrs.field(default=None, alias="vision")
 
     def job(self, parsed: Parsed, request: ChatRequest) -> PrepareJob:
         """The job that renders and tokenizes `request`'s prompt in a preparation thread."""
@@ -56,12 +64,19 @@ class ChatJobs:
         )
 
     def _renderer(self, request: ChatRequest) -> Callable[[], list[int] | PromptText | Rendered]:
+        parts = self._vision is not None
+        images = [image for message in request.messages for image in message.images]
+        if images:
+            if self._vision is None:
+                message = f"The image at '{images[0].param}' cannot be read: the served model takes text only"
+                raise invalid(message, param=images[0].param, code="image_input_unsupported")
+            return partial(self._vision.render, self._tokenizer, request, preamble=self._preamble)
         if request.context_edits:
-            return partial(render_edited, self._tokenizer, request, preamble=self._preamble)
+            return partial(render_edited, self._tokenizer, request, preamble=self._preamble, parts=parts)
         if request.truncate_to_fit and self._room is not None:
-            render = partial(render_chat, self._tokenizer, preamble=self._preamble)
+            render = partial(render_chat, self._tokenizer, preamble=self._preamble, parts=parts)
             return partial(render_truncated, render, request, self._room(request.params))
-        return partial(render_chat_text, self._tokenizer, request, preamble=self._preamble)
+        return partial(render_chat_text, self._tokenizer, request, preamble=self._preamble, parts=parts)
 
 
 # Template arguments the server sets itself, or that would swap the model's template.
@@ -71,21 +86,28 @@ _RESERVED_KWARGS = frozenset(
 )
 
 
-def render_chat(tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None) -> list[int]:
+def render_chat(
+    tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None, parts: bool = False
+) -> list[int]:
     """Prompt tokens for a chat request, through the model's own template, in one piece.
 
     Raises:
         RequestError: the template refused the conversation.
     """
-    return tokenizer.encode(render_chat_text(tokenizer, request, preamble=preamble).text, add_special_tokens=False)
+    text = render_chat_text(tokenizer, request, preamble=preamble, parts=parts).text
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
-def render_chat_text(tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None) -> PromptText:
+def render_chat_text(
+    tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None, parts: bool = False
+) -> PromptText:
     """A chat request's prompt text, through the model's own template.
 
     With `preamble` (the template ignores `tools`), the tools and the way
     to call them in that family's markup are described in a system message,
     and earlier calls and results are written as text the template renders.
+    With `parts` (a vision-language model's template) each message's content
+    is a list of parts, an `{"type": "image"}` where each image sits.
 
     Raises:
         RequestError: the template refused the conversation.
@@ -95,6 +117,8 @@ def render_chat_text(tokenizer: Tokenizer, request: ChatRequest, *, preamble: Fa
         messages = tool_preamble(preamble, request.tools if uses_tools else (), request.messages)
     else:
         messages = [_template_message(message) for message in request.messages]
+    if parts:
+        messages = [as_parts(rendered, message) for rendered, message in zip(messages, _aligned(messages, request))]
     reserved = sorted(_RESERVED_KWARGS.intersection(request.template_kwargs))
     if reserved:
         raise invalid(f"'chat_template_kwargs' may not set {reserved}", param="chat_template_kwargs")
@@ -122,7 +146,9 @@ def render_chat_text(tokenizer: Tokenizer, request: ChatRequest, *, preamble: Fa
     return PromptText(text, add_special_tokens=False)
 
 
-def render_edited(tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None) -> Rendered:
+def render_edited(
+    tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None, parts: bool = False
+) -> Rendered:
     """Prompt tokens for `request` after its context edits, and what they removed.
 
     Raises:
@@ -131,7 +157,7 @@ def render_edited(tokenizer: Tokenizer, request: ChatRequest, *, preamble: Famil
     renders: list[tuple[ChatRequest, list[int]]] = []
 
     def count(candidate: ChatRequest) -> int:
-        renders.append((candidate, render_chat(tokenizer, candidate, preamble=preamble)))
+        renders.append((candidate, render_chat(tokenizer, candidate, preamble=preamble, parts=parts)))
         return len(renders[-1][1])
 
     edited = apply_edits(request, count)
@@ -155,6 +181,30 @@ def _template_message(message: Message) -> JsonObject:
         # The name Qwen3, DeepSeek and GLM templates read.
         rendered["reasoning_content"] = message.reasoning
     return rendered
+
+
+def _aligned(messages: list[JsonObject], request: ChatRequest) -> list[Message | None]:
+    """The request's message behind each rendered one (a tool preamble may add a system message first)."""
+    extra = len(messages) - len(request.messages)
+    return [None] * extra + list(request.messages)
+
+
+def as_parts(rendered: JsonObject, message: Message | None) -> JsonObject:
+    """A rendered message with its content as parts: text, and an image part where each image sits."""
+    content = rendered.get("content")
+    text = content if isinstance(content, str) else ""
+    if message is None or not message.images or text != message.content:
+        return {**rendered, "content": [{"type": "text", "text": text}]}
+    pieces: list[JsonValue] = []
+    start = 0
+    for image in message.images:
+        if image.offset > start:
+            pieces.append({"type": "text", "text": text[start : image.offset]})
+        pieces.append({"type": "image"})
+        start = image.offset
+    if start < len(text) or not pieces:
+        pieces.append({"type": "text", "text": text[start:]})
+    return {**rendered, "content": pieces}
 
 
 def _template_call(call: ToolCallRecord) -> JsonValue:

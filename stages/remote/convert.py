@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.events import FinishReason
 from pipeline.requests import GenerationParams, Sampling, TextRequest
 from pipeline.tracing import Timeline
-from stages.messages import Admitted, CompiledConstraint, Prepared, Reply, StepOutputs, TokenDelta
-from stages.remote.messages import AdmittedOut, DeltaOut, ErrorOut, FailedOut, RowIn, SamplingIn, StepOut
+from stages.messages import Admitted, CompiledConstraint, Prepared, PromptImage, Reply, StepOutputs, TokenDelta
+from stages.remote.messages import AdmittedOut, DeltaOut, ErrorOut, FailedOut, ImageIn, RowIn, SamplingIn, StepOut
 
 
 def error_out(error: RequestError) -> ErrorOut:
@@ -54,7 +56,18 @@ def row_in(row: Prepared) -> RowIn:
         adapter=params.adapter,
         grammar=grammar.text if grammar is not None else None,
         grammar_param=grammar.param if grammar is not None else "",
+        images=[image_in(image) for image in row.images],
     )
+
+
+def image_in(image: PromptImage) -> ImageIn:
+    pixels = np.ascontiguousarray(image.pixels, dtype=np.uint8)
+    return ImageIn(digest=image.digest, tokens=image.tokens, shape=list(pixels.shape), pixels=pixels.tobytes())
+
+
+def prompt_image(image: ImageIn) -> PromptImage:
+    pixels = np.frombuffer(image.pixels, dtype=np.uint8).reshape(image.shape)
+    return PromptImage(digest=image.digest, tokens=image.tokens, pixels=pixels)
 
 
 def step_outputs(step: StepOut, rows: Mapping[str, Prepared]) -> StepOutputs:
@@ -103,6 +116,7 @@ def prepared_of(row: RowIn, reply: Reply, constraint: CompiledConstraint | None)
     return Prepared(
         request_id=row.request_id, request=TextRequest(prompt=tokens, params=params), prompt_tokens=tokens,
         max_tokens=row.max_tokens, params=params, reply=reply, timeline=Timeline.start(), constraint=constraint,
+        images=tuple(prompt_image(image) for image in row.images),
     )
 
 

@@ -56,6 +56,16 @@ class SettingsIn(msgspec.Struct, frozen=True, array_like=True, tag="settings"):
     values: dict[str, Any]
 
 
+class ImageIn(msgspec.Struct, frozen=True, array_like=True):
+    """One image of a row: its tiles as uint8 bytes of `shape` (decoded and tiled in the front, so the worker's
+    model thread only normalizes them and runs the tower), its digest and its token count."""
+
+    digest: bytes
+    tokens: int
+    shape: list[int]
+    pixels: bytes
+
+
 class RowIn(msgspec.Struct, frozen=True, array_like=True, tag="row"):
     request_id: str
     trace_id: str
@@ -72,6 +82,7 @@ class RowIn(msgspec.Struct, frozen=True, array_like=True, tag="row"):
     # The row's llguidance grammar and the request field it came from; None: unconstrained.
     grammar: str | None = None
     grammar_param: str = ""
+    images: list[ImageIn] = []
 
 
 class AbortIn(msgspec.Struct, frozen=True, array_like=True, tag="abort"):

@@ -21,7 +21,7 @@ from pathlib import Path
 import attrs
 import httpx
 
-from tests.conftest import REPO, STARTUP_TIMEOUT, Server, _free_port
+from tests.conftest import REPO, STARTUP_TIMEOUT, Server, _free_port, record_start
 
 
 @attrs.define
@@ -56,13 +56,15 @@ def start_sharded(log_dir: Path, *, model: str, ranks: int = 2, mode: str = "ten
                 start_new_session=True,
             ))
     sharded = Sharded(Server(f"http://127.0.0.1:{port}", processes[0], log_dir / f"shard-{port}-rank0.log"), processes[1:])
-    deadline = time.monotonic() + STARTUP_TIMEOUT
+    started = time.monotonic()
+    deadline = started + STARTUP_TIMEOUT
     while time.monotonic() < deadline:
         if any(process.poll() is not None for process in processes):
             sharded.kill()
             raise RuntimeError(f"a rank exited early:\n{sharded.server.logs()}")
         with contextlib.suppress(httpx.TransportError):
             if sharded.health().status_code == 200:
+                record_start(f"shard-{mode}-{ranks}", {"model": model, **settings}, time.monotonic() - started)
                 return sharded
         time.sleep(0.3)
     sharded.kill()

@@ -153,7 +153,7 @@ def anthropic_error(response: httpx.Response, status: int, kind: str) -> str:
         ({"model": "m", "max_tokens": 0, "messages": USER}, "max_tokens"),
         ({"model": "m", "max_tokens": 5}, "messages"),
         ({"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "role"),
-        ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image"),
+        ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, "image"),
         ({"model": "m", "max_tokens": 5, "messages": USER, "temperature": 1.5}, "temperature"),
         ({"model": "m", "max_tokens": 5, "messages": USER, "stop_sequences": "x"}, "stop_sequences"),
         ({"model": "m", "max_tokens": 5, "messages": USER, "tools": [{"type": "web_search_20250305", "name": "w"}]}, "tools.0.type"),

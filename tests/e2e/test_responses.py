@@ -141,7 +141,7 @@ def test_unknown_previous_id_is_404_in_openai_shape(server: Server) -> None:
         ({"input": 5}, "input"),
         ({"input": []}, "input"),
         ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
         ({"input": "x", "previous_response_id": "not-an-id"}, "previous_response_id"),
         # Malformed input is reported before the (unknown) id is looked up.

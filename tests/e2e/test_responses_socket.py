@@ -61,6 +61,25 @@ def turn(ws: ClientConnection) -> list[dict[str, object]]:
     return frames
 
 
+def until_generating(ws: ClientConnection) -> dict[str, object] | None:
+    """Read frames until the turn generates its first token (None), or its terminal frame if it ends first.
+
+    Any delta counts: a random model may open a think section (reasoning deltas) or a call. Waiting for
+    text alone waited out its 100 s on a turn that had ended, with no frame left to come.
+    """
+    seen: list[object] = []
+    while True:
+        try:
+            frame = json.loads(ws.recv(timeout=60))
+        except TimeoutError:
+            raise AssertionError(f"no token and no end within 60 s; the turn's frames so far: {seen}") from None
+        if str(frame["type"]).endswith(".delta"):
+            return None
+        if frame["type"] in TERMINAL:
+            return frame  # type: ignore[no-any-return]
+        seen.append(frame["type"])
+
+
 def final(frames: list[dict[str, object]]) -> dict[str, object]:
     response = frames[-1]["response"]
     assert isinstance(response, dict)
@@ -161,8 +180,7 @@ def test_closing_mid_turn_drops_the_row(server: Server) -> None:
     before = stats(server)
     with connect(socket_url(server)) as ws:
         create(ws, input="Tell me a long story.", max_output_tokens=LONG, store=False)
-        while json.loads(ws.recv(timeout=120))["type"] != "response.output_text.delta":
-            pass
+        assert until_generating(ws) is None, "the turn ended before its first token"
     idle = wait_for(
         server,
         lambda figures: figures["gateway"]["active"] == 0 and figures["sink_rows"] == 0,  # type: ignore[index]
@@ -201,8 +219,7 @@ def test_shutdown_ends_the_turn_and_closes_before_http_drains(tmp_path: Path) ->
     with serving(port, tmp_path / "store.db") as process:
         with connect(f"ws://127.0.0.1:{port}/v1/responses") as ws:
             create(ws, input="Go on and on.", max_output_tokens=LONG, store=False)
-            while json.loads(ws.recv(timeout=120))["type"] != "response.output_text.delta":
-                pass
+            assert until_generating(ws) is None, "the turn ended before its first token"
             signalled = time.monotonic()
             process.send_signal(signal.SIGTERM)
             frames = turn(ws)
@@ -238,15 +255,21 @@ def test_many_sessions_half_leaving_mid_turn_leave_nothing_running(server: Serve
                 tokens = 1500 if leaving else 4
                 create(ws, input=f"Turn {number}.", previous_response_id=previous, max_output_tokens=tokens)
                 if leaving:
-                    while json.loads(ws.recv(timeout=100))["type"] != "response.output_text.delta":
-                        pass
-                    return "left"
+                    # A turn that ends before its first token (an EOS drawn at once) was not left mid-turn: ask again.
+                    for _ in range(3):
+                        ended = until_generating(ws)
+                        if ended is None:
+                            return "left"
+                        if ended["type"] not in ("response.completed", "response.incomplete"):
+                            return f"failed: {ended}"
+                        create(ws, input=f"Turn {number}.", previous_response_id=previous, max_output_tokens=tokens)
+                    return "every turn ended before its first token"
                 previous = final(turn(ws))["id"]
         return "done"
 
     with ThreadPoolExecutor(SESSIONS) as pool:
         ends = list(pool.map(session, range(SESSIONS)))
-    assert ends.count("left") == SESSIONS // 2 and ends.count("done") == SESSIONS // 2
+    assert sorted(ends) == sorted(["left", "done"] * (SESSIONS // 2)), ends
     wait_for(
         server,
         lambda figures: figures["gateway"]["active"] == figures["admission"]["in_flight"] == 0,  # type: ignore[index]

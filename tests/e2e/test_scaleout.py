@@ -10,6 +10,7 @@ body, and passes every path.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -51,10 +52,25 @@ def test_smg_polls_loads_and_previous_ids_reach_the_shared_store(cluster: Cluste
         # smg answers GET /v1/responses/{id} from its own store: the replica's response is not there.
         assert httpx.get(f"{url}/v1/responses/{first.json()['id']}", timeout=30).status_code == 404
         assert httpx.get(f"{cluster.replicas[0].url}/v1/responses/{first.json()['id']}", timeout=30).status_code == 200
-        polled = [line for r in cluster.replicas for line in r.log.read_text(errors="replace").splitlines() if "/v1/loads" in line]
-        assert polled and all(" 200 " in line for line in polled)
+        polled = load_polls(cluster)
+        assert polled and all(" 200 " in line for line in polled), polled
     finally:
         cluster.stop_router()
+
+
+def load_polls(cluster: Cluster, timeout: float = 30.0) -> list[str]:
+    """The replicas' access-log lines of smg's `/v1/loads` polls, once there is one.
+
+    smg polls every `--load-monitor-interval` (2 s): two short turns on a fast BLAS end before its
+    first poll, so reading the logs at once found none.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        logs = (replica.log.read_text(errors="replace") for replica in cluster.replicas)
+        polled = [line for log in logs for line in log.splitlines() if "/v1/loads" in line]
+        if polled or time.monotonic() > deadline:
+            return polled
+        time.sleep(0.2)
 
 
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (Debian: apt-get install haproxy)")

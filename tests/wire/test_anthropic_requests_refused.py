@@ -69,8 +69,9 @@ BAD_MESSAGES = [
             user(text("look"), {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}})
         ),
         "messages.0.content.1",
-        "'image' content is not supported",
-        id="image-block",
+        "holds no image data",
+        code="invalid_image",
+        id="image-block-empty",
     ),
     bad(
         messages(user({"type": "document", "source": {"type": "text", "data": "x"}})),

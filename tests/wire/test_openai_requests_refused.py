@@ -58,9 +58,9 @@ BAD_CHAT = [
     bad(message(role="user", content=5), "messages[0].content", "'messages[0].content'", id="content-number"),
     bad(
         message(role="user", content=[{"type": "image_url", "image_url": {"url": "x"}}]),
-        "messages[0].content[0].type",
-        "'image_url' is not supported",
-        id="content-image-part",
+        "messages[0].content[0]",
+        "must be a data: URL or an http(s) URL",
+        id="content-image-part-bad-url",
     ),
     bad(
         message(role="user", content=["hi"]), "messages[0].content[0]", "must be a JSON object",

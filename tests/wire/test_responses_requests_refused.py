@@ -31,6 +31,7 @@ def refused(value: JsonValue, param: str, *, id: str) -> Any:
 
 
 IMAGE_PART: JsonObject = {"type": "input_image", "image_url": "https://example.com/a.png"}
+FILE_IMAGE_PART: JsonObject = {"type": "input_image", "file_id": "file-abc"}
 
 BAD = [
     bad([USER_HI_ITEM], None, "must be a JSON object", id="body-array"),
@@ -46,10 +47,11 @@ BAD = [
     bad(items({"role": "user", "content": 5}), "input[0].content", "must be an array", id="content-number"),
     bad(items({"role": "user"}), "input[0].content", "must be an array", id="content-missing"),
     bad(
-        items({"role": "user", "content": [{"type": "input_text", "text": "see"}, IMAGE_PART]}),
-        "input[0].content[1].type",
-        "'input_image' is not supported",
-        id="input_image",
+        items({"role": "user", "content": [{"type": "input_text", "text": "see"}, FILE_IMAGE_PART]}),
+        "input[0].content[1].file_id",
+        "uploaded files are not supported",
+        code=UNSUPPORTED,
+        id="input_image-file_id",
     ),
     bad(
         items({"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}),
@@ -96,7 +98,7 @@ BAD = [
         "must be a string",
         id="output-call-id-missing",
     ),
-    bad(items(function_output("c", [IMAGE_PART])), "input[0].output[0].type", "'input_image'", id="output-image"),
+    bad(items(function_output("c", [IMAGE_PART])), "input[0].output[0]", "images are not allowed here", id="output-image"),
     bad(items(function_output("c", 5)), "input[0].output", "must be an array", id="output-number"),
     bad(body(previous_response_id="abc"), "previous_response_id", "is not a response id", id="previous-id-no-prefix"),
     bad(
