@@ -31,6 +31,7 @@ from edge.choice import chosen, current_defaults, current_engine, model_field, m
 from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
+from edge.audio_routes import routes as audio_routes  # noqa: E402
 from edge.responses_socket import close_all as close_sockets  # noqa: E402
 from edge.responses_socket import routes as responses_socket_routes  # noqa: E402
 from edge.responses_turn import prepare_turn, response_not_found, stored_response  # noqa: E402
@@ -45,7 +46,7 @@ from fleet.fleet import Fleet  # noqa: E402
 from fleet.spec import specs_from_settings  # noqa: E402
 from pipeline.channels import ReplyClosed  # noqa: E402
 from pipeline.errors import ErrorKind, RequestError, internal_error, shutting_down  # noqa: E402
-from pipeline.observe import Observers  # noqa: E402
+from pipeline.observe import Observers, RequestObserver  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
@@ -64,6 +65,8 @@ from wire.responses_items import input_items_page  # noqa: E402
 from wire.sse import dumps  # noqa: E402
 
 log = structlog.get_logger(stage="http")
+# The token histograms' top bucket with several models: past any window a model loaded later may have.
+_FLEET_WINDOW = 2**20
 
 
 app = Quart(__name__)
@@ -76,6 +79,7 @@ fields.install(app)
 app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # Embeddings, rerank and score, tokenize and detokenize.
 app.register_blueprint(model_work_routes)
+app.register_blueprint(audio_routes)
 app.register_blueprint(status_routes)
 app.register_blueprint(admin_routes)
 app.register_blueprint(responses_socket_routes)
@@ -111,16 +115,21 @@ async def lifespan() -> AsyncGenerator[None, None]:
     app.extensions["blas"] = BLAS
     metrics = app.extensions["metrics"] = Metrics()
     tracing = app.extensions["tracing"] = configure_tracing()
-    observer = Observers((metrics, tracing)) if tracing is not None else metrics
+
+    def observer(model_name: str) -> RequestObserver:
+        measured = metrics.observer(model_name)
+        return Observers((measured, tracing)) if tracing is not None else measured
+
     specs = specs_from_settings(settings)
     several = len(specs) > 1 or settings.models_file is not None
     try:
         async with anyio.create_task_group() as outer:
-            fleet = Fleet(settings=settings, specs=specs, several=several, observer=observer)
+            fleet = Fleet(settings=settings, specs=specs, several=several, observer_for=observer)
             app.extensions["fleet"] = await outer.start(fleet.run)
-            first = fleet.default.engine
-            window = first.info.context_window if first else 2**15
-            metrics.configure(model_name=fleet.default.name, context_window=window)
+            first = fleet.default.engine if isinstance(fleet.default.engine, Engine) else None
+            # With several models the token buckets must hold any model's window, loaded now or later.
+            window = _FLEET_WINDOW if several else first.info.context_window if first else 2**15
+            metrics.configure(model_names=list(fleet.hosts), context_window=window)
             if not several and first is not None:
                 check_aliases(first.served)
             # Which event loop serves (uvloop under `mlx-relay serve --loop uvloop` or `hypercorn -k uvloop`).

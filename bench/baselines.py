@@ -159,12 +159,21 @@ def _batch_once(
 
 
 def _measure_stream(model: Model, tokenizer: Tokenizer, wave: int, workload: Workload) -> Record:
-    tokens, wall = 0, 0.0
+    tokens, wall, cpu = 0, 0.0, 0.0
     start = wave * workload.requests_per_client
     for request in range(start, start + workload.requests_per_client):
+        # As for the batch: the process's CPU, mlx's threads included (the worker's N=1 target is against it).
+        cpu_start = time.process_time()
         count, elapsed = _stream_once(model, tokenizer, wave_prompts(1, request)[0], workload.max_tokens)
+        cpu += time.process_time() - cpu_start
         tokens, wall = tokens + count, wall + elapsed
-    return {"concurrency": 1, "completion_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
+    return {
+        "concurrency": 1,
+        "completion_tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "cpu_s_per_1k_tokens": cpu / tokens * 1000 if tokens else None,
+    }
 
 
 def _stream_once(model: Model, tokenizer: Tokenizer, text: str, max_tokens: int) -> tuple[int, float]:

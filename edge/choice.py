@@ -18,9 +18,11 @@ from quart import current_app, g
 from fleet.fleet import Fleet
 from fleet.host import unavailable
 from fleet.spec import Defaults
+from pipeline.errors import invalid
 from pipeline.requests import JsonValue
 from stages.engine.engine import Engine
 from stages.prompt.parse import load_json
+from stages.engine.speech import SpeechEngine
 
 
 def fleet() -> Fleet:
@@ -39,7 +41,20 @@ def current_engine() -> Engine:
     host = fleet().default
     if host.engine is None:
         raise unavailable(host, 1.0)
-    return host.engine
+    return language_model(host.engine)
+
+
+def language_model(engine: Engine | SpeechEngine) -> Engine:
+    """`engine` when it serves a language model.
+
+    Raises:
+        RequestError: 400 `model_not_supported` naming `model` for a speech-to-text model.
+    """
+    if isinstance(engine, SpeechEngine):
+        served = "/v1/audio/transcriptions and /v1/audio/translations only"
+        message = f"The model '{engine.info.name}' is a speech-to-text model: it serves {served}"
+        raise invalid(message, param="model", code="model_not_supported")
+    return engine
 
 
 def current_defaults() -> Defaults:
@@ -57,7 +72,21 @@ async def chosen(model: str | None) -> AsyncIterator[Engine]:
     current = fleet()
     host = current.host_named(model)
     async with current.use(model) as engine:
-        g.engine, g.defaults = engine, host.defaults
+        g.engine, g.defaults = language_model(engine), host.defaults
+        yield g.engine
+
+
+@asynccontextmanager
+async def chosen_speech(model: str | None) -> AsyncIterator[SpeechEngine]:
+    """The speech-to-text model `model` names (loaded if need be), held for this request.
+
+    Raises:
+        RequestError: 404 `model_not_found`; 400 `model_not_supported` for a language model; 503 as `chosen`.
+    """
+    async with fleet().use(model) as engine:
+        if not isinstance(engine, SpeechEngine):
+            message = f"The model '{engine.info.name}' is not a speech-to-text model: name one (see /v1/models)"
+            raise invalid(message, param="model", code="model_not_supported")
         yield engine
 
 

@@ -17,6 +17,7 @@ from fleet.fleet import Fleet
 from fleet.host import ModelHost
 from pipeline.requests import JsonObject
 from stages.adapters import not_found
+from stages.engine.engine import Engine
 
 
 def fleet_health(fleet: Fleet) -> tuple[JsonObject, bool]:
@@ -51,7 +52,7 @@ async def model_fit(fleet: Fleet, model: str) -> JsonObject:
     host = fleet.hosts[owner]
     await fleet.footprint_of(host)
     body: JsonObject = {"model": host.name, "budget_bytes": fleet.budget, **_footprint(host)}
-    if host.engine is not None:
+    if isinstance(host.engine, Engine):
         body.update(cast(JsonObject, without_paths(attrs.asdict(host.engine.fit))))
     return body
 

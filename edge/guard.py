@@ -5,14 +5,19 @@ it without credentials. Then the key, so an unauthenticated client learns
 nothing else. Then the body: JSON only (a `text/plain` or form POST is
 what a web page can send cross-site without a preflight), and no larger
 than the cap, refused from its declared length before a byte is read.
+The audio routes take OpenAI's multipart form instead, under the audio
+file's cap (docs/speech.md); a page elsewhere can post such a form
+cross-site, which is why the API key matters on a server that listens
+beyond loopback.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any, ClassVar
 
 import attrs
-from quart import Quart, Response, current_app, request
+from quart import Quart, Request, Response, current_app, request
 
 from edge.keys import key_matches, load_keys, load_origins, presented_key
 from pipeline.errors import ErrorKind, RequestError
@@ -32,6 +37,10 @@ _ALLOWED_HEADERS = (
     "x-stainless-package-version, x-stainless-runtime, x-stainless-runtime-version, x-stainless-retry-count, "
     "x-stainless-timeout, x-stainless-read-timeout, x-stainless-async, x-stainless-helper-method"
 )
+# The routes whose bodies are multipart forms (OpenAI's audio uploads), not JSON.
+AUDIO_PREFIX = "/v1/audio/"
+# Room for a form's other fields and its part headers beside the audio file.
+_FORM_ROOM = 2**20
 # A client's trace id is echoed only when it is short and plain; otherwise the server's own id is used.
 _TRACE_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 
@@ -41,6 +50,7 @@ class EdgePolicy:
     keys: tuple[bytes, ...] = ()
     origins: frozenset[str] = frozenset()
     max_body_bytes: int = 8 * 2**20
+    max_audio_body_bytes: int = 25 * 2**20 + _FORM_ROOM
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EdgePolicy:
@@ -49,6 +59,7 @@ class EdgePolicy:
             keys=load_keys(settings.api_key),
             origins=load_origins(settings.cors_origins),
             max_body_bytes=settings.max_body_bytes,
+            max_audio_body_bytes=settings.audio_max_bytes + _FORM_ROOM,
         )
 
 
@@ -56,10 +67,31 @@ def configure(app: Quart, settings: Settings) -> EdgePolicy:
     """Apply the settings to the running app: policy for the hooks, Quart's own body limits."""
     policy = EdgePolicy.from_settings(settings)
     app.extensions["edge"] = policy
-    # Quart enforces these while reading a body whose length was not declared up front.
+    # Quart enforces these while reading a body whose length was not declared up front (the audio forms: their own).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.request_class = _request_class(policy.max_audio_body_bytes)
     app.config["BODY_TIMEOUT"] = settings.body_timeout
     return policy
+
+
+class _EdgeRequest(Request):
+    """Quart's request, whose body cap on the audio routes is the audio form's rather than the JSON one."""
+
+    audio_max_content_length: ClassVar[int]
+
+    def __init__(
+        self, method: str, scheme: str, path: str, *args: Any, max_content_length: int | None = None, **kwargs: Any
+    ) -> None:
+        if path.startswith(AUDIO_PREFIX):
+            max_content_length = self.audio_max_content_length
+        super().__init__(method, scheme, path, *args, max_content_length=max_content_length, **kwargs)
+
+
+def _request_class(audio_cap: int) -> type[Request]:
+    class EdgeRequest(_EdgeRequest):
+        audio_max_content_length = audio_cap
+
+    return EdgeRequest
 
 
 def install(app: Quart) -> None:
@@ -115,6 +147,9 @@ def _authenticate(policy: EdgePolicy) -> None:
 
 
 def _check_body(policy: EdgePolicy) -> None:
+    if request.path.startswith(AUDIO_PREFIX):
+        _check_form(policy)
+        return
     if request.mimetype != "application/json":
         raise RequestError(
             kind=ErrorKind.UNSUPPORTED_MEDIA_TYPE,
@@ -123,6 +158,17 @@ def _check_body(policy: EdgePolicy) -> None:
     declared = request.content_length
     if declared is not None and declared > policy.max_body_bytes:
         raise too_large(policy.max_body_bytes)
+
+
+def _check_form(policy: EdgePolicy) -> None:
+    if request.mimetype != "multipart/form-data":
+        raise RequestError(
+            kind=ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+            message="The request body must be a multipart form, sent with 'Content-Type: multipart/form-data'",
+        )
+    declared = request.content_length
+    if declared is not None and declared > policy.max_audio_body_bytes:
+        raise too_large(policy.max_audio_body_bytes)
 
 
 def too_large(limit: int) -> RequestError:

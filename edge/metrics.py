@@ -8,25 +8,27 @@ types, label (`model_name`) and buckets follow vLLM v1's
 (`vllm/v1/metrics/loggers.py`); figures vLLM has no name for are
 `mlx_relay:` metrics (`wire/metrics.py` names them).
 
-Two sources: the per-request histograms and counters are fed by the sink
-through `pipeline/observe.py` as requests finish; the gauges and our own
-counters are read from the `/stats` snapshot when scraped. One registry
-per app, so several servers in one process never share a series.
+Two sources: the per-request histograms and counters are fed by each
+model's sink through `pipeline/observe.py` as requests finish; the gauges
+and our own counters are read from each loaded model's `/stats` snapshot
+when scraped. Every series carries its model in `model_name`, as vLLM's
+do, so with several models (fleet/) each has its own. One registry per
+app, so several servers in one process never share a series.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pipeline.observe import RequestRecord
+from pipeline.observe import RequestObserver, RequestRecord
 from pipeline.requests import JsonObject
 from wire.loads import LoadInputs, loads_body
-from wire.metrics import snapshot_metrics
+from wire.metrics import server_metrics, snapshot_metrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABEL = ("model_name",)
@@ -54,44 +56,78 @@ def _token_buckets(max_tokens: int) -> tuple[float, ...]:
 
 # eq=False: the registry keys collectors by identity.
 @attrs.define(eq=False)
-class _Snapshot(Collector):
-    """The gauges and counters read off the latest `/stats` snapshot."""
+class _Snapshots(Collector):
+    """The gauges and counters read off each loaded model's latest `/stats` snapshot, one series per model."""
 
-    model_name: str = ""
-    snapshot: JsonObject = attrs.field(factory=dict)
+    snapshots: dict[str, JsonObject] = attrs.field(factory=dict)
+    # With several models, what belongs to the server, not one model (the Responses store): `model_name` "".
+    shared: JsonObject = attrs.field(factory=dict)
 
     def collect(self) -> Iterable[Metric]:
-        for figure in snapshot_metrics(self.snapshot):
-            family = CounterMetricFamily if figure.counter else GaugeMetricFamily
-            metric = family(figure.name, figure.help, labels=_LABEL)
-            metric.add_metric([self.model_name], figure.value)
-            yield metric
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        snapshots = self.snapshots.items()
+        labelled = [(name, figure) for name, snapshot in snapshots for figure in snapshot_metrics(snapshot)]
+        for model_name, figure in [*labelled, *(("", figure) for figure in server_metrics(self.shared))]:
+            metric = families.get(figure.name)
+            if metric is None:
+                family = CounterMetricFamily if figure.counter else GaugeMetricFamily
+                metric = families[figure.name] = family(figure.name, figure.help, labels=_LABEL)
+            metric.add_metric([model_name], figure.value)
+        yield from families.values()
         info = InfoMetricFamily("mlx_relay:build", "The model served and the BLAS in use", labels=_LABEL)
-        info.add_metric([self.model_name], {"blas": str(self.snapshot.get("blas") or "none")})
+        for model_name, snapshot in self.snapshots.items():
+            info.add_metric([model_name], {"blas": str(snapshot.get("blas") or "none")})
         yield info
 
 
 @attrs.define
-class Metrics:
-    """The registry of one app; a `RequestObserver` for its engine's sink.
+class _ModelFigures:
+    """What `/v1/loads` keeps per model between polls."""
 
-    Made before the engine starts (the engine takes it), so the model's
-    name and window arrive by `configure` once the model is loaded.
+    # Since start, for cache_hit_rate.
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+    # (time, generated tokens) at the previous poll, for gen_throughput.
+    last_sample: tuple[float, int] | None = None
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    def gen_throughput(self, generated_tokens: int, now: float) -> float:
+        """Tokens per second since the previous call (0 on the first)."""
+        last, self.last_sample = self.last_sample, (now, generated_tokens)
+        if last is None or now <= last[0]:
+            return 0.0
+        return max(0, generated_tokens - last[1]) / (now - last[0])
+
+
+@attrs.frozen(kw_only=True)
+class ModelLoad:
+    """One model's inputs to `/v1/loads`."""
+
+    model_name: str
+    snapshot: JsonObject
+    kv_bytes_per_token: int
+    max_batch: int
+
+
+@attrs.define
+class Metrics:
+    """The registry of one app, with a `RequestObserver` per model (`observer`) for its engine's sink.
+
+    Made before the engines start (each takes its observer), so the
+    histograms' buckets arrive by `configure` once the first model is loaded.
     """
 
     registry: CollectorRegistry = attrs.field(factory=lambda: CollectorRegistry(auto_describe=True), init=False)
-    _snapshot: _Snapshot = attrs.field(factory=_Snapshot, init=False)
+    _snapshots: _Snapshots = attrs.field(factory=_Snapshots, init=False)
     _histograms: dict[str, Histogram] = attrs.field(factory=dict, init=False)
     _counters: dict[str, Counter] = attrs.field(factory=dict, init=False)
-    # Since start, for /v1/loads' cache_hit_rate.
-    _queried_tokens: int = attrs.field(default=0, init=False)
-    _hit_tokens: int = attrs.field(default=0, init=False)
-    # (time, generated tokens) at the previous /v1/loads, for gen_throughput.
-    _last_sample: tuple[float, int] | None = attrs.field(default=None, init=False)
+    _figures: dict[str, _ModelFigures] = attrs.field(factory=dict, init=False)
 
-    def configure(self, *, model_name: str, context_window: int) -> None:
-        """Builds the metrics; the token histograms' buckets run up to the context window."""
-        self._snapshot.model_name = model_name
+    def configure(self, *, model_names: Sequence[str], context_window: int) -> None:
+        """Builds the metrics; the token histograms' buckets run up to `context_window` (the largest served)."""
         tokens = _token_buckets(context_window)
         for name, text, buckets in (
             ("vllm:time_to_first_token_seconds", "Time to first token, from the request's arrival", _TTFT),
@@ -113,42 +149,39 @@ class Metrics:
             ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", _LABEL),
         ):
             self._counters[name] = Counter(name, text, labels, registry=self.registry)
-        self.registry.register(self._snapshot)
-        # Every series exists from the start, at 0, so a rate() over the first requests is right.
-        for histogram in self._histograms.values():
-            histogram.labels(model_name)
-        for counter_name, counter in self._counters.items():
-            if counter_name == "vllm:request_success":
-                for reason in ("stop", "length", "abort"):
-                    counter.labels(model_name, reason)
-            else:
-                counter.labels(model_name)
+        self.registry.register(self._snapshots)
+        # Every model's series exists from the start, at 0, so a rate() over its first requests is right.
+        for model_name in model_names:
+            for histogram in self._histograms.values():
+                histogram.labels(model_name)
+            for counter_name, counter in self._counters.items():
+                if counter_name == "vllm:request_success":
+                    for reason in ("stop", "length", "abort"):
+                        counter.labels(model_name, reason)
+                else:
+                    counter.labels(model_name)
 
-    @property
-    def model_name(self) -> str:
-        return self._snapshot.model_name
+    def observer(self, model_name: str) -> RequestObserver:
+        """What `model_name`'s sink tells about its requests."""
+        return _ModelObserver(self, model_name)
 
-    @property
-    def cache_hit_rate(self) -> float:
-        return self._hit_tokens / self._queried_tokens if self._queried_tokens else 0.0
+    def cache_hit_rate(self, model_name: str) -> float:
+        return self._model(model_name).cache_hit_rate
 
-    def gen_throughput(self, generated_tokens: int, now: float) -> float:
-        """Tokens per second since the previous call (0 on the first)."""
-        last, self._last_sample = self._last_sample, (now, generated_tokens)
-        if last is None or now <= last[0]:
-            return 0.0
-        return max(0, generated_tokens - last[1]) / (now - last[0])
+    def gen_throughput(self, model_name: str, generated_tokens: int, now: float) -> float:
+        return self._model(model_name).gen_throughput(generated_tokens, now)
 
-    def token_gap(self, seconds: float) -> None:
+    def token_gap(self, model_name: str, seconds: float) -> None:
         if self._histograms:
-            self._histogram("vllm:inter_token_latency_seconds").observe(seconds)
+            self._histograms["vllm:inter_token_latency_seconds"].labels(model_name).observe(seconds)
 
-    def finished(self, record: RequestRecord) -> None:
-        self._queried_tokens += record.prompt_tokens
-        self._hit_tokens += record.cached_tokens
+    def finished(self, model_name: str, record: RequestRecord) -> None:
+        figures = self._model(model_name)
+        figures.queried_tokens += record.prompt_tokens
+        figures.hit_tokens += record.cached_tokens
         if not self._histograms:
-            return  # not configured yet: no request can finish before the model loads
-        name = self.model_name
+            return  # not configured yet: no request can finish before the first model loads
+        name = model_name
         for metric, value in (
             ("vllm:time_to_first_token_seconds", record.first_token),
             ("vllm:e2e_request_latency_seconds", record.total),
@@ -158,35 +191,58 @@ class Metrics:
             ("vllm:request_inference_time_seconds", _sum(record.prefill, record.decode)),
         ):
             if value is not None:
-                self._histogram(metric).observe(value)
-        self._histogram("vllm:request_prompt_tokens").observe(record.prompt_tokens)
-        self._histogram("vllm:request_generation_tokens").observe(record.completion_tokens)
+                self._histograms[metric].labels(name).observe(value)
+        self._histograms["vllm:request_prompt_tokens"].labels(name).observe(record.prompt_tokens)
+        self._histograms["vllm:request_generation_tokens"].labels(name).observe(record.completion_tokens)
         self._counters["vllm:prompt_tokens"].labels(name).inc(record.prompt_tokens)
         self._counters["vllm:generation_tokens"].labels(name).inc(record.completion_tokens)
         self._counters["vllm:request_success"].labels(name, record.finish_reason).inc()
         self._counters["vllm:prefix_cache_queries"].labels(name).inc(record.prompt_tokens)
         self._counters["vllm:prefix_cache_hits"].labels(name).inc(record.cached_tokens)
 
-    def loads(self, snapshot: JsonObject, *, kv_bytes_per_token: int, max_batch: int, now: float) -> JsonObject:
-        """`GET /v1/loads`: the snapshot and this registry's own figures, in SGLang's shape."""
-        gateway = snapshot.get("gateway")
-        generated = gateway.get("generated_tokens") if isinstance(gateway, dict) else 0
-        inputs = LoadInputs(
-            snapshot=snapshot, kv_bytes_per_token=kv_bytes_per_token, max_running_requests=max_batch,
-            gen_throughput=self.gen_throughput(generated if isinstance(generated, int) else 0, now),
-            cache_hit_rate=self.cache_hit_rate, version="mlx-relay",
-        )
-        return loads_body(inputs, now=now)
+    def loads(self, models: Sequence[ModelLoad], *, named: bool, now: float) -> JsonObject:
+        """`GET /v1/loads`: each model's snapshot and this registry's own figures, in SGLang's shape.
 
-    def render(self, snapshot: JsonObject) -> bytes:
-        """The exposition text, with the snapshot's gauges as they are now."""
-        self._snapshot.snapshot = snapshot
+        `named`: each entry says its model (several models are served).
+        """
+        entries = []
+        for model in models:
+            gateway = model.snapshot.get("gateway")
+            generated = gateway.get("generated_tokens") if isinstance(gateway, dict) else 0
+            throughput = self.gen_throughput(model.model_name, generated if isinstance(generated, int) else 0, now)
+            entry = LoadInputs(
+                snapshot=model.snapshot,
+                kv_bytes_per_token=model.kv_bytes_per_token,
+                max_running_requests=model.max_batch,
+                gen_throughput=throughput,
+                cache_hit_rate=self.cache_hit_rate(model.model_name),
+                model=model.model_name if named else None,
+            )
+            entries.append(entry)
+        return loads_body(entries, version="mlx-relay", now=now)
+
+    def render(self, snapshots: dict[str, JsonObject], shared: JsonObject | None = None) -> bytes:
+        """The exposition text, with each loaded model's gauges as they are now (keyed by model name)."""
+        self._snapshots.snapshots, self._snapshots.shared = snapshots, shared or {}
         return generate_latest(self.registry)
 
-    def _histogram(self, name: str) -> Histogram:
-        return self._histograms[name].labels(self.model_name)
+    def _model(self, model_name: str) -> _ModelFigures:
+        return self._figures.setdefault(model_name, _ModelFigures())
+
+
+@attrs.frozen
+class _ModelObserver:
+    """One model's `RequestObserver`: the app's metrics under that model's label."""
+
+    _metrics: Metrics
+    _model_name: str
+
+    def token_gap(self, seconds: float) -> None:
+        self._metrics.token_gap(self._model_name, seconds)
+
+    def finished(self, record: RequestRecord) -> None:
+        self._metrics.finished(self._model_name, record)
 
 
 def _sum(first: float | None, second: float | None) -> float | None:
     return None if first is None or second is None else first + second
-

@@ -12,6 +12,7 @@ from __future__ import annotations
 from fleet.fleet import Fleet
 from fleet.host import ModelHost
 from pipeline.requests import JsonObject
+from stages.engine.speech import SpeechEngine
 
 
 def fleet_cards(fleet: Fleet) -> list[JsonObject]:
@@ -39,6 +40,9 @@ def _status(host: ModelHost) -> JsonObject:
     if host.engine is not None:
         window = host.engine.info.context_window
         status.update(context_window=window, max_model_len=window)
+        if isinstance(host.engine, SpeechEngine):
+            # What it serves: /v1/audio/transcriptions and /v1/audio/translations, not chat.
+            status["type"] = "speech-to-text"
     return status
 
 

@@ -25,6 +25,7 @@ from stages.adapters import not_found
 from stages.engine.engine import Engine
 from stages.engine.work_service import ModelWork
 from stages.prompt.parse import load_json
+from stages.engine.speech import SpeechEngine
 from wire.embeddings import decode_embeddings, embeddings_body
 from wire.scoring import decode_rerank, decode_score, rerank_body, score_body
 from wire.sse import dumps
@@ -110,7 +111,7 @@ def _tokenizing(model: str | None) -> ModelWork:
 
 @routes.get("/v1/models")
 async def models() -> Response:
-    if fleet().several:
+    if _by_fleet():
         return _json({"object": "list", "data": list(fleet_cards(fleet()))})
     served = _engine().served
     return _json({"object": "list", "data": [_model_card(model_id) for model_id in (*served.ids, *served.aliases)]})
@@ -118,7 +119,7 @@ async def models() -> Response:
 
 @routes.get("/v1/models/<path:model_id>")
 async def model(model_id: str) -> Response:
-    if fleet().several:
+    if _by_fleet():
         if model_id not in fleet().known_names():
             raise not_found(model_id, "model", served=tuple(fleet().known_names()))
         return _json(card(fleet(), model_id))
@@ -126,6 +127,11 @@ async def model(model_id: str) -> Response:
     if not served.knows(model_id):
         raise not_found(model_id, "model", served=(*served.ids, *served.aliases))
     return _json(_model_card(model_id))
+
+
+def _by_fleet() -> bool:
+    """Cards from the fleet: several models, or a speech model alone (it has no chat engine to read)."""
+    return fleet().several or isinstance(fleet().default.engine, SpeechEngine)
 
 
 def _model_card(model_id: str) -> JsonObject:

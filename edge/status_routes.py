@@ -20,12 +20,13 @@ from quart import Blueprint, Response, current_app, request
 from edge.choice import fleet
 from edge.fleet_status import fleet_fit, fleet_health, fleet_stats, model_fit
 from edge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from edge.metrics import Metrics
+from edge.metrics import Metrics, ModelLoad
 from edge.redact import without_paths
 from edge.store import store_call
 from fleet.host import unavailable
 from pipeline.requests import JsonObject, JsonValue
 from stages.engine.engine import Engine
+from stages.engine.speech import SpeechEngine
 from wire.sse import dumps
 
 routes = Blueprint("status", __name__)
@@ -34,7 +35,7 @@ routes = Blueprint("status", __name__)
 def _engine() -> Engine:
     """The model these reports read: the one model, or the first loaded of several."""
     hosts = fleet().hosts.values()
-    loaded = [host.engine for host in hosts if host.engine is not None]
+    loaded = [host.engine for host in hosts if isinstance(host.engine, Engine)]
     if not loaded:
         raise unavailable(fleet().default, 1.0)
     return loaded[0]
@@ -49,6 +50,8 @@ async def health() -> Response:
     if fleet().several:
         body, ok = fleet_health(fleet())
         return _json(body, status=200 if ok else 503)
+    if isinstance(speech := fleet().default.engine, SpeechEngine):
+        return _speech_health(speech)
     current = _engine()
     status = "ok" if current.ready else ("dead" if current.dead else "unavailable")
     body = {"status": status, "models": [model_state(current)]}
@@ -68,6 +71,18 @@ def model_state(engine: Engine) -> JsonObject:
             "in_process": False}
 
 
+def _speech_health(engine: SpeechEngine) -> Response:
+    """A speech model served alone: ready once its model loaded, on a thread of this process."""
+    status = "ok" if engine.ready else ("dead" if engine.dead else "unavailable")
+    state: JsonObject = {
+        "id": engine.info.name,
+        "state": "ready" if engine.ready else "loading",
+        "pid": os.getpid(),
+        "in_process": True,
+    }
+    return _json({"status": status, "models": [state]}, status=200 if status == "ok" else 503)
+
+
 @routes.get("/fit")
 async def fit() -> Response:
     """What this machine can serve of this model: memory split, largest safe context, decode bound."""
@@ -85,35 +100,75 @@ async def stats() -> Response:
         blas = cast(str, current_app.extensions["blas"])
         report.update(blas=blas, response_store=cast(JsonObject, attrs.asdict(store)))
         return _json(without_paths(report))
+    if isinstance(speech := fleet().default.engine, SpeechEngine):
+        return _json(without_paths({"model": speech.info.name, **attrs.asdict(speech.statistics())}))
     return _json(await _snapshot())
 
 
 @routes.get("/metrics")
 async def metrics() -> Response:
-    return Response(_metrics().render(await _snapshot()), content_type=METRICS_CONTENT_TYPE)
+    if not fleet().several:
+        snapshot = await _snapshot()
+        return Response(_metrics().render({fleet().default.name: snapshot}), content_type=METRICS_CONTENT_TYPE)
+    # Each model's own series; the Responses store is the server's, so it is told once, not under every model.
+    snapshots = {name: await _model_snapshot(engine) for name, engine in _loaded().items()}
+    shared: JsonObject = {"response_store": await _store_statistics()}
+    return Response(_metrics().render(snapshots, shared), content_type=METRICS_CONTENT_TYPE)
 
 
 @routes.get("/v1/loads")
 async def loads() -> Response:
-    per_token, max_batch = _engine().fit.memory.kv_bytes_per_token, cast(int, current_app.extensions["max_batch"])
-    return _json(_metrics().loads(await _snapshot(), kv_bytes_per_token=per_token, max_batch=max_batch, now=time.time()))
+    """SGLang's load report: one entry per loaded model (`?model=NAME`: that model's alone)."""
+    several = fleet().several
+    if not several:
+        engines = {fleet().default.name: _engine()}
+    elif model := request.args.get("model"):
+        host = fleet().host_named(model)
+        engines = {host.name: host.engine} if isinstance(host.engine, Engine) else {}
+    else:
+        engines = _loaded()
+    models = [
+        ModelLoad(
+            model_name=name,
+            snapshot=await _model_snapshot(engine),
+            kv_bytes_per_token=engine.fit.memory.kv_bytes_per_token,
+            # A model's own batch (its `kv.max_batch` in the models file), else the server's.
+            max_batch=fleet().hosts[name].spec.kv.max_batch or cast(int, current_app.extensions["max_batch"]),
+        )
+        for name, engine in engines.items()
+    ]
+    return _json(_metrics().loads(models, named=several, now=time.time()))
 
 
 def _metrics() -> Metrics:
     return cast(Metrics, current_app.extensions["metrics"])
 
 
-async def _snapshot() -> JsonObject:
-    current = _engine()
-    snapshot = attrs.asdict(await current.fresh_statistics())
+def _loaded() -> dict[str, Engine]:
+    """The language models with an engine now, by name, in the order configured (a speech model has no batch)."""
+    return {name: host.engine for name, host in fleet().hosts.items() if isinstance(host.engine, Engine)}
+
+
+async def _store_statistics() -> JsonObject:
     store = await store_call(current_app, lambda store: store.statistics())
+    return cast(JsonObject, attrs.asdict(store))
+
+
+async def _snapshot() -> JsonObject:
+    """The one model's `/stats`: its figures and the Responses store's."""
+    report = await _model_snapshot(_engine())
+    report["response_store"] = await _store_statistics()
+    return report
+
+
+async def _model_snapshot(current: Engine) -> JsonObject:
+    snapshot = attrs.asdict(await current.fresh_statistics())
     blas = cast(str, current_app.extensions["blas"])
     report: JsonObject = {
         "model": current.info.name,
         "blas": blas,
         "weights": current.weights.description,
         **snapshot,
-        "response_store": attrs.asdict(store),
     }
     # The KV cache's scheme as the plan prices it (also in /fit): "full", or "q8g64" with its figures.
     fit = current.fit

@@ -14,7 +14,7 @@ busy). Loads and evictions happen one at a time, under one lock.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -24,17 +24,20 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from fleet.defaults import generation_config
-from fleet.footprint import Footprint, fleet_budget, read_footprint
+from fleet.footprint import Footprint, fleet_budget, read_footprint, speech_footprint
 from fleet.host import ModelHost, State, cannot_place, load_failed, unavailable
 from fleet.policy import Refuse, expired, place
 from fleet.spec import ModelSpec, served_name
 from pipeline.errors import ErrorKind, RequestError, shutting_down
 from pipeline.observe import NullObserver, RequestObserver
 from pipeline.settings import Settings
+from pipeline.yielding import yielding_gil
 from stages.adapters import not_found
 from stages.engine.engine import Engine
 from stages.kv.machine import Machine, read_machine
 from stages.models.loading import release_unloaded, resolve_model
+from stages.engine.speech import SpeechEngine
+from stages.models.whisper import speech_info_for
 
 log = structlog.get_logger(stage="fleet")
 
@@ -48,7 +51,10 @@ class Fleet:
     specs: tuple[ModelSpec, ...] = attrs.field(alias="specs")
     # Several models from a file or list; False: today's one model, planned and named as before.
     several: bool = attrs.field(alias="several")
-    _observer: RequestObserver = attrs.field(factory=NullObserver, alias="observer")
+    # Each model's engine tells its own observer (the metrics label each series with the model).
+    _observer_for: Callable[[str], RequestObserver] = attrs.field(
+        default=lambda _: NullObserver(), alias="observer_for"
+    )
     hosts: dict[str, ModelHost] = attrs.field(init=False)
     # Every name a client may ask by (model, alias, adapter, embedding model) to its model's name.
     _names: dict[str, str] = attrs.field(init=False)
@@ -79,10 +85,11 @@ class Fleet:
         async with anyio.create_task_group() as self._group:
             for host in self.hosts.values():
                 if host.spec.pinned:
-                    # A pinned model that cannot load fails the start, as the one model always has.
                     async with self._placing:
                         await self._load(host)
-                    if host.state is not State.READY:
+                    # The one model that cannot load fails the start, as it always has; of several, a pinned
+                    # model that cannot load fails alone (reported failed, with why) and the others serve.
+                    if host.state is not State.READY and not self.several:
                         raise host.failure or RuntimeError(f"model {host.name!r} failed to load: {host.error}")
             if self.several and any(spec.ttl for spec in self.specs):
                 self._group.start_soon(self._expire_idle)
@@ -106,7 +113,7 @@ class Fleet:
         return dict(self._names)
 
     @asynccontextmanager
-    async def use(self, model: str | None) -> AsyncIterator[Engine]:
+    async def use(self, model: str | None) -> AsyncIterator[Engine | SpeechEngine]:
         """The engine of the model `model` names, loaded if need be, held until the block ends.
 
         Raises:
@@ -122,7 +129,7 @@ class Fleet:
             host.leases -= 1
             host.touch()
 
-    async def _ready(self, host: ModelHost) -> Engine:
+    async def _ready(self, host: ModelHost, *, reload_refused: bool = False) -> Engine | SpeechEngine:
         retry = self._settings.retry_after
         if self.draining:
             raise shutting_down()
@@ -135,6 +142,9 @@ class Fleet:
             return host.engine
         if host.state is State.UNLOADING:
             raise unavailable(host, retry)
+        if host.refused and not reload_refused:
+            # Its worker said these settings cannot serve it: every load would end alike, so none is tried.
+            raise load_failed(host, retry)
         if host.waiting >= max(1, self._settings.max_pending):
             raise RequestError(
                 kind=ErrorKind.UNAVAILABLE,
@@ -159,6 +169,11 @@ class Fleet:
 
     async def _load(self, host: ModelHost) -> None:
         """Place `host` (evicting as the policy says) and start its engine; under `_placing`."""
+        # Other models may be streaming: the loop keeps its turn beside the load's threads.
+        with yielding_gil():
+            await self._place_and_start(host)
+
+    async def _place_and_start(self, host: ModelHost) -> None:
         retry = self._settings.retry_after
         settings = self._settings
         if self.several:
@@ -175,7 +190,7 @@ class Fleet:
             settings = engine_settings(settings, host.spec, host.footprint)
         host.starting()
         log.info("fleet.loading", model=host.name)
-        engine = Engine(settings=settings, observer=self._observer)
+        engine = await self._engine_for(settings, host.name)
         self._group.start_soon(host.serve, engine)
         await host.started.wait()
         if host.engine is None:
@@ -187,6 +202,14 @@ class Fleet:
         host.touch()
         log.info("fleet.ready", model=host.name)
 
+    async def _engine_for(self, settings: Settings, name: str) -> Engine | SpeechEngine:
+        """A speech model's engine (stages/speech/), else a language model's."""
+        find = partial(speech_info_for, settings.model, demo=settings.demo_model, name=settings.model_name)
+        speech = await anyio.to_thread.run_sync(find)
+        if speech is not None:
+            return SpeechEngine(settings=settings, info=speech)
+        return Engine(settings=settings, observer=self._observer_for(name))
+
     async def footprint_of(self, host: ModelHost) -> Footprint:
         """What `host` takes of the budget (measured once, without loading it)."""
         if host.footprint is None:
@@ -197,6 +220,9 @@ class Fleet:
         return sum(host.resident().bytes for host in self.hosts.values() if host.holds_memory)
 
     def _measure(self, spec: ModelSpec) -> Footprint:
+        speech = speech_info_for(spec.source, demo=self._settings.demo_model, name=spec.name)
+        if speech is not None:
+            return speech_footprint(speech.path)
         info = resolve_model(spec.source, demo=self._settings.demo_model, name=spec.name)
         assert self.machine is not None
         return read_footprint(spec, info.path, info.context_window, self.machine, self._settings)
@@ -216,7 +242,8 @@ class Fleet:
 
     async def load(self, name: str) -> ModelHost:
         host = self._admin_host(name)
-        await self._ready(host)
+        # An operator's load tries again even a model that refused (its files may have been mended).
+        await self._ready(host, reload_refused=True)
         return host
 
     async def unload(self, name: str, *, graceful: bool) -> ModelHost:

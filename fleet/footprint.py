@@ -69,3 +69,12 @@ def read_footprint(spec: ModelSpec, path: Path, context_window: int, machine: Ma
 
 def _or(value: int | None, fallback: int) -> int:
     return fallback if value is None else value
+
+
+def speech_footprint(path: Path) -> Footprint:
+    """A speech model's share: its weights twice (the model and a window's activations are about their size
+    for Whisper's small models); it holds no KV between requests."""
+    weights = sum(file.stat().st_size for file in path.glob("*.safetensors")) + sum(
+        file.stat().st_size for file in path.glob("*.npz")
+    )
+    return Footprint(bytes=2 * weights, source="speech", kv_tokens=0, weights_bytes=weights)

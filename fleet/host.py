@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import Any
 
 import anyio
 import attrs
@@ -18,9 +19,11 @@ from anyio.abc import TaskStatus
 from fleet.footprint import Footprint
 from fleet.policy import Resident
 from fleet.spec import Defaults, ModelSpec
-from pipeline.errors import ErrorKind, RequestError
+from pipeline.errors import ErrorKind, RequestError, first_error, reason_of
 from pipeline.requests import JsonObject
 from stages.engine.engine import Engine
+from stages.engine.speech import SpeechEngine
+from stages.remote.process import WorkerRefused
 
 
 class State(enum.Enum):
@@ -36,7 +39,7 @@ class State(enum.Enum):
 class ModelHost:
     spec: ModelSpec
     state: State = State.UNLOADED
-    engine: Engine | None = None
+    engine: Engine | SpeechEngine | None = None
     # Known once it was first placed; None in the single-model mode, which plans as one model always has.
     footprint: Footprint | None = None
     # The spec's defaults over the model's generation_config.json, composed at each load.
@@ -90,7 +93,7 @@ class ModelHost:
         self.started, self.stopped = anyio.Event(), anyio.Event()
         self.loads += 1
 
-    async def serve(self, engine: Engine) -> None:
+    async def serve(self, engine: Engine | SpeechEngine) -> None:
         """Run `engine` until it stops or the fleet cancels it; never raises (a failure is this model's state)."""
         try:
             with anyio.CancelScope() as self.scope:
@@ -98,7 +101,9 @@ class ModelHost:
             if engine.dead and self.state is not State.UNLOADING:
                 self.error = "the engine stopped; see the server log"
         except Exception as error:  # noqa: BLE001 - a model that cannot load or crashes fails alone
-            self.error, self.failure = f"{type(error).__name__}: {error}", error
+            # A worker's refusal is already its reason, named by its own type.
+            first = first_error(error)
+            self.error, self.failure = str(first) if isinstance(first, WorkerRefused) else reason_of(error), error
         finally:
             # An engine that started and died is kept: it answers its requests with 503 `engine_dead`, and
             # /health reports it, until the fleet replaces it.
@@ -109,6 +114,12 @@ class ModelHost:
             self.started.set()
             self.stopped.set()
 
+    @property
+    def refused(self) -> bool:
+        """The last load failed because the model's worker refused its settings (`WorkerRefused`)."""
+        failure = self.failure
+        return self.state is State.FAILED and failure is not None and isinstance(first_error(failure), WorkerRefused)
+
     def report(self) -> JsonObject:
         report: JsonObject = {"state": self.state.value, "pinned": self.spec.pinned, "ttl": self.spec.ttl}
         if self.error:
@@ -117,10 +128,10 @@ class ModelHost:
 
 
 @attrs.define
-class _Started(TaskStatus[Engine]):
+class _Started(TaskStatus[Any]):
     _host: ModelHost
 
-    def started(self, value: Engine | None = None) -> None:
+    def started(self, value: Engine | SpeechEngine | None = None) -> None:
         self._host.engine = value
         self._host.started.set()
 

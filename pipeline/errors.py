@@ -119,6 +119,19 @@ def internal_error() -> RequestError:
     )
 
 
+def first_error(error: BaseException) -> BaseException:
+    """The first error inside any task groups' exception groups (the one that started the others' cancelling)."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return error
+
+
+def reason_of(error: BaseException) -> str:
+    """What went wrong, in one line, named by its type."""
+    first = first_error(error)
+    return f"{type(first).__name__}: {first}"
+
+
 def quote(value: object) -> str:
     """A value of the client's, as a message quotes it: its repr, cut short."""
     return excerpt(repr(value), 80)

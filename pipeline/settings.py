@@ -162,6 +162,10 @@ class Settings:
     exclusive_share: float = attrs.field(default=0.15, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(10.0)))
     # Steps between two turns of that work while streams run: 1 lengthens every gap a little, 100 one gap in 100 more.
     exclusive_period: int = attrs.field(default=100, validator=_positive)
+    # Speech to text (docs/speech.md): the largest audio file, in bytes (OpenAI's limit), and the longest, in seconds;
+    # past either, a 400 naming `file`.
+    audio_max_bytes: int = attrs.field(default=25 * 2**20, validator=_positive)
+    audio_max_seconds: float = attrs.field(default=600.0, validator=attrs.validators.gt(0.0))
     # One model over the ranks `mlx.launch` started (stages/shard/): "tensor" or "pipeline"; unset: one process.
     shard: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("tensor", "pipeline"))))
     # Seconds a follower rank may be silent before the engine counts it lost (503, requests failed).

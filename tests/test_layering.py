@@ -67,6 +67,8 @@ MLX_CORE_ALLOWED = {
     # A vision-language model: its loading, the tiny-vl builder, and image rows encoded and prefilled on the model
     # thread.
     "stages/models/vlm.py", "stages/models/tiny_vl.py", "stages/model_thread/vision_rows.py",
+    # A Whisper model: building tiny-whisper, loading, and a transcription on the speech model's thread.
+    "stages/models/whisper.py",
 }
 # The layers below the app where only the modules above may import mlx.core.
 MLX_CORE_CHECKED = ("pipeline/", "stages/", "wire/", "fleet/", "store/")

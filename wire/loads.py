@@ -16,6 +16,11 @@ SGLang's (`LoadSnapshot`); ours map onto them:
   prompt tokens, since start.
 - `utilization`: running rows over the batch's rows.
 
+With several models (fleet/) each loaded model is one entry of `loads`,
+named by a `model` field beside SGLang's own (smg reads the fields it
+knows and defaults the rest), and the aggregate sums them; `?model=NAME`
+asks for one model's entry alone.
+
 `num_waiting_uncached_tokens` is left out: the waiting rows' prefix-cache
 matches are not known before admission, and a constant 0 would tell smg's
 prefill-budget admission there is no queued prefill. smg reads a missing
@@ -27,10 +32,11 @@ Pure; the caller supplies the figures and the clock.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 
 import attrs
 
-from pipeline.requests import JsonObject
+from pipeline.requests import JsonObject, JsonValue
 from wire.metrics import KV_BUDGET, KV_HELD, kv_usage, number_at, running, waiting
 
 
@@ -41,10 +47,38 @@ class LoadInputs:
     max_running_requests: int
     gen_throughput: float
     cache_hit_rate: float
-    version: str
+    # The model this entry reports; None with one model, whose entry stays SGLang's shape exactly.
+    model: str | None = None
 
 
-def loads_body(inputs: LoadInputs, *, now: float) -> JsonObject:
+def loads_body(entries: Sequence[LoadInputs], *, version: str, now: float) -> JsonObject:
+    """One `loads` entry per model (`dp_rank` is its place in the list) and their aggregate."""
+    loads = [_load(rank, inputs) for rank, inputs in enumerate(entries)]
+
+    def total(field: str) -> int:
+        return sum(number_at(load, (field,)) for load in loads)
+
+    def mean(field: str) -> float:
+        values = [value for load in loads if isinstance(value := load[field], (int, float))]
+        return round(sum(values) / len(values), 4) if values else 0.0
+
+    return {
+        "timestamp": datetime.datetime.fromtimestamp(now, tz=datetime.UTC).isoformat(),
+        "version": version,
+        "dp_rank_count": len(loads),
+        "loads": list[JsonValue](loads),
+        "aggregate": {
+            "total_running_reqs": total("num_running_reqs"),
+            "total_waiting_reqs": total("num_waiting_reqs"),
+            "total_reqs": total("num_total_reqs"),
+            "avg_token_usage": mean("token_usage"),
+            "avg_throughput": mean("gen_throughput"),
+            "avg_utilization": mean("utilization"),
+        },
+    }
+
+
+def _load(rank: int, inputs: LoadInputs) -> JsonObject:
     per_token = max(1, inputs.kv_bytes_per_token)
     used = number_at(inputs.snapshot, KV_HELD) // per_token
     capacity = number_at(inputs.snapshot, KV_BUDGET) // per_token
@@ -53,7 +87,7 @@ def loads_body(inputs: LoadInputs, *, now: float) -> JsonObject:
     utilization = round(run / inputs.max_running_requests, 4) if inputs.max_running_requests else 0.0
     throughput = round(inputs.gen_throughput, 2)
     load: JsonObject = {
-        "dp_rank": 0,
+        "dp_rank": rank,
         "num_running_reqs": run,
         "num_waiting_reqs": wait,
         "num_total_reqs": run + wait,
@@ -66,17 +100,6 @@ def loads_body(inputs: LoadInputs, *, now: float) -> JsonObject:
         "cache_hit_rate": round(inputs.cache_hit_rate, 4),
         "utilization": utilization,
     }
-    return {
-        "timestamp": datetime.datetime.fromtimestamp(now, tz=datetime.UTC).isoformat(),
-        "version": inputs.version,
-        "dp_rank_count": 1,
-        "loads": [load],
-        "aggregate": {
-            "total_running_reqs": run,
-            "total_waiting_reqs": wait,
-            "total_reqs": run + wait,
-            "avg_token_usage": usage,
-            "avg_throughput": throughput,
-            "avg_utilization": utilization,
-        },
-    }
+    if inputs.model is not None:
+        load["model"] = inputs.model
+    return load

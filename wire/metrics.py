@@ -85,6 +85,16 @@ def snapshot_metrics(snapshot: JsonObject) -> list[Figure]:
     return figures
 
 
+def server_metrics(snapshot: JsonObject) -> list[Figure]:
+    """Figures of the server rather than of one model (the Responses store), named as `snapshot_metrics` names them."""
+    figures = []
+    for path, value in _numbers(snapshot, ()):
+        dotted = ".".join(path)
+        name = PREFIX + "_".join(_UNSAFE.sub("_", part) for part in path)
+        figures.append(Figure(name, f"/stats {dotted}", value, counter=dotted in COUNTERS))
+    return figures
+
+
 def _numbers(value: JsonValue, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], float]]:
     if isinstance(value, dict):
         return [pair for key, child in value.items() for pair in _numbers(child, (*path, key))]

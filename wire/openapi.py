@@ -20,6 +20,7 @@ from wire.responses_requests import decode_responses
 from wire.schema_probe import Decoder, body_schema
 from wire.scoring import decode_rerank, decode_score
 from wire.tokenize import decode_detokenize, decode_tokenize
+from wire.transcriptions import audio_form
 
 _USER: list[JsonValue] = [{"role": "user", "content": "Hello"}]
 
@@ -38,6 +39,8 @@ class Operation:
     public: bool = False
     # What a 200 carries, when not JSON.
     content_type: str = "application/json"
+    # A multipart form's schema (the audio routes), written out: their decoder reads a form, not JSON.
+    form: JsonObject | None = None
 
 
 OPERATIONS = (
@@ -66,6 +69,10 @@ OPERATIONS = (
               example={"model": "m", "prompt": "Hello", "add_special_tokens": True}),
     Operation(method="post", path="/detokenize", summary="Text of token ids (vLLM)", decode=decode_detokenize,
               example={"model": "m", "tokens": [1]}),
+    Operation(method="post", path="/v1/audio/transcriptions", summary="OpenAI audio transcriptions (speech to text)",
+              form=audio_form(translations=False)),
+    Operation(method="post", path="/v1/audio/translations", summary="OpenAI audio translations (speech to English text)",
+              form=audio_form(translations=True)),
     Operation(method="get", path="/v1/models", summary="The served models, as a list (several: states, defaults)"),
     Operation(method="get", path="/v1/models/{model_id}", summary="A served model"),
     Operation(method="get", path="/health", summary="Liveness: 200 while the engine serves, 503 otherwise", public=True),
@@ -131,6 +138,8 @@ def _operation(operation: Operation) -> JsonObject:
         described["parameters"] = parameters
     if operation.public:
         described["security"] = []
+    if operation.form is not None:
+        described["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": operation.form}}}
     if operation.decode is not None and operation.example is not None:
         schema = body_schema(operation.decode, operation.example)
         described["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}

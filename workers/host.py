@@ -29,15 +29,16 @@ import structlog
 from anyio.abc import ByteStream, TaskGroup
 
 from pipeline.channels import Channel, ReplySlot, open_channel
-from pipeline.errors import RequestError
+from pipeline.errors import RequestError, reason_of
 from pipeline.requests import Accepted
 from pipeline.settings import Settings
+from pipeline.yielding import yielding_gil
 from stages.engine.model_side import make_gateway
 from stages.messages import Abort, CompiledConstraint, Grammar, Prepared, StepOutputs
 from stages.model_thread.embed import EmbedWork, ScoreWork
 from stages.model_thread.gateway import GenerationGateway
 from stages.remote.convert import error_out, prepared_of, step_out
-from stages.remote.frames import FrameReader, FrameWriter
+from stages.remote.frames import FrameReader
 from stages.remote.messages import (
     AbortIn,
     BeatOut,
@@ -47,17 +48,34 @@ from stages.remote.messages import (
     JobIn,
     JobOut,
     ReadyOut,
+    RefusedOut,
     RowIn,
     StatsIn,
     ToFront,
     ToWorker,
 )
+from workers.frames_out import FramesOut
 from workers.model import WorkerModel, open_model
+from workers.priority import restore
 
 log = structlog.get_logger(stage="worker")
 
 # Steps handed over and not yet framed (the in-process engine's step buffer).
 _STEP_BUFFER = 4
+
+
+@attrs.frozen(kw_only=True)
+class StartTimes:
+    """Seconds of a worker's start, by phase, as `worker.ready` logs them."""
+
+    # Importing mlx, mlx-lm (and transformers through it) and this code.
+    imports_s: float
+    # Connecting to the front and reading its settings.
+    connect_s: float
+    # The tokenizer, markup family, adapters and memory plan (`workers/model.py`).
+    open_s: float = 0.0
+    # The weights onto the model thread, the prompt cache, and the generator made (the gateway's start).
+    load_s: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -80,11 +98,10 @@ class _WorkerReply(ReplySlot[Accepted]):
 class WorkerHost:
     settings: Settings
     beat_interval: float
-    _writer: FrameWriter | None = attrs.field(default=None, init=False)
-    # One frame on the socket at a time; uncontended, taking it costs no trip through the event loop.
-    _writing: anyio.Lock = attrs.field(factory=lambda: anyio.Lock(fast_acquire=True), init=False)
-    # The front stopped reading (its socket broke): frames are dropped, the reader ends the worker.
-    _front_gone: bool = attrs.field(default=False, init=False)
+    # The nice value to serve at once loaded (workers/priority.py); None: it was never changed.
+    base_nice: int | None = None
+    times: StartTimes = attrs.field(factory=lambda: StartTimes(imports_s=0.0, connect_s=0.0))
+    _frames: FramesOut | None = attrs.field(default=None, init=False)
     _failures: list[FailedOut] = attrs.field(factory=list, init=False)
     _failed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _jobs: dict[int, anyio.CancelScope] = attrs.field(factory=dict, init=False)
@@ -100,19 +117,34 @@ class WorkerHost:
 
     async def serve(self, stream: ByteStream, reader: FrameReader[ToWorker]) -> None:
         async with anyio.create_task_group() as group:
-            self._writer = FrameWriter(stream)
+            frames = self._frames = FramesOut(stream)
             group.start_soon(self._helper, self._beat)
-            model = self._model = await open_model(self.settings)
             settings, in_flight = self.settings, self.settings.max_batch + self.settings.max_pending
             inbox: Channel[Prepared] = open_channel(in_flight, name="gateway")
             control: Channel[Abort] = open_channel(settings.max_batch, name="control")
             steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
-            self._gateway = make_gateway(model.side, inbox.receive, control, steps.send)
-            await group.start(self._gateway.run)
+            try:
+                # The heartbeats keep their turn beside the loading threads (pipeline/yielding.py says why).
+                with yielding_gil():
+                    opened = time.perf_counter()
+                    model = self._model = await open_model(self.settings)
+                    loaded = time.perf_counter()
+                    self._gateway = make_gateway(model.side, inbox.receive, control, steps.send)
+                    # Each step's frame goes out from the model thread (workers/frames_out.py); rows that fail
+                    # on the loop cross in the failure flush's frames.
+                    self._gateway.send_steps_with(lambda outputs: frames.send_from_thread(step_out(outputs, [])))
+                    await group.start(self._gateway.run)
+                times = attrs.evolve(self.times, open_s=loaded - opened, load_s=time.perf_counter() - loaded)
+            except Exception as error:
+                # The front hears why before the process ends (its own log then has the traceback).
+                await self._send(RefusedOut(reason=reason_of(error)))
+                raise
+            restore(self.base_nice)
             group.start_soon(self._pump, steps)
             group.start_soon(self._helper, self._flush_failures)
             await self._send(ReadyOut(pid=os.getpid()))
-            log.info("worker.ready", pid=os.getpid(), model=model.side.info.name)
+            log.info("worker.ready", pid=os.getpid(), model=model.side.info.name,
+                     **{key: round(value, 3) for key, value in attrs.asdict(times).items()})
             ended = await self._read(reader, inbox, control, group)
             if not ended:
                 # The front went away: nothing is left to serve.
@@ -212,23 +244,16 @@ class WorkerHost:
         )
 
     async def _beat(self) -> None:
-        while not self._front_gone:
+        assert self._frames is not None
+        while not self._frames.front_gone:
             # A frame on its way means the front hears from this worker anyway.
-            if not self._writing.locked():
+            if not self._frames.busy:
                 await self._send(self._heartbeat())
             await anyio.sleep(self.beat_interval)
 
     async def _send(self, message: ToFront) -> None:
-        writer = self._writer
-        assert writer is not None
-        async with self._writing:
-            if self._front_gone:
-                return
-            try:
-                await writer.send(message)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                self._front_gone = True  # the reader ends the worker
-
+        assert self._frames is not None
+        await self._frames.send(message)
 
 def _job_out(job_id: int, kind: str, result: Any) -> JobOut:
     if kind == "embed":

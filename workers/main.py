@@ -10,8 +10,18 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
+import time
 
-from stages.models.blas import preload_blas
+# Where a start's seconds go (`worker.ready` logs them): the interpreter's own start is before this line.
+STARTED = time.perf_counter()
+
+from stages.models.blas import preload_blas  # noqa: E402
+from workers.priority import YIELD_FLAG, lower_while_loading  # noqa: E402
+
+# Before the imports, the costliest part of a start; WorkerHost goes back once the model is ready. Only when the front
+# asks (other models' workers are serving beside this one): a worker alone starts at full speed.
+LOADING_BASE_NICE = lower_while_loading() if YIELD_FLAG in sys.argv else None
 
 # Before anything imports mlx: the BLAS is chosen when mlx first loads (as app.py does in the front).
 preload_blas()
@@ -23,7 +33,9 @@ from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
 from stages.remote.frames import FrameReader  # noqa: E402
 from stages.remote.messages import SettingsIn, ToWorker  # noqa: E402
-from workers.host import WorkerHost  # noqa: E402
+from workers.host import StartTimes, WorkerHost  # noqa: E402
+
+IMPORTED = time.perf_counter()
 
 log = structlog.get_logger(stage="worker")
 
@@ -37,7 +49,10 @@ async def _main(socket: str) -> None:
         settings = Settings(**first.values)
         configure_logging(settings.log_level)
         structlog.contextvars.bind_contextvars(worker_pid=os.getpid())
-        await WorkerHost(settings=settings, beat_interval=settings.worker_heartbeat_timeout / 8).serve(stream, reader)
+        times = StartTimes(imports_s=IMPORTED - STARTED, connect_s=time.perf_counter() - IMPORTED)
+        host = WorkerHost(settings=settings, beat_interval=settings.worker_heartbeat_timeout / 8,
+                          base_nice=LOADING_BASE_NICE, times=times)
+        await host.serve(stream, reader)
     log.info("worker.stopped")
 
 
@@ -48,6 +63,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parser = argparse.ArgumentParser(prog="workers.main", description=__doc__)
     parser.add_argument("--socket", required=True, help="the front's Unix socket")
+    parser.add_argument(YIELD_FLAG, action="store_true", help="start nicer, until the model is ready")
     args = parser.parse_args()
     anyio.run(_main, args.socket)
 

@@ -186,6 +186,11 @@ class GenerationGateway:
             encoder_cache=self._batch.vision.statistics() if self._batch.vision is not None else None,
         )
 
+    def send_steps_with(self, write: Callable[[StepOutputs], None]) -> None:
+        """Each step's outputs are written by the model thread with `write` rather than handed to the loop
+        (a worker's frames to its front); set before `run`."""
+        self._handoff.direct = write
+
     def cache_statistics(self) -> PromptCacheStatistics | None:
         return self._cache.statistics() if self._cache is not None else None
 

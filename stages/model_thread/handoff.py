@@ -92,6 +92,9 @@ class Handoff:
     _idle_wait: float = attrs.field(default=0.0, init=False)
     _loop_wait_since: float | None = attrs.field(default=None, init=False)
     _idle_wait_since: float | None = attrs.field(default=None, init=False)
+    # Set before the thread starts: a step's outputs are written by the thread with it, not handed to the loop
+    # (in a model worker, its frame to the front); the rest of the parcel still crosses.
+    direct: Callable[[StepOutputs], None] | None = attrs.field(default=None, init=False)
     # Loop side.
     _token: anyio.lowlevel.EventLoopToken | None = attrs.field(default=None, init=False)
     _ready: anyio.Event = attrs.field(factory=anyio.Event, init=False)
@@ -228,6 +231,12 @@ class Handoff:
 
     def hand_over(self, parcel: Parcel | None, *, held: int) -> None:
         """Hand a step's parcel to the loop; waits only while `depth` steps are undelivered."""
+        if parcel is not None and self.direct is not None and parcel.has_outputs:
+            self.direct(parcel.outputs)
+            if parcel.spills or parcel.failed or parcel.finished:
+                parcel = attrs.evolve(parcel, outputs=StepOutputs(admitted=(), deltas=(), stepped_at=time.monotonic()))
+            else:
+                parcel = None
         with self._lock:
             # Rows that left free slots the loop may be waiting for.
             wake = held < self._held

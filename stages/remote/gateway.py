@@ -11,7 +11,10 @@ On a lost worker: every row and job in flight fails at once with 503
 frame), the sink is told the rows are gone, and a new worker is started;
 rows that arrive meanwhile wait in the inbox, where admission counts them.
 A worker that never became ready on the first start fails the engine's
-start, as a model that cannot load does in-process.
+start, as a model that cannot load does in-process; one that refuses its
+model (`RefusedOut`: settings it cannot run, a model that does not load)
+says why first, and is not restarted: the engine fails with that reason,
+which the front logs and `/health` and `/v1/models` show.
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ from stages.remote.messages import (
     CloseIn,
     JobOut,
     ReadyOut,
+    RefusedOut,
     SettingsIn,
     StatsIn,
     StepOut,
     ToFront,
     ToWorker,
 )
-from stages.remote.process import WorkerLost, WorkerProcess, worker_process
+from stages.remote.process import WorkerLost, WorkerProcess, WorkerRefused, worker_process
 
 log = structlog.get_logger(stage="remote")
 
@@ -58,8 +62,21 @@ _MAX_FAILURES = 8
 _MAX_BACKOFF_S = 30.0
 # How late past the heartbeat bound the watch may look (so one look past the bound is enough).
 _WATCH_SLACK_S = 0.01
+# The heartbeat bound of a worker still loading its model, in bounds.
+_LOADING_BOUND_FACTOR = 10
 # A drained worker's time to finish and exit before it is killed.
 _GRACE_S = 10.0
+
+
+@attrs.define
+class _Serving:
+    """This front's workers that are ready now (several models): a worker that starts beside them yields the
+    CPU until it is ready, so their streams keep their pace; a worker alone starts at full speed."""
+
+    count: int = 0
+
+
+_SERVING = _Serving()
 
 
 class WorkerState(enum.Enum):
@@ -112,6 +129,10 @@ class RemoteGateway:
     _draining: bool = attrs.field(default=False, init=False)
     # A worker has been ready once: the engine has started.
     _started: bool = attrs.field(default=False, init=False)
+    # Why the worker said it cannot serve this model: not restarted, the model fails with this reason.
+    _refused: str | None = attrs.field(default=None, init=False)
+    # The current worker is counted in `_SERVING`.
+    _counted: bool = attrs.field(default=False, init=False)
 
     def status(self) -> WorkerStatus:
         pid = self._worker.pid if self._worker is not None else None
@@ -156,6 +177,10 @@ class RemoteGateway:
                 self._state = WorkerState.STOPPED
                 return
             await self._lose(reason)
+            if self._refused is not None:
+                # Settings the model cannot run with fail every start alike: no restart, the reason is the model's.
+                self._state = WorkerState.FAILED
+                raise WorkerRefused(self._refused)
             if not self._started:
                 # The first start failed: the engine does not start, as with a model that cannot load in-process.
                 self._state = WorkerState.FAILED
@@ -174,7 +199,9 @@ class RemoteGateway:
         """Run one worker until it ends; None when it was drained, else why it was lost."""
         lost: list[str] = []
         try:
-            async with worker_process(connect_timeout=self._connect_timeout, grace=_GRACE_S) as worker:
+            beside_others = _SERVING.count > 0
+            starting = worker_process(connect_timeout=self._connect_timeout, grace=_GRACE_S, yield_cpu=beside_others)
+            async with starting as worker:
                 self._worker, self._outbox = worker, open_channel(self._capacity, name="worker")
                 # Never logged nor sent: the worker needs no keys.
                 values = attrs.asdict(attrs.evolve(self._settings, api_key=None))
@@ -191,6 +218,8 @@ class RemoteGateway:
         except WorkerLost as error:
             lost.append(str(error))
         finally:
+            if self._counted:
+                _SERVING.count, self._counted = _SERVING.count - 1, False
             if self._outbox is not None:
                 # What was queued for this worker dies with it (its rows were failed by the loss).
                 self._outbox.send.close()
@@ -224,10 +253,17 @@ class RemoteGateway:
                 self._beaten = anyio.Event()
             elif isinstance(message, ReadyOut):
                 self._on_ready(message, task_status, session)
+            elif isinstance(message, RefusedOut):
+                self._refused = message.reason
+                log.error("worker.refused", pid=worker.pid, reason=message.reason)
+                lose(f"the worker (pid {worker.pid}) refused to start: {message.reason}")
+                return
 
     def _on_ready(self, ready: ReadyOut, task_status: TaskStatus[None], session: anyio.abc.TaskGroup) -> None:
         first, self._started = not self._started, True
         self._state = WorkerState.READY
+        if not self._counted:
+            _SERVING.count, self._counted = _SERVING.count + 1, True
         self._ready.set()
         log.info("worker.ready", pid=ready.pid, restarts=self._restarts)
         session.start_soon(self._feed)
@@ -270,8 +306,11 @@ class RemoteGateway:
 
     async def _watch(self, worker: WorkerProcess, lose: Callable[[str], None], scope: anyio.CancelScope) -> None:
         """A worker silent past the heartbeat bound while the front waits on it is hung: it is killed."""
-        bound = self._settings.worker_heartbeat_timeout
         while True:
+            # A loading worker's beats come from its loop beside the threads that load the model, which hold the
+            # interpreter lock for long stretches (and it runs nicer beside other workers): it has a longer bound.
+            ready, beat_bound = self._ready.is_set(), self._settings.worker_heartbeat_timeout
+            bound = beat_bound * (1 if ready else _LOADING_BOUND_FACTOR)
             # Wakes at the earliest moment the worker could be past the bound, not on a short poll:
             # a healthy worker's frames keep moving that moment on, so an idle front wakes about once a bound.
             since = self._reading_since
@@ -282,7 +321,8 @@ class RemoteGateway:
                 worker.kill()
                 scope.cancel()
                 return
-            await anyio.sleep(bound - silent + _WATCH_SLACK_S)
+            # At most one beat bound: a worker that becomes ready meanwhile is held to it from then on.
+            await anyio.sleep(min(bound - silent, beat_bound) + _WATCH_SLACK_S)
 
     async def _lose(self, reason: str) -> None:
         """Everything the lost worker held fails now; the sink drops the rows' state."""

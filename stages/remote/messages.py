@@ -176,4 +176,11 @@ class BeatOut(msgspec.Struct, frozen=True, array_like=True, tag="beat"):
     exclusive: ExclusiveStatistics | None = None
 
 
-ToFront = StepOut | JobOut | ReadyOut | BeatOut
+class RefusedOut(msgspec.Struct, frozen=True, array_like=True, tag="refused"):
+    """The worker cannot serve its model with these settings (an unsupported KV scheme, a model that does not
+    load): the front's first answer instead of `ReadyOut`, so the reason reaches its log, /health and /v1/models."""
+
+    reason: str
+
+
+ToFront = StepOut | JobOut | ReadyOut | BeatOut | RefusedOut

@@ -22,12 +22,18 @@ import anyio
 import attrs
 from anyio.abc import ByteStream, Process, SocketListener
 
+# workers/priority.py's YIELD_FLAG (the front does not import workers/).
+_YIELD_FLAG = "--yield-while-loading"
 # The repository's root: the worker imports the same sources as the front.
 _ROOT = Path(__file__).resolve().parents[2]
 
 
 class WorkerLost(Exception):
     """The worker ended, or stopped answering, before its work was done."""
+
+
+class WorkerRefused(Exception):
+    """The worker cannot serve its model with these settings; the message is the worker's reason."""
 
 
 @attrs.define(eq=False)
@@ -45,8 +51,10 @@ class WorkerProcess:
 
 
 @contextlib.asynccontextmanager
-async def worker_process(*, connect_timeout: float, grace: float = 0.0) -> AsyncIterator[WorkerProcess]:
-    """A started, connected worker; it is ended on exit.
+async def worker_process(
+    *, connect_timeout: float, grace: float = 0.0, yield_cpu: bool = False
+) -> AsyncIterator[WorkerProcess]:
+    """A started, connected worker; it is ended on exit. `yield_cpu`: it starts nicer (workers/priority.py).
 
     Raises:
         WorkerLost: the worker exited, or did not connect within `connect_timeout`.
@@ -57,7 +65,7 @@ async def worker_process(*, connect_timeout: float, grace: float = 0.0) -> Async
             path_entries = filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(path_entries)}
             process = await anyio.open_process(
-                [sys.executable, "-m", "workers.main", "--socket", str(path)],
+                [sys.executable, "-m", "workers.main", "--socket", str(path), *([_YIELD_FLAG] if yield_cpu else [])],
                 stdin=subprocess.DEVNULL, stdout=None, stderr=None, env=env,
             )
             worker: WorkerProcess | None = None

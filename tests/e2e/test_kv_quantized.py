@@ -193,8 +193,8 @@ def _own_folder(server: Server, root: Path) -> Path:
 def test_what_cannot_run_is_refused_at_start_naming_it(
     server_factory: ServerFactory, settings: dict[str, str], named: str
 ) -> None:
-    # In the HTTP process, so the refusal's words are in the server's own log; a model worker refuses
-    # at start too, but its message does not reach the front's log yet (see the report of issue #20).
+    # In the HTTP process, so the refusal's words are in the server's own log; a model worker's refusal
+    # crosses to the front's log too (tests/e2e/test_fleet_reports.py).
     with pytest.raises(RuntimeError, match="server exited") as refused:
         server_factory(private=True, in_process="1", **settings)
     assert named in str(refused.value)

@@ -26,7 +26,7 @@ def record(**changes: object) -> RequestRecord:
 
 
 def scrape(metrics: Metrics) -> tuple[dict[str, str], list[Sample]]:
-    families = list(text_string_to_metric_families(metrics.render(_SNAPSHOT).decode()))
+    families = list(text_string_to_metric_families(metrics.render({"tiny": _SNAPSHOT}).decode()))
     return {family.name: family.type for family in families}, [sample for family in families for sample in family.samples]
 
 
@@ -37,15 +37,15 @@ def value(samples: list[Sample], name: str, **labels: str) -> float:
 
 def configured() -> Metrics:
     metrics = Metrics()
-    metrics.configure(model_name="tiny", context_window=2048)
+    metrics.configure(model_names=["tiny"], context_window=2048)
     return metrics
 
 
 def test_requests_feed_vllms_histograms_and_counters() -> None:
     metrics = configured()
-    metrics.finished(record())
-    metrics.finished(record(finish_reason="stop", cached_tokens=0))
-    metrics.token_gap(0.02)
+    metrics.observer("tiny").finished(record())
+    metrics.observer("tiny").finished(record(finish_reason="stop", cached_tokens=0))
+    metrics.observer("tiny").token_gap(0.02)
     types, samples = scrape(metrics)
     for name in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
                  "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
@@ -61,12 +61,13 @@ def test_requests_feed_vllms_histograms_and_counters() -> None:
     assert value(samples, "vllm:request_success_total", finished_reason="stop") == 1
     assert value(samples, "vllm:prompt_tokens_total") == 60 and value(samples, "vllm:generation_tokens_total") == 8
     assert value(samples, "vllm:prefix_cache_queries_total") == 60 and value(samples, "vllm:prefix_cache_hits_total") == 20
-    assert metrics.cache_hit_rate == 20 / 60
+    assert metrics.cache_hit_rate("tiny") == 20 / 60
 
 
 def test_an_aborted_row_counts_without_the_spans_it_never_reached() -> None:
     metrics = configured()
-    metrics.finished(record(finish_reason="abort", prefill=None, decode=None, first_token=None, total=None))
+    aborted = record(finish_reason="abort", prefill=None, decode=None, first_token=None, total=None)
+    metrics.observer("tiny").finished(aborted)
     _, samples = scrape(metrics)
     assert value(samples, "vllm:request_success_total", finished_reason="abort") == 1
     assert value(samples, "vllm:time_to_first_token_seconds_count") == 0
@@ -86,14 +87,14 @@ def test_the_snapshot_gives_gauges_and_typed_counters_of_our_own() -> None:
 
 def test_the_throughput_is_measured_between_polls() -> None:
     metrics = configured()
-    assert metrics.gen_throughput(100, now=10.0) == 0.0
-    assert metrics.gen_throughput(150, now=12.0) == 25.0
-    assert metrics.gen_throughput(150, now=12.0) == 0.0
+    assert metrics.gen_throughput("tiny", 100, now=10.0) == 0.0
+    assert metrics.gen_throughput("tiny", 150, now=12.0) == 25.0
+    assert metrics.gen_throughput("tiny", 150, now=12.0) == 0.0
 
 
 def test_two_apps_never_share_a_series() -> None:
     first, second = configured(), configured()
-    first.finished(record())
+    first.observer("tiny").finished(record())
     _, samples = scrape(second)
     assert value(samples, "vllm:prompt_tokens_total") == 0
 
@@ -113,7 +114,22 @@ def test_every_metric_the_dashboard_reads_is_exported() -> None:
         "gateway": {**_SNAPSHOT["gateway"], "mlx_active_bytes": 0, "mlx_cache_bytes": 0},  # type: ignore[dict-item]
         "prompt_cache": {"bytes": 0, "disk": {"bytes": 0, "spills": 0, "restores": 0}},
     }
-    text = configured().render(snapshot).decode()
+    text = configured().render({"tiny": snapshot}).decode()
     exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
     # A histogram is read through its _bucket series.
     assert read - exported == set()
+
+
+def test_each_model_has_its_own_series_and_the_store_is_told_once() -> None:
+    metrics = Metrics()
+    metrics.configure(model_names=["tiny", "demo"], context_window=4096)
+    metrics.observer("demo").finished(record(prompt_tokens=7))
+    busy = {**_SNAPSHOT, "gateway": {**_SNAPSHOT["gateway"], "active": 3}}  # type: ignore[dict-item]
+    text = metrics.render({"tiny": _SNAPSHOT, "demo": busy}, {"response_store": {"hits": 2}}).decode()
+    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    assert value(samples, "vllm:prompt_tokens_total", model_name="demo") == 7
+    assert value(samples, "vllm:prompt_tokens_total", model_name="tiny") == 0
+    assert value(samples, "vllm:num_requests_running", model_name="tiny") == 1
+    assert value(samples, "vllm:num_requests_running", model_name="demo") == 3
+    assert value(samples, "mlx_relay:response_store_hits_total") == 2
+    assert metrics.cache_hit_rate("demo") == 20 / 7 and metrics.cache_hit_rate("tiny") == 0
