@@ -1,7 +1,7 @@
 """The HTTP surface: routes, lifespan, error rendering, settings.
 
 `hypercorn app:app` serves it. Every generation route is the same three
-steps (S23): submit the raw body with the API's decoder, wait until the
+steps (docs/STYLE.md, "Thin app"): submit the raw body with the API's decoder, wait until the
 request is accepted (so a bad request is still a plain 400), then stream
 the reply through the API's stream protocol or collect it into one body.
 """
@@ -70,7 +70,7 @@ _FLEET_WINDOW = 2**20
 
 
 app = Quart(__name__)
-# Quart's default of 60 s silently cuts any longer stream (STYLE.md S23).
+# Quart's default of 60 s silently cuts any longer stream (docs/STYLE.md, "Thin app").
 app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
 # Unread request fields named in a header (edge/fields.py).

@@ -97,19 +97,21 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--reset-store", action="store_true",
         help="if the SQLite response store will not open, move it aside (<name>.corrupt-<time>) and start empty",
-    )  # fmt: skip
+    )
     serve.add_argument(
         "--shard", choices=("tensor", "pipeline"),
-        help="shard the model over the ranks mlx.launch started (MLX_RELAY_SHARD): rank 0 serves HTTP, the others follow",
-    )  # fmt: skip
+        help="shard the model over the ranks mlx.launch started (MLX_RELAY_SHARD): "
+        "rank 0 serves HTTP, the others follow",
+    )
     serve.add_argument(
         "--in-process", action="store_true",
         help="run the model in this process, not in a worker process of its own (MLX_RELAY_IN_PROCESS; debugging)",
     )
     serve.add_argument(
         "--embedding-model",
-        help="a dedicated embedding model served beside the chat model: a directory, a repo id or shaped:NAME (MLX_RELAY_EMBEDDING_MODEL)",
-    )  # fmt: skip
+        help="a dedicated embedding model served beside the chat model: "
+        "a directory, a repo id or shaped:NAME (MLX_RELAY_EMBEDDING_MODEL)",
+    )
     serve.add_argument("--kv-bits", choices=("4", "8"), help="quantize the KV cache to 4 or 8 bits (MLX_RELAY_KV_BITS; default full precision)")
     serve.add_argument("--kv-group-size", choices=("32", "64", "128"), help="values per scale and bias of the quantized KV (default 64)")
     serve.add_argument("--quantized-kv-start", help="tokens a row holds before its KV is quantized (MLX_RELAY_QUANTIZED_KV_START)")
@@ -179,7 +181,7 @@ def _export(args: argparse.Namespace) -> None:
         "num_draft_tokens": args.num_draft_tokens,
         "web": "0" if args.no_web else None,
         "in_process": "1" if args.in_process else None,
-    }  # fmt: skip
+    }
     flags.update({flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag in _DEFAULT_FLAGS})
     for name, value in flags.items():
         if value is not None:

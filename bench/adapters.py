@@ -84,7 +84,7 @@ def run(scenario: str, model: Any, tokenizer: Any, adapters: str, groups: list[s
         scenario=scenario, rows=len(groups), wall_s=round(wall, 3), tokens_per_s=round(max_tokens * len(groups) / wall, 1),
         steps=steps, mean_gap_ms=round(1000 * sum(gaps) / len(gaps), 2), switches=switches,
         switch_ms=round(1000 * seconds / switches, 3) if switches else 0.0,
-    )  # fmt: skip
+    )
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from importlib.metadata import version
@@ -180,9 +181,8 @@ def _stream_once(model: Model, tokenizer: Tokenizer, text: str, max_tokens: int)
 
     encoded = tokenizer.encode(text)
     start = time.perf_counter()
-    last = None
-    for last in stream_generate(model, tokenizer, encoded, max_tokens=max_tokens):
-        pass
+    # Only the last response matters: it carries the totals.
+    last = next(iter(deque(stream_generate(model, tokenizer, encoded, max_tokens=max_tokens), maxlen=1)), None)
     wall = time.perf_counter() - start
     if last is None:
         return 0, wall

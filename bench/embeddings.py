@@ -16,6 +16,7 @@ Writes bench/out/embeddings.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import time
@@ -68,7 +69,7 @@ def _throughput(url: str, batch: int, seconds: float, words: int) -> float:
 
 def _stream_gaps(url: str, index: int, max_tokens: int) -> list[float]:
     body = {"messages": [{"role": "user", "content": f"Tell me about {index}."}], "max_tokens": max_tokens,
-            "temperature": 1.0, "seed": index, "stream": True}  # fmt: skip
+            "temperature": 1.0, "seed": index, "stream": True}
     arrivals: list[float] = []
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as response:
         response.raise_for_status()
@@ -76,7 +77,7 @@ def _stream_gaps(url: str, index: int, max_tokens: int) -> list[float]:
             if line.startswith("data: {") and '"content"' in line:
                 arrivals.append(time.perf_counter())
     # The first gap is the prompt's prefill, not a decode step.
-    return [later - earlier for earlier, later in zip(arrivals[1:], arrivals[2:])]
+    return [later - earlier for earlier, later in itertools.pairwise(arrivals[1:])]
 
 
 def _gaps(url: str, streams: int, max_tokens: int) -> list[float]:
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.embedding_model:
         env["MLX_RELAY_EMBEDDING_MODEL"] = args.embedding_model
     result: dict[str, Any] = {"model": args.model, "embedding_model": args.embedding_model, "input_words": args.input_words,
-                              "env": args.env}  # fmt: skip
+                              "env": args.env}
     with started("relay-embeddings", relay_command(port), port, env, args.out / "logs") as server:
         result["inputs_per_s"] = {str(b): round(_throughput(server.url, b, args.seconds, args.input_words), 1) for b in BATCHES}
         _gaps(server.url, 1, 16)  # warm-up
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     rise = loaded["p95"] / alone["p95"] - 1
     rate = sum(rates) / len(rates)
     result |= {"gaps_alone_s": alone, "gaps_loaded_s": loaded, "p95_rise": rise, "load_inputs_per_s": rate,
-               "exclusive": exclusive}  # fmt: skip
+               "exclusive": exclusive}
     print(f"model thread's step gaps, ms (p50 / p95 / p99): alone {' / '.join(map(str, model_alone.values()))}; "
           f"under load {' / '.join(map(str, model_loaded.values()))} (p95 {model_rise:+.0%}; target at most +20%)")
     print("inputs/s by batch: " + ", ".join(f"{b}: {v}" for b, v in result["inputs_per_s"].items()))

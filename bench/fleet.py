@@ -15,6 +15,7 @@ load drifts weighs on both sides alike. Writes bench/out/fleet.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import threading
 import time
@@ -64,7 +65,7 @@ def _arrivals(url: str, model: str, index: int, max_tokens: int) -> list[float]:
 
 def _gaps(arrivals: list[float], window: tuple[float, float] | None = None) -> list[float]:
     # The first gap is the prompt's prefill, not a decode step; a window keeps gaps that end inside it.
-    pairs = zip(arrivals[1:], arrivals[2:])
+    pairs = itertools.pairwise(arrivals[1:])
     return [later - earlier for earlier, later in pairs if window is None or window[0] <= later <= window[1]]
 
 

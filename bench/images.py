@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     rise = result["gaps_with_images_ms"]["p95"] / result["gaps_alone_ms"]["p95"] - 1  # type: ignore[index]
     result["p95_rise"] = round(rise, 3)
     print(
-        f"{args.model}: {rate:.2f} image requests/s, encode {encode_ms:.1f} ms/image; {args.streams} text streams' p95 gap "
+        f"{args.model}: {rate:.2f} image requests/s, encode {encode_ms:.1f} ms/image; "
+        f"{args.streams} text streams' p95 gap "
         f"{result['gaps_alone_ms']['p95']} ms alone, {result['gaps_with_images_ms']['p95']} ms while images arrive "  # type: ignore[index]
         f"({rise:+.0%}; target at most +20%)"
     )

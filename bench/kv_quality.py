@@ -39,7 +39,7 @@ PROMPTS = (
     "Name three planets and one fact about each.", "How does a bicycle stay upright?",
     "What is photosynthesis?", "Write a short apology email for a missed meeting.",
     "Explain recursion to a child.", "What are the rules of chess castling?", "Tell me a fun fact about octopuses.",
-)  # fmt: skip
+)
 
 
 def greedy(model: Any, prompt: list[int], tokens: int, scheme: KvScheme | None) -> list[int]:
@@ -117,7 +117,8 @@ def synthetic(name: str, tokens: int) -> None:
         per_layer, (logit_mean, logit_max) = drift(model, prompt, full, scheme)
         for index, (mean, most, relative) in enumerate(per_layer):
             print(
-                f"{name} {scheme.describe()} layer {index}: mean |drift| {mean:.2e} ({relative:.2%} of the mean |value|), max {most:.2e}"
+                f"{name} {scheme.describe()} layer {index}: mean |drift| {mean:.2e}"
+                f" ({relative:.2%} of the mean |value|), max {most:.2e}"
             )
         print(f"{name} {scheme.describe()} logits: mean |drift| {logit_mean:.2e}, max {logit_max:.2e}")
 
@@ -136,7 +137,7 @@ def smollm2(prompts: int, tokens: int) -> None:
         identical = sum(parted == len(full) for (_, parted), full in zip(figures, fulls))
         mean = sum(same for same, _ in figures) / len(figures)
         print(f"smollm2 {scheme.describe()} over {len(encoded)} prompts x {tokens} tokens: {identical} identical, "
-              f"{mean:.1%} of positions agree, first differences at {sorted(parted for _, parted in figures)}")  # fmt: skip
+              f"{mean:.1%} of positions agree, first differences at {sorted(parted for _, parted in figures)}")
 
 
 def main() -> None:

@@ -88,7 +88,9 @@ def _fast_blases(mkl_site: Path | None) -> dict[str, str]:
     for distribution in distributions:
         if distribution.metadata["Name"] == "mkl":
             libraries = [Path(str(f.locate())) for f in distribution.files or [] if f.name.startswith("libmkl_rt.so")]
-            found.update({"mkl": str(path) for path in libraries if path.exists()})
+            existing = [str(path) for path in libraries if path.exists()]
+            if existing:
+                found["mkl"] = existing[-1]
     return found
 
 

@@ -1,6 +1,7 @@
 """Multi-turn benchmark: time to first token per turn, prompt cache off vs on.
 
-    python -m bench.multiturn [--model demo|tiny|shaped:NAME|PATH[,...]] [--turns 8] [--system-tokens 2000] [--repeats 1]
+    python -m bench.multiturn [--model demo|tiny|shaped:NAME|PATH[,...]] [--turns 8]
+        [--system-tokens 2000] [--repeats 1]
 
 An agent-style conversation: a long system prompt, then turns that each
 resend everything so far (the system prompt, every question, every answer)
@@ -48,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         "--model", default="demo",
         help="demo, tiny, shaped:<name> (built locally; see stages/models/shaped.py), a model directory or a repo id; "
         "several, comma-separated, give one summary row each (e.g. one per cache kind)",
-    )  # fmt: skip
+    )
     parser.add_argument("--turns", type=int, default=8, help="turns in the conversation (default 8)")
     parser.add_argument("--system-tokens", type=int, default=2000, help="system prompt length in tokens (default 2000)")
     parser.add_argument("--question-tokens", type=int, default=100, help="each new question, in tokens (default 100)")
@@ -106,7 +107,7 @@ def _one_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
     meta = {"model": model, "model_path": path, "platform": platform.platform(), "cpus": os.cpu_count(),
             "blas": server_stats["on"].get("blas"), "wall_s": time.perf_counter() - started_at,
             "cache_kind": SHAPES[shaped[0]].cache if shaped else "plain",
-            "prompt_cache": server_stats["on"].get("prompt_cache")}  # fmt: skip
+            "prompt_cache": server_stats["on"].get("prompt_cache")}
     summary = _publish(args, model, runs, meta)
     return {"model": model, "cache_kind": meta["cache_kind"], **summary}
 
@@ -159,7 +160,7 @@ def _stream(
     client: httpx.Client, server: Server, messages: list[dict[str, str]], max_tokens: int, temperature: float, seed: int = 0
 ) -> Turn:
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+            "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     first: float | None = None
     parts: list[str] = []
@@ -197,7 +198,7 @@ def _rows(runs: dict[str, list[list[Turn]]]) -> list[tuple[str, ...]]:
         rows.append((
             str(index + 1), str(on[0].prompt_tokens), str(int(statistics.median(t.cached_tokens for t in on))),
             f"{ttft_off * 1000:.0f}", f"{ttft_on * 1000:.0f}", f"{ttft_off / ttft_on:.1f}x", f"{same}/{len(on)}",
-        ))  # fmt: skip
+        ))
     return rows
 
 
@@ -230,7 +231,7 @@ def _publish(args: argparse.Namespace, model: str, runs: dict[str, list[list[Tur
     workload = {"model": model, **{key: getattr(args, key) for key in keys}}
     payload = {"workload": workload, "meta": meta, "summary": summary,
                "turns": {mode: [[attrs.asdict(t) for t in conversation] for conversation in conversations]
-                         for mode, conversations in runs.items()}}  # fmt: skip
+                         for mode, conversations in runs.items()}}
     name = "multiturn" + (f"-{model.replace(':', '-').replace('/', '-')}" if "," in args.model else "")
     name += f"-t{args.temperature:g}" if args.temperature else ""
     report.write_json(args.out / f"{name}.json", payload)
@@ -238,7 +239,7 @@ def _publish(args: argparse.Namespace, model: str, runs: dict[str, list[list[Tur
     print(f"wrote {args.out / f'{name}.json'} and {args.out / f'{name}.png'}")
     ttft = {mode: statistics.median(t.ttft_s for c in runs[mode] for t in c[1:]) for mode in MODES} if args.turns > 1 else {}
     return {**summary, "ttft_turn2_on_median_ms": 1000 * ttft.get("on", 0.0),
-            "ttft_turn2_off_median_ms": 1000 * ttft.get("off", 0.0)}  # fmt: skip
+            "ttft_turn2_off_median_ms": 1000 * ttft.get("off", 0.0)}
 
 
 KIND_HEADER = ("cache kind", "model", "TTFT off ms (turns 2+)", "TTFT on ms (turns 2+)", "off/on", "same answers")
@@ -247,7 +248,7 @@ KIND_HEADER = ("cache kind", "model", "TTFT off ms (turns 2+)", "TTFT on ms (tur
 def _publish_kinds(args: argparse.Namespace, kinds: list[dict[str, Any]]) -> None:
     """One row per model (per cache kind): the medians over turns 2 and later."""
     rows = [(k["cache_kind"], k["model"], f"{k['ttft_turn2_off_median_ms']:.0f}", f"{k['ttft_turn2_on_median_ms']:.0f}",
-             f"{k['speedup_turn2_on_median']:.1f}x", "{}/{}".format(*k["identical_answers"])) for k in kinds]  # fmt: skip
+             f"{k['speedup_turn2_on_median']:.1f}x", "{}/{}".format(*k["identical_answers"])) for k in kinds]
     line = lambda row: "| " + " | ".join(row) + " |"  # noqa: E731
     print("\nPer cache kind:\n\n" + "\n".join([line(KIND_HEADER), "|" + " --- |" * len(KIND_HEADER), *map(line, rows)]))
     name = "multiturn-kinds" + (f"-t{args.temperature:g}" if args.temperature else "")

@@ -58,7 +58,7 @@ def _run(args: argparse.Namespace, name: str, env: dict[str, str]) -> dict[str, 
         gateway = httpx.get(f"{server.url}/stats", timeout=10).json()["gateway"]
     tokens = args.streams * args.max_tokens
     return {"budget": name, "wall_s": wall, "tokens_per_s": tokens / wall, "preemptions": gateway["preemptions"],
-            "resumed": gateway["resumed"], "texts": texts}  # fmt: skip
+            "resumed": gateway["resumed"], "texts": texts}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     info = resolve_model(None if args.model in DEMOS else args.model, demo=args.model, name=None)
     shape = read_model_shape(info.path, info.context_window)
     env = relay_env(args.model, DEMOS) | {"MLX_RELAY_PROMPT_CACHE_BYTES": str(PROMPT_CACHE),
-                                          "MLX_RELAY_MAX_BATCH": str(args.streams)}  # fmt: skip
+                                          "MLX_RELAY_MAX_BATCH": str(args.streams)}
     tight = budget_for(shape, read_machine(), args.streams * shape.kv_bytes(512), prompt_cache=PROMPT_CACHE, max_batch=args.streams, prefill_step=512)
     rows = [_run(args, "ample", env), _run(args, "tight", env | {"MLX_RELAY_MEMORY_BUDGET": str(tight)})]
     same = rows[0]["texts"] == rows[1]["texts"]

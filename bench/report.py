@@ -68,7 +68,7 @@ def rows(results: Results, levels: Sequence[int]) -> list[tuple[str, ...]]:
             _num(_get(results, RELAY, n, "request_decode_tps")), _num(_get(results, PEER, n, "request_decode_tps")),
             _num(_get(results, RELAY, n, "cpu_s_per_1k_tokens"), 2), _num(_get(results, PEER, n, "cpu_s_per_1k_tokens"), 2),
             _share(_get(results, RELAY, n, "loop_wait_share")),
-        ))  # fmt: skip
+        ))
     return table
 
 
@@ -96,7 +96,7 @@ def ceiling_rows(results: Results, levels: Sequence[int], cores: int) -> list[tu
         table.append((
             str(n), _num(raw), _num(raw_cpu, 2), _num(client_cpu, 2), _num(capped),
             _ratio(capped, raw), _ratio(relay, capped),
-        ))  # fmt: skip
+        ))
     return table
 
 

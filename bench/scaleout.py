@@ -44,9 +44,9 @@ import httpx
 from bench.servers import REPO
 
 sys.path.insert(0, str(REPO))
-from bench.scaleout_cluster import in_threads, model_id, replica_env, submitted, system_prompt  # noqa: E402
-from bench.scaleout_failover import failover_run  # noqa: E402
-from deploy.scaleout import Cluster  # noqa: E402
+from bench.scaleout_cluster import in_threads, model_id, replica_env, submitted, system_prompt
+from bench.scaleout_failover import failover_run
+from deploy.scaleout import Cluster
 
 OUT = Path(__file__).resolve().parent / "out"
 _TIMEOUT = httpx.Timeout(300.0, connect=10.0)
@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
 def chat_turn(url: str, model: str, messages: list[dict[str, str]], max_tokens: int, headers: dict[str, str]) -> tuple[str, float, dict[str, Any]]:
     """One streamed turn: (answer, seconds to the first content, usage)."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+            "stream_options": {"include_usage": True}}
     started, first, text, usage = time.perf_counter(), None, [], {}
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=_TIMEOUT) as response:
         response.raise_for_status()
@@ -124,17 +124,17 @@ def summarise(results: list[TurnResult], per_replica: list[int]) -> dict[str, An
     ceiling = sum(
         min(r.prompt_tokens, by_key[(r.conversation, r.turn - 1)].prompt_tokens + by_key[(r.conversation, r.turn - 1)].completion_tokens)
         for r in results if r.turn > 1
-    )  # fmt: skip
+    )
     turns: dict[str, Any] = {}
     for turn in sorted({r.turn for r in results}):
         ttfts = sorted(r.ttft for r in results if r.turn == turn)
         turns[str(turn)] = {"ttft_p50_ms": round(1000 * statistics.median(ttfts), 1),
-                            "ttft_p95_ms": round(1000 * _quantile(ttfts, 0.95), 1)}  # fmt: skip
+                            "ttft_p95_ms": round(1000 * _quantile(ttfts, 0.95), 1)}
     return {
         "requests": len(results), "prompt_tokens": prompt, "cached_tokens": cached,
         "cached_share": round(cached / prompt, 3) if prompt else 0.0, "ceiling": round(ceiling / prompt, 3) if prompt else 0.0,
         "per_turn": turns, "requests_per_replica": per_replica,
-    }  # fmt: skip
+    }
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -159,14 +159,15 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = [] if args.only_failover else [routed_run(args, "smg", "cache_aware", keyed=True),
-                                          routed_run(args, "smg", "round_robin", keyed=True)]  # fmt: skip
+                                          routed_run(args, "smg", "round_robin", keyed=True)]
     if not args.skip_haproxy and not args.only_failover:
         runs += [routed_run(args, "haproxy", "hash x-session-affinity", keyed=True),
-                 routed_run(args, "haproxy", "no key (round robin)", keyed=False)]  # fmt: skip
+                 routed_run(args, "haproxy", "no key (round robin)", keyed=False)]
     print(f"{'router':8} {'policy':26} {'cached':>7} {'ceiling':>8}  per replica   TTFT p50/p95 ms per turn")
     for run in runs:
         ttft = "  ".join(f"{t['ttft_p50_ms']:.0f}/{t['ttft_p95_ms']:.0f}" for t in run["per_turn"].values())
-        print(f"{run['router']:8} {run['policy']:26} {run['cached_share']:7.3f} {run['ceiling']:8.3f}  {run['requests_per_replica']!s:13} {ttft}")
+        shares = f"{run['cached_share']:7.3f} {run['ceiling']:8.3f}  {run['requests_per_replica']!s:13}"
+        print(f"{run['router']:8} {run['policy']:26} {shares} {ttft}")
     failover = failover_run(args)
     print(json.dumps(failover, indent=2))
     name = "scaleout-failover.json" if args.only_failover else "scaleout.json"

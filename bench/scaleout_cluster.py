@@ -48,7 +48,7 @@ def in_threads(count: int, work: Callable[[int], None]) -> None:
     def body(index: int) -> None:
         try:
             work(index)
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 -- re-raised in the caller's thread once all have joined
             errors.append(error)
 
     threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]

@@ -76,7 +76,7 @@ def failover_run(args: argparse.Namespace) -> dict[str, Any]:
                 body: dict[str, Any] = {
                     "model": model, "instructions": instructions, "input": f"Question {turn}.", "temperature": 0,
                     "max_output_tokens": _KILL_TURN_TOKENS if turn == args.kill_turn else args.max_tokens,
-                }  # fmt: skip
+                }
                 if previous is not None:
                     body["previous_response_id"] = previous
                 for attempt in range(2):

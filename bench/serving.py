@@ -63,8 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--waves", type=int, default=1, help="waves per level; the median one is reported (default 1)")
     parser.add_argument(
         "--relay", default="asyncio",
-        help=f"mlx-relay variants to run, each a phase of its own in this run, the first as the main contender: {', '.join(VARIANTS)} (default asyncio)",
-    )  # fmt: skip
+        help="mlx-relay variants to run, each a phase of its own in this run, the first as the main contender: "
+        f"{', '.join(VARIANTS)} (default asyncio)",
+    )
     parser.add_argument("--url", help="benchmark this running mlx-relay instead of starting one (it must serve --model)")
     parser.add_argument("--skip", default="", help=f"comma-separated baselines to leave out: {', '.join(PEERS)}")
     parser.add_argument("--out", type=Path, default=OUT, help="where the JSON, plot and logs go (default bench/out)")
@@ -259,7 +260,7 @@ def _variant_rows(results: report.Results, names: list[str], levels: tuple[int, 
                 str(n), name, f"{rate:.0f}" if rate else "-", f"{rate / base:.2f}x" if rate and base else "-",
                 f"{row['ttft_p50_ms']:.0f}" if row.get("ttft_p50_ms") is not None else "-",
                 f"{row['cpu_s_per_1k_tokens']:.2f}" if row.get("cpu_s_per_1k_tokens") is not None else "-",
-            ))  # fmt: skip
+            ))
     return rows
 
 
@@ -295,7 +296,7 @@ def _publish(args: argparse.Namespace, workload: Workload, results: report.Resul
     print("\nMarkdown:\n\n" + report.markdown_table(table) + "\n")
     payload = {"workload": {"concurrency": list(levels), "max_tokens": workload.max_tokens,
                             "requests_per_client": workload.requests_per_client, "waves": workload.waves},
-               "meta": meta, "results": results}  # fmt: skip
+               "meta": meta, "results": results}
     report.write_json(args.out / "serving.json", payload)
     report.plot(args.out / "serving.png", results, levels, title)
     print(f"wrote {args.out / 'serving.json'} and {args.out / 'serving.png'}")

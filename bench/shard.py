@@ -57,7 +57,7 @@ def decode(generator: Any, rows: int, tokens: int, seeded: bool) -> dict[str, fl
     generator.insert(
         PROMPT[:rows], max_tokens=[tokens] * rows, caches=None, all_tokens=[[] for _ in range(rows)],
         samplers=_samplers(rows, seeded), logits_processors=[[] for _ in range(rows)],
-    )  # fmt: skip
+    )
     produced, started, counted, steps = 0, 0.0, 0, 0
     channel = getattr(generator, "channel", None)
     before = (channel.seconds, channel.calls) if channel is not None else (0.0, 0)
@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     many = sharded(args, args.out)
     print(f"model {args.model}; {args.ranks} ranks on ONE machine: overhead only, not the gain of more hosts")
     print(f"step message alone (empty all_sum of a 4 KiB frame): {many['ping_us']} us")
-    print(f"{'rows':>4} {'sampling':>8} {'1 rank tok/s':>13} {f'{args.ranks} ranks tok/s':>14} {'ratio':>6} {'step msg us':>12}")
+    ranks = f"{args.ranks} ranks tok/s"
+    print(f"{'rows':>4} {'sampling':>8} {'1 rank tok/s':>13} {ranks:>14} {'ratio':>6} {'step msg us':>12}")
     for a, b in zip(one, many["runs"]):
         kind = "seeded" if a["seeded"] else "greedy"
         ratio = b["tokens_per_s"] / a["tokens_per_s"]

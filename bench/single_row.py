@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'way':>16}  {'wall ms/tok med':>15}  {'best':>6}  {'CPU ms/tok med':>14}  {'best':>6}")
     for name, rows in timings.items():
         walls, cpus = [w for w, _ in rows], [c for _, c in rows]
-        print(f"{name:>16}  {statistics.median(walls):15.3f}  {min(walls):6.3f}  {statistics.median(cpus):14.3f}  {min(cpus):6.3f}")
+        wall, cpu = statistics.median(walls), statistics.median(cpus)
+        print(f"{name:>16}  {wall:15.3f}  {min(walls):6.3f}  {cpu:14.3f}  {min(cpus):6.3f}")
 
 
 def _ways(model: Any, prompt: list[int], tokens: int) -> dict[str, Callable[[], list[int]]]:

@@ -41,7 +41,7 @@ COLUMNS = (
     "seconds", "rss_mb", "rss_less_cache_mb", "prompt_cache_mb", "prompt_cache_entries",
     "store_mb", "store_entries",
     "mx_active_mb", "mx_cache_mb", "requests", "errors",
-)  # fmt: skip
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -121,7 +121,8 @@ async def _sample(
         print(
             f"{row['seconds']:7.0f} s  rss {row['rss_mb']:7.1f} MB (less cache {row['rss_less_cache_mb']:7.1f})"
             f"  prompt cache {row['prompt_cache_mb']:6.1f} MB"
-            f" ({row['prompt_cache_entries']:.0f})  store {row['store_mb']:5.1f} MB  mx active {row['mx_active_mb']:6.1f}"
+            f" ({row['prompt_cache_entries']:.0f})  store {row['store_mb']:5.1f} MB"
+            f"  mx active {row['mx_active_mb']:6.1f}"
             f" cache {row['mx_cache_mb']:6.1f}  requests {row['requests']:.0f}  errors {row['errors']:.0f}",
             flush=True,
         )

@@ -18,6 +18,7 @@ the price. Writes step_budget.json under --out.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import threading
 import time
@@ -81,7 +82,7 @@ def _during_long_prompt(url: str, streams: int, prompt_tokens: int) -> dict[str,
         stop.set()
         for thread in threads:
             thread.join()
-    pairs = [(earlier, later) for times in arrivals for earlier, later in zip(times, times[1:])]
+    pairs = [(earlier, later) for times in arrivals for earlier, later in itertools.pairwise(times)]
     gaps = [later - earlier for earlier, later in pairs if began <= later <= ended]
     quantiles = {f"p{q}_ms": round((percentile(gaps, q) or 0.0) * 1000, 1) for q in (50, 95)}
     longest = round(max(gaps, default=0.0) * 1000, 1)

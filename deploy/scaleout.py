@@ -86,10 +86,10 @@ class Cluster:
             log = self.run_dir / f"replica-{index}.log"
             environment = {**os.environ, "MLX_RELAY_RESPONSE_STORE": self.store, **(env or {})}
             command = [sys.executable, "-m", "hypercorn", "app:app", "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "10",
-                       "--access-logfile", "-"]  # fmt: skip
+                       "--access-logfile", "-"]
             with log.open("wb") as out:
                 process = subprocess.Popen(command, cwd=REPO, env=environment, stdout=out, stderr=subprocess.STDOUT,
-                                           start_new_session=True)  # fmt: skip
+                                           start_new_session=True)
             self.replicas.append(Replica(index, port, process, log))
         for replica in self.replicas:
             wait_healthy(replica.url, replica.process, replica.log)
@@ -105,7 +105,7 @@ class Cluster:
             # Failover within seconds: probe each replica every second, drop it after two misses.
             "--health-check-interval-secs", "1", "--health-failure-threshold", "2", "--load-monitor-interval", "2",
             "--log-level", "warn",
-        ]  # fmt: skip
+        ]
         return self._start_router(command, log, port)
 
     def start_haproxy(self, *, port: int | None = None) -> str:

@@ -38,7 +38,8 @@ def check_aliases(served: ServedModels) -> None:
 
 
 def served_as(served: ServedModels, request: GenerationRequest) -> str:
-    """The model name a reply carries: the alias the client asked by, else the id that answered (an adapter's or the base model's)."""
+    """The model name a reply carries: the alias the client asked by, else the id that answered (an adapter's or the
+    base model's)."""
     if request.model is not None and (request.model in served.aliases or request.model == served.base):
         # Asked by the base model's name, a default adapter answers under that name.
         return request.model
@@ -61,7 +62,7 @@ def work_served_as(served: ServedModels, model: str | None) -> str:
         raise invalid(
             f"The model `{model[:200]}` is a LoRA adapter; embeddings and scores come from the base model only: "
             f"ask for `{served.base}`", param="model", code="model_not_supported",
-        )  # fmt: skip
+        )
     if served.adapters and not served.knows(model):
         raise not_found(model, "model", served=(*served.ids, *served.aliases))
     return model if model in served.aliases else served.base

@@ -82,7 +82,7 @@ class Tracing:
             "mlx_relay.request_id": record.request_id, "mlx_relay.trace_id": pending.trace_id,
             "mlx_relay.finish_reason": record.finish_reason, "gen_ai.usage.input_tokens": record.prompt_tokens,
             "gen_ai.usage.output_tokens": record.completion_tokens, "mlx_relay.cached_tokens": record.cached_tokens,
-        }  # fmt: skip
+        }
         span = tracer.start_span(
             f"POST {pending.route}", context=pending.context, kind=SpanKind.SERVER, start_time=start, attributes=attributes
         )
@@ -90,7 +90,7 @@ class Tracing:
 
         inside = set_span_in_context(span)
         stages = [(name, _ns(value)) for name, value in
-                  (("queue", record.queue), ("prefill", record.prefill), ("decode", record.decode))]  # fmt: skip
+                  (("queue", record.queue), ("prefill", record.prefill), ("decode", record.decode))]
         at = end - sum(duration for _, duration in stages)
         tracer.start_span("prepare", context=inside, start_time=start).end(end_time=max(start, at))
         for name, duration in stages:

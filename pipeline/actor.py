@@ -41,7 +41,7 @@ class Item(Protocol):
     def reply(self) -> ReplySlot[Any]: ...
 
 
-I = TypeVar("I", bound=Item)
+ItemT = TypeVar("ItemT", bound=Item)
 T = TypeVar("T")
 
 
@@ -61,7 +61,7 @@ def isolated(
         raise
     except RequestError as error:
         deliver(error)
-    except Exception as error:  # noqa: BLE001 -- the isolation boundary itself
+    except Exception as error:  # the isolation boundary itself (logged, so a blind except is allowed)
         log.error("request.internal_error", **reply.log_context, failed_stage=stage, exc_info=error)
         deliver(internal_error())
 
@@ -73,12 +73,12 @@ def isolated_task(name: str, *, on_error: Callable[[], None] = lambda: None) -> 
         yield
     except _ACTOR_FAILURES:
         raise
-    except Exception as error:  # noqa: BLE001 -- the isolation boundary itself
+    except Exception as error:  # the isolation boundary itself (logged, so a blind except is allowed)
         log.error("task.failed", task=name, exc_info=error)
         on_error()
 
 
-async def serve_items(inbox: MemoryObjectReceiveStream[I], handle: Callable[[I], Awaitable[None]], *, stage: str) -> None:
+async def serve_items(inbox: MemoryObjectReceiveStream[ItemT], handle: Callable[[ItemT], Awaitable[None]], *, stage: str) -> None:
     """An actor's loop: each item is skipped once its reader left, else handled in isolation."""
     async for item in inbox:
         if item.reply.done:

@@ -2,7 +2,7 @@
 
 A request holds one ticket from `enter()` until its reply is done. The
 bound is the batch plus the pending queue; a request that cannot get a
-ticket within the admission timeout is refused with 429 (S11), and once
+ticket within the admission timeout is refused with 429 (docs/STYLE.md, "Admission"), and once
 the engine drains every new request gets 503.
 """
 

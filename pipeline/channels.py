@@ -1,7 +1,7 @@
 """Bounded channels between stages, and the per-request reply slot.
 
 Every channel in the engine is made by `open_channel` with an explicit,
-finite bound (S4). The reply path is different: the sink must never wait
+finite bound (docs/STYLE.md, "Bounded channels"). The reply path is different: the sink must never wait
 on a slow client, so each request gets a `ReplySlot`, a single slot whose
 `put()` never blocks and merges events while the reader is behind
 (vLLM's `RequestOutputCollector`).
@@ -56,7 +56,7 @@ class ReplySlot(Generic[R]):
     `finish` and `fail`; each returns False once the slot is done, which
     tells the producer to drop the request. The reader awaits `accepted()`,
     iterates event batches, then reads `summary`. `close()` is synchronous
-    so that it is safe in a cancelled task (S9); if a row is running,
+    so that it is safe in a cancelled task (docs/STYLE.md, "Cleanup in cancelled tasks"); if a row is running,
     `close()` and `fail()` call the abort hook the gateway bound with
     `bind_abort`.
     """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Union, cast
+from typing import cast
 
 import attrs
 
@@ -88,7 +88,7 @@ class Logprobs:
     top: tuple[tuple[TokenLogprob, ...], ...]
 
 
-CompletionEvent = Union[TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, ToolCall, Logprobs]
+CompletionEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCall | Logprobs
 
 
 def append_text(events: list[CompletionEvent], event: TextDelta | ReasoningDelta) -> None:
@@ -141,7 +141,7 @@ def content_runs(events: Sequence[CompletionEvent]) -> list[TextDelta | Reasonin
     return cast("list[TextDelta | ReasoningDelta | ToolCall]", runs)  # only those were appended
 
 
-StreamRun = Union[TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, ToolCall]
+StreamRun = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCall
 
 
 def stream_runs(events: Sequence[CompletionEvent], *, join: bool = True) -> list[StreamRun]:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Union
 
 import attrs
 
-JsonValue = Union[str, int, float, bool, None, list["JsonValue"], dict[str, "JsonValue"]]
+JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
 JsonObject = dict[str, JsonValue]
 
 
@@ -207,7 +206,7 @@ class ClearToolUses:
     clear_inputs: bool | frozenset[str] = False
 
 
-ContextEdit = Union[ClearThinking, ClearToolUses]
+ContextEdit = ClearThinking | ClearToolUses
 
 
 @attrs.frozen(kw_only=True)
@@ -263,7 +262,7 @@ class TextRequest:
     model: str | None = None
 
 
-GenerationRequest = Union[ChatRequest, TextRequest]
+GenerationRequest = ChatRequest | TextRequest
 
 
 def with_cache_key(request: GenerationRequest, key: str | None) -> GenerationRequest:

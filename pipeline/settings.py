@@ -134,9 +134,11 @@ class Settings:
     # Seconds a request body may take to arrive before a 408.
     body_timeout: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
 
-    # Embeddings from the chat model: its last hidden states pooled over the input ("mean") or the last token's ("last").
+    # Embeddings from the chat model: its last hidden states pooled over the input ("mean") or the last token's
+    # ("last").
     embedding_pooling: str = attrs.field(default="mean", converter=_lower, validator=attrs.validators.in_(("mean", "last")))
-    # A dedicated embedding model served beside the chat model, as MLX_RELAY_MODEL takes one (stages/models/embedding.py).
+    # A dedicated embedding model served beside the chat model, as MLX_RELAY_MODEL takes one
+    # (stages/models/embedding.py).
     embedding_model: str | None = None
     # Its pooling when it ships no sentence-transformers Pooling config ("last": decoder embedding models' usual).
     embedding_model_pooling: str = attrs.field(default="last", converter=_lower, validator=attrs.validators.in_(("mean", "last")))

@@ -1,6 +1,6 @@
 """The supervisor: one inner task group that owns every long-lived actor.
 
-It lives one level below Quart's lifespan (S5): an actor crash cancels
+It lives one level below Quart's lifespan (docs/STYLE.md, "One owner for the tree"): an actor crash cancels
 its siblings here, is logged once, marks the engine dead, and the
 supervisor returns normally so `/health` can answer 503. A crash before
 every actor is ready is re-raised, so a server that cannot start says so.
@@ -25,7 +25,7 @@ class Actor(Protocol):
 
 @attrs.define
 class Supervisor:
-    """Starts actors in the given order (downstream first, S6) and watches them.
+    """Starts actors in the given order (downstream first; docs/STYLE.md, "Readiness from downstream") and watches them.
 
     `on_stop` runs synchronously once the tree has stopped, for any reason,
     so that the owner can fail every reply still open.

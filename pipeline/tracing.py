@@ -1,7 +1,7 @@
 """Request tracing: timestamps carried on messages, and structlog setup.
 
 Stages only stamp a `Timeline`; durations are computed here from the
-stamps (S22), so every log line about time reads from one clock.
+stamps (docs/STYLE.md, "Tracing"), so every log line about time reads from one clock.
 """
 
 from __future__ import annotations

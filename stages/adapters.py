@@ -134,7 +134,7 @@ class ServedModels:
         model = self.aliases.get(model, model)
         if model == self.embedding:
             raise invalid(f"The model `{model[:200]}` is an embedding model: it serves /v1/embeddings, rerank and score, "
-                          "not generation", param="model", code="model_not_supported")  # fmt: skip
+                          "not generation", param="model", code="model_not_supported")
         if not self.adapters or model == self.base:
             return None
         if any(adapter.name == model for adapter in self.adapters):

@@ -1,4 +1,4 @@
-"""The catalogue of messages that travel between stages (S14).
+"""The catalogue of messages that travel between stages (docs/STYLE.md, "Frozen messages").
 
 Each message is frozen; a stage that changes one makes a copy with
 `attrs.evolve`. Every message carries the request's `ReplySlot`, so a
@@ -202,7 +202,8 @@ class StepOutputs:
 
 
 def send_abort(aborts: MemoryObjectSendStream[Abort], request_id: str) -> None:
-    """Ask the gateway to drop a row before its next step; sync for S9.
+    """Ask the gateway to drop a row before its next step; it is sync
+    (docs/STYLE.md, "Cleanup in cancelled tasks").
 
     The control channel holds one abort per row, so it is never full; once
     the engine has stopped there is no row left to drop.

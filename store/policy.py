@@ -194,7 +194,7 @@ class StoreCounters:
                 kind=kind, location=location, entries=entries, bytes=size,
                 max_bytes=self.max_bytes, ttl_seconds=self.ttl_seconds, hits=self._hits, misses=self._misses,
                 evictions=self._evictions, expirations=self._expirations, oversized=self._oversized,
-            )  # fmt: skip
+            )
 
 
 @attrs.define

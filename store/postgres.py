@@ -119,7 +119,7 @@ class PostgresResponseStore:
             pool: ConnectionPool[Any] = ConnectionPool(
                 self._url, min_size=1, max_size=POOL_SIZE, open=False, timeout=self._connect_timeout,
                 name="mlx-relay-responses", kwargs={"connect_timeout": max(1, round(self._connect_timeout))},
-            )  # fmt: skip
+            )
             try:
                 pool.open(wait=True, timeout=self._connect_timeout)
                 self._pool = pool
@@ -236,4 +236,4 @@ def _encoded(row: tuple[Any, ...]) -> EncodedResponse:
     return EncodedResponse(
         id=str(response_id), created_at=float(created_at), instructions=instructions, body=body, input_items=input_items,
         size=int(size),
-    )  # fmt: skip
+    )

@@ -145,13 +145,12 @@ class SqliteResponseStore:
         return _encoded(row[:-1]).decode() if found else None
 
     def delete(self, response_id: str) -> bool:
-        with self._failures("delete"), self._lock:
-            with self._transaction() as db:
-                live = db.execute(
-                    "SELECT 1 FROM responses WHERE id = ? AND last_used_at > ?", (response_id, self._clock() - self._ttl)
-                ).fetchone()
-                db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
-                return live is not None
+        with self._failures("delete"), self._lock, self._transaction() as db:
+            live = db.execute(
+                "SELECT 1 FROM responses WHERE id = ? AND last_used_at > ?", (response_id, self._clock() - self._ttl)
+            ).fetchone()
+            db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+            return live is not None
 
     def statistics(self) -> ResponseStoreStatistics:
         with self._failures("statistics"), self._lock:

@@ -94,7 +94,7 @@ def start_server(log_dir: Path, **settings: str) -> Server:
     command = [
         sys.executable, "-m", "hypercorn", "app:app", "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "30",
         "--access-logfile", "-",
-    ]  # fmt: skip
+    ]
     with log_path.open("wb") as log_file:
         # A session of its own: hypercorn serves from a spawned worker process,
         # and teardown must be able to kill both.

@@ -46,7 +46,8 @@ CASES = (
          "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
          "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"),
         "<｜begin▁of▁sentence｜>", ("<｜end▁of▁sentence｜>",),
-        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}'
+        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     ),
     FamilyCase(
         "phi4", "microsoft-Phi-4-multimodal-instruct",
@@ -92,7 +93,8 @@ CASES = (
         "minimax", "MiniMaxAI-MiniMax-M2",
         ("]~!b[", "]~b]", "[e~[", "<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"),
         "]~!b[", ("[e~[",),
-        '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>',
+        '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+        "</invoke>\n</minimax:tool_call>",
     ),
     FamilyCase(
         "kimi", "moonshotai-Kimi-K2-Instruct",
@@ -103,4 +105,4 @@ CASES = (
         "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
         '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
     ),
-)  # fmt: skip
+)

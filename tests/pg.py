@@ -82,7 +82,7 @@ class PostgresServer:
             server._run(
                 "pg_ctl", "-D", str(root / "data"), "-l", str(root / "log"), "-w", "-t", str(int(_STARTUP_SECONDS)),
                 "-o", f"-h 127.0.0.1 -p {server.port} -k {root} -F -c fsync=off -c full_page_writes=off", "start",
-            )  # fmt: skip
+            )
         except (subprocess.CalledProcessError, OSError) as error:
             log = (root / "log").read_text(errors="replace")[-2000:] if (root / "log").exists() else ""
             shutil.rmtree(root, ignore_errors=True)

@@ -50,3 +50,48 @@ def test_the_configuration_page_documents_every_setting_and_no_other() -> None:
     settings = {PREFIX + field.name.upper() for field in attrs.fields(Settings)}
     assert settings - documented == set(), "settings missing from docs/configuration.md"
     assert documented - settings - OTHER_VARIABLES == set(), "docs/configuration.md documents no such setting"
+
+
+STYLE = REPO / "docs" / "STYLE.md"
+# Where comments and docs live: every tracked kind of source and prose outside the tool caches.
+_CITING = [
+    path
+    for pattern in ("*.py", "*.md", "*.toml", "*.sh", "*.yml", "*.yaml")
+    for path in sorted(REPO.rglob(pattern))
+    if not ({".venv", ".git", ".ruff_cache", ".mypy_cache", ".pytest_cache"} & set(path.relative_to(REPO).parts))
+]
+# A rule cited by the first guide's number: an S and a number after "STYLE.md", or in parentheses.
+_NUMBERED = re.compile(r"STYLE\.md,? S\d|\(S\d{1,2}[,)]|[,;] S\d{1,2}\)")
+# A rule cited by name: the guide's path, a comma, then one or more section names, each in double quotes.
+_NAMED = re.compile(r'STYLE\.md, ((?:"[^"]+"(?:, )?)+)')
+
+
+def _style_sections() -> set[str]:
+    return {heading.strip() for heading in re.findall(r"^#{2,3} (.+)$", STYLE.read_text(), re.M)}
+
+
+def _citations(path: Path) -> list[tuple[int, str]]:
+    return [(number, line) for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)]
+
+
+def test_no_comment_cites_a_style_rule_by_number() -> None:
+    numbered = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in _CITING
+        for number, line in _citations(path)
+        if _NUMBERED.search(line)
+    ]
+    assert not numbered, f"cite docs/STYLE.md's sections by name, not the first guide's numbers: {numbered}"
+
+
+def test_every_cited_style_section_exists() -> None:
+    sections = _style_sections()
+    unknown = [
+        f"{path.relative_to(REPO)}:{number}: {name}"
+        for path in _CITING
+        for number, line in _citations(path)
+        for group in _NAMED.findall(line)
+        for name in re.findall(r'"([^"]+)"', group)
+        if name not in sections
+    ]
+    assert not unknown, f"docs/STYLE.md has no such section: {unknown}"

@@ -1,4 +1,4 @@
-"""The layering is a test, not a hope (docs/STYLE.md, DESIGN.md "Layout").
+"""The layering is a test, not a hope (docs/STYLE.md, "Layering is tested"; DESIGN.md "Layout").
 
 The rules come from DESIGN.md's Layout table itself, so the doc cannot drift from the code. Each row's
 "may import" cell, up to its first " — " (what follows is a note), names what code of ours the row's
@@ -66,11 +66,12 @@ MLX_CORE_ALLOWED = {
     # A sharded model: the group, each rank's slice, the step messages and their replay (every rank's model thread).
     "stages/shard/cluster.py", "stages/shard/transport.py", "stages/shard/replicated.py", "stages/shard/follower.py",
     "stages/shard/work.py",
-    # A vision-language model: its loading, the tiny-vl builder, and image rows encoded and prefilled on the model thread.
+    # A vision-language model: its loading, the tiny-vl builder, and image rows encoded and prefilled on the model
+    # thread.
     "stages/models/vlm.py", "stages/models/tiny_vl.py", "stages/model_thread/vision_rows.py",
     # A Whisper model: building tiny-whisper, loading, and a transcription on the speech model's thread.
     "stages/models/whisper.py",
-}  # fmt: skip
+}
 # The layers below the app where only the modules above may import mlx.core.
 MLX_CORE_CHECKED = ("pipeline/", "stages/", "wire/", "fleet/", "store/")
 # Folders whose code the table governs; tests/ and docs/ have rows too, but allow everything or hold no code.

@@ -1,4 +1,4 @@
-"""The source passes mypy --strict (STYLE.md S16): a type error fails the suite."""
+"""The source passes mypy --strict (docs/STYLE.md, "Strict typing"): a type error fails the suite."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Anthropic Messages requests → internal chat requests.
 
-Pure functions over decoded JSON (S17). `system` becomes the leading
+Pure functions over decoded JSON (docs/STYLE.md, "Pure wire"). `system` becomes the leading
 system message; user `tool_result` blocks become tool messages; assistant
 `tool_use` and `thinking` blocks become the turn's tool calls and
 reasoning; a final assistant message is a prefill the answer continues.

@@ -34,7 +34,7 @@ COUNTERS = frozenset(
         "response_store.hits", "response_store.misses", "response_store.evictions", "response_store.expirations",
         "response_store.oversized",
     }
-)  # fmt: skip
+)
 
 
 # The paths read by name besides the generic walk; tests/e2e/test_metrics.py finds each, and every
@@ -86,7 +86,7 @@ def snapshot_metrics(snapshot: JsonObject) -> list[Figure]:
         Figure("vllm:kv_cache_usage_perc", "KV held by running rows over the KV budget (1 = full)", kv_usage(snapshot)),
         Figure("vllm:num_preemptions", "Rows moved out of the batch under memory pressure",
                number_at(snapshot, PREEMPTIONS), counter=True),
-    ]  # fmt: skip
+    ]
     gateway = snapshot.get("gateway")
     if isinstance(gateway, dict) and gateway.get("speculation"):
         figures += [Figure(name, text, number_at(snapshot, path), counter=True) for name, text, path in SPEC_DECODE]

@@ -1,6 +1,6 @@
 """OpenAI Chat Completions and Completions requests → internal requests.
 
-Pure functions over decoded JSON (S17). A field that would change the
+Pure functions over decoded JSON (docs/STYLE.md, "Pure wire"). A field that would change the
 output but is not implemented is refused by name (`unsupported`), never
 dropped; fields that cannot change the output (`user`, `metadata`,
 `store`, `service_tier`) are accepted and ignored.

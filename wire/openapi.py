@@ -89,7 +89,7 @@ OPERATIONS = (
     *(Operation(method="post", path=f"/admin/models/{{name}}/{action}", summary=summary) for action, summary in (
         ("load", "Load a configured model now"), ("unload", "Unload a model now (its requests in flight fail)"),
         ("drain", "Unload a model once its requests in flight finish"))),
-)  # fmt: skip
+)
 
 
 @functools.cache
@@ -127,7 +127,7 @@ def _operation(operation: Operation) -> JsonObject:
         ok["text/event-stream"] = {"schema": {"type": "string"}}
     described: JsonObject = {
         "summary": operation.summary,
-        "operationId": f"{operation.method}_{operation.path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",
+        "operationId": f"{operation.method}_{_operation_path(operation.path)}",
         "responses": {"200": {"description": "Success", "content": ok}, "4XX": error_response, "5XX": error_response},
     }
     parameters: list[JsonValue] = [
@@ -146,6 +146,11 @@ def _operation(operation: Operation) -> JsonObject:
     return described
 
 
+def _operation_path(path: str) -> str:
+    """`/v1/responses/{response_id}` as `v1_responses_response_id`: the path part of an operationId."""
+    return path.strip("/").replace("/", "_").replace("{", "").replace("}", "")
+
+
 def _path_parameters(path: str) -> list[str]:
     return [part[1:-1] for part in path.split("/") if part.startswith("{") and part.endswith("}")]
 
@@ -162,7 +167,7 @@ _OPENAI_ERROR: JsonObject = {
                            "code": _NULLABLE_STRING},
         }
     },
-}  # fmt: skip
+}
 _ANTHROPIC_ERROR: JsonObject = {
     "type": "object",
     "required": ["type", "error"],

@@ -277,7 +277,7 @@ class ResponsesStream:
 
             def build(sequence: str, text: str) -> JsonValue:
                 return {"type": name, "sequence_number": sequence, "item_id": item_id, "output_index": index,
-                        "content_index": 0, "delta": text, **extra}  # fmt: skip
+                        "content_index": 0, "delta": text, **extra}
 
             template = self._text_frames[index, reasoning] = Splice.of(build, holes=2, event=name)
         self._sequence += 1

@@ -1,6 +1,6 @@
 """OpenAI Responses requests → internal chat requests.
 
-Decoding is two steps, both pure (S17): `decode_responses` validates a
+Decoding is two steps, both pure (docs/STYLE.md, "Pure wire"): `decode_responses` validates a
 body into `ResponsesRequest` (everything a 400 can be about, before any
 store lookup), and `to_chat` turns it — with the stored history that
 `previous_response_id` names spliced in front — into a `ChatRequest`.
@@ -227,7 +227,8 @@ def _parts(value: JsonValue, param: str) -> tuple[str, tuple[ImagePart, ...]]:
             continue
         if part.get("type") not in _TEXT_PARTS:
             raise invalid(
-                f"Invalid '{where}.type': {quote(part.get('type'))} is not supported; text and input_image parts are.",
+                f"Invalid '{where}.type': {quote(part.get('type'))} is not supported; "
+                "text and input_image parts are.",
                 param=f"{where}.type",
             )
         texts.append(as_str(part.get("text"), f"{where}.text"))

@@ -27,7 +27,7 @@ from wire.fields import as_list, as_object, as_str, named_tool, read_arguments, 
 HOSTED = frozenset(
     {"web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11", "file_search",
      "code_interpreter", "computer", "computer_use", "computer_use_preview", "image_generation", "mcp"}
-)  # fmt: skip
+)
 # The argument a custom tool's input travels in, inside the model's tool-call markup.
 INPUT = "input"
 _INPUT_SCHEMA: JsonObject = {"type": "object", "properties": {INPUT: {"type": "string"}}, "required": [INPUT]}

@@ -19,7 +19,7 @@ _PROMPT_KNOWN = frozenset({"model", "prompt", "add_special_tokens", "return_toke
 _CHAT_KNOWN = frozenset(
     {"model", "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens",
      "chat_template_kwargs", "tools", "return_token_strs"}
-)  # fmt: skip
+)
 
 
 def decode_tokenize(value: JsonValue) -> TokenizeRequest:

@@ -249,7 +249,7 @@ class DiskTier:
         return DiskStatistics(
             entries=len(self._files), bytes=self._bytes, max_bytes=self.max_bytes,
             last_restore_seconds=seconds, last_restore_at=at, **self._counts,
-        )  # fmt: skip
+        )
 
     def _folder(self, space: str) -> Path:
         if space == BASE_SPACE:

@@ -1,12 +1,11 @@
 """The disk tier's file format: one prompt-cache entry as a safetensors file.
 
-Written by hand here, readable by `mx.load`: the tokens the entry holds as
-an int32 tensor, each layer's keys and values (a quantized layer's packed
-values as uint32 with their `.scales` and `.biases`), and metadata naming the
-format, the KV scheme where it is quantized (`kv_scheme`, "q8g64"), the model's fingerprint, the entry's space (absent for the base
-model; an adapter's name and weights' fingerprint for an adapter's KV) and
-a CRC-32 of the data. Pure bytes in and out: no index, no MLX call, so the
-spill worker can write a file without the model thread.
+Written by hand here, readable by `mx.load`: the tokens the entry holds as an int32 tensor, each
+layer's keys and values (a quantized layer's packed values as uint32 with their `.scales` and
+`.biases`), and metadata naming the format, the KV scheme where it is quantized (`kv_scheme`,
+"q8g64"), the model's fingerprint, the entry's space (absent for the base model; an adapter's name
+and weights' fingerprint for an adapter's KV) and a CRC-32 of the data. Pure bytes in and out: no
+index, no MLX call, so the spill worker can write a file without the model thread.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ they live in a trie of their own and serve only rows of the same adapter.
 The lower tier keeps the same separation: an adapter's evicted entries go
 down under that adapter and come back only for its rows.
 
-Used on the gateway's model thread only (S12); the statistics are plain
+Used on the gateway's model thread only (docs/STYLE.md, "One model thread"); the statistics are plain
 ints, safe to read from the event loop.
 """
 

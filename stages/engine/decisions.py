@@ -26,9 +26,9 @@ from stages.families import choose_family
 from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools
 from stages.kv.machine import backend
-from stages.kv.plan import BudgetError, Fit, MemoryPlan
+from stages.kv.plan import BudgetError, Fit, MemoryPlan, assess
 from stages.kv.shape import FULL, KvScheme, ModelShape
-from stages.models.loading import ModelInfo, Tokenizer, load_weights
+from stages.models.loading import ModelInfo, Tokenizer, load_weights, resolve_model
 from stages.prompt.vision_chat import VisionPrompt
 from stages.models.weights import WeightForm, dequantized, float32_bytes, quantization, stored
 from stages.shard.caches import MirroredPromptCache
@@ -104,6 +104,35 @@ def prompt_cache(
     )
 
 
+def served_model(settings: Settings) -> ModelInfo:
+    """The model the settings name, its window capped by `context_limit` (fleet/'s per-model defaults)."""
+    info = resolve_model(settings.model, demo=settings.demo_model, name=settings.model_name)
+    if settings.context_limit:
+        # Every stage reads the window from the model's info, so the cap holds everywhere.
+        info = attrs.evolve(info, context_window=min(info.context_window, settings.context_limit))
+    return info
+
+
+def plan_memory(
+    settings: Settings, info: ModelInfo, *, adapter_bytes: int, cluster: Cluster | None
+) -> tuple[ModelInfo, Fit, WeightForm]:
+    """The memory plan and the weights' form, with `info` saying whether they are served as float32."""
+    fit = partial(
+        assess,
+        info.path,
+        context_window=info.context_window,
+        budget=settings.memory_budget,
+        prompt_cache=settings.prompt_cache_bytes,
+        max_batch=settings.max_batch,
+        prefill_step=settings.prefill_step_size,
+        adapter_bytes=adapter_bytes,
+        share=rank_share(cluster, info.vocab_size),
+        kv=kv_scheme(settings, cluster),
+    )
+    planned, weights = plan_weights(settings, info, fit, cluster=cluster)
+    return attrs.evolve(info, float32_weights=weights.float32), planned, weights
+
+
 def rank_share(cluster: Cluster | None, vocab_size: int) -> Callable[[ModelShape], ModelShape] | None:
     """How one rank's share of the model is figured, for the memory plan; None in one process."""
     if cluster is None:
@@ -151,13 +180,15 @@ def kv_scheme(settings: Settings, cluster: Cluster | None) -> KvScheme:
     if settings.quantized_kv_start:
         raise KvSchemeError(
             f"{named} with MLX_RELAY_QUANTIZED_KV_START={settings.quantized_kv_start}: the continuous batch quantizes "
-            "every row from its first token (one batch layer cannot hold some rows quantized and others not); set it to 0"
+            "every row from its first token (one batch layer cannot hold some rows quantized and others not); "
+            "set it to 0"
         )
     return KvScheme(bits=settings.kv_bits, group_size=settings.kv_group_size)
 
 
 def model_loader(info: ModelInfo, cluster: Cluster | None, scheme: KvScheme) -> Callable[[], object]:
-    """What the gateway calls to load the weights, refusing at load (before any row) a model the KV scheme cannot serve."""
+    """What the gateway calls to load the weights, refusing at load (before any row) a model the KV scheme cannot
+    serve."""
     if cluster is not None:
         return partial(cluster.load, info.path)
     if not scheme.quantized:

@@ -2,7 +2,7 @@
 
 `Engine.run` resolves and loads the model, wires parse → chat | text →
 prepare → gateway → sink with bounded channels, and runs them under one
-`Supervisor`. `submit` is the only way in (admission first, S11); `drain`
+`Supervisor`. `submit` is the only way in (admission first; docs/STYLE.md, "Admission"); `drain`
 is the only way out: it refuses new work, closes the parse inbox so that
 closing cascades stage by stage, and waits (bounded) for rows in flight to
 finish before the model thread stops.
@@ -18,7 +18,7 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.admission import Admission, AdmissionStatistics
+from pipeline.admission import Admission
 from pipeline.channels import Channel, ReplySlot, open_channel
 from pipeline.errors import engine_dead, shutting_down
 from pipeline.observe import NullObserver, RequestObserver
@@ -28,16 +28,16 @@ from pipeline.supervision import Actor, Supervisor
 from pipeline.tracing import Timeline
 from stages.adapters import AdapterError, ServedModels, not_found, read_adapters
 from stages.cache.disk import DiskTier
-from stages.cache.prompt import PromptCacheStatistics
-from stages.engine.decisions import choose_markup, disk_tier, kv_scheme, plan_weights, rank_share, vision_prompt
+from stages.engine.decisions import choose_markup, disk_tier, plan_memory, served_model, vision_prompt
 from stages.engine.model_side import ModelSide, make_gateway
-from stages.engine.work_service import ModelWork, dedicated_work, hidden_size
+from stages.engine.reports import AdmissionReport, EngineStatistics, TokenCount
+from stages.engine.work_service import ModelWork, chat_model_work, open_embedder
 from stages.families.base import Family
-from stages.kv.plan import Fit, assess
+from stages.kv.plan import Fit
 from stages.messages import Abort, Decoder, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
-from stages.model_thread.exclusive import ExclusiveQueue, ExclusiveStatistics
-from stages.model_thread.gateway import GatewayStatistics, GenerationGateway
-from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer, resolve_model
+from stages.model_thread.exclusive import ExclusiveQueue
+from stages.model_thread.gateway import GenerationGateway
+from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer
 from stages.models.weights import WeightForm
 from stages.prompt.chat import ChatJobs, render_edited
 from stages.prompt.constraints import ConstraintCompiler
@@ -59,38 +59,6 @@ log = structlog.get_logger(stage="engine")
 # Steps delivered to the sink and not yet taken; the model thread waits once
 # the gateway's `steps_ahead` more are undelivered on its side of the crossing.
 _STEP_BUFFER = 4
-
-
-@attrs.frozen(kw_only=True)
-class TokenCount:
-    """A prompt's tokens; with context edits, also its tokens before them."""
-
-    input_tokens: int
-    original_input_tokens: int | None = None
-
-
-@attrs.frozen(kw_only=True)
-class AdmissionReport(AdmissionStatistics):
-    """The queue's admission figures, and memory admission's."""
-
-    max_safe_context: int
-    memory_budget_bytes: int
-    usable_bytes: int
-    weights_bytes: int
-
-
-@attrs.frozen(kw_only=True)
-class EngineStatistics:
-    admission: AdmissionReport
-    gateway: GatewayStatistics
-    prompt_cache: PromptCacheStatistics | None
-    # Embeddings and scores: their queue and the model thread's time on them.
-    exclusive: ExclusiveStatistics
-    # Rows whose text state the sink holds; 0 whenever no request is in flight.
-    sink_rows: int
-    submitted: int
-    running: bool
-    dead: bool
 
 
 @attrs.define
@@ -161,19 +129,14 @@ class Engine:
         if settings.shard:
             # Blocks until every rank mlx.launch started has joined.
             self._cluster = await anyio.to_thread.run_sync(partial(join, settings.shard, timeout=settings.shard_timeout))
-        self.info = await anyio.to_thread.run_sync(
-            partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
-        )
-        if settings.context_limit:
-            # A window below the model's own (per-model defaults, fleet/): every stage reads the window from here.
-            self.info = attrs.evolve(self.info, context_window=min(self.info.context_window, settings.context_limit))
+        self.info = await anyio.to_thread.run_sync(served_model, settings)
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
         vision = await anyio.to_thread.run_sync(partial(vision_prompt, settings, self.info, self.tokenizer))
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
         beside_bytes = await self._open_embedder() + (vision.held_bytes if vision else 0)
         self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases),
                                    embedding=self.embedder.name if self.embedder else None,
-                                   default_adapter=settings.default_adapter)  # fmt: skip
+                                   default_adapter=settings.default_adapter)
         if self._cluster is not None:
             # Followers replay the generator's calls: an adapter mounted on rank 0 alone would split the group.
             if adapters:
@@ -182,35 +145,29 @@ class Engine:
             self._exclusive.run_chunks_with(ReplicatedWork(self._cluster.step_log))
         self._encoder = await anyio.to_thread.run_sync(BoundedEncoder.of, self.tokenizer)
         self.family, self._preamble = await anyio.to_thread.run_sync(partial(choose_markup, settings, self.tokenizer))
-        self.work = ModelWork(
-            queue=self._exclusive, tokenizer=self.tokenizer, encoder=self._encoder, reservation=self._tokenizing,
-            info=self.info, preamble=self._preamble, pooling="last" if settings.embedding_pooling == "last" else "mean",
-            max_input_tokens=min(settings.embedding_max_tokens, self.info.context_window),
-            hidden_size=await anyio.to_thread.run_sync(hidden_size, self.info.path),
-            max_request_tokens=settings.exclusive_max_tokens, vision=vision,
-        )  # fmt: skip
-        fit = partial(
-            assess, self.info.path, context_window=self.info.context_window, budget=settings.memory_budget,
-            prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch,
-            prefill_step=settings.prefill_step_size, adapter_bytes=self.served.adapter_bytes + beside_bytes,
-            share=rank_share(self._cluster, self.info.vocab_size), kv=kv_scheme(settings, self._cluster),
-        )  # fmt: skip
-        planned = partial(plan_weights, settings, self.info, fit, cluster=self._cluster)
-        self.fit, self.weights = await anyio.to_thread.run_sync(planned)
-        self.info = attrs.evolve(self.info, float32_weights=self.weights.float32)
-        disk = None if not settings.model_in_process else await anyio.to_thread.run_sync(
-            partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters))
+        chat_work = partial(
+            chat_model_work, settings, self._exclusive, self.info, self._encoder, self._tokenizing, self._preamble, vision
+        )
+        self.work = await anyio.to_thread.run_sync(chat_work)
+        adapter_bytes = self.served.adapter_bytes + beside_bytes
+        planned = partial(plan_memory, settings, self.info, adapter_bytes=adapter_bytes, cluster=self._cluster)
+        self.info, self.fit, self.weights = await anyio.to_thread.run_sync(planned)
+        disk = None
+        if settings.model_in_process:
+            tier = partial(disk_tier, settings, self.info, self.fit.memory, cluster=self._cluster, adapters=adapters)
+            disk = await anyio.to_thread.run_sync(tier)
         self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
         memory = self.fit.memory
         log.info(
             "engine.starting", model=self.info.name, path=str(self.info.path), max_safe_context=memory.max_safe_context,
             memory_budget=memory.budget_bytes, prompt_cache_bytes=memory.prompt_cache_bytes,
             weights=self.weights.description,
-        )  # fmt: skip
+        )
         await self._supervisor.run(task_status=_Relay(task_status, self))
 
     def model_work(self, model: str | None) -> ModelWork:
-        """Who answers embeddings, rerank and score naming `model`: the dedicated model when it is named (or none is), else the chat model.
+        """Who answers embeddings, rerank and score naming `model`: the dedicated model when it is named (or none
+        is), else the chat model.
 
         Raises:
             RequestError: 404 `model_not_found` for an unknown name while two models are served.
@@ -225,16 +182,11 @@ class Engine:
         return self.work
 
     async def _open_embedder(self) -> int:
-        settings = self._settings
-        if settings.embedding_model is None:
-            return 0
-        if self._cluster is not None:
-            raise ValueError("MLX_RELAY_EMBEDDING_MODEL cannot be served with --shard (exclusive work runs on one process only)")
-        embedder, nbytes = await anyio.to_thread.run_sync(dedicated_work, settings, self._exclusive, self._tokenizing)
-        if embedder.name == self.info.name:
-            raise ValueError(f"MLX_RELAY_EMBEDDING_MODEL is served as {embedder.name!r}, the chat model's id too")
-        embedder.preload()
-        self.embedder = embedder
+        settings, sharded = self._settings, self._cluster is not None
+        opened = partial(open_embedder, settings, self._exclusive, self._tokenizing, chat=self.info.name, sharded=sharded)
+        self.embedder, nbytes = await anyio.to_thread.run_sync(opened)
+        if self.embedder is not None:
+            self.embedder.preload()
         return nbytes
 
     async def submit(self, *, request_id: str, trace_id: str, body: bytes, decode: Decoder) -> Reply:
@@ -288,16 +240,8 @@ class Engine:
         return self.statistics()
 
     def statistics(self) -> EngineStatistics:
-        memory = self.fit.memory
-        admission = AdmissionReport(
-            **attrs.asdict(self._admission.statistics()),
-            max_safe_context=memory.max_safe_context,
-            memory_budget_bytes=memory.budget_bytes,
-            usable_bytes=memory.usable_bytes,
-            weights_bytes=memory.weights_bytes,
-        )
         return EngineStatistics(
-            admission=admission,
+            admission=AdmissionReport.of(self._admission.statistics(), self.fit.memory),
             gateway=self._gateway.statistics(),
             prompt_cache=self._gateway.cache_statistics(),
             exclusive=self._exclusive.statistics(),
@@ -321,7 +265,8 @@ class Engine:
             inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer, family=self.family, observer=self._observer
         )
         watch: list[Actor] = [ShardWatch(cluster=self._cluster, on_lost=self._on_lost)] if self._cluster else []
-        # Started in this order: the model loads first, then downstream to upstream (S6).
+        # Started in this order: the model loads first, then downstream to upstream
+        # (docs/STYLE.md, "Readiness from downstream").
         return [
             *watch,
             self._gateway,

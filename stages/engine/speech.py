@@ -100,7 +100,7 @@ class SpeechEngine:
         """The speech model's thread: load, then run queued jobs as they arrive."""
         try:
             model = load_speech_model(self.info)
-        except BaseException as error:  # handed to the loop, which raises it as the start's failure
+        except BaseException as error:  # noqa: BLE001 -- handed to the loop, which raises it as the start's failure
             anyio.from_thread.run_sync(settle, error, token=token)
             return
         anyio.from_thread.run_sync(settle, None, token=token)

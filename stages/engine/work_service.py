@@ -47,7 +47,10 @@ from stages.prompt.vision_chat import VisionPrompt
 
 T = TypeVar("T")
 # Qwen3-Reranker's system line and default instruction, from its model card.
-_JUDGE = 'Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be "yes" or "no".'
+_JUDGE = (
+    "Judge whether the Document meets the requirements based on the Query and the Instruct provided. "
+    'Note that the answer can only be "yes" or "no".'
+)
 _INSTRUCT = "Given a web search query, retrieve relevant passages that answer the query"
 ScoreBy = Literal["judge", "cosine"]
 Vector = np.ndarray[Any, Any]
@@ -117,7 +120,7 @@ class ModelWork:
         )
         if tokens is None:
             raise invalid(f"prompt is too long: more than {window} tokens, this model's maximum", param="messages",
-                          code="context_length_exceeded")  # fmt: skip
+                          code="context_length_exceeded")
         return tokens
 
     async def tokenize(self, request: TokenizeRequest) -> tuple[list[int], list[str] | None]:
@@ -209,8 +212,9 @@ class ModelWork:
     def _answer_ids(self) -> tuple[int, int]:
         yes, no = (self._tokenizer.encode(word, add_special_tokens=False) for word in ("yes", "no"))
         if not yes or not no or yes[0] == no[0]:
-            raise invalid(f"The model '{self._info.name}' cannot score: its vocabulary does not tell 'yes' from 'no' in one token",
-                          param="model", code="model_not_supported")  # fmt: skip
+            raise invalid(f"The model '{self._info.name}' cannot score: "
+                          "its vocabulary does not tell 'yes' from 'no' in one token",
+                          param="model", code="model_not_supported")
         return yes[0], no[0]
 
     async def _inputs(self, inputs: Sequence[Input]) -> list[tuple[int, ...]]:
@@ -238,7 +242,7 @@ class ModelWork:
     def _too_long(self, param: str, limit: int | None = None) -> Exception:
         limit = self._max_input_tokens if limit is None else limit
         return invalid(f"'{param}' is too long: more than {limit} tokens, this model's maximum", param=param,
-                       code="context_length_exceeded")  # fmt: skip
+                       code="context_length_exceeded")
 
     def _check_ids(self, tokens: Sequence[int], param: str) -> None:
         vocab = self._info.vocab_size
@@ -251,6 +255,31 @@ class ModelWork:
             return await anyio.to_thread.run_sync(call, limiter=self._reservation.threads)
 
 
+def chat_model_work(
+    settings: Settings,
+    queue: ExclusiveQueue,
+    info: ModelInfo,
+    encoder: BoundedEncoder,
+    reservation: Reservation,
+    preamble: Family | None,
+    vision: VisionPrompt | None = None,
+) -> ModelWork:
+    """The chat model's own embeddings and scores (its last hidden states); reads its config, so off the loop."""
+    return ModelWork(
+        queue=queue,
+        tokenizer=encoder.tokenizer,
+        encoder=encoder,
+        reservation=reservation,
+        info=info,
+        preamble=preamble,
+        pooling="last" if settings.embedding_pooling == "last" else "mean",
+        max_input_tokens=min(settings.embedding_max_tokens, info.context_window),
+        hidden_size=hidden_size(info.path),
+        max_request_tokens=settings.exclusive_max_tokens,
+        vision=vision,
+    )
+
+
 def dedicated_work(settings: Settings, queue: ExclusiveQueue, reservation: Reservation) -> tuple[ModelWork, int]:
     """The work of `settings.embedding_model`, and its weights' bytes; off the loop and off the model thread.
 
@@ -259,7 +288,7 @@ def dedicated_work(settings: Settings, queue: ExclusiveQueue, reservation: Reser
     """
     assert settings.embedding_model is not None
     spec = read_embedding_model(settings.embedding_model, fallback="last" if settings.embedding_model_pooling == "last" else "mean",
-                                matryoshka=settings.embedding_matryoshka)  # fmt: skip
+                                matryoshka=settings.embedding_matryoshka)
     tokenizer = load_tokenizer(spec.info)
     sentence_transformers = (spec.info.path / "modules.json").is_file()
     score_by: ScoreBy = "judge" if settings.embedding_score == "judge" or (settings.embedding_score is None and not sentence_transformers) else "cosine"
@@ -268,8 +297,28 @@ def dedicated_work(settings: Settings, queue: ExclusiveQueue, reservation: Reser
         preamble=None, pooling=spec.pooling, max_input_tokens=min(settings.embedding_max_tokens, spec.info.context_window),
         hidden_size=spec.hidden_size, side=SideModel(load=partial(load_embedding_weights, spec)), matryoshka=spec.matryoshka,
         score_by=score_by, max_request_tokens=settings.exclusive_max_tokens,
-    )  # fmt: skip
+    )
     return work, spec.nbytes
+
+
+def open_embedder(
+    settings: Settings, queue: ExclusiveQueue, reservation: Reservation, *, chat: str, sharded: bool
+) -> tuple[ModelWork | None, int]:
+    """`dedicated_work` when an embedding model is set, refused where it cannot be served; (None, 0) when none is.
+
+    Raises:
+        ValueError: under --shard, or served under the chat model's id.
+    """
+    if settings.embedding_model is None:
+        return None, 0
+    if sharded:
+        raise ValueError(
+            "MLX_RELAY_EMBEDDING_MODEL cannot be served with --shard (exclusive work runs on one process only)"
+        )
+    work, nbytes = dedicated_work(settings, queue, reservation)
+    if work.name == chat:
+        raise ValueError(f"MLX_RELAY_EMBEDDING_MODEL is served as {work.name!r}, the chat model's id too")
+    return work, nbytes
 
 
 def hidden_size(path: Path) -> int | None:

@@ -1,14 +1,13 @@
 """What a model family's output markup is, as the markup splitter and the
 forced-call grammar read it.
 
-A `Family` names the model's think markers, the markers that open and
-close a tool call (a closer of None means the call runs to the next
-opener or to the end of the output, as when EOS ends it), openers that
-count only at a message boundary (Llama's bare JSON), layout markers that
-are removed from the answer and leave a boundary behind, a parser for one
-call section, a reader of an unfinished one (so arguments stream), and the
-Lark grammar of a forced call in the family's own markup; or, for output that is messages rather than text with markers in
-it (gpt-oss), a splitter of its own. Pure; no I/O.
+A `Family` names the model's think markers, the markers that open and close a tool call (a closer of
+None means the call runs to the next opener or to the end of the output, as when EOS ends it),
+openers that count only at a message boundary (Llama's bare JSON), layout markers that are removed
+from the answer and leave a boundary behind, a parser for one call section, a reader of an
+unfinished one (so arguments stream), and the Lark grammar of a forced call in the family's own
+markup; or, for output that is messages rather than text with markers in it (gpt-oss), a splitter of
+its own. Pure; no I/O.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ _COMMON = {
     "ESCAPED_STRING": r'"([^"\\]|\\.)*"', "LCASE_LETTER": r"[a-z]", "UCASE_LETTER": r"[A-Z]", "LETTER": r"[A-Za-z]",
     "WORD": r"[A-Za-z]+", "CNAME": r"[_A-Za-z][_A-Za-z0-9]*", "WS_INLINE": r"[ \t]+", "WS": r"[ \t\f\r\n]+",
     "CR": r"\r", "LF": r"\n", "NEWLINE": r"(\r?\n)+",
-}  # fmt: skip
+}
 _IMPORT = re.compile(r"^[ \t]*%import[ \t]+common\.([A-Z_]+)[ \t]*$", re.MULTILINE)
 _TERMINAL = re.compile(r"^[ \t]*([A-Z_][A-Z0-9_]*)(?:\.-?\d+)?[ \t]*:", re.MULTILINE)
 _IGNORE = re.compile(r"^[ \t]*%ignore[ \t]+([A-Z_][A-Z0-9_]*)", re.MULTILINE)

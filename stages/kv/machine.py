@@ -16,7 +16,7 @@ _APPLE_BANDWIDTH = {
     "M2": 100e9, "M2 Pro": 200e9, "M2 Max": 400e9, "M2 Ultra": 800e9,
     "M3": 100e9, "M3 Pro": 150e9, "M3 Max": 400e9, "M3 Ultra": 819e9,
     "M4": 120e9, "M4 Pro": 273e9, "M4 Max": 546e9,
-}  # fmt: skip
+}
 # 64 MiB: far past the CPU caches, and copied in ~20 ms.
 _PROBE_BYTES = 64 << 20
 

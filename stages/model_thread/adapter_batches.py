@@ -85,7 +85,8 @@ def make_generator(model: Any, adapters: Sequence[Adapter], make: Callable[[], A
 
 
 def adapter_kwargs(adapter: str | None) -> dict[str, Any]:
-    """What `insert` takes for a row of `adapter`: nothing for the base model, so a plain `BatchGenerator` takes it too."""
+    """What `insert` takes for a row of `adapter`: nothing for the base model, so a plain `BatchGenerator` takes it
+    too."""
     return {} if adapter is None else {"adapter": adapter}
 
 
@@ -134,7 +135,7 @@ class AdapterBatches:
 
     def remove(self, uids: Sequence[int], return_prompt_caches: bool = False) -> dict[int, Any]:
         caches: dict[int, Any] = {}
-        for name, group, pairs in self._by_group(uids):
+        for _name, group, pairs in self._by_group(uids):
             found = group.generator.remove([local for _, local in pairs], return_prompt_caches=return_prompt_caches)
             caches.update((uid, found[local]) for uid, local in pairs if local in found)
             for uid, local in pairs:

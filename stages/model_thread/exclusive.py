@@ -1,6 +1,6 @@
 """Exclusive model work: jobs the gateway's model thread runs between two decode steps.
 
-Embeddings and scores need the model, and MLX runs on one thread (S12), so
+Embeddings and scores need the model, and MLX runs on one thread (docs/STYLE.md, "One model thread"), so
 they cannot run beside generation: they are queued here and the gateway
 calls `between_steps` once per loop, after taking its intake. While rows
 are decoding, exclusive work gets `share` of the decode time (a job runs

@@ -6,7 +6,7 @@ sink; evicted prompt-cache entries to the disk tier's writer
 (`stages/cache/spiller.py`).
 Owns: the model, mlx-lm's `BatchGenerator`, the row table, the prompt cache
 (`stages/cache/prompt.py`) and the batch's KV account (`stages/kv/scheduler.py`),
-all on one long-lived model thread (S12). The thread never waits for the
+all on one long-lived model thread (docs/STYLE.md, "One model thread"). The thread never waits for the
 event loop (`stages/model_thread/handoff.py`): it takes new rows and aborts at the top of
 each step and hands the step's outputs, spills and failed rows over after
 it; it blocks only while it holds no row, or while `steps_ahead` steps are
@@ -21,7 +21,8 @@ step; the thread then frees the generator and the model.
 On error: a failure while admitting one row (its cache lookup, sampler,
 grammar matcher) fails that row alone (`pipeline/actor.py`), handed to its
 reply with that step's parcel. A failure of the step itself (MLX) is an
-engine failure and propagates (S20): the only one that marks the engine dead.
+engine failure and propagates (docs/STYLE.md, "Failures are values, crashes are fatal"): the only one
+that marks the engine dead.
 """
 from __future__ import annotations
 
@@ -90,8 +91,8 @@ class GatewayStatistics:
     mlx_cache_bytes: int
     # The crossing to the event loop: steps undelivered, and the model thread's waits.
     handoff: HandoffStatistics
-    # The step budget (stages/model_thread/step_budget.py): the last prefill chunk it chose (tokens a row), and the steps that
-    # ran past the target (a step's decoding rows alone, or a first chunk before the speed was known).
+    # The step budget (stages/model_thread/step_budget.py): the last prefill chunk it chose (tokens a row), and the
+    # steps that ran past the target (a step's decoding rows alone, or a first chunk before the speed was known).
     prefill_chunk: int = 0
     steps_over_budget: int = 0
     # Speculative decoding's proposals and what the target accepted (stages/model_thread/drafters.py); None when it is off.
@@ -137,7 +138,8 @@ class GenerationGateway:
     _single_row: bool = attrs.field(default=True, alias="single_row")
     # How the rows' KV is stored: quantized, every row starts with quantized layers (stages/models/quantized_kv.py).
     _kv_scheme: KvScheme = attrs.field(default=FULL, alias="kv_scheme")
-    # Seconds a step aims at: prefill chunks are sized to fit it (stages/model_thread/step_budget.py); None: fixed chunks.
+    # Seconds a step aims at: prefill chunks are sized to fit it (stages/model_thread/step_budget.py); None: fixed
+    # chunks.
     _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
     # Builds the batch's speculation from the loaded model (stages/engine/speculation.py); None: no speculative decoding.
     _speculate: Callable[[Any], Speculation] | None = attrs.field(default=None, alias="speculation")
@@ -226,7 +228,7 @@ class GenerationGateway:
         batch: Callable[[], Any] = partial(
             generator_class, model, stop_tokens=stops, completion_batch_size=self._max_batch,
             prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch), prefill_step_size=self._prefill_step_size,
-        )  # fmt: skip
+        )
         if self._speculate is not None:
             self._speculation = self._speculate(model)
             batch = speculating(batch, self._speculation)

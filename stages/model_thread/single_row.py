@@ -81,7 +81,8 @@ class SingleRow:
     _batch: Any = attrs.field(alias="batch")
     _model: Any = attrs.field(alias="model")
     _default_stops: Any = attrs.field(alias="default_stops")
-    # Prompt tokens a prefilling row takes per step; the gateway sizes it before each step (stages/model_thread/step_budget.py).
+    # Prompt tokens a prefilling row takes per step; the gateway sizes it before each step
+    # (stages/model_thread/step_budget.py).
     _prefill_step_size: int = attrs.field(alias="prefill_step_size")
     # The batch's stream: a row's arrays stay on the thread's own stream whichever side runs it.
     _stream: Any = attrs.field(alias="stream")
@@ -190,7 +191,7 @@ class SingleRow:
             uid=uid, cache=cache, fed=fed, remaining=row["prompt"], prompt_len=len(row["prompt"]),
             sampler=row.get("samplers") or greedy_sampler,
             processors=processors, matcher=stops.matcher(), stops=stops, max_tokens=row["max_tokens"],
-        )  # fmt: skip
+        )
         self.solo_rows += 1
 
     def _solo_step(self) -> tuple[list[Any], list[Any]]:
@@ -260,7 +261,7 @@ class SingleRow:
             # What the cache holds: the last token too, unless it was read at a hand-over before being fed.
             cache, tokens = _copied(solo.cache), list(solo.fed)
         return [GenerationBatch.Response(uid=solo.uid, token=token, logprobs=logprobs, finish_reason=finish,
-                                         prompt_cache=cache, all_tokens=tokens)]  # fmt: skip
+                                         prompt_cache=cache, all_tokens=tokens)]
 
     # -- into the batch -------------------------------------------------------
 
@@ -280,7 +281,7 @@ class SingleRow:
         (local,) = self._batch.insert(
             [prompt], max_tokens=[solo.max_tokens - solo.generated], caches=[solo.cache], all_tokens=[solo.fed],
             samplers=[solo.sampler], logits_processors=[solo.processors], stop_sequences=[solo.stops],
-        )  # fmt: skip
+        )
         self._inner[solo.uid], self._outer[local] = local, solo.uid
         self.handovers += 1
         return responses
@@ -330,6 +331,6 @@ def single_row(
     def build() -> SingleRow:
         batch = make()
         return SingleRow(batch=batch, model=model, default_stops=StopSequences(stop_tokens or None),
-                         prefill_step_size=prefill_step_size, stream=batch.stream)  # fmt: skip
+                         prefill_step_size=prefill_step_size, stream=batch.stream)
 
     return build

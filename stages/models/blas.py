@@ -1,13 +1,12 @@
 """Choose the BLAS that MLX's CPU backend calls, before `mlx` is imported.
 
-The Linux `mlx[cpu]` wheel links the reference BLAS. Loading another BLAS
-with RTLD_GLOBAL first interposes its `cblas_*` symbols: the system's
-OpenBLAS, which made a 1024x1024 float32 matmul about 35x faster on our
-build machines (DESIGN.md, "Speed on Linux CPUs"), else, where installing a
-system package is not an option (no root), Intel MKL's `libmkl_rt` from
-the `mkl` wheel (the `cpu` extra brings it on x86_64 Linux). OpenBLAS comes first: on
-the AMD EPYC build machines MKL ran the same matmul at about half its speed. On macOS and CUDA builds this is a no-op: MLX computes on
-Metal or the GPU there.
+The Linux `mlx[cpu]` wheel links the reference BLAS. Loading another BLAS with RTLD_GLOBAL first
+interposes its `cblas_*` symbols: the system's OpenBLAS, which made a 1024x1024 float32 matmul about
+35x faster on our build machines (DESIGN.md, "Speed on Linux CPUs"), else, where installing a system
+package is not an option (no root), Intel MKL's `libmkl_rt` from the `mkl` wheel (the `cpu` extra
+brings it on x86_64 Linux). OpenBLAS comes first: on the AMD EPYC build machines MKL ran the same
+matmul at about half its speed. On macOS and CUDA builds this is a no-op: MLX computes on Metal or
+the GPU there.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ _CORPUS_MODULES = (
     "math", "pathlib", "pickle", "pprint", "queue", "random", "re", "shutil",
     "statistics", "string", "tarfile", "textwrap", "threading", "typing",
     "unittest", "urllib.parse", "uuid", "zipfile",
-)  # fmt: skip
+)
 _PARAGRAPH = """\
 The server reads a request, renders the conversation with the model's chat
 template, and streams the answer back one token at a time. Small models are
@@ -133,7 +133,8 @@ DEMO_MODELS: Mapping[str, DemoSpec] = MappingProxyType(
         # The tiny model with a window that fits agent clients' prompts (Claude Code, Codex: 10k–30k tokens),
         # and a larger vocabulary: fewer prompt tokens, so a CPU prefills these prompts in time.
         "tiny-64k": attrs.evolve(_TINY, vocab_size=8192, max_position_embeddings=65536, ends_turns=True),
-        # Six heads, each its own KV head: splits evenly over two or three tensor-parallel ranks (tests of a sharded ring).
+        # Six heads, each its own KV head: splits evenly over two or three tensor-parallel ranks (tests of a sharded
+        # ring).
         "tiny-6h": attrs.evolve(_TINY, hidden_size=96, num_attention_heads=6, num_key_value_heads=6, intermediate_size=192),
     }
 )

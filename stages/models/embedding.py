@@ -87,7 +87,7 @@ def read_embedding_model(model: str, *, fallback: Pooling, matryoshka: str | Non
     kind = str(text.get("model_type", config.get("model_type", "")))
     if kind.lower() in _ENCODERS:
         raise EmbeddingModelError(f"embedding model {model!r} is an encoder ({kind}); only decoder embedding models "
-                                  "that mlx-lm loads are served (Qwen3-Embedding, gte-Qwen2, ...)")  # fmt: skip
+                                  "that mlx-lm loads are served (Qwen3-Embedding, gte-Qwen2, ...)")
     try:
         model_classes(config)
     except ValueError as error:
@@ -143,7 +143,7 @@ def _pooling(path: Path, fallback: Pooling, name: str) -> Pooling:
         return "mean"
     modes = sorted(key for key, value in config.items() if key.startswith("pooling_mode") and value)
     raise EmbeddingModelError(f"embedding model {name!r} pools by {modes or 'nothing'}; a causal model is served with "
-                              "last-token or mean pooling only")  # fmt: skip
+                              "last-token or mean pooling only")
 
 
 def _matryoshka(declared: str | None, config: dict[str, Any], width: int) -> Matryoshka | None:

@@ -312,8 +312,8 @@ def refusal(model: Any, scheme: KvScheme) -> str | None:
         mx.eval(model(mx.array([[0]]), cache=row_cache(model, scheme)))
     except ValueError as error:
         return (
-            f"MLX_RELAY_KV_BITS={scheme.bits} with MLX_RELAY_KV_GROUP_SIZE={scheme.group_size} cannot serve this model: "
-            f"{error}"
+            f"MLX_RELAY_KV_BITS={scheme.bits} with MLX_RELAY_KV_GROUP_SIZE={scheme.group_size} "
+            f"cannot serve this model: {error}"
         )
     return None
 

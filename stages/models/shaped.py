@@ -77,7 +77,7 @@ SHAPES: Mapping[str, Shape] = MappingProxyType(
                 "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
                 "attention_bias": False, "hidden_act": "silu", "torch_dtype": "bfloat16",
             },
-        ),  # fmt: skip
+        ),
         # https://huggingface.co/google/gemma-3-1b-it/blob/main/config.json
         # Every sixth layer is global (KVCache); the others slide over 512 tokens (RotatingKVCache).
         "gemma3-1b": Shape(
@@ -92,7 +92,7 @@ SHAPES: Mapping[str, Shape] = MappingProxyType(
                 "rope_local_base_freq": 10000, "query_pre_attn_scalar": 256, "sliding_window": 512,
                 "sliding_window_pattern": 6, "hidden_activation": "gelu_pytorch_tanh", "torch_dtype": "bfloat16",
             },
-        ),  # fmt: skip
+        ),
         # https://huggingface.co/Qwen/Qwen3.5-0.8B/blob/main/config.json (its text_config)
         # Three gated-delta (recurrent, ArraysCache) layers, then one full-attention (KVCache).
         "qwen3.5-0.8b": Shape(
@@ -110,7 +110,7 @@ SHAPES: Mapping[str, Shape] = MappingProxyType(
                                     "mrope_section": [11, 11, 10], "mrope_interleaved": True},
                 "torch_dtype": "bfloat16",
             },
-        ),  # fmt: skip
+        ),
     }
 )
 
@@ -165,7 +165,7 @@ def model_config(shape: Shape, layers: int, vocab: Mapping[str, int]) -> dict[st
     if config["model_type"] == "qwen3_5_text":
         # mlx-lm reads Qwen3.5 as its multimodal wrapper around a text_config.
         return {"model_type": "qwen3_5", "tie_word_embeddings": shape.tied, "text_config": config,
-                "eos_token_id": config["eos_token_id"], "shaped_from": shape.repo}  # fmt: skip
+                "eos_token_id": config["eos_token_id"], "shaped_from": shape.repo}
     return config
 
 

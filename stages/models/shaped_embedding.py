@@ -43,7 +43,7 @@ QWEN3_EMBEDDING_0_6B: Mapping[str, Any] = MappingProxyType(
         "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "attention_bias": False,
         "hidden_act": "silu", "tie_word_embeddings": True,
     }
-)  # fmt: skip
+)
 # name → (layers, dtype): float32 for the small one, as shaped.py does (MLX's CPU backend is slow in bfloat16).
 MODELS: Mapping[str, tuple[int, str]] = MappingProxyType(
     {"qwen3-embedding-0.6b": (28, "bfloat16"), "qwen3-embedding-0.6b-2l": (2, "float32")}
@@ -70,7 +70,7 @@ def _build(layers: int, dtype: str, dest: Path) -> None:
     vocab = write_tokenizer(dest, _VOCAB, context)
     config = {**QWEN3_EMBEDDING_0_6B, "num_hidden_layers": layers, "vocab_size": len(vocab), "torch_dtype": dtype,
               "bos_token_id": vocab["<|endoftext|>"], "eos_token_id": [vocab[t] for t in EOS_TOKENS],
-              "shaped_from": "Qwen/Qwen3-Embedding-0.6B"}  # fmt: skip
+              "shaped_from": "Qwen/Qwen3-Embedding-0.6B"}
     mx.random.seed(_SEED)
     arch = importlib.import_module("mlx_lm.models.qwen3")
     model: Any = arch.Model(arch.ModelArgs.from_dict(config))
@@ -84,7 +84,7 @@ def _build(layers: int, dtype: str, dest: Path) -> None:
     pooling = {"word_embedding_dimension": config["hidden_size"], "pooling_mode_cls_token": False,
                "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
                "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
-               "pooling_mode_lasttoken": True, "include_prompt": True}  # fmt: skip
+               "pooling_mode_lasttoken": True, "include_prompt": True}
     (dest / "1_Pooling").mkdir()
     _write(dest / "1_Pooling" / "config.json", pooling)
     (dest / "2_Normalize").mkdir()

@@ -83,7 +83,7 @@ class ChatJobs:
 _RESERVED_KWARGS = frozenset(
     {"tokenize", "continue_final_message", "add_generation_prompt", "return_dict", "messages", "conversation",
      "tools", "documents", "chat_template", "return_tensors", "padding", "truncation", "max_length"}
-)  # fmt: skip
+)
 
 
 def render_chat(

@@ -49,7 +49,7 @@ FORMATS = (
     FimFormat("santacoder", "<fim-prefix>", "<fim-suffix>", "<fim-middle>", ("<fim-pad>",)),
     FimFormat("codellama", "<PRE>", "<SUF>", "<MID>", ("<EOT>",), spaced=True),
     FimFormat("deepseek-coder", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
-)  # fmt: skip
+)
 
 
 @attrs.frozen

@@ -6,7 +6,8 @@ a chat template's render (`chat.py`) or a text prompt (`text.py`).
 Owns: nothing between requests.
 On cancel: a submission whose reply is closed is dropped unread.
 On error: bad JSON, JSON nested too deep, a decoder's `RequestError` or a
-job's (`text.py`: a suffix without infill) fails that reply (400); anything else fails it with 500 (`pipeline/actor.py`).
+job's (`text.py`: a suffix without infill) fails that reply (400); anything
+else fails it with 500 (`pipeline/actor.py`).
 """
 
 from __future__ import annotations

@@ -140,21 +140,22 @@ class PrepareStage:
         if tokens is None:
             # Past the limit: the exact count is not worth the work.
             raise self._refusal(job, at_most + 1, None if job.params.clamp_max_tokens else job.params.max_tokens,
-                                at_least=True) or invalid("The prompt is too long", param=_prompt_param(job))  # fmt: skip
+                                at_least=True) or invalid("The prompt is too long", param=_prompt_param(job))
         return tokens, (), ()
 
     def _room(self, job: PrepareJob) -> int:
         return prompt_room(self._context_window, self._max_safe_context, job.params)
 
     def _refusal(self, job: PrepareJob, prompt: int, wanted: int | None, *, at_least: bool) -> RequestError | None:
-        """The 400 for a prompt (of at least `prompt` tokens if `at_least`) that does not fit the window or the budget."""
+        """The 400 for a prompt (of at least `prompt` tokens if `at_least`) that does not fit the window or the
+        budget."""
         window = self._context_window
         safe = min(window, self._max_safe_context or window)
         # The memory budget's limit: a request past it fails here, before any model work.
         budget = f"This server's memory budget admits at most {safe} tokens per request (prompt plus completion)."
         return _past(job, prompt, wanted, f"This model's maximum context length is {window} tokens.", window,
                      "context_length_exceeded", at_least=at_least) or _past(
-            job, prompt, wanted, budget, safe, "context_over_budget", at_least=at_least)  # fmt: skip
+            job, prompt, wanted, budget, safe, "context_over_budget", at_least=at_least)
 
     async def _constrain(self, job: PrepareJob) -> CompiledConstraint | None:
         """The request's grammar, made under the constraint reservation and

@@ -23,7 +23,8 @@ _INSTRUCTIONS = (Role.SYSTEM, Role.DEVELOPER)
 
 
 def render_truncated(render: Callable[[ChatRequest], list[int]], request: ChatRequest, room: int) -> list[int]:
-    """The prompt tokens of `request` (`render` makes them), with its oldest exchanges dropped until it fits `room` tokens.
+    """The prompt tokens of `request` (`render` makes them), with its oldest exchanges dropped until it fits `room`
+    tokens.
 
     A conversation that fits is rendered whole; one whose latest exchange
     alone does not fit comes back with only that exchange (the preparation

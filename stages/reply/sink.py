@@ -1,7 +1,7 @@
 """Completion sink: token deltas → completion events on each reply.
 
 Inbox: `StepOutputs` from the gateway, one per decode step.
-Outbox: each request's `ReplySlot` (never blocks, S10), and an `Abort` on
+Outbox: each request's `ReplySlot` (never blocks; docs/STYLE.md, "Slow readers"), and an `Abort` on
 the gateway's control channel when a stop string ends a row early.
 Owns: per-row text state — mlx-lm's streaming detokenizer, the stop-string
 matcher, the markup splitter (reasoning and tool calls, `stages/reply/markup.py`),
@@ -10,7 +10,7 @@ token counts and the row's timeline — and the per-request
 log lines.
 On cancel: a row whose reader left drops its state at its next delta, or
 when the gateway reports it removed (`StepOutputs.removed`), whichever
-comes first; the reader's close already sent the gateway its `Abort` (S7).
+comes first; the reader's close already sent the gateway its `Abort` (docs/STYLE.md, "Cancellation through scopes").
 On error: each row's work is isolated (`pipeline/actor.py`): an exception
 while handling one row's tokens fails that reply with 500 (which aborts
 its row in the gateway) and drops its state; the other rows carry on.

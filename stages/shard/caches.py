@@ -111,7 +111,7 @@ class MirroredPromptCache(PromptCache):
         self.step_log.ops.append({
             "op": "fetch", "tokens": list(tokens), "session": session, "tokens_hit": hit and hit.tokens,
             "disk": chosen and [list(chosen[0]), chosen[1]], **self._gone(before),
-        })  # fmt: skip
+        })
         return hit
 
     def store(self, entry: Entry, *, replaces: Key | None = None) -> None:
@@ -124,7 +124,7 @@ class MirroredPromptCache(PromptCache):
             "op": "store", "handle": self.step_log.handles.number(entry.cache), "tokens": list(entry.tokens),
             "prompt_len": entry.prompt_len, "session": entry.session,
             "replaces": None if replaces is None else list(replaces), **self._gone(before),
-        })  # fmt: skip
+        })
 
     def _gone(self, before: set[Key]) -> dict[str, list[list[int]]]:
         """The entries no longer held, and which of them rank 0 spilled to disk."""

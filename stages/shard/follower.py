@@ -59,7 +59,7 @@ class Follower:
     def __init__(
         self, model: Any, group: mx.distributed.Group, on_step: Callable[[int], None] = lambda steps: None,
         open_disk: Callable[[], DiskTier | None] = lambda: None, doorbell: Callable[[], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._model, self._group, self._on_step, self._open_disk = model, group, on_step, open_disk
         self._handles = Handles()
         self._cache = PromptCache(max_bytes=_UNBOUNDED)
@@ -126,7 +126,7 @@ class Follower:
                 samplers=[greedy_sampler if local else FollowerSampler(self._group) for local in op["local"]],
                 logits_processors=[[] for _ in op["local"]],
                 stop_sequences=None if op.get("stops") is None else [StopSequences(stops) for stops in op["stops"]],
-            )  # fmt: skip
+            )
             if uids != op["uids"]:
                 raise Desync(f"rank 0 inserted {op['uids']}, this rank {uids}")
         elif kind == "remove":

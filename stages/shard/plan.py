@@ -30,4 +30,4 @@ def per_rank(shape: ModelShape, *, mode: str, ranks: int, vocab_size: int) -> Mo
     return attrs.evolve(
         shape, weights_bytes=embedding + math.ceil(layers_bytes * share), layers=layers,
         sliding_layers=min(layers, math.ceil(shape.sliding_layers * share)),
-    )  # fmt: skip
+    )

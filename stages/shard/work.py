@@ -38,7 +38,7 @@ def describe(work: object) -> dict[str, Any]:
     if isinstance(work, ScoreWork):
         return {"kind": "score", "inputs": [list(tokens) for tokens in work.inputs], "yes": work.yes, "no": work.no}
     raise invalid(f"{type(work).__name__} is not served while the model is sharded over several ranks",
-                  param="model", code="model_not_supported")  # fmt: skip
+                  param="model", code="model_not_supported")
 
 
 def build(spec: dict[str, Any]) -> Work[Any]:
@@ -84,7 +84,7 @@ class WorkReplay:
         try:
             with mx.stream(stream):
                 self._work.run_chunk(model, op["units"])
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 -- rank 0 logs the failure; this rank only drops the job
             # Rank 0's chunk failed the same way (same inputs, same code): its job fails, and it sends no more chunks.
             log.warning("follower.work_failed", job=op["job"], error=type(error).__name__)
             self._work = None

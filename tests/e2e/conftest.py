@@ -30,10 +30,10 @@ def plain_tokens(tokenizer: Tokenizer) -> list[int]:
     seen: set[str] = set()
     for token_id in range(tokenizer.get_vocab_size()):
         text = tokenizer.decode([token_id])
-        if len(text) >= 3 and text.isascii() and text.isalpha() and text not in seen:
-            if tokenizer.decode([token_id] * 3) == text * 3:
-                chosen.append(token_id)
-                seen.add(text)
+        word = len(text) >= 3 and text.isascii() and text.isalpha() and text not in seen
+        if word and tokenizer.decode([token_id] * 3) == text * 3:
+            chosen.append(token_id)
+            seen.add(text)
     assert len(chosen) >= 32
     return chosen
 

@@ -45,7 +45,7 @@ def start_sharded(log_dir: Path, *, model: str, ranks: int = 2, mode: str = "ten
     hostfile = log_dir / f"hosts-{port}.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{_free_port()}"] for _ in range(ranks)]))
     env = {**os.environ, "MLX_HOSTFILE": str(hostfile), "MLX_RELAY_DEMO_MODEL": "tiny",
-           **{f"MLX_RELAY_{k.upper()}": v for k, v in settings.items()}}  # fmt: skip
+           **{f"MLX_RELAY_{k.upper()}": v for k, v in settings.items()}}
     command = [sys.executable, "-m", "mlx_relay", "serve", "--model", model, "--shard", mode, "--port", str(port)]
     processes = []
     for rank in range(ranks):
@@ -54,7 +54,7 @@ def start_sharded(log_dir: Path, *, model: str, ranks: int = 2, mode: str = "ten
             processes.append(subprocess.Popen(
                 command, cwd=REPO, env={**env, "MLX_RANK": str(rank)}, stdout=log_file, stderr=subprocess.STDOUT,
                 start_new_session=True,
-            ))  # fmt: skip
+            ))
     sharded = Sharded(Server(f"http://127.0.0.1:{port}", processes[0], log_dir / f"shard-{port}-rank0.log"), processes[1:])
     started = time.monotonic()
     deadline = started + STARTUP_TIMEOUT

@@ -62,7 +62,7 @@ def test_stream_follows_the_event_grammar(server: Server, claude: anthropic.Anth
     start = events[0][1]["message"]
     assert isinstance(start, dict) and start["content"] == [] and start["stop_reason"] is None
     assert start["usage"]["input_tokens"] > 0  # type: ignore[index]
-    delta = [data for name, data in events if name == "message_delta"][0]
+    delta = next(data for name, data in events if name == "message_delta")
     assert delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
     assert delta["usage"]["output_tokens"] == 12  # type: ignore[index]
     text = "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta")  # type: ignore[index]

@@ -76,7 +76,7 @@ def stream_turn(client: openai.OpenAI, messages: list[Any], extra: dict[str, Any
     stream = client.chat.completions.create(
         model="opencode/model", messages=messages, tools=TOOLS, stream=True, stream_options={"include_usage": True},
         temperature=0, extra_body=extra, **fields,
-    )  # fmt: skip
+    )
     for chunk in stream:
         if chunk.usage is not None:
             assert chunk.choices == []
@@ -140,7 +140,7 @@ def test_continue_session_with_text_parts_reasoning_and_stops(replay: tuple[Serv
     # Continue's chat mode offers no tools; the history still holds the agent mode's call and result.
     reply = client.chat.completions.create(
         model="continue/model", messages=messages, stop=["\n\n\n"], max_tokens=8, temperature=0, extra_body=extra,
-    )  # fmt: skip
+    )
     choice = reply.choices[0]
     assert choice.finish_reason in ("stop", "length")
     assert "\n\n\n" not in (choice.message.content or "")
@@ -155,7 +155,7 @@ def test_a_response_format_on_an_opened_think_section_is_the_answer(replay: tupl
     reply = server.client().chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Is it ok?"}], max_tokens=16, temperature=0, extra_body=extra,
         response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
-    )  # fmt: skip
+    )
     message = reply.choices[0].message
     # The grammar writes the answer from the first token: none of it is reasoning.
     assert json.loads(message.content or "") in ({"ok": True}, {"ok": False})

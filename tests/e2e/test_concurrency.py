@@ -97,7 +97,10 @@ def test_a_stalled_reader_neither_stalls_others_nor_grows_the_crossing(
     steps held between the model thread and the loop never pass the bound (stages/model_thread/handoff.py)."""
     body = json.dumps({"model": "m", "messages": HELLO, "max_tokens": 1500, "stream": True, "logit_bias": no_eos})
     host, port = server.base_url.removeprefix("http://").split(":")
-    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     with socket.socket() as stalled:
         # A small window: the server's writes to this reader block soon.
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

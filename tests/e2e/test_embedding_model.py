@@ -40,7 +40,8 @@ def test_both_models_are_listed_with_their_own_windows(client: openai.OpenAI, se
 
 
 def test_the_request_model_chooses_which_model_embeds(client: openai.OpenAI, server: Server) -> None:
-    """The embedding model's vectors are its width; the chat model still answers when named; none named is the embedder."""
+    """The embedding model's vectors are its width; the chat model still answers when named; none named is the
+    embedder."""
     dedicated = client.embeddings.create(model=EMBEDDER, input=TEXTS)
     chat = client.embeddings.create(model=CHAT, input=TEXTS)
     assert (dedicated.model, _vectors(dedicated).shape) == (EMBEDDER, (4, 1024))
@@ -69,7 +70,7 @@ def test_declared_matryoshka_sizes_truncate_and_renormalize(client: openai.OpenA
 
 
 @pytest.mark.parametrize(("model", "dimensions", "words"), [(EMBEDDER, 300, "256, 512"), (EMBEDDER, 4096, "256, 512"),
-                                                            (CHAT, 32, "does not support Matryoshka")])  # fmt: skip
+                                                            (CHAT, 32, "does not support Matryoshka")])
 def test_a_size_not_declared_is_a_400_naming_dimensions(client: openai.OpenAI, model: str, dimensions: int, words: str) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.embeddings.create(model=model, input="x", dimensions=dimensions)
@@ -106,7 +107,7 @@ def test_rerank_with_the_embedding_model_is_cosine_similarity(client: openai.Ope
 def test_a_seeded_stream_is_unchanged_by_the_dedicated_models_work(server: Server, no_eos: dict[str, int]) -> None:
     """The embedding model runs on the chat model's thread between its steps, and the stream's tokens stay the same."""
     body = {"model": CHAT, "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 120,
-            "temperature": 1.0, "seed": 11, "logit_bias": no_eos, "logprobs": True}  # fmt: skip
+            "temperature": 1.0, "seed": 11, "logit_bias": no_eos, "logprobs": True}
     alone = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
     finished: list[float] = []
     stop = threading.Event()
@@ -139,7 +140,7 @@ def test_tokenize_and_detokenize_use_the_named_models_tokenizer(server: Server) 
     chat_window = httpx.get(f"{server.v1}/models/{CHAT}").json()["max_model_len"]
     text = "The tides of the ocean"
     answers = {name: httpx.post(f"{server.base_url}/tokenize", json={"model": name, "prompt": text}).json()
-               for name in (EMBEDDER, CHAT, None)}  # fmt: skip
+               for name in (EMBEDDER, CHAT, None)}
     assert answers[EMBEDDER]["max_model_len"] == 32768, answers
     assert answers[CHAT]["max_model_len"] == answers[None]["max_model_len"] == chat_window != 32768
     for name in (EMBEDDER, CHAT):

@@ -119,10 +119,11 @@ def test_tokenize_round_trips_and_counts_chats_like_count_tokens(server: Server)
 
 @pytest.mark.slow
 def test_a_seeded_stream_is_unchanged_by_embedding_work_between_its_steps(server_factory: ServerFactory, no_eos: dict[str, int]) -> None:
-    """Embeddings run on the model thread between the stream's steps (after every step here), and its tokens stay the same."""
+    """Embeddings run on the model thread between the stream's steps (after every step here), and its tokens stay
+    the same."""
     server = server_factory(exclusive_period="1", exclusive_share="1.0")
     body = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 120, "temperature": 1.0,
-            "seed": 11, "logit_bias": no_eos, "logprobs": True}  # fmt: skip
+            "seed": 11, "logit_bias": no_eos, "logprobs": True}
     alone = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
     finished: list[float] = []
     stop = threading.Event()

@@ -55,7 +55,7 @@ def test_chat_named_call(family_server: Server) -> None:
     completion = family_server.client().chat.completions.create(
         model="m", messages=ASK, tools=CHAT_TOOLS, max_tokens=96, temperature=0,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
-    )  # fmt: skip
+    )
     choice = completion.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
     call = choice.message.tool_calls[0]
@@ -66,7 +66,7 @@ def test_chat_named_call(family_server: Server) -> None:
 def test_chat_required_call_streamed(family_server: Server) -> None:
     # One call: a family without call markup would otherwise write a JSON list, which a random model may not close.
     body = {"model": "m", "messages": ASK, "tools": CHAT_TOOLS, "tool_choice": "required", "parallel_tool_calls": False,
-            "max_tokens": 96, "temperature": 0}  # fmt: skip
+            "max_tokens": 96, "temperature": 0}
     chunks = [c for c in stream_chunks(family_server, "/chat/completions", body) if isinstance(c, dict)]
     deltas = [c["choices"][0] for c in chunks if c["choices"]]  # type: ignore[index]
     calls = [call for d in deltas for call in d["delta"].get("tool_calls") or []]
@@ -77,7 +77,7 @@ def test_chat_required_call_streamed(family_server: Server) -> None:
 
 
 @pytest.mark.parametrize("choice", [{"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
-                                    {"type": "any", "disable_parallel_tool_use": True}])  # fmt: skip
+                                    {"type": "any", "disable_parallel_tool_use": True}])
 def test_messages_forced_call(family_server: Server, choice: dict[str, str]) -> None:
     tools: list[Any] = [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": PARAMETERS} for t in CHAT_TOOLS]
     message = family_server.anthropic_client().messages.create(
@@ -95,7 +95,7 @@ def test_responses_forced_call(family_server: Server, choice: Any) -> None:
     response = family_server.client().responses.create(
         model="m", input="Weather in Paris?", tools=tools, tool_choice=choice, max_output_tokens=96, temperature=0, store=False,
         parallel_tool_calls=False,
-    )  # fmt: skip
+    )
     calls = [item for item in response.output if item.type == "function_call"]
     assert calls, response.output
     assert calls[0].name == ("get_weather" if isinstance(choice, dict) else calls[0].name)
@@ -108,7 +108,7 @@ def test_tool_result_round_trip(family_server: Server) -> None:
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
-    ]  # fmt: skip
+    ]
     client = family_server.client()
     with_result = client.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS, max_tokens=4, temperature=0)
     without = client.chat.completions.create(model="m", messages=ASK, tools=CHAT_TOOLS, max_tokens=4, temperature=0)

@@ -28,7 +28,7 @@ SETTINGS = settings(
 scalars = (
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
     | st.sampled_from([2**64, -(2**63) - 1, 10**400, 1e308, -0.0, "", "\u0000", "\ud7ff\uffff", "🙂" * 50])
-)  # fmt: skip
+)
 json_values = st.recursive(
     scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=16
 )
@@ -45,7 +45,7 @@ tools = st.lists(
                                                                        optional={"parameters": json_values})}
     ),
     max_size=2,
-)  # fmt: skip
+)
 
 COMMON = {
     "model": st.just("m") | json_values,
@@ -75,7 +75,7 @@ FIELDS = {
         "tool_choice": json_values, "thinking": json_values,
     },
     "/v1/messages/count_tokens": {"model": COMMON["model"], "messages": messages | json_values, "system": json_values},
-}  # fmt: skip
+}
 # Keeps a body that happens to be valid short: these fields are set after generating.
 SHORT = {"max_tokens": 3, "max_completion_tokens": 3, "max_output_tokens": 16}
 

@@ -74,7 +74,7 @@ def test_sixteen_streams_without_max_tokens_run_together_where_they_fit(
     info = resolve_model(str(tiny_model))
     shape = read_model_shape(info.path, info.context_window)
     ample = server_factory(memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(info.context_window + 256))),
-                           prompt_cache_bytes=str(PROMPT_CACHE))  # fmt: skip
+                           prompt_cache_bytes=str(PROMPT_CACHE))
     assert_sixteen_start_together(ample)
 
 
@@ -132,7 +132,7 @@ def test_a_budget_too_small_for_sixteen_growing_rows_preempts_and_resumes_them(
     ample = server_factory(prompt_cache_bytes=str(PROMPT_CACHE))
     free, _ = run_all(ample, 540)
     tight = server_factory(memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(400))),
-                           prompt_cache_bytes=str(PROMPT_CACHE))  # fmt: skip
+                           prompt_cache_bytes=str(PROMPT_CACHE))
     fit = httpx.get(f"{tight.base_url}/fit", timeout=10).json()
     assert fit["memory"]["max_safe_context"] == info.context_window
     assert fit["memory"]["transient"]["backend"] == fit["machine"]["backend"]

@@ -37,7 +37,8 @@ def test_a_request_by_alias_is_answered_under_that_alias(aliased: Server) -> Non
 
 
 def test_embeddings_rerank_and_score_are_answered_under_the_alias_asked_by(aliased: Server) -> None:
-    """As OpenAI's replies do, `model` is the name the request used; a name that is no alias answers as the served id."""
+    """As OpenAI's replies do, `model` is the name the request used; a name that is no alias answers as the served
+    id."""
     client = aliased.client()
     assert client.embeddings.create(model="gpt-4o", input="Hi").model == "gpt-4o"
     assert client.embeddings.create(model="anything", input="Hi").model == "served"

@@ -91,7 +91,7 @@ def test_generated_requests_never_get_a_5xx(served_schema: Any, fuzz_server: Ser
     @settings(
         max_examples=12, deadline=None, database=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
         suppress_health_check=list(HealthCheck),
-    )  # fmt: skip
+    )
     def check(case: Any) -> None:
         _bounded(case)
         response = case.call(base_url=fuzz_server.base_url, headers={"x-api-key": KEY}, timeout=60)

@@ -30,7 +30,7 @@ def keyed(server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFactor
     return server_factory(
         api_key=f"@{key_file}", cors_origins=ORIGIN, max_body_bytes="4096", body_timeout="1",
         response_store=f"sqlite:///{tmp_path_factory.mktemp('store') / 'responses.db'}",
-    )  # fmt: skip
+    )
 
 
 def _openai(server: Server, key: str) -> openai.OpenAI:
@@ -55,7 +55,7 @@ def test_the_openai_sdk_authenticates_with_its_api_key(keyed: Server) -> None:
     assert refused.value.status_code == 401
     assert refused.value.body == {
         "message": "Incorrect API key provided", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"
-    }  # fmt: skip
+    }
 
 
 def test_the_anthropic_sdk_authenticates_with_its_api_key(keyed: Server) -> None:
@@ -73,7 +73,7 @@ def test_the_anthropic_sdk_authenticates_with_its_api_key(keyed: Server) -> None
     [("GET", "/v1/models"), ("GET", "/stats"), ("GET", "/fit"), ("GET", "/metrics"), ("GET", "/openapi.json"),
      ("POST", "/v1/chat/completions"), ("POST", "/v1/messages/count_tokens"), ("GET", "/v1/responses/resp_x"),
      ("DELETE", "/v1/responses/resp_x"), ("GET", "/no/such/route")],
-)  # fmt: skip
+)
 def test_every_route_but_health_needs_the_key(keyed: Server, method: str, path: str) -> None:
     """No key is a 401 before the route runs (an unknown route too: it tells nothing about what exists)."""
     response = httpx.request(method, keyed.base_url + path, json=CHAT if method == "POST" else None, timeout=30)

@@ -50,7 +50,7 @@ def _serving(
     process = subprocess.Popen(
         [str(SCRIPT), "serve", *args], cwd=REPO, env=_env(**settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         with httpx.Client(transport=transport, timeout=2) as client:

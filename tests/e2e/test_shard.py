@@ -92,7 +92,7 @@ CASES: dict[str, Ask] = {
     "messages-stream": messages(True),
     "responses": responses(False),
     "responses-stream": responses(True),
-}  # fmt: skip
+}
 
 
 def abort_one(server: Server) -> None:
@@ -141,7 +141,8 @@ def test_every_api_gives_one_process_output_with_rows_sharing_the_batch(pair: tu
     assert got == expected
     assert all(expected.values()), expected
     json.loads(got["chat-json-schema"])
-    # The aborted stream's row leaves once the server notices the client went: soon, not necessarily before the last reply.
+    # The aborted stream's row leaves once the server notices the client went: soon, not necessarily before the last
+    # reply.
     deadline = time.monotonic() + 30
     while (stats := httpx.get(f"{sharded.server.base_url}/stats", timeout=10).json()) and time.monotonic() < deadline:
         if stats["gateway"]["active"] == 0 and stats["sink_rows"] == 0:
@@ -234,7 +235,7 @@ def test_mlx_launch_starts_a_sharded_server(tmp_path: Path) -> None:
     port = _free_port()
     launcher = Path(sys.executable).parent / "mlx.launch"
     command = [str(launcher), "--backend", "ring", "-n", "2", "--python", sys.executable, "--",
-               "-m", "mlx_relay", "serve", "--model", "tiny", "--shard", "tensor", "--port", str(port)]  # fmt: skip
+               "-m", "mlx_relay", "serve", "--model", "tiny", "--shard", "tensor", "--port", str(port)]
     log_path = tmp_path / "launch.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
@@ -268,7 +269,7 @@ def test_three_ranks_give_one_process_output(tmp_path: Path) -> None:
         assert got == expected and all(expected.values()), expected
         texts = ["hello world", "the sea"]
         one, three = ([item.embedding for item in server.client().embeddings.create(model="m", input=texts, encoding_format="float").data]
-                      for server in (single, sharded.server))  # fmt: skip
+                      for server in (single, sharded.server))
         assert np.allclose(three, one, atol=1e-3)
     finally:
         single.kill()

@@ -6,14 +6,15 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
 from tests.conftest import ServerFactory
 
 pytest.importorskip("opentelemetry.sdk", reason="traces are the otel extra: pip install 'mlx-relay[otel]'")
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from opentelemetry.proto.trace.v1.trace_pb2 import Span  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 pytestmark = pytest.mark.slow
 
@@ -22,9 +23,9 @@ PARENT_ID = "00f067aa0ba902b7"
 
 
 class Receiver(BaseHTTPRequestHandler):
-    spans: list[Span] = []
+    spans: ClassVar[list[Span]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:  # http.server's name for it
         body = self.rfile.read(int(self.headers["content-length"]))
         if self.path == "/v1/traces":
             request = ExportTraceServiceRequest.FromString(body)
@@ -69,7 +70,7 @@ def test_a_request_is_a_span_with_a_child_per_stage_in_the_callers_trace(
     client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=3, temperature=0,
         extra_headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "x-request-id": "trace-me"},
-    )  # fmt: skip
+    )
     spans = spans_of(TRACE_ID, 5)
     (request,) = [span for span in spans if span.name == "POST /v1/chat/completions"]
     assert request.parent_span_id.hex() == PARENT_ID and request.kind == Span.SPAN_KIND_SERVER
@@ -79,7 +80,7 @@ def test_a_request_is_a_span_with_a_child_per_stage_in_the_callers_trace(
     children = sorted((span for span in spans if span.parent_span_id == request.span_id), key=lambda s: s.start_time_unix_nano)
     assert [span.name for span in children] == ["prepare", "queue", "prefill", "decode"]
     assert all(request.start_time_unix_nano <= c.start_time_unix_nano <= c.end_time_unix_nano <= request.end_time_unix_nano
-               for c in children)  # fmt: skip
+               for c in children)
     # A request without a traceparent starts a trace of its own.
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
     deadline = time.monotonic() + 30

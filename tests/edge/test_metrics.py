@@ -20,7 +20,7 @@ def record(**changes: object) -> RequestRecord:
     values: dict[str, object] = {
         "request_id": "r1", "finish_reason": "length", "prompt_tokens": 30, "completion_tokens": 4, "cached_tokens": 20, "queue": 0.01,
         "prefill": 0.2, "decode": 0.3, "first_token": 0.25, "total": 0.55,
-    }  # fmt: skip
+    }
     values.update(changes)
     return RequestRecord(**values)  # type: ignore[arg-type]
 
@@ -49,10 +49,10 @@ def test_requests_feed_vllms_histograms_and_counters() -> None:
     types, samples = scrape(metrics)
     for name in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
                  "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-                 "vllm:request_prompt_tokens", "vllm:request_generation_tokens"):  # fmt: skip
+                 "vllm:request_prompt_tokens", "vllm:request_generation_tokens"):
         assert types[name] == "histogram", name
     for name in ("vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success", "vllm:prefix_cache_queries",
-                 "vllm:prefix_cache_hits"):  # fmt: skip
+                 "vllm:prefix_cache_hits"):
         assert types[name] == "counter", name
     assert value(samples, "vllm:time_to_first_token_seconds_count", model_name="tiny") == 2
     assert value(samples, "vllm:time_to_first_token_seconds_sum", model_name="tiny") == 0.5

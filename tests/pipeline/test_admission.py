@@ -1,4 +1,4 @@
-"""pipeline/admission.py: a bounded number of requests in the engine (S11).
+"""pipeline/admission.py: a bounded number of requests in the engine (docs/STYLE.md, "Admission").
 
 On trio these run under a MockClock (see conftest.py), so a timeout is
 reached as soon as every task is blocked; on asyncio the timeouts are short.

@@ -25,7 +25,8 @@ def delta(text: str) -> list[CompletionEvent]:
 
 @pytest.mark.parametrize("capacity", [-1, math.inf], ids=["negative", "infinite"])
 def test_open_channel_refuses_unbounded_or_negative(capacity: float) -> None:
-    """Every channel has a finite, non-negative bound (S4); the error names the channel."""
+    """Every channel has a finite, non-negative bound, and the error names the channel
+    (docs/STYLE.md, "Bounded channels")."""
     with pytest.raises(ValueError, match="'steps'"):
         open_channel(capacity, name="steps")  # type: ignore[arg-type]
 
@@ -119,7 +120,8 @@ def test_on_done_runs_exactly_once(end: Callable[[ReplySlot[str]], None]) -> Non
 
 
 def test_close_calls_the_bound_abort_once() -> None:
-    """Closing a running reply tells the gateway to drop its row, exactly once (S7)."""
+    """Closing a running reply tells the gateway to drop its row, exactly once
+    (docs/STYLE.md, "Cancellation through scopes")."""
     aborts: list[str] = []
     slot: ReplySlot[str] = ReplySlot("r1")
     slot.bind_abort(lambda: aborts.append("r1"))

@@ -1,4 +1,5 @@
-"""pipeline/supervision.py: the supervisor owns the actors one level down (S5, S6, S20).
+"""pipeline/supervision.py: the supervisor owns the actors one level down
+(docs/STYLE.md, "One owner for the tree", "Readiness from downstream", "Failures are values, crashes are fatal").
 
 The actors here are small stand-ins written against the `Actor` protocol:
 the supervisor is LLM-free, so it is tested with actors that only wait,

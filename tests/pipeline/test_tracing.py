@@ -1,4 +1,4 @@
-"""pipeline/tracing.py: timelines of stamps, and durations computed from them (S22)."""
+"""pipeline/tracing.py: timelines of stamps, and durations computed from them (docs/STYLE.md, "Tracing")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""stages/adapters.py and stages/model_thread/adapter_batches.py: which adapter a request names, and rows of several adapters on one model.
+"""stages/adapters.py and stages/model_thread/adapter_batches.py: which adapter a request names, and rows of
+several adapters on one model.
 
 The adapters are random (tests/conftest.py `lora_adapters`); the reference is
 mlx-lm itself: `mlx_lm.load(adapter_path=...)` then `mlx_lm.generate`, greedy.
@@ -149,7 +150,8 @@ def run(generator: AdapterBatches, rows: list[tuple[str | None, list[int]]]) -> 
 
 
 def test_mixed_rows_each_equal_mlx_lm_with_their_adapter(tiny_model: Path, lora_adapters: dict[str, Path]) -> None:
-    """Base and two adapters in one generator: every row's greedy tokens equal mlx_lm.generate's with its adapter alone."""
+    """Base and two adapters in one generator: every row's greedy tokens equal mlx_lm.generate's with its adapter
+    alone."""
     rows: list[tuple[str | None, list[int]]] = [(name, prompt) for prompt in PROMPTS[:2] for name in (None, "lora-a", "lora-b")]
     _, _, generator = batches(tiny_model, lora_adapters)
     found, _ = run(generator, rows)

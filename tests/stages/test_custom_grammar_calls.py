@@ -51,7 +51,7 @@ add_line: "+" /(.*)/ LF -> line
 CUSTOM = Tool(
     name="shout", description="Says words.", parameters={"type": "object", "properties": {"input": {"type": "string"}}},
     input_grammar=Constraint(kind=ConstraintKind.GRAMMAR, spec=GRAMMAR, param="tools[0].format.definition"),
-)  # fmt: skip
+)
 WEATHER = Tool(name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris"]}}, "required": ["city"], "additionalProperties": False})
 HELD = [case for case in CASES if case.name not in ("harmony", "json")]
 
@@ -74,7 +74,8 @@ def accepts(tokenizer: Tokenizer, grammar: str, text: str) -> bool:
 
 
 def walk(tokenizer: Tokenizer, matcher: LLMatcher, *, seed: int | None, open_at: int | None, opener: int | None) -> list[int]:
-    """Tokens the grammar allows: seeded choices (or the lowest id), the opener at `open_at`, EOS once a call is made."""
+    """Tokens the grammar allows: seeded choices (or the lowest id), the opener at `open_at`, EOS once a call is
+    made."""
     rng = random.Random(seed)
     eos = set(tokenizer.eos_token_ids)
     tokens: list[int] = []

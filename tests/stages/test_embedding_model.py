@@ -128,11 +128,15 @@ def test_vectors_are_the_last_tokens_normalized_hidden_state_and_truncate_then_r
 
 
 def test_the_judgement_prompt_is_qwen3_rerankers_format(tokenizer: Tokenizer) -> None:
-    """Through a Qwen3-style template (ChatML, thinking off) the prompt is the model card's prefix + instruction + suffix."""
+    """Through a Qwen3-style template (ChatML, thinking off) the prompt is the model card's prefix + instruction +
+    suffix."""
     prefix = ('<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct '
-              'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n')  # fmt: skip
+              'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n')
     suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-    body = "<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n<Query>: tides\n<Document>: the sea"
+    body = (
+        "<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n"
+        "<Query>: tides\n<Document>: the sea"
+    )
     assert render_chat_text(tokenizer, _judgement("tides", "the sea")).text == prefix + body + suffix
 
 

@@ -40,7 +40,7 @@ def test_each_family_is_found_by_its_markers(tokens: tuple[str, ...], name: str,
     assert infill is not None and infill.format.name == name
     assert infill.format.prompt("P", "S") == text
     # Every marker the vocabulary has ends the infill.
-    assert set(infill.end_ids) == {index for index in range(2, 2 + len(tokens))}
+    assert set(infill.end_ids) == set(range(2, 2 + len(tokens)))
 
 
 def test_a_vocabulary_without_all_three_markers_cannot_infill() -> None:

@@ -1,4 +1,5 @@
-"""stages/model_thread/gateway.py over stages/model_thread/handoff.py, on the tiny demo model: a stalled sink bounds the thread.
+"""stages/model_thread/gateway.py over stages/model_thread/handoff.py, on the tiny demo model: a stalled sink bounds
+the thread.
 
 Nothing reads the step channel for a while: the model thread runs ahead
 by at most `steps_ahead` steps (their tokens held on the crossing), then
@@ -49,7 +50,7 @@ async def test_a_stalled_sink_holds_the_thread_at_the_bound(model_info: ModelInf
         spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, model_info),
         eos_ids=EOS, max_batch=4, prefill_step_size=64, steps_ahead=STEPS_AHEAD,
         scheduler=KvScheduler(read_model_shape(model_info.path, model_info.context_window), 1 << 30),
-    )  # fmt: skip
+    )
     wave = rows(sampling)
     run = Run()
     with anyio.fail_after(60), steps.receive, inbox.send:

@@ -40,7 +40,7 @@ async def test_a_row_failing_at_admission_fails_alone(model_info: ModelInfo) -> 
         spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, model_info),
         eos_ids=EOS, max_batch=4, prefill_step_size=64,
         scheduler=KvScheduler(read_model_shape(model_info.path, model_info.context_window), 1 << 30),
-    )  # fmt: skip
+    )
     bad = attrs.evolve(row("bad", SYSTEM[:8]), constraint=CompiledConstraint(prototype=BrokenMatcher()))  # type: ignore[arg-type]
     good = row("good", SYSTEM[:8])
     run = Run()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 import pytest
 from tokenizers import Tokenizer
 

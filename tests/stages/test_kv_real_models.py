@@ -79,7 +79,7 @@ MODELS: dict[str, tuple[dict[str, Any], int, int, int]] = {
                      "layer_types": ["sliding_attention", "full_attention"] * 12,
                      "max_position_embeddings": 131072, "torch_dtype": "bfloat16"},
                     int(12.8e9), 12 * 8 * 64 * 4, 12 * 8 * 64 * 4 * 131072 + 12 * 8 * 64 * 4 * 128),
-}  # fmt: skip
+}
 
 
 def model(name: str) -> ModelShape:
@@ -90,7 +90,7 @@ def model(name: str) -> ModelShape:
 
 def mac(gigabytes: int) -> Machine:
     return Machine(ram_bytes=gigabytes * GB, chip="Apple M4 Max", cpus=16, bandwidth_bytes_per_s=546e9,
-                   bandwidth_source="published", backend="metal")  # fmt: skip
+                   bandwidth_source="published", backend="metal")
 
 
 def default_plan(shape: ModelShape, gigabytes: int) -> MemoryPlan:
@@ -151,7 +151,7 @@ def test_sixteen_requests_without_max_tokens_start_together_where_their_kv_fits(
     ("name", "gigabytes"),
     [("Qwen3-0.6B", 16), ("Llama-3.1-8B", 32), ("Qwen3-30B-A3B", 32), ("Qwen3-8B", 16), ("gpt-oss-20b", 32),
      ("Gemma-3-12B", 32), ("Mistral-Small-24B", 32), ("Llama-3.2-3B", 32)],
-)  # fmt: skip
+)
 def test_the_issue_table_now_reads_full_window(name: str, gigabytes: int) -> None:
     """Cells the old plan refused or cut short; each now serves one row at the model's whole window."""
     shape = model(name)

@@ -64,7 +64,8 @@ CASES = [
         id="text-then-call",
     ),
     pytest.param(
-        '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": "{\\"k\\": \\"v\\"}"}</tool_call>',
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "b", "arguments": "{\\"k\\": \\"v\\"}"}</tool_call>',
         Section.ANSWER,
         [("call", "a{}"), ("call", 'b{"k": "v"}')],
         id="two-calls-string-arguments",
@@ -135,7 +136,10 @@ def test_real_tokens_through_the_detokenizer(tokenizer: Tokenizer, per_step: int
     from stages.families import choose_family
     from stages.reply.markup import markers_for
 
-    text = '<think>\nweigh é options\n</think>\n\nCalling: <tool_call>\n{"name": "f", "arguments": {"q": "ü"}}\n</tool_call>'
+    text = (
+        "<think>\nweigh é options\n</think>\n\n"
+        'Calling: <tool_call>\n{"name": "f", "arguments": {"q": "ü"}}\n</tool_call>'
+    )
     tokens = tokenizer.encode(text, add_special_tokens=False)
     markers = markers_for(choose_family(tokenizer), (Tool(name="f"),), parse_tools=True)
     assert markers.think is not None and markers.family is not None and markers.family.name == "mlx-lm"  # inferred, not hard-coded
@@ -161,7 +165,8 @@ def test_real_tokens_through_the_detokenizer(tokenizer: Tokenizer, per_step: int
     ids=["tokens", "functools-text", "not-a-call"],
 )
 def test_phi4_mini_call_forms(text: str, expected: list[tuple[str, str]]) -> None:
-    """Phi-4-mini's call list between its tokens, and the `functools[…]` text form it also writes (as the whole answer only)."""
+    """Phi-4-mini's call list between its tokens, and the `functools[…]` text form it also writes (as the whole
+    answer only)."""
     from stages.families import phi4
 
     for cut in range(len(text) + 1):
@@ -179,7 +184,8 @@ def test_phi4_mini_call_forms(text: str, expected: list[tuple[str, str]]) -> Non
     ids=["keeps-what-was-written", "before-its-name-nothing"],
 )
 def test_call_cut_by_max_tokens(text: str, expected: list[tuple[str, str]]) -> None:
-    """Cut off at max tokens (not ended by the model), a call whose name is whole is a call with the arguments so far."""
+    """Cut off at max tokens (not ended by the model), a call whose name is whole is a call with the arguments so
+    far."""
     for cut in range(len(text) + 1):
         splitter = MarkupSplitter(MARKERS)
         assert merged(splitter.feed(text[:cut]) + splitter.feed(text[cut:], final=True, cut=True)) == expected, cut

@@ -23,7 +23,7 @@ from stages.models.loading import ModelInfo, Tokenizer
 # tokenizer (not our own `self._tokenizer`), parser detection by module name,
 # and writes to a cache layer's offset.
 PRIVATE = (r"_maybe_trim_space", r"_byte_decoder", r"\b_download\b", r"(?<!self)\._tokenizer\b", r"json_tools\b\"\)",
-           r"\.offset\s*=[^=]", r"\b_get_classes\b")  # fmt: skip
+           r"\.offset\s*=[^=]", r"\b_get_classes\b")
 
 
 def test_maybe_trim_space(tokenizer: Tokenizer) -> None:
@@ -108,7 +108,8 @@ def test_cache_classes(layers: list[object], kind: str) -> None:
 
 
 def test_no_other_module_reaches_into_mlx_lm_privately() -> None:
-    """The adapter is the only place a private mlx-lm name appears (with its quantized cache layers, quantized_kv.py)."""
+    """The adapter is the only place a private mlx-lm name appears (with its quantized cache layers,
+    quantized_kv.py)."""
     from tests.conftest import REPO
 
     offenders = []

@@ -118,7 +118,8 @@ def ids(count: int) -> tuple[int, ...]:
 async def test_a_prompt_that_fits_is_prepared(
     tokenizer: Tokenizer, prompt_tokens: int, max_tokens: int | None, expected_max: int
 ) -> None:
-    """A fitting request goes to the gateway with its tokens and max_tokens (default: window − prompt), and is accepted with its prompt size."""
+    """A fitting request goes to the gateway with its tokens and max_tokens (default: window − prompt), and is
+    accepted with its prompt size."""
     item = text_job(tokenizer, "r1", ids(prompt_tokens), max_tokens)
     (prepared,) = await run_stage(tokenizer, [item])
     assert (prepared.request_id, prepared.prompt_tokens, prepared.max_tokens) == ("r1", ids(prompt_tokens), expected_max)
@@ -167,7 +168,8 @@ async def test_context_overflow_is_a_400(
 async def test_the_memory_budget_caps_a_row_below_the_window(
     tokenizer: Tokenizer, prompt_tokens: int, max_tokens: int | None, expected_max: int | None
 ) -> None:
-    """With a memory budget under the window, a row longer than the budget fails (context_over_budget) before any model work."""
+    """With a memory budget under the window, a row longer than the budget fails (context_over_budget) before any
+    model work."""
     item = text_job(tokenizer, "r1", ids(prompt_tokens), max_tokens)
     prepared = await run_stage(tokenizer, [item], max_safe_context=8)
     if expected_max is not None:

@@ -66,7 +66,7 @@ def test_miss_then_hit_on_a_longer_prompt() -> None:
         "entries": 1, "bytes": cost(len(BASE)), "max_bytes": 1 << 20, "hits": 1, "misses": 1,
         "cached_tokens": len(BASE), "session_hits": 0, "session_misses": 0, "evictions": 0, "disk": None,
         "kv_bytes": len(BASE) * TOKEN_BYTES, "max_entries": 0,
-    }  # fmt: skip
+    }
 
 
 def test_diverging_prompt_reuses_the_shared_prefix_only() -> None:
@@ -208,7 +208,7 @@ class FakeLower:
     def statistics(self) -> DiskStatistics:
         return DiskStatistics(entries=len(self.files), bytes=0, max_bytes=0, spills=len(self.spilled), spills_dropped=0, spills_unsupported=0,
                               spill_errors=0, restores=len(self.restored), corrupt=0, last_restore_seconds=None,
-                              last_restore_at=None)  # fmt: skip
+                              last_restore_at=None)
 
 
 def _shared(key: Key, tokens: Sequence[int]) -> int:

@@ -38,7 +38,8 @@ def test_replacing_and_prefix_dropping_stay_within_an_adapter() -> None:
 
 
 def test_an_adapter_entry_goes_down_under_its_adapter_and_comes_back_only_for_it() -> None:
-    """Evicted, an adapter's entry is spilled with its adapter; the lower tier then serves it to that adapter's rows only."""
+    """Evicted, an adapter's entry is spilled with its adapter; the lower tier then serves it to that adapter's rows
+    only."""
     lower = FakeLower()
     cache = PromptCache(max_bytes=cost(100), lower=lower)
     a, b, c = tuple(range(1, 101)), tuple(range(1001, 1101)), tuple(range(2001, 2101))

@@ -99,7 +99,7 @@ class Harness:
             spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, self.model_info),
             eos_ids=EOS, max_batch=self.max_batch, prefill_step_size=64,
             scheduler=self._scheduler(), cache=self.cache,
-        )  # fmt: skip
+        )
         run = Run()
         with anyio.fail_after(self.timeout), steps.receive:
             async with anyio.create_task_group() as group:

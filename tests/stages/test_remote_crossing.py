@@ -117,7 +117,8 @@ def prepared(constraint: CompiledConstraint | None = None) -> Prepared:
 
 
 def test_a_row_crosses_with_what_the_model_side_reads() -> None:
-    """Tokens, limits, sampling, session, adapter and grammar arrive; the stop strings (the sink's) stay in the front."""
+    """Tokens, limits, sampling, session, adapter and grammar arrive; the stop strings (the sink's) stay in the
+    front."""
     grammar = Grammar(text='start: "a"', param="response_format")
     row = prepared(CompiledConstraint(prototype=None, grammar=grammar))  # type: ignore[arg-type]
     sent = msgspec.msgpack.decode(msgspec.msgpack.encode(row_in(row)), type=ToWorker)

@@ -1,4 +1,5 @@
-"""stages/shard/caches.py on one rank: a follower's disk tier spills what it is told, votes on a restore, and serves only what was agreed.
+"""stages/shard/caches.py on one rank: a follower's disk tier spills what it is told, votes on a restore, and serves
+only what was agreed.
 
 The group is MLX's own group of one (no launcher): its `all_sum` is the
 real collective, so a vote here is this rank's vote. The two-rank paths,

@@ -1,4 +1,5 @@
-"""stages/model_thread/single_row.py on the tiny demo model: a row alone gives the batch's tokens, and keeps them when it joins the batch.
+"""stages/model_thread/single_row.py on the tiny demo model: a row alone gives the batch's tokens, and keeps
+them when it joins the batch.
 
 Each case runs the same rows, arriving at the same calls, through mlx-lm's
 `BatchGenerator` and through `SingleRow` over one: every row's tokens, finish
@@ -62,7 +63,7 @@ def _drive(generator: Any, arrivals: dict[int, list[Arrival]]) -> dict[str, dict
                 [prompt], max_tokens=[max_tokens], caches=None, all_tokens=[[]],
                 samplers=[make_row_sampler(sampling)], logits_processors=[make_row_processors(sampling, max_tokens)],
                 stop_sequences=[RowStops(stops)],
-            )  # fmt: skip
+            )
             rows[uid] = {"name": name, "prompt": prompt, "tokens": [], "logprobs": [], "finish": None}
         for response in generator.next()[1]:
             row = rows[response.uid]
@@ -124,7 +125,7 @@ def test_a_removed_row_leaves_with_its_cache_and_tokens(model: Any) -> None:
     from stages.model_thread.sampling import RowStops
 
     (uid,) = solo.insert([PROMPT], max_tokens=[30], caches=None, all_tokens=[[]], samplers=[make_row_sampler(GREEDY)],
-                         logits_processors=[[]], stop_sequences=[RowStops([[0]])])  # fmt: skip
+                         logits_processors=[[]], stop_sequences=[RowStops([[0]])])
     tokens = []
     for _ in range(8):
         tokens += [response.token for response in solo.next()[1]]
@@ -165,7 +166,7 @@ async def _gateway_run(model_info: ModelInfo, rows: list[Any], second_after: int
         spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, model_info),
         eos_ids=frozenset({0, 2}), max_batch=4, prefill_step_size=STEP, single_row=single_row,
         scheduler=KvScheduler(read_model_shape(model_info.path, model_info.context_window), 1 << 30),
-    )  # fmt: skip
+    )
     deltas: dict[str, list[Any]] = {r.request_id: [] for r in rows}
     with anyio.fail_after(60), steps.receive:
         async with anyio.create_task_group() as group:

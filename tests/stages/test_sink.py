@@ -255,7 +255,8 @@ async def test_a_closed_reply_is_dropped_and_other_rows_carry_on(tokenizer: Toke
         left.reply.summary  # noqa: B018
     assert text_of(await events_of(stays.reply)) == TEXT
     assert stays.reply.summary.finish_reason is FinishReason.LENGTH
-    # The reader's own close() sends the gateway its abort (S7); the sink sends none.
+    # The reader's own close() sends the gateway its abort; the sink sends none
+    # (docs/STYLE.md, "Cancellation through scopes").
     assert aborts == []
 
 
@@ -291,7 +292,8 @@ async def test_deltas_for_unknown_rows_are_ignored(tokenizer: Tokenizer) -> None
 
 
 async def test_one_canonical_finish_line_per_request(tokenizer: Tokenizer) -> None:
-    """Each request logs request.queue, request.prefill, request.decode and one request.finish, with timings from its stamps."""
+    """Each request logs request.queue, request.prefill, request.decode and one request.finish, with timings from
+    its stamps."""
     tokens = tokenizer.encode("Hello, world!")
     target = row("r1")
     with structlog.testing.capture_logs() as logs:
@@ -312,7 +314,8 @@ async def test_one_canonical_finish_line_per_request(tokenizer: Tokenizer) -> No
 
 @pytest.mark.parametrize("finish_first", [False, True])
 async def test_no_row_state_outlives_its_request(tokenizer: Tokenizer, finish_first: bool) -> None:
-    """A reader that leaves between steps gets no further delta (the gateway removed its row): its state goes with the removal."""
+    """A reader that leaves between steps gets no further delta (the gateway removed its row): its state goes with
+    the removal."""
     left, done = row("left"), row("done")
     tokens = tokenizer.encode(TEXT)
     steps: Channel[StepOutputs] = open_channel(8, name="steps")

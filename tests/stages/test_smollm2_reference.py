@@ -16,7 +16,6 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-import pytest
 from mlx_lm.utils import load_model
 
 from stages.models.smollm2 import gguf_path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -45,5 +46,5 @@ def test_split_text_cuts_only_after_a_newline_before_a_non_space() -> None:
     text = ("line of text\n  indented\n\n" * 2000) + "tail"
     pieces = split_text(text, PIECE_CHARS)
     assert "".join(pieces) == text and len(pieces) > 1
-    for before, after in zip(pieces, pieces[1:], strict=False):
+    for before, after in itertools.pairwise(pieces):
         assert before.endswith("\n") and not after[0].isspace() and len(before) >= PIECE_CHARS

@@ -63,7 +63,7 @@ def clock() -> FakeClock:
 def make_store(kind: Kind, clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
     opened: list[ResponseStore] = []
     url = {"memory": lambda: "memory", "sqlite": lambda: f"sqlite:///{tmp_path / 'responses.db'}",
-           "postgresql": lambda: request.getfixturevalue("postgres").new_database()}[kind]()  # fmt: skip
+           "postgresql": lambda: request.getfixturevalue("postgres").new_database()}[kind]()
 
     def make(*, ttl_seconds: float = 100.0, max_bytes: int = 10**7) -> ResponseStore:
         store = open_store(url, ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)

@@ -72,7 +72,7 @@ def test_writers_on_several_replicas_never_pass_the_cap(postgres: PostgresServer
          "not a response store this server knows"),
     ],
     ids=["newer", "unknown-table"],
-)  # fmt: skip
+)
 def test_an_unknown_schema_is_refused(postgres: PostgresServer, setup: list[str], message: str) -> None:
     url = postgres.new_database()
     with psycopg.connect(url, autocommit=True) as db:

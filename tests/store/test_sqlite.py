@@ -1,4 +1,5 @@
-"""The SQLite response store on real files: durability, several store objects and processes on one file, damaged files and unknown schemas.
+"""The SQLite response store on real files: durability, several store objects and processes on one file, damaged
+files and unknown schemas.
 
 The behaviour both stores share is tested in test_policy.py.
 """

@@ -329,4 +329,4 @@ def test_spliced_delta_frames_are_the_bytes_the_whole_event_encodes_to(text: str
         (0, {"type": "thinking_delta", "thinking": text}), (0, {"type": "thinking_delta", "thinking": text}),
         (0, {"type": "signature_delta", "signature": ""}),
         (1, {"type": "text_delta", "text": text}), (1, {"type": "text_delta", "text": text + "!"}),
-    ]  # fmt: skip
+    ]

@@ -19,7 +19,6 @@ from tests.wire.test_anthropic import (
     SCORED,
     STREAMS,
     call,
-    delta,
     parse,
     run,
     stream,

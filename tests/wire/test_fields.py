@@ -119,10 +119,10 @@ def test_strict_rides_on_the_tool_in_every_api() -> None:
 
     schema = {"type": "object", "properties": {}}
     chat = decode_chat({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                        "tools": [{"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}]})  # fmt: skip
+                        "tools": [{"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}]})
     responses = decode_responses({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f", "parameters": schema, "strict": True}]})
     messages = decode_messages({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
-                                "tools": [{"name": "f", "input_schema": schema, "strict": True}]})  # fmt: skip
+                                "tools": [{"name": "f", "input_schema": schema, "strict": True}]})
     assert [request.tools[0].strict for request in (chat, responses, messages)] == [True, True, True]
     loose = decode_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]})
     assert loose.tools[0].strict is False
@@ -133,5 +133,5 @@ def test_strict_must_be_a_boolean() -> None:
 
     with pytest.raises(RequestError) as caught:
         decode_chat({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                     "tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]})  # fmt: skip
+                     "tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]})
     assert caught.value.param == "tools[0].function.strict"

@@ -29,7 +29,7 @@ def ours(snapshot: JsonObject) -> list[Figure]:
         ({"prompt-cache": {"disk.bytes": 7}}, [Figure("mlx_relay:prompt_cache_disk_bytes", "/stats prompt-cache.disk.bytes", 7.0)]),
     ],
     ids=["counter", "nested-gauges", "bools", "skipped", "nested-counter", "unsafe-names"],
-)  # fmt: skip
+)
 def test_numbers_become_figures_by_path(snapshot: JsonObject, expected: list[Figure]) -> None:
     assert ours(snapshot) == expected
 

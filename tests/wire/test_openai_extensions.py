@@ -1,4 +1,5 @@
-"""wire/openai_extensions.py: the vLLM / llama.cpp fields Chat Completions and Completions honour, and those refused by name."""
+"""wire/openai_extensions.py: the vLLM / llama.cpp fields Chat Completions and Completions honour, and those refused
+by name."""
 
 from __future__ import annotations
 

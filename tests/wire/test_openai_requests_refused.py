@@ -19,9 +19,7 @@ from tests.wire.test_openai_requests import (
     UNSUPPORTED,
     USER_HI,
     WEATHER,
-    chat,
     chat_body,
-    text,
     text_body,
 )
 

@@ -1,8 +1,9 @@
-"""wire/openai.py: completion events → OpenAI SSE frames and JSON bodies.
+"""wire/openai.py: completion events → OpenAI SSE frames, and error bodies.
 
 The stream protocols do no I/O, so each test feeds events in and compares
 the frames out, parsed from the exact bytes: every frame is one `data:`
-line and a blank line, and every stream ends with `data: [DONE]`.
+line and a blank line, and every stream ends with `data: [DONE]`. The
+non-streaming bodies are in test_openai_bodies.py.
 """
 
 from __future__ import annotations
@@ -271,94 +272,6 @@ def test_every_error_kind_has_an_openai_type() -> None:
         assert error_body(RequestError(kind=kind, message="m"))["error"]
 
 
-@pytest.mark.parametrize(
-    ("events", "end", "content"),
-    [
-        pytest.param(deltas("Hello", " world"), summary(prompt=5, completion=2), "Hello world", id="text"),
-        pytest.param([], summary(FinishReason.LENGTH, prompt=9, completion=0), "", id="empty"),
-        pytest.param(deltas("a", "", "b"), summary(prompt=0, completion=3), "ab", id="empty-deltas"),
-        pytest.param(deltas("x"), summary(prompt=12, completion=1, cached=8), "x", id="cached-prompt-tokens"),
-    ],
-)
-def test_chat_body(events: list[CompletionEvent], end: Summary, content: str) -> None:
-    """A non-streaming chat reply is one chat.completion object with usage totals."""
-    body = ChatStream(id=ID, created=CREATED, model=MODEL, include_usage=True).body(events, end)
-    usage = end.usage
-    assert body == {
-        "id": ID,
-        "object": "chat.completion",
-        "created": CREATED,
-        "model": MODEL,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content, "refusal": None},
-                "logprobs": None,
-                "finish_reason": end.finish_reason.value,
-            }
-        ],
-        "usage": usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens),
-    }
-
-
-@pytest.mark.parametrize("include_usage", [False, True], ids=["plain", "include_usage"])
-def test_text_body(include_usage: bool) -> None:
-    """A non-streaming completion is one text_completion object; usage is always present."""
-    end = summary(FinishReason.LENGTH, prompt=4, completion=16)
-    body = TextStream(id=ID, created=CREATED, model=MODEL, include_usage=include_usage).body(
-        deltas("Once", " upon"), end
-    )
-    assert body == {
-        "id": ID,
-        "object": "text_completion",
-        "created": CREATED,
-        "model": MODEL,
-        "choices": [{"index": 0, "text": "Once upon", "logprobs": None, "finish_reason": "length"}],
-        "usage": usage_json(4, 16),
-    }
-
-
-@pytest.mark.parametrize(
-    ("events", "message"),
-    [
-        pytest.param(
-            [ReasoningDelta(text="2+2"), ReasoningDelta(text="=4"), TextDelta(text="4")],
-            {"role": "assistant", "content": "4", "refusal": None, "reasoning_content": "2+2=4", "reasoning": "2+2=4"},
-            id="reasoning",
-        ),
-        pytest.param(
-            [CALL_0, CALL_1],
-            {
-                "role": "assistant",
-                "content": None,
-                "refusal": None,
-                "tool_calls": [
-                    {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-                    {"id": "call_b", "type": "function", "function": {"name": "ping", "arguments": "{}"}},
-                ],
-            },
-            id="only-tool-calls-content-null",
-        ),
-        pytest.param(
-            [TextDelta(text="Checking."), CALL_1],
-            {
-                "role": "assistant",
-                "content": "Checking.",
-                "refusal": None,
-                "tool_calls": [{"id": "call_b", "type": "function", "function": {"name": "ping", "arguments": "{}"}}],
-            },
-            id="text-and-tool-call",
-        ),
-    ],
-)
-def test_chat_body_message_with_reasoning_and_tools(events: list[CompletionEvent], message: dict[str, Any]) -> None:
-    """The non-streaming message carries reasoning under both names and tool calls; content is null only for calls alone."""
-    body = ChatStream(id=ID, created=CREATED, model=MODEL).body(events, summary(FinishReason.TOOL_CALLS))
-    choices = body["choices"]
-    assert isinstance(choices, list)
-    assert choices[0] == {"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls"}
-
-
 TRICKY_TEXTS = ["plain", 'quote " and \\ backslash', "line\nbreak\ttab", "日本 ☕ 🙂", "\x00\x1f ctrl", "</script>", ""]
 
 
@@ -373,7 +286,7 @@ def test_a_text_only_chunk_is_the_bytes_the_whole_chunk_encodes_to(text: str, in
          {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}),
         (TextStream(id=ID, created=CREATED, model=MODEL, include_usage=include_usage),
          {"index": 0, "text": text, "logprobs": None, "finish_reason": None}),
-    ):  # fmt: skip
+    ):
         chunk: dict[str, JsonValue] = {"id": ID, "object": stream.object_name, "created": CREATED, "model": MODEL}
         chunk["choices"] = [choice]
         if include_usage:

@@ -25,7 +25,6 @@ from pipeline.events import (
     TextDelta,
     TokenLogprob,
     ToolCall,
-    Usage,
 )
 from pipeline.protocol import StreamProtocol
 from tests.wire.responses_expected import (
@@ -44,7 +43,6 @@ from tests.wire.responses_expected import (
     summary,
     usage_json,
 )
-from wire.responses import output_text
 from wire.responses_requests import decode_responses
 
 
@@ -256,4 +254,4 @@ def test_spliced_delta_frames_are_the_bytes_the_whole_event_encodes_to(text: str
     assert deltas == [
         ("response.reasoning_text.delta", 0, text), ("response.reasoning_text.delta", 0, text),
         ("response.output_text.delta", 1, text), ("response.output_text.delta", 1, text + "!"),
-    ]  # fmt: skip
+    ]

@@ -15,7 +15,6 @@ from wire.responses import output_items, output_text, usage_body
 from tests.wire.responses_expected import (
     Renamer,
     call_item,
-    completed,
     message_item,
     reasoning_item,
     response,

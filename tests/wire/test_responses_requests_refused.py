@@ -19,7 +19,7 @@ from tests.wire.test_responses_requests import (
     WEATHER,
     body,
 )
-from tests.wire.test_responses_to_chat import function_call, function_output, items
+from tests.wire.test_responses_to_chat import function_output, items
 
 
 def bad(value: JsonValue, param: str | None, gist: str, *, code: str | None = None, id: str) -> Any:

@@ -20,7 +20,6 @@ from tests.wire.test_responses_requests import (
     WEATHER,
     WEATHER_TOOL,
     body,
-    request,
 )
 
 
