@@ -27,11 +27,11 @@ from werkzeug.exceptions import HTTPException  # noqa: E402
 from edge import fields, guard  # noqa: E402
 from edge.admin_routes import routes as admin_routes  # noqa: E402
 from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
+from edge.audio_routes import routes as audio_routes  # noqa: E402
 from edge.choice import chosen, current_defaults, current_engine, model_field, model_named  # noqa: E402
 from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
-from edge.audio_routes import routes as audio_routes  # noqa: E402
 from edge.responses_socket import close_all as close_sockets  # noqa: E402
 from edge.responses_socket import routes as responses_socket_routes  # noqa: E402
 from edge.responses_turn import prepare_turn, response_not_found, stored_response  # noqa: E402
@@ -235,13 +235,19 @@ def _last_words(stream_tail: Callable[[], bytes] | None = None) -> LastWords:
 
 def _chat_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
     return openai.ChatStream(
-        id=request_id, created=int(time.time()), model=served_as(engine().served, accepted.request), include_usage=_include_usage(accepted)
+        id=request_id,
+        created=int(time.time()),
+        model=served_as(engine().served, accepted.request),
+        include_usage=_include_usage(accepted),
     )
 
 
 def _text_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
     return openai.TextStream(
-        id=request_id, created=int(time.time()), model=served_as(engine().served, accepted.request), include_usage=_include_usage(accepted)
+        id=request_id,
+        created=int(time.time()),
+        model=served_as(engine().served, accepted.request),
+        include_usage=_include_usage(accepted),
     )
 
 

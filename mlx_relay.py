@@ -44,7 +44,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = serve(args)
     except (
-        ServeError, SettingsError, StartupError, SocketInUse, AdapterError, EmbeddingModelError, ModelsFileError,
+        ServeError,
+        SettingsError,
+        StartupError,
+        SocketInUse,
+        AdapterError,
+        EmbeddingModelError,
+        ModelsFileError,
         OSError,
     ) as error:
         print(f"mlx-relay: {error}", file=sys.stderr)
@@ -75,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Serve a model. Every MLX_RELAY_* variable still applies; a flag given here overrides it.",
     )
     serve.add_argument(
-        "--model", action="append",
+        "--model",
+        action="append",
         help="a built-in model, a directory or a Hugging Face repo id (MLX_RELAY_MODEL); repeat it to serve several, "
         "each chosen by the request's model (comma-separated in MLX_RELAY_MODEL); "
         "default: SmolLM2-135M-Instruct (built-in 'smollm2', or MLX_RELAY_DEMO_MODEL)",
@@ -89,22 +96,27 @@ def _parser() -> argparse.ArgumentParser:
         serve.add_argument(f"--{flag}", help=f"{meaning}, unless a request sets it ({variable})")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
-    serve.add_argument("--unix", metavar="PATH", help="listen on a Unix socket only its owner may use (mode 0600) instead of TCP")
+    serve.add_argument(
+        "--unix", metavar="PATH", help="listen on a Unix socket only its owner may use (mode 0600) instead of TCP"
+    )
     serve.add_argument("--api-key", help="key(s) clients must send: 'k1,k2' or '@/path/to/keyfile' (MLX_RELAY_API_KEY)")
     serve.add_argument(
         "--insecure-no-auth", action="store_true", help="allow a non-loopback address without an API key"
     )
     serve.add_argument(
-        "--reset-store", action="store_true",
+        "--reset-store",
+        action="store_true",
         help="if the SQLite response store will not open, move it aside (<name>.corrupt-<time>) and start empty",
     )
     serve.add_argument(
-        "--shard", choices=("tensor", "pipeline"),
+        "--shard",
+        choices=("tensor", "pipeline"),
         help="shard the model over the ranks mlx.launch started (MLX_RELAY_SHARD): "
         "rank 0 serves HTTP, the others follow",
     )
     serve.add_argument(
-        "--in-process", action="store_true",
+        "--in-process",
+        action="store_true",
         help="run the model in this process, not in a worker process of its own (MLX_RELAY_IN_PROCESS; debugging)",
     )
     serve.add_argument(
@@ -112,31 +124,53 @@ def _parser() -> argparse.ArgumentParser:
         help="a dedicated embedding model served beside the chat model: "
         "a directory, a repo id or shaped:NAME (MLX_RELAY_EMBEDDING_MODEL)",
     )
-    serve.add_argument("--kv-bits", choices=("4", "8"), help="quantize the KV cache to 4 or 8 bits (MLX_RELAY_KV_BITS; default full precision)")
-    serve.add_argument("--kv-group-size", choices=("32", "64", "128"), help="values per scale and bias of the quantized KV (default 64)")
-    serve.add_argument("--quantized-kv-start", help="tokens a row holds before its KV is quantized (MLX_RELAY_QUANTIZED_KV_START)")
     serve.add_argument(
-        "--prompt-lookup", action="store_true",
+        "--kv-bits",
+        choices=("4", "8"),
+        help="quantize the KV cache to 4 or 8 bits (MLX_RELAY_KV_BITS; default full precision)",
+    )
+    serve.add_argument(
+        "--kv-group-size",
+        choices=("32", "64", "128"),
+        help="values per scale and bias of the quantized KV (default 64)",
+    )
+    serve.add_argument(
+        "--quantized-kv-start", help="tokens a row holds before its KV is quantized (MLX_RELAY_QUANTIZED_KV_START)"
+    )
+    serve.add_argument(
+        "--prompt-lookup",
+        action="store_true",
         help="speculate with n-gram proposals from each row's own prompt and output (MLX_RELAY_PROMPT_LOOKUP)",
     )
     serve.add_argument(
-        "--draft-model", help="speculate with a smaller model of the same vocabulary: a built-in name, directory or repo id (MLX_RELAY_DRAFT_MODEL)",
-    )  # fmt: skip
-    serve.add_argument("--num-draft-tokens", help="tokens a row proposes at most per step (MLX_RELAY_NUM_DRAFT_TOKENS; default 4)")
-    serve.add_argument("--adapters", help="LoRA adapters served as their own model ids: 'name=path,...' (MLX_RELAY_ADAPTERS)")
+        "--draft-model",
+        help="speculate with a smaller model of the same vocabulary: a built-in name, directory or repo id "
+        "(MLX_RELAY_DRAFT_MODEL)",
+    )
     serve.add_argument(
-        "--strict-fields", action="store_true",
+        "--num-draft-tokens", help="tokens a row proposes at most per step (MLX_RELAY_NUM_DRAFT_TOKENS; default 4)"
+    )
+    serve.add_argument(
+        "--adapters", help="LoRA adapters served as their own model ids: 'name=path,...' (MLX_RELAY_ADAPTERS)"
+    )
+    serve.add_argument(
+        "--strict-fields",
+        action="store_true",
         help="refuse request fields this server does not know with a 400 naming them (MLX_RELAY_STRICT_FIELDS)",
     )
     serve.add_argument("--loop", choices=("asyncio", "uvloop"), help="the event loop (MLX_RELAY_LOOP; default asyncio)")
     serve.add_argument("--no-web", action="store_true", help="no chat page at / (MLX_RELAY_WEB=0)")
-    serve.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds open streams get at shutdown (default 30)")
+    serve.add_argument(
+        "--graceful-timeout", type=float, default=30.0, help="seconds open streams get at shutdown (default 30)"
+    )
     return parser
 
 
 # One model's defaults (a models file sets them per model).
 _DEFAULT_FLAGS = {
-    "default-temperature": "the sampling temperature", "default-top-p": "top_p", "default-top-k": "top_k",
+    "default-temperature": "the sampling temperature",
+    "default-top-p": "top_p",
+    "default-top-k": "top_k",
     "default-max-tokens": "the tokens a reply may have",
     "default-adapter": "the adapter a request naming the base model gets",
     "context-limit": "a context window below the model's own",
@@ -172,12 +206,20 @@ def serve(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> None:
     flags = {
-        "model": ",".join(args.model) if args.model else None, "models_file": args.models_file,
-        "api_key": args.api_key, "reset_store": "1" if args.reset_store else None, "shard": args.shard,
+        "model": ",".join(args.model) if args.model else None,
+        "models_file": args.models_file,
+        "api_key": args.api_key,
+        "reset_store": "1" if args.reset_store else None,
+        "shard": args.shard,
         "strict_fields": "1" if args.strict_fields else None,
-        "loop": args.loop, "embedding_model": args.embedding_model, "adapters": args.adapters, "kv_bits": args.kv_bits,
-        "kv_group_size": args.kv_group_size, "quantized_kv_start": args.quantized_kv_start,
-        "prompt_lookup": "1" if args.prompt_lookup else None, "draft_model": args.draft_model,
+        "loop": args.loop,
+        "embedding_model": args.embedding_model,
+        "adapters": args.adapters,
+        "kv_bits": args.kv_bits,
+        "kv_group_size": args.kv_group_size,
+        "quantized_kv_start": args.quantized_kv_start,
+        "prompt_lookup": "1" if args.prompt_lookup else None,
+        "draft_model": args.draft_model,
         "num_draft_tokens": args.num_draft_tokens,
         "web": "0" if args.no_web else None,
         "in_process": "1" if args.in_process else None,

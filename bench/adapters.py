@@ -62,9 +62,13 @@ def _parser() -> argparse.ArgumentParser:
 def run(scenario: str, model: Any, tokenizer: Any, adapters: str, groups: list[str | None], max_tokens: int) -> Result:
     from mlx_lm.generate import BatchGenerator
 
-    make = partial(BatchGenerator, model, stop_tokens=[], completion_batch_size=len(groups), prefill_batch_size=len(groups))
+    make = partial(
+        BatchGenerator, model, stop_tokens=[], completion_batch_size=len(groups), prefill_batch_size=len(groups)
+    )
     generator = make_generator(model, read_adapters(adapters), make)
-    prompts = [tokenizer.encode(f"Row {index} asks about the weather in a city far away.") for index in range(len(groups))]
+    prompts = [
+        tokenizer.encode(f"Row {index} asks about the weather in a city far away.") for index in range(len(groups))
+    ]
     for prompt, group in zip(prompts, groups):
         generator.insert([prompt], max_tokens=[max_tokens], **({"adapter": group} if group else {}))
     times: dict[int, list[float]] = {}
@@ -81,8 +85,13 @@ def run(scenario: str, model: Any, tokenizer: Any, adapters: str, groups: list[s
     seconds = generator.switch_seconds if isinstance(generator, AdapterBatches) else 0.0
     generator.close()
     return Result(
-        scenario=scenario, rows=len(groups), wall_s=round(wall, 3), tokens_per_s=round(max_tokens * len(groups) / wall, 1),
-        steps=steps, mean_gap_ms=round(1000 * sum(gaps) / len(gaps), 2), switches=switches,
+        scenario=scenario,
+        rows=len(groups),
+        wall_s=round(wall, 3),
+        tokens_per_s=round(max_tokens * len(groups) / wall, 1),
+        steps=steps,
+        mean_gap_ms=round(1000 * sum(gaps) / len(gaps), 2),
+        switches=switches,
         switch_ms=round(1000 * seconds / switches, 3) if switches else 0.0,
     )
 
@@ -94,7 +103,10 @@ def main() -> None:
     path = resolve_model(args.model).path
     model, tokenizer = mlx_lm.load(str(path))
     with tempfile.TemporaryDirectory() as folder:
-        spec = ",".join(f"{name}={write_random_adapter(path, Path(folder) / name, seed=seed)}" for name, seed in (("a", 1), ("b", 2)))
+        spec = ",".join(
+            f"{name}={write_random_adapter(path, Path(folder) / name, seed=seed)}"
+            for name, seed in (("a", 1), ("b", 2))
+        )
         rows = args.rows - args.rows % 3
         mixed: list[str | None] = [(None, "a", "b")[index % 3] for index in range(rows)]
         results = [
@@ -105,7 +117,12 @@ def main() -> None:
     print(f"BLAS: {BLAS}")
     header = ("scenario", "rows", "wall s", "tok/s", "steps", "gap ms", "switches", "switch ms")
     table = [tuple(str(value) for value in attrs.astuple(r)) for r in results]
-    payload = {"model": str(path), "blas": BLAS, "max_tokens": args.max_tokens, "results": [attrs.asdict(r) for r in results]}
+    payload = {
+        "model": str(path),
+        "blas": BLAS,
+        "max_tokens": args.max_tokens,
+        "results": [attrs.asdict(r) for r in results],
+    }
     report.publish(args.out / "adapters.json", header, table, payload)
 
 

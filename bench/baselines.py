@@ -19,8 +19,8 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 from bench.servers import REPO
@@ -46,9 +46,10 @@ def run_raw(model_path: str, workload: Workload, log_path: Path, on_record: Call
     command += ["--requests-per-client", str(workload.requests_per_client), "--waves", str(workload.waves)]
     records: list[Record] = []
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as log, subprocess.Popen(
-        command, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True
-    ) as child:
+    with (
+        log_path.open("w") as log,
+        subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True) as child,
+    ):
         assert child.stdout is not None  # stdout=PIPE
         for line in child.stdout:
             if line.startswith(_MARK):
@@ -82,9 +83,19 @@ def main(argv: list[str] | None = None) -> None:
     _batch_once(model, tokenizer, [WARMUP_PROMPT], workload.max_tokens)
     _stream_once(model, tokenizer, WARMUP_PROMPT, workload.max_tokens)
     for level in workload.concurrency:
-        _emit({"kind": "batch", **_median([_measure_batch(model, tokenizer, level, w, workload) for w in range(workload.waves)])})
+        _emit(
+            {
+                "kind": "batch",
+                **_median([_measure_batch(model, tokenizer, level, w, workload) for w in range(workload.waves)]),
+            }
+        )
         if level == 1:
-            _emit({"kind": "stream", **_median([_measure_stream(model, tokenizer, w, workload) for w in range(workload.waves)])})
+            _emit(
+                {
+                    "kind": "stream",
+                    **_median([_measure_stream(model, tokenizer, w, workload) for w in range(workload.waves)]),
+                }
+            )
 
 
 def _median(records: list[Record]) -> Record:

@@ -37,7 +37,9 @@ BATCHES = (1, 16, 64)
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.embeddings", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="demo", help="demo, tiny (built locally), a model directory or a repo id")
-    parser.add_argument("--embedding-model", default=None, help="a dedicated embedding model (MLX_RELAY_EMBEDDING_MODEL)")
+    parser.add_argument(
+        "--embedding-model", default=None, help="a dedicated embedding model (MLX_RELAY_EMBEDDING_MODEL)"
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per batch size")
     parser.add_argument("--input-words", type=int, default=24, help="words per embedding input")
     parser.add_argument("--streams", type=int, default=4, help="concurrent chat streams in the stall test")
@@ -68,8 +70,13 @@ def _throughput(url: str, batch: int, seconds: float, words: int) -> float:
 
 
 def _stream_gaps(url: str, index: int, max_tokens: int) -> list[float]:
-    body = {"messages": [{"role": "user", "content": f"Tell me about {index}."}], "max_tokens": max_tokens,
-            "temperature": 1.0, "seed": index, "stream": True}
+    body = {
+        "messages": [{"role": "user", "content": f"Tell me about {index}."}],
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "seed": index,
+        "stream": True,
+    }
     arrivals: list[float] = []
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as response:
         response.raise_for_status()
@@ -149,10 +156,16 @@ def main(argv: list[str] | None = None) -> None:
     env = relay_env(args.model, DEMOS) | dict(item.split("=", 1) for item in args.env)
     if args.embedding_model:
         env["MLX_RELAY_EMBEDDING_MODEL"] = args.embedding_model
-    result: dict[str, Any] = {"model": args.model, "embedding_model": args.embedding_model, "input_words": args.input_words,
-                              "env": args.env}
+    result: dict[str, Any] = {
+        "model": args.model,
+        "embedding_model": args.embedding_model,
+        "input_words": args.input_words,
+        "env": args.env,
+    }
     with started("relay-embeddings", relay_command(port), port, env, args.out / "logs") as server:
-        result["inputs_per_s"] = {str(b): round(_throughput(server.url, b, args.seconds, args.input_words), 1) for b in BATCHES}
+        result["inputs_per_s"] = {
+            str(b): round(_throughput(server.url, b, args.seconds, args.input_words), 1) for b in BATCHES
+        }
         _gaps(server.url, 1, 16)  # warm-up
         # Rounds alternate, so a machine whose load drifts weighs on both sides alike.
         alone_gaps: list[float] = []
@@ -174,18 +187,33 @@ def main(argv: list[str] | None = None) -> None:
     model_alone = _histogram_quantiles(*steps["alone"])
     model_loaded = _histogram_quantiles(*steps["loaded"])
     model_rise = model_loaded["p95"] / model_alone["p95"] - 1
-    result |= {"model_step_gaps_alone_ms": model_alone, "model_step_gaps_loaded_ms": model_loaded, "model_p95_rise": model_rise}
+    result |= {
+        "model_step_gaps_alone_ms": model_alone,
+        "model_step_gaps_loaded_ms": model_loaded,
+        "model_p95_rise": model_rise,
+    }
     alone, loaded = _quantiles(alone_gaps), _quantiles(loaded_gaps)
     rise = loaded["p95"] / alone["p95"] - 1
     rate = sum(rates) / len(rates)
-    result |= {"gaps_alone_s": alone, "gaps_loaded_s": loaded, "p95_rise": rise, "load_inputs_per_s": rate,
-               "exclusive": exclusive}
-    print(f"model thread's step gaps, ms (p50 / p95 / p99): alone {' / '.join(map(str, model_alone.values()))}; "
-          f"under load {' / '.join(map(str, model_loaded.values()))} (p95 {model_rise:+.0%}; target at most +20%)")
+    result |= {
+        "gaps_alone_s": alone,
+        "gaps_loaded_s": loaded,
+        "p95_rise": rise,
+        "load_inputs_per_s": rate,
+        "exclusive": exclusive,
+    }
+    print(
+        f"model thread's step gaps, ms (p50 / p95 / p99): alone {' / '.join(map(str, model_alone.values()))}; "
+        f"under load {' / '.join(map(str, model_loaded.values()))} (p95 {model_rise:+.0%}; target at most +20%)"
+    )
     print("inputs/s by batch: " + ", ".join(f"{b}: {v}" for b, v in result["inputs_per_s"].items()))
-    print(f"inter-token gaps of {args.streams} streams, ms (p50 / p95 / p99 / max): alone "
-          + " / ".join(f"{v * 1000:.1f}" for v in alone.values()) + f"; under {rate:.0f} embedded inputs/s "
-          + " / ".join(f"{v * 1000:.1f}" for v in loaded.values()) + f" (p95 {rise:+.0%}, as clients see it)")
+    print(
+        f"inter-token gaps of {args.streams} streams, ms (p50 / p95 / p99 / max): alone "
+        + " / ".join(f"{v * 1000:.1f}" for v in alone.values())
+        + f"; under {rate:.0f} embedded inputs/s "
+        + " / ".join(f"{v * 1000:.1f}" for v in loaded.values())
+        + f" (p95 {rise:+.0%}, as clients see it)"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "embeddings.json").write_text(json.dumps(result, indent=2))
 

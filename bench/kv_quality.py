@@ -31,14 +31,26 @@ from stages.models.quantized_kv import row_cache
 
 SCHEMES = (KvScheme(bits=8), KvScheme(bits=4))
 PROMPTS = (
-    "Explain how a hash map handles collisions.", "Write a haiku about autumn rain.", "What is the capital of France?",
-    "Summarize the plot of Hamlet in three sentences.", "List five uses for a paperclip.",
-    "How do vaccines train the immune system?", "Translate 'good morning' into Spanish and German.",
-    "Why is the sky blue?", "Give me a recipe for pancakes.", "What does a compiler do?",
-    "Describe the water cycle.", "Write a limerick about a cat.", "What is 17 times 23?",
-    "Name three planets and one fact about each.", "How does a bicycle stay upright?",
-    "What is photosynthesis?", "Write a short apology email for a missed meeting.",
-    "Explain recursion to a child.", "What are the rules of chess castling?", "Tell me a fun fact about octopuses.",
+    "Explain how a hash map handles collisions.",
+    "Write a haiku about autumn rain.",
+    "What is the capital of France?",
+    "Summarize the plot of Hamlet in three sentences.",
+    "List five uses for a paperclip.",
+    "How do vaccines train the immune system?",
+    "Translate 'good morning' into Spanish and German.",
+    "Why is the sky blue?",
+    "Give me a recipe for pancakes.",
+    "What does a compiler do?",
+    "Describe the water cycle.",
+    "Write a limerick about a cat.",
+    "What is 17 times 23?",
+    "Name three planets and one fact about each.",
+    "How does a bicycle stay upright?",
+    "What is photosynthesis?",
+    "Write a short apology email for a missed meeting.",
+    "Explain recursion to a child.",
+    "What are the rules of chess castling?",
+    "Tell me a fun fact about octopuses.",
 )
 
 
@@ -136,8 +148,10 @@ def smollm2(prompts: int, tokens: int) -> None:
         figures = [agreement(full, greedy(model, prompt, tokens, scheme)) for prompt, full in zip(encoded, fulls)]
         identical = sum(parted == len(full) for (_, parted), full in zip(figures, fulls))
         mean = sum(same for same, _ in figures) / len(figures)
-        print(f"smollm2 {scheme.describe()} over {len(encoded)} prompts x {tokens} tokens: {identical} identical, "
-              f"{mean:.1%} of positions agree, first differences at {sorted(parted for _, parted in figures)}")
+        print(
+            f"smollm2 {scheme.describe()} over {len(encoded)} prompts x {tokens} tokens: {identical} identical, "
+            f"{mean:.1%} of positions agree, first differences at {sorted(parted for _, parted in figures)}"
+        )
 
 
 def main() -> None:

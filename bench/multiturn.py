@@ -46,7 +46,8 @@ HEADER = ("turn", "prompt tokens", "cached (on)", "TTFT off ms", "TTFT on ms", "
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.multiturn", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--model", default="demo",
+        "--model",
+        default="demo",
         help="demo, tiny, shaped:<name> (built locally; see stages/models/shaped.py), a model directory or a repo id; "
         "several, comma-separated, give one summary row each (e.g. one per cache kind)",
     )
@@ -56,7 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=64, help="each answer's max_tokens (default 64)")
     # Greedy answers of a random-weight model repeat one token; seeded sampling
     # gives varied text, a stricter test of "same output with the cache".
-    parser.add_argument("--temperature", type=float, default=0.0, help="above 0: sample, seeded by the turn (default 0)")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="above 0: sample, seeded by the turn (default 0)"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="distinct conversations per server (default 1)")
     parser.add_argument("--out", type=Path, default=OUT, help="where the JSON, plot and logs go (default bench/out)")
     return parser
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
 def _one_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
     from stages.models.demo import DEMO_MODELS, ensure_demo_model
     from stages.models.loading import SHAPED
-    from stages.models.shaped import SHAPES, MODELS as SHAPED_MODELS, ensure_shaped_model
+    from stages.models.shaped import MODELS as SHAPED_MODELS
+    from stages.models.shaped import SHAPES, ensure_shaped_model
 
     if model in DEMO_MODELS:
         path = str(ensure_demo_model(model))
@@ -104,10 +108,16 @@ def _one_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
                 runs[mode] = [_conversation(server, texts, args, bar, repeat) for repeat in range(args.repeats)]
                 server_stats[mode] = httpx.get(f"{server.url}/stats", timeout=10).json()
     shaped = SHAPED_MODELS.get(model.removeprefix(SHAPED)) if model.startswith(SHAPED) else None
-    meta = {"model": model, "model_path": path, "platform": platform.platform(), "cpus": os.cpu_count(),
-            "blas": server_stats["on"].get("blas"), "wall_s": time.perf_counter() - started_at,
-            "cache_kind": SHAPES[shaped[0]].cache if shaped else "plain",
-            "prompt_cache": server_stats["on"].get("prompt_cache")}
+    meta = {
+        "model": model,
+        "model_path": path,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "blas": server_stats["on"].get("blas"),
+        "wall_s": time.perf_counter() - started_at,
+        "cache_kind": SHAPES[shaped[0]].cache if shaped else "plain",
+        "prompt_cache": server_stats["on"].get("prompt_cache"),
+    }
     summary = _publish(args, model, runs, meta)
     return {"model": model, "cache_kind": meta["cache_kind"], **summary}
 
@@ -157,10 +167,21 @@ def _conversation(server: Server, texts: _Texts, args: argparse.Namespace, bar: 
 
 
 def _stream(
-    client: httpx.Client, server: Server, messages: list[dict[str, str]], max_tokens: int, temperature: float, seed: int = 0
+    client: httpx.Client,
+    server: Server,
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    temperature: float,
+    seed: int = 0,
 ) -> Turn:
-    body = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     first: float | None = None
     parts: list[str] = []
@@ -195,14 +216,23 @@ def _rows(runs: dict[str, list[list[Turn]]]) -> list[tuple[str, ...]]:
         off, on = ([conversation[index] for conversation in runs[mode]] for mode in MODES)
         ttft_off, ttft_on = (statistics.median(t.ttft_s for t in turns) for turns in (off, on))
         same = sum(a.text == b.text for a, b in zip(off, on, strict=True))
-        rows.append((
-            str(index + 1), str(on[0].prompt_tokens), str(int(statistics.median(t.cached_tokens for t in on))),
-            f"{ttft_off * 1000:.0f}", f"{ttft_on * 1000:.0f}", f"{ttft_off / ttft_on:.1f}x", f"{same}/{len(on)}",
-        ))
+        rows.append(
+            (
+                str(index + 1),
+                str(on[0].prompt_tokens),
+                str(int(statistics.median(t.cached_tokens for t in on))),
+                f"{ttft_off * 1000:.0f}",
+                f"{ttft_on * 1000:.0f}",
+                f"{ttft_off / ttft_on:.1f}x",
+                f"{same}/{len(on)}",
+            )
+        )
     return rows
 
 
-def _publish(args: argparse.Namespace, model: str, runs: dict[str, list[list[Turn]]], meta: dict[str, Any]) -> dict[str, Any]:
+def _publish(
+    args: argparse.Namespace, model: str, runs: dict[str, list[list[Turn]]], meta: dict[str, Any]
+) -> dict[str, Any]:
     rows = _rows(runs)
     later = [float(row[5].rstrip("x")) for row in rows[1:]]
     pairs = [(a, b) for off, on in zip(runs["off"], runs["on"], strict=True) for a, b in zip(off, on, strict=True)]
@@ -229,17 +259,30 @@ def _publish(args: argparse.Namespace, model: str, runs: dict[str, list[list[Tur
     print("\nMarkdown:\n\n" + "\n".join([line(HEADER), "|" + " ---: |" * len(HEADER), *map(line, rows)]) + "\n")
     keys = ("turns", "system_tokens", "question_tokens", "max_tokens", "temperature", "repeats")
     workload = {"model": model, **{key: getattr(args, key) for key in keys}}
-    payload = {"workload": workload, "meta": meta, "summary": summary,
-               "turns": {mode: [[attrs.asdict(t) for t in conversation] for conversation in conversations]
-                         for mode, conversations in runs.items()}}
+    payload = {
+        "workload": workload,
+        "meta": meta,
+        "summary": summary,
+        "turns": {
+            mode: [[attrs.asdict(t) for t in conversation] for conversation in conversations]
+            for mode, conversations in runs.items()
+        },
+    }
     name = "multiturn" + (f"-{model.replace(':', '-').replace('/', '-')}" if "," in args.model else "")
     name += f"-t{args.temperature:g}" if args.temperature else ""
     report.write_json(args.out / f"{name}.json", payload)
     _plot(args.out / f"{name}.png", rows, title)
     print(f"wrote {args.out / f'{name}.json'} and {args.out / f'{name}.png'}")
-    ttft = {mode: statistics.median(t.ttft_s for c in runs[mode] for t in c[1:]) for mode in MODES} if args.turns > 1 else {}
-    return {**summary, "ttft_turn2_on_median_ms": 1000 * ttft.get("on", 0.0),
-            "ttft_turn2_off_median_ms": 1000 * ttft.get("off", 0.0)}
+    ttft = (
+        {mode: statistics.median(t.ttft_s for c in runs[mode] for t in c[1:]) for mode in MODES}
+        if args.turns > 1
+        else {}
+    )
+    return {
+        **summary,
+        "ttft_turn2_on_median_ms": 1000 * ttft.get("on", 0.0),
+        "ttft_turn2_off_median_ms": 1000 * ttft.get("off", 0.0),
+    }
 
 
 KIND_HEADER = ("cache kind", "model", "TTFT off ms (turns 2+)", "TTFT on ms (turns 2+)", "off/on", "same answers")
@@ -247,8 +290,17 @@ KIND_HEADER = ("cache kind", "model", "TTFT off ms (turns 2+)", "TTFT on ms (tur
 
 def _publish_kinds(args: argparse.Namespace, kinds: list[dict[str, Any]]) -> None:
     """One row per model (per cache kind): the medians over turns 2 and later."""
-    rows = [(k["cache_kind"], k["model"], f"{k['ttft_turn2_off_median_ms']:.0f}", f"{k['ttft_turn2_on_median_ms']:.0f}",
-             f"{k['speedup_turn2_on_median']:.1f}x", "{}/{}".format(*k["identical_answers"])) for k in kinds]
+    rows = [
+        (
+            k["cache_kind"],
+            k["model"],
+            f"{k['ttft_turn2_off_median_ms']:.0f}",
+            f"{k['ttft_turn2_on_median_ms']:.0f}",
+            f"{k['speedup_turn2_on_median']:.1f}x",
+            "{}/{}".format(*k["identical_answers"]),
+        )
+        for k in kinds
+    ]
     line = lambda row: "| " + " | ".join(row) + " |"  # noqa: E731
     print("\nPer cache kind:\n\n" + "\n".join([line(KIND_HEADER), "|" + " --- |" * len(KIND_HEADER), *map(line, rows)]))
     name = "multiturn-kinds" + (f"-t{args.temperature:g}" if args.temperature else "")

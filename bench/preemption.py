@@ -42,7 +42,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _stream(url: str, index: int, max_tokens: int) -> str:
-    body = {"messages": [{"role": "user", "content": f"Tell me about {index}."}], "temperature": 0.0, "max_tokens": max_tokens}
+    body = {
+        "messages": [{"role": "user", "content": f"Tell me about {index}."}],
+        "temperature": 0.0,
+        "max_tokens": max_tokens,
+    }
     response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=3600)
     response.raise_for_status()
     return str(response.json()["choices"][0]["message"]["content"])
@@ -57,26 +61,49 @@ def _run(args: argparse.Namespace, name: str, env: dict[str, str]) -> dict[str, 
         wall = time.perf_counter() - start
         gateway = httpx.get(f"{server.url}/stats", timeout=10).json()["gateway"]
     tokens = args.streams * args.max_tokens
-    return {"budget": name, "wall_s": wall, "tokens_per_s": tokens / wall, "preemptions": gateway["preemptions"],
-            "resumed": gateway["resumed"], "texts": texts}
+    return {
+        "budget": name,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "preemptions": gateway["preemptions"],
+        "resumed": gateway["resumed"],
+        "texts": texts,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     info = resolve_model(None if args.model in DEMOS else args.model, demo=args.model, name=None)
     shape = read_model_shape(info.path, info.context_window)
-    env = relay_env(args.model, DEMOS) | {"MLX_RELAY_PROMPT_CACHE_BYTES": str(PROMPT_CACHE),
-                                          "MLX_RELAY_MAX_BATCH": str(args.streams)}
-    tight = budget_for(shape, read_machine(), args.streams * shape.kv_bytes(512), prompt_cache=PROMPT_CACHE, max_batch=args.streams, prefill_step=512)
+    env = relay_env(args.model, DEMOS) | {
+        "MLX_RELAY_PROMPT_CACHE_BYTES": str(PROMPT_CACHE),
+        "MLX_RELAY_MAX_BATCH": str(args.streams),
+    }
+    tight = budget_for(
+        shape,
+        read_machine(),
+        args.streams * shape.kv_bytes(512),
+        prompt_cache=PROMPT_CACHE,
+        max_batch=args.streams,
+        prefill_step=512,
+    )
     rows = [_run(args, "ample", env), _run(args, "tight", env | {"MLX_RELAY_MEMORY_BUDGET": str(tight)})]
     same = rows[0]["texts"] == rows[1]["texts"]
     header = ("budget", "wall s", "tok/s", "preempted", "resumed")
     table = [
-        (row["budget"], f"{row['wall_s']:.1f}", f"{row['tokens_per_s']:.1f}", str(row["preemptions"]), str(row["resumed"]))
+        (
+            row["budget"],
+            f"{row['wall_s']:.1f}",
+            f"{row['tokens_per_s']:.1f}",
+            str(row["preemptions"]),
+            str(row["resumed"]),
+        )
         for row in rows
     ]
     summary = [{k: v for k, v in row.items() if k != "texts"} for row in rows]
-    report.publish(args.out / "preemption.json", header, table, {"model": args.model, "rows": summary, "same_output": same})
+    report.publish(
+        args.out / "preemption.json", header, table, {"model": args.model, "rows": summary, "same_output": same}
+    )
     print(f"cost of preemption: {rows[0]['tokens_per_s'] / rows[1]['tokens_per_s']:.2f}x slower; same output: {same}")
 
 

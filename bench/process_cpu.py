@@ -7,8 +7,16 @@ from collections.abc import Sequence
 from bench import report
 
 HEADER = (
-    "N", "front", "worker", "front+worker", "in-process relay", "mlx_lm.server", "raw", "stream_generate",
-    "worker / raw", "front+worker / mlx_lm.server",
+    "N",
+    "front",
+    "worker",
+    "front+worker",
+    "in-process relay",
+    "mlx_lm.server",
+    "raw",
+    "stream_generate",
+    "worker / raw",
+    "front+worker / mlx_lm.server",
 )
 
 
@@ -29,15 +37,23 @@ def rows(results: report.Results, levels: Sequence[int]) -> list[tuple[str, ...]
         stream = results.get(report.STREAM, {}).get(n, {}).get("cpu_s_per_1k_tokens")
         raw_for_n = stream if n == 1 and stream is not None else raw
         cells = (front, worker, total, single, peer, raw, stream)
-        out.append((str(n), *(f"{v:.2f}" if v is not None else "-" for v in cells),
-                    _ratio(worker, raw_for_n), _ratio(total, peer)))
+        out.append(
+            (
+                str(n),
+                *(f"{v:.2f}" if v is not None else "-" for v in cells),
+                _ratio(worker, raw_for_n),
+                _ratio(total, peer),
+            )
+        )
     return out
 
 
 def print_process_cpu(results: report.Results, levels: Sequence[int]) -> None:
     if not any("cpu_worker_s_per_1k_tokens" in row for row in results.get(report.RELAY, {}).values()):
         return
-    print("\nCPU s per 1,000 tokens, each process (worker / raw: against stream_generate at N=1, BatchGenerator above):\n")
+    print(
+        "\nCPU s per 1,000 tokens, each process (worker / raw: against stream_generate at N=1, BatchGenerator above):\n"
+    )
     table = rows(results, levels)
     print(report.plain_table(table, HEADER))
     print("\n" + report.markdown_table(table, HEADER))

@@ -61,14 +61,24 @@ def rows(results: Results, levels: Sequence[int]) -> list[tuple[str, ...]]:
     for n in levels:
         relay, raw, peer = (_get(results, who, n, "tokens_per_s") for who in (RELAY, RAW, PEER))
         stream = _get(results, STREAM, n, "tokens_per_s")
-        table.append((
-            str(n), _num(relay), _num(raw), _num(peer),
-            _ratio(relay, raw), _ratio(relay, peer), _ratio(relay, stream),
-            _ttft(results, RELAY, n), _ttft(results, PEER, n),
-            _num(_get(results, RELAY, n, "request_decode_tps")), _num(_get(results, PEER, n, "request_decode_tps")),
-            _num(_get(results, RELAY, n, "cpu_s_per_1k_tokens"), 2), _num(_get(results, PEER, n, "cpu_s_per_1k_tokens"), 2),
-            _share(_get(results, RELAY, n, "loop_wait_share")),
-        ))
+        table.append(
+            (
+                str(n),
+                _num(relay),
+                _num(raw),
+                _num(peer),
+                _ratio(relay, raw),
+                _ratio(relay, peer),
+                _ratio(relay, stream),
+                _ttft(results, RELAY, n),
+                _ttft(results, PEER, n),
+                _num(_get(results, RELAY, n, "request_decode_tps")),
+                _num(_get(results, PEER, n, "request_decode_tps")),
+                _num(_get(results, RELAY, n, "cpu_s_per_1k_tokens"), 2),
+                _num(_get(results, PEER, n, "cpu_s_per_1k_tokens"), 2),
+                _share(_get(results, RELAY, n, "loop_wait_share")),
+            )
+        )
     return table
 
 
@@ -90,13 +100,23 @@ def ceiling_rows(results: Results, levels: Sequence[int], cores: int) -> list[tu
     table: list[tuple[str, ...]] = []
     for n in levels:
         raw, relay = _get(results, RAW, n, "tokens_per_s"), _get(results, RELAY, n, "tokens_per_s")
-        raw_cpu, client_cpu = _get(results, RAW, n, "cpu_s_per_1k_tokens"), _get(results, RELAY, n, "client_cpu_s_per_1k_tokens")
+        raw_cpu, client_cpu = (
+            _get(results, RAW, n, "cpu_s_per_1k_tokens"),
+            _get(results, RELAY, n, "client_cpu_s_per_1k_tokens"),
+        )
         ceiling = cores * 1000 / (raw_cpu + client_cpu) if raw_cpu is not None and client_cpu is not None else None
         capped = min(ceiling, raw) if ceiling is not None and raw is not None else ceiling
-        table.append((
-            str(n), _num(raw), _num(raw_cpu, 2), _num(client_cpu, 2), _num(capped),
-            _ratio(capped, raw), _ratio(relay, capped),
-        ))
+        table.append(
+            (
+                str(n),
+                _num(raw),
+                _num(raw_cpu, 2),
+                _num(client_cpu, 2),
+                _num(capped),
+                _ratio(capped, raw),
+                _ratio(relay, capped),
+            )
+        )
     return table
 
 
@@ -148,7 +168,11 @@ def plot(path: Path, results: Results, levels: Sequence[int], title: str) -> Non
     import matplotlib.pyplot as plt
 
     fig, (speed, latency) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for who, label, style in ((RELAY, "mlx-relay", "o-"), (PEER, "mlx_lm.server", "s-"), (RAW, "raw BatchGenerator", "^--")):
+    for who, label, style in (
+        (RELAY, "mlx-relay", "o-"),
+        (PEER, "mlx_lm.server", "s-"),
+        (RAW, "raw BatchGenerator", "^--"),
+    ):
         _line(speed, results, who, levels, "tokens_per_s", style, label)
     for who in sorted(name for name in results if name.startswith(RELAY + " (")):
         _line(speed, results, who, levels, "tokens_per_s", "d-.", who)  # the same server, started another way
@@ -171,7 +195,9 @@ def plot(path: Path, results: Results, levels: Sequence[int], title: str) -> Non
     plt.close(fig)
 
 
-def _line(axis: Any, results: Results, who: str, levels: Sequence[int], key: str, style: str, label: str, **kw: Any) -> None:
+def _line(
+    axis: Any, results: Results, who: str, levels: Sequence[int], key: str, style: str, label: str, **kw: Any
+) -> None:
     points = [(n, _get(results, who, n, key)) for n in levels]
     points = [(n, y) for n, y in points if y is not None]
     if points:

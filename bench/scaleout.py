@@ -69,7 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--system-words", type=int, default=300, help="each conversation's system prompt, in words")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--model", default="tiny", help="a built-in model (tiny, demo, smollm2) or MLX_RELAY_MODEL value")
+    parser.add_argument(
+        "--model", default="tiny", help="a built-in model (tiny, demo, smollm2) or MLX_RELAY_MODEL value"
+    )
     parser.add_argument("--skip-haproxy", action="store_true")
     parser.add_argument("--store", help="the failover run's shared Responses store URL (default: one SQLite file)")
     parser.add_argument("--kill-turn", type=int, default=3, help="the failover run kills replica 0 during this turn")
@@ -78,10 +80,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def chat_turn(url: str, model: str, messages: list[dict[str, str]], max_tokens: int, headers: dict[str, str]) -> tuple[str, float, dict[str, Any]]:
+def chat_turn(
+    url: str, model: str, messages: list[dict[str, str]], max_tokens: int, headers: dict[str, str]
+) -> tuple[str, float, dict[str, Any]]:
     """One streamed turn: (answer, seconds to the first content, usage)."""
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     started, first, text, usage = time.perf_counter(), None, [], {}
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=_TIMEOUT) as response:
         response.raise_for_status()
@@ -110,7 +120,9 @@ def run_conversations(url: str, model: str, args: argparse.Namespace, *, keyed: 
             messages.append({"role": "assistant", "content": answer})
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             with lock:
-                results.append(TurnResult(index, turn, ttft, usage["prompt_tokens"], cached, usage["completion_tokens"]))
+                results.append(
+                    TurnResult(index, turn, ttft, usage["prompt_tokens"], cached, usage["completion_tokens"])
+                )
 
     in_threads(args.conversations, conversation)
     return results
@@ -122,18 +134,28 @@ def summarise(results: list[TurnResult], per_replica: list[int]) -> dict[str, An
     by_key = {(r.conversation, r.turn): r for r in results}
     # The ceiling: a turn can reuse what the turn before sent and received; a first turn nothing.
     ceiling = sum(
-        min(r.prompt_tokens, by_key[(r.conversation, r.turn - 1)].prompt_tokens + by_key[(r.conversation, r.turn - 1)].completion_tokens)
-        for r in results if r.turn > 1
+        min(
+            r.prompt_tokens,
+            by_key[(r.conversation, r.turn - 1)].prompt_tokens + by_key[(r.conversation, r.turn - 1)].completion_tokens,
+        )
+        for r in results
+        if r.turn > 1
     )
     turns: dict[str, Any] = {}
     for turn in sorted({r.turn for r in results}):
         ttfts = sorted(r.ttft for r in results if r.turn == turn)
-        turns[str(turn)] = {"ttft_p50_ms": round(1000 * statistics.median(ttfts), 1),
-                            "ttft_p95_ms": round(1000 * _quantile(ttfts, 0.95), 1)}
+        turns[str(turn)] = {
+            "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1),
+            "ttft_p95_ms": round(1000 * _quantile(ttfts, 0.95), 1),
+        }
     return {
-        "requests": len(results), "prompt_tokens": prompt, "cached_tokens": cached,
-        "cached_share": round(cached / prompt, 3) if prompt else 0.0, "ceiling": round(ceiling / prompt, 3) if prompt else 0.0,
-        "per_turn": turns, "requests_per_replica": per_replica,
+        "requests": len(results),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "cached_share": round(cached / prompt, 3) if prompt else 0.0,
+        "ceiling": round(ceiling / prompt, 3) if prompt else 0.0,
+        "per_turn": turns,
+        "requests_per_replica": per_replica,
     }
 
 
@@ -150,7 +172,11 @@ def routed_run(args: argparse.Namespace, router: str, policy: str, *, keyed: boo
         before = submitted(cluster)
         results = run_conversations(url, model_id(cluster), args, keyed=keyed)
         after = submitted(cluster)
-        return {"router": router, "policy": policy, **summarise(results, [a - b for a, b in zip(after, before, strict=True)])}
+        return {
+            "router": router,
+            "policy": policy,
+            **summarise(results, [a - b for a, b in zip(after, before, strict=True)]),
+        }
     finally:
         cluster.stop()
 
@@ -158,11 +184,16 @@ def routed_run(args: argparse.Namespace, router: str, policy: str, *, keyed: boo
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = [] if args.only_failover else [routed_run(args, "smg", "cache_aware", keyed=True),
-                                          routed_run(args, "smg", "round_robin", keyed=True)]
+    runs = (
+        []
+        if args.only_failover
+        else [routed_run(args, "smg", "cache_aware", keyed=True), routed_run(args, "smg", "round_robin", keyed=True)]
+    )
     if not args.skip_haproxy and not args.only_failover:
-        runs += [routed_run(args, "haproxy", "hash x-session-affinity", keyed=True),
-                 routed_run(args, "haproxy", "no key (round robin)", keyed=False)]
+        runs += [
+            routed_run(args, "haproxy", "hash x-session-affinity", keyed=True),
+            routed_run(args, "haproxy", "no key (round robin)", keyed=False),
+        ]
     print(f"{'router':8} {'policy':26} {'cached':>7} {'ceiling':>8}  per replica   TTFT p50/p95 ms per turn")
     for run in runs:
         ttft = "  ".join(f"{t['ttft_p50_ms']:.0f}/{t['ttft_p95_ms']:.0f}" for t in run["per_turn"].values())

@@ -74,7 +74,10 @@ def failover_run(args: argparse.Namespace) -> dict[str, Any]:
                 if turn == args.kill_turn:
                     turn_started.wait()
                 body: dict[str, Any] = {
-                    "model": model, "instructions": instructions, "input": f"Question {turn}.", "temperature": 0,
+                    "model": model,
+                    "instructions": instructions,
+                    "input": f"Question {turn}.",
+                    "temperature": 0,
                     "max_output_tokens": _KILL_TURN_TOKENS if turn == args.kill_turn else args.max_tokens,
                 }
                 if previous is not None:

@@ -35,8 +35,8 @@ from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs in the venv
 from bench import report
 from bench.baselines import Record, run_raw
 from bench.cpu import tree_cpu_seconds, tree_cpu_split
-from bench.process_cpu import print_process_cpu
 from bench.load import run_wave, summarize, warm_up
+from bench.process_cpu import print_process_cpu
 from bench.servers import Server, free_port, mlx_lm_command, relay_command, relay_env, started, wait_healthy
 from bench.workload import WARMUP_PROMPT, Workload
 
@@ -59,14 +59,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default 64)")
     # Two, not one: a wave of one request per client lasts under a second with the
     # demo model, and single waves varied by ~15% between runs.
-    parser.add_argument("--requests-per-client", type=int, default=2, help="requests each client sends in turn (default 2)")
+    parser.add_argument(
+        "--requests-per-client", type=int, default=2, help="requests each client sends in turn (default 2)"
+    )
     parser.add_argument("--waves", type=int, default=1, help="waves per level; the median one is reported (default 1)")
     parser.add_argument(
-        "--relay", default="asyncio",
+        "--relay",
+        default="asyncio",
         help="mlx-relay variants to run, each a phase of its own in this run, the first as the main contender: "
         f"{', '.join(VARIANTS)} (default asyncio)",
     )
-    parser.add_argument("--url", help="benchmark this running mlx-relay instead of starting one (it must serve --model)")
+    parser.add_argument(
+        "--url", help="benchmark this running mlx-relay instead of starting one (it must serve --model)"
+    )
     parser.add_argument("--skip", default="", help=f"comma-separated baselines to leave out: {', '.join(PEERS)}")
     parser.add_argument("--out", type=Path, default=OUT, help="where the JSON, plot and logs go (default bench/out)")
     return parser
@@ -188,7 +193,10 @@ async def _drive(server: Server, workload: Workload, bar: tqdm) -> _Phase:
         for index in range(workload.waves):
             summaries.append(await _measured_wave(server, level, index, workload, phase))
         summaries.sort(key=lambda summary: float(summary["tokens_per_s"]))
-        phase.summaries[level] = {**summaries[len(summaries) // 2], "waves_tokens_per_s": [s["tokens_per_s"] for s in summaries]}
+        phase.summaries[level] = {
+            **summaries[len(summaries) // 2],
+            "waves_tokens_per_s": [s["tokens_per_s"] for s in summaries],
+        }
         bar.update(1)
     return phase
 
@@ -256,11 +264,16 @@ def _variant_rows(results: report.Results, names: list[str], levels: tuple[int, 
         for name in names:
             row = results[name].get(n, {})
             rate, base = row.get("tokens_per_s"), main.get("tokens_per_s")
-            rows.append((
-                str(n), name, f"{rate:.0f}" if rate else "-", f"{rate / base:.2f}x" if rate and base else "-",
-                f"{row['ttft_p50_ms']:.0f}" if row.get("ttft_p50_ms") is not None else "-",
-                f"{row['cpu_s_per_1k_tokens']:.2f}" if row.get("cpu_s_per_1k_tokens") is not None else "-",
-            ))
+            rows.append(
+                (
+                    str(n),
+                    name,
+                    f"{rate:.0f}" if rate else "-",
+                    f"{rate / base:.2f}x" if rate and base else "-",
+                    f"{row['ttft_p50_ms']:.0f}" if row.get("ttft_p50_ms") is not None else "-",
+                    f"{row['cpu_s_per_1k_tokens']:.2f}" if row.get("cpu_s_per_1k_tokens") is not None else "-",
+                )
+            )
     return rows
 
 
@@ -275,8 +288,10 @@ def _publish(args: argparse.Namespace, workload: Workload, results: report.Resul
     print(report.plain_table(table))
     if report.RAW in results:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        print(f"\nWhat {cores} cores leave a server while the client shares them (ceiling: the most a server costing"
-              " nothing could reach, at raw mlx-lm's CPU per token plus the client's; never above raw):\n")
+        print(
+            f"\nWhat {cores} cores leave a server while the client shares them (ceiling: the most a server costing"
+            " nothing could reach, at raw mlx-lm's CPU per token plus the client's; never above raw):\n"
+        )
         ceiling = report.ceiling_rows(results, levels, cores)
         print(report.plain_table(ceiling, report.CEILING_HEADER))
         print("\n" + report.markdown_table(ceiling, report.CEILING_HEADER))
@@ -294,9 +309,16 @@ def _publish(args: argparse.Namespace, workload: Workload, results: report.Resul
     notes.append(f"total wall time {meta['wall_s']:.1f} s")
     print("\n" + "\n".join(notes))
     print("\nMarkdown:\n\n" + report.markdown_table(table) + "\n")
-    payload = {"workload": {"concurrency": list(levels), "max_tokens": workload.max_tokens,
-                            "requests_per_client": workload.requests_per_client, "waves": workload.waves},
-               "meta": meta, "results": results}
+    payload = {
+        "workload": {
+            "concurrency": list(levels),
+            "max_tokens": workload.max_tokens,
+            "requests_per_client": workload.requests_per_client,
+            "waves": workload.waves,
+        },
+        "meta": meta,
+        "results": results,
+    }
     report.write_json(args.out / "serving.json", payload)
     report.plot(args.out / "serving.png", results, levels, title)
     print(f"wrote {args.out / 'serving.json'} and {args.out / 'serving.png'}")

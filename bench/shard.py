@@ -55,8 +55,12 @@ def _samplers(rows: int, seeded: bool) -> list[Any]:
 def decode(generator: Any, rows: int, tokens: int, seeded: bool) -> dict[str, float]:
     """Tokens/s after every row has its first token (prefill excluded)."""
     generator.insert(
-        PROMPT[:rows], max_tokens=[tokens] * rows, caches=None, all_tokens=[[] for _ in range(rows)],
-        samplers=_samplers(rows, seeded), logits_processors=[[] for _ in range(rows)],
+        PROMPT[:rows],
+        max_tokens=[tokens] * rows,
+        caches=None,
+        all_tokens=[[] for _ in range(rows)],
+        samplers=_samplers(rows, seeded),
+        logits_processors=[[] for _ in range(rows)],
     )
     produced, started, counted, steps = 0, 0.0, 0, 0
     channel = getattr(generator, "channel", None)
@@ -122,7 +126,10 @@ def sharded(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(args.ranks)]))
     command = [sys.executable, "-m", "bench.shard", *sys.argv[1:]]
     env = {**os.environ, "MLX_HOSTFILE": str(hostfile)}
-    ranks = [subprocess.Popen(command, env={**env, "MLX_RANK": str(r)}, stdout=subprocess.PIPE, text=True) for r in range(args.ranks)]
+    ranks = [
+        subprocess.Popen(command, env={**env, "MLX_RANK": str(r)}, stdout=subprocess.PIPE, text=True)
+        for r in range(args.ranks)
+    ]
     output, _ = ranks[0].communicate(timeout=1800)
     for process in ranks[1:]:
         process.wait(timeout=60)
@@ -151,8 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     for a, b in zip(one, many["runs"]):
         kind = "seeded" if a["seeded"] else "greedy"
         ratio = b["tokens_per_s"] / a["tokens_per_s"]
-        print(f"{a['rows']:>4} {kind:>8} {a['tokens_per_s']:>13} {b['tokens_per_s']:>14} {ratio:>6.2f} {b['step_us']:>12}")
-    (args.out / "shard.json").write_text(json.dumps({"model": args.model, "ranks": args.ranks, "single": one, "sharded": many}, indent=2))
+        print(
+            f"{a['rows']:>4} {kind:>8} {a['tokens_per_s']:>13} {b['tokens_per_s']:>14} {ratio:>6.2f} {b['step_us']:>12}"
+        )
+    (args.out / "shard.json").write_text(
+        json.dumps({"model": args.model, "ranks": args.ranks, "single": one, "sharded": many}, indent=2)
+    )
     return 0
 
 

@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> None:
         for name, run in ways.items():
             wall, cpu = time.perf_counter(), time.process_time()
             run()
-            timings[name].append(((time.perf_counter() - wall) / args.tokens * 1e3, (time.process_time() - cpu) / args.tokens * 1e3))
+            timings[name].append(
+                ((time.perf_counter() - wall) / args.tokens * 1e3, (time.process_time() - cpu) / args.tokens * 1e3)
+            )
     print(f"{args.model}, {args.tokens} tokens, {args.rounds} rounds, BLAS {blas}; same tokens: {same}")
     print(f"{'way':>16}  {'wall ms/tok med':>15}  {'best':>6}  {'CPU ms/tok med':>14}  {'best':>6}")
     for name, rows in timings.items():

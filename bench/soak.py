@@ -38,9 +38,17 @@ from bench.soak_load import Client, Tally
 OUT = Path(__file__).resolve().parent / "out"
 MB = 1 << 20
 COLUMNS = (
-    "seconds", "rss_mb", "rss_less_cache_mb", "prompt_cache_mb", "prompt_cache_entries",
-    "store_mb", "store_entries",
-    "mx_active_mb", "mx_cache_mb", "requests", "errors",
+    "seconds",
+    "rss_mb",
+    "rss_less_cache_mb",
+    "prompt_cache_mb",
+    "prompt_cache_entries",
+    "store_mb",
+    "store_entries",
+    "mx_active_mb",
+    "mx_cache_mb",
+    "requests",
+    "errors",
 )
 
 
@@ -51,11 +59,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples (default 5)")
     parser.add_argument("--max-tokens", type=int, default=48, help="the most tokens a request asks for (default 48)")
     parser.add_argument("--model", default="demo", help="demo, tiny, a model directory or a repo id")
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra server setting (repeatable)")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="extra server setting (repeatable)"
+    )
     parser.add_argument("--url", help="soak this running mlx-relay (loopback) instead of starting one; needs --pid")
     parser.add_argument("--pid", type=int, help="the process whose RSS to sample, with --url")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=OUT, help="where the CSV, JSON, plot and log go (default bench/out)")
+    parser.add_argument(
+        "--out", type=Path, default=OUT, help="where the CSV, JSON, plot and log go (default bench/out)"
+    )
     return parser
 
 
@@ -88,7 +100,9 @@ async def _soak(args: argparse.Namespace, url: str, pid: int) -> tuple[list[dict
         (await http.post("/v1/chat/completions", json=warm)).raise_for_status()
         started_at = time.monotonic()
         deadline = started_at + args.minutes * 60
-        clients = [Client(http, random.Random(args.seed * 1000 + n), args.max_tokens, tally) for n in range(args.clients)]
+        clients = [
+            Client(http, random.Random(args.seed * 1000 + n), args.max_tokens, tally) for n in range(args.clients)
+        ]
         load = [asyncio.create_task(client.run(deadline)) for client in clients]
         rows = await _sample(http, pid, started_at, deadline, args.interval, tally)
         await asyncio.gather(*load)

@@ -129,7 +129,13 @@ class Client:
 
     async def chat_stream(self) -> None:
         messages = [{"role": "user", "content": self.words(10, 200)}]
-        body = {"model": "m", "messages": messages, "max_tokens": self.tokens(), "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": "m",
+            "messages": messages,
+            "max_tokens": self.tokens(),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         await self.stream("/v1/chat/completions", body)
 
     async def chat_tools(self) -> None:
@@ -145,7 +151,12 @@ class Client:
         await self.post("/v1/chat/completions", body)
 
     async def completion(self) -> None:
-        body = {"model": "m", "prompt": self.words(5, 300), "max_tokens": self.tokens(), "stream": self.rng.random() < 0.5}
+        body = {
+            "model": "m",
+            "prompt": self.words(5, 300),
+            "max_tokens": self.tokens(),
+            "stream": self.rng.random() < 0.5,
+        }
         if body["stream"]:
             await self.stream("/v1/completions", body)
         else:
@@ -153,7 +164,9 @@ class Client:
 
     async def completion_regex(self) -> None:
         # A fresh pattern now and then, so the grammar cache sees new keys too.
-        pattern = self.rng.choice([r"[a-z]{3,8}( [a-z]{2,6}){0,3}", r"\d{1,4}-\d{2}", rf"(yes|no|maybe{self.rng.randint(0, 999)})"])
+        pattern = self.rng.choice(
+            [r"[a-z]{3,8}( [a-z]{2,6}){0,3}", r"\d{1,4}-\d{2}", rf"(yes|no|maybe{self.rng.randint(0, 999)})"]
+        )
         body = {"model": "m", "prompt": self.words(5, 50), "max_tokens": self.tokens(), "guided_regex": pattern}
         await self.post("/v1/completions", body)
 

@@ -60,8 +60,11 @@ def main(argv: list[str] | None = None) -> None:
     draft = _load(args.draft)[0] if args.draft else None
     messages = [{"role": "user", "content": PROMPTS[args.workload]}]
     prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-    print(f"{args.model}, workload {args.workload}, {args.tokens} tokens a row, {args.rounds} rounds, BLAS {blas}, "
-          f"drafter {args.draft or 'prompt lookup'}, k<={args.k}{', ungated' if args.ungated else ''}; the machine is shared: ratios within one run only")  # fmt: skip
+    print(
+        f"{args.model}, workload {args.workload}, {args.tokens} tokens a row, {args.rounds} rounds, BLAS {blas}, "
+        f"drafter {args.draft or 'prompt lookup'}, k<={args.k}{', ungated' if args.ungated else ''}; "
+        "the machine is shared: ratios within one run only"
+    )
     print(f"{'rows':>4}  {'plain tok/s':>11}  {'spec tok/s':>10}  {'ratio':>6}  {'accepted/proposed':>17}  same")
     for rows in (int(n) for n in args.rows.split(",")):
         plain, spec, counts = _ways(model, draft, prompt, rows, args)

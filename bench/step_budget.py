@@ -115,8 +115,10 @@ def main(argv: list[str] | None = None) -> None:
     }
     for name, figures in (("fixed 512-token chunks", fixed), (f"{args.budget_ms} ms step budget", budget)):
         gaps = f"p50 {figures['p50_ms']} ms, p95 {figures['p95_ms']} ms, max {figures['max_ms']} ms"
-        print(f"{name}: streams' gaps {gaps} "
-              f"({figures['gaps']} gaps); the {args.prompt_tokens}-token prompt took {figures['long_prompt_s']} s")
+        print(
+            f"{name}: streams' gaps {gaps} "
+            f"({figures['gaps']} gaps); the {args.prompt_tokens}-token prompt took {figures['long_prompt_s']} s"
+        )
     print(f"p95 gap, fixed / budget: {result['p95_ratio']}x")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"step_budget-{args.model}.json").write_text(json.dumps(result, indent=2))

@@ -79,7 +79,10 @@ async def _wave(url: str, level: int, share: float, max_tokens: int, repeat: int
     async with httpx.AsyncClient(timeout=_TIMEOUT) as client:
         start = time.perf_counter()
         counts = await asyncio.gather(
-            *(_request(client, url, f"Request {repeat}.{i}: write a line.", max_tokens, i < constrained) for i in range(level))
+            *(
+                _request(client, url, f"Request {repeat}.{i}: write a line.", max_tokens, i < constrained)
+                for i in range(level)
+            )
         )
         return sum(counts), time.perf_counter() - start
 
@@ -101,13 +104,21 @@ def _publish(args: argparse.Namespace, waves: list[Wave]) -> None:
     header = ("concurrency", "mix", "tok/s", "vs free")
     free = {w.concurrency: w.tokens_per_s for w in waves if w.mix == "free"}
     table = [
-        (str(w.concurrency), w.mix, f"{w.tokens_per_s:.0f}", f"{w.tokens_per_s / free[w.concurrency]:.2f}x") for w in waves
+        (str(w.concurrency), w.mix, f"{w.tokens_per_s:.0f}", f"{w.tokens_per_s / free[w.concurrency]:.2f}x")
+        for w in waves
     ]
     print(report.plain_table(table, header))
     print()
     print(report.markdown_table(table, header))
     args.out.mkdir(parents=True, exist_ok=True)
-    report.write_json(args.out / "structured.json", {"model": args.model, "max_tokens": args.max_tokens, "waves": [attrs.asdict(w) | {"tokens_per_s": w.tokens_per_s} for w in waves]})
+    report.write_json(
+        args.out / "structured.json",
+        {
+            "model": args.model,
+            "max_tokens": args.max_tokens,
+            "waves": [attrs.asdict(w) | {"tokens_per_s": w.tokens_per_s} for w in waves],
+        },
+    )
     _plot(args.out / "structured.png", waves)
 
 

@@ -65,11 +65,15 @@ def main() -> None:
             body = {"prompt": "hi", "max_tokens": 4}
             assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).status_code == 200
             samples.append(_rss_kib(front))
-            print(f"restart {restart}: back in {time.monotonic() - killed:.2f} s, front RSS {samples[-1] / 1024:.1f} MiB")
+            print(
+                f"restart {restart}: back in {time.monotonic() - killed:.2f} s, front RSS {samples[-1] / 1024:.1f} MiB"
+            )
         base = samples[min(4, len(samples) - 1)]
-        print(f"\n{args.restarts} restarts in {time.monotonic() - began:.0f} s; front RSS after restart 5:"
-              f" {base / 1024:.1f} MiB, after the last: {samples[-1] / 1024:.1f} MiB"
-              f" ({(samples[-1] - base) / 1024:+.1f} MiB)")
+        print(
+            f"\n{args.restarts} restarts in {time.monotonic() - began:.0f} s; front RSS after restart 5:"
+            f" {base / 1024:.1f} MiB, after the last: {samples[-1] / 1024:.1f} MiB"
+            f" ({(samples[-1] - base) / 1024:+.1f} MiB)"
+        )
 
 
 if __name__ == "__main__":

@@ -85,11 +85,22 @@ class Cluster:
             port = base_port + index if base_port else free_port()
             log = self.run_dir / f"replica-{index}.log"
             environment = {**os.environ, "MLX_RELAY_RESPONSE_STORE": self.store, **(env or {})}
-            command = [sys.executable, "-m", "hypercorn", "app:app", "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "10",
-                       "--access-logfile", "-"]
+            command = [
+                sys.executable,
+                "-m",
+                "hypercorn",
+                "app:app",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--graceful-timeout",
+                "10",
+                "--access-logfile",
+                "-",
+            ]
             with log.open("wb") as out:
-                process = subprocess.Popen(command, cwd=REPO, env=environment, stdout=out, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
+                process = subprocess.Popen(
+                    command, cwd=REPO, env=environment, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
             self.replicas.append(Replica(index, port, process, log))
         for replica in self.replicas:
             wait_healthy(replica.url, replica.process, replica.log)
@@ -99,12 +110,31 @@ class Cluster:
         port = port or free_port()
         log = self.run_dir / f"smg-{policy}.log"
         command = [
-            sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
-            "--worker-urls", *(replica.url for replica in self.replicas), "--policy", policy,
-            "--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1",
+            sys.executable,
+            "-m",
+            "smg",
+            "launch",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-urls",
+            *(replica.url for replica in self.replicas),
+            "--policy",
+            policy,
+            "--prometheus-port",
+            str(free_port()),
+            "--prometheus-host",
+            "127.0.0.1",
             # Failover within seconds: probe each replica every second, drop it after two misses.
-            "--health-check-interval-secs", "1", "--health-failure-threshold", "2", "--load-monitor-interval", "2",
-            "--log-level", "warn",
+            "--health-check-interval-secs",
+            "1",
+            "--health-failure-threshold",
+            "2",
+            "--load-monitor-interval",
+            "2",
+            "--log-level",
+            "warn",
         ]
         return self._start_router(command, log, port)
 
@@ -120,7 +150,9 @@ class Cluster:
 
     def _start_router(self, command: list[str], log: Path, port: int) -> str:
         with log.open("wb") as out:
-            self.router = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.router = subprocess.Popen(
+                command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.router_url = f"http://127.0.0.1:{port}"
         wait_healthy(self.router_url, self.router, log, timeout=60.0)
         return self.router_url
@@ -176,7 +208,11 @@ def main() -> None:
     cluster = Cluster.create(args.store, args.run_dir)
     try:
         cluster.start_replicas(args.replicas, base_port=args.base_port)
-        url = cluster.start_smg(policy=args.policy, port=args.port) if args.router == "smg" else cluster.start_haproxy(port=args.port)
+        url = (
+            cluster.start_smg(policy=args.policy, port=args.port)
+            if args.router == "smg"
+            else cluster.start_haproxy(port=args.port)
+        )
         print(f"{args.router} on {url} over {[r.url for r in cluster.replicas]}; logs in {cluster.run_dir}", flush=True)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         signal.sigwait({signal.SIGINT, signal.SIGTERM})

@@ -61,7 +61,9 @@ def work_served_as(served: ServedModels, model: str | None) -> str:
     if target in served.ids[1:]:
         raise invalid(
             f"The model `{model[:200]}` is a LoRA adapter; embeddings and scores come from the base model only: "
-            f"ask for `{served.base}`", param="model", code="model_not_supported",
+            f"ask for `{served.base}`",
+            param="model",
+            code="model_not_supported",
         )
     if served.adapters and not served.knows(model):
         raise not_found(model, "model", served=(*served.ids, *served.aliases))

@@ -21,8 +21,8 @@ from fleet.spec import Defaults
 from pipeline.errors import invalid
 from pipeline.requests import JsonValue
 from stages.engine.engine import Engine
-from stages.prompt.parse import load_json
 from stages.engine.speech import SpeechEngine
+from stages.prompt.parse import load_json
 
 
 def fleet() -> Fleet:

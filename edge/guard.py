@@ -172,7 +172,9 @@ def _check_form(policy: EdgePolicy) -> None:
 
 
 def too_large(limit: int) -> RequestError:
-    return RequestError(kind=ErrorKind.TOO_LARGE, message=f"The request body is larger than this server's limit of {limit} bytes")
+    return RequestError(
+        kind=ErrorKind.TOO_LARGE, message=f"The request body is larger than this server's limit of {limit} bytes"
+    )
 
 
 async def _allow_origin(response: Response) -> Response:

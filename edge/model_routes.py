@@ -23,9 +23,9 @@ from edge.status_routes import model_state
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
 from stages.engine.engine import Engine
+from stages.engine.speech import SpeechEngine
 from stages.engine.work_service import ModelWork
 from stages.prompt.parse import load_json
-from stages.engine.speech import SpeechEngine
 from wire.embeddings import decode_embeddings, embeddings_body
 from wire.scoring import decode_rerank, decode_score, rerank_body, score_body
 from wire.sse import dumps

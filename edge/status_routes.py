@@ -67,8 +67,13 @@ def model_state(engine: Engine) -> JsonObject:
     if worker is None:
         state = "ready" if engine.ready else ("failed" if engine.dead else "loading")
         return {"id": engine.info.name, "state": state, "pid": os.getpid(), "in_process": True}
-    return {"id": engine.info.name, "state": worker.state, "pid": worker.pid, "restarts": worker.restarts,
-            "in_process": False}
+    return {
+        "id": engine.info.name,
+        "state": worker.state,
+        "pid": worker.pid,
+        "restarts": worker.restarts,
+        "in_process": False,
+    }
 
 
 def _speech_health(engine: SpeechEngine) -> Response:

@@ -21,7 +21,9 @@ from stages.messages import Reply
 Persist = Callable[[StreamProtocol], Awaitable[None]]
 
 
-async def sse_body(reply: Reply, protocol: StreamProtocol, persist: Persist | None, interval: float) -> AsyncIterator[bytes]:
+async def sse_body(
+    reply: Reply, protocol: StreamProtocol, persist: Persist | None, interval: float
+) -> AsyncIterator[bytes]:
     """A streamed reply as SSE bytes: keepalives while nothing comes, a terminal frame whatever happens."""
     with reply:
         yield protocol.start()

@@ -79,18 +79,27 @@ class Tracing:
         total = _ns(record.total) or sum(_ns(s) for s in (record.queue, record.prefill, record.decode))
         start = end - total
         attributes: dict[str, Any] = {
-            "mlx_relay.request_id": record.request_id, "mlx_relay.trace_id": pending.trace_id,
-            "mlx_relay.finish_reason": record.finish_reason, "gen_ai.usage.input_tokens": record.prompt_tokens,
-            "gen_ai.usage.output_tokens": record.completion_tokens, "mlx_relay.cached_tokens": record.cached_tokens,
+            "mlx_relay.request_id": record.request_id,
+            "mlx_relay.trace_id": pending.trace_id,
+            "mlx_relay.finish_reason": record.finish_reason,
+            "gen_ai.usage.input_tokens": record.prompt_tokens,
+            "gen_ai.usage.output_tokens": record.completion_tokens,
+            "mlx_relay.cached_tokens": record.cached_tokens,
         }
         span = tracer.start_span(
-            f"POST {pending.route}", context=pending.context, kind=SpanKind.SERVER, start_time=start, attributes=attributes
+            f"POST {pending.route}",
+            context=pending.context,
+            kind=SpanKind.SERVER,
+            start_time=start,
+            attributes=attributes,
         )
         from opentelemetry.trace import set_span_in_context
 
         inside = set_span_in_context(span)
-        stages = [(name, _ns(value)) for name, value in
-                  (("queue", record.queue), ("prefill", record.prefill), ("decode", record.decode))]
+        stages = [
+            (name, _ns(value))
+            for name, value in (("queue", record.queue), ("prefill", record.prefill), ("decode", record.decode))
+        ]
         at = end - sum(duration for _, duration in stages)
         tracer.start_span("prepare", context=inside, start_time=start).end(end_time=max(start, at))
         for name, duration in stages:
@@ -118,7 +127,9 @@ def configure_tracing(environ: Mapping[str, str] | None = None) -> Tracing | Non
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError:
-        log.warning("telemetry.unavailable", reason="OTEL_EXPORTER_OTLP_ENDPOINT is set but the otel extra is not installed")
+        log.warning(
+            "telemetry.unavailable", reason="OTEL_EXPORTER_OTLP_ENDPOINT is set but the otel extra is not installed"
+        )
         return None
     provider = TracerProvider(resource=Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", "mlx-relay")}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))

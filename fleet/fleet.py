@@ -34,9 +34,9 @@ from pipeline.settings import Settings
 from pipeline.yielding import yielding_gil
 from stages.adapters import not_found
 from stages.engine.engine import Engine
+from stages.engine.speech import SpeechEngine
 from stages.kv.machine import Machine, read_machine
 from stages.models.loading import release_unloaded, resolve_model
-from stages.engine.speech import SpeechEngine
 from stages.models.whisper import speech_info_for
 
 log = structlog.get_logger(stage="fleet")

@@ -45,7 +45,9 @@ def footprint(spec: ModelSpec, shape: ModelShape, machine: Machine, settings: Se
     bits = settings.kv_bits if spec.kv.kv_bits is None else spec.kv.kv_bits
     if bits is not None:
         # Its KV at the scheme it will run with: a quantized model plans for fewer bytes a token.
-        shape = attrs.evolve(shape, kv_scheme=KvScheme(bits=bits, group_size=spec.kv.kv_group_size or settings.kv_group_size))
+        shape = attrs.evolve(
+            shape, kv_scheme=KvScheme(bits=bits, group_size=spec.kv.kv_group_size or settings.kv_group_size)
+        )
     tokens = min(spec.kv.context or window, window)
     if spec.kv.memory_budget:
         return Footprint(

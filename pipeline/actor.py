@@ -78,7 +78,9 @@ def isolated_task(name: str, *, on_error: Callable[[], None] = lambda: None) -> 
         on_error()
 
 
-async def serve_items(inbox: MemoryObjectReceiveStream[ItemT], handle: Callable[[ItemT], Awaitable[None]], *, stage: str) -> None:
+async def serve_items(
+    inbox: MemoryObjectReceiveStream[ItemT], handle: Callable[[ItemT], Awaitable[None]], *, stage: str
+) -> None:
     """An actor's loop: each item is skipped once its reader left, else handled in isolation."""
     async for item in inbox:
         if item.reply.done:

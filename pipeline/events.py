@@ -155,7 +155,9 @@ def stream_runs(events: Sequence[CompletionEvent], *, join: bool = True) -> list
                 append_text(runs, event)
             else:
                 runs.append(event)
-        elif join and isinstance(event, ToolCallDelta) and isinstance(last, ToolCallDelta) and last.index == event.index:
+        elif (
+            join and isinstance(event, ToolCallDelta) and isinstance(last, ToolCallDelta) and last.index == event.index
+        ):
             runs[-1] = attrs.evolve(last, arguments=last.arguments + event.arguments)
         elif isinstance(event, (ToolCallStart, ToolCallDelta, ToolCall)):
             runs.append(event)

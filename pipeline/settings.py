@@ -31,6 +31,7 @@ _positive = attrs.validators.gt(0)
 def _lower(value: str) -> str:
     return value.lower()
 
+
 _non_negative = attrs.validators.ge(0.0)
 
 
@@ -64,7 +65,10 @@ class Settings:
     context_limit: int | None = attrs.field(default=None, converter=attrs.converters.optional(int))
     # A model family's call markup / think markers, where the template and vocabulary mislead (stages/families/).
     tool_parser: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.in_(("harmony", "deepseek", "mistral", "phi4", "hermes", "llama3", "json", "mlx-lm")))
+        default=None,
+        validator=attrs.validators.optional(
+            attrs.validators.in_(("harmony", "deepseek", "mistral", "phi4", "hermes", "llama3", "json", "mlx-lm"))
+        ),
     )
     reasoning_parser: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(("none", "think", "mistral", "harmony")))
@@ -100,14 +104,18 @@ class Settings:
     # A quantized KV cache (stages/models/quantized_kv.py): 4 or 8 bits per value, a scale and bias per group
     # of `kv_group_size`; unset keeps it full precision. Every row is quantized from `quantized_kv_start`.
     kv_bits: int | None = attrs.field(
-        default=None, converter=attrs.converters.optional(int), validator=attrs.validators.optional(attrs.validators.in_((4, 8)))
+        default=None,
+        converter=attrs.converters.optional(int),
+        validator=attrs.validators.optional(attrs.validators.in_((4, 8))),
     )
     kv_group_size: int = attrs.field(default=64, validator=attrs.validators.in_((32, 64, 128)))
     quantized_kv_start: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     # Speculative decoding inside the batch (stages/engine/speculation.py, docs/speculative-decoding.md): proposals from
     # the row's own prompt and output (`prompt_lookup`) or from a smaller model with the same vocabulary.
     prompt_lookup: bool = False
-    draft_model: str | None = attrs.field(default=None, validator=lambda settings, _, value: _one_drafter(settings, value))
+    draft_model: str | None = attrs.field(
+        default=None, validator=lambda settings, _, value: _one_drafter(settings, value)
+    )
     # Tokens a row proposes at most per step (mlx-lm's --num-draft-tokens); each row's own k adapts below it.
     num_draft_tokens: int = attrs.field(default=4, validator=attrs.validators.in_(range(1, 17)))
     # Rows in the batch above which no row speculates: verifying then costs more than it saves (measured on demo).
@@ -115,7 +123,9 @@ class Settings:
     # Bytes the server may plan for: weights, KV and a prefill chunk; 0 is 75% of RAM.
     memory_budget: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     log_level: str = attrs.field(
-        default="info", converter=_lower, validator=attrs.validators.in_(("debug", "info", "warning", "error", "critical"))
+        default="info",
+        converter=_lower,
+        validator=attrs.validators.in_(("debug", "info", "warning", "error", "critical")),
     )
     # Where Responses API results live: unset for memory, sqlite:///path (one host), or
     # postgresql://user@host/db (replicas on several hosts; the `postgres` extra).
@@ -136,17 +146,23 @@ class Settings:
 
     # Embeddings from the chat model: its last hidden states pooled over the input ("mean") or the last token's
     # ("last").
-    embedding_pooling: str = attrs.field(default="mean", converter=_lower, validator=attrs.validators.in_(("mean", "last")))
+    embedding_pooling: str = attrs.field(
+        default="mean", converter=_lower, validator=attrs.validators.in_(("mean", "last"))
+    )
     # A dedicated embedding model served beside the chat model, as MLX_RELAY_MODEL takes one
     # (stages/models/embedding.py).
     embedding_model: str | None = None
     # Its pooling when it ships no sentence-transformers Pooling config ("last": decoder embedding models' usual).
-    embedding_model_pooling: str = attrs.field(default="last", converter=_lower, validator=attrs.validators.in_(("mean", "last")))
+    embedding_model_pooling: str = attrs.field(
+        default="last", converter=_lower, validator=attrs.validators.in_(("mean", "last"))
+    )
     # Sizes its embeddings may be cut to, where its config does not declare them: "any" or "256,512,1024".
     embedding_matryoshka: str | None = None
     # How rerank/score judge with it: "cosine" of embeddings, or "judge" (yes/no, Qwen3-Reranker); unset: cosine
     # when it ships sentence-transformers files, else judge.
-    embedding_score: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("cosine", "judge"))))
+    embedding_score: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(("cosine", "judge")))
+    )
     # Tokens one embedding input may have (and the context window, whichever is less).
     embedding_max_tokens: int = attrs.field(default=8192, validator=_positive)
     # Images one request may carry (a vision-language model's); more is a 400 naming the first past it.
@@ -167,7 +183,9 @@ class Settings:
     # (OpenAI's embeddings bound); a request past it is a 400 naming it.
     exclusive_max_tokens: int = attrs.field(default=300_000, validator=_positive)
     # The share of a decode step's time that embeddings and scores may add while streams run.
-    exclusive_share: float = attrs.field(default=0.15, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(10.0)))
+    exclusive_share: float = attrs.field(
+        default=0.15, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(10.0))
+    )
     # Steps between two turns of that work while streams run: 1 lengthens every gap a little, 100 one gap in 100 more.
     exclusive_period: int = attrs.field(default=100, validator=_positive)
     # Speech to text (docs/speech.md): the largest audio file, in bytes (OpenAI's limit), and the longest, in seconds;
@@ -175,7 +193,9 @@ class Settings:
     audio_max_bytes: int = attrs.field(default=25 * 2**20, validator=_positive)
     audio_max_seconds: float = attrs.field(default=600.0, validator=attrs.validators.gt(0.0))
     # One model over the ranks `mlx.launch` started (stages/shard/): "tensor" or "pipeline"; unset: one process.
-    shard: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.in_(("tensor", "pipeline"))))
+    shard: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(("tensor", "pipeline")))
+    )
     # Seconds a follower rank may be silent before the engine counts it lost (503, requests failed).
     shard_timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
     # The model runs in this process, as before model workers (debugging); sharded serving always does.

@@ -55,7 +55,9 @@ class Timeline:
 def configure_logging(level: str = "info") -> None:
     """JSON lines when stderr is not a terminal, console output when it is."""
     renderer: structlog.types.Processor = (
-        structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback) if sys.stderr.isatty() else structlog.processors.JSONRenderer()
+        structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback)
+        if sys.stderr.isatty()
+        else structlog.processors.JSONRenderer()
     )
     structlog.configure(
         processors=[

@@ -60,7 +60,9 @@ def read_adapters(spec: str | None) -> tuple[Adapter, ...]:
             continue
         name, sep, path = (part.strip() for part in item.partition("="))
         if not sep or not _NAME.fullmatch(name) or not path:
-            raise AdapterError(f"MLX_RELAY_ADAPTERS entry {item.strip()!r} is not name=path (a name of letters, digits and ._:/@+-)")
+            raise AdapterError(
+                f"MLX_RELAY_ADAPTERS entry {item.strip()!r} is not name=path (a name of letters, digits and ._:/@+-)"
+            )
         if any(adapter.name == name for adapter in adapters):
             raise AdapterError(f"MLX_RELAY_ADAPTERS names the adapter {name!r} twice")
         adapters.append(_read_one(name, Path(path).expanduser()))
@@ -79,9 +81,13 @@ def _read_one(name: str, path: Path) -> Adapter:
             lora = config["lora_parameters"]
             int(lora["rank"]), float(lora["scale"])
     except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise AdapterError(f"adapter {name!r}: {config_path} is not an mlx-lm adapter config ({type(error).__name__}: {error})") from None
+        raise AdapterError(
+            f"adapter {name!r}: {config_path} is not an mlx-lm adapter config ({type(error).__name__}: {error})"
+        ) from None
     if kind not in _MOUNTABLE:
-        raise AdapterError(f"adapter {name!r}: fine_tune_type {kind!r} cannot be mounted over the base model (serve it as a model)")
+        raise AdapterError(
+            f"adapter {name!r}: fine_tune_type {kind!r} cannot be mounted over the base model (serve it as a model)"
+        )
     return Adapter(name=name, path=path, fine_tune_type=kind, num_layers=num_layers, nbytes=weights.stat().st_size)
 
 
@@ -133,8 +139,12 @@ class ServedModels:
     def _by_model(self, model: str) -> str | None:
         model = self.aliases.get(model, model)
         if model == self.embedding:
-            raise invalid(f"The model `{model[:200]}` is an embedding model: it serves /v1/embeddings, rerank and score, "
-                          "not generation", param="model", code="model_not_supported")
+            raise invalid(
+                f"The model `{model[:200]}` is an embedding model: it serves /v1/embeddings, rerank and score, "
+                "not generation",
+                param="model",
+                code="model_not_supported",
+            )
         if not self.adapters or model == self.base:
             return None
         if any(adapter.name == model for adapter in self.adapters):

@@ -55,6 +55,8 @@ class CompiledConstraint:
 
     def matcher(self) -> LLMatcher:
         return self._prototype.deep_copy()
+
+
 Decoder = Callable[[JsonValue], GenerationRequest]
 
 
@@ -172,7 +174,8 @@ class TokenDelta:
     logprobs: tuple[TokenScores, ...] | None = None
     # The row's grammar failed making this token (llguidance's reason): the row ends with an error.
     grammar_fault: str | None = None
-    # Speculative decoding (stages/model_thread/speculative_batch.py): the row's accepted and proposed tokens, on its last delta.
+    # Speculative decoding (stages/model_thread/speculative_batch.py): the row's accepted and proposed tokens, on its
+    # last delta.
     speculated: tuple[int, int] | None = None
 
 

@@ -113,7 +113,12 @@ class EncodedResponse:
         texts = (record.id, body, items, record.instructions or "")
         size = sum(len(text.encode()) for text in texts)
         return cls(
-            id=record.id, created_at=record.created_at, instructions=record.instructions, body=body, input_items=items, size=size
+            id=record.id,
+            created_at=record.created_at,
+            instructions=record.instructions,
+            body=body,
+            input_items=items,
+            size=size,
         )
 
     def decode(self) -> StoredResponse:
@@ -191,9 +196,17 @@ class StoreCounters:
     ) -> ResponseStoreStatistics:
         with self._lock:
             return ResponseStoreStatistics(
-                kind=kind, location=location, entries=entries, bytes=size,
-                max_bytes=self.max_bytes, ttl_seconds=self.ttl_seconds, hits=self._hits, misses=self._misses,
-                evictions=self._evictions, expirations=self._expirations, oversized=self._oversized,
+                kind=kind,
+                location=location,
+                entries=entries,
+                bytes=size,
+                max_bytes=self.max_bytes,
+                ttl_seconds=self.ttl_seconds,
+                hits=self._hits,
+                misses=self._misses,
+                evictions=self._evictions,
+                expirations=self._expirations,
+                oversized=self._oversized,
             )
 
 

@@ -114,11 +114,18 @@ class PostgresResponseStore:
         try:
             from psycopg_pool import ConnectionPool
         except ImportError:
-            raise StoreError("a postgresql:// response store needs psycopg: pip install 'mlx-relay[postgres]'") from None
+            raise StoreError(
+                "a postgresql:// response store needs psycopg: pip install 'mlx-relay[postgres]'"
+            ) from None
         with self._failures("open"):
             pool: ConnectionPool[Any] = ConnectionPool(
-                self._url, min_size=1, max_size=POOL_SIZE, open=False, timeout=self._connect_timeout,
-                name="mlx-relay-responses", kwargs={"connect_timeout": max(1, round(self._connect_timeout))},
+                self._url,
+                min_size=1,
+                max_size=POOL_SIZE,
+                open=False,
+                timeout=self._connect_timeout,
+                name="mlx-relay-responses",
+                kwargs={"connect_timeout": max(1, round(self._connect_timeout))},
             )
             try:
                 pool.open(wait=True, timeout=self._connect_timeout)
@@ -157,7 +164,8 @@ class PostgresResponseStore:
     def delete(self, response_id: str) -> bool:
         with self._failures("delete"), self._transaction() as db:
             row = db.execute(
-                f"DELETE FROM {_TABLE} WHERE id = %s RETURNING last_used_at > %s", (response_id, self._clock() - self._ttl)
+                f"DELETE FROM {_TABLE} WHERE id = %s RETURNING last_used_at > %s",
+                (response_id, self._clock() - self._ttl),
             ).fetchone()
         return row is not None and bool(row[0])
 
@@ -175,7 +183,15 @@ class PostgresResponseStore:
     def _insert(self, db: Connection[Any], encoded: EncodedResponse, now: float) -> int:
         db.execute(
             f"INSERT INTO {_TABLE} ({', '.join(_COLUMNS)}) VALUES (%s, %s, %s, {_NEXT_RECENCY}, %s, %s, %s, %s)",
-            (encoded.id, encoded.created_at, now, encoded.size, encoded.instructions, encoded.body, encoded.input_items),
+            (
+                encoded.id,
+                encoded.created_at,
+                now,
+                encoded.size,
+                encoded.instructions,
+                encoded.body,
+                encoded.input_items,
+            ),
         )
         # The least recently used go first until the rest fit: the newest rows whose running total fits stay.
         return db.execute(
@@ -228,12 +244,18 @@ def _migrate(db: Connection[Any], where: str) -> None:
         ).fetchall()
     )
     if columns != _COLUMNS:
-        raise StoreError(f"{where} is not a response store this server knows (table {_TABLE} has columns {list(columns)})")
+        raise StoreError(
+            f"{where} is not a response store this server knows (table {_TABLE} has columns {list(columns)})"
+        )
 
 
 def _encoded(row: tuple[Any, ...]) -> EncodedResponse:
     response_id, created_at, size, instructions, body, input_items = row
     return EncodedResponse(
-        id=str(response_id), created_at=float(created_at), instructions=instructions, body=body, input_items=input_items,
+        id=str(response_id),
+        created_at=float(created_at),
+        instructions=instructions,
+        body=body,
+        input_items=input_items,
         size=int(size),
     )

@@ -137,7 +137,8 @@ class SqliteResponseStore:
                     db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
                 elif row is not None:
                     db.execute(
-                        f"UPDATE responses SET last_used_at = ?, recency = {_NEXT_RECENCY} WHERE id = ?", (now, response_id)
+                        f"UPDATE responses SET last_used_at = ?, recency = {_NEXT_RECENCY} WHERE id = ?",
+                        (now, response_id),
                     )
             found = row is not None and not expired
             self._counts.lookup(found=found, expired=expired)
@@ -166,7 +167,15 @@ class SqliteResponseStore:
     def _insert(self, db: sqlite3.Connection, encoded: EncodedResponse, now: float) -> int:
         db.execute(
             f"INSERT INTO responses ({', '.join(_COLUMNS)}) VALUES (?, ?, ?, {_NEXT_RECENCY}, ?, ?, ?, ?)",
-            (encoded.id, encoded.created_at, now, encoded.size, encoded.instructions, encoded.body, encoded.input_items),
+            (
+                encoded.id,
+                encoded.created_at,
+                now,
+                encoded.size,
+                encoded.instructions,
+                encoded.body,
+                encoded.input_items,
+            ),
         )
         return self._evict(db, keep=encoded.id)
 
@@ -175,7 +184,9 @@ class SqliteResponseStore:
         (total,) = db.execute("SELECT TOTAL(size) FROM responses").fetchone()
         victims: list[tuple[str]] = []
         if total > self._max_bytes:
-            for response_id, size in db.execute("SELECT id, size FROM responses WHERE id != ? ORDER BY recency", (keep,)):
+            for response_id, size in db.execute(
+                "SELECT id, size FROM responses WHERE id != ? ORDER BY recency", (keep,)
+            ):
                 if total <= self._max_bytes:
                     break
                 victims.append((response_id,))
@@ -244,7 +255,9 @@ def _migrate(db: sqlite3.Connection, path: Path) -> None:
         return
     columns = tuple(str(row[1]) for row in db.execute("PRAGMA table_info(responses)"))
     if version != SCHEMA_VERSION or columns != _COLUMNS:
-        raise StoreError(f"{path} is not a response store this server knows (schema {version}, tables {sorted(tables)})")
+        raise StoreError(
+            f"{path} is not a response store this server knows (schema {version}, tables {sorted(tables)})"
+        )
 
 
 def _encoded(row: tuple[object, ...]) -> EncodedResponse:
@@ -259,5 +272,10 @@ def _encoded(row: tuple[object, ...]) -> EncodedResponse:
     ):
         raise StoreError(f"stored response {response_id!r} is corrupt: a column has the wrong type")
     return EncodedResponse(
-        id=response_id, created_at=float(created_at), instructions=instructions, body=body, input_items=input_items, size=size
+        id=response_id,
+        created_at=float(created_at),
+        instructions=instructions,
+        body=body,
+        input_items=input_items,
+        size=size,
     )

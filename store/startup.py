@@ -53,7 +53,9 @@ def move_aside(path: Path) -> Path:
 
 
 def _open(settings: Settings) -> ResponseStore:
-    return open_store(settings.response_store, ttl_seconds=settings.response_store_ttl, max_bytes=settings.response_store_bytes)
+    return open_store(
+        settings.response_store, ttl_seconds=settings.response_store_ttl, max_bytes=settings.response_store_bytes
+    )
 
 
 def _existing_path(url: str | None) -> Path | None:

@@ -92,8 +92,16 @@ def start_server(log_dir: Path, **settings: str) -> Server:
     log_path = log_dir / f"server-{port}.log"
     # The access log lets a test read every status the server answered.
     command = [
-        sys.executable, "-m", "hypercorn", "app:app", "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "30",
-        "--access-logfile", "-",
+        sys.executable,
+        "-m",
+        "hypercorn",
+        "app:app",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--graceful-timeout",
+        "30",
+        "--access-logfile",
+        "-",
     ]
     with log_path.open("wb") as log_file:
         # A session of its own: hypercorn serves from a spawned worker process,
@@ -179,7 +187,9 @@ def lora_adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
     from stages.models.demo_adapter import write_random_adapter
 
     root = tmp_path_factory.mktemp("adapters")
-    return {name: write_random_adapter(tiny_model, root / name, seed=seed) for name, seed in (("lora-a", 1), ("lora-b", 2))}
+    return {
+        name: write_random_adapter(tiny_model, root / name, seed=seed) for name, seed in (("lora-a", 1), ("lora-b", 2))
+    }
 
 
 @pytest.fixture(scope="session")

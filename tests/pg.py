@@ -22,7 +22,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-
 from pathlib import Path
 
 import attrs
@@ -80,8 +79,17 @@ class PostgresServer:
         try:
             server._run("initdb", "-D", str(root / "data"), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
             server._run(
-                "pg_ctl", "-D", str(root / "data"), "-l", str(root / "log"), "-w", "-t", str(int(_STARTUP_SECONDS)),
-                "-o", f"-h 127.0.0.1 -p {server.port} -k {root} -F -c fsync=off -c full_page_writes=off", "start",
+                "pg_ctl",
+                "-D",
+                str(root / "data"),
+                "-l",
+                str(root / "log"),
+                "-w",
+                "-t",
+                str(int(_STARTUP_SECONDS)),
+                "-o",
+                f"-h 127.0.0.1 -p {server.port} -k {root} -F -c fsync=off -c full_page_writes=off",
+                "start",
             )
         except (subprocess.CalledProcessError, OSError) as error:
             log = (root / "log").read_text(errors="replace")[-2000:] if (root / "log").exists() else ""
@@ -127,5 +135,3 @@ def _output(error: BaseException) -> str:
     if isinstance(error, subprocess.CalledProcessError):
         return f"{(error.stdout or b'').decode(errors='replace')}{(error.stderr or b'').decode(errors='replace')}"
     return ""
-
-

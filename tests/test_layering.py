@@ -44,7 +44,9 @@ FORBIDDEN_THIRD_PARTY = {
 }
 # The gateway's model thread and its helpers, and model loading / the built-in model builders.
 MLX_CORE_ALLOWED = {
-    "stages/model_thread/gateway.py", "stages/models/loading.py", "stages/model_thread/sampling.py",
+    "stages/model_thread/gateway.py",
+    "stages/models/loading.py",
+    "stages/model_thread/sampling.py",
     "stages/models/demo.py",
     # The gateway's rows: what they hold goes to the prompt cache, evaluated first.
     "stages/model_thread/batch_rows.py",
@@ -52,7 +54,9 @@ MLX_CORE_ALLOWED = {
     # Which backend MLX runs on (the plan prices prefill attention by it).
     "stages/kv/machine.py",
     # The shape-true model builder, and the adapter that rebuilds cache layers for the model thread.
-    "stages/models/shaped.py", "stages/models/shaped_embedding.py", "stages/models/mlx_internals.py",
+    "stages/models/shaped.py",
+    "stages/models/shaped_embedding.py",
+    "stages/models/mlx_internals.py",
     # Random LoRA adapters for the demo models.
     "stages/models/demo_adapter.py",
     # The quantized KV cache the batch holds (its layers and the generator that makes them).
@@ -60,15 +64,21 @@ MLX_CORE_ALLOWED = {
     # A row alone, decoded on the model thread as mlx-lm's generate_step does.
     "stages/model_thread/single_row.py",
     # Speculative decoding: the drafters (a draft model's forward passes) and the batch that verifies proposals.
-    "stages/model_thread/drafters.py", "stages/model_thread/speculative_batch.py",
+    "stages/model_thread/drafters.py",
+    "stages/model_thread/speculative_batch.py",
     # Embeddings and scores: forward passes the model thread runs between steps.
     "stages/model_thread/embed.py",
     # A sharded model: the group, each rank's slice, the step messages and their replay (every rank's model thread).
-    "stages/shard/cluster.py", "stages/shard/transport.py", "stages/shard/replicated.py", "stages/shard/follower.py",
+    "stages/shard/cluster.py",
+    "stages/shard/transport.py",
+    "stages/shard/replicated.py",
+    "stages/shard/follower.py",
     "stages/shard/work.py",
     # A vision-language model: its loading, the tiny-vl builder, and image rows encoded and prefilled on the model
     # thread.
-    "stages/models/vlm.py", "stages/models/tiny_vl.py", "stages/model_thread/vision_rows.py",
+    "stages/models/vlm.py",
+    "stages/models/tiny_vl.py",
+    "stages/model_thread/vision_rows.py",
     # A Whisper model: building tiny-whisper, loading, and a transcription on the speech model's thread.
     "stages/models/whisper.py",
 }

@@ -26,7 +26,17 @@ def wheel(package: str, version: str, *, platform: str | None = None) -> Path:
     """
 
     def fetch(dest: Path) -> None:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "--dest", str(dest)]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--quiet",
+            "--dest",
+            str(dest),
+        ]
         if platform is not None:
             command += ["--platform", platform, "--python-version", "3.11"]
         done = subprocess.run([*command, f"{package}=={version}"], capture_output=True, text=True, timeout=300)

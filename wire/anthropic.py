@@ -193,7 +193,11 @@ class MessagesStream:
         if self._text_frame is None:
             index = self._index
             self._text_frame = Splice.of(
-                lambda text: {"type": "content_block_delta", "index": index, "delta": {"type": f"{kind}_delta", kind: text}},
+                lambda text: {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": f"{kind}_delta", kind: text},
+                },
                 event="content_block_delta",
             )
         return head + self._text_frame.fill(event.text)
@@ -239,4 +243,9 @@ def _open_block(event: TextDelta | ReasoningDelta) -> JsonObject:
 
 def _tool_use_block(call: ToolCall | ToolCallStart, *, arguments: str | None) -> JsonObject:
     # A call cut off by max tokens has the input a partial JSON reader makes of it, as the SDK's stream does.
-    return {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": arguments_object(arguments or "{}")}
+    return {
+        "type": "tool_use",
+        "id": tool_use_id(call),
+        "name": call.name,
+        "input": arguments_object(arguments or "{}"),
+    }

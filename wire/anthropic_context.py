@@ -26,16 +26,31 @@ def read_context_management(body: Body) -> tuple[ContextEdit, ...]:
     edits = config.get("edits")
     if edits is None:
         return ()
-    return tuple(_read_edit(item, f"context_management.edits.{i}") for i, item in enumerate(as_list(edits, "context_management.edits")))
+    return tuple(
+        _read_edit(item, f"context_management.edits.{i}")
+        for i, item in enumerate(as_list(edits, "context_management.edits"))
+    )
 
 
 def applied_edits_body(applied: tuple[AppliedEdit, ...]) -> JsonObject:
     edits: list[JsonValue] = []
     for edit in applied:
         if isinstance(edit.edit, ClearThinking):
-            edits.append({"type": _CLEAR_THINKING, "cleared_thinking_turns": edit.cleared, "cleared_input_tokens": edit.cleared_input_tokens})
+            edits.append(
+                {
+                    "type": _CLEAR_THINKING,
+                    "cleared_thinking_turns": edit.cleared,
+                    "cleared_input_tokens": edit.cleared_input_tokens,
+                }
+            )
         else:
-            edits.append({"type": _CLEAR_TOOL_USES, "cleared_tool_uses": edit.cleared, "cleared_input_tokens": edit.cleared_input_tokens})
+            edits.append(
+                {
+                    "type": _CLEAR_TOOL_USES,
+                    "cleared_tool_uses": edit.cleared,
+                    "cleared_input_tokens": edit.cleared_input_tokens,
+                }
+            )
     return {"applied_edits": edits}
 
 
@@ -75,7 +90,9 @@ def _clear_tool_uses(edit: JsonObject, param: str) -> ClearToolUses:
         trigger_tokens=trigger_tokens,
         trigger_tool_uses=trigger_uses,
         keep=3 if keep is None else _counted(keep, "tool_uses", f"{param}.keep"),
-        clear_at_least=0 if clear_at_least is None else _counted(clear_at_least, "input_tokens", f"{param}.clear_at_least"),
+        clear_at_least=0
+        if clear_at_least is None
+        else _counted(clear_at_least, "input_tokens", f"{param}.clear_at_least"),
         exclude_tools=frozenset(_names(edit.get("exclude_tools"), f"{param}.exclude_tools")),
         clear_inputs=_clear_inputs(edit.get("clear_tool_inputs"), f"{param}.clear_tool_inputs"),
     )

@@ -18,9 +18,9 @@ from pipeline.errors import invalid, quote, unsupported
 from pipeline.requests import (
     ChatRequest,
     GenerationParams,
+    ImagePart,
     JsonObject,
     JsonValue,
-    ImagePart,
     Message,
     Role,
     Sampling,
@@ -30,8 +30,6 @@ from pipeline.requests import (
     ToolChoiceMode,
 )
 from wire.anthropic_context import read_context_management
-from wire.images import image_from_base64, image_from_url
-from wire.structured import anthropic_constraint
 from wire.fields import (
     Body,
     as_body,
@@ -45,6 +43,8 @@ from wire.fields import (
     read_number,
     read_stops,
 )
+from wire.images import image_from_base64, image_from_url
+from wire.structured import anthropic_constraint
 
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
 _REFUSED_FIELDS = ("container", "mcp_servers")
@@ -169,12 +169,18 @@ def _assistant_turn(blocks: list[JsonObject], param: str) -> Message:
         elif kind == "tool_use":
             arguments = as_object(block.get("input", {}), f"{where}.input")
             call_id = as_str(block.get("id"), f"{where}.id")
-            calls.append(ToolCallRecord(id=call_id, name=as_str(block.get("name"), f"{where}.name"), arguments=json.dumps(arguments)))
+            calls.append(
+                ToolCallRecord(
+                    id=call_id, name=as_str(block.get("name"), f"{where}.name"), arguments=json.dumps(arguments)
+                )
+            )
         elif kind == "thinking":
             reasoning.append(as_str(block.get("thinking"), f"{where}.thinking"))
         elif kind != "redacted_thinking":
             raise _unsupported_block(kind, where)
-    return Message(role=Role.ASSISTANT, content="".join(texts), tool_calls=tuple(calls), reasoning="".join(reasoning) or None)
+    return Message(
+        role=Role.ASSISTANT, content="".join(texts), tool_calls=tuple(calls), reasoning="".join(reasoning) or None
+    )
 
 
 def _user_turns(blocks: list[JsonObject], param: str) -> list[Message]:
@@ -199,15 +205,23 @@ def _image_block(block: JsonObject, where: str, *, offset: int) -> ImagePart:
     kind = source.get("type")
     if kind == "base64":
         media_type = as_str(source.get("media_type"), f"{where}.source.media_type")
-        return image_from_base64(as_str(source.get("data"), f"{where}.source.data"), media_type, param=where, offset=offset)
+        return image_from_base64(
+            as_str(source.get("data"), f"{where}.source.data"), media_type, param=where, offset=offset
+        )
     if kind == "url":
         return image_from_url(as_str(source.get("url"), f"{where}.source.url"), param=where, offset=offset)
-    raise invalid(f"{where}.source.type: Input should be 'base64' or 'url', got {quote(kind)}", param=f"{where}.source.type")
+    raise invalid(
+        f"{where}.source.type: Input should be 'base64' or 'url', got {quote(kind)}", param=f"{where}.source.type"
+    )
 
 
 def _tool_result(block: JsonObject, where: str) -> Message:
     content = block.get("content", "")
-    text = content if isinstance(content, str) else _text_of_blocks(as_list(content, f"{where}.content"), f"{where}.content")
+    text = (
+        content
+        if isinstance(content, str)
+        else _text_of_blocks(as_list(content, f"{where}.content"), f"{where}.content")
+    )
     if block.get("is_error") is True:
         text = f"Error: {text}"
     return Message(role=Role.TOOL, content=text, tool_call_id=as_str(block.get("tool_use_id"), f"{where}.tool_use_id"))
@@ -292,6 +306,8 @@ def _thinking_budget(body: Body) -> int | None:
             param="thinking.budget_tokens",
         )
     return budget
+
+
 # Anthropic's effort levels as the template's (gpt-oss knows low, medium and high).
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
 
@@ -302,7 +318,9 @@ def _read_effort(body: Body) -> dict[str, JsonValue]:
     if effort is None:
         return {}
     if effort not in _EFFORTS:
-        raise invalid(f"output_config.effort: must be one of {', '.join(repr(e) for e in _EFFORTS)}", param="output_config.effort")
+        raise invalid(
+            f"output_config.effort: must be one of {', '.join(repr(e) for e in _EFFORTS)}", param="output_config.effort"
+        )
     return {"reasoning_effort": _EFFORTS[str(effort)]}
 
 

@@ -33,7 +33,9 @@ def decode_embeddings(value: JsonValue) -> EmbeddingRequest:
     try:
         encoding = EncodingFormat(fmt)
     except ValueError:
-        raise invalid(f"'encoding_format' must be 'float' or 'base64', got {quote(fmt)}", param="encoding_format") from None
+        raise invalid(
+            f"'encoding_format' must be 'float' or 'base64', got {quote(fmt)}", param="encoding_format"
+        ) from None
     return EmbeddingRequest(
         model=read_str(body, "model"),
         inputs=_read_inputs(body.get("input")),
@@ -86,7 +88,8 @@ def _ids(value: list[JsonValue], param: str) -> tuple[int, ...]:
 
 def embeddings_body(result: Embeddings, *, model: str, encoding: EncodingFormat) -> JsonObject:
     data: list[JsonValue] = [
-        {"object": "embedding", "index": i, "embedding": _encode(vector, encoding)} for i, vector in enumerate(result.vectors)
+        {"object": "embedding", "index": i, "embedding": _encode(vector, encoding)}
+        for i, vector in enumerate(result.vectors)
     ]
     usage: JsonObject = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
     return {"object": "list", "data": data, "model": model, "usage": usage}

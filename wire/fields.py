@@ -99,7 +99,11 @@ def _check_range(key: str, value: float, minimum: float | None, maximum: float |
 
 def _quoted(value: float) -> str:
     # An integer of thousands of digits is the client's to keep.
-    return excerpt(repr(value), 40) if isinstance(value, float) or abs(value) < 10**40 else "an integer of more than 40 digits"
+    return (
+        excerpt(repr(value), 40)
+        if isinstance(value, float) or abs(value) < 10**40
+        else "an integer of more than 40 digits"
+    )
 
 
 def read_function(item: Body, param: str, *, schema_key: str) -> Tool:
@@ -166,8 +170,12 @@ def read_arguments(value: JsonValue, param: str) -> str:
     except ValueError:
         pass  # not JSON: templates get the text itself
     return value
+
+
 # gpt-oss's template reads `reasoning_effort` and knows only these three.
 _TEMPLATE_EFFORT = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+
+
 def effort_kwargs(effort: str) -> dict[str, JsonValue]:
     """Template arguments for a reasoning effort: thinking on or off (Qwen3,
     DeepSeek, through mlx-lm's `enable_thinking`) and gpt-oss's level."""

@@ -41,7 +41,12 @@ def legacy_logprobs(events: Sequence[CompletionEvent], offset: int) -> tuple[Jso
             top_logprobs.append({alt.token: alt.logprob for alt in top})
             offsets.append(offset)
             offset += len(chosen.token)
-    body: JsonObject = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
+    body: JsonObject = {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }
     return body, offset
 
 

@@ -25,13 +25,29 @@ _UNSAFE = re.compile(r"[^a-zA-Z0-9_]")
 
 COUNTERS = frozenset(
     {
-        "submitted", "admission.refused", "gateway.steps", "gateway.generated_tokens", "gateway.preemptions",
-        "gateway.resumed", "gateway.steps_over_budget", "prompt_cache.hits", "prompt_cache.misses",
+        "submitted",
+        "admission.refused",
+        "gateway.steps",
+        "gateway.generated_tokens",
+        "gateway.preemptions",
+        "gateway.resumed",
+        "gateway.steps_over_budget",
+        "prompt_cache.hits",
+        "prompt_cache.misses",
         "prompt_cache.cached_tokens",
-        "prompt_cache.session_hits", "prompt_cache.session_misses", "prompt_cache.evictions",
-        "prompt_cache.disk.spills", "prompt_cache.disk.spills_dropped", "prompt_cache.disk.spill_errors",
-        "prompt_cache.disk.spills_unsupported", "prompt_cache.disk.restores", "prompt_cache.disk.corrupt",
-        "response_store.hits", "response_store.misses", "response_store.evictions", "response_store.expirations",
+        "prompt_cache.session_hits",
+        "prompt_cache.session_misses",
+        "prompt_cache.evictions",
+        "prompt_cache.disk.spills",
+        "prompt_cache.disk.spills_dropped",
+        "prompt_cache.disk.spill_errors",
+        "prompt_cache.disk.spills_unsupported",
+        "prompt_cache.disk.restores",
+        "prompt_cache.disk.corrupt",
+        "response_store.hits",
+        "response_store.misses",
+        "response_store.evictions",
+        "response_store.expirations",
         "response_store.oversized",
     }
 )
@@ -50,9 +66,12 @@ READ_PATHS = (RUNNING, ADMITTED, KV_HELD, KV_BUDGET, PREEMPTIONS)
 SPEC_DECODE = (
     ("vllm:spec_decode_num_drafts", "Steps in which a row proposed tokens", ("gateway", "speculation", "drafts")),
     ("vllm:spec_decode_num_draft_tokens", "Tokens proposed", ("gateway", "speculation", "proposed_tokens")),
-    ("vllm:spec_decode_num_accepted_tokens", "Proposed tokens the target accepted",
-     ("gateway", "speculation", "accepted_tokens")),
-)  # fmt: skip
+    (
+        "vllm:spec_decode_num_accepted_tokens",
+        "Proposed tokens the target accepted",
+        ("gateway", "speculation", "accepted_tokens"),
+    ),
+)
 SPEC_DECODE_PATHS = frozenset(path for _, _, path in SPEC_DECODE)
 
 
@@ -84,8 +103,12 @@ def snapshot_metrics(snapshot: JsonObject) -> list[Figure]:
         Figure("vllm:num_requests_running", "Requests in the batch", running(snapshot)),
         Figure("vllm:num_requests_waiting", "Requests admitted and waiting for a batch row", waiting(snapshot)),
         Figure("vllm:kv_cache_usage_perc", "KV held by running rows over the KV budget (1 = full)", kv_usage(snapshot)),
-        Figure("vllm:num_preemptions", "Rows moved out of the batch under memory pressure",
-               number_at(snapshot, PREEMPTIONS), counter=True),
+        Figure(
+            "vllm:num_preemptions",
+            "Rows moved out of the batch under memory pressure",
+            number_at(snapshot, PREEMPTIONS),
+            counter=True,
+        ),
     ]
     gateway = snapshot.get("gateway")
     if isinstance(gateway, dict) and gateway.get("speculation"):

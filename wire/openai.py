@@ -161,7 +161,12 @@ class ChatStream(_OpenAIStream):
                 deltas.append(_reasoning(run.text))
             elif isinstance(run, ToolCallStart):
                 self._started.add(run.index)
-                head: JsonObject = {"index": run.index, "id": run.id, "type": "function", "function": {"name": run.name, "arguments": ""}}
+                head: JsonObject = {
+                    "index": run.index,
+                    "id": run.id,
+                    "type": "function",
+                    "function": {"name": run.name, "arguments": ""},
+                }
                 deltas.append({"tool_calls": [head]})
             elif isinstance(run, ToolCallDelta):
                 deltas.append({"tool_calls": [{"index": run.index, "function": {"arguments": run.arguments}}]})

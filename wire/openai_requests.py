@@ -9,12 +9,11 @@ dropped; fields that cannot change the output (`user`, `metadata`,
 
 from __future__ import annotations
 
-
 from pipeline.errors import invalid, quote, unsupported
 from pipeline.requests import (
     ChatRequest,
-    ImagePart,
     GenerationParams,
+    ImagePart,
     JsonValue,
     Message,
     Role,
@@ -25,18 +24,15 @@ from pipeline.requests import (
     ToolChoice,
     ToolChoiceMode,
 )
-from wire.openai_extensions import read_ignore_eos, read_min_tokens, read_stop_token_ids, read_typical_p, refuse_extensions
-from wire.images import image_from_url
-from wire.structured import openai_constraint
 from wire.fields import (
-    read_arguments,
     Body,
     as_body,
     as_list,
-    effort_kwargs,
     as_object,
     as_str,
+    effort_kwargs,
     named_tool,
+    read_arguments,
     read_bool,
     read_function,
     read_int,
@@ -45,6 +41,15 @@ from wire.fields import (
     read_stops,
     read_str,
 )
+from wire.images import image_from_url
+from wire.openai_extensions import (
+    read_ignore_eos,
+    read_min_tokens,
+    read_stop_token_ids,
+    read_typical_p,
+    refuse_extensions,
+)
+from wire.structured import openai_constraint
 
 _ROLES = {role.value: role for role in Role}
 _MAX_TOP_LOGPROBS = 20
@@ -68,10 +73,14 @@ def decode_chat(value: JsonValue) -> ChatRequest:
     tools = _read_tools(body)
     messages = _read_messages(body)
     if continue_final and messages[-1].role is not Role.ASSISTANT:
-        raise invalid("'continue_final_message' needs the last message to be the assistant's", param="continue_final_message")
+        raise invalid(
+            "'continue_final_message' needs the last message to be the assistant's", param="continue_final_message"
+        )
     return ChatRequest(
         messages=messages,
-        params=_read_params(body, max_tokens_keys=("max_completion_tokens", "max_tokens"), logprobs=_chat_logprobs(body)),
+        params=_read_params(
+            body, max_tokens_keys=("max_completion_tokens", "max_tokens"), logprobs=_chat_logprobs(body)
+        ),
         template_kwargs=kwargs,
         tools=tools,
         tool_choice=_read_tool_choice(body, tools),
@@ -101,7 +110,10 @@ def decode_completion(value: JsonValue) -> TextRequest:
         # Fill-in-the-middle; whether the model can is known once it is loaded.
         suffix=read_str(body, "suffix") or None,
         params=_read_params(
-            body, max_tokens_keys=("max_tokens",), default_max_tokens=16, logprobs=read_int(body, "logprobs", minimum=0, maximum=_MAX_TOP_LOGPROBS)
+            body,
+            max_tokens_keys=("max_tokens",),
+            default_max_tokens=16,
+            logprobs=read_int(body, "logprobs", minimum=0, maximum=_MAX_TOP_LOGPROBS),
         ),
         stream=stream,
         include_usage=include_usage,
@@ -327,5 +339,3 @@ def _read_logit_bias(body: Body) -> dict[int, float]:
             raise invalid(f"'logit_bias[{key}]' must be a number in [-100, 100]", param="logit_bias")
         bias[int(key)] = float(value)
     return bias
-
-

@@ -44,51 +44,145 @@ class Operation:
 
 
 OPERATIONS = (
-    Operation(method="post", path="/v1/chat/completions", summary="OpenAI Chat Completions", decode=decode_chat,
-              example={"model": "m", "messages": _USER, "max_tokens": 1, "tool_choice": "auto", "reasoning_effort": "low",
-                       "response_format": {"type": "json_object"}}, streams=True),
-    Operation(method="post", path="/v1/completions", summary="OpenAI Completions (legacy)", decode=decode_completion,
-              example={"model": "m", "prompt": "Hello", "max_tokens": 1}, streams=True),
-    Operation(method="post", path="/v1/responses", summary="OpenAI Responses", decode=decode_responses,
-              example={"model": "m", "input": [{"type": "message", "role": "user", "content": "Hello"}], "max_output_tokens": 1},
-              streams=True),
+    Operation(
+        method="post",
+        path="/v1/chat/completions",
+        summary="OpenAI Chat Completions",
+        decode=decode_chat,
+        example={
+            "model": "m",
+            "messages": _USER,
+            "max_tokens": 1,
+            "tool_choice": "auto",
+            "reasoning_effort": "low",
+            "response_format": {"type": "json_object"},
+        },
+        streams=True,
+    ),
+    Operation(
+        method="post",
+        path="/v1/completions",
+        summary="OpenAI Completions (legacy)",
+        decode=decode_completion,
+        example={"model": "m", "prompt": "Hello", "max_tokens": 1},
+        streams=True,
+    ),
+    Operation(
+        method="post",
+        path="/v1/responses",
+        summary="OpenAI Responses",
+        decode=decode_responses,
+        example={
+            "model": "m",
+            "input": [{"type": "message", "role": "user", "content": "Hello"}],
+            "max_output_tokens": 1,
+        },
+        streams=True,
+    ),
     Operation(method="get", path="/v1/responses/{response_id}", summary="A stored response"),
     Operation(method="delete", path="/v1/responses/{response_id}", summary="Delete a stored response"),
     Operation(method="get", path="/v1/responses/{response_id}/input_items", summary="A stored response's input items"),
-    Operation(method="post", path="/v1/messages", summary="Anthropic Messages", anthropic=True, decode=decode_messages,
-              example={"model": "m", "messages": _USER, "max_tokens": 1}, streams=True),
-    Operation(method="post", path="/v1/messages/count_tokens", summary="Anthropic token counting", anthropic=True,
-              decode=decode_count_tokens, example={"model": "m", "messages": _USER}),
-    Operation(method="post", path="/v1/embeddings", summary="OpenAI Embeddings", decode=decode_embeddings,
-              example={"model": "m", "input": ["Hello"], "encoding_format": "float"}),
-    *(Operation(method="post", path=path, summary="Rerank documents against a query (Jina/Cohere shape)", decode=decode_rerank,
-                example={"model": "m", "query": "Hello", "documents": ["Hi"], "top_n": 1}) for path in ("/v1/rerank", "/rerank")),
-    *(Operation(method="post", path=path, summary="Relevance scores of text pairs (vLLM)", decode=decode_score,
-                example={"model": "m", "text_1": "Hello", "text_2": ["Hi"]}) for path in ("/v1/score", "/score")),
-    Operation(method="post", path="/tokenize", summary="Tokenize a prompt or a chat (vLLM)", decode=decode_tokenize,
-              example={"model": "m", "prompt": "Hello", "add_special_tokens": True}),
-    Operation(method="post", path="/detokenize", summary="Text of token ids (vLLM)", decode=decode_detokenize,
-              example={"model": "m", "tokens": [1]}),
-    Operation(method="post", path="/v1/audio/transcriptions", summary="OpenAI audio transcriptions (speech to text)",
-              form=audio_form(translations=False)),
-    Operation(method="post", path="/v1/audio/translations", summary="OpenAI audio translations (speech to English text)",
-              form=audio_form(translations=True)),
+    Operation(
+        method="post",
+        path="/v1/messages",
+        summary="Anthropic Messages",
+        anthropic=True,
+        decode=decode_messages,
+        example={"model": "m", "messages": _USER, "max_tokens": 1},
+        streams=True,
+    ),
+    Operation(
+        method="post",
+        path="/v1/messages/count_tokens",
+        summary="Anthropic token counting",
+        anthropic=True,
+        decode=decode_count_tokens,
+        example={"model": "m", "messages": _USER},
+    ),
+    Operation(
+        method="post",
+        path="/v1/embeddings",
+        summary="OpenAI Embeddings",
+        decode=decode_embeddings,
+        example={"model": "m", "input": ["Hello"], "encoding_format": "float"},
+    ),
+    *(
+        Operation(
+            method="post",
+            path=path,
+            summary="Rerank documents against a query (Jina/Cohere shape)",
+            decode=decode_rerank,
+            example={"model": "m", "query": "Hello", "documents": ["Hi"], "top_n": 1},
+        )
+        for path in ("/v1/rerank", "/rerank")
+    ),
+    *(
+        Operation(
+            method="post",
+            path=path,
+            summary="Relevance scores of text pairs (vLLM)",
+            decode=decode_score,
+            example={"model": "m", "text_1": "Hello", "text_2": ["Hi"]},
+        )
+        for path in ("/v1/score", "/score")
+    ),
+    Operation(
+        method="post",
+        path="/tokenize",
+        summary="Tokenize a prompt or a chat (vLLM)",
+        decode=decode_tokenize,
+        example={"model": "m", "prompt": "Hello", "add_special_tokens": True},
+    ),
+    Operation(
+        method="post",
+        path="/detokenize",
+        summary="Text of token ids (vLLM)",
+        decode=decode_detokenize,
+        example={"model": "m", "tokens": [1]},
+    ),
+    Operation(
+        method="post",
+        path="/v1/audio/transcriptions",
+        summary="OpenAI audio transcriptions (speech to text)",
+        form=audio_form(translations=False),
+    ),
+    Operation(
+        method="post",
+        path="/v1/audio/translations",
+        summary="OpenAI audio translations (speech to English text)",
+        form=audio_form(translations=True),
+    ),
     Operation(method="get", path="/v1/models", summary="The served models, as a list (several: states, defaults)"),
     Operation(method="get", path="/v1/models/{model_id}", summary="A served model"),
-    Operation(method="get", path="/health", summary="Liveness: 200 while the engine serves, 503 otherwise", public=True),
+    Operation(
+        method="get", path="/health", summary="Liveness: 200 while the engine serves, 503 otherwise", public=True
+    ),
     Operation(method="get", path="/fit", summary="What this machine can serve of this model"),
     Operation(method="get", path="/stats", summary="Live counters of every stage"),
     Operation(method="get", path="/metrics", summary="Prometheus metrics: vLLM's names, and mlx_relay: ones"),
     Operation(method="get", path="/v1/loads", summary="Load in the shape SGLang serves and smg polls"),
     Operation(method="get", path="/openapi.json", summary="This description"),
-    Operation(method="get", path="/v1/responses",
-              summary="The Responses API over WebSocket (send Upgrade: websocket; a plain GET is 426)"),
+    Operation(
+        method="get",
+        path="/v1/responses",
+        summary="The Responses API over WebSocket (send Upgrade: websocket; a plain GET is 426)",
+    ),
     Operation(method="get", path="/", summary="The chat page", public=True, content_type="text/html"),
-    Operation(method="get", path="/assets/{name}", summary="The chat page's files, by hashed name", public=True,
-              content_type="text/javascript"),
-    *(Operation(method="post", path=f"/admin/models/{{name}}/{action}", summary=summary) for action, summary in (
-        ("load", "Load a configured model now"), ("unload", "Unload a model now (its requests in flight fail)"),
-        ("drain", "Unload a model once its requests in flight finish"))),
+    Operation(
+        method="get",
+        path="/assets/{name}",
+        summary="The chat page's files, by hashed name",
+        public=True,
+        content_type="text/javascript",
+    ),
+    *(
+        Operation(method="post", path=f"/admin/models/{{name}}/{action}", summary=summary)
+        for action, summary in (
+            ("load", "Load a configured model now"),
+            ("unload", "Unload a model now (its requests in flight fail)"),
+            ("drain", "Unload a model once its requests in flight finish"),
+        )
+    ),
 )
 
 
@@ -163,8 +257,12 @@ _OPENAI_ERROR: JsonObject = {
         "error": {
             "type": "object",
             "required": ["message", "type", "param", "code"],
-            "properties": {"message": {"type": "string"}, "type": {"type": "string"}, "param": _NULLABLE_STRING,
-                           "code": _NULLABLE_STRING},
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": _NULLABLE_STRING,
+                "code": _NULLABLE_STRING,
+            },
         }
     },
 }

@@ -125,7 +125,9 @@ class _Item:
         return {**shown, "status": status}
 
 
-def _add(items: list[_Item], event: TextDelta | ReasoningDelta | ToolCall, specs: Specs, grammar_call: str | None) -> bool:
+def _add(
+    items: list[_Item], event: TextDelta | ReasoningDelta | ToolCall, specs: Specs, grammar_call: str | None
+) -> bool:
     """Add `event` to the last item or a new one; True if it opened one."""
     if isinstance(event, ToolCall):
         spec = specs.get(event.name)
@@ -137,7 +139,9 @@ def _add(items: list[_Item], event: TextDelta | ReasoningDelta | ToolCall, specs
         if items and items[-1].kind == "custom_tool_call":
             items[-1].text += event.text
             return False
-        items.append(_Item(kind="custom_tool_call", id=f"ctc_{uuid.uuid4().hex}", text=event.text, spec=specs[grammar_call]))
+        items.append(
+            _Item(kind="custom_tool_call", id=f"ctc_{uuid.uuid4().hex}", text=event.text, spec=specs[grammar_call])
+        )
         return True
     kind = "reasoning" if isinstance(event, ReasoningDelta) else "message"
     if items and items[-1].kind == kind:
@@ -170,7 +174,9 @@ class ResponsesStream:
 
     def start(self) -> bytes:
         snapshot = self._response("in_progress", output=[])
-        return self._event("response.created", response=snapshot) + self._event("response.in_progress", response=snapshot)
+        return self._event("response.created", response=snapshot) + self._event(
+            "response.in_progress", response=snapshot
+        )
 
     def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
         return b"".join(self._on_run(run) for run in stream_runs(events, join=False))
@@ -193,7 +199,9 @@ class ResponsesStream:
 
     def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
         cut = summary.finish_reason is FinishReason.LENGTH
-        self.final = self._finished(summary, output_items(events, cut=cut, specs=self.tool_specs, grammar_call=self.grammar_call))
+        self.final = self._finished(
+            summary, output_items(events, cut=cut, specs=self.tool_specs, grammar_call=self.grammar_call)
+        )
         return self.final
 
     def _finished(self, summary: Summary, output: list[JsonObject]) -> JsonObject:
@@ -262,9 +270,13 @@ class ResponsesStream:
             delta = b""  # a call that streams: its arguments follow in pieces
         elif item.custom:
             text = item.input() if isinstance(event, ToolCall) else event.text
-            delta = self._event("response.custom_tool_call_input.delta", item_id=item_id, output_index=index, delta=text)
+            delta = self._event(
+                "response.custom_tool_call_input.delta", item_id=item_id, output_index=index, delta=text
+            )
         elif isinstance(event, ToolCall):
-            delta = self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=event.arguments)
+            delta = self._event(
+                "response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=event.arguments
+            )
         else:
             delta = self._text_delta(item_id, index, event)
         return frames + delta
@@ -276,8 +288,15 @@ class ResponsesStream:
             extra: JsonObject = {} if reasoning else {"logprobs": []}
 
             def build(sequence: str, text: str) -> JsonValue:
-                return {"type": name, "sequence_number": sequence, "item_id": item_id, "output_index": index,
-                        "content_index": 0, "delta": text, **extra}
+                return {
+                    "type": name,
+                    "sequence_number": sequence,
+                    "item_id": item_id,
+                    "output_index": index,
+                    "content_index": 0,
+                    "delta": text,
+                    **extra,
+                }
 
             template = self._text_frames[index, reasoning] = Splice.of(build, holes=2, event=name)
         self._sequence += 1
@@ -289,13 +308,17 @@ class ResponsesStream:
         frames = self._event("response.output_item.added", output_index=index, item=item.shown("in_progress"))
         if not item.is_call:
             empty = _Item(kind=item.kind, id=item.id).part()
-            frames += self._event("response.content_part.added", item_id=item.id, output_index=index, content_index=0, part=empty)
+            frames += self._event(
+                "response.content_part.added", item_id=item.id, output_index=index, content_index=0, part=empty
+            )
         return frames
 
     def _close(self, index: int, *, cut: bool = False) -> bytes:
         item = self._items[index]
         if item.custom:
-            frames = self._event("response.custom_tool_call_input.done", item_id=item.id, output_index=index, input=item.input())
+            frames = self._event(
+                "response.custom_tool_call_input.done", item_id=item.id, output_index=index, input=item.input()
+            )
         elif item.call is not None:
             frames = self._event(
                 "response.function_call_arguments.done",
@@ -307,8 +330,12 @@ class ResponsesStream:
         else:
             done_type = "response.output_text.done" if item.kind == "message" else "response.reasoning_text.done"
             extra: JsonObject = {"logprobs": []} if item.kind == "message" else {}
-            frames = self._event(done_type, item_id=item.id, output_index=index, content_index=0, text=item.text, **extra)
-            frames += self._event("response.content_part.done", item_id=item.id, output_index=index, content_index=0, part=item.part())
+            frames = self._event(
+                done_type, item_id=item.id, output_index=index, content_index=0, text=item.text, **extra
+            )
+            frames += self._event(
+                "response.content_part.done", item_id=item.id, output_index=index, content_index=0, part=item.part()
+            )
         return frames + self._event("response.output_item.done", output_index=index, item=item.done(cut=cut))
 
     def _event(self, event_type: str, **data: JsonValue) -> bytes:

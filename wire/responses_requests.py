@@ -21,9 +21,9 @@ from pipeline.errors import invalid, quote, unsupported
 from pipeline.requests import (
     ChatRequest,
     GenerationParams,
+    ImagePart,
     JsonObject,
     JsonValue,
-    ImagePart,
     Message,
     Role,
     Sampling,
@@ -31,26 +31,25 @@ from pipeline.requests import (
     ToolCallRecord,
     ToolChoice,
 )
-from wire.images import image_from_url
-from wire.responses_tools import ResponsesTools, ToolSpec, call_arguments, qualified, read_tool_choice, read_tools
-from wire.structured import responses_constraint
 from wire.fields import (
     Body,
     as_body,
     as_list,
-    effort_kwargs,
     as_object,
     as_str,
+    effort_kwargs,
     read_bool,
     read_int,
     read_number,
     read_str,
 )
+from wire.images import image_from_url
+from wire.responses_tools import ResponsesTools, ToolSpec, call_arguments, qualified, read_tool_choice, read_tools
+from wire.structured import responses_constraint
 
 _RESPONSE_ID = re.compile(r"^resp_[A-Za-z0-9_-]{1,128}$")
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT, "system": Role.SYSTEM, "developer": Role.DEVELOPER}
 _TEXT_PARTS = ("input_text", "output_text", "text")
-
 
 
 @attrs.frozen(kw_only=True)
@@ -105,7 +104,9 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
         previous_response_id=_read_previous_id(body),
         params=GenerationParams(
             max_tokens=max_tokens,
-            sampling=Sampling(temperature=1.0 if temperature is None else temperature, top_p=1.0 if top_p is None else top_p),
+            sampling=Sampling(
+                temperature=1.0 if temperature is None else temperature, top_p=1.0 if top_p is None else top_p
+            ),
             constraint=constraint,
         ),
         tools=tools.tools,
@@ -174,7 +175,9 @@ def _read_input(body: Body) -> tuple[JsonObject, ...]:
 def _read_previous_id(body: Body) -> str | None:
     value = read_str(body, "previous_response_id")
     if value is not None and not _RESPONSE_ID.match(value):
-        raise invalid(f"Invalid 'previous_response_id': {quote(value)} is not a response id.", param="previous_response_id")
+        raise invalid(
+            f"Invalid 'previous_response_id': {quote(value)} is not a response id.", param="previous_response_id"
+        )
     return value
 
 
@@ -190,7 +193,9 @@ def _to_messages(items: Sequence[JsonObject]) -> tuple[Message, ...]:
         elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             text = output if isinstance(output, str) else _text_parts(output, f"{param}.output")
-            messages.append(Message(role=Role.TOOL, content=text, tool_call_id=as_str(item.get("call_id"), f"{param}.call_id")))
+            messages.append(
+                Message(role=Role.TOOL, content=text, tool_call_id=as_str(item.get("call_id"), f"{param}.call_id"))
+            )
         elif kind != "reasoning":
             # Earlier reasoning is not replayed, as chat templates drop it too.
             raise invalid(f"Invalid '{param}.type': {quote(kind)} items are not supported.", param=f"{param}.type")
@@ -227,8 +232,7 @@ def _parts(value: JsonValue, param: str) -> tuple[str, tuple[ImagePart, ...]]:
             continue
         if part.get("type") not in _TEXT_PARTS:
             raise invalid(
-                f"Invalid '{where}.type': {quote(part.get('type'))} is not supported; "
-                "text and input_image parts are.",
+                f"Invalid '{where}.type': {quote(part.get('type'))} is not supported; text and input_image parts are.",
                 param=f"{where}.type",
             )
         texts.append(as_str(part.get("text"), f"{where}.text"))
@@ -237,8 +241,11 @@ def _parts(value: JsonValue, param: str) -> tuple[str, tuple[ImagePart, ...]]:
 
 def _input_image(part: JsonObject, where: str, *, offset: int) -> ImagePart:
     if part.get("file_id") is not None:
-        raise invalid(f"Invalid '{where}.file_id': uploaded files are not supported; send 'image_url'.",
-                      param=f"{where}.file_id", code="unsupported_parameter")
+        raise invalid(
+            f"Invalid '{where}.file_id': uploaded files are not supported; send 'image_url'.",
+            param=f"{where}.file_id",
+            code="unsupported_parameter",
+        )
     url = as_str(part.get("image_url"), f"{where}.image_url")
     return image_from_url(url, param=where, offset=offset, detail=read_str(part, "detail", param=f"{where}.detail"))
 
@@ -265,7 +272,15 @@ def _echo_tools(body: Body, tools: ResponsesTools) -> JsonValue:
         item = as_object(value, "tools")
         if item.get("type") == "function":
             tool = next(t for t in tools.tools if t.name == item.get("name"))
-            echoed.append({"type": "function", "name": tool.name, "description": tool.description, "parameters": tool.parameters, "strict": tool.strict})
+            echoed.append(
+                {
+                    "type": "function",
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters,
+                    "strict": tool.strict,
+                }
+            )
         else:
             echoed.append(item)
     return echoed

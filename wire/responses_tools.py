@@ -25,8 +25,19 @@ from pipeline.requests import Constraint, ConstraintKind, JsonObject, JsonValue,
 from wire.fields import as_list, as_object, as_str, named_tool, read_arguments, read_function, read_str
 
 HOSTED = frozenset(
-    {"web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11", "file_search",
-     "code_interpreter", "computer", "computer_use", "computer_use_preview", "image_generation", "mcp"}
+    {
+        "web_search",
+        "web_search_preview",
+        "web_search_2025_08_26",
+        "web_search_preview_2025_03_11",
+        "file_search",
+        "code_interpreter",
+        "computer",
+        "computer_use",
+        "computer_use_preview",
+        "image_generation",
+        "mcp",
+    }
 )
 # The argument a custom tool's input travels in, inside the model's tool-call markup.
 INPUT = "input"
@@ -71,7 +82,13 @@ def read_tools(raw: JsonValue) -> ResponsesTools:
         elif kind == "namespace":
             namespace = as_str(item.get("name"), f"{param}.name")
             for member_index, member in enumerate(as_list(item.get("tools"), f"{param}.tools")):
-                _add(tools, specs, as_object(member, f"{param}.tools[{member_index}]"), f"{param}.tools[{member_index}]", namespace)
+                _add(
+                    tools,
+                    specs,
+                    as_object(member, f"{param}.tools[{member_index}]"),
+                    f"{param}.tools[{member_index}]",
+                    namespace,
+                )
         else:
             _add(tools, specs, item, param, None)
     return ResponsesTools(tools=tuple(tools), specs=specs, skipped=tuple(skipped))
@@ -147,7 +164,9 @@ def read_tool_choice(raw: JsonValue, tools: ResponsesTools) -> Choice:
     if raw == "required":
         return Choice(choice=ToolChoice(mode=ToolChoiceMode.REQUIRED))
     if isinstance(raw, dict) and kind in ("function", "custom"):
-        name = qualified(as_str(raw.get("name"), "tool_choice.name"), read_str(raw, "namespace", param="tool_choice.namespace"))
+        name = qualified(
+            as_str(raw.get("name"), "tool_choice.name"), read_str(raw, "namespace", param="tool_choice.namespace")
+        )
         choice = named_tool(name, tools.tools, "tool_choice.name")
         spec = tools.specs[name]
         if spec.kind != kind:
@@ -156,7 +175,9 @@ def read_tool_choice(raw: JsonValue, tools: ResponsesTools) -> Choice:
             # The whole output is the input, held to the tool's grammar.
             return Choice(choice=ToolChoice(), grammar_call=name)
         return Choice(choice=choice)
-    raise invalid("Invalid 'tool_choice': must be 'none', 'auto', 'required', a function or a custom tool.", param="tool_choice")
+    raise invalid(
+        "Invalid 'tool_choice': must be 'none', 'auto', 'required', a function or a custom tool.", param="tool_choice"
+    )
 
 
 def call_arguments(item: JsonObject, param: str) -> str:

@@ -63,7 +63,9 @@ def decode_score(value: JsonValue) -> ScoreRequest:
     elif len(first) == len(second):
         pairs = tuple(zip(first, second))
     else:
-        raise invalid(f"'text_1' has {len(first)} items and 'text_2' {len(second)}: give one, or as many", param="text_1")
+        raise invalid(
+            f"'text_1' has {len(first)} items and 'text_2' {len(second)}: give one, or as many", param="text_1"
+        )
     if len(pairs) > MAX_DOCUMENTS:
         raise invalid(f"At most {MAX_DOCUMENTS} pairs may be scored at once, got {len(pairs)}", param="text_2")
     return ScoreRequest(model=read_str(body, "model"), pairs=pairs)
@@ -92,5 +94,9 @@ def rerank_body(
 
 def score_body(scores: Scores, *, id: str, model: str, created: int) -> JsonObject:
     data: list[JsonValue] = [{"index": i, "object": "score", "score": score} for i, score in enumerate(scores.scores)]
-    usage: JsonObject = {"prompt_tokens": scores.prompt_tokens, "total_tokens": scores.prompt_tokens, "completion_tokens": 0}
+    usage: JsonObject = {
+        "prompt_tokens": scores.prompt_tokens,
+        "total_tokens": scores.prompt_tokens,
+        "completion_tokens": 0,
+    }
     return {"id": id, "object": "list", "created": created, "model": model, "data": data, "usage": usage}

@@ -35,7 +35,9 @@ def openai_constraint(body: Body) -> Constraint | None:
     """The constraint of a Chat Completions or Completions body, if any."""
     found = [c for c in (_response_format(body), *_guided(body), _structured_outputs(body)) if c is not None]
     if len(found) > 1:
-        raise invalid(f"Only one structured-output constraint is allowed, got {[c.param for c in found]}", param=found[1].param)
+        raise invalid(
+            f"Only one structured-output constraint is allowed, got {[c.param for c in found]}", param=found[1].param
+        )
     return found[0] if found else None
 
 
@@ -54,7 +56,9 @@ def responses_constraint(body: Body) -> Constraint | None:
     if kind == "json_object":
         return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=_ANY_OBJECT, param="text.format")
     if kind == "json_schema":
-        return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=_schema(format_, "text.format.schema"), param="text.format.schema")
+        return Constraint(
+            kind=ConstraintKind.JSON_SCHEMA, spec=_schema(format_, "text.format.schema"), param="text.format.schema"
+        )
     raise invalid(f"Invalid 'text.format.type': {quote(kind)}", param="text.format.type")
 
 
@@ -93,7 +97,10 @@ def _response_format(body: Body) -> Constraint | None:
         spec = as_object(format_.get("json_schema"), "response_format.json_schema")
         param = "response_format.json_schema.schema"
         return Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=_schema(spec, param), param=param)
-    raise invalid(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {quote(kind)}", param="response_format.type")
+    raise invalid(
+        f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {quote(kind)}",
+        param="response_format.type",
+    )
 
 
 def _guided(body: Body) -> list[Constraint | None]:

@@ -17,8 +17,16 @@ from wire.openai_requests import decode_chat
 
 _PROMPT_KNOWN = frozenset({"model", "prompt", "add_special_tokens", "return_token_strs"})
 _CHAT_KNOWN = frozenset(
-    {"model", "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens",
-     "chat_template_kwargs", "tools", "return_token_strs"}
+    {
+        "model",
+        "messages",
+        "add_generation_prompt",
+        "continue_final_message",
+        "add_special_tokens",
+        "chat_template_kwargs",
+        "tools",
+        "return_token_strs",
+    }
 )
 
 
@@ -35,13 +43,17 @@ def decode_tokenize(value: JsonValue) -> TokenizeRequest:
         prompt = read_str(body, "prompt")
         if prompt is None:
             raise invalid("Give 'prompt' (text) or 'messages' (a chat)", param="prompt")
-        return TokenizeRequest(prompt=prompt, add_special_tokens=special is not False, return_token_strs=token_strs, model=model)
+        return TokenizeRequest(
+            prompt=prompt, add_special_tokens=special is not False, return_token_strs=token_strs, model=model
+        )
     if read_bool(body, "add_generation_prompt") is False and read_bool(body, "continue_final_message") is not True:
         raise unsupported("add_generation_prompt")
     chat_body: JsonObject = {
         key: body[key] for key in ("messages", "tools", "chat_template_kwargs", "continue_final_message") if key in body
     }
-    return TokenizeRequest(chat=decode_chat(chat_body), add_special_tokens=special is True, return_token_strs=token_strs, model=model)
+    return TokenizeRequest(
+        chat=decode_chat(chat_body), add_special_tokens=special is True, return_token_strs=token_strs, model=model
+    )
 
 
 def decode_detokenize(value: JsonValue) -> DetokenizeRequest:

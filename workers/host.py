@@ -143,15 +143,20 @@ class WorkerHost:
             group.start_soon(self._pump, steps)
             group.start_soon(self._helper, self._flush_failures)
             await self._send(ReadyOut(pid=os.getpid()))
-            log.info("worker.ready", pid=os.getpid(), model=model.side.info.name,
-                     **{key: round(value, 3) for key, value in attrs.asdict(times).items()})
+            log.info(
+                "worker.ready",
+                pid=os.getpid(),
+                model=model.side.info.name,
+                **{key: round(value, 3) for key, value in attrs.asdict(times).items()},
+            )
             ended = await self._read(reader, inbox, control, group)
             if not ended:
                 # The front went away: nothing is left to serve.
                 group.cancel_scope.cancel()
 
-    async def _read(self, reader: FrameReader[ToWorker], inbox: Channel[Prepared], control: Channel[Abort],
-                    group: TaskGroup) -> bool:
+    async def _read(
+        self, reader: FrameReader[ToWorker], inbox: Channel[Prepared], control: Channel[Abort], group: TaskGroup
+    ) -> bool:
         """Frames from the front until it closes (False) or drains this worker (True)."""
         while True:
             try:
@@ -193,8 +198,9 @@ class WorkerHost:
         async with steps.receive:
             async for outputs in steps.receive:
                 await self._send(step_out(outputs, self._take_failures()))
-        await self._send(step_out(StepOutputs(admitted=(), deltas=(), stepped_at=time.monotonic()),
-                                  self._take_failures()))
+        await self._send(
+            step_out(StepOutputs(admitted=(), deltas=(), stepped_at=time.monotonic()), self._take_failures())
+        )
         for helper in self._helpers:
             helper.cancel()
 
@@ -221,13 +227,17 @@ class WorkerHost:
         model = self._model
         assert model is not None
         side = model.embedder if job.side else None
-        work: Any = (EmbedWork(inputs=job.inputs, pooling=job.pooling, dimensions=job.dimensions, side=side)
-                     if job.kind == "embed" else ScoreWork(inputs=job.inputs, yes=job.yes, no=job.no, side=side))
+        work: Any = (
+            EmbedWork(inputs=job.inputs, pooling=job.pooling, dimensions=job.dimensions, side=side)
+            if job.kind == "embed"
+            else ScoreWork(inputs=job.inputs, yes=job.yes, no=job.no, side=side)
+        )
         out: JobOut | None = None
         with scope:
             try:
-                result = await model.side.exclusive.submit(work, kind=job.kind, request_id=job.request_id,
-                                                           trace_id=job.trace_id, rate_key=job.rate_key)
+                result = await model.side.exclusive.submit(
+                    work, kind=job.kind, request_id=job.request_id, trace_id=job.trace_id, rate_key=job.rate_key
+                )
                 out = _job_out(job.job_id, job.kind, result)
             except RequestError as error:
                 out = JobOut(job_id=job.job_id, error=error_out(error))
@@ -254,6 +264,7 @@ class WorkerHost:
     async def _send(self, message: ToFront) -> None:
         assert self._frames is not None
         await self._frames.send(message)
+
 
 def _job_out(job_id: int, kind: str, result: Any) -> JobOut:
     if kind == "embed":

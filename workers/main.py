@@ -50,8 +50,12 @@ async def _main(socket: str) -> None:
         configure_logging(settings.log_level)
         structlog.contextvars.bind_contextvars(worker_pid=os.getpid())
         times = StartTimes(imports_s=IMPORTED - STARTED, connect_s=time.perf_counter() - IMPORTED)
-        host = WorkerHost(settings=settings, beat_interval=settings.worker_heartbeat_timeout / 8,
-                          base_nice=LOADING_BASE_NICE, times=times)
+        host = WorkerHost(
+            settings=settings,
+            beat_interval=settings.worker_heartbeat_timeout / 8,
+            base_nice=LOADING_BASE_NICE,
+            times=times,
+        )
         await host.serve(stream, reader)
     log.info("worker.stopped")
 

@@ -32,8 +32,9 @@ class WorkerModel:
 
 async def open_model(settings: Settings) -> WorkerModel:
     """Everything but the weights, which the gateway's model thread loads."""
-    info = await anyio.to_thread.run_sync(partial(resolve_model, settings.model, demo=settings.demo_model,
-                                                  name=settings.model_name))
+    info = await anyio.to_thread.run_sync(
+        partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
+    )
     if settings.context_limit:
         info = attrs.evolve(info, context_window=min(info.context_window, settings.context_limit))
     tokenizer = await anyio.to_thread.run_sync(load_tokenizer, info)
@@ -47,9 +48,15 @@ async def open_model(settings: Settings) -> WorkerModel:
         embedder = work.side
     family, _ = await anyio.to_thread.run_sync(partial(choose_markup, settings, tokenizer))
     fit_of = partial(
-        assess, info.path, context_window=info.context_window, budget=settings.memory_budget,
-        prompt_cache=settings.prompt_cache_bytes, max_batch=settings.max_batch, prefill_step=settings.prefill_step_size,
-        adapter_bytes=sum(adapter.nbytes for adapter in adapters) + embedding_bytes, share=None,
+        assess,
+        info.path,
+        context_window=info.context_window,
+        budget=settings.memory_budget,
+        prompt_cache=settings.prompt_cache_bytes,
+        max_batch=settings.max_batch,
+        prefill_step=settings.prefill_step_size,
+        adapter_bytes=sum(adapter.nbytes for adapter in adapters) + embedding_bytes,
+        share=None,
         kv=kv_scheme(settings, None),
     )
     # The same plan and weight form the front chose (stages/engine/decisions.py), so the model thread loads them alike.
@@ -58,7 +65,15 @@ async def open_model(settings: Settings) -> WorkerModel:
     disk = await anyio.to_thread.run_sync(
         partial(disk_tier, settings, info, fit.memory, cluster=None, adapters=adapters)
     )
-    side = ModelSide(settings=settings, info=info, tokenizer=tokenizer, family=family, fit=fit, adapters=adapters,
-                     exclusive=exclusive, disk=disk)
+    side = ModelSide(
+        settings=settings,
+        info=info,
+        tokenizer=tokenizer,
+        family=family,
+        fit=fit,
+        adapters=adapters,
+        exclusive=exclusive,
+        disk=disk,
+    )
     compiler = ConstraintCompiler(tokenizer=tokenizer, vocab_size=info.vocab_size, family=family)
     return WorkerModel(side=side, compiler=compiler, embedder=embedder)

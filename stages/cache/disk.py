@@ -45,9 +45,9 @@ import attrs
 import structlog
 from mlx_lm.models.cache import PromptTrie
 
-from stages.kv.shape import FULL, KvScheme
 from stages.cache.kv_file import BASE_SPACE, SUFFIX, Restored, Tensor, header, indexed, parse
 from stages.cache.tier import DiskStatistics, Key, nearest
+from stages.kv.shape import FULL, KvScheme
 
 log = structlog.get_logger(stage="gateway")
 
@@ -160,7 +160,11 @@ class DiskTier:
     def write(self, job: SpillJob) -> None:
         """Write one entry (the worker thread); best effort: an OSError is counted, not raised."""
         head = header(
-            job.tensors, fingerprint=self.fingerprint, prompt_len=job.prompt_len, space=job.space, kv_scheme=self.kv_scheme.describe()
+            job.tensors,
+            fingerprint=self.fingerprint,
+            prompt_len=job.prompt_len,
+            space=job.space,
+            kv_scheme=self.kv_scheme.describe(),
         )
         size = len(head) + sum(t.data.nbytes for t in job.tensors)
         if self._suspect and not self._usable():
@@ -247,8 +251,12 @@ class DiskTier:
     def statistics(self) -> DiskStatistics:
         seconds, at = self._last_restore or (None, None)
         return DiskStatistics(
-            entries=len(self._files), bytes=self._bytes, max_bytes=self.max_bytes,
-            last_restore_seconds=seconds, last_restore_at=at, **self._counts,
+            entries=len(self._files),
+            bytes=self._bytes,
+            max_bytes=self.max_bytes,
+            last_restore_seconds=seconds,
+            last_restore_at=at,
+            **self._counts,
         )
 
     def _folder(self, space: str) -> Path:

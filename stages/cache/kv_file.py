@@ -68,12 +68,18 @@ def token_tensor(tokens: Sequence[int]) -> Tensor:
     return Tensor(_TOKENS, "I32", (len(ids),), memoryview(ids))
 
 
-def header(tensors: Sequence[Tensor], *, fingerprint: str, prompt_len: int, space: str, kv_scheme: str = FULL_SCHEME) -> bytes:
+def header(
+    tensors: Sequence[Tensor], *, fingerprint: str, prompt_len: int, space: str, kv_scheme: str = FULL_SCHEME
+) -> bytes:
     """The length-prefixed JSON header of a file holding `tensors`, padded so the data is aligned."""
     entries: dict[str, Any] = {}
     offset, crc = 0, 0
     for item in tensors:
-        entries[item.name] = {"dtype": item.dtype, "shape": list(item.shape), "data_offsets": [offset, offset + item.data.nbytes]}
+        entries[item.name] = {
+            "dtype": item.dtype,
+            "shape": list(item.shape),
+            "data_offsets": [offset, offset + item.data.nbytes],
+        }
         offset += item.data.nbytes
         crc = zlib.crc32(item.data, crc)
     metadata = {"format": FORMAT, "fingerprint": fingerprint, "prompt_len": str(prompt_len), "crc32": str(crc)}

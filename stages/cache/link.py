@@ -54,7 +54,9 @@ class DiskLink:
                 self.disk.note_unsupported()
                 return
             tensors += [part for part in parts if part is not None]
-        self.outbox.append(SpillJob(tokens=entry.tokens, prompt_len=entry.prompt_len, tensors=tuple(tensors), space=space))
+        self.outbox.append(
+            SpillJob(tokens=entry.tokens, prompt_len=entry.prompt_len, tensors=tuple(tensors), space=space)
+        )
 
     def restore(self, key: Key, adapter: str | None = None) -> Entry | None:
         started = time.perf_counter()
@@ -77,8 +79,10 @@ class DiskLink:
         except ValueError:
             return None
         # The checksum proved the bytes; this proves they are KV for exactly these tokens.
-        if not layers or sorted(layers) != list(range(len(layers))) or any(
-            item.shape[2:3] != (len(key),) for parts in layers.values() for item in parts.values()
+        if (
+            not layers
+            or sorted(layers) != list(range(len(layers)))
+            or any(item.shape[2:3] != (len(key),) for parts in layers.values() for item in parts.values())
         ):
             return None
         scheme = self.disk.kv_scheme

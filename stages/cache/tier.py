@@ -65,7 +65,6 @@ class DiskStatistics:
     last_restore_at: float | None
 
 
-
 class LowerTier(Protocol):
     """A slower tier under the memory one (the disk), as the cache uses it.
 
@@ -80,7 +79,6 @@ class LowerTier(Protocol):
     def spill(self, entry: Entry) -> None: ...
 
     def statistics(self) -> DiskStatistics: ...
-
 
 
 def nearest(trie: PromptTrie, model: str, tokens: Sequence[int]) -> tuple[Key | None, int]:

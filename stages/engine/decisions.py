@@ -29,8 +29,8 @@ from stages.kv.machine import backend
 from stages.kv.plan import BudgetError, Fit, MemoryPlan, assess
 from stages.kv.shape import FULL, KvScheme, ModelShape
 from stages.models.loading import ModelInfo, Tokenizer, load_weights, resolve_model
-from stages.prompt.vision_chat import VisionPrompt
 from stages.models.weights import WeightForm, dequantized, float32_bytes, quantization, stored
+from stages.prompt.vision_chat import VisionPrompt
 from stages.shard.caches import MirroredPromptCache
 from stages.shard.cluster import Cluster
 from stages.shard.plan import per_rank
@@ -42,7 +42,9 @@ def choose_markup(settings: Settings, tokenizer: Tokenizer) -> tuple[Family, Fam
     """The model's family, and itself again where the template ignores `tools` (a preamble then describes them)."""
     family = choose_family(tokenizer, tool_parser=settings.tool_parser, reasoning_parser=settings.reasoning_parser)
     ignores = template_ignores_tools(
-        lambda messages, tools: tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        lambda messages, tools: tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True
+        )
     )
     log.info("engine.markup", family=family.name, think=family.think, tool_preamble=ignores)
     return family, family if ignores else None
@@ -63,7 +65,12 @@ def think_ids(family: Family, tokenizer: Tokenizer) -> tuple[tuple[int, ...], in
 
 
 def disk_tier(
-    settings: Settings, info: ModelInfo, memory: MemoryPlan, *, cluster: Cluster | None, adapters: Sequence[Adapter] = ()
+    settings: Settings,
+    info: ModelInfo,
+    memory: MemoryPlan,
+    *,
+    cluster: Cluster | None,
+    adapters: Sequence[Adapter] = (),
 ) -> DiskTier | None:
     if not settings.cache_dir or not memory.prompt_cache_bytes:
         return None
@@ -89,7 +96,9 @@ def open_disk(
         root, fingerprint = root / "float32", hashlib.sha256(f"{fingerprint}:float32".encode()).hexdigest()
     # Within it, each adapter's entries are filed by its name and weights, so retrained weights never match.
     spaces = {adapter.name: adapter_fingerprint(adapter.path / CONFIG, adapter.path / WEIGHTS) for adapter in adapters}
-    return DiskTier(root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint, adapters=spaces, kv_scheme=scheme)
+    return DiskTier(
+        root=root, max_bytes=settings.cache_dir_bytes, fingerprint=fingerprint, adapters=spaces, kv_scheme=scheme
+    )
 
 
 def prompt_cache(
@@ -176,7 +185,9 @@ def kv_scheme(settings: Settings, cluster: Cluster | None) -> KvScheme:
         return FULL
     named = f"MLX_RELAY_KV_BITS={settings.kv_bits}"
     if cluster is not None:
-        raise KvSchemeError(f"{named} cannot be served with MLX_RELAY_SHARD={settings.shard}: a sharded model's KV is full precision")
+        raise KvSchemeError(
+            f"{named} cannot be served with MLX_RELAY_SHARD={settings.shard}: a sharded model's KV is full precision"
+        )
     if settings.quantized_kv_start:
         raise KvSchemeError(
             f"{named} with MLX_RELAY_QUANTIZED_KV_START={settings.quantized_kv_start}: the continuous batch quantizes "
@@ -200,8 +211,10 @@ def model_loader(info: ModelInfo, cluster: Cluster | None, scheme: KvScheme) -> 
         model = load_weights(info)
         reason = refusal(model, scheme)
         if reason is None and getattr(model, "vision_tower", None) is not None:
-            reason = (f"MLX_RELAY_KV_BITS={scheme.bits} cannot serve a vision-language model yet: its image rows are "
-                      "prefilled into full-precision KV")
+            reason = (
+                f"MLX_RELAY_KV_BITS={scheme.bits} cannot serve a vision-language model yet: its image rows are "
+                "prefilled into full-precision KV"
+            )
         if reason is not None:
             raise KvSchemeError(reason)
         return model

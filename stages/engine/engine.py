@@ -128,25 +128,40 @@ class Engine:
         settings = self._settings
         if settings.shard:
             # Blocks until every rank mlx.launch started has joined.
-            self._cluster = await anyio.to_thread.run_sync(partial(join, settings.shard, timeout=settings.shard_timeout))
+            self._cluster = await anyio.to_thread.run_sync(
+                partial(join, settings.shard, timeout=settings.shard_timeout)
+            )
         self.info = await anyio.to_thread.run_sync(served_model, settings)
         self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, self.info)
         vision = await anyio.to_thread.run_sync(partial(vision_prompt, settings, self.info, self.tokenizer))
         adapters = await anyio.to_thread.run_sync(read_adapters, settings.adapters)
         beside_bytes = await self._open_embedder() + (vision.held_bytes if vision else 0)
-        self.served = ServedModels(base=self.info.name, adapters=adapters, aliases=parse_aliases(settings.model_aliases),
-                                   embedding=self.embedder.name if self.embedder else None,
-                                   default_adapter=settings.default_adapter)
+        self.served = ServedModels(
+            base=self.info.name,
+            adapters=adapters,
+            aliases=parse_aliases(settings.model_aliases),
+            embedding=self.embedder.name if self.embedder else None,
+            default_adapter=settings.default_adapter,
+        )
         if self._cluster is not None:
             # Followers replay the generator's calls: an adapter mounted on rank 0 alone would split the group.
             if adapters:
-                raise AdapterError("MLX_RELAY_ADAPTERS cannot be served with --shard (adapters are mounted on one process only)")
+                raise AdapterError(
+                    "MLX_RELAY_ADAPTERS cannot be served with --shard (adapters are mounted on one process only)"
+                )
             # Embeddings and scores: every rank runs each chunk's forward pass.
             self._exclusive.run_chunks_with(ReplicatedWork(self._cluster.step_log))
         self._encoder = await anyio.to_thread.run_sync(BoundedEncoder.of, self.tokenizer)
         self.family, self._preamble = await anyio.to_thread.run_sync(partial(choose_markup, settings, self.tokenizer))
         chat_work = partial(
-            chat_model_work, settings, self._exclusive, self.info, self._encoder, self._tokenizing, self._preamble, vision
+            chat_model_work,
+            settings,
+            self._exclusive,
+            self.info,
+            self._encoder,
+            self._tokenizing,
+            self._preamble,
+            vision,
         )
         self.work = await anyio.to_thread.run_sync(chat_work)
         adapter_bytes = self.served.adapter_bytes + beside_bytes
@@ -159,8 +174,12 @@ class Engine:
         self._supervisor = Supervisor(actors=self._build_actors(disk), on_stop=self._on_stop)
         memory = self.fit.memory
         log.info(
-            "engine.starting", model=self.info.name, path=str(self.info.path), max_safe_context=memory.max_safe_context,
-            memory_budget=memory.budget_bytes, prompt_cache_bytes=memory.prompt_cache_bytes,
+            "engine.starting",
+            model=self.info.name,
+            path=str(self.info.path),
+            max_safe_context=memory.max_safe_context,
+            memory_budget=memory.budget_bytes,
+            prompt_cache_bytes=memory.prompt_cache_bytes,
             weights=self.weights.description,
         )
         await self._supervisor.run(task_status=_Relay(task_status, self))
@@ -183,7 +202,9 @@ class Engine:
 
     async def _open_embedder(self) -> int:
         settings, sharded = self._settings, self._cluster is not None
-        opened = partial(open_embedder, settings, self._exclusive, self._tokenizing, chat=self.info.name, sharded=sharded)
+        opened = partial(
+            open_embedder, settings, self._exclusive, self._tokenizing, chat=self.info.name, sharded=sharded
+        )
         self.embedder, nbytes = await anyio.to_thread.run_sync(opened)
         if self.embedder is not None:
             self.embedder.preload()
@@ -262,7 +283,11 @@ class Engine:
         steps: Channel[StepOutputs] = open_channel(_STEP_BUFFER, name="steps")
         self._gateway = self._make_gateway(prepared.receive, control, steps.send, disk)
         self._sink = CompletionSink(
-            inbox=steps.receive, aborts=control.send.clone(), tokenizer=tokenizer, family=self.family, observer=self._observer
+            inbox=steps.receive,
+            aborts=control.send.clone(),
+            tokenizer=tokenizer,
+            family=self.family,
+            observer=self._observer,
         )
         watch: list[Actor] = [ShardWatch(cluster=self._cluster, on_lost=self._on_lost)] if self._cluster else []
         # Started in this order: the model loads first, then downstream to upstream
@@ -273,9 +298,15 @@ class Engine:
             self._sink,
             self._make_prepare(jobs.receive, prepared.send),
             ParseStage(
-                inbox=self._parse_inbox.receive, out=jobs.send, route=self.served.adapter_of,
-                chat=ChatJobs(tokenizer=tokenizer, preamble=self._preamble, vision=self.work.vision,
-                              room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context)),
+                inbox=self._parse_inbox.receive,
+                out=jobs.send,
+                route=self.served.adapter_of,
+                chat=ChatJobs(
+                    tokenizer=tokenizer,
+                    preamble=self._preamble,
+                    vision=self.work.vision,
+                    room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context),
+                ),
                 text=TextJobs(vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
             ),
         ]
@@ -290,14 +321,30 @@ class Engine:
         settings = self._settings
         if isinstance(self._exclusive, RemoteExclusiveQueue):
             return RemoteGateway(
-                inbox=inbox, control=control.receive, aborts=control.send, out=out, exclusive=self._exclusive, settings=settings,
+                inbox=inbox,
+                control=control.receive,
+                aborts=control.send,
+                out=out,
+                exclusive=self._exclusive,
+                settings=settings,
                 capacity=2 * (settings.max_batch + settings.max_pending + settings.exclusive_pending) + 3,
             )
-        side = ModelSide(settings=settings, info=self.info, tokenizer=self.tokenizer, family=self.family, fit=self.fit,
-                         adapters=self.served.adapters, exclusive=self._exclusive, disk=disk, cluster=self._cluster)
+        side = ModelSide(
+            settings=settings,
+            info=self.info,
+            tokenizer=self.tokenizer,
+            family=self.family,
+            fit=self.fit,
+            adapters=self.served.adapters,
+            exclusive=self._exclusive,
+            disk=disk,
+            cluster=self._cluster,
+        )
         return make_gateway(side, inbox, control, out)
 
-    def _make_prepare(self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]) -> PrepareStage:
+    def _make_prepare(
+        self, inbox: MemoryObjectReceiveStream[PrepareJob], out: MemoryObjectSendStream[Prepared]
+    ) -> PrepareStage:
         settings, info = self._settings, self.info
         reservations = {
             PrepKind.TOKENIZE: self._tokenizing,

@@ -16,6 +16,7 @@ from pipeline.settings import Settings
 from stages.adapters import Adapter
 from stages.cache.disk import DiskTier, SpillJob
 from stages.engine.decisions import model_loader, prompt_cache, think_ids
+from stages.engine.speculation import speculation_factory
 from stages.families.base import Family
 from stages.kv.plan import Fit
 from stages.kv.scheduler import KvScheduler
@@ -24,7 +25,6 @@ from stages.model_thread.exclusive import ExclusiveQueue
 from stages.model_thread.gateway import GenerationGateway
 from stages.models.loading import ModelInfo, Tokenizer
 from stages.shard.cluster import Cluster
-from stages.engine.speculation import speculation_factory
 
 # Evicted entries waiting for the disk writer; beyond this they are dropped,
 # so a slow disk costs cache hits, never memory or request time.
@@ -65,7 +65,9 @@ def make_gateway(
         make_generator=None if cluster is None else cluster.make_generator,
         kv_scheme=side.fit.model.kv_scheme,
         single_row=settings.single_row,
-        speculation=speculation_factory(settings, side.tokenizer, sharded=cluster is not None, adapters=bool(side.adapters)),
+        speculation=speculation_factory(
+            settings, side.tokenizer, sharded=cluster is not None, adapters=bool(side.adapters)
+        ),
         eos_ids=frozenset(side.tokenizer.eos_token_ids),
         think_ids=think_ids(side.family, side.tokenizer),
         max_batch=settings.max_batch,
@@ -76,7 +78,9 @@ def make_gateway(
         scheduler=KvScheduler(side.fit.model, memory.usable_bytes),
         prefill_rows=memory.prefill_rows,
         cache=prompt_cache(
-            memory.prompt_cache_bytes, sessions=settings.session_cache, cluster=cluster,
+            memory.prompt_cache_bytes,
+            sessions=settings.session_cache,
+            cluster=cluster,
             max_entries=settings.prompt_cache_entries,
         ),
         disk=side.disk,

@@ -119,8 +119,11 @@ class ModelWork:
             self._encoder, PromptText(text.text, add_special_tokens), self._reservation, at_most=window
         )
         if tokens is None:
-            raise invalid(f"prompt is too long: more than {window} tokens, this model's maximum", param="messages",
-                          code="context_length_exceeded")
+            raise invalid(
+                f"prompt is too long: more than {window} tokens, this model's maximum",
+                param="messages",
+                code="context_length_exceeded",
+            )
         return tokens
 
     async def tokenize(self, request: TokenizeRequest) -> tuple[list[int], list[str] | None]:
@@ -133,7 +136,9 @@ class ModelWork:
             tokens = await self.tokenize_chat(request.chat, add_special_tokens=request.add_special_tokens)
         else:
             assert request.prompt is not None
-            tokens = await self._encode(PromptText(request.prompt, request.add_special_tokens), "prompt", self._info.context_window)
+            tokens = await self._encode(
+                PromptText(request.prompt, request.add_special_tokens), "prompt", self._info.context_window
+            )
         if not request.return_token_strs:
             return tokens, None
         return tokens, await self._in_thread(lambda: [self._tokenizer.decode([token]) for token in tokens])
@@ -165,11 +170,17 @@ class ModelWork:
         self._bound_request(sum(map(len, inputs)), "input")
         vectors = await self._vectors(inputs, None if dimensions == width else dimensions, request_id, trace_id)
         # `tolist` converts in C: a Python loop over a batch's floats holds the GIL the model thread needs.
-        return Embeddings(vectors=tuple(tuple(vector.tolist()) for vector in vectors), prompt_tokens=sum(map(len, inputs)))
+        return Embeddings(
+            vectors=tuple(tuple(vector.tolist()) for vector in vectors), prompt_tokens=sum(map(len, inputs))
+        )
 
-    async def _vectors(self, inputs: Sequence[Sequence[int]], dimensions: int | None, request_id: str, trace_id: str) -> list[Vector]:
+    async def _vectors(
+        self, inputs: Sequence[Sequence[int]], dimensions: int | None, request_id: str, trace_id: str
+    ) -> list[Vector]:
         work = EmbedWork(inputs=inputs, pooling=self._pooling, dimensions=dimensions, side=self._side)
-        vectors: list[Vector] = await self._queue.submit(work, kind="embed", request_id=request_id, trace_id=trace_id, rate_key=self.name)
+        vectors: list[Vector] = await self._queue.submit(
+            work, kind="embed", request_id=request_id, trace_id=trace_id, rate_key=self.name
+        )
         return vectors
 
     async def score(self, request: ScoreRequest, *, request_id: str, trace_id: str) -> Scores:
@@ -185,7 +196,9 @@ class ModelWork:
         inputs = [await self.tokenize_chat(_judgement(query, document)) for query, document in request.pairs]
         self._bound_request(sum(map(len, inputs)), None)
         work = ScoreWork(inputs=inputs, yes=yes, no=no, side=self._side)
-        scores = await self._queue.submit(work, kind="score", request_id=request_id, trace_id=trace_id, rate_key=self.name)
+        scores = await self._queue.submit(
+            work, kind="score", request_id=request_id, trace_id=trace_id, rate_key=self.name
+        )
         return Scores(scores=tuple(scores), prompt_tokens=sum(map(len, inputs)))
 
     async def _cosine(self, request: ScoreRequest, *, request_id: str, trace_id: str) -> Scores:
@@ -212,9 +225,12 @@ class ModelWork:
     def _answer_ids(self) -> tuple[int, int]:
         yes, no = (self._tokenizer.encode(word, add_special_tokens=False) for word in ("yes", "no"))
         if not yes or not no or yes[0] == no[0]:
-            raise invalid(f"The model '{self._info.name}' cannot score: "
-                          "its vocabulary does not tell 'yes' from 'no' in one token",
-                          param="model", code="model_not_supported")
+            raise invalid(
+                f"The model '{self._info.name}' cannot score: "
+                "its vocabulary does not tell 'yes' from 'no' in one token",
+                param="model",
+                code="model_not_supported",
+            )
         return yes[0], no[0]
 
     async def _inputs(self, inputs: Sequence[Input]) -> list[tuple[int, ...]]:
@@ -228,7 +244,9 @@ class ModelWork:
                 self._check_ids(item, param)
                 tokens[i] = item
             elif i not in tokens:
-                tokens[i] = tuple(await self._encode(PromptText(item, add_special_tokens=True), param, self._max_input_tokens))
+                tokens[i] = tuple(
+                    await self._encode(PromptText(item, add_special_tokens=True), param, self._max_input_tokens)
+                )
             if len(tokens[i]) > self._max_input_tokens:
                 raise self._too_long(param)
         return [tokens[i] for i in range(len(inputs))]
@@ -241,14 +259,19 @@ class ModelWork:
 
     def _too_long(self, param: str, limit: int | None = None) -> Exception:
         limit = self._max_input_tokens if limit is None else limit
-        return invalid(f"'{param}' is too long: more than {limit} tokens, this model's maximum", param=param,
-                       code="context_length_exceeded")
+        return invalid(
+            f"'{param}' is too long: more than {limit} tokens, this model's maximum",
+            param=param,
+            code="context_length_exceeded",
+        )
 
     def _check_ids(self, tokens: Sequence[int], param: str) -> None:
         vocab = self._info.vocab_size
         for token in tokens:
             if token >= vocab:
-                raise invalid(f"'{param}' holds token id {token}, outside this model's vocabulary of {vocab}", param=param)
+                raise invalid(
+                    f"'{param}' holds token id {token}, outside this model's vocabulary of {vocab}", param=param
+                )
 
     async def _in_thread(self, call: Callable[[], T]) -> T:
         async with self._reservation.slots:
@@ -287,16 +310,32 @@ def dedicated_work(settings: Settings, queue: ExclusiveQueue, reservation: Reser
         EmbeddingModelError: a model that cannot be served as an embedding model (stages/models/embedding.py).
     """
     assert settings.embedding_model is not None
-    spec = read_embedding_model(settings.embedding_model, fallback="last" if settings.embedding_model_pooling == "last" else "mean",
-                                matryoshka=settings.embedding_matryoshka)
+    spec = read_embedding_model(
+        settings.embedding_model,
+        fallback="last" if settings.embedding_model_pooling == "last" else "mean",
+        matryoshka=settings.embedding_matryoshka,
+    )
     tokenizer = load_tokenizer(spec.info)
     sentence_transformers = (spec.info.path / "modules.json").is_file()
-    score_by: ScoreBy = "judge" if settings.embedding_score == "judge" or (settings.embedding_score is None and not sentence_transformers) else "cosine"
+    score_by: ScoreBy = (
+        "judge"
+        if settings.embedding_score == "judge" or (settings.embedding_score is None and not sentence_transformers)
+        else "cosine"
+    )
     work = ModelWork(
-        queue=queue, tokenizer=tokenizer, encoder=BoundedEncoder.of(tokenizer), reservation=reservation, info=spec.info,
-        preamble=None, pooling=spec.pooling, max_input_tokens=min(settings.embedding_max_tokens, spec.info.context_window),
-        hidden_size=spec.hidden_size, side=SideModel(load=partial(load_embedding_weights, spec)), matryoshka=spec.matryoshka,
-        score_by=score_by, max_request_tokens=settings.exclusive_max_tokens,
+        queue=queue,
+        tokenizer=tokenizer,
+        encoder=BoundedEncoder.of(tokenizer),
+        reservation=reservation,
+        info=spec.info,
+        preamble=None,
+        pooling=spec.pooling,
+        max_input_tokens=min(settings.embedding_max_tokens, spec.info.context_window),
+        hidden_size=spec.hidden_size,
+        side=SideModel(load=partial(load_embedding_weights, spec)),
+        matryoshka=spec.matryoshka,
+        score_by=score_by,
+        max_request_tokens=settings.exclusive_max_tokens,
     )
     return work, spec.nbytes
 
@@ -334,4 +373,8 @@ def _judgement(query: str, document: str) -> ChatRequest:
         Message(role=Role.USER, content=f"<Instruct>: {_INSTRUCT}\n<Query>: {query}\n<Document>: {document}"),
     )
     # Thinking off: the answer's first token is the judgement itself.
-    return ChatRequest(messages=messages, params=GenerationParams(max_tokens=1, sampling=Sampling()), template_kwargs={"enable_thinking": False})
+    return ChatRequest(
+        messages=messages,
+        params=GenerationParams(max_tokens=1, sampling=Sampling()),
+        template_kwargs={"enable_thinking": False},
+    )

@@ -51,13 +51,20 @@ FAMILIES: Mapping[str, Family] = MappingProxyType(
     }
 )
 THINK_MARKERS: Mapping[str, tuple[str, str] | None] = MappingProxyType(
-    {"none": None, "think": ("<think>", "</think>"), "mistral": ("[THINK]", "[/THINK]"), "harmony": harmony.FAMILY.think}
+    {
+        "none": None,
+        "think": ("<think>", "</think>"),
+        "mistral": ("[THINK]", "[/THINK]"),
+        "harmony": harmony.FAMILY.think,
+    }
 )
 # The names MLX_RELAY_TOOL_PARSER takes: the families, and mlx-lm's own inference.
 TOOL_PARSERS = (*FAMILIES, "mlx-lm")
 
 
-def choose_family(tokenizer: Tokenizer, *, tool_parser: str | None = None, reasoning_parser: str | None = None) -> Family:
+def choose_family(
+    tokenizer: Tokenizer, *, tool_parser: str | None = None, reasoning_parser: str | None = None
+) -> Family:
     """The markup `tokenizer`'s model writes.
 
     Raises:

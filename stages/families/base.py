@@ -32,7 +32,6 @@ MarkerRef = Callable[[str], str]
 ForcedGrammar = Callable[[Sequence[Tool], MarkerRef], str]
 
 
-
 class Splitter(Protocol):
     """Completion events out of decoded text, fed as it streams (`stages/reply/markup.py`)."""
 
@@ -114,14 +113,20 @@ def lark_calls(tools: Sequence[Tool], *, arguments_key: str = "arguments") -> st
         return lark_json(any_of([call_object(tool, arguments_key=arguments_key) for tool in tools]))
     # Every option a literal head then its arguments: llguidance's lexer cannot
     # choose between a literal and a nested JSON grammar that start alike.
-    options = [f"{lark_text(_call_head(tool.name, arguments_key))} {lark_arguments(tool)} {lark_text('}')}" for tool in tools]
+    options = [
+        f"{lark_text(_call_head(tool.name, arguments_key))} {lark_arguments(tool)} {lark_text('}')}" for tool in tools
+    ]
     return "(" + " | ".join(options) + ")"
 
 
 def lark_call_list(tools: Sequence[Tool], *, most: int | None = 1) -> str:
     """A JSON list of calls (at least one; at most `most`), as Lark."""
     if all(tool.input_grammar is None for tool in tools):
-        schema: dict[str, Any] = {"type": "array", "items": any_of([call_object(tool) for tool in tools]), "minItems": 1}
+        schema: dict[str, Any] = {
+            "type": "array",
+            "items": any_of([call_object(tool) for tool in tools]),
+            "minItems": 1,
+        }
         return lark_json(schema if most is None else {**schema, "maxItems": most})
     call = lark_calls(tools)
     return f'"[" {call} ' + ('("," " " ' + call + ")* " if most is None else "") + '"]"'

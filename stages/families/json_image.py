@@ -47,12 +47,24 @@ _LARK_TOKEN = re.compile(
 )
 # llguidance's `common` terminals that grammars import.
 _COMMON = {
-    "DIGIT": r"[0-9]", "HEXDIGIT": r"[a-fA-F0-9]", "INT": r"[0-9]+", "SIGNED_INT": r"(\+|-)?[0-9]+",
-    "DECIMAL": r"([0-9]+\.[0-9]*)|(\.[0-9]+)", "FLOAT": r"([0-9]+\.[0-9]*|\.[0-9]+)([eE](\+|-)?[0-9]+)?|[0-9]+[eE](\+|-)?[0-9]+",
+    "DIGIT": r"[0-9]",
+    "HEXDIGIT": r"[a-fA-F0-9]",
+    "INT": r"[0-9]+",
+    "SIGNED_INT": r"(\+|-)?[0-9]+",
+    "DECIMAL": r"([0-9]+\.[0-9]*)|(\.[0-9]+)",
+    "FLOAT": r"([0-9]+\.[0-9]*|\.[0-9]+)([eE](\+|-)?[0-9]+)?|[0-9]+[eE](\+|-)?[0-9]+",
     "NUMBER": r"([0-9]+)|([0-9]+\.[0-9]*|\.[0-9]+)([eE](\+|-)?[0-9]+)?|[0-9]+[eE](\+|-)?[0-9]+",
-    "ESCAPED_STRING": r'"([^"\\]|\\.)*"', "LCASE_LETTER": r"[a-z]", "UCASE_LETTER": r"[A-Z]", "LETTER": r"[A-Za-z]",
-    "WORD": r"[A-Za-z]+", "CNAME": r"[_A-Za-z][_A-Za-z0-9]*", "WS_INLINE": r"[ \t]+", "WS": r"[ \t\f\r\n]+",
-    "CR": r"\r", "LF": r"\n", "NEWLINE": r"(\r?\n)+",
+    "ESCAPED_STRING": r'"([^"\\]|\\.)*"',
+    "LCASE_LETTER": r"[a-z]",
+    "UCASE_LETTER": r"[A-Z]",
+    "LETTER": r"[A-Za-z]",
+    "WORD": r"[A-Za-z]+",
+    "CNAME": r"[_A-Za-z][_A-Za-z0-9]*",
+    "WS_INLINE": r"[ \t]+",
+    "WS": r"[ \t\f\r\n]+",
+    "CR": r"\r",
+    "LF": r"\n",
+    "NEWLINE": r"(\r?\n)+",
 }
 _IMPORT = re.compile(r"^[ \t]*%import[ \t]+common\.([A-Z_]+)[ \t]*$", re.MULTILINE)
 _TERMINAL = re.compile(r"^[ \t]*([A-Z_][A-Z0-9_]*)(?:\.-?\d+)?[ \t]*:", re.MULTILINE)
@@ -124,7 +136,9 @@ def json_string_regex(pattern: str, *, flags: str = "") -> str:
     """
     if "i" in flags:
         raise ValueError("case-insensitive patterns cannot be carried inside a JSON string")
-    py_flags = (re.DOTALL if "s" in flags else 0) | (re.VERBOSE if "x" in flags else 0) | (re.MULTILINE if "m" in flags else 0)
+    py_flags = (
+        (re.DOTALL if "s" in flags else 0) | (re.VERBOSE if "x" in flags else 0) | (re.MULTILINE if "m" in flags else 0)
+    )
     try:
         parsed = sre_parse.parse(pattern, py_flags)
     except re.error as error:

@@ -17,7 +17,6 @@ from stages.families.base import (
     lark_call_list,
     lark_text,
 )
-
 from stages.families.progress import CallProgress, call_list, named_arguments
 
 START, ARGS = "[TOOL_CALLS]", "[ARGS]"
@@ -47,7 +46,10 @@ def forced_array(tools: Sequence[Tool], marker: MarkerRef) -> str:
 
 
 def forced_compact(tools: Sequence[Tool], marker: MarkerRef) -> str:
-    rules = [f"c{i}: {marker(START)} {lark_text(tool.name)} {marker(ARGS)} {lark_arguments(tool)}" for i, tool in enumerate(tools)]
+    rules = [
+        f"c{i}: {marker(START)} {lark_text(tool.name)} {marker(ARGS)} {lark_arguments(tool)}"
+        for i, tool in enumerate(tools)
+    ]
     return "start: " + " | ".join(f"c{i}" for i in range(len(tools))) + "\n" + "\n".join(rules)
 
 

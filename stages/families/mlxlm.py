@@ -47,7 +47,11 @@ def family_of(tokenizer: Tokenizer) -> Family | None:
         return [call for call in calls if call is not None]
 
     def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
-        return hermes.forced(tools, marker).replace(marker(hermes.START), marker(start)).replace(marker(hermes.END), marker(end))
+        return (
+            hermes.forced(tools, marker)
+            .replace(marker(hermes.START), marker(start))
+            .replace(marker(hermes.END), marker(end))
+        )
 
     think = (tokenizer.think_start, tokenizer.think_end) if tokenizer.think_start and tokenizer.think_end else None
     return Family(
@@ -66,4 +70,3 @@ def _unsupported(kind: str, tools: Sequence[Tool], marker: MarkerRef) -> str:
     raise NotImplementedError(
         f"mlx-lm reads this model's calls with its {kind!r} parser, whose markup has no grammar here"
     )
-

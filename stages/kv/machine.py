@@ -12,10 +12,21 @@ import attrs
 
 # Published memory bandwidth of Apple silicon, bytes/s: the decode bound.
 _APPLE_BANDWIDTH = {
-    "M1": 68e9, "M1 Pro": 200e9, "M1 Max": 400e9, "M1 Ultra": 800e9,
-    "M2": 100e9, "M2 Pro": 200e9, "M2 Max": 400e9, "M2 Ultra": 800e9,
-    "M3": 100e9, "M3 Pro": 150e9, "M3 Max": 400e9, "M3 Ultra": 819e9,
-    "M4": 120e9, "M4 Pro": 273e9, "M4 Max": 546e9,
+    "M1": 68e9,
+    "M1 Pro": 200e9,
+    "M1 Max": 400e9,
+    "M1 Ultra": 800e9,
+    "M2": 100e9,
+    "M2 Pro": 200e9,
+    "M2 Max": 400e9,
+    "M2 Ultra": 800e9,
+    "M3": 100e9,
+    "M3 Pro": 150e9,
+    "M3 Max": 400e9,
+    "M3 Ultra": 819e9,
+    "M4": 120e9,
+    "M4 Pro": 273e9,
+    "M4 Max": 546e9,
 }
 # 64 MiB: far past the CPU caches, and copied in ~20 ms.
 _PROBE_BYTES = 64 << 20
@@ -71,7 +82,9 @@ def _ram_bytes() -> int:
 def _chip() -> str | None:
     if platform.system() == "Darwin":
         try:
-            found = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5)
+            found = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return found.stdout.strip() or None

@@ -98,7 +98,9 @@ def transient(shape: ModelShape, *, backend: str, prefill_rows: int, prefill_ste
     )
 
 
-def plan(shape: ModelShape, machine: Machine, *, budget: int, prompt_cache: int, max_batch: int, prefill_step: int) -> MemoryPlan:
+def plan(
+    shape: ModelShape, machine: Machine, *, budget: int, prompt_cache: int, max_batch: int, prefill_step: int
+) -> MemoryPlan:
     """Split the budget (or 75% of RAM when `budget` is 0).
 
     Raises:
@@ -149,7 +151,9 @@ def budget_for(
 
     def room(budget: int) -> int:
         try:
-            plan_ = plan(shape, machine, budget=budget, prompt_cache=prompt_cache, max_batch=max_batch, prefill_step=prefill_step)
+            plan_ = plan(
+                shape, machine, budget=budget, prompt_cache=prompt_cache, max_batch=max_batch, prefill_step=prefill_step
+            )
         except BudgetError:
             return -1
         return plan_.usable_bytes
@@ -198,8 +202,16 @@ class Fit:
 
 
 def assess(
-    path: Path, *, context_window: int, budget: int, prompt_cache: int, max_batch: int, prefill_step: int, adapter_bytes: int = 0,
-    share: Callable[[ModelShape], ModelShape] | None = None, form: Callable[[ModelShape], ModelShape] | None = None,
+    path: Path,
+    *,
+    context_window: int,
+    budget: int,
+    prompt_cache: int,
+    max_batch: int,
+    prefill_step: int,
+    adapter_bytes: int = 0,
+    share: Callable[[ModelShape], ModelShape] | None = None,
+    form: Callable[[ModelShape], ModelShape] | None = None,
     kv: KvScheme = FULL,
 ) -> Fit:
     """Read the machine and the model and plan the budget; blocking (run it off the event loop).
@@ -220,7 +232,9 @@ def assess(
     shape = attrs.evolve(shape, weights_bytes=shape.weights_bytes + adapter_bytes, kv_scheme=kv)
     if share is not None:
         shape = share(shape)
-    memory = plan(shape, machine, budget=budget, prompt_cache=prompt_cache, max_batch=max_batch, prefill_step=prefill_step)
+    memory = plan(
+        shape, machine, budget=budget, prompt_cache=prompt_cache, max_batch=max_batch, prefill_step=prefill_step
+    )
     rate = DecodeRate(
         empty_context=predicted_decode_rate(shape, machine, 0),
         max_safe_context=predicted_decode_rate(shape, machine, memory.max_safe_context),

@@ -70,7 +70,10 @@ class Row:
         return self.prepared.params.logprobs
 
     def delta(
-        self, token: int, finish: FinishReason | None, scores: tuple[TokenScores, ...] | None,
+        self,
+        token: int,
+        finish: FinishReason | None,
+        scores: tuple[TokenScores, ...] | None,
         speculated: tuple[int, int] | None = None,
     ) -> TokenDelta:
         """The step's token for the sink, with why the row's grammar failed when it failed making it."""
@@ -79,7 +82,11 @@ class Row:
         if self.prepared.constraint is not None:
             fault = next((part.fault for part in self.resume.processors if getattr(part, "fault", None)), None)
         return TokenDelta(
-            request_id=self.request_id, new_token_ids=(token,), finish=finish, logprobs=scores, grammar_fault=fault,
+            request_id=self.request_id,
+            new_token_ids=(token,),
+            finish=finish,
+            logprobs=scores,
+            grammar_fault=fault,
             speculated=speculated,
         )
 

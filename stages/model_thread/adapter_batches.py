@@ -80,7 +80,11 @@ def make_generator(model: Any, adapters: Sequence[Adapter], make: Callable[[], A
     if not adapters:
         return make()
     base, mounts = build_mounts(model, adapters)
-    log.info("adapters.loaded", adapters=[adapter.name for adapter in adapters], layers={name: len(m) for name, m in mounts.items()})
+    log.info(
+        "adapters.loaded",
+        adapters=[adapter.name for adapter in adapters],
+        layers={name: len(m) for name, m in mounts.items()},
+    )
     return AdapterBatches(model=model, make=make, base=base, mounts=mounts, turn_steps=turn_steps)
 
 

@@ -222,6 +222,11 @@ class BatchRows:
         # Evaluated now, the entry's arrays stop referring to the batch's (much larger) ones.
         mx.eval([layer.state for layer in cache])
         prompt_len = len(tokens) if checkpoint else row.prompt_len
-        entry = Entry(tokens=self._key(row.prepared, tokens), cache=cache, prompt_len=prompt_len, session=row.session,
-                      adapter=row.adapter)
+        entry = Entry(
+            tokens=self._key(row.prepared, tokens),
+            cache=cache,
+            prompt_len=prompt_len,
+            session=row.session,
+            adapter=row.adapter,
+        )
         self.cache.store(entry, replaces=None if checkpoint else row.replaces)

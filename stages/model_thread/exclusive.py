@@ -55,7 +55,36 @@ _FIRST_RATE = 1e-3
 # Seconds taken as a decode step's length until one has been measured.
 _FIRST_STEP = 0.02
 # Upper bounds (ms) of the step-gap histogram's buckets.
-_GAP_BOUNDS_MS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 18, 20, 23, 26, 30, 35, 40, 50, 60, 75, 100, 150, 200, 300, 500, 1000, float("inf"))
+_GAP_BOUNDS_MS = (
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    8,
+    10,
+    12,
+    14,
+    16,
+    18,
+    20,
+    23,
+    26,
+    30,
+    35,
+    40,
+    50,
+    60,
+    75,
+    100,
+    150,
+    200,
+    300,
+    500,
+    1000,
+    float("inf"),
+)
 # Each measurement's weight in the running speed estimate.
 _SMOOTHING = 0.3
 
@@ -160,7 +189,9 @@ class ExclusiveQueue:
             raise self._stopped
         await self._admission.enter()
         try:
-            job = Job(work=work, kind=kind, log_context={"request_id": request_id, "trace_id": trace_id}, rate_key=rate_key)
+            job = Job(
+                work=work, kind=kind, log_context={"request_id": request_id, "trace_id": trace_id}, rate_key=rate_key
+            )
             self._queue.append(job)
             self._wake()
             try:
@@ -265,7 +296,9 @@ class ExclusiveQueue:
         units = max(1, int(budget / rate))
         began = time.monotonic()
         ran = 0
-        with isolated(cast("ReplySlot[Any]", _Failing(job)), stage="exclusive", fail=lambda error: setattr(job, "error", error)):
+        with isolated(
+            cast("ReplySlot[Any]", _Failing(job)), stage="exclusive", fail=lambda error: setattr(job, "error", error)
+        ):
             ran = self._runner(job, model, units)
         self._chunks += 1
         if ran > 0:

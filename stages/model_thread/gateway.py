@@ -24,6 +24,7 @@ reply with that step's parcel. A failure of the step itself (MLX) is an
 engine failure and propagates (docs/STYLE.md, "Failures are values, crashes are fatal"): the only one
 that marks the engine dead.
 """
+
 from __future__ import annotations
 
 import time
@@ -50,17 +51,17 @@ from stages.kv.shape import FULL, KvScheme
 from stages.messages import Abort, Prepared, StepOutputs, TokenDelta, send_abort
 from stages.model_thread.adapter_batches import make_generator
 from stages.model_thread.batch_rows import BatchRows
+from stages.model_thread.drafters import SpeculationStatistics
+from stages.model_thread.encoder_cache import EncoderCacheStatistics
 from stages.model_thread.exclusive import ExclusiveQueue, Job
 from stages.model_thread.handoff import Handoff, HandoffStatistics, Parcel
 from stages.model_thread.single_row import single_row
+from stages.model_thread.speculative_batch import speculating
 from stages.model_thread.step_budget import StepBudget
+from stages.model_thread.vision_rows import VisionRows
 from stages.models.heap import HeapTrimmer
 from stages.models.mlx_internals import PLAIN, allocator_memory, cache_kind, restore_layer
 from stages.models.quantized_kv import batch_generator
-from stages.model_thread.speculative_batch import speculating
-from stages.model_thread.drafters import SpeculationStatistics
-from stages.model_thread.encoder_cache import EncoderCacheStatistics
-from stages.model_thread.vision_rows import VisionRows
 
 if TYPE_CHECKING:
     from mlx_lm.generate import BatchGenerator
@@ -95,7 +96,8 @@ class GatewayStatistics:
     # steps that ran past the target (a step's decoding rows alone, or a first chunk before the speed was known).
     prefill_chunk: int = 0
     steps_over_budget: int = 0
-    # Speculative decoding's proposals and what the target accepted (stages/model_thread/drafters.py); None when it is off.
+    # Speculative decoding's proposals and what the target accepted (stages/model_thread/drafters.py); None when it
+    # is off.
     speculation: SpeculationStatistics | None = None
     # A vision-language model's encoder-output cache and its encodes.
     encoder_cache: EncoderCacheStatistics | None = None
@@ -131,8 +133,16 @@ class GenerationGateway:
     _exclusive: ExclusiveQueue | None = attrs.field(default=None, alias="exclusive")
     # Steps the model thread may run ahead of the sink before it waits.
     _steps_ahead: int = attrs.field(default=4, alias="steps_ahead")
-    _handoff: Handoff = attrs.field(init=False, default=attrs.Factory(lambda g: Handoff(depth=g._steps_ahead, max_rows=g._max_batch), takes_self=True))
-    _spiller: Spiller = attrs.field(init=False, default=attrs.Factory(lambda g: Spiller(disk=g._disk, send=g._spills_out, receive=g._spills_in), takes_self=True))
+    _handoff: Handoff = attrs.field(
+        init=False,
+        default=attrs.Factory(lambda g: Handoff(depth=g._steps_ahead, max_rows=g._max_batch), takes_self=True),
+    )
+    _spiller: Spiller = attrs.field(
+        init=False,
+        default=attrs.Factory(
+            lambda g: Spiller(disk=g._disk, send=g._spills_out, receive=g._spills_in), takes_self=True
+        ),
+    )
     # Builds the batch generator: mlx-lm's `BatchGenerator`, or one every rank replays (stages/shard/).
     _make_generator: Callable[..., Any] | None = attrs.field(default=None, alias="make_generator")
     _single_row: bool = attrs.field(default=True, alias="single_row")
@@ -141,7 +151,8 @@ class GenerationGateway:
     # Seconds a step aims at: prefill chunks are sized to fit it (stages/model_thread/step_budget.py); None: fixed
     # chunks.
     _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
-    # Builds the batch's speculation from the loaded model (stages/engine/speculation.py); None: no speculative decoding.
+    # Builds the batch's speculation from the loaded model (stages/engine/speculation.py); None: no speculative
+    # decoding.
     _speculate: Callable[[Any], Speculation] | None = attrs.field(default=None, alias="speculation")
     _speculation: Speculation | None = attrs.field(default=None, init=False)
     _budget: StepBudget | None = attrs.field(default=None, init=False)
@@ -208,7 +219,9 @@ class GenerationGateway:
         # Once the thread ends, the disk writer finishes its queue and stops.
         thread = partial(anyio.to_thread.run_sync, self._model_loop, started, limiter=anyio.CapacityLimiter(1))
         try:
-            await self._handoff.run(thread, inbox=self._inbox, control=self._control, bind=self._bind_abort, send=self._deliver)
+            await self._handoff.run(
+                thread, inbox=self._inbox, control=self._control, bind=self._bind_abort, send=self._deliver
+            )
         finally:
             self._spiller.close()
 
@@ -226,8 +239,12 @@ class GenerationGateway:
         stops = [[token] for token in sorted(self._eos_ids)]
         generator_class = self._make_generator or batch_generator(BatchGenerator, self._kv_scheme)
         batch: Callable[[], Any] = partial(
-            generator_class, model, stop_tokens=stops, completion_batch_size=self._max_batch,
-            prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch), prefill_step_size=self._prefill_step_size,
+            generator_class,
+            model,
+            stop_tokens=stops,
+            completion_batch_size=self._max_batch,
+            prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch),
+            prefill_step_size=self._prefill_step_size,
         )
         if self._speculate is not None:
             self._speculation = self._speculate(model)
@@ -236,7 +253,9 @@ class GenerationGateway:
         # nor with quantized KV (its plain layers would join a quantized batch), nor speculating (in the batch).
         alone = self._make_generator is None and not self._kv_scheme.quantized and self._speculation is None
         enabled = self._single_row and alone and self._cache_kind == PLAIN
-        solo = single_row(batch, enabled=enabled, model=model, stop_tokens=stops, prefill_step_size=self._prefill_step_size)
+        solo = single_row(
+            batch, enabled=enabled, model=model, stop_tokens=stops, prefill_step_size=self._prefill_step_size
+        )
         generator = make_generator(model, self._adapters, solo)
         # Not under a sharded generator: every rank would have to replay each step's chunk size.
         if self._step_budget_s is not None and self._make_generator is None:
@@ -338,4 +357,3 @@ class GenerationGateway:
 
     def _bind_abort(self, row: Prepared) -> None:
         row.reply.bind_abort(partial(send_abort, self._aborts, row.request_id))
-

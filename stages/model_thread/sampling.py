@@ -59,7 +59,6 @@ class KeyedSampler:
             logprobs = keep(logprobs)
         return mx.random.categorical(logprobs * self._inverse_temperature, key=step_key)
 
-
     def rewind(self, calls: int) -> None:
         """Back to the key after `calls` calls, for a preempted row that resumes.
 
@@ -161,7 +160,6 @@ class ConstraintProcessor:
         allowed = np.unpackbits(words, bitorder="little")[: logits.shape[-1]].astype(np.bool_)
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
-
     def rewind(self, calls: int) -> None:
         """Back to the grammar state after `calls` calls (a preempted row resumes)."""
         consumed, kept = max(0, self._calls - 1), max(0, calls - 1)
@@ -176,6 +174,8 @@ def rewind_row(sampler: object, processors: Sequence[object], calls: int) -> Non
         rewind = getattr(part, "rewind", None)
         if rewind is not None:
             rewind(calls)
+
+
 class MinTokens:
     """vLLM's `min_tokens`: the row's stop tokens cannot be sampled before `count` tokens."""
 
@@ -223,11 +223,13 @@ class ThinkBudget:
     `<|channel|>analysis<|message|>`); once the count reaches the budget,
     only the end marker may be sampled, so the model goes on to its answer.
     """
+
     def __init__(self, *, budget: int, start: int | tuple[int, ...], end: int, opened: bool) -> None:
         self._budget, self._end = budget, end
         self._start = (start,) if isinstance(start, int) else start
         self._inside, self._spent, self._started = opened, 0, False
         self._recent: tuple[int, ...] = ()
+
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._started:
             self._see(cast(int, tokens[-1].item()))
@@ -237,6 +239,7 @@ class ThinkBudget:
         only_end = mx.full(logits.shape, -mx.inf, dtype=logits.dtype)
         only_end[..., self._end] = 0.0
         return logits + only_end
+
     def _see(self, token: int) -> None:
         self._recent = (*self._recent, token)[-len(self._start) :]
         if self._recent == self._start:
@@ -263,7 +266,9 @@ def token_scores(logprobs: mx.array, token: int, top: int) -> tuple[float, tuple
     return chosen, tuple(pair for pair in pairs if math.isfinite(pair[1]))
 
 
-def row_processors(row: Prepared, think_ids: tuple[tuple[int, ...], int] | None, eos_ids: Iterable[int] = ()) -> list[LogitsProcessor]:
+def row_processors(
+    row: Prepared, think_ids: tuple[tuple[int, ...], int] | None, eos_ids: Iterable[int] = ()
+) -> list[LogitsProcessor]:
     """A row's logits processors: penalties and bias, its thinking budget, `min_tokens`, its grammar (its own copy)."""
     budget = row.params.thinking_budget
     think = None
@@ -272,7 +277,9 @@ def row_processors(row: Prepared, think_ids: tuple[tuple[int, ...], int] | None,
         think = ThinkBudget(budget=budget, start=start, end=end, opened=_opened(row.prompt_tokens[-64:], start, end))
     # The matcher advances with the row's tokens, so each row gets its own.
     matcher = row.constraint.matcher() if row.constraint is not None else None
-    at_least = MinTokens(row.params.min_tokens, sorted(row_stop_ids(row.params, eos_ids))) if row.params.min_tokens else None
+    at_least = (
+        MinTokens(row.params.min_tokens, sorted(row_stop_ids(row.params, eos_ids))) if row.params.min_tokens else None
+    )
     return make_row_processors(row.params.sampling, row.max_tokens, matcher, think, at_least)
 
 

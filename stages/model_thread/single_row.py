@@ -126,7 +126,10 @@ class SingleRow:
             if not prompt or (per_row.get("max_tokens") or [1])[index] <= 0:
                 raise ValueError("a row needs a prompt and max_tokens > 0")
             uid, self._next_uid = self._next_uid, self._next_uid + 1
-            self._waiting[uid] = {"prompt": list(prompt), **{key: (value[index] if value is not None else None) for key, value in per_row.items()}}
+            self._waiting[uid] = {
+                "prompt": list(prompt),
+                **{key: (value[index] if value is not None else None) for key, value in per_row.items()},
+            }
             uids.append(uid)
         return uids
 
@@ -188,9 +191,16 @@ class SingleRow:
         processors = list(row.get("logits_processors") or [])
         stops = row.get("stop_sequences") or self._default_stops
         self._solo = _Solo(
-            uid=uid, cache=cache, fed=fed, remaining=row["prompt"], prompt_len=len(row["prompt"]),
+            uid=uid,
+            cache=cache,
+            fed=fed,
+            remaining=row["prompt"],
+            prompt_len=len(row["prompt"]),
             sampler=row.get("samplers") or greedy_sampler,
-            processors=processors, matcher=stops.matcher(), stops=stops, max_tokens=row["max_tokens"],
+            processors=processors,
+            matcher=stops.matcher(),
+            stops=stops,
+            max_tokens=row["max_tokens"],
         )
         self.solo_rows += 1
 
@@ -260,8 +270,16 @@ class SingleRow:
             self._solo = None
             # What the cache holds: the last token too, unless it was read at a hand-over before being fed.
             cache, tokens = _copied(solo.cache), list(solo.fed)
-        return [GenerationBatch.Response(uid=solo.uid, token=token, logprobs=logprobs, finish_reason=finish,
-                                         prompt_cache=cache, all_tokens=tokens)]
+        return [
+            GenerationBatch.Response(
+                uid=solo.uid,
+                token=token,
+                logprobs=logprobs,
+                finish_reason=finish,
+                prompt_cache=cache,
+                all_tokens=tokens,
+            )
+        ]
 
     # -- into the batch -------------------------------------------------------
 
@@ -279,8 +297,13 @@ class SingleRow:
             if responses[0].finish_reason is not None:
                 return responses
         (local,) = self._batch.insert(
-            [prompt], max_tokens=[solo.max_tokens - solo.generated], caches=[solo.cache], all_tokens=[solo.fed],
-            samplers=[solo.sampler], logits_processors=[solo.processors], stop_sequences=[solo.stops],
+            [prompt],
+            max_tokens=[solo.max_tokens - solo.generated],
+            caches=[solo.cache],
+            all_tokens=[solo.fed],
+            samplers=[solo.sampler],
+            logits_processors=[solo.processors],
+            stop_sequences=[solo.stops],
         )
         self._inner[solo.uid], self._outer[local] = local, solo.uid
         self.handovers += 1
@@ -330,7 +353,12 @@ def single_row(
 
     def build() -> SingleRow:
         batch = make()
-        return SingleRow(batch=batch, model=model, default_stops=StopSequences(stop_tokens or None),
-                         prefill_step_size=prefill_step_size, stream=batch.stream)
+        return SingleRow(
+            batch=batch,
+            model=model,
+            default_stops=StopSequences(stop_tokens or None),
+            prefill_step_size=prefill_step_size,
+            stream=batch.stream,
+        )
 
     return build

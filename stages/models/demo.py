@@ -60,13 +60,48 @@ EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 _SEED = 1234
 # Stable, platform-independent stdlib modules with plenty of English prose.
 _CORPUS_MODULES = (
-    "argparse", "base64", "bisect", "calendar", "collections", "configparser",
-    "contextlib", "csv", "dataclasses", "datetime", "decimal", "difflib",
-    "email.message", "enum", "fractions", "functools", "heapq", "html",
-    "http.client", "inspect", "ipaddress", "itertools", "json", "logging",
-    "math", "pathlib", "pickle", "pprint", "queue", "random", "re", "shutil",
-    "statistics", "string", "tarfile", "textwrap", "threading", "typing",
-    "unittest", "urllib.parse", "uuid", "zipfile",
+    "argparse",
+    "base64",
+    "bisect",
+    "calendar",
+    "collections",
+    "configparser",
+    "contextlib",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email.message",
+    "enum",
+    "fractions",
+    "functools",
+    "heapq",
+    "html",
+    "http.client",
+    "inspect",
+    "ipaddress",
+    "itertools",
+    "json",
+    "logging",
+    "math",
+    "pathlib",
+    "pickle",
+    "pprint",
+    "queue",
+    "random",
+    "re",
+    "shutil",
+    "statistics",
+    "string",
+    "tarfile",
+    "textwrap",
+    "threading",
+    "typing",
+    "unittest",
+    "urllib.parse",
+    "uuid",
+    "zipfile",
 )
 _PARAGRAPH = """\
 The server reads a request, renders the conversation with the model's chat
@@ -135,7 +170,9 @@ DEMO_MODELS: Mapping[str, DemoSpec] = MappingProxyType(
         "tiny-64k": attrs.evolve(_TINY, vocab_size=8192, max_position_embeddings=65536, ends_turns=True),
         # Six heads, each its own KV head: splits evenly over two or three tensor-parallel ranks (tests of a sharded
         # ring).
-        "tiny-6h": attrs.evolve(_TINY, hidden_size=96, num_attention_heads=6, num_key_value_heads=6, intermediate_size=192),
+        "tiny-6h": attrs.evolve(
+            _TINY, hidden_size=96, num_attention_heads=6, num_key_value_heads=6, intermediate_size=192
+        ),
     }
 )
 

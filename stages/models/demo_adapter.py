@@ -17,7 +17,14 @@ from stages.adapters import CONFIG, WEIGHTS
 
 
 def write_random_adapter(
-    model_path: Path, out: Path, *, seed: int, rank: int = 4, scale: float = 10.0, num_layers: int = -1, spread: float = 0.05
+    model_path: Path,
+    out: Path,
+    *,
+    seed: int,
+    rank: int = 4,
+    scale: float = 10.0,
+    num_layers: int = -1,
+    spread: float = 0.05,
 ) -> Path:
     """Write `out/adapter_config.json` and `out/adapters.safetensors` for the model at `model_path`; return `out`.
 

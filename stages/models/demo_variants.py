@@ -20,7 +20,9 @@ from pathlib import Path
 from stages.models import demo
 
 
-def derive_demo_model(base: Path, dest: Path, *, template: str, special_tokens: Sequence[str], bos: str | None, eos: Sequence[str]) -> Path:
+def derive_demo_model(
+    base: Path, dest: Path, *, template: str, special_tokens: Sequence[str], bos: str | None, eos: Sequence[str]
+) -> Path:
     """Build the family model in `dest` (created) and return it.
 
     Args:

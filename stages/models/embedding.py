@@ -40,7 +40,20 @@ from stages.models.mlx_internals import model_classes
 
 Pooling = Literal["mean", "last"]
 # model_type values of encoder architectures, which mlx-lm cannot load.
-_ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "new", "distilbert", "mpnet", "electra", "deberta-v2"})
+_ENCODERS = frozenset(
+    {
+        "bert",
+        "roberta",
+        "xlm-roberta",
+        "modernbert",
+        "nomic_bert",
+        "new",
+        "distilbert",
+        "mpnet",
+        "electra",
+        "deberta-v2",
+    }
+)
 _POOLING_MODULE = "sentence_transformers.models.Pooling"
 
 
@@ -86,12 +99,16 @@ def read_embedding_model(model: str, *, fallback: Pooling, matryoshka: str | Non
     text = config.get("text_config", config)
     kind = str(text.get("model_type", config.get("model_type", "")))
     if kind.lower() in _ENCODERS:
-        raise EmbeddingModelError(f"embedding model {model!r} is an encoder ({kind}); only decoder embedding models "
-                                  "that mlx-lm loads are served (Qwen3-Embedding, gte-Qwen2, ...)")
+        raise EmbeddingModelError(
+            f"embedding model {model!r} is an encoder ({kind}); only decoder embedding models "
+            "that mlx-lm loads are served (Qwen3-Embedding, gte-Qwen2, ...)"
+        )
     try:
         model_classes(config)
     except ValueError as error:
-        raise EmbeddingModelError(f"embedding model {model!r}: mlx-lm cannot load model_type {kind!r} ({error})") from None
+        raise EmbeddingModelError(
+            f"embedding model {model!r}: mlx-lm cannot load model_type {kind!r} ({error})"
+        ) from None
     size = text.get("hidden_size")
     if not isinstance(size, int):
         raise EmbeddingModelError(f"embedding model {model!r}: its config names no hidden_size")
@@ -132,7 +149,9 @@ def _pooling(path: Path, fallback: Pooling, name: str) -> Pooling:
     modules = path / "modules.json"
     if not modules.is_file():
         return fallback
-    folder = next((m.get("path", "") for m in json.loads(modules.read_text()) if m.get("type") == _POOLING_MODULE), None)
+    folder = next(
+        (m.get("path", "") for m in json.loads(modules.read_text()) if m.get("type") == _POOLING_MODULE), None
+    )
     config_path = path / folder / "config.json" if folder is not None else None
     if config_path is None or not config_path.is_file():
         return fallback
@@ -142,8 +161,10 @@ def _pooling(path: Path, fallback: Pooling, name: str) -> Pooling:
     if config.get("pooling_mode_mean_tokens"):
         return "mean"
     modes = sorted(key for key, value in config.items() if key.startswith("pooling_mode") and value)
-    raise EmbeddingModelError(f"embedding model {name!r} pools by {modes or 'nothing'}; a causal model is served with "
-                              "last-token or mean pooling only")
+    raise EmbeddingModelError(
+        f"embedding model {name!r} pools by {modes or 'nothing'}; a causal model is served with "
+        "last-token or mean pooling only"
+    )
 
 
 def _matryoshka(declared: str | None, config: dict[str, Any], width: int) -> Matryoshka | None:
@@ -153,7 +174,9 @@ def _matryoshka(declared: str | None, config: dict[str, Any], width: int) -> Mat
         try:
             sizes = tuple(sorted({int(part) for part in declared.split(",") if part.strip()}))
         except ValueError:
-            raise EmbeddingModelError(f"MLX_RELAY_EMBEDDING_MATRYOSHKA must be 'any' or sizes '256,512', not {declared!r}") from None
+            raise EmbeddingModelError(
+                f"MLX_RELAY_EMBEDDING_MATRYOSHKA must be 'any' or sizes '256,512', not {declared!r}"
+            ) from None
         if not sizes or sizes[0] < 1 or sizes[-1] > width:
             raise EmbeddingModelError(f"MLX_RELAY_EMBEDDING_MATRYOSHKA sizes must lie in 1..{width}, got {declared!r}")
         return Matryoshka(sizes=sizes)

@@ -102,7 +102,7 @@ def model_config(metadata: Mapping[str, Any]) -> dict[str, Any]:
         "num_key_value_heads": int(number("attention.head_count_kv", heads)),
         "head_dim": int(number("rope.dimension_count", hidden // heads)),
         # GGUF stores it as float32: 1e-5 reads back as 9.99999974738e-06.
-        "rms_norm_eps": float(f'{number("attention.layer_norm_rms_epsilon"):.7g}'),
+        "rms_norm_eps": float(f"{number('attention.layer_norm_rms_epsilon'):.7g}"),
         "vocab_size": len(metadata["tokenizer.ggml.tokens"]),
         "max_position_embeddings": int(number("context_length")),
         "rope_theta": float(number("rope.freq_base", 10000.0)),
@@ -176,7 +176,11 @@ def quantization_config(weights: Mapping[str, mx.array]) -> dict[str, Any]:
     common = Counter(bits.values()).most_common(1)[0][0]
     section: dict[str, Any] = {"group_size": GGUF_GROUP_SIZE, "bits": common, "mode": "affine"}
     section.update(
-        {path: {"group_size": GGUF_GROUP_SIZE, "bits": b, "mode": "affine"} for path, b in sorted(bits.items()) if b != common}
+        {
+            path: {"group_size": GGUF_GROUP_SIZE, "bits": b, "mode": "affine"}
+            for path, b in sorted(bits.items())
+            if b != common
+        }
     )
     return {"quantization": section, "quantization_config": section}
 

@@ -38,7 +38,11 @@ def build_tokenizer(metadata: Mapping[str, Any]) -> Any:
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     types = _ints(metadata.get("tokenizer.ggml.token_type", []))
     tokenizer.add_tokens(
-        [AddedToken(tokens[i], special=kind == CONTROL, normalized=False) for i, kind in enumerate(types) if kind in (CONTROL, USER_DEFINED)]
+        [
+            AddedToken(tokens[i], special=kind == CONTROL, normalized=False)
+            for i, kind in enumerate(types)
+            if kind in (CONTROL, USER_DEFINED)
+        ]
     )
     return tokenizer
 

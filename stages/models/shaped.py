@@ -72,10 +72,18 @@ SHAPES: Mapping[str, Shape] = MappingProxyType(
             tied=True,
             cache="plain",
             config={
-                "model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
-                "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-                "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-                "attention_bias": False, "hidden_act": "silu", "torch_dtype": "bfloat16",
+                "model_type": "qwen3",
+                "hidden_size": 1024,
+                "intermediate_size": 3072,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "max_position_embeddings": 40960,
+                "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000,
+                "attention_bias": False,
+                "hidden_act": "silu",
+                "torch_dtype": "bfloat16",
             },
         ),
         # https://huggingface.co/google/gemma-3-1b-it/blob/main/config.json
@@ -86,11 +94,21 @@ SHAPES: Mapping[str, Shape] = MappingProxyType(
             tied=True,
             cache="rotating",
             config={
-                "model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912,
-                "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
-                "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-                "rope_local_base_freq": 10000, "query_pre_attn_scalar": 256, "sliding_window": 512,
-                "sliding_window_pattern": 6, "hidden_activation": "gelu_pytorch_tanh", "torch_dtype": "bfloat16",
+                "model_type": "gemma3_text",
+                "hidden_size": 1152,
+                "intermediate_size": 6912,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 1,
+                "head_dim": 256,
+                "max_position_embeddings": 32768,
+                "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000,
+                "rope_local_base_freq": 10000,
+                "query_pre_attn_scalar": 256,
+                "sliding_window": 512,
+                "sliding_window_pattern": 6,
+                "hidden_activation": "gelu_pytorch_tanh",
+                "torch_dtype": "bfloat16",
             },
         ),
         # https://huggingface.co/Qwen/Qwen3.5-0.8B/blob/main/config.json (its text_config)
@@ -101,13 +119,28 @@ SHAPES: Mapping[str, Shape] = MappingProxyType(
             tied=True,
             cache="recurrent",
             config={
-                "model_type": "qwen3_5_text", "hidden_size": 1024, "intermediate_size": 3584,
-                "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
-                "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
-                "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
-                "attn_output_gate": True, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
-                "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
-                                    "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+                "model_type": "qwen3_5_text",
+                "hidden_size": 1024,
+                "intermediate_size": 3584,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "head_dim": 256,
+                "linear_num_key_heads": 16,
+                "linear_num_value_heads": 16,
+                "linear_key_head_dim": 128,
+                "linear_value_head_dim": 128,
+                "linear_conv_kernel_dim": 4,
+                "full_attention_interval": 4,
+                "attn_output_gate": True,
+                "max_position_embeddings": 262144,
+                "rms_norm_eps": 1e-6,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 10000000,
+                    "partial_rotary_factor": 0.25,
+                    "mrope_section": [11, 11, 10],
+                    "mrope_interleaved": True,
+                },
                 "torch_dtype": "bfloat16",
             },
         ),
@@ -164,8 +197,13 @@ def model_config(shape: Shape, layers: int, vocab: Mapping[str, int]) -> dict[st
     }
     if config["model_type"] == "qwen3_5_text":
         # mlx-lm reads Qwen3.5 as its multimodal wrapper around a text_config.
-        return {"model_type": "qwen3_5", "tie_word_embeddings": shape.tied, "text_config": config,
-                "eos_token_id": config["eos_token_id"], "shaped_from": shape.repo}
+        return {
+            "model_type": "qwen3_5",
+            "tie_word_embeddings": shape.tied,
+            "text_config": config,
+            "eos_token_id": config["eos_token_id"],
+            "shaped_from": shape.repo,
+        }
     return config
 
 
@@ -218,7 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Build (if needed) one shaped model and print its directory."""
     parser = argparse.ArgumentParser(prog="python -m stages.models.shaped", description=main.__doc__)
     parser.add_argument("--name", choices=sorted(MODELS), default="qwen3-0.6b")
-    parser.add_argument("--cache-root", type=Path, default=None, help="default: $MLX_RELAY_DEMO_CACHE or ~/.cache/mlx-relay")
+    parser.add_argument(
+        "--cache-root", type=Path, default=None, help="default: $MLX_RELAY_DEMO_CACHE or ~/.cache/mlx-relay"
+    )
     args = parser.parse_args(argv)
     print(ensure_shaped_model(args.name, args.cache_root))
     return 0

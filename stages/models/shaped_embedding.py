@@ -38,10 +38,20 @@ _VOCAB = 8192
 # https://huggingface.co/Qwen/Qwen3-Embedding-0.6B/blob/main/config.json
 QWEN3_EMBEDDING_0_6B: Mapping[str, Any] = MappingProxyType(
     {
-        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024, "intermediate_size": 3072,
-        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 28,
-        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "attention_bias": False,
-        "hidden_act": "silu", "tie_word_embeddings": True,
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_hidden_layers": 28,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
     }
 )
 # name → (layers, dtype): float32 for the small one, as shaped.py does (MLX's CPU backend is slow in bfloat16).
@@ -68,9 +78,15 @@ def _build(layers: int, dtype: str, dest: Path) -> None:
 
     context = int(QWEN3_EMBEDDING_0_6B["max_position_embeddings"])
     vocab = write_tokenizer(dest, _VOCAB, context)
-    config = {**QWEN3_EMBEDDING_0_6B, "num_hidden_layers": layers, "vocab_size": len(vocab), "torch_dtype": dtype,
-              "bos_token_id": vocab["<|endoftext|>"], "eos_token_id": [vocab[t] for t in EOS_TOKENS],
-              "shaped_from": "Qwen/Qwen3-Embedding-0.6B"}
+    config = {
+        **QWEN3_EMBEDDING_0_6B,
+        "num_hidden_layers": layers,
+        "vocab_size": len(vocab),
+        "torch_dtype": dtype,
+        "bos_token_id": vocab["<|endoftext|>"],
+        "eos_token_id": [vocab[t] for t in EOS_TOKENS],
+        "shaped_from": "Qwen/Qwen3-Embedding-0.6B",
+    }
     mx.random.seed(_SEED)
     arch = importlib.import_module("mlx_lm.models.qwen3")
     model: Any = arch.Model(arch.ModelArgs.from_dict(config))
@@ -81,10 +97,16 @@ def _build(layers: int, dtype: str, dest: Path) -> None:
     mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "pt"})
     _write(dest / "config.json", config)
     _write(dest / "modules.json", _MODULES)
-    pooling = {"word_embedding_dimension": config["hidden_size"], "pooling_mode_cls_token": False,
-               "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
-               "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
-               "pooling_mode_lasttoken": True, "include_prompt": True}
+    pooling = {
+        "word_embedding_dimension": config["hidden_size"],
+        "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": False,
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": True,
+        "include_prompt": True,
+    }
     (dest / "1_Pooling").mkdir()
     _write(dest / "1_Pooling" / "config.json", pooling)
     (dest / "2_Normalize").mkdir()

@@ -20,6 +20,8 @@ from typing import Any
 
 import attrs
 
+from stages.models.mlx_internals import model_classes
+
 # The VLM architectures whose language model decodes in the text batch unchanged.
 SERVED = frozenset({"idefics3", "smolvlm"})
 
@@ -69,7 +71,6 @@ def load_vision_language(path: Path, config: dict[str, Any]) -> Any:
     """The mlx-lm language model, weights evaluated, with its `VisionTower` as `vision_tower`."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import _get_classes
     from mlx_vlm.utils import load_model
 
     if config.get("model_type") not in SERVED:
@@ -78,8 +79,10 @@ def load_vision_language(path: Path, config: dict[str, Any]) -> Any:
         )
     vlm = load_model(path)
     text_config = dict(config["text_config"])
-    model_class, args_class = _get_classes(text_config)
-    model = model_class(args_class.from_dict(text_config))
+    model_class, args_class = model_classes(text_config)
+    # mlx-lm's ModelArgs classes all have from_dict; the pair is typed as plain classes.
+    args_type: Any = args_class
+    model = model_class(args_type.from_dict(text_config))
     flat = tree_flatten(vlm.language_model.parameters())
     moved = [(_text_name(name), value) for name, value in (flat.items() if isinstance(flat, dict) else flat)]
     model.load_weights(moved, strict=True)

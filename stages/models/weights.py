@@ -24,7 +24,17 @@ import attrs
 
 # safetensors' dtype names; quantized matrices are packed into U32.
 _DTYPE_BYTES = {
-    "F64": 8, "I64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2, "I8": 1, "U8": 1,
+    "F64": 8,
+    "I64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
 }
 
 

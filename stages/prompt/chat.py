@@ -35,6 +35,7 @@ from stages.models.loading import Tokenizer
 from stages.prompt.context_edits import apply_edits
 from stages.prompt.truncation import render_truncated
 
+
 class ImageRenderer(Protocol):
     """A vision-language model's prompt side (`stages/prompt/vision_chat.py`'s `VisionPrompt`)."""
 
@@ -81,8 +82,21 @@ class ChatJobs:
 
 # Template arguments the server sets itself, or that would swap the model's template.
 _RESERVED_KWARGS = frozenset(
-    {"tokenize", "continue_final_message", "add_generation_prompt", "return_dict", "messages", "conversation",
-     "tools", "documents", "chat_template", "return_tensors", "padding", "truncation", "max_length"}
+    {
+        "tokenize",
+        "continue_final_message",
+        "add_generation_prompt",
+        "return_dict",
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "return_tensors",
+        "padding",
+        "truncation",
+        "max_length",
+    }
 )
 
 
@@ -136,7 +150,9 @@ def render_chat_text(
         text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except jinja2.TemplateError as error:
         # The template's own words (raise_exception in the template), bounded.
-        raise invalid(f"The model's chat template rejected the messages: {excerpt(str(error))}", param="messages") from None
+        raise invalid(
+            f"The model's chat template rejected the messages: {excerpt(str(error))}", param="messages"
+        ) from None
     except (TypeError, ValueError, ArithmeticError, LookupError):
         # A template that trips over this input: its library's words would mean nothing to the client.
         raise invalid("The model's chat template cannot render these messages", param="messages") from None

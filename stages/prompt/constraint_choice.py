@@ -40,7 +40,9 @@ def within_budget(constraint: Constraint) -> None:
         raise invalid(f"'{param}' holds {len(spec)} choices; this server takes at most {MAX_CHOICES}", param=param)
     size = len(spec) if isinstance(spec, str) else len(json.dumps(spec))
     if size > MAX_GRAMMAR_CHARS:
-        raise invalid(f"'{param}' is {size} characters long; this server compiles at most {MAX_GRAMMAR_CHARS}", param=param)
+        raise invalid(
+            f"'{param}' is {size} characters long; this server compiles at most {MAX_GRAMMAR_CHARS}", param=param
+        )
 
 
 def needs_constraint(request: GenerationRequest) -> bool:
@@ -56,7 +58,9 @@ def constraint_of(tokenizer: Tokenizer, family: Family, request: GenerationReque
     output they apply to (`formatted_or_calls_constraint`).
     """
     if isinstance(request, ChatRequest) and _forces_tool(request):
-        return tool_call_constraint(tokenizer, family, request.tools, request.tool_choice, parallel=request.parallel_tool_calls)
+        return tool_call_constraint(
+            tokenizer, family, request.tools, request.tool_choice, parallel=request.parallel_tool_calls
+        )
     if isinstance(request, ChatRequest) and _calls_beside_format(request) and family.auto_calls:
         assert request.params.constraint is not None
         return formatted_or_calls_constraint(tokenizer, family, request, request.params.constraint)
@@ -144,7 +148,10 @@ def format_lark(constraint: Constraint) -> str:
 
 
 def _forces_tool(request: GenerationRequest) -> bool:
-    return isinstance(request, ChatRequest) and request.tool_choice.mode in (ToolChoiceMode.REQUIRED, ToolChoiceMode.NAMED)
+    return isinstance(request, ChatRequest) and request.tool_choice.mode in (
+        ToolChoiceMode.REQUIRED,
+        ToolChoiceMode.NAMED,
+    )
 
 
 def tool_call_constraint(

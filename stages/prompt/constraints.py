@@ -189,7 +189,10 @@ def grammar_of(constraint: Constraint) -> Grammar:
     except (ValueError, TypeError) as error:
         raise invalid(f"Invalid {param}: {_reason(str(error))}", param=param) from None
     if len(text) > MAX_GRAMMAR_CHARS:
-        raise invalid(f"'{param}' makes a grammar of {len(text)} characters; this server compiles at most {MAX_GRAMMAR_CHARS}", param=param)
+        raise invalid(
+            f"'{param}' makes a grammar of {len(text)} characters; this server compiles at most {MAX_GRAMMAR_CHARS}",
+            param=param,
+        )
     return Grammar(str(text), param)
 
 

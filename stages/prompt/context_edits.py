@@ -98,7 +98,9 @@ def _clear_tool_uses(messages: tuple[Message, ...], edit: ClearToolUses, size: i
             cleared.add(message.tool_call_id or "")
         if message.tool_calls and edit.clear_inputs:
             calls = tuple(
-                attrs.evolve(call, arguments="{}") if call.id in targets and _clears_input(edit, call.name) and call.arguments != "{}" else call
+                attrs.evolve(call, arguments="{}")
+                if call.id in targets and _clears_input(edit, call.name) and call.arguments != "{}"
+                else call
                 for call in message.tool_calls
             )
             cleared.update(c.id for c, old in zip(calls, message.tool_calls) if c is not old)

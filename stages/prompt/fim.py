@@ -43,9 +43,17 @@ class FimFormat:
 
 FORMATS = (
     # Qwen2.5-Coder, CodeGemma.
-    FimFormat("qwen", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", ("<|fim_pad|>", "<|file_sep|>", "<|repo_name|>")),
+    FimFormat(
+        "qwen", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", ("<|fim_pad|>", "<|file_sep|>", "<|repo_name|>")
+    ),
     # StarCoder, StarCoder2.
-    FimFormat("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", ("<fim_pad>", "<file_sep>", "<reponame>", "<filename>")),
+    FimFormat(
+        "starcoder",
+        "<fim_prefix>",
+        "<fim_suffix>",
+        "<fim_middle>",
+        ("<fim_pad>", "<file_sep>", "<reponame>", "<filename>"),
+    ),
     FimFormat("santacoder", "<fim-prefix>", "<fim-suffix>", "<fim-middle>", ("<fim-pad>",)),
     FimFormat("codellama", "<PRE>", "<SUF>", "<MID>", ("<EOT>",), spaced=True),
     FimFormat("deepseek-coder", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),

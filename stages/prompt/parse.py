@@ -53,9 +53,7 @@ class ParseStage:
         if self._route is not None:
             request = with_adapter(request, self._route(value))
         timeline = submission.timeline.stamp(Mark.PARSED)
-        log.info(
-            "request.parse", **submission.reply.log_context, duration=timeline.between(Mark.RECEIVED, Mark.PARSED)
-        )
+        log.info("request.parse", **submission.reply.log_context, duration=timeline.between(Mark.RECEIVED, Mark.PARSED))
         parsed = Parsed(request_id=submission.request_id, request=request, reply=submission.reply, timeline=timeline)
         job = self._chat.job(parsed, request) if isinstance(request, ChatRequest) else self._text.job(parsed, request)
         await self._out.send(job)
@@ -77,7 +75,9 @@ def load_json(body: bytes) -> JsonValue:
     except UnicodeDecodeError:
         raise invalid("The request body is not valid UTF-8") from None
     except json.JSONDecodeError as error:
-        raise invalid(f"The request body is not valid JSON: {error.msg} (line {error.lineno} column {error.colno})") from None
+        raise invalid(
+            f"The request body is not valid JSON: {error.msg} (line {error.lineno} column {error.colno})"
+        ) from None
     except ValueError:
         # Python's int() refuses numbers of more than 4300 digits.
         raise invalid("The request body holds a number too long to read") from None

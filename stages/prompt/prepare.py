@@ -139,8 +139,9 @@ class PrepareStage:
         tokens = await encode_bounded(self._encoder, prompt, reservation, at_most=at_most)
         if tokens is None:
             # Past the limit: the exact count is not worth the work.
-            raise self._refusal(job, at_most + 1, None if job.params.clamp_max_tokens else job.params.max_tokens,
-                                at_least=True) or invalid("The prompt is too long", param=_prompt_param(job))
+            raise self._refusal(
+                job, at_most + 1, None if job.params.clamp_max_tokens else job.params.max_tokens, at_least=True
+            ) or invalid("The prompt is too long", param=_prompt_param(job))
         return tokens, (), ()
 
     def _room(self, job: PrepareJob) -> int:
@@ -153,9 +154,15 @@ class PrepareStage:
         safe = min(window, self._max_safe_context or window)
         # The memory budget's limit: a request past it fails here, before any model work.
         budget = f"This server's memory budget admits at most {safe} tokens per request (prompt plus completion)."
-        return _past(job, prompt, wanted, f"This model's maximum context length is {window} tokens.", window,
-                     "context_length_exceeded", at_least=at_least) or _past(
-            job, prompt, wanted, budget, safe, "context_over_budget", at_least=at_least)
+        return _past(
+            job,
+            prompt,
+            wanted,
+            f"This model's maximum context length is {window} tokens.",
+            window,
+            "context_length_exceeded",
+            at_least=at_least,
+        ) or _past(job, prompt, wanted, budget, safe, "context_over_budget", at_least=at_least)
 
     async def _constrain(self, job: PrepareJob) -> CompiledConstraint | None:
         """The request's grammar, made under the constraint reservation and
@@ -195,8 +202,12 @@ class PrepareStage:
     def _check_ids(self, ids: Iterable[int], param: str) -> None:
         outside = sorted(t for t in ids if not 0 <= t < self._vocab_size)
         if outside:
-            quoted = ", ".join(map(str, outside[:_QUOTED_IDS])) + (f" and {len(outside) - _QUOTED_IDS} more" if len(outside) > _QUOTED_IDS else "")
-            raise invalid(f"'{param}' token ids [{quoted}] are outside the vocabulary (0..{self._vocab_size - 1})", param=param)
+            quoted = ", ".join(map(str, outside[:_QUOTED_IDS])) + (
+                f" and {len(outside) - _QUOTED_IDS} more" if len(outside) > _QUOTED_IDS else ""
+            )
+            raise invalid(
+                f"'{param}' token ids [{quoted}] are outside the vocabulary (0..{self._vocab_size - 1})", param=param
+            )
 
 
 def _past(

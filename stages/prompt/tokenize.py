@@ -40,7 +40,7 @@ _BOUNDARY = re.compile(r"(?<=\n)(?=\S)")
 _PROBES = (
     "Hello world.\nNext line here\n\nThird paragraph, with words.",
     "def f(x):\n    return x * 2\nresult = f(21)\n",
-    "数字123\n456 abc\n}\n{\"a\": 1}\n- item\n<tag>\n",
+    '数字123\n456 abc\n}\n{"a": 1}\n- item\n<tag>\n',
     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
 )
 
@@ -65,7 +65,11 @@ class BoundedEncoder:
 
     def pieces(self, prompt: PromptText) -> Iterator[PromptText]:
         """The prompt as texts to encode one by one; their tokens, joined, are the prompt's."""
-        if not self.piece_safe or len(prompt.text) <= PIECE_CHARS or (prompt.add_special_tokens and self.special_prefix is None):
+        if (
+            not self.piece_safe
+            or len(prompt.text) <= PIECE_CHARS
+            or (prompt.add_special_tokens and self.special_prefix is None)
+        ):
             yield prompt
             return
         if prompt.add_special_tokens:
@@ -102,7 +106,10 @@ def _splits_cleanly(tokenizer: Tokenizer) -> bool:
         whole = tokenizer.encode(text, add_special_tokens=False)
         for point in _BOUNDARY.finditer(text):
             left, right = text[: point.start()], text[point.start() :]
-            if tokenizer.encode(left, add_special_tokens=False) + tokenizer.encode(right, add_special_tokens=False) != whole:
+            if (
+                tokenizer.encode(left, add_special_tokens=False) + tokenizer.encode(right, add_special_tokens=False)
+                != whole
+            ):
                 return False
     return True
 

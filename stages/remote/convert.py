@@ -21,13 +21,19 @@ from stages.remote.messages import AdmittedOut, DeltaOut, ErrorOut, FailedOut, I
 
 
 def error_out(error: RequestError) -> ErrorOut:
-    return ErrorOut(kind=error.kind.value, message=error.message, param=error.param, code=error.code,
-                    retry_after=error.retry_after)
+    return ErrorOut(
+        kind=error.kind.value, message=error.message, param=error.param, code=error.code, retry_after=error.retry_after
+    )
 
 
 def request_error(error: ErrorOut) -> RequestError:
-    return RequestError(kind=ErrorKind(error.kind), message=error.message, param=error.param, code=error.code,
-                        retry_after=error.retry_after)
+    return RequestError(
+        kind=ErrorKind(error.kind),
+        message=error.message,
+        param=error.param,
+        code=error.code,
+        retry_after=error.retry_after,
+    )
 
 
 # -- front ------------------------------------------------------------------
@@ -42,10 +48,16 @@ def row_in(row: Prepared) -> RowIn:
         prompt_tokens=list(row.prompt_tokens),
         max_tokens=row.max_tokens,
         sampling=SamplingIn(
-            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
-            seed=sampling.seed, presence_penalty=sampling.presence_penalty,
-            frequency_penalty=sampling.frequency_penalty, repetition_penalty=sampling.repetition_penalty,
-            logit_bias=dict(sampling.logit_bias), typical_p=sampling.typical_p,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            seed=sampling.seed,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            repetition_penalty=sampling.repetition_penalty,
+            logit_bias=dict(sampling.logit_bias),
+            typical_p=sampling.typical_p,
         ),
         cache_key=params.cache_key,
         logprobs=params.logprobs,
@@ -99,10 +111,16 @@ def prepared_of(row: RowIn, reply: Reply, constraint: CompiledConstraint | None)
     params = GenerationParams(
         max_tokens=row.max_tokens,
         sampling=Sampling(
-            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
-            seed=sampling.seed, presence_penalty=sampling.presence_penalty,
-            frequency_penalty=sampling.frequency_penalty, repetition_penalty=sampling.repetition_penalty,
-            logit_bias=sampling.logit_bias, typical_p=sampling.typical_p,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            seed=sampling.seed,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            repetition_penalty=sampling.repetition_penalty,
+            logit_bias=sampling.logit_bias,
+            typical_p=sampling.typical_p,
         ),
         cache_key=row.cache_key,
         logprobs=row.logprobs,
@@ -115,8 +133,14 @@ def prepared_of(row: RowIn, reply: Reply, constraint: CompiledConstraint | None)
     tokens = tuple(row.prompt_tokens)
     # The model side reads only tokens and parameters; the request's text stays in the front.
     return Prepared(
-        request_id=row.request_id, request=TextRequest(prompt=tokens, params=params), prompt_tokens=tokens,
-        max_tokens=row.max_tokens, params=params, reply=reply, timeline=Timeline.start(), constraint=constraint,
+        request_id=row.request_id,
+        request=TextRequest(prompt=tokens, params=params),
+        prompt_tokens=tokens,
+        max_tokens=row.max_tokens,
+        params=params,
+        reply=reply,
+        timeline=Timeline.start(),
+        constraint=constraint,
         images=tuple(prompt_image(image) for image in row.images),
     )
 

@@ -52,12 +52,30 @@ class RemoteExclusiveQueue(ExclusiveQueue):
 def _job_in(work: Work[Any], *, request_id: str, trace_id: str, rate_key: str) -> JobIn:
     if isinstance(work, EmbedWork):
         inputs = [list(tokens) for tokens in work.inputs]
-        return JobIn(job_id=0, kind="embed", inputs=inputs, request_id=request_id, trace_id=trace_id, rate_key=rate_key,
-                     side=work.side is not None, pooling=work.pooling, dimensions=work.dimensions)
+        return JobIn(
+            job_id=0,
+            kind="embed",
+            inputs=inputs,
+            request_id=request_id,
+            trace_id=trace_id,
+            rate_key=rate_key,
+            side=work.side is not None,
+            pooling=work.pooling,
+            dimensions=work.dimensions,
+        )
     if isinstance(work, ScoreWork):
         inputs = [list(tokens) for tokens in work.inputs]
-        return JobIn(job_id=0, kind="score", inputs=inputs, request_id=request_id, trace_id=trace_id, rate_key=rate_key,
-                     side=work.side is not None, yes=work.yes, no=work.no)
+        return JobIn(
+            job_id=0,
+            kind="score",
+            inputs=inputs,
+            request_id=request_id,
+            trace_id=trace_id,
+            rate_key=rate_key,
+            side=work.side is not None,
+            yes=work.yes,
+            no=work.no,
+        )
     raise TypeError(f"no worker job for {type(work).__name__}")
 
 

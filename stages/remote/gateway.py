@@ -96,8 +96,11 @@ class WorkerStatus:
 
 
 def worker_lost(reason: str) -> RequestError:
-    return RequestError(kind=ErrorKind.UNAVAILABLE, code="worker_lost",
-                        message=f"The model worker stopped ({reason}); the request was not completed. Retry it.")
+    return RequestError(
+        kind=ErrorKind.UNAVAILABLE,
+        code="worker_lost",
+        message=f"The model worker stopped ({reason}); the request was not completed. Retry it.",
+    )
 
 
 @attrs.define
@@ -145,9 +148,19 @@ class RemoteGateway:
             steps_ahead=0, steps_undelivered=0, steps_undelivered_max=0, loop_wait_s=0, idle_wait_s=0
         )
         return GatewayStatistics(
-            active=0, pending=self._inbox.statistics().current_buffer_used, steps=0, generated_tokens=0,
-            waiting_for_memory=0, kv_held_bytes=0, kv_budget_bytes=0, preemptions=0, resumed=0, kv_bytes_in_use=0,
-            mlx_active_bytes=0, mlx_cache_bytes=0, handoff=handoff,
+            active=0,
+            pending=self._inbox.statistics().current_buffer_used,
+            steps=0,
+            generated_tokens=0,
+            waiting_for_memory=0,
+            kv_held_bytes=0,
+            kv_budget_bytes=0,
+            preemptions=0,
+            resumed=0,
+            kv_bytes_in_use=0,
+            mlx_active_bytes=0,
+            mlx_cache_bytes=0,
+            handoff=handoff,
         )
 
     def cache_statistics(self) -> PromptCacheStatistics | None:
@@ -227,8 +240,13 @@ class RemoteGateway:
             self._worker, self._outbox = None, None
         return lost[0] if lost else None
 
-    async def _read(self, worker: WorkerProcess, task_status: TaskStatus[None], session: anyio.abc.TaskGroup,
-                    lose: Callable[[str], None]) -> None:
+    async def _read(
+        self,
+        worker: WorkerProcess,
+        task_status: TaskStatus[None],
+        session: anyio.abc.TaskGroup,
+        lose: Callable[[str], None],
+    ) -> None:
         reader: FrameReader[ToFront] = FrameReader(worker.stream, ToFront)
         while True:
             self._reading_since = time.monotonic()
@@ -360,4 +378,3 @@ class RemoteGateway:
         except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
             return False
         return True
-

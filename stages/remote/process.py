@@ -66,7 +66,10 @@ async def worker_process(
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(path_entries)}
             process = await anyio.open_process(
                 [sys.executable, "-m", "workers.main", "--socket", str(path), *([_YIELD_FLAG] if yield_cpu else [])],
-                stdin=subprocess.DEVNULL, stdout=None, stderr=None, env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=None,
+                stderr=None,
+                env=env,
             )
             worker: WorkerProcess | None = None
             try:

@@ -111,7 +111,9 @@ class CompletionSink:
         for request_id in outputs.removed:
             row = self._rows.pop(request_id, None)
             if row is not None:
-                self._observer.finished(_record(row, "abort", len(row.admitted.prepared.prompt_tokens), row.admitted.cached_tokens))
+                self._observer.finished(
+                    _record(row, "abort", len(row.admitted.prepared.prompt_tokens), row.admitted.cached_tokens)
+                )
 
     @contextlib.contextmanager
     def _row_isolated(self, prepared: Prepared) -> Iterator[None]:
@@ -241,7 +243,9 @@ class CompletionSink:
             detokenizer.finalize()
         return detokenizer.last_segment
 
-    def _finish(self, row: RowText, events: list[CompletionEvent], reason: FinishReason, *, stop: str | None, at: float) -> None:
+    def _finish(
+        self, row: RowText, events: list[CompletionEvent], reason: FinishReason, *, stop: str | None, at: float
+    ) -> None:
         prepared = row.admitted.prepared
         if reason is FinishReason.STOP and stop is None and row.markup.tool_calls:
             reason = FinishReason.TOOL_CALLS

@@ -108,10 +108,16 @@ class MirroredPromptCache(PromptCache):
             self.step_log.handles.add(hit.cache)
         if disk is not None and disk.restored is not None:
             before.add(disk.restored)
-        self.step_log.ops.append({
-            "op": "fetch", "tokens": list(tokens), "session": session, "tokens_hit": hit and hit.tokens,
-            "disk": chosen and [list(chosen[0]), chosen[1]], **self._gone(before),
-        })
+        self.step_log.ops.append(
+            {
+                "op": "fetch",
+                "tokens": list(tokens),
+                "session": session,
+                "tokens_hit": hit and hit.tokens,
+                "disk": chosen and [list(chosen[0]), chosen[1]],
+                **self._gone(before),
+            }
+        )
         return hit
 
     def store(self, entry: Entry, *, replaces: Key | None = None) -> None:
@@ -120,11 +126,17 @@ class MirroredPromptCache(PromptCache):
             return
         before = self.keys() | {entry.tokens}
         super().store(entry, replaces=replaces)
-        self.step_log.ops.append({
-            "op": "store", "handle": self.step_log.handles.number(entry.cache), "tokens": list(entry.tokens),
-            "prompt_len": entry.prompt_len, "session": entry.session,
-            "replaces": None if replaces is None else list(replaces), **self._gone(before),
-        })
+        self.step_log.ops.append(
+            {
+                "op": "store",
+                "handle": self.step_log.handles.number(entry.cache),
+                "tokens": list(entry.tokens),
+                "prompt_len": entry.prompt_len,
+                "session": entry.session,
+                "replaces": None if replaces is None else list(replaces),
+                **self._gone(before),
+            }
+        )
 
     def _gone(self, before: set[Key]) -> dict[str, list[list[int]]]:
         """The entries no longer held, and which of them rank 0 spilled to disk."""
@@ -143,7 +155,9 @@ class FollowerDisk:
     # The disk's answer rank 0's fetch saw, for the fetch being replayed.
     decision: tuple[Key, int] | None = None
     _agreed: dict[Key, Entry] = attrs.field(factory=dict, init=False)
-    _writer: ThreadPoolExecutor = attrs.field(factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="follower-spill"), init=False)
+    _writer: ThreadPoolExecutor = attrs.field(
+        factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="follower-spill"), init=False
+    )
     _pending: dict[Key, Future[None]] = attrs.field(factory=dict, init=False)
 
     def longest(self, tokens: Sequence[int], adapter: str | None = None) -> tuple[Key, int] | None:

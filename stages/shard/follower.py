@@ -57,8 +57,12 @@ class FollowerSampler:
 
 class Follower:
     def __init__(
-        self, model: Any, group: mx.distributed.Group, on_step: Callable[[int], None] = lambda steps: None,
-        open_disk: Callable[[], DiskTier | None] = lambda: None, doorbell: Callable[[], None] | None = None,
+        self,
+        model: Any,
+        group: mx.distributed.Group,
+        on_step: Callable[[int], None] = lambda steps: None,
+        open_disk: Callable[[], DiskTier | None] = lambda: None,
+        doorbell: Callable[[], None] | None = None,
     ) -> None:
         self._model, self._group, self._on_step, self._open_disk = model, group, on_step, open_disk
         self._handles = Handles()
@@ -120,7 +124,8 @@ class Follower:
         if kind == "insert":
             caches: list[Any] | None = [None if h is None else handles.get(h) for h in op["caches"]]
             uids = generator.insert(
-                op["prompts"], max_tokens=op["max_tokens"],
+                op["prompts"],
+                max_tokens=op["max_tokens"],
                 caches=None if caches is None or all(c is None for c in caches) else caches,
                 all_tokens=op["all_tokens"],
                 samplers=[greedy_sampler if local else FollowerSampler(self._group) for local in op["local"]],

@@ -28,6 +28,8 @@ def per_rank(shape: ModelShape, *, mode: str, ranks: int, vocab_size: int) -> Mo
     layers = math.ceil(shape.layers / ranks)
     share = layers / shape.layers if shape.layers else 1.0
     return attrs.evolve(
-        shape, weights_bytes=embedding + math.ceil(layers_bytes * share), layers=layers,
+        shape,
+        weights_bytes=embedding + math.ceil(layers_bytes * share),
+        layers=layers,
         sliding_layers=min(layers, math.ceil(shape.sliding_layers * share)),
     )

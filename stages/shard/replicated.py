@@ -134,20 +134,43 @@ class ReplicatedGenerator:
         # Reads (prompt_cache_nbytes, stream) are the local generator's: every rank holds its own slice.
         return getattr(self._generator, name)
 
-    def insert(self, prompts: list[list[int]], *, max_tokens: list[int], caches: list[Any] | None,
-               all_tokens: list[list[int]], samplers: list[Any], logits_processors: list[Any],
-               stop_sequences: list[Any] | None = None) -> list[int]:
+    def insert(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_tokens: list[int],
+        caches: list[Any] | None,
+        all_tokens: list[list[int]],
+        samplers: list[Any],
+        logits_processors: list[Any],
+        stop_sequences: list[Any] | None = None,
+    ) -> list[int]:
         local = [is_local(s, p) for s, p in zip(samplers, logits_processors)]
         wrapped = [s if keep else RankZeroSampler(s, self._group) for s, keep in zip(samplers, local)]
         handles = [None if c is None else self._log.handles.number(c) for c in (caches or [None] * len(prompts))]
         uids: list[int] = self._generator.insert(
-            prompts, max_tokens=max_tokens, caches=caches, all_tokens=all_tokens,
-            samplers=wrapped, logits_processors=logits_processors, stop_sequences=stop_sequences,
+            prompts,
+            max_tokens=max_tokens,
+            caches=caches,
+            all_tokens=all_tokens,
+            samplers=wrapped,
+            logits_processors=logits_processors,
+            stop_sequences=stop_sequences,
         )
         # Each row's own stops (EOS, stop_token_ids, ignore_eos) end it on every rank at the same step.
         stops = None if stop_sequences is None else [stop.sequences for stop in stop_sequences]
-        self._log.ops.append({"op": "insert", "prompts": prompts, "max_tokens": max_tokens, "caches": handles,
-                              "all_tokens": all_tokens, "local": local, "uids": uids, "stops": stops})
+        self._log.ops.append(
+            {
+                "op": "insert",
+                "prompts": prompts,
+                "max_tokens": max_tokens,
+                "caches": handles,
+                "all_tokens": all_tokens,
+                "local": local,
+                "uids": uids,
+                "stops": stops,
+            }
+        )
         return uids
 
     def remove(self, uids: list[int], return_prompt_caches: bool = False) -> dict[int, Any]:

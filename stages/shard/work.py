@@ -37,8 +37,11 @@ def describe(work: object) -> dict[str, Any]:
         return {"kind": "embed", "inputs": [list(tokens) for tokens in work.inputs], "pooling": work.pooling}
     if isinstance(work, ScoreWork):
         return {"kind": "score", "inputs": [list(tokens) for tokens in work.inputs], "yes": work.yes, "no": work.no}
-    raise invalid(f"{type(work).__name__} is not served while the model is sharded over several ranks",
-                  param="model", code="model_not_supported")
+    raise invalid(
+        f"{type(work).__name__} is not served while the model is sharded over several ranks",
+        param="model",
+        code="model_not_supported",
+    )
 
 
 def build(spec: dict[str, Any]) -> Work[Any]:

@@ -44,18 +44,30 @@ def start_sharded(log_dir: Path, *, model: str, ranks: int = 2, mode: str = "ten
     port = _free_port()
     hostfile = log_dir / f"hosts-{port}.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{_free_port()}"] for _ in range(ranks)]))
-    env = {**os.environ, "MLX_HOSTFILE": str(hostfile), "MLX_RELAY_DEMO_MODEL": "tiny",
-           **{f"MLX_RELAY_{k.upper()}": v for k, v in settings.items()}}
+    env = {
+        **os.environ,
+        "MLX_HOSTFILE": str(hostfile),
+        "MLX_RELAY_DEMO_MODEL": "tiny",
+        **{f"MLX_RELAY_{k.upper()}": v for k, v in settings.items()},
+    }
     command = [sys.executable, "-m", "mlx_relay", "serve", "--model", model, "--shard", mode, "--port", str(port)]
     processes = []
     for rank in range(ranks):
         log_path = log_dir / f"shard-{port}-rank{rank}.log"
         with log_path.open("wb") as log_file:
-            processes.append(subprocess.Popen(
-                command, cwd=REPO, env={**env, "MLX_RANK": str(rank)}, stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            ))
-    sharded = Sharded(Server(f"http://127.0.0.1:{port}", processes[0], log_dir / f"shard-{port}-rank0.log"), processes[1:])
+            processes.append(
+                subprocess.Popen(
+                    command,
+                    cwd=REPO,
+                    env={**env, "MLX_RANK": str(rank)},
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+    sharded = Sharded(
+        Server(f"http://127.0.0.1:{port}", processes[0], log_dir / f"shard-{port}-rank0.log"), processes[1:]
+    )
     started = time.monotonic()
     deadline = started + STARTUP_TIMEOUT
     while time.monotonic() < deadline:

@@ -30,7 +30,9 @@ NAMES: tuple[str | None, ...] = (None, "lora-a", "lora-b")
 @pytest.fixture(scope="module")
 def lora_server(server_factory: ServerFactory, lora_adapters: dict[str, Path]) -> Server:
     # An alias may name an adapter (MLX_RELAY_MODEL_ALIASES composes with MLX_RELAY_ADAPTERS).
-    return server_factory(adapters=",".join(f"{name}={path}" for name, path in lora_adapters.items()), model_aliases="sql=lora-a")
+    return server_factory(
+        adapters=",".join(f"{name}={path}" for name, path in lora_adapters.items()), model_aliases="sql=lora-a"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,9 @@ def base_id(lora_server: Server) -> str:
     return lora_server.client().models.list().data[0].id
 
 
-def mlx_lm_texts(model_path: Path, adapter: Path | None, prompts: tuple[list[int], ...], tokenizer: Tokenizer) -> list[str]:
+def mlx_lm_texts(
+    model_path: Path, adapter: Path | None, prompts: tuple[list[int], ...], tokenizer: Tokenizer
+) -> list[str]:
     """mlx-lm's greedy text for each prompt, with the adapter loaded as mlx-lm loads it."""
     model, wrapper = mlx_lm.load(str(model_path), adapter_path=str(adapter) if adapter else None)
     texts = []
@@ -50,11 +54,15 @@ def mlx_lm_texts(model_path: Path, adapter: Path | None, prompts: tuple[list[int
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model: Path, lora_adapters: dict[str, Path], tokenizer: Tokenizer) -> dict[tuple[str | None, int], str]:
+def expected(
+    tiny_model: Path, lora_adapters: dict[str, Path], tokenizer: Tokenizer
+) -> dict[tuple[str | None, int], str]:
     """mlx-lm's greedy text for each (adapter, prompt index)."""
     texts = {}
     for name in NAMES:
-        for index, text in enumerate(mlx_lm_texts(tiny_model, lora_adapters[name] if name else None, PROMPTS, tokenizer)):
+        for index, text in enumerate(
+            mlx_lm_texts(tiny_model, lora_adapters[name] if name else None, PROMPTS, tokenizer)
+        ):
             texts[name, index] = text
     return texts
 
@@ -81,7 +89,10 @@ def test_an_alias_for_an_adapter_runs_it_and_is_answered_under_the_alias(
     completion = complete(lora_server, "sql", 0)
     assert completion.model == "sql" and completion.choices[0].text == expected["lora-a", 0]
     card = lora_server.client().models.retrieve("sql")
-    assert card.model_extra is not None and (card.model_extra["root"], card.model_extra["parent"]) == ("lora-a", base_id)
+    assert card.model_extra is not None and (card.model_extra["root"], card.model_extra["parent"]) == (
+        "lora-a",
+        base_id,
+    )
 
 
 def test_each_adapter_answers_as_mlx_lm_generate_with_it_loaded(
@@ -126,14 +137,18 @@ def test_chat_and_messages_pick_the_adapter_by_model(lora_server: Server, base_i
         return str(completion.choices[0].message.content)
 
     def message(model: str) -> str:
-        reply = lora_server.anthropic_client().messages.create(model=model, messages=messages, max_tokens=12, extra_body={"temperature": 0})  # type: ignore[arg-type]
+        reply = lora_server.anthropic_client().messages.create(
+            model=model, messages=messages, max_tokens=12, extra_body={"temperature": 0}
+        )  # type: ignore[arg-type]
         return "".join(block.text for block in reply.content if block.type == "text")
 
     assert chat("lora-a") == chat("lora-a") != chat(base_id)
     assert message("lora-a") == chat("lora-a") and message(base_id) == chat(base_id)
 
 
-def test_the_adapters_field_is_honoured(lora_server: Server, base_id: str, expected: dict[tuple[str | None, int], str]) -> None:
+def test_the_adapters_field_is_honoured(
+    lora_server: Server, base_id: str, expected: dict[tuple[str | None, int], str]
+) -> None:
     """mlx-lm's server's `adapters` field (a served adapter's name or path) picks the adapter too."""
     completion = complete(lora_server, base_id, 0, extra_body={"adapters": "lora-b"})
     assert completion.choices[0].text == expected["lora-b", 0]
@@ -154,11 +169,17 @@ def test_an_unknown_model_is_a_404_in_each_api_shape(lora_server: Server) -> Non
         client.responses.create(model="lora-c", input="hi", max_output_tokens=2)
     assert responses.value.code == "model_not_found"
     with pytest.raises(anthropic.NotFoundError) as messages:
-        lora_server.anthropic_client().messages.create(model="lora-c", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        lora_server.anthropic_client().messages.create(
+            model="lora-c", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
     assert messages.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
     with pytest.raises(anthropic.NotFoundError):
-        lora_server.anthropic_client().messages.count_tokens(model="lora-c", messages=[{"role": "user", "content": "hi"}])
-    counted = lora_server.anthropic_client().messages.count_tokens(model="lora-a", messages=[{"role": "user", "content": "hi"}])
+        lora_server.anthropic_client().messages.count_tokens(
+            model="lora-c", messages=[{"role": "user", "content": "hi"}]
+        )
+    counted = lora_server.anthropic_client().messages.count_tokens(
+        model="lora-a", messages=[{"role": "user", "content": "hi"}]
+    )
     assert counted.input_tokens > 0
 
 

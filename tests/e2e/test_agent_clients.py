@@ -37,7 +37,9 @@ def npm_bin() -> Path:
     bin_dir = NPM_CACHE / "node_modules" / ".bin"
     if not all((bin_dir / name).exists() for name in ("claude", "codex")):
         NPM_CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([npm, "install", "--prefix", str(NPM_CACHE), *PACKAGES], check=True, timeout=900, capture_output=True)
+        subprocess.run(
+            [npm, "install", "--prefix", str(NPM_CACHE), *PACKAGES], check=True, timeout=900, capture_output=True
+        )
     return bin_dir
 
 
@@ -52,7 +54,9 @@ def statuses(server: Server) -> list[tuple[str, int]]:
 
 
 def run_cli(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, env={**os.environ, **env}, cwd=cwd, capture_output=True, text=True, timeout=CLI_TIMEOUT)
+    return subprocess.run(
+        command, env={**os.environ, **env}, cwd=cwd, capture_output=True, text=True, timeout=CLI_TIMEOUT
+    )
 
 
 def test_claude_code_finishes_a_turn(npm_bin: Path, agent_server: Server, tmp_path: Path) -> None:

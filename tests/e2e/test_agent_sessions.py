@@ -44,7 +44,9 @@ SYSTEM = [
 ]
 
 
-def claude_turn(server: Server, messages: list[dict[str, Any]], edits: list[dict[str, Any]], *, max_tokens: int = 32000) -> list[Any]:
+def claude_turn(
+    server: Server, messages: list[dict[str, Any]], edits: list[dict[str, Any]], *, max_tokens: int = 32000
+) -> list[Any]:
     """One streamed Claude-Code-shaped turn through the SDK's beta client; its raw events."""
     client = server.anthropic_client()
     with client.beta.messages.stream(
@@ -91,9 +93,14 @@ def test_claude_code_session_on_real_and_family_models(session_server: tuple[Ser
 def claude_session(agent_server: Server, *, max_tokens: int = 32000) -> None:
     first = [
         {"role": "system", "content": "<system-reminder>Today is Thursday.</system-reminder>"},
-        {"role": "user", "content": [{"type": "text", "text": "List the files.", "cache_control": {"type": "ephemeral"}}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "List the files.", "cache_control": {"type": "ephemeral"}}],
+        },
     ]
-    events = claude_turn(agent_server, first, [{"type": "clear_thinking_20251015", "keep": "all"}], max_tokens=max_tokens)
+    events = claude_turn(
+        agent_server, first, [{"type": "clear_thinking_20251015", "keep": "all"}], max_tokens=max_tokens
+    )
     start = next(e for e in events if e.type == "message_start")
     assert start.message.model == "claude-sonnet-4-5-20250929"
     delta = next(e for e in events if e.type == "message_delta")
@@ -116,14 +123,23 @@ def claude_session(agent_server: Server, *, max_tokens: int = 32000) -> None:
         {
             "role": "user",
             "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.py\nb.py\n" * 40, "cache_control": {"type": "ephemeral"}},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": "a.py\nb.py\n" * 40,
+                    "cache_control": {"type": "ephemeral"},
+                },
                 {"type": "text", "text": "Now read a.py."},
             ],
         },
     ]
     edits = [
         {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 0}},
-        {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 0}, "keep": {"type": "tool_uses", "value": 0}},
+        {
+            "type": "clear_tool_uses_20250919",
+            "trigger": {"type": "tool_uses", "value": 0},
+            "keep": {"type": "tool_uses", "value": 0},
+        },
     ]
     events = claude_turn(agent_server, second, edits, max_tokens=max_tokens)
     delta = next(e for e in events if e.type == "message_delta")
@@ -182,7 +198,12 @@ CODEX_TOOLS: list[dict[str, Any]] = [
                 "description": "Start a sub-agent.",
                 "strict": False,
                 # An enum: random weights write strings without end.
-                "parameters": {"type": "object", "properties": {"task": {"enum": ["fix", "test"]}}, "required": ["task"], "additionalProperties": False},
+                "parameters": {
+                    "type": "object",
+                    "properties": {"task": {"enum": ["fix", "test"]}},
+                    "required": ["task"],
+                    "additionalProperties": False,
+                },
             }
         ],
     },
@@ -207,7 +228,11 @@ def codex_session(server: Server) -> None:
             model="gpt-5-codex",
             instructions="You are Codex.",
             input=[
-                {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Sandbox: read-only."}]},
+                {
+                    "type": "message",
+                    "role": "developer",
+                    "content": [{"type": "input_text", "text": "Sandbox: read-only."}],
+                },
                 {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix the bug."}]},
             ],
             tools=CODEX_TOOLS,  # type: ignore[arg-type]
@@ -278,17 +303,31 @@ def test_count_tokens_with_context_management_reports_the_original_count(server:
                 {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}},
             ],
         },
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.py\nb.py\n" * 40}]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.py\nb.py\n" * 40}],
+        },
     ]
-    edits = [{"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 0}, "keep": {"type": "tool_uses", "value": 0}}]
+    edits = [
+        {
+            "type": "clear_tool_uses_20250919",
+            "trigger": {"type": "tool_uses", "value": 0},
+            "keep": {"type": "tool_uses", "value": 0},
+        }
+    ]
     client = server.anthropic_client()
     whole = client.messages.count_tokens(model="claude-sonnet-4-5", messages=history, tools=CLAUDE_TOOLS)  # type: ignore[arg-type]
-    plain = httpx.post(f"{server.v1}/messages/count_tokens", json={"model": "m", "messages": history}, timeout=60).json()
+    plain = httpx.post(
+        f"{server.v1}/messages/count_tokens", json={"model": "m", "messages": history}, timeout=60
+    ).json()
     # Without context management there is nothing to report.
     assert "context_management" not in plain
     counted = client.beta.messages.count_tokens(
-        model="claude-sonnet-4-5", messages=history, tools=CLAUDE_TOOLS,  # type: ignore[arg-type]
-        context_management={"edits": edits}, betas=["context-management-2025-06-27"],  # type: ignore[typeddict-item]
+        model="claude-sonnet-4-5",
+        messages=history,
+        tools=CLAUDE_TOOLS,  # type: ignore[arg-type]
+        context_management={"edits": edits},
+        betas=["context-management-2025-06-27"],  # type: ignore[typeddict-item]
     )
     # As Anthropic documents: the count the edits leave, and the one before them.
     assert counted.context_management is not None

@@ -91,7 +91,9 @@ def test_system_as_string_or_blocks(claude: anthropic.Anthropic) -> None:
     plain = claude.messages.count_tokens(model="m", messages=USER)  # type: ignore[arg-type]
     as_string = claude.messages.count_tokens(model="m", system="Be terse.", messages=USER)  # type: ignore[arg-type]
     as_blocks = claude.messages.count_tokens(
-        model="m", system=[{"type": "text", "text": "Be "}, {"type": "text", "text": "terse."}], messages=USER  # type: ignore[arg-type]
+        model="m",
+        system=[{"type": "text", "text": "Be "}, {"type": "text", "text": "terse."}],
+        messages=USER,  # type: ignore[arg-type]
     )
     assert as_string.input_tokens == as_blocks.input_tokens > plain.input_tokens
 
@@ -103,17 +105,35 @@ def test_tool_turns_render_like_openai(claude: anthropic.Anthropic, client: open
         tools=[{"name": "get_weather", "description": "Weather for a city", "input_schema": schema}],  # type: ignore[list-item]
         messages=[
             {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}],
+            },
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]},
         ],  # type: ignore[list-item]
     )
     chat = client.chat.completions.create(
         model="m",
         max_tokens=1,
-        tools=[{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": schema}}],  # type: ignore[list-item]
+        tools=[
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "description": "Weather for a city", "parameters": schema},
+            }
+        ],  # type: ignore[list-item]
         messages=[
             {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "toolu_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
         ],  # type: ignore[list-item]
     )
@@ -153,15 +173,46 @@ def anthropic_error(response: httpx.Response, status: int, kind: str) -> str:
         ({"model": "m", "max_tokens": 0, "messages": USER}, "max_tokens"),
         ({"model": "m", "max_tokens": 5}, "messages"),
         ({"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "role"),
-        ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, "image"),
+        (
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+                            }
+                        ],
+                    }
+                ],
+            },
+            "image",
+        ),
         ({"model": "m", "max_tokens": 5, "messages": USER, "temperature": 1.5}, "temperature"),
         ({"model": "m", "max_tokens": 5, "messages": USER, "stop_sequences": "x"}, "stop_sequences"),
-        ({"model": "m", "max_tokens": 5, "messages": USER, "tools": [{"type": "web_search_20250305", "name": "w"}]}, "tools.0.type"),
+        (
+            {"model": "m", "max_tokens": 5, "messages": USER, "tools": [{"type": "web_search_20250305", "name": "w"}]},
+            "tools.0.type",
+        ),
         ({"max_tokens": 5, "messages": USER}, "model"),
         # A large max_tokens is cut to fit the window; a prompt past the window is not.
         ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "word " * 3000}]}, "context"),
     ],
-    ids=["no-max-tokens", "zero-max-tokens", "no-messages", "bad-role", "image", "temperature", "stops", "server-tool", "no-model", "context"],
+    ids=[
+        "no-max-tokens",
+        "zero-max-tokens",
+        "no-messages",
+        "bad-role",
+        "image",
+        "temperature",
+        "stops",
+        "server-tool",
+        "no-model",
+        "context",
+    ],
 )
 def test_bad_requests_use_anthropic_errors(server: Server, body: dict[str, object], needle: str) -> None:
     message = anthropic_error(httpx.post(f"{server.v1}/messages", json=body, timeout=30), 400, "invalid_request_error")

@@ -55,7 +55,11 @@ def test_usage_counts_the_rendered_template(client: openai.OpenAI, tokenizer: To
 def test_stream_matches_non_stream_under_greedy(client: openai.OpenAI) -> None:
     whole = client.chat.completions.create(model="m", messages=HELLO, max_tokens=24, temperature=0)  # type: ignore[arg-type]
     stream = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=24, temperature=0, stream=True  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=24,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -104,14 +108,23 @@ def test_stop_string_cuts_text_across_token_boundaries(client: openai.OpenAI, to
     for stream in (False, True):
         if stream:
             chunks = client.chat.completions.create(
-                model="m", messages=HELLO, max_tokens=40, temperature=0, stop=[stop], stream=True  # type: ignore[arg-type]
+                model="m",
+                messages=HELLO,
+                max_tokens=40,
+                temperature=0,
+                stop=[stop],
+                stream=True,  # type: ignore[arg-type]
             )
             pieces = list(chunks)
             got = "".join(chunk.choices[0].delta.content or "" for chunk in pieces)
             finish = pieces[-1].choices[0].finish_reason
         else:
             completion = client.chat.completions.create(
-                model="m", messages=HELLO, max_tokens=40, temperature=0, stop=stop  # type: ignore[arg-type]
+                model="m",
+                messages=HELLO,
+                max_tokens=40,
+                temperature=0,
+                stop=stop,  # type: ignore[arg-type]
             )
             got, finish = completion.choices[0].message.content, completion.choices[0].finish_reason
         assert got == expected
@@ -121,7 +134,10 @@ def test_stop_string_cuts_text_across_token_boundaries(client: openai.OpenAI, to
 def test_eos_token_finishes_with_stop(client: openai.OpenAI, tokenizer: Tokenizer) -> None:
     eos = tokenizer.token_to_id("<|im_end|>")
     completion = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=20, logit_bias={str(eos): 100}  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=20,
+        logit_bias={str(eos): 100},  # type: ignore[arg-type]
     )
     assert completion.choices[0].finish_reason == "stop"
     assert completion.choices[0].message.content == ""
@@ -131,7 +147,11 @@ def test_eos_token_finishes_with_stop(client: openai.OpenAI, tokenizer: Tokenize
 def test_logit_bias_steers_every_token(client: openai.OpenAI, tokenizer: Tokenizer, plain_tokens: list[int]) -> None:
     token = plain_tokens[0]
     completion = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=6, logit_bias={str(token): 100}, temperature=1.0  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=6,
+        logit_bias={str(token): 100},
+        temperature=1.0,  # type: ignore[arg-type]
     )
     assert completion.choices[0].message.content == tokenizer.decode([token]) * 6
 
@@ -139,7 +159,11 @@ def test_logit_bias_steers_every_token(client: openai.OpenAI, tokenizer: Tokeniz
 def test_seed_makes_sampling_repeatable(client: openai.OpenAI) -> None:
     def sample(seed: int) -> str | None:
         completion = client.chat.completions.create(
-            model="m", messages=HELLO, max_tokens=24, temperature=1.5, seed=seed  # type: ignore[arg-type]
+            model="m",
+            messages=HELLO,
+            max_tokens=24,
+            temperature=1.5,
+            seed=seed,  # type: ignore[arg-type]
         )
         return completion.choices[0].message.content
 
@@ -151,7 +175,11 @@ def test_seed_makes_sampling_repeatable(client: openai.OpenAI) -> None:
 def test_penalties_change_the_output(client: openai.OpenAI) -> None:
     def greedy(**extra: object) -> str | None:
         completion = client.chat.completions.create(
-            model="m", messages=HELLO, max_tokens=48, temperature=0, **extra  # type: ignore[arg-type]
+            model="m",
+            messages=HELLO,
+            max_tokens=48,
+            temperature=0,
+            **extra,  # type: ignore[arg-type]
         )
         return completion.choices[0].message.content
 
@@ -164,7 +192,12 @@ def test_penalties_change_the_output(client: openai.OpenAI) -> None:
 def test_truncation_parameters_are_honoured(client: openai.OpenAI) -> None:
     def sample(seed: int, **extra: object) -> str | None:
         completion = client.chat.completions.create(
-            model="m", messages=HELLO, max_tokens=16, temperature=2.0, seed=seed, **extra  # type: ignore[arg-type]
+            model="m",
+            messages=HELLO,
+            max_tokens=16,
+            temperature=2.0,
+            seed=seed,
+            **extra,  # type: ignore[arg-type]
         )
         return completion.choices[0].message.content
 
@@ -178,7 +211,10 @@ def test_truncation_parameters_are_honoured(client: openai.OpenAI) -> None:
 def test_chat_template_kwargs_reach_the_template(client: openai.OpenAI) -> None:
     plain = client.chat.completions.create(model="m", messages=HELLO, max_tokens=1)  # type: ignore[arg-type]
     no_think = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=1, extra_body={"chat_template_kwargs": {"enable_thinking": False}}  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=1,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},  # type: ignore[arg-type]
     )
     assert plain.usage is not None and no_think.usage is not None
     # enable_thinking=false appends an empty "<think>\n\n</think>\n\n" block.
@@ -205,5 +241,12 @@ def test_request_id_header_is_echoed_and_traced(server: Server) -> None:
     assert response.status_code == 200
     assert response.headers["x-request-id"] == "trace-abc-123"
     traced = [line for line in server.logs().splitlines() if "trace-abc-123" in line]
-    for event in ("request.parse", "request.prepare", "request.queue", "request.prefill", "request.decode", "request.finish"):
+    for event in (
+        "request.parse",
+        "request.prepare",
+        "request.queue",
+        "request.prefill",
+        "request.decode",
+        "request.finish",
+    ):
         assert any(event in line for line in traced), event

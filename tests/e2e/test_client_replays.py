@@ -37,7 +37,10 @@ READ = {
 }
 BASH = {
     "type": "object",
-    "properties": {"command": {"type": "string", "enum": ["ls", "git status"]}, "description": {"type": "string", "maxLength": 12}},
+    "properties": {
+        "command": {"type": "string", "enum": ["ls", "git status"]},
+        "description": {"type": "string", "maxLength": 12},
+    },
     "required": ["command", "description"],
     "additionalProperties": False,
     "$schema": "http://json-schema.org/draft-07/schema#",
@@ -74,8 +77,14 @@ def stream_turn(client: openai.OpenAI, messages: list[Any], extra: dict[str, Any
     """One OpenCode-shaped streamed turn, assembled from its chunks as the AI SDK assembles them."""
     turn = Turn()
     stream = client.chat.completions.create(
-        model="opencode/model", messages=messages, tools=TOOLS, stream=True, stream_options={"include_usage": True},
-        temperature=0, extra_body=extra, **fields,
+        model="opencode/model",
+        messages=messages,
+        tools=TOOLS,
+        stream=True,
+        stream_options={"include_usage": True},
+        temperature=0,
+        extra_body=extra,
+        **fields,
     )
     for chunk in stream:
         if chunk.usage is not None:
@@ -98,7 +107,10 @@ def stream_turn(client: openai.OpenAI, messages: list[Any], extra: dict[str, Any
 def test_opencode_session_with_a_tool_round_trip_and_reasoning_sent_back(replay: tuple[Server, dict[str, Any]]) -> None:
     server, extra = replay
     client = server.client(timeout=300.0)
-    history: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is in this project?"}]
+    history: list[Any] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "What is in this project?"},
+    ]
     first = stream_turn(client, history, extra, tool_choice="required", max_tokens=64)
     assert first.finish == "tool_calls" and first.calls
     for call in first.calls.values():
@@ -114,7 +126,10 @@ def test_opencode_session_with_a_tool_round_trip_and_reasoning_sent_back(replay:
             for call in first.calls.values()
         ],
     }
-    results = [{"role": "tool", "tool_call_id": call["id"], "content": "app.py\nREADME.md\npyproject.toml\n" * 2} for call in first.calls.values()]
+    results = [
+        {"role": "tool", "tool_call_id": call["id"], "content": "app.py\nREADME.md\npyproject.toml\n" * 2}
+        for call in first.calls.values()
+    ]
     second = stream_turn(client, [*history, assistant, *results], extra, tool_choice="auto", max_tokens=8)
     assert second.finish in ("stop", "length", "tool_calls")
     # The calls and their results are in the prompt the template rendered.
@@ -132,14 +147,25 @@ def test_continue_session_with_text_parts_reasoning_and_stops(replay: tuple[Serv
             "role": "assistant",
             "content": "",
             "reasoning": "The user wants a listing.",
-            "tool_calls": [{"id": "tc_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls", "description": "list"}'}}],
+            "tool_calls": [
+                {
+                    "id": "tc_1",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": '{"command": "ls", "description": "list"}'},
+                }
+            ],
         },
         {"role": "tool", "tool_call_id": "tc_1", "content": [{"type": "text", "text": "app.py\n"}]},
         {"role": "user", "content": [{"type": "text", "text": "Thanks. Summarize in one line."}]},
     ]
     # Continue's chat mode offers no tools; the history still holds the agent mode's call and result.
     reply = client.chat.completions.create(
-        model="continue/model", messages=messages, stop=["\n\n\n"], max_tokens=8, temperature=0, extra_body=extra,
+        model="continue/model",
+        messages=messages,
+        stop=["\n\n\n"],
+        max_tokens=8,
+        temperature=0,
+        extra_body=extra,
     )
     choice = reply.choices[0]
     assert choice.finish_reason in ("stop", "length")
@@ -151,9 +177,18 @@ def test_a_response_format_on_an_opened_think_section_is_the_answer(replay: tupl
     server, extra = replay
     if not extra:
         pytest.skip("only the family model's template opens a think section")
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     reply = server.client().chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Is it ok?"}], max_tokens=16, temperature=0, extra_body=extra,
+        model="m",
+        messages=[{"role": "user", "content": "Is it ok?"}],
+        max_tokens=16,
+        temperature=0,
+        extra_body=extra,
         response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
     )
     message = reply.choices[0].message

@@ -59,6 +59,8 @@ def test_stop_list_first_match_wins(client: openai.OpenAI) -> None:
 
 def test_seeded_sampling_repeats(client: openai.OpenAI) -> None:
     def sample() -> str:
-        return client.completions.create(model="m", prompt="Hi", max_tokens=20, temperature=1.0, seed=99).choices[0].text
+        return (
+            client.completions.create(model="m", prompt="Hi", max_tokens=20, temperature=1.0, seed=99).choices[0].text
+        )
 
     assert sample() == sample()

@@ -55,7 +55,10 @@ def test_seeded_output_does_not_depend_on_the_batch(server: Server, client: open
     seeded = [{"messages": HELLO, "max_tokens": 32, "temperature": 1.2, "seed": seed} for seed in range(6)]
     alone = [stream_text(server, body)[0] for body in seeded]
     assert len(set(alone)) > 1
-    noise = [{"messages": [{"role": "user", "content": f"noise {i}"}], "max_tokens": 48, "temperature": 1.0} for i in range(6)]
+    noise = [
+        {"messages": [{"role": "user", "content": f"noise {i}"}], "max_tokens": 48, "temperature": 1.0}
+        for i in range(6)
+    ]
     bodies = seeded + noise
     barrier = threading.Barrier(len(bodies))
     with ThreadPoolExecutor(len(bodies)) as pool:
@@ -106,7 +109,9 @@ def test_a_stalled_reader_neither_stalls_others_nor_grows_the_crossing(
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stalled.connect((host, int(port)))
         stalled.sendall(head.encode() + body.encode())
-        other = client.chat.completions.create(model="m", messages=HELLO, max_tokens=64, temperature=0, logit_bias=no_eos)  # type: ignore[arg-type]
+        other = client.chat.completions.create(
+            model="m", messages=HELLO, max_tokens=64, temperature=0, logit_bias=no_eos
+        )  # type: ignore[arg-type]
         assert other.usage is not None and other.usage.completion_tokens == 64
         gateway = stats(server)["gateway"]
         assert isinstance(gateway, dict)

@@ -49,7 +49,9 @@ def test_the_request_model_chooses_which_model_embeds(client: openai.OpenAI, ser
     np.testing.assert_allclose(np.linalg.norm(_vectors(dedicated), axis=1), 1.0, rtol=1e-5)
     unnamed = httpx.post(f"{server.v1}/embeddings", json={"input": TEXTS, "encoding_format": "float"}).json()
     assert unnamed["model"] == EMBEDDER
-    np.testing.assert_allclose(np.array([item["embedding"] for item in unnamed["data"]]), _vectors(dedicated), atol=1e-6)
+    np.testing.assert_allclose(
+        np.array([item["embedding"] for item in unnamed["data"]]), _vectors(dedicated), atol=1e-6
+    )
 
 
 def test_an_input_alone_or_in_a_batch_gets_the_same_vector(client: openai.OpenAI) -> None:
@@ -69,9 +71,13 @@ def test_declared_matryoshka_sizes_truncate_and_renormalize(client: openai.OpenA
     assert _vectors(client.embeddings.create(model=EMBEDDER, input="x", dimensions=1024)).shape == (1, 1024)
 
 
-@pytest.mark.parametrize(("model", "dimensions", "words"), [(EMBEDDER, 300, "256, 512"), (EMBEDDER, 4096, "256, 512"),
-                                                            (CHAT, 32, "does not support Matryoshka")])
-def test_a_size_not_declared_is_a_400_naming_dimensions(client: openai.OpenAI, model: str, dimensions: int, words: str) -> None:
+@pytest.mark.parametrize(
+    ("model", "dimensions", "words"),
+    [(EMBEDDER, 300, "256, 512"), (EMBEDDER, 4096, "256, 512"), (CHAT, 32, "does not support Matryoshka")],
+)
+def test_a_size_not_declared_is_a_400_naming_dimensions(
+    client: openai.OpenAI, model: str, dimensions: int, words: str
+) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.embeddings.create(model=model, input="x", dimensions=dimensions)
     error = caught.value.body
@@ -97,17 +103,28 @@ def test_rerank_with_the_embedding_model_is_cosine_similarity(client: openai.Ope
     """A sentence-transformers model scores as vLLM scores with an embedding model: the cosine of the two embeddings."""
     vectors = _vectors(client.embeddings.create(model=EMBEDDER, input=["ocean", *TEXTS[:3]]))
     expected = vectors[1:] @ vectors[0]
-    ranked = httpx.post(f"{server.v1}/rerank", json={"model": EMBEDDER, "query": "ocean", "documents": TEXTS[:3]}).json()
+    ranked = httpx.post(
+        f"{server.v1}/rerank", json={"model": EMBEDDER, "query": "ocean", "documents": TEXTS[:3]}
+    ).json()
     assert ranked["model"] == EMBEDDER
-    assert {r["index"]: r["relevance_score"] for r in ranked["results"]} == pytest.approx(dict(enumerate(expected)), abs=1e-4)
+    assert {r["index"]: r["relevance_score"] for r in ranked["results"]} == pytest.approx(
+        dict(enumerate(expected)), abs=1e-4
+    )
     scored = httpx.post(f"{server.v1}/score", json={"model": CHAT, "text_1": "ocean", "text_2": TEXTS[:3]}).json()
     assert scored["model"] == CHAT and all(0.0 <= item["score"] <= 1.0 for item in scored["data"])
 
 
 def test_a_seeded_stream_is_unchanged_by_the_dedicated_models_work(server: Server, no_eos: dict[str, int]) -> None:
     """The embedding model runs on the chat model's thread between its steps, and the stream's tokens stay the same."""
-    body = {"model": CHAT, "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 120,
-            "temperature": 1.0, "seed": 11, "logit_bias": no_eos, "logprobs": True}
+    body = {
+        "model": CHAT,
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+        "max_tokens": 120,
+        "temperature": 1.0,
+        "seed": 11,
+        "logit_bias": no_eos,
+        "logprobs": True,
+    }
     alone = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
     finished: list[float] = []
     stop = threading.Event()
@@ -115,7 +132,9 @@ def test_a_seeded_stream_is_unchanged_by_the_dedicated_models_work(server: Serve
     def embed_load() -> None:
         with httpx.Client(timeout=120) as http:
             while not stop.is_set():
-                response = http.post(f"{server.v1}/embeddings", json={"model": EMBEDDER, "input": f"tides {len(finished)}"})
+                response = http.post(
+                    f"{server.v1}/embeddings", json={"model": EMBEDDER, "input": f"tides {len(finished)}"}
+                )
                 assert response.status_code == 200
                 finished.append(time.monotonic())
 
@@ -139,12 +158,16 @@ def test_tokenize_and_detokenize_use_the_named_models_tokenizer(server: Server) 
     """/tokenize naming the embedding model counts its tokens against its window; the chat model's otherwise."""
     chat_window = httpx.get(f"{server.v1}/models/{CHAT}").json()["max_model_len"]
     text = "The tides of the ocean"
-    answers = {name: httpx.post(f"{server.base_url}/tokenize", json={"model": name, "prompt": text}).json()
-               for name in (EMBEDDER, CHAT, None)}
+    answers = {
+        name: httpx.post(f"{server.base_url}/tokenize", json={"model": name, "prompt": text}).json()
+        for name in (EMBEDDER, CHAT, None)
+    }
     assert answers[EMBEDDER]["max_model_len"] == 32768, answers
     assert answers[CHAT]["max_model_len"] == answers[None]["max_model_len"] == chat_window != 32768
     for name in (EMBEDDER, CHAT):
-        back = httpx.post(f"{server.base_url}/detokenize", json={"model": name, "tokens": answers[name]["tokens"]}).json()
+        back = httpx.post(
+            f"{server.base_url}/detokenize", json={"model": name, "tokens": answers[name]["tokens"]}
+        ).json()
         assert back["prompt"].strip() == text
     unknown = httpx.post(f"{server.base_url}/tokenize", json={"model": "no-such-model", "prompt": text})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"

@@ -35,7 +35,9 @@ def test_raw_base64_is_little_endian_float32(server: Server) -> None:
     body = {"input": "hello world", "encoding_format": "base64"}
     encoded = httpx.post(f"{server.v1}/embeddings", json=body).json()["data"][0]["embedding"]
     raw = base64.b64decode(encoded)
-    floats = httpx.post(f"{server.v1}/embeddings", json={**body, "encoding_format": "float"}).json()["data"][0]["embedding"]
+    floats = httpx.post(f"{server.v1}/embeddings", json={**body, "encoding_format": "float"}).json()["data"][0][
+        "embedding"
+    ]
     assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == pytest.approx(floats, rel=1e-6)
 
 
@@ -76,7 +78,9 @@ def test_token_inputs_match_text_and_usage_counts_them(server: Server, client: o
         ({"input": ["ok", "word " * 3000]}, "input[1]", "2048 tokens"),
     ],
 )
-def test_invalid_input_is_a_400_naming_the_field(server: Server, body: dict[str, object], param: str, words: str) -> None:
+def test_invalid_input_is_a_400_naming_the_field(
+    server: Server, body: dict[str, object], param: str, words: str
+) -> None:
     response = httpx.post(f"{server.v1}/embeddings", json=body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
@@ -95,8 +99,12 @@ def test_rerank_sorts_by_relevance_and_score_matches_it(server: Server) -> None:
     scored = httpx.post(f"{server.v1}/score", json={"text_1": "ocean", "text_2": texts}).json()
     by_index = {result["index"]: result["relevance_score"] for result in ranked["results"]}
     assert [item["score"] for item in scored["data"]] == pytest.approx([by_index[i] for i in range(3)], abs=1e-5)
-    top = httpx.post(f"{server.base_url}/rerank", json={"query": "ocean", "documents": texts, "top_n": 1, "return_documents": False}).json()
-    assert top["results"] == [{"index": ranked["results"][0]["index"], "relevance_score": pytest.approx(scores[0], abs=1e-5)}]
+    top = httpx.post(
+        f"{server.base_url}/rerank", json={"query": "ocean", "documents": texts, "top_n": 1, "return_documents": False}
+    ).json()
+    assert top["results"] == [
+        {"index": ranked["results"][0]["index"], "relevance_score": pytest.approx(scores[0], abs=1e-5)}
+    ]
 
 
 def test_score_refuses_mismatched_lists(server: Server) -> None:
@@ -118,12 +126,20 @@ def test_tokenize_round_trips_and_counts_chats_like_count_tokens(server: Server)
 
 
 @pytest.mark.slow
-def test_a_seeded_stream_is_unchanged_by_embedding_work_between_its_steps(server_factory: ServerFactory, no_eos: dict[str, int]) -> None:
+def test_a_seeded_stream_is_unchanged_by_embedding_work_between_its_steps(
+    server_factory: ServerFactory, no_eos: dict[str, int]
+) -> None:
     """Embeddings run on the model thread between the stream's steps (after every step here), and its tokens stay
     the same."""
     server = server_factory(exclusive_period="1", exclusive_share="1.0")
-    body = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 120, "temperature": 1.0,
-            "seed": 11, "logit_bias": no_eos, "logprobs": True}
+    body = {
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+        "max_tokens": 120,
+        "temperature": 1.0,
+        "seed": 11,
+        "logit_bias": no_eos,
+        "logprobs": True,
+    }
     alone = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
     finished: list[float] = []
     stop = threading.Event()

@@ -47,7 +47,10 @@ CHAT_CASES = [
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content[0]"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "messages[0].content[0]",
+    ),
     ({"messages": HELLO, "max_tokens": -1}, "max_tokens"),
     ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
     ({"messages": HELLO, "max_tokens": 2.5}, "max_tokens"),
@@ -67,9 +70,15 @@ CHAT_CASES = [
     ({"messages": HELLO, "max_tokens": 4000}, "max_tokens"),
     ({"messages": HELLO, "reasoning_effort": "extreme"}, "reasoning_effort"),
     ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),
-    ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}, "tools[0].function.parameters"),
+    (
+        {"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]},
+        "tools[0].function.parameters",
+    ),
     ({"messages": HELLO, "tool_choice": "sometimes"}, "tool_choice"),
-    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {}}]}]}, "messages[0].tool_calls[0].function.name"),
+    (
+        {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {}}]}]},
+        "messages[0].tool_calls[0].function.name",
+    ),
     ({"messages": [{"role": "user", "content": "word " * 2100}]}, "messages"),
 ]
 
@@ -116,7 +125,9 @@ UNSUPPORTED = [
 
 
 @pytest.mark.parametrize(("path", "extra", "param"), UNSUPPORTED, ids=[p for _, _, p in UNSUPPORTED])
-def test_unsupported_parameters_are_refused_by_name(server: Server, path: str, extra: dict[str, object], param: str) -> None:
+def test_unsupported_parameters_are_refused_by_name(
+    server: Server, path: str, extra: dict[str, object], param: str
+) -> None:
     base: dict[str, object] = {"messages": HELLO} if path == "/chat/completions" else {"prompt": "hi"}
     response = httpx.post(f"{server.v1}{path}", json={**base, **extra}, timeout=30)
     error = assert_openai_error(response, 400, param)
@@ -125,7 +136,12 @@ def test_unsupported_parameters_are_refused_by_name(server: Server, path: str, e
 
 def test_unknown_fields_and_user_are_ignored(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=2, temperature=0, user="someone", extra_body={"frobnicate": 1}  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=2,
+        temperature=0,
+        user="someone",
+        extra_body={"frobnicate": 1},  # type: ignore[arg-type]
     )
     assert completion.choices[0].finish_reason == "length"
 
@@ -166,7 +182,9 @@ def test_metrics_follow_the_work(server: Server, client: openai.OpenAI) -> None:
     def generated() -> int:
         response = httpx.get(f"{server.base_url}/metrics", timeout=10)
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-        (line,) = [line for line in response.text.splitlines() if line.startswith("mlx_relay:gateway_generated_tokens_total{")]
+        (line,) = [
+            line for line in response.text.splitlines() if line.startswith("mlx_relay:gateway_generated_tokens_total{")
+        ]
         return int(float(line.split()[-1]))
 
     before = generated()

@@ -23,7 +23,12 @@ def eos_first(tokenizer: Tokenizer) -> dict[str, int]:
 def chat(client: openai.OpenAI, **extra: Any) -> Any:
     bias = extra.pop("logit_bias", None)
     return client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=8, temperature=0, logit_bias=bias, extra_body=extra  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=8,
+        temperature=0,
+        logit_bias=bias,
+        extra_body=extra,  # type: ignore[arg-type]
     )
 
 
@@ -36,14 +41,18 @@ def test_ignore_eos_runs_past_the_eos_to_max_tokens(client: openai.OpenAI, eos_f
     assert "<|im_end|>" not in (ignored.choices[0].message.content or "")
 
 
-def test_min_tokens_holds_off_the_eos(client: openai.OpenAI, eos_first: dict[str, int], plain_tokens: list[int]) -> None:
+def test_min_tokens_holds_off_the_eos(
+    client: openai.OpenAI, eos_first: dict[str, int], plain_tokens: list[int]
+) -> None:
     held = chat(client, logit_bias=eos_first, min_tokens=5)
     # Five tokens that cannot be EOS, then the EOS the bias asks for.
     assert held.choices[0].finish_reason == "stop" and held.usage.completion_tokens == 6
     assert held.choices[0].message.content
 
 
-def test_min_tokens_holds_off_stop_strings_too(client: openai.OpenAI, plain_tokens: list[int], tokenizer: Tokenizer) -> None:
+def test_min_tokens_holds_off_stop_strings_too(
+    client: openai.OpenAI, plain_tokens: list[int], tokenizer: Tokenizer
+) -> None:
     word = tokenizer.decode([plain_tokens[0]])
     bias = {str(plain_tokens[0]): 100}
     stopped = chat(client, logit_bias=bias, stop=[word])
@@ -52,7 +61,9 @@ def test_min_tokens_holds_off_stop_strings_too(client: openai.OpenAI, plain_toke
     assert held.choices[0].message.content == word * 3 and held.choices[0].finish_reason == "stop"
 
 
-def test_stop_token_ids_end_the_completion_without_their_text(server: Server, plain_tokens: list[int], tokenizer: Tokenizer) -> None:
+def test_stop_token_ids_end_the_completion_without_their_text(
+    server: Server, plain_tokens: list[int], tokenizer: Tokenizer
+) -> None:
     client = server.client()
     token = plain_tokens[1]
     bias = {str(token): 100}
@@ -77,7 +88,13 @@ def test_stop_token_ids_outside_the_vocabulary_are_a_400(client: openai.OpenAI) 
 def test_typical_p_narrows_sampling(client: openai.OpenAI, no_eos: dict[str, int]) -> None:
     def sample(seed: int, **extra: Any) -> str:
         completion = client.completions.create(
-            model="m", prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=seed, logit_bias=no_eos, extra_body=extra  # type: ignore[arg-type]
+            model="m",
+            prompt="Once upon a time",
+            max_tokens=12,
+            temperature=1.0,
+            seed=seed,
+            logit_bias=no_eos,
+            extra_body=extra,  # type: ignore[arg-type]
         )
         return completion.choices[0].text
 

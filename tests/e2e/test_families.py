@@ -27,8 +27,14 @@ PARAMETERS: dict[str, Any] = {
     "additionalProperties": False,
 }
 CHAT_TOOLS: list[Any] = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.", "parameters": PARAMETERS}},
-    {"type": "function", "function": {"name": "get_time", "description": "The time in a city.", "parameters": PARAMETERS}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather in a city.", "parameters": PARAMETERS},
+    },
+    {
+        "type": "function",
+        "function": {"name": "get_time", "description": "The time in a city.", "parameters": PARAMETERS},
+    },
 ]
 ASK: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
 
@@ -53,7 +59,11 @@ def valid(arguments: str | dict[str, Any]) -> dict[str, Any]:
 
 def test_chat_named_call(family_server: Server) -> None:
     completion = family_server.client().chat.completions.create(
-        model="m", messages=ASK, tools=CHAT_TOOLS, max_tokens=96, temperature=0,
+        model="m",
+        messages=ASK,
+        tools=CHAT_TOOLS,
+        max_tokens=96,
+        temperature=0,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
     choice = completion.choices[0]
@@ -65,8 +75,15 @@ def test_chat_named_call(family_server: Server) -> None:
 
 def test_chat_required_call_streamed(family_server: Server) -> None:
     # One call: a family without call markup would otherwise write a JSON list, which a random model may not close.
-    body = {"model": "m", "messages": ASK, "tools": CHAT_TOOLS, "tool_choice": "required", "parallel_tool_calls": False,
-            "max_tokens": 96, "temperature": 0}
+    body = {
+        "model": "m",
+        "messages": ASK,
+        "tools": CHAT_TOOLS,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_tokens": 96,
+        "temperature": 0,
+    }
     chunks = [c for c in stream_chunks(family_server, "/chat/completions", body) if isinstance(c, dict)]
     deltas = [c["choices"][0] for c in chunks if c["choices"]]  # type: ignore[index]
     calls = [call for d in deltas for call in d["delta"].get("tool_calls") or []]
@@ -76,12 +93,25 @@ def test_chat_required_call_streamed(family_server: Server) -> None:
     assert not "".join(d["delta"].get("content") or "" for d in deltas)
 
 
-@pytest.mark.parametrize("choice", [{"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
-                                    {"type": "any", "disable_parallel_tool_use": True}])
+@pytest.mark.parametrize(
+    "choice",
+    [
+        {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        {"type": "any", "disable_parallel_tool_use": True},
+    ],
+)
 def test_messages_forced_call(family_server: Server, choice: dict[str, str]) -> None:
-    tools: list[Any] = [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": PARAMETERS} for t in CHAT_TOOLS]
+    tools: list[Any] = [
+        {"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": PARAMETERS}
+        for t in CHAT_TOOLS
+    ]
     message = family_server.anthropic_client().messages.create(
-        model="m", max_tokens=96, messages=ASK, tools=tools, tool_choice=choice, extra_body={"temperature": 0},  # type: ignore[arg-type]
+        model="m",
+        max_tokens=96,
+        messages=ASK,
+        tools=tools,
+        tool_choice=choice,
+        extra_body={"temperature": 0},  # type: ignore[arg-type]
     )
     uses = [block for block in message.content if block.type == "tool_use"]
     assert message.stop_reason == "tool_use" and uses, message
@@ -91,9 +121,24 @@ def test_messages_forced_call(family_server: Server, choice: dict[str, str]) -> 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
 def test_responses_forced_call(family_server: Server, choice: Any) -> None:
-    tools: list[Any] = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"], "parameters": PARAMETERS, "strict": True} for t in CHAT_TOOLS]
+    tools: list[Any] = [
+        {
+            "type": "function",
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "parameters": PARAMETERS,
+            "strict": True,
+        }
+        for t in CHAT_TOOLS
+    ]
     response = family_server.client().responses.create(
-        model="m", input="Weather in Paris?", tools=tools, tool_choice=choice, max_output_tokens=96, temperature=0, store=False,
+        model="m",
+        input="Weather in Paris?",
+        tools=tools,
+        tool_choice=choice,
+        max_output_tokens=96,
+        temperature=0,
+        store=False,
         parallel_tool_calls=False,
     )
     calls = [item for item in response.output if item.type == "function_call"]
@@ -105,12 +150,23 @@ def test_responses_forced_call(family_server: Server, choice: Any) -> None:
 def test_tool_result_round_trip(family_server: Server) -> None:
     messages: list[Any] = [
         *ASK,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
     ]
     client = family_server.client()
-    with_result = client.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS, max_tokens=4, temperature=0)
+    with_result = client.chat.completions.create(
+        model="m", messages=messages, tools=CHAT_TOOLS, max_tokens=4, temperature=0
+    )
     without = client.chat.completions.create(model="m", messages=ASK, tools=CHAT_TOOLS, max_tokens=4, temperature=0)
     assert with_result.usage is not None and without.usage is not None
     # The call and its result are in the prompt the template rendered.
@@ -124,11 +180,19 @@ def test_reasoning_split_in_every_api(deepseek_server: Server) -> None:
     )
     assert (chat.choices[0].message.model_extra or {}).get("reasoning_content") and not chat.choices[0].message.content
     message = family_server.anthropic_client().messages.create(
-        model="m", max_tokens=12, messages=ASK, thinking={"type": "adaptive"}  # type: ignore[arg-type]
+        model="m",
+        max_tokens=12,
+        messages=ASK,
+        thinking={"type": "adaptive"},  # type: ignore[arg-type]
     )
     assert [block.type for block in message.content] == ["thinking"]
     response = family_server.client().responses.create(
-        model="m", input="Weather in Paris?", max_output_tokens=12, temperature=0, reasoning={"effort": "high"}, store=False
+        model="m",
+        input="Weather in Paris?",
+        max_output_tokens=12,
+        temperature=0,
+        reasoning={"effort": "high"},
+        store=False,
     )
     assert [item.type for item in response.output] == ["reasoning"]
 
@@ -142,12 +206,20 @@ def test_thinking_budget_closes_the_think_section(deepseek_server: Server) -> No
     greedy: dict[str, Any] = {"temperature": 0}  # this SDK's create() takes no temperature argument
     # Anthropic's floor for a budget is 1024 tokens, and the answer needs room after it.
     unbounded = client.messages.create(
-        model="m", max_tokens=BUDGET + 16, messages=ASK, thinking={"type": "adaptive"}, extra_body=greedy  # type: ignore[arg-type]
+        model="m",
+        max_tokens=BUDGET + 16,
+        messages=ASK,
+        thinking={"type": "adaptive"},
+        extra_body=greedy,  # type: ignore[arg-type]
     )
     if unbounded.content[0].type != "thinking" or len(unbounded.content) > 1:
         pytest.skip("this random model closes its think section by itself before the budget")
     bounded = client.messages.create(
-        model="m", max_tokens=BUDGET + 16, messages=ASK, thinking={"type": "enabled", "budget_tokens": BUDGET}, extra_body=greedy
+        model="m",
+        max_tokens=BUDGET + 16,
+        messages=ASK,
+        thinking={"type": "enabled", "budget_tokens": BUDGET},
+        extra_body=greedy,
     )
     kinds = [block.type for block in bounded.content]
     assert kinds[0] == "thinking" and "text" in kinds, bounded.content
@@ -157,7 +229,13 @@ def test_thinking_budget_closes_the_think_section(deepseek_server: Server) -> No
 
 NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
 MESSAGES_WEATHER: Any = {"name": "get_weather", "description": "Weather in a city.", "input_schema": PARAMETERS}
-RESPONSES_WEATHER: Any = {"type": "function", "name": "get_weather", "description": "Weather in a city.", "parameters": PARAMETERS, "strict": True}
+RESPONSES_WEATHER: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city.",
+    "parameters": PARAMETERS,
+    "strict": True,
+}
 RESPONSES_ASK: dict[str, Any] = {
     "model": "m",
     "input": "Weather in Paris?",
@@ -171,18 +249,36 @@ RESPONSES_ASK: dict[str, Any] = {
 def test_forced_call_streams_in_every_api(family_server: Server) -> None:
     """The call's head, then its arguments in pieces, joining to the unstreamed call's, in all three APIs."""
     client = family_server.client()
-    ask: dict[str, Any] = {"model": "m", "messages": ASK, "tools": CHAT_TOOLS, "tool_choice": NAMED, "max_tokens": 96, "temperature": 0}
+    ask: dict[str, Any] = {
+        "model": "m",
+        "messages": ASK,
+        "tools": CHAT_TOOLS,
+        "tool_choice": NAMED,
+        "max_tokens": 96,
+        "temperature": 0,
+    }
     (whole,) = client.chat.completions.create(**ask).choices[0].message.tool_calls or []
     chunks = [c for c in stream_chunks(family_server, "/chat/completions", ask) if isinstance(c, dict) and c["choices"]]
     calls = [call for c in chunks for call in c["choices"][0]["delta"].get("tool_calls") or []]  # type: ignore[index]
     assert calls[0]["function"] == {"name": "get_weather", "arguments": ""}, calls
     assert "".join(call["function"]["arguments"] for call in calls) == whole.function.arguments  # type: ignore[union-attr]
     with family_server.anthropic_client().messages.stream(
-        model="m", max_tokens=96, messages=ASK, tools=[MESSAGES_WEATHER], tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0}
+        model="m",
+        max_tokens=96,
+        messages=ASK,
+        tools=[MESSAGES_WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body={"temperature": 0},
     ) as stream:
-        pieces = [e.delta.partial_json for e in stream if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]  # type: ignore[union-attr]
+        pieces = [
+            e.delta.partial_json
+            for e in stream
+            if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+        ]  # type: ignore[union-attr]
         final = stream.get_final_message()
-    assert len(pieces) >= 2 and json.loads("".join(pieces)) == final.content[-1].input == valid(whole.function.arguments)  # type: ignore[union-attr]
+    assert len(pieces) >= 2 and json.loads("".join(pieces)) == final.content[-1].input == valid(
+        whole.function.arguments
+    )  # type: ignore[union-attr]
     with client.responses.stream(**RESPONSES_ASK, max_output_tokens=96) as responses:
         deltas = [e.delta for e in responses if e.type == "response.function_call_arguments.delta"]  # type: ignore[union-attr]
         output = responses.get_final_response().output

@@ -52,7 +52,9 @@ def test_unknown_fields_are_logged_once_per_request(server: Server) -> None:
 
 @pytest.mark.parametrize("path", sorted(BODIES))
 def test_strict_mode_refuses_unknown_fields_by_name(strict_server: Server, path: str) -> None:
-    response = httpx.post(strict_server.base_url + path, json={"model": "m", **BODIES[path], "bogus_field": 1}, timeout=60)
+    response = httpx.post(
+        strict_server.base_url + path, json={"model": "m", **BODIES[path], "bogus_field": 1}, timeout=60
+    )
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert "'bogus_field'" in error["message"]
@@ -60,7 +62,12 @@ def test_strict_mode_refuses_unknown_fields_by_name(strict_server: Server, path:
         assert response.json()["type"] == "error" and error["type"] == "invalid_request_error"
     else:
         assert error["param"] == "bogus_field"
-    assert httpx.post(strict_server.base_url + path, json={"model": "m", **BODIES[path], "user": "u"}, timeout=60).status_code == 200
+    assert (
+        httpx.post(
+            strict_server.base_url + path, json={"model": "m", **BODIES[path], "user": "u"}, timeout=60
+        ).status_code
+        == 200
+    )
 
 
 ANSWER = {

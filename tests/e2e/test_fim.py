@@ -22,7 +22,12 @@ def fim_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """The tiny demo model with Qwen2.5-Coder's FIM tokens added, its own template kept."""
     template = (tiny_model / "chat_template.jinja").read_text(encoding="utf-8")
     return derive_demo_model(
-        tiny_model, tmp_path_factory.mktemp("fim"), template=template, special_tokens=FIM_TOKENS, bos=None, eos=("<|im_end|>", "<|endoftext|>")
+        tiny_model,
+        tmp_path_factory.mktemp("fim"),
+        template=template,
+        special_tokens=FIM_TOKENS,
+        bos=None,
+        eos=("<|im_end|>", "<|endoftext|>"),
     )
 
 
@@ -50,7 +55,9 @@ def test_a_fim_marker_ends_the_middle(fim_server: Server, fim_model: Path) -> No
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == ""  # type: ignore[index]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"  # type: ignore[index]
     # Without a suffix the same marker is ordinary output that does not end the text.
-    plain = fim_server.client().completions.create(model="m", prompt=PREFIX, max_tokens=6, temperature=0, logit_bias={str(pad): 100})
+    plain = fim_server.client().completions.create(
+        model="m", prompt=PREFIX, max_tokens=6, temperature=0, logit_bias={str(pad): 100}
+    )
     assert plain.choices[0].finish_reason == "length"
 
 

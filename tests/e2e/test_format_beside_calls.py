@@ -43,9 +43,14 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 @pytest.mark.parametrize("seed", [1, 2])
 def test_chat_forced_call_beside_response_format(client: openai.OpenAI, choice: object, seed: int) -> None:
     completion = client.chat.completions.create(
-        model="m", messages=ASK, tools=[CHAT_TOOL], tool_choice=choice,  # type: ignore[arg-type]
+        model="m",
+        messages=ASK,
+        tools=[CHAT_TOOL],
+        tool_choice=choice,  # type: ignore[arg-type]
         response_format=CHAT_FORMAT,  # type: ignore[arg-type]
-        max_tokens=120, seed=seed, parallel_tool_calls=False,
+        max_tokens=120,
+        seed=seed,
+        parallel_tool_calls=False,
     )
     message = completion.choices[0].message
     assert completion.choices[0].finish_reason == "tool_calls"
@@ -57,7 +62,9 @@ def test_chat_forced_call_beside_response_format(client: openai.OpenAI, choice: 
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}], ids=["any", "tool"])
 def test_messages_forced_call_beside_output_format(server: Server, choice: dict[str, str]) -> None:
     message = server.anthropic_client().messages.create(
-        model="m", max_tokens=120, messages=ASK,  # type: ignore[arg-type]
+        model="m",
+        max_tokens=120,
+        messages=ASK,  # type: ignore[arg-type]
         tools=[{"name": "get_weather", "description": "Forecast", "input_schema": WEATHER}],
         tool_choice={**choice, "disable_parallel_tool_use": True},  # type: ignore[typeddict-item]
         extra_body={"output_config": {"format": {"type": "json_schema", "schema": ANSWER}}},
@@ -71,7 +78,10 @@ def test_messages_forced_call_beside_output_format(server: Server, choice: dict[
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}], ids=["required", "named"])
 def test_responses_forced_call_beside_text_format(client: openai.OpenAI, choice: object) -> None:
     response = client.responses.create(
-        model="m", input="Weather in Paris?", max_output_tokens=120, parallel_tool_calls=False,
+        model="m",
+        input="Weather in Paris?",
+        max_output_tokens=120,
+        parallel_tool_calls=False,
         tools=[{"type": "function", "name": "get_weather", "parameters": WEATHER, "strict": True}],
         tool_choice=choice,  # type: ignore[arg-type]
         text={"format": {"type": "json_schema", "name": "answer", "schema": ANSWER, "strict": True}},
@@ -89,8 +99,14 @@ def test_auto_beside_a_format_writes_a_call_when_the_model_opens_one(
     client: openai.OpenAI, tokenizer: Tokenizer
 ) -> None:
     completion = client.chat.completions.create(
-        model="m", messages=ASK, tools=[CHAT_TOOL], response_format=CHAT_FORMAT,  # type: ignore[arg-type]
-        max_tokens=120, seed=3, parallel_tool_calls=False, logit_bias=opener_bias(tokenizer, 100),
+        model="m",
+        messages=ASK,
+        tools=[CHAT_TOOL],
+        response_format=CHAT_FORMAT,  # type: ignore[arg-type]
+        max_tokens=120,
+        seed=3,
+        parallel_tool_calls=False,
+        logit_bias=opener_bias(tokenizer, 100),
     )
     [call] = completion.choices[0].message.tool_calls or []
     jsonschema.validate(json.loads(call.function.arguments), WEATHER)  # type: ignore[union-attr]
@@ -99,8 +115,13 @@ def test_auto_beside_a_format_writes_a_call_when_the_model_opens_one(
 @pytest.mark.parametrize("seed", [1, 2])
 def test_auto_beside_a_format_writes_text_in_the_format(client: openai.OpenAI, tokenizer: Tokenizer, seed: int) -> None:
     completion = client.chat.completions.create(
-        model="m", messages=ASK, tools=[CHAT_TOOL], response_format=CHAT_FORMAT,  # type: ignore[arg-type]
-        max_tokens=120, seed=seed, logit_bias=opener_bias(tokenizer, -100),
+        model="m",
+        messages=ASK,
+        tools=[CHAT_TOOL],
+        response_format=CHAT_FORMAT,  # type: ignore[arg-type]
+        max_tokens=120,
+        seed=seed,
+        logit_bias=opener_bias(tokenizer, -100),
     )
     message = completion.choices[0].message
     assert not message.tool_calls

@@ -26,11 +26,17 @@ SETTINGS = settings(
 )
 
 scalars = (
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
     | st.sampled_from([2**64, -(2**63) - 1, 10**400, 1e308, -0.0, "", "\u0000", "\ud7ff\uffff", "🙂" * 50])
 )
 json_values = st.recursive(
-    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=16
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=16,
 )
 messages = st.lists(
     st.fixed_dictionaries(
@@ -41,8 +47,12 @@ messages = st.lists(
 )
 tools = st.lists(
     st.fixed_dictionaries(
-        {"type": st.just("function"), "function": st.fixed_dictionaries({"name": st.text(min_size=1, max_size=8)},
-                                                                       optional={"parameters": json_values})}
+        {
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries(
+                {"name": st.text(min_size=1, max_size=8)}, optional={"parameters": json_values}
+            ),
+        }
     ),
     max_size=2,
 )
@@ -57,22 +67,42 @@ COMMON = {
 }
 FIELDS = {
     "/v1/chat/completions": {
-        **COMMON, "messages": messages | json_values, "tools": tools | json_values, "tool_choice": json_values,
-        "seed": st.integers() | json_values, "logit_bias": st.dictionaries(st.integers(-5, 5000).map(str), st.floats(-200, 200)),
-        "response_format": json_values, "guided_choice": st.lists(st.text(max_size=6), max_size=5) | json_values,
-        "guided_regex": st.text(max_size=12), "logprobs": json_values, "top_logprobs": json_values, "n": json_values,
+        **COMMON,
+        "messages": messages | json_values,
+        "tools": tools | json_values,
+        "tool_choice": json_values,
+        "seed": st.integers() | json_values,
+        "logit_bias": st.dictionaries(st.integers(-5, 5000).map(str), st.floats(-200, 200)),
+        "response_format": json_values,
+        "guided_choice": st.lists(st.text(max_size=6), max_size=5) | json_values,
+        "guided_regex": st.text(max_size=12),
+        "logprobs": json_values,
+        "top_logprobs": json_values,
+        "n": json_values,
     },
     "/v1/completions": {
-        **COMMON, "prompt": st.text(max_size=60) | st.lists(st.integers(-3, 5000), max_size=8) | json_values,
-        "seed": st.integers() | json_values, "echo": json_values, "logprobs": json_values,
+        **COMMON,
+        "prompt": st.text(max_size=60) | st.lists(st.integers(-3, 5000), max_size=8) | json_values,
+        "seed": st.integers() | json_values,
+        "echo": json_values,
+        "logprobs": json_values,
     },
     "/v1/responses": {
-        **COMMON, "input": st.text(max_size=40) | messages | json_values, "instructions": json_values,
-        "tools": json_values, "text": json_values, "previous_response_id": json_values, "store": json_values,
+        **COMMON,
+        "input": st.text(max_size=40) | messages | json_values,
+        "instructions": json_values,
+        "tools": json_values,
+        "text": json_values,
+        "previous_response_id": json_values,
+        "store": json_values,
     },
     "/v1/messages": {
-        **COMMON, "messages": messages | json_values, "system": json_values, "tools": json_values,
-        "tool_choice": json_values, "thinking": json_values,
+        **COMMON,
+        "messages": messages | json_values,
+        "system": json_values,
+        "tools": json_values,
+        "tool_choice": json_values,
+        "thinking": json_values,
     },
     "/v1/messages/count_tokens": {"model": COMMON["model"], "messages": messages | json_values, "system": json_values},
 }
@@ -101,7 +131,9 @@ def _short(path: str) -> dict[str, int]:
 
 
 def check(client: httpx.Client, path: str, body: str) -> None:
-    response = client.post(path, content=body.encode(errors="surrogatepass"), headers={"content-type": "application/json"})
+    response = client.post(
+        path, content=body.encode(errors="surrogatepass"), headers={"content-type": "application/json"}
+    )
     assert response.status_code < 500, (body[:300], response.text[:500])
     assert client.get("/health").status_code == 200
 

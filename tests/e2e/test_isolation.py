@@ -43,7 +43,9 @@ def assert_bad_request(response: httpx.Response, path: str) -> str:
 
 
 @pytest.mark.parametrize("path", ROUTES)
-@pytest.mark.parametrize("body", [DEEP, "[" * 1000 + "]" * 1000, '{"a":' * 500 + "1" + "}" * 500], ids=["open", "closed", "objects"])
+@pytest.mark.parametrize(
+    "body", [DEEP, "[" * 1000 + "]" * 1000, '{"a":' * 500 + "1" + "}" * 500], ids=["open", "closed", "objects"]
+)
 def test_a_body_nested_too_deep_is_a_400(server: Server, path: str, body: str) -> None:
     """Repro 1: json.loads' RecursionError in the parse stage used to end the engine."""
     assert "nests deeper" in assert_bad_request(post(server, path, body), path)
@@ -60,7 +62,11 @@ def _nested(depth: int) -> object:
 def test_deep_chat_tool_call_arguments_are_a_400(server: Server) -> None:
     """Repro 2 (chat): the arguments string is re-read as JSON when the template renders it."""
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps(_nested(900))}}
-    messages = [*HELLO, {"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "x"}]
+    messages = [
+        *HELLO,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x"},
+    ]
     response = post(server, "/v1/chat/completions", {"model": "m", "messages": messages, "max_tokens": 2})
     assert_bad_request(response, "/v1/chat/completions")
     assert response.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
@@ -99,7 +105,9 @@ def test_a_deep_tool_schema_is_a_400(server: Server, levels: int) -> None:
     assert_still_serving(server)
 
 
-def test_the_disk_tier_folder_replaced_by_a_file_fails_spills_quietly(server_factory: ServerFactory, tmp_path: Path) -> None:
+def test_the_disk_tier_folder_replaced_by_a_file_fails_spills_quietly(
+    server_factory: ServerFactory, tmp_path: Path
+) -> None:
     """Repro 4: the spill writer's cleanup raised NotADirectoryError and ended the engine."""
     cache = tmp_path / "kv"
     server = server_factory(cache_dir=str(cache), prompt_cache_bytes="4096")
@@ -146,7 +154,9 @@ def test_a_hundred_thousand_choices_is_a_clean_fast_400(server: Server) -> None:
 def test_an_error_quotes_only_an_excerpt_of_the_input(server: Server) -> None:
     """Repro 8: 100k out-of-vocabulary logit_bias ids gave a 684 KB 400."""
     bias = {str(10_000 + i): 1 for i in range(100_000)}
-    response = post(server, "/v1/chat/completions", {"model": "m", "messages": HELLO, "max_tokens": 2, "logit_bias": bias})
+    response = post(
+        server, "/v1/chat/completions", {"model": "m", "messages": HELLO, "max_tokens": 2, "logit_bias": bias}
+    )
     message = assert_bad_request(response, "/v1/chat/completions")
     assert len(response.content) < 1000 and "more" in message
     assert_still_serving(server)

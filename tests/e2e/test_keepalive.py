@@ -32,7 +32,11 @@ def before_first_data(stream: list[str], data_marker: str) -> list[str]:
 
 
 def test_chat_stream_sends_keepalive_comments_during_prefill(slow_server: Server) -> None:
-    stream = lines(slow_server, "/chat/completions", {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2})
+    stream = lines(
+        slow_server,
+        "/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2},
+    )
     # The role chunk goes first; comments follow while the prompt prefills.
     data = [i for i, line in enumerate(stream) if line.startswith("data: ")]
     assert ": keepalive" in stream[data[0] + 1 : data[1]]
@@ -49,7 +53,11 @@ def test_responses_stream_sends_keepalive_comments(slow_server: Server) -> None:
 
 
 def test_messages_stream_sends_ping_events(slow_server: Server) -> None:
-    stream = lines(slow_server, "/messages", {"model": "claude-x", "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}]})
+    stream = lines(
+        slow_server,
+        "/messages",
+        {"model": "claude-x", "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}]},
+    )
     waiting = before_first_data(stream, "content_block_start")
     # One ping follows message_start, as Anthropic sends it; the rest are keepalives.
     assert waiting.count("event: ping") >= 2

@@ -39,7 +39,10 @@ PROMPT_CACHE = 32 << 20
 def bodies(max_tokens: int | None) -> list[dict[str, object]]:
     # With a limit every row runs to it: a random model's early EOS would leave the rest room to grow unpreempted.
     limit = {} if max_tokens is None else {"max_tokens": max_tokens, "ignore_eos": True}
-    return [{"messages": [{"role": "user", "content": f"Tell me about {i}."}], "temperature": 0.0, **limit} for i in range(ROWS)]
+    return [
+        {"messages": [{"role": "user", "content": f"Tell me about {i}."}], "temperature": 0.0, **limit}
+        for i in range(ROWS)
+    ]
 
 
 def budget_for(shape: ModelShape, usable: int) -> int:
@@ -73,8 +76,10 @@ def test_sixteen_streams_without_max_tokens_run_together_where_they_fit(
     """Room for sixteen rows at the full window: all sixteen start at once (then the clients leave)."""
     info = resolve_model(str(tiny_model))
     shape = read_model_shape(info.path, info.context_window)
-    ample = server_factory(memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(info.context_window + 256))),
-                           prompt_cache_bytes=str(PROMPT_CACHE))
+    ample = server_factory(
+        memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(info.context_window + 256))),
+        prompt_cache_bytes=str(PROMPT_CACHE),
+    )
     assert_sixteen_start_together(ample)
 
 
@@ -95,7 +100,9 @@ def assert_sixteen_start_together(server: Server) -> None:
     def stream(body: dict[str, object]) -> int:
         started.wait(timeout=30)
         chunks = 0
-        with httpx.stream("POST", f"{server.v1}/chat/completions", json={**body, "stream": True}, timeout=300) as response:
+        with httpx.stream(
+            "POST", f"{server.v1}/chat/completions", json={**body, "stream": True}, timeout=300
+        ) as response:
             for _ in response.iter_lines():
                 chunks += 1
                 if leave.is_set():
@@ -131,8 +138,9 @@ def test_a_budget_too_small_for_sixteen_growing_rows_preempts_and_resumes_them(
     shape = read_model_shape(info.path, info.context_window)
     ample = server_factory(prompt_cache_bytes=str(PROMPT_CACHE))
     free, _ = run_all(ample, 540)
-    tight = server_factory(memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(400))),
-                           prompt_cache_bytes=str(PROMPT_CACHE))
+    tight = server_factory(
+        memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(400))), prompt_cache_bytes=str(PROMPT_CACHE)
+    )
     fit = httpx.get(f"{tight.base_url}/fit", timeout=10).json()
     assert fit["memory"]["max_safe_context"] == info.context_window
     assert fit["memory"]["transient"]["backend"] == fit["machine"]["backend"]

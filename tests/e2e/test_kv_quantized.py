@@ -110,8 +110,16 @@ def test_preempted_quantized_rows_resume_with_the_same_text(server_factory: Serv
         q8, read_machine(), rows * q8.kv_bytes(300), prompt_cache=32 << 20, max_batch=rows, prefill_step=512
     )
     tight = server_factory(**Q8, memory_budget=str(budget), prompt_cache_bytes=str(32 << 20), max_batch=str(rows))
-    bodies = [{"model": "demo", "messages": story(f"pressed {i}", 40), "max_tokens": 420, "temperature": 0, "ignore_eos": True}
-              for i in range(rows)]
+    bodies = [
+        {
+            "model": "demo",
+            "messages": story(f"pressed {i}", 40),
+            "max_tokens": 420,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        for i in range(rows)
+    ]
 
     def run(server: Server) -> list[tuple[str, str]]:
         barrier = threading.Barrier(rows)
@@ -206,8 +214,10 @@ def test_eight_bit_kv_through_fit_on_a_qwen3_shaped_model_under_twelve_gib(serve
 
     ensure_shaped_model("qwen3-0.6b")
     fits = {
-        bits: httpx.get(f"{server_factory(model='shaped:qwen3-0.6b', memory_budget=str(12 << 30), **extra).base_url}/fit",
-                        timeout=30).json()
+        bits: httpx.get(
+            f"{server_factory(model='shaped:qwen3-0.6b', memory_budget=str(12 << 30), **extra).base_url}/fit",
+            timeout=30,
+        ).json()
         for bits, extra in (("full", {}), ("8", {"kv_bits": "8"}))
     }
     full, q8 = fits["full"]["memory"], fits["8"]["memory"]

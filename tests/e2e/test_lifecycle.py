@@ -21,7 +21,9 @@ def test_full_queue_answers_429_with_retry_after(server_factory: ServerFactory, 
         # Keep the generator: dropping it would close the stream, and with it the row.
         held = sse_events(holder)
         next(held)
-        refused = httpx.post(f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 2, "temperature": 0}, timeout=30)
+        refused = httpx.post(
+            f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 2, "temperature": 0}, timeout=30
+        )
         assert refused.status_code == 429
         assert refused.headers["retry-after"] == "3"
         error = refused.json()["error"]
@@ -29,7 +31,9 @@ def test_full_queue_answers_429_with_retry_after(server_factory: ServerFactory, 
         assert error["message"]
     deadline = time.monotonic() + 10
     while True:
-        answer = httpx.post(f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 2, "temperature": 0}, timeout=30)
+        answer = httpx.post(
+            f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 2, "temperature": 0}, timeout=30
+        )
         if answer.status_code == 200:
             break
         assert answer.status_code == 429 and time.monotonic() < deadline
@@ -40,7 +44,13 @@ def test_full_queue_answers_429_with_retry_after(server_factory: ServerFactory, 
 
 def test_shutdown_lets_the_stream_in_flight_finish(server_factory: ServerFactory, no_eos: dict[str, int]) -> None:
     server = server_factory(private=True)  # stopped below
-    body = {"messages": HELLO, "max_tokens": 600, "stream": True, "stream_options": {"include_usage": True}, "logit_bias": no_eos}
+    body = {
+        "messages": HELLO,
+        "max_tokens": 600,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logit_bias": no_eos,
+    }
     events: list[object] = []
     with httpx.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=120) as response:
         stream = sse_events(response)

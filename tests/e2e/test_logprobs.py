@@ -16,7 +16,12 @@ HELLO = [{"role": "user", "content": "Say something."}]
 
 def test_chat_logprobs_match_greedy_choices(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=12, temperature=0, logprobs=True, top_logprobs=5  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=12,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=5,  # type: ignore[arg-type]
     )
     choice = completion.choices[0]
     assert choice.logprobs is not None and choice.logprobs.content is not None
@@ -25,7 +30,11 @@ def test_chat_logprobs_match_greedy_choices(client: openai.OpenAI) -> None:
     for entry in entries:
         assert entry.logprob <= 0
         # A token holding part of a character is named by its bytes, as OpenAI does.
-        named = entry.token.encode() if not entry.token.startswith("bytes:") else bytes.fromhex(entry.token[6:].replace("\\x", ""))
+        named = (
+            entry.token.encode()
+            if not entry.token.startswith("bytes:")
+            else bytes.fromhex(entry.token[6:].replace("\\x", ""))
+        )
         assert entry.bytes == list(named)
         top = entry.top_logprobs
         assert len(top) == 5
@@ -44,16 +53,32 @@ def test_chat_without_top_logprobs_has_only_chosen(client: openai.OpenAI) -> Non
 
 
 def test_streamed_chat_logprobs(server: Server) -> None:
-    body = {"messages": HELLO, "max_tokens": 10, "temperature": 0, "logprobs": True, "top_logprobs": 2, "stream_options": {"include_usage": True}}
+    body = {
+        "messages": HELLO,
+        "max_tokens": 10,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "stream_options": {"include_usage": True},
+    }
     chunks = [c for c in stream_chunks(server, "/chat/completions", body) if isinstance(c, dict)]
-    entries = [e for c in chunks if c["choices"] and c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]  # type: ignore[index]
+    entries = [
+        e
+        for c in chunks
+        if c["choices"] and c["choices"][0]["logprobs"]
+        for e in c["choices"][0]["logprobs"]["content"]
+    ]  # type: ignore[index]
     assert len(entries) == chunks[-1]["usage"]["completion_tokens"] == 10  # type: ignore[index]
     assert all(len(e["top_logprobs"]) == 2 for e in entries)
 
 
 def test_constrained_logprobs_only_name_allowed_tokens(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=5, logprobs=True, top_logprobs=20,  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=5,
+        logprobs=True,
+        top_logprobs=20,  # type: ignore[arg-type]
         extra_body={"guided_choice": ["yes", "no"]},
     )
     entries = completion.choices[0].logprobs.content  # type: ignore[union-attr]
@@ -70,7 +95,9 @@ def test_completions_legacy_shape(client: openai.OpenAI, server: Server) -> None
     logprobs = completion.choices[0].logprobs
     assert logprobs is not None
     assert logprobs.tokens is not None and len(logprobs.tokens) == 8
-    assert logprobs.token_logprobs is not None and logprobs.top_logprobs is not None and logprobs.text_offset is not None
+    assert (
+        logprobs.token_logprobs is not None and logprobs.top_logprobs is not None and logprobs.text_offset is not None
+    )
     for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
         assert len(top) <= 3 and math.isclose(max(top.values()), logprob, abs_tol=1e-5) and token in top
     assert logprobs.text_offset == sorted(logprobs.text_offset) and logprobs.text_offset[0] == 0

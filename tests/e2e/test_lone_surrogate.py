@@ -25,8 +25,11 @@ ASKS = [{"role": "user", "content": LONE}]
 CHAT, MESSAGES = "/v1/chat/completions", "/v1/messages"
 CASES: list[tuple[str, dict[str, object], str]] = [
     (CHAT, {"messages": ASKS, "max_tokens": 4}, "messages[0].content"),
-    (CHAT, {"messages": HELLO, "tools": [TOOL, {"type": "function", "function": {"name": LONE}}]},
-     "tools[1].function.name"),
+    (
+        CHAT,
+        {"messages": HELLO, "tools": [TOOL, {"type": "function", "function": {"name": LONE}}]},
+        "tools[1].function.name",
+    ),
     (CHAT, {"messages": HELLO, "max_tokens": 4, "stop": ["x", LONE]}, "stop[1]"),
     ("/v1/completions", {"prompt": LONE, "max_tokens": 4}, "prompt"),
     ("/v1/responses", {"input": LONE, "max_output_tokens": 16}, "input"),

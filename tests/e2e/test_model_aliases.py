@@ -43,7 +43,10 @@ def test_embeddings_rerank_and_score_are_answered_under_the_alias_asked_by(alias
     assert client.embeddings.create(model="gpt-4o", input="Hi").model == "gpt-4o"
     assert client.embeddings.create(model="anything", input="Hi").model == "served"
     assert client.embeddings.create(model="served", input="Hi").model == "served"
-    for path, body in (("rerank", {"query": "sea", "documents": ["ocean", "desk"]}), ("score", {"text_1": "sea", "text_2": "ocean"})):
+    for path, body in (
+        ("rerank", {"query": "sea", "documents": ["ocean", "desk"]}),
+        ("score", {"text_1": "sea", "text_2": "ocean"}),
+    ):
         for model, answered in (("qwen2.5-coder:7b", "qwen2.5-coder:7b"), ("anything", "served")):
             reply = httpx.post(f"{aliased.v1}/{path}", json={"model": model, **body}, timeout=60)
             assert reply.status_code == 200 and reply.json()["model"] == answered

@@ -45,7 +45,9 @@ CHAT_BODIES = {
 def test_chat_body_and_chunks(server: Server, case: str) -> None:
     body = CHAT_BODIES[case]
     assert_valid("CreateChatCompletionResponse", post(server, "/chat/completions", body))
-    chunks = stream_chunks(server, "/chat/completions", {"model": "m", **body, "stream_options": {"include_usage": True}})
+    chunks = stream_chunks(
+        server, "/chat/completions", {"model": "m", **body, "stream_options": {"include_usage": True}}
+    )
     assert chunks[-1] == "[DONE]"
     for chunk in chunks[:-1]:
         assert_valid("CreateChatCompletionStreamResponse", chunk)
@@ -85,7 +87,10 @@ def test_responses_body_events_stored_response_and_input_items(server: Server, c
     items = httpx.get(f"{server.v1}/responses/{response['id']}/input_items", timeout=30).json()
     assert_valid("ResponseItemList", items)
     events = [event for event in stream_chunks(server, "/responses", {"model": "m", **body}) if isinstance(event, dict)]
-    assert events[0]["type"] == "response.created" and events[-1]["type"] in ("response.completed", "response.incomplete")
+    assert events[0]["type"] == "response.created" and events[-1]["type"] in (
+        "response.completed",
+        "response.incomplete",
+    )
     for event in events:
         assert_valid_event(event)
         assert_valid("ResponseStreamEvent", event)
@@ -99,14 +104,20 @@ def test_input_items_echo_message_text_as_parts(server: Server) -> None:
 
 
 def test_created_and_in_progress_carry_no_usage_until_there_is_some(server: Server) -> None:
-    events = [e for e in stream_chunks(server, "/responses", {"model": "m", "input": "Hi", "max_output_tokens": 2}) if isinstance(e, dict)]
+    events = [
+        e
+        for e in stream_chunks(server, "/responses", {"model": "m", "input": "Hi", "max_output_tokens": 2})
+        if isinstance(e, dict)
+    ]
     opening = [event["response"] for event in events if event["type"] in ("response.created", "response.in_progress")]
     assert len(opening) == 2 and all("usage" not in response for response in opening)
     assert isinstance(events[-1]["response"]["usage"], dict)  # type: ignore[index]
 
 
 def test_embeddings_body(server: Server) -> None:
-    assert_valid("CreateEmbeddingResponse", post(server, "/embeddings", {"input": ["a", "b"], "encoding_format": "float"}))
+    assert_valid(
+        "CreateEmbeddingResponse", post(server, "/embeddings", {"input": ["a", "b"], "encoding_format": "float"})
+    )
 
 
 def test_models(server: Server) -> None:

@@ -89,7 +89,11 @@ def test_generated_requests_never_get_a_5xx(served_schema: Any, fuzz_server: Ser
 
     @given(case=operation.as_strategy())
     @settings(
-        max_examples=12, deadline=None, database=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+        max_examples=12,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],
         suppress_health_check=list(HealthCheck),
     )
     def check(case: Any) -> None:

@@ -98,8 +98,12 @@ def test_the_second_turn_of_a_growing_conversation_reuses_the_first(cached_serve
 
 
 def test_cached_tokens_in_the_stream_usage_chunk_and_completions(cached_server: Server) -> None:
-    body: dict[str, object] = {"messages": opening("streamed"), "max_tokens": 4, "temperature": 0,
-                               "stream_options": {"include_usage": True}}
+    body: dict[str, object] = {
+        "messages": opening("streamed"),
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     stream_chunks(cached_server, "/chat/completions", body)
     usage = stream_chunks(cached_server, "/chat/completions", body)[-2]["usage"]  # type: ignore[index]
     assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1  # type: ignore[index]
@@ -250,7 +254,9 @@ def test_fit_reports_the_machine_the_split_and_the_largest_safe_context(tight_se
     assert isinstance(admission, dict)
     assert admission["max_safe_context"] == memory["max_safe_context"]
     assert (admission["memory_budget_bytes"], admission["usable_bytes"], admission["weights_bytes"]) == (
-        BUDGET, memory["usable_bytes"], memory["weights_bytes"],
+        BUDGET,
+        memory["usable_bytes"],
+        memory["weights_bytes"],
     )
     gateway = stats(tight_server)["gateway"]
     assert isinstance(gateway, dict) and gateway["kv_budget_bytes"] == memory["usable_bytes"]

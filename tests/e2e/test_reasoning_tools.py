@@ -19,7 +19,10 @@ def test_text_inside_think_goes_to_reasoning(client: openai.OpenAI) -> None:
     # whole (greedy) output is reasoning; the raw continuation shows what it is.
     raw = client.completions.create(model="m", prompt=OPENED, max_tokens=20, temperature=0).choices[0].text
     completion = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=20, temperature=0,  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=20,
+        temperature=0,  # type: ignore[arg-type]
         extra_body={"chat_template_kwargs": {"thinking": True}},
     )
     message = completion.choices[0].message
@@ -40,7 +43,10 @@ def test_streamed_reasoning_deltas(server: Server, client: openai.OpenAI) -> Non
     assert reasoning and all(d.get("content") in (None, "") for d in deltas)
     assert all(d["reasoning"] == d["reasoning_content"] for d in deltas if "reasoning_content" in d)
     whole = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=20, temperature=0,  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=20,
+        temperature=0,  # type: ignore[arg-type]
         extra_body={"chat_template_kwargs": {"thinking": True}},
     )
     assert reasoning == (whole.choices[0].message.model_extra or {})["reasoning_content"]
@@ -51,7 +57,10 @@ def test_think_marker_is_never_streamed_as_text(client: openai.OpenAI, tokenizer
     # must not reach the answer text.
     think = tokenizer.token_to_id("<think>")
     completion = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=1, logit_bias={str(think): 100}  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=1,
+        logit_bias={str(think): 100},  # type: ignore[arg-type]
     )
     assert completion.choices[0].message.content == ""
     assert "<think>" not in json.dumps(completion.model_dump())
@@ -74,13 +83,21 @@ def test_tools_and_tool_turns_render_through_the_template(client: openai.OpenAI,
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
     completion = client.chat.completions.create(
-        model="m", messages=messages, tools=[WEATHER], max_tokens=1, temperature=0  # type: ignore[arg-type, list-item]
+        model="m",
+        messages=messages,
+        tools=[WEATHER],
+        max_tokens=1,
+        temperature=0,  # type: ignore[arg-type, list-item]
     )
     signature = json.dumps(WEATHER, separators=(", ", ": "))
     rendered = (
@@ -99,10 +116,19 @@ def test_tools_and_tool_turns_render_through_the_template(client: openai.OpenAI,
 
 def test_tool_choice_none_leaves_tools_out(client: openai.OpenAI) -> None:
     with_tools = client.chat.completions.create(
-        model="m", messages=HELLO, tools=[WEATHER], max_tokens=1, temperature=0  # type: ignore[arg-type, list-item]
+        model="m",
+        messages=HELLO,
+        tools=[WEATHER],
+        max_tokens=1,
+        temperature=0,  # type: ignore[arg-type, list-item]
     )
     without = client.chat.completions.create(
-        model="m", messages=HELLO, tools=[WEATHER], tool_choice="none", max_tokens=1, temperature=0  # type: ignore[arg-type, list-item]
+        model="m",
+        messages=HELLO,
+        tools=[WEATHER],
+        tool_choice="none",
+        max_tokens=1,
+        temperature=0,  # type: ignore[arg-type, list-item]
     )
     plain = client.chat.completions.create(model="m", messages=HELLO, max_tokens=1, temperature=0)  # type: ignore[arg-type]
     assert with_tools.usage and without.usage and plain.usage

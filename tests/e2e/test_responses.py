@@ -48,7 +48,12 @@ def test_stream_event_chain(server: Server, client: openai.OpenAI) -> None:
     body = {"model": "m", "input": "Say hello.", "max_output_tokens": 6, "temperature": 0}
     events = events_of(server, body)
     types = [str(event["type"]) for event in events]
-    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
     assert set(types[4:-4]) == {"response.output_text.delta"}
     assert types[-4:] == [
         "response.output_text.done",
@@ -71,7 +76,9 @@ def test_sdk_stream_iterates_typed_events(client: openai.OpenAI) -> None:
 
 
 def test_three_turns_chain_with_previous_response_id(client: openai.OpenAI, server: Server) -> None:
-    first = client.responses.create(model="m", input="One.", instructions="Be brief.", max_output_tokens=4, temperature=0)
+    first = client.responses.create(
+        model="m", input="One.", instructions="Be brief.", max_output_tokens=4, temperature=0
+    )
     second = client.responses.create(
         model="m", input="Two.", previous_response_id=first.id, max_output_tokens=4, temperature=0
     )
@@ -151,7 +158,20 @@ def test_unknown_previous_id_is_404_in_openai_shape(server: Server) -> None:
         ({"input": "x", "background": True}, "background"),
         ({"input": "x", "reasoning": {"effort": "lots"}}, "reasoning.effort"),
     ],
-    ids=["missing", "number", "empty", "role", "image", "reference", "bad-id", "input-before-lookup", "max", "temp", "background", "effort"],
+    ids=[
+        "missing",
+        "number",
+        "empty",
+        "role",
+        "image",
+        "reference",
+        "bad-id",
+        "input-before-lookup",
+        "max",
+        "temp",
+        "background",
+        "effort",
+    ],
 )
 def test_bad_requests(server: Server, body: dict[str, object], param: str) -> None:
     response = httpx.post(f"{server.v1}/responses", json=body, timeout=30)
@@ -160,7 +180,12 @@ def test_bad_requests(server: Server, body: dict[str, object], param: str) -> No
 
 
 def test_function_tools_and_outputs_round_trip(client: openai.OpenAI) -> None:
-    tool = {"type": "function", "name": "lookup", "description": "Look up", "parameters": {"type": "object", "properties": {}}}
+    tool = {
+        "type": "function",
+        "name": "lookup",
+        "description": "Look up",
+        "parameters": {"type": "object", "properties": {}},
+    }
     response = client.responses.create(
         model="m",
         input=[
@@ -181,12 +206,16 @@ def test_sqlite_store_survives_a_restart(server_factory: ServerFactory, tmp_path
     first_server = server_factory(private=True, response_store=url)  # stopped below
     client = first_server.client()
     one = client.responses.create(model="m", input="One.", max_output_tokens=3, temperature=0)
-    two = client.responses.create(model="m", input="Two.", previous_response_id=one.id, max_output_tokens=3, temperature=0)
+    two = client.responses.create(
+        model="m", input="Two.", previous_response_id=one.id, max_output_tokens=3, temperature=0
+    )
     assert first_server.stop() == 0
     second_server = server_factory(private=True, response_store=url)
     client = second_server.client()
     assert client.responses.retrieve(two.id).output_text == two.output_text
-    three = client.responses.create(model="m", input="Three.", previous_response_id=two.id, max_output_tokens=3, temperature=0)
+    three = client.responses.create(
+        model="m", input="Three.", previous_response_id=two.id, max_output_tokens=3, temperature=0
+    )
     assert three.usage is not None and two.usage is not None
     assert three.usage.input_tokens > two.usage.input_tokens
 
@@ -226,7 +255,13 @@ def test_input_items_page_by_limit_order_and_after(client: openai.OpenAI, server
     rest = client.responses.input_items.list(created.id, order="asc", limit=2, after=oldest_first.last_id)
     assert [item.id for item in rest.data] == ids[::-1][2:4] and rest.has_more is True
     url = f"{server.v1}/responses/{created.id}/input_items"
-    bad = (("limit=-1", "limit"), ("limit=abc", "limit"), ("limit=101", "limit"), ("order=up", "order"), ("after=no", "after"))
+    bad = (
+        ("limit=-1", "limit"),
+        ("limit=abc", "limit"),
+        ("limit=101", "limit"),
+        ("order=up", "order"),
+        ("after=no", "after"),
+    )
     for query, param in bad:
         refused = httpx.get(f"{url}?{query}", timeout=10)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, (query, refused.text)

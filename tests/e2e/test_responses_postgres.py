@@ -13,7 +13,9 @@ from tests.pg import PostgresServer
 pytestmark = pytest.mark.slow
 
 
-def test_a_chain_continues_on_whichever_replica_answers(server_factory: ServerFactory, postgres: PostgresServer) -> None:
+def test_a_chain_continues_on_whichever_replica_answers(
+    server_factory: ServerFactory, postgres: PostgresServer
+) -> None:
     url = postgres.new_database()
     # Two replicas of one store: the same settings, so each asks for a server of its own.
     replicas = [server_factory(private=True, response_store=url) for _ in range(2)]
@@ -49,7 +51,9 @@ def test_a_store_failure_is_response_failed_and_nothing_is_stored(
     assert isinstance(failed, dict) and failed["error"]["code"] == "server_error"  # type: ignore[index]
     with psycopg.connect(url, autocommit=True) as db:
         db.execute("ALTER TABLE gone RENAME TO mlx_relay_responses")
-        (stored,) = db.execute("SELECT COUNT(*) FROM mlx_relay_responses WHERE id = %s", (failed["id"],)).fetchone() or (0,)
+        (stored,) = db.execute(
+            "SELECT COUNT(*) FROM mlx_relay_responses WHERE id = %s", (failed["id"],)
+        ).fetchone() or (0,)
     assert stored == 0
     # The store works again once the table is back: the pool recovered.
     again = server.client().responses.create(model="m", input="again", max_output_tokens=2)

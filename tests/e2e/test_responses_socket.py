@@ -108,7 +108,14 @@ def test_frames_are_the_sse_payloads(server: Server, socket: ClientConnection) -
     # Greedy both ways, so both turns end the same way (a random model may stop before its budget, or not).
     create(socket, input="Hello.", max_output_tokens=4, store=False, temperature=0)
     frames = turn(socket)
-    body = {"model": "tiny", "input": "Hello.", "max_output_tokens": 4, "store": False, "stream": True, "temperature": 0}
+    body = {
+        "model": "tiny",
+        "input": "Hello.",
+        "max_output_tokens": 4,
+        "store": False,
+        "stream": True,
+        "temperature": 0,
+    }
     with httpx.stream("POST", f"{server.v1}/responses", json=body, timeout=60) as response:
         sse = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
     # Same event types in the same order, same keys in each; only ids, times and the random text differ.

@@ -28,8 +28,13 @@ def long_conversation(turns: int) -> list[Any]:
 def test_auto_drops_the_oldest_exchanges_until_the_input_fits(server: Server) -> None:
     client = server.client()
     response = client.responses.create(
-        model="m", instructions="Answer briefly.", input=long_conversation(20), truncation="auto",
-        max_output_tokens=8, temperature=0, store=False,
+        model="m",
+        instructions="Answer briefly.",
+        input=long_conversation(20),
+        truncation="auto",
+        max_output_tokens=8,
+        temperature=0,
+        store=False,
     )
     assert response.status in ("completed", "incomplete") and response.truncation == "auto"
     assert response.usage is not None and 0 < response.usage.input_tokens <= WINDOW - 8
@@ -48,6 +53,15 @@ def test_auto_continues_a_stored_conversation_past_the_window(server: Server) ->
     first = client.responses.create(model="m", input=long_conversation(6), max_output_tokens=8, temperature=0)
     assert first.usage is not None and first.usage.input_tokens < WINDOW
     second = client.responses.create(
-        model="m", previous_response_id=first.id, input=long_conversation(6), truncation="auto", max_output_tokens=8, temperature=0,
+        model="m",
+        previous_response_id=first.id,
+        input=long_conversation(6),
+        truncation="auto",
+        max_output_tokens=8,
+        temperature=0,
     )
-    assert second.status in ("completed", "incomplete") and second.usage is not None and second.usage.input_tokens <= WINDOW - 8
+    assert (
+        second.status in ("completed", "incomplete")
+        and second.usage is not None
+        and second.usage.input_tokens <= WINDOW - 8
+    )

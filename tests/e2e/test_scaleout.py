@@ -46,7 +46,9 @@ def test_smg_polls_loads_and_previous_ids_reach_the_shared_store(cluster: Cluste
         body = {"model": model(cluster), "input": "Hello.", "max_output_tokens": 2}
         first = httpx.post(f"{url}/v1/responses", json=body, timeout=60)
         assert first.status_code == 200, first.text
-        second = httpx.post(f"{url}/v1/responses", json={**body, "previous_response_id": first.json()["id"]}, timeout=60)
+        second = httpx.post(
+            f"{url}/v1/responses", json={**body, "previous_response_id": first.json()["id"]}, timeout=60
+        )
         assert second.status_code == 200, second.text
         assert second.json()["usage"]["input_tokens"] > first.json()["usage"]["input_tokens"]
         # smg answers GET /v1/responses/{id} from its own store: the replica's response is not there.
@@ -73,7 +75,9 @@ def load_polls(cluster: Cluster, timeout: float = 30.0) -> list[str]:
         time.sleep(0.2)
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (Debian: apt-get install haproxy)")
+@pytest.mark.skipif(
+    shutil.which("haproxy") is None, reason="haproxy is not installed (Debian: apt-get install haproxy)"
+)
 def test_haproxy_keeps_a_session_on_one_replica(cluster: Cluster) -> None:
     url = cluster.start_haproxy()
     try:
@@ -81,14 +85,22 @@ def test_haproxy_keeps_a_session_on_one_replica(cluster: Cluster) -> None:
         for how in ("header", "body"):
             before = submitted(cluster)
             for turn in range(4):
-                body: dict[str, object] = {"model": name, "messages": [{"role": "user", "content": f"turn {turn}"}], "max_tokens": 1}
+                body: dict[str, object] = {
+                    "model": name,
+                    "messages": [{"role": "user", "content": f"turn {turn}"}],
+                    "max_tokens": 1,
+                }
                 headers = {"x-session-affinity": "conversation-a"} if how == "header" else {}
                 if how == "body":
                     body["prompt_cache_key"] = "conversation-b"
-                assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60).status_code == 200
+                assert (
+                    httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60).status_code == 200
+                )
             moved = sorted(after - b for after, b in zip(submitted(cluster), before, strict=True))
             assert moved == [0, 4], how
-        created = httpx.post(f"{url}/v1/responses", json={"model": name, "input": "Keep.", "max_output_tokens": 1}, timeout=60)
+        created = httpx.post(
+            f"{url}/v1/responses", json={"model": name, "input": "Keep.", "max_output_tokens": 1}, timeout=60
+        )
         # HAProxy passes every path: any replica answers from the shared store.
         assert httpx.get(f"{url}/v1/responses/{created.json()['id']}", timeout=30).status_code == 200
     finally:

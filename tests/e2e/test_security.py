@@ -28,7 +28,10 @@ def keyed(server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFactor
     key_file = tmp_path_factory.mktemp("keys") / "keys"
     key_file.write_text(f"# comment\n{KEY}\n\n{OTHER_KEY}\n")
     return server_factory(
-        api_key=f"@{key_file}", cors_origins=ORIGIN, max_body_bytes="4096", body_timeout="1",
+        api_key=f"@{key_file}",
+        cors_origins=ORIGIN,
+        max_body_bytes="4096",
+        body_timeout="1",
         response_store=f"sqlite:///{tmp_path_factory.mktemp('store') / 'responses.db'}",
     )
 
@@ -47,14 +50,21 @@ def _anthropic(server: Server, key: str) -> anthropic.Anthropic:
 
 def test_the_openai_sdk_authenticates_with_its_api_key(keyed: Server) -> None:
     """The SDK's ordinary api_key (sent as a Bearer token) is accepted, a wrong one is a 401 it understands."""
-    done = _openai(keyed, KEY).chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    done = _openai(keyed, KEY).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+    )
     assert done.choices[0].finish_reason in ("length", "stop")
     assert _openai(keyed, OTHER_KEY).models.list().data
     with pytest.raises(openai.AuthenticationError) as refused:
-        _openai(keyed, "wrong").chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        _openai(keyed, "wrong").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
     assert refused.value.status_code == 401
     assert refused.value.body == {
-        "message": "Incorrect API key provided", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"
+        "message": "Incorrect API key provided",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_api_key",
     }
 
 
@@ -65,14 +75,26 @@ def test_the_anthropic_sdk_authenticates_with_its_api_key(keyed: Server) -> None
     with pytest.raises(anthropic.AuthenticationError) as refused:
         _anthropic(keyed, "wrong").messages.create(**MESSAGES)  # type: ignore[arg-type]
     assert refused.value.status_code == 401
-    assert refused.value.body == {"type": "error", "error": {"type": "authentication_error", "message": "Incorrect API key provided"}}
+    assert refused.value.body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "Incorrect API key provided"},
+    }
 
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/v1/models"), ("GET", "/stats"), ("GET", "/fit"), ("GET", "/metrics"), ("GET", "/openapi.json"),
-     ("POST", "/v1/chat/completions"), ("POST", "/v1/messages/count_tokens"), ("GET", "/v1/responses/resp_x"),
-     ("DELETE", "/v1/responses/resp_x"), ("GET", "/no/such/route")],
+    [
+        ("GET", "/v1/models"),
+        ("GET", "/stats"),
+        ("GET", "/fit"),
+        ("GET", "/metrics"),
+        ("GET", "/openapi.json"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/messages/count_tokens"),
+        ("GET", "/v1/responses/resp_x"),
+        ("DELETE", "/v1/responses/resp_x"),
+        ("GET", "/no/such/route"),
+    ],
 )
 def test_every_route_but_health_needs_the_key(keyed: Server, method: str, path: str) -> None:
     """No key is a 401 before the route runs (an unknown route too: it tells nothing about what exists)."""
@@ -104,20 +126,30 @@ def test_stats_and_fit_show_no_file_paths(keyed: Server, tiny_model: Path) -> No
     assert stats["response_store"]["location"] == "responses.db"
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None])
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"])
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None]
+)
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"]
+)
 def test_generation_routes_take_only_json(keyed: Server, path: str, content_type: str | None) -> None:
     """A body a web page can POST cross-site without a preflight is a 415, in the route's error shape."""
     headers = {"x-api-key": KEY} | ({"content-type": content_type} if content_type else {})
     response = httpx.post(keyed.base_url + path, content=json.dumps(CHAT).encode(), headers=headers, timeout=30)
     assert response.status_code == 415
     body = response.json()
-    assert (body["type"] == "error") if path.startswith("/v1/messages") else ("error" in body and body["error"]["param"] is None)
+    assert (
+        (body["type"] == "error")
+        if path.startswith("/v1/messages")
+        else ("error" in body and body["error"]["param"] is None)
+    )
 
 
 def test_json_with_a_charset_is_json(keyed: Server) -> None:
     headers = {"x-api-key": KEY, "content-type": "application/json; charset=utf-8"}
-    response = httpx.post(f"{keyed.v1}/chat/completions", content=json.dumps(CHAT).encode(), headers=headers, timeout=30)
+    response = httpx.post(
+        f"{keyed.v1}/chat/completions", content=json.dumps(CHAT).encode(), headers=headers, timeout=30
+    )
     assert response.status_code == 200
 
 
@@ -174,10 +206,14 @@ def _read_reply(sock: socket.socket) -> bytes:
 
 def test_a_plain_trace_id_is_echoed_and_a_long_one_is_not(keyed: Server) -> None:
     headers = {"x-api-key": KEY}
-    echoed = httpx.post(f"{keyed.v1}/chat/completions", json=CHAT, headers=headers | {"x-request-id": "trace-42"}, timeout=30)
+    echoed = httpx.post(
+        f"{keyed.v1}/chat/completions", json=CHAT, headers=headers | {"x-request-id": "trace-42"}, timeout=30
+    )
     assert echoed.headers["x-request-id"] == "trace-42"
     for sent in ("a" * 3000, "bad id\twith spaces", "a" * 129):
-        response = httpx.post(f"{keyed.v1}/chat/completions", json=CHAT, headers=headers | {"x-request-id": sent}, timeout=30)
+        response = httpx.post(
+            f"{keyed.v1}/chat/completions", json=CHAT, headers=headers | {"x-request-id": sent}, timeout=30
+        )
         assert response.status_code == 200
         assert response.headers["x-request-id"].startswith("chatcmpl-")
 
@@ -185,7 +221,9 @@ def test_a_plain_trace_id_is_echoed_and_a_long_one_is_not(keyed: Server) -> None
 def test_a_60_kb_trace_id_is_never_reflected(keyed: Server) -> None:
     sent = "a" * 60_000
     try:
-        response = httpx.post(f"{keyed.v1}/chat/completions", json=CHAT, headers={"x-api-key": KEY, "x-request-id": sent}, timeout=30)
+        response = httpx.post(
+            f"{keyed.v1}/chat/completions", json=CHAT, headers={"x-api-key": KEY, "x-request-id": sent}, timeout=30
+        )
     except httpx.TransportError:
         pass  # the server may drop a request whose headers are this large; either way nothing is echoed
     else:
@@ -195,14 +233,19 @@ def test_a_60_kb_trace_id_is_never_reflected(keyed: Server) -> None:
 
 
 def test_cors_preflight_is_answered_for_listed_origins_only(keyed: Server) -> None:
-    preflight = {"access-control-request-method": "POST", "access-control-request-headers": "authorization, content-type"}
+    preflight = {
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type",
+    }
     allowed = httpx.options(f"{keyed.v1}/chat/completions", headers=preflight | {"origin": ORIGIN}, timeout=10)
     assert allowed.status_code == 204
     assert allowed.headers["access-control-allow-origin"] == ORIGIN
     assert "POST" in allowed.headers["access-control-allow-methods"]
     allowed_headers = [name.strip() for name in allowed.headers["access-control-allow-headers"].split(",")]
     assert {"authorization", "content-type", "x-api-key", "anthropic-version", "x-stainless-os"} <= set(allowed_headers)
-    other = httpx.options(f"{keyed.v1}/chat/completions", headers=preflight | {"origin": "https://evil.example"}, timeout=10)
+    other = httpx.options(
+        f"{keyed.v1}/chat/completions", headers=preflight | {"origin": "https://evil.example"}, timeout=10
+    )
     assert "access-control-allow-origin" not in other.headers
     response = httpx.get(f"{keyed.v1}/models", headers={"origin": ORIGIN, "x-api-key": KEY}, timeout=10)
     assert response.headers["access-control-allow-origin"] == ORIGIN
@@ -218,7 +261,12 @@ def test_an_open_server_sends_no_cors_headers(server: Server) -> None:
     assert "access-control-allow-origin" not in response.headers
     response = httpx.post(f"{server.v1}/chat/completions", json=CHAT, headers={"origin": ORIGIN}, timeout=30)
     assert response.status_code == 200 and "access-control-allow-origin" not in response.headers
-    plain = httpx.post(f"{server.v1}/chat/completions", content=json.dumps(CHAT).encode(), headers={"content-type": "text/plain"}, timeout=30)
+    plain = httpx.post(
+        f"{server.v1}/chat/completions",
+        content=json.dumps(CHAT).encode(),
+        headers={"content-type": "text/plain"},
+        timeout=30,
+    )
     assert plain.status_code == 415
 
 

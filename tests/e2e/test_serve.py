@@ -30,7 +30,9 @@ def _env(**settings: str) -> dict[str, str]:
 
 
 def _run(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SCRIPT), *args], cwd=REPO, env=_env(**settings), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(SCRIPT), *args], cwd=REPO, env=_env(**settings), capture_output=True, text=True, timeout=120
+    )
 
 
 def _listening(path: str) -> bool:
@@ -45,11 +47,21 @@ def _listening(path: str) -> bool:
 
 @contextlib.contextmanager
 def _serving(
-    args: list[str], health: str, transport: httpx.HTTPTransport | None = None, *, uds: str | None = None, **settings: str
+    args: list[str],
+    health: str,
+    transport: httpx.HTTPTransport | None = None,
+    *,
+    uds: str | None = None,
+    **settings: str,
 ) -> Iterator[subprocess.Popen[str]]:
     process = subprocess.Popen(
-        [str(SCRIPT), "serve", *args], cwd=REPO, env=_env(**settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
+        [str(SCRIPT), "serve", *args],
+        cwd=REPO,
+        env=_env(**settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -85,10 +97,19 @@ def test_help_lists_the_serve_command() -> None:
     assert top.returncode == 0 and "serve" in top.stdout
     serve = _run("serve", "--help")
     assert serve.returncode == 0
-    flags = ("--model", "--host", "--port", "--api-key", "--unix", "--insecure-no-auth", "--reset-store", "--embedding-model", "--adapters")
+    flags = (
+        "--model",
+        "--host",
+        "--port",
+        "--api-key",
+        "--unix",
+        "--insecure-no-auth",
+        "--reset-store",
+        "--embedding-model",
+        "--adapters",
+    )
     for flag in flags:
         assert flag in serve.stdout
-
 
 
 def test_help_names_the_real_default_model() -> None:
@@ -105,7 +126,9 @@ def test_a_public_address_needs_a_key(host: str) -> None:
     """One line saying why and what to do, exit 2, nothing bound."""
     refused = _run("serve", "--host", host, "--port", str(_free_port()))
     assert refused.returncode == 2
-    assert refused.stderr.count("\n") == 1 and "--insecure-no-auth" in refused.stderr and "Traceback" not in refused.stderr
+    assert (
+        refused.stderr.count("\n") == 1 and "--insecure-no-auth" in refused.stderr and "Traceback" not in refused.stderr
+    )
 
 
 def test_a_corrupt_store_is_one_line_and_reset_store_moves_it_aside(tmp_path: Path) -> None:
@@ -118,7 +141,9 @@ def test_a_corrupt_store_is_one_line_and_reset_store_moves_it_aside(tmp_path: Pa
     assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr + refused.stdout
     assert "--reset-store" in refused.stderr and "not a database" in refused.stderr
     port = _free_port()
-    with _serving(["--port", str(port), "--reset-store"], f"http://127.0.0.1:{port}/health", response_store=url) as process:
+    with _serving(
+        ["--port", str(port), "--reset-store"], f"http://127.0.0.1:{port}/health", response_store=url
+    ) as process:
         kept = list(tmp_path.glob("responses.db.corrupt-*"))
         assert [path.read_bytes() for path in kept if path.name.count("-") == 1] == [b"this is not a database " * 300]
         with sqlite3.connect(store) as db:
@@ -167,7 +192,12 @@ def test_flags_override_the_environment_and_sigterm_drains() -> None:
         assert httpx.get(f"{base}/v1/models", headers={"x-api-key": "from-flag"}, timeout=10).status_code == 200
         assert httpx.get(f"{base}/v1/models", headers={"x-api-key": "from-env"}, timeout=10).status_code == 401
         chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-        assert httpx.post(f"{base}/v1/chat/completions", json=chat, headers={"x-api-key": "from-flag"}, timeout=30).status_code == 200
+        assert (
+            httpx.post(
+                f"{base}/v1/chat/completions", json=chat, headers={"x-api-key": "from-flag"}, timeout=30
+            ).status_code
+            == 200
+        )
         status, output = _stop(process)
     assert status == 0, output
     assert "server.stopped" in output

@@ -34,7 +34,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 USER = [{"role": "user", "content": "Tell me about the sea."}]
 PERSON = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
     "required": ["name", "age"],
     "additionalProperties": False,
 }
@@ -71,8 +74,12 @@ def responses(stream: bool) -> Ask:
     def ask(server: Server) -> str:
         client = server.client()
         if not stream:
-            return client.responses.create(model="m", input="Tell me about the sea.", max_output_tokens=MAX, temperature=0).output_text
-        events = client.responses.create(model="m", input="Tell me about the sea.", max_output_tokens=MAX, temperature=0, stream=True)
+            return client.responses.create(
+                model="m", input="Tell me about the sea.", max_output_tokens=MAX, temperature=0
+            ).output_text
+        events = client.responses.create(
+            model="m", input="Tell me about the sea.", max_output_tokens=MAX, temperature=0, stream=True
+        )
         return "".join(event.delta for event in events if event.type == "response.output_text.delta")
 
     return ask
@@ -86,8 +93,13 @@ CASES: dict[str, Ask] = {
     "chat-penalties": chat(False, temperature=0, presence_penalty=1.5, frequency_penalty=0.5),
     # A row's own stops (rank 0 sends them with the row; every rank must end it at the same step).
     "chat-own-stops": chat(False, temperature=0, extra_body={"ignore_eos": True, "stop_token_ids": [5, 17, 99]}),
-    "chat-json-schema": chat(False, temperature=1.0, seed=3, max_tokens=80,
-                             response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}),
+    "chat-json-schema": chat(
+        False,
+        temperature=1.0,
+        seed=3,
+        max_tokens=80,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}},
+    ),
     "messages": messages(False),
     "messages-stream": messages(True),
     "responses": responses(False),
@@ -157,7 +169,9 @@ def test_a_prompt_cache_hit_gives_the_same_output(pair: tuple[Server, Sharded]) 
     outputs = []
     for server in (single, sharded.server):
         client = server.client()
-        replies = [client.chat.completions.create(model="m", messages=turn, max_tokens=MAX, temperature=0) for _ in range(2)]  # type: ignore[arg-type]
+        replies = [
+            client.chat.completions.create(model="m", messages=turn, max_tokens=MAX, temperature=0) for _ in range(2)
+        ]  # type: ignore[arg-type]
         cached = replies[1].usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
         assert cached and cached > 10
         outputs.append([reply.choices[0].message.content for reply in replies])
@@ -176,11 +190,16 @@ def test_every_rank_reports_on_health(pair: tuple[Server, Sharded]) -> None:
 def test_embeddings_run_on_every_rank_and_generation_goes_on(pair: tuple[Server, Sharded]) -> None:
     single, sharded = pair
     texts = ["hello world", "a much longer sentence about the weather and the sea"]
-    vectors = [server.client().embeddings.create(model="m", input=texts, encoding_format="float") for server in (single, sharded.server)]
+    vectors = [
+        server.client().embeddings.create(model="m", input=texts, encoding_format="float")
+        for server in (single, sharded.server)
+    ]
     one, two = ([item.embedding for item in answer.data] for answer in vectors)
     # The ranks' partial sums add in another order than one process's: equal to rounding.
     assert np.allclose(two, one, atol=1e-3)
-    reply = sharded.server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    reply = sharded.server.client().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
     assert reply.choices[0].finish_reason in ("length", "stop")
 
 
@@ -210,14 +229,16 @@ def test_a_lost_follower_fails_requests_and_turns_health_503(lone: Sharded, how:
     follower = lone.followers[0]
     sent = signal.SIGKILL if how == "killed" else signal.SIGSTOP
     lines, took = _stream_until_failed(lone.server, lambda: os.kill(follower.pid, sent), no_eos)
-    errors = [json.loads(line[6:]) for line in lines if line.startswith("data: {\"error\"")]
+    errors = [json.loads(line[6:]) for line in lines if line.startswith('data: {"error"')]
     assert errors and errors[0]["error"]["code"] == "engine_dead", lines[-3:]
     assert [line for line in lines if line][-1] == "data: [DONE]"
     assert took < 30
     health = lone.health()
     assert health.status_code == 503
     assert [rank["alive"] for rank in health.json()["ranks"]] == [True, False]
-    refused = httpx.post(f"{lone.server.v1}/chat/completions", json={"model": "m", "messages": USER, "max_tokens": 4}, timeout=10)
+    refused = httpx.post(
+        f"{lone.server.v1}/chat/completions", json={"model": "m", "messages": USER, "max_tokens": 4}, timeout=10
+    )
     assert refused.status_code == 503
     if how == "hung":
         os.kill(follower.pid, signal.SIGCONT)
@@ -234,8 +255,25 @@ def test_mlx_launch_starts_a_sharded_server(tmp_path: Path) -> None:
     """The documented way: `mlx.launch --backend ring -n 2 -- mlx-relay serve --shard tensor`."""
     port = _free_port()
     launcher = Path(sys.executable).parent / "mlx.launch"
-    command = [str(launcher), "--backend", "ring", "-n", "2", "--python", sys.executable, "--",
-               "-m", "mlx_relay", "serve", "--model", "tiny", "--shard", "tensor", "--port", str(port)]
+    command = [
+        str(launcher),
+        "--backend",
+        "ring",
+        "-n",
+        "2",
+        "--python",
+        sys.executable,
+        "--",
+        "-m",
+        "mlx_relay",
+        "serve",
+        "--model",
+        "tiny",
+        "--shard",
+        "tensor",
+        "--port",
+        str(port),
+    ]
     log_path = tmp_path / "launch.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
@@ -268,8 +306,13 @@ def test_three_ranks_give_one_process_output(tmp_path: Path) -> None:
         expected, got = ask_all(single), ask_all(sharded.server)
         assert got == expected and all(expected.values()), expected
         texts = ["hello world", "the sea"]
-        one, three = ([item.embedding for item in server.client().embeddings.create(model="m", input=texts, encoding_format="float").data]
-                      for server in (single, sharded.server))
+        one, three = (
+            [
+                item.embedding
+                for item in server.client().embeddings.create(model="m", input=texts, encoding_format="float").data
+            ]
+            for server in (single, sharded.server)
+        )
         assert np.allclose(three, one, atol=1e-3)
     finally:
         single.kill()

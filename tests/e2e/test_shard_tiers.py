@@ -46,7 +46,11 @@ def chat(server: Server, messages: Messages) -> Any:
 
 
 def reply(messages: Messages, completion: Any, question: str) -> Messages:
-    return [*messages, {"role": "assistant", "content": completion.choices[0].message.content}, {"role": "user", "content": question}]
+    return [
+        *messages,
+        {"role": "assistant", "content": completion.choices[0].message.content},
+        {"role": "user", "content": question},
+    ]
 
 
 def cached(completion: Any) -> int:
@@ -65,11 +69,15 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_model: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Sharded]]:
+def pair(
+    tiny_model: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Server, Sharded]]:
     log_dir = tmp_path_factory.mktemp("shard-tiers")
     single = start_server(log_dir, model="tiny", prompt_cache_bytes="0")
     try:
-        sharded = start_sharded(log_dir, model="tiny", prompt_cache_bytes=str(RANK_CACHE_BYTES), cache_dir=str(cache_dir))
+        sharded = start_sharded(
+            log_dir, model="tiny", prompt_cache_bytes=str(RANK_CACHE_BYTES), cache_dir=str(cache_dir)
+        )
     except Exception:
         single.kill()
         raise
@@ -82,7 +90,11 @@ def files(cache_dir: Path, tokenizer: Tokenizer, name: str, rank: int) -> list[P
     """Rank `rank`'s disk files holding conversation `name`; written in the background, so wait (bounded)."""
     deadline = time.monotonic() + 20
     while True:
-        found = [path for path in cache_dir.glob(f"*/tensor-rank{rank}-of-2/*.safetensors") if system(name) in _text(path, tokenizer)]
+        found = [
+            path
+            for path in cache_dir.glob(f"*/tensor-rank{rank}-of-2/*.safetensors")
+            if system(name) in _text(path, tokenizer)
+        ]
         if found or time.monotonic() > deadline:
             return found
         time.sleep(0.05)
@@ -135,7 +147,10 @@ def test_a_follower_that_cannot_read_its_copy_makes_every_rank_prefill(
     assert not theirs.exists() and not mine.exists()
     assert answer.choices[0].message.content == chat(single, turn2).choices[0].message.content
     # Still one group: the next request is served.
-    assert chat(sharded.server, opening("after")).choices[0].message.content == chat(single, opening("after")).choices[0].message.content
+    assert (
+        chat(sharded.server, opening("after")).choices[0].message.content
+        == chat(single, opening("after")).choices[0].message.content
+    )
 
 
 def test_embeddings_and_scores_run_on_every_rank_and_match_one_process(pair: tuple[Server, Sharded]) -> None:
@@ -145,13 +160,17 @@ def test_embeddings_and_scores_run_on_every_rank_and_match_one_process(pair: tup
         vectors = server.client().embeddings.create(model="m", input=TEXTS, encoding_format="float")
         scores = httpx.post(f"{server.v1}/score", json={"text_1": "ocean", "text_2": TEXTS}, timeout=60).json()
         ranked = httpx.post(f"{server.v1}/rerank", json={"query": "ocean", "documents": TEXTS}, timeout=60).json()
-        answers.append((np.array([item.embedding for item in vectors.data]), [item["score"] for item in scores["data"]], ranked))
+        answers.append(
+            (np.array([item.embedding for item in vectors.data]), [item["score"] for item in scores["data"]], ranked)
+        )
     (one, one_scores, one_ranked), (two, two_scores, two_ranked) = answers
     # The sharded sums add in another order: equal to rounding, not to the bit.
     np.testing.assert_allclose(two, one, atol=1e-4)
     assert two_scores == pytest.approx(one_scores, abs=1e-4)
     assert _by_index(two_ranked) == pytest.approx(_by_index(one_ranked), abs=1e-4)
-    reply = sharded.server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    reply = sharded.server.client().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
     assert reply.choices[0].finish_reason in ("length", "stop")
 
 

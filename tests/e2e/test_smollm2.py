@@ -45,7 +45,12 @@ def test_the_default_model_knows_the_capital_of_france(smol: openai.OpenAI) -> N
 def test_a_full_stop_ends_the_sentence_it_closes(smol: openai.OpenAI) -> None:
     """Streamed, the answer stops before the '.' that would end it, and never shows it."""
     stream = smol.chat.completions.create(
-        model="mlx-relay/smollm2", messages=FRANCE, temperature=0, max_tokens=24, stop=["."], stream=True  # type: ignore[arg-type]
+        model="mlx-relay/smollm2",
+        messages=FRANCE,
+        temperature=0,
+        max_tokens=24,
+        stop=["."],
+        stream=True,  # type: ignore[arg-type]
     )
     chunks = list(stream)
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
@@ -55,7 +60,9 @@ def test_a_full_stop_ends_the_sentence_it_closes(smol: openai.OpenAI) -> None:
 
 def test_a_newline_stop_keeps_the_first_line_of_a_list(smol: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "Name three colors, one per line."}]
-    reply = smol.chat.completions.create(model="mlx-relay/smollm2", messages=messages, temperature=0, max_tokens=24, stop=["\n"])  # type: ignore[arg-type]
+    reply = smol.chat.completions.create(
+        model="mlx-relay/smollm2", messages=messages, temperature=0, max_tokens=24, stop=["\n"]
+    )  # type: ignore[arg-type]
     choice = reply.choices[0]
     content = choice.message.content or ""
     assert choice.finish_reason == "stop"
@@ -95,6 +102,9 @@ def test_keep_quantized_serves_the_stored_weights_and_they_still_know_paris(
     assert stats["weights"] == "as stored (MLX_RELAY_KEEP_QUANTIZED is set)"
     assert stats["admission"]["weights_bytes"] < 200 * 2**20
     reply = server.client(timeout=300.0).chat.completions.create(
-        model="mlx-relay/smollm2", messages=FRANCE, temperature=0, max_tokens=24  # type: ignore[arg-type]
+        model="mlx-relay/smollm2",
+        messages=FRANCE,
+        temperature=0,
+        max_tokens=24,  # type: ignore[arg-type]
     )
     assert "Paris" in (reply.choices[0].message.content or "")

@@ -25,7 +25,11 @@ def forced(tokenizer: Tokenizer) -> dict[str, int]:
 @pytest.mark.parametrize("seed", [23, 24])
 def test_chat_body_leaves_special_tokens_out_by_default(client: openai.OpenAI, tokenizer: Tokenizer, seed: int) -> None:
     completion = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=6, seed=seed, logit_bias=forced(tokenizer)  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=6,
+        seed=seed,
+        logit_bias=forced(tokenizer),  # type: ignore[arg-type]
     )
     assert completion.usage is not None and completion.usage.completion_tokens == 6
     assert SPECIAL not in (completion.choices[0].message.content or "")
@@ -33,7 +37,10 @@ def test_chat_body_leaves_special_tokens_out_by_default(client: openai.OpenAI, t
 
 def test_chat_keeps_them_when_asked(client: openai.OpenAI, tokenizer: Tokenizer) -> None:
     completion = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=3, logit_bias=forced(tokenizer),  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=3,
+        logit_bias=forced(tokenizer),  # type: ignore[arg-type]
         extra_body={"skip_special_tokens": False},
     )
     assert completion.choices[0].message.content == SPECIAL * 3
@@ -58,9 +65,10 @@ def test_completions_leave_them_out(server: Server, tokenizer: Tokenizer, stream
     else:
         text = httpx.post(f"{server.v1}/completions", json=body, timeout=60).json()["choices"][0]["text"]
     assert text == ""
-    kept = httpx.post(f"{server.v1}/completions", json={**body, "stream": False, "skip_special_tokens": False}, timeout=60)
+    kept = httpx.post(
+        f"{server.v1}/completions", json={**body, "stream": False, "skip_special_tokens": False}, timeout=60
+    )
     assert kept.json()["choices"][0]["text"] == SPECIAL * 4
-
 
 
 def test_messages_and_responses_skip_them_by_default() -> None:

@@ -30,13 +30,23 @@ PERSON = {
 }
 WEATHER = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
     "required": ["city", "days"],
     "additionalProperties": False,
 }
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Forecast", "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "get_time", "description": "Clock", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Clock",
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+        },
+    },
 ]
 
 
@@ -73,7 +83,10 @@ def test_json_object_and_streaming(server: Server, tokenizer: Tokenizer) -> None
     [
         ({"guided_regex": r"\d{3}-[a-z]{2}"}, lambda text: re.fullmatch(r"\d{3}-[a-z]{2}", text)),
         ({"guided_choice": ["red", "green", "blue"]}, lambda text: text in ("red", "green", "blue")),
-        ({"guided_grammar": 'start: "yes" | "no" | "maybe " NUMBER\nNUMBER: /[0-9]{1,2}/'}, lambda text: re.fullmatch(r"yes|no|maybe [0-9]{1,2}", text)),
+        (
+            {"guided_grammar": 'start: "yes" | "no" | "maybe " NUMBER\nNUMBER: /[0-9]{1,2}/'},
+            lambda text: re.fullmatch(r"yes|no|maybe [0-9]{1,2}", text),
+        ),
         ({"structured_outputs": {"regex": "(ab)+c"}}, lambda text: re.fullmatch("(ab)+c", text) and len(text) < 200),
         ({"guided_json": json.dumps(WEATHER)}, lambda text: jsonschema.validate(json.loads(text), WEATHER) is None),
     ],
@@ -82,7 +95,11 @@ def test_json_object_and_streaming(server: Server, tokenizer: Tokenizer) -> None
 def test_guided_extras(client: openai.OpenAI, extra: dict[str, object], check: object) -> None:
     for seed in (1, 2):
         completion = client.chat.completions.create(
-            model="m", messages=HELLO, max_tokens=120, seed=seed, extra_body=extra  # type: ignore[arg-type]
+            model="m",
+            messages=HELLO,
+            max_tokens=120,
+            seed=seed,
+            extra_body=extra,  # type: ignore[arg-type]
         )
         text = completion.choices[0].message.content or ""
         assert check(text), text  # type: ignore[operator]
@@ -90,13 +107,18 @@ def test_guided_extras(client: openai.OpenAI, extra: dict[str, object], check: o
 
 
 def test_completions_take_constraints_too(client: openai.OpenAI) -> None:
-    completion = client.completions.create(model="m", prompt="Code:", max_tokens=20, seed=3, extra_body={"guided_regex": "[A-Z]{4}"})
+    completion = client.completions.create(
+        model="m", prompt="Code:", max_tokens=20, seed=3, extra_body={"guided_regex": "[A-Z]{4}"}
+    )
     assert re.fullmatch("[A-Z]{4}", completion.choices[0].text)
 
 
 def test_max_tokens_cut_is_length(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=3, temperature=0,  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        max_tokens=3,
+        temperature=0,  # type: ignore[arg-type]
         response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
     )
     assert completion.choices[0].finish_reason == "length"
@@ -107,8 +129,14 @@ def test_max_tokens_cut_is_length(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}, "response_format.json_schema.schema"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format.json_schema.schema",
+        ),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"guided_regex": "[a-z"}, "guided_regex"),
         ({"guided_grammar": "start: (("}, "guided_grammar"),
@@ -116,12 +144,28 @@ def test_max_tokens_cut_is_length(client: openai.OpenAI) -> None:
         ({"guided_json": "{not json"}, "guided_json"),
         ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice.function.name",
+        ),
     ],
-    ids=["bad-schema", "no-schema", "bad-type", "bad-regex", "bad-grammar", "empty-choice", "bad-json", "two", "no-tools", "unknown-tool"],
+    ids=[
+        "bad-schema",
+        "no-schema",
+        "bad-type",
+        "bad-regex",
+        "bad-grammar",
+        "empty-choice",
+        "bad-json",
+        "two",
+        "no-tools",
+        "unknown-tool",
+    ],
 )
 def test_invalid_constraints_are_400(server: Server, extra: dict[str, object], param: str) -> None:
-    response = httpx.post(f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 5, **extra}, timeout=30)
+    response = httpx.post(
+        f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 5, **extra}, timeout=30
+    )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
 
@@ -154,7 +198,12 @@ def assert_valid_call(name: str, arguments: str) -> None:
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_tool_choice_required_makes_a_valid_call(client: openai.OpenAI, seed: int) -> None:
     completion = client.chat.completions.create(
-        model="m", messages=HELLO, tools=TOOLS, tool_choice="required", max_tokens=200, seed=seed  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=200,
+        seed=seed,  # type: ignore[arg-type]
     )
     choice = completion.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -185,16 +234,33 @@ def test_named_tool_choice_streams_tool_call_deltas(server: Server) -> None:
 
 def test_anthropic_tool_choice_any(server: Server) -> None:
     claude = server.anthropic_client()
-    tools = [{"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": t["function"]["parameters"]} for t in TOOLS]  # type: ignore[index]
+    tools = [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "input_schema": t["function"]["parameters"],
+        }
+        for t in TOOLS
+    ]  # type: ignore[index]
     message = claude.messages.create(
-        model="m", max_tokens=200, messages=HELLO, tools=tools, tool_choice={"type": "any"}, extra_body={"temperature": 0}  # type: ignore[arg-type]
+        model="m",
+        max_tokens=200,
+        messages=HELLO,
+        tools=tools,
+        tool_choice={"type": "any"},
+        extra_body={"temperature": 0},  # type: ignore[arg-type]
     )
     assert message.stop_reason == "tool_use"
     (block,) = [b for b in message.content if b.type == "tool_use"]
     assert block.id.startswith("toolu_")  # type: ignore[union-attr]
     assert_valid_call(block.name, json.dumps(block.input))  # type: ignore[union-attr]
     with claude.messages.stream(
-        model="m", max_tokens=200, messages=HELLO, tools=tools, tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0}  # type: ignore[arg-type]
+        model="m",
+        max_tokens=200,
+        messages=HELLO,
+        tools=tools,
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body={"temperature": 0},  # type: ignore[arg-type]
     ) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
@@ -206,7 +272,11 @@ def test_anthropic_tool_choice_any(server: Server) -> None:
 def test_anthropic_output_format(server: Server) -> None:
     claude = server.anthropic_client()
     message = claude.messages.create(
-        model="m", max_tokens=300, messages=HELLO, output_config={"format": {"type": "json_schema", "schema": PERSON}}, extra_body={"temperature": 0}  # type: ignore[arg-type, typeddict-item]
+        model="m",
+        max_tokens=300,
+        messages=HELLO,
+        output_config={"format": {"type": "json_schema", "schema": PERSON}},
+        extra_body={"temperature": 0},  # type: ignore[arg-type, typeddict-item]
     )
     assert message.stop_reason == "end_turn"
     jsonschema.validate(json.loads(message.content[0].text), PERSON)  # type: ignore[union-attr]
@@ -227,12 +297,23 @@ def test_responses_json_schema_completes(client: openai.OpenAI) -> None:
 def test_responses_forced_function_call(server: Server, client: openai.OpenAI) -> None:
     tools = [{"type": "function", **t["function"]} for t in TOOLS]  # type: ignore[dict-item]
     response = client.responses.create(
-        model="m", input="Weather?", tools=tools, tool_choice="required", max_output_tokens=200  # type: ignore[arg-type]
+        model="m",
+        input="Weather?",
+        tools=tools,
+        tool_choice="required",
+        max_output_tokens=200,  # type: ignore[arg-type]
     )
     (call,) = [item for item in response.output if item.type == "function_call"]
     assert call.call_id.startswith("call_")  # type: ignore[union-attr]
     assert_valid_call(call.name, call.arguments)  # type: ignore[union-attr]
-    body = {"model": "m", "input": "Weather?", "tools": tools, "tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 200, "stream": True}
+    body = {
+        "model": "m",
+        "input": "Weather?",
+        "tools": tools,
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "max_output_tokens": 200,
+        "stream": True,
+    }
     with httpx.stream("POST", f"{server.v1}/responses", json=body, timeout=60) as stream:
         events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]
     types = [e["type"] for e in events]
@@ -260,7 +341,11 @@ def test_parallel_tool_calls_false_ends_the_turn_at_the_first_call(
     call = '"\\n{\\"name\\": \\"get_time\\", \\"arguments\\": {}}\\n"'
     grammar = f"start: <[{start}]> {call} <[{end}]> <[{start}]> {call} <[{end}]>"
     completion = client.chat.completions.create(
-        model="m", messages=HELLO, tools=TOOLS, max_tokens=100, parallel_tool_calls=parallel,  # type: ignore[arg-type]
+        model="m",
+        messages=HELLO,
+        tools=TOOLS,
+        max_tokens=100,
+        parallel_tool_calls=parallel,  # type: ignore[arg-type]
         extra_body={"guided_grammar": grammar},
     )
     choice = completion.choices[0]

@@ -68,7 +68,10 @@ def test_a_request_is_a_span_with_a_child_per_stage_in_the_callers_trace(
     server = server_factory(private=True)  # started under the OTLP environment set above
     client = server.client()
     client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=3, temperature=0,
+        model="m",
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=3,
+        temperature=0,
         extra_headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "x-request-id": "trace-me"},
     )
     spans = spans_of(TRACE_ID, 5)
@@ -77,10 +80,14 @@ def test_a_request_is_a_span_with_a_child_per_stage_in_the_callers_trace(
     attributes = {a.key: a.value for a in request.attributes}
     assert attributes["mlx_relay.trace_id"].string_value == "trace-me"
     assert attributes["gen_ai.usage.output_tokens"].int_value == 3
-    children = sorted((span for span in spans if span.parent_span_id == request.span_id), key=lambda s: s.start_time_unix_nano)
+    children = sorted(
+        (span for span in spans if span.parent_span_id == request.span_id), key=lambda s: s.start_time_unix_nano
+    )
     assert [span.name for span in children] == ["prepare", "queue", "prefill", "decode"]
-    assert all(request.start_time_unix_nano <= c.start_time_unix_nano <= c.end_time_unix_nano <= request.end_time_unix_nano
-               for c in children)
+    assert all(
+        request.start_time_unix_nano <= c.start_time_unix_nano <= c.end_time_unix_nano <= request.end_time_unix_nano
+        for c in children
+    )
     # A request without a traceparent starts a trace of its own.
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
     deadline = time.monotonic() + 30

@@ -86,7 +86,10 @@ class Outcome:
 
 def chat_stream(server: Server, no_eos: dict[str, int], outcome: Outcome) -> None:
     stream = server.client().chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=1900, stream=True,
+        model="m",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=1900,
+        stream=True,
         logit_bias=no_eos,
     )
     try:

@@ -34,8 +34,15 @@ def test_a_spec_naming_no_key_stops_startup(tmp_path: Path, spec: str) -> None:
 
 @pytest.mark.parametrize(
     ("authorization", "api_key", "presented"),
-    [("Bearer k", None, "k"), ("bearer  k ", None, "k"), ("BEARER k", "other", "k"), (None, "k", "k"),
-     ("Basic abc", "k", "k"), ("Basic abc", None, None), (None, None, None)],
+    [
+        ("Bearer k", None, "k"),
+        ("bearer  k ", None, "k"),
+        ("BEARER k", "other", "k"),
+        (None, "k", "k"),
+        ("Basic abc", "k", "k"),
+        ("Basic abc", None, None),
+        (None, None, None),
+    ],
 )
 def test_the_presented_key(authorization: str | None, api_key: str | None, presented: str | None) -> None:
     assert presented_key(authorization, api_key) == presented

@@ -18,8 +18,16 @@ _SNAPSHOT = {
 
 def record(**changes: object) -> RequestRecord:
     values: dict[str, object] = {
-        "request_id": "r1", "finish_reason": "length", "prompt_tokens": 30, "completion_tokens": 4, "cached_tokens": 20, "queue": 0.01,
-        "prefill": 0.2, "decode": 0.3, "first_token": 0.25, "total": 0.55,
+        "request_id": "r1",
+        "finish_reason": "length",
+        "prompt_tokens": 30,
+        "completion_tokens": 4,
+        "cached_tokens": 20,
+        "queue": 0.01,
+        "prefill": 0.2,
+        "decode": 0.3,
+        "first_token": 0.25,
+        "total": 0.55,
     }
     values.update(changes)
     return RequestRecord(**values)  # type: ignore[arg-type]
@@ -27,7 +35,9 @@ def record(**changes: object) -> RequestRecord:
 
 def scrape(metrics: Metrics) -> tuple[dict[str, str], list[Sample]]:
     families = list(text_string_to_metric_families(metrics.render({"tiny": _SNAPSHOT}).decode()))
-    return {family.name: family.type for family in families}, [sample for family in families for sample in family.samples]
+    return {family.name: family.type for family in families}, [
+        sample for family in families for sample in family.samples
+    ]
 
 
 def value(samples: list[Sample], name: str, **labels: str) -> float:
@@ -47,12 +57,24 @@ def test_requests_feed_vllms_histograms_and_counters() -> None:
     metrics.observer("tiny").finished(record(finish_reason="stop", cached_tokens=0))
     metrics.observer("tiny").token_gap(0.02)
     types, samples = scrape(metrics)
-    for name in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
-                 "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-                 "vllm:request_prompt_tokens", "vllm:request_generation_tokens"):
+    for name in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+    ):
         assert types[name] == "histogram", name
-    for name in ("vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success", "vllm:prefix_cache_queries",
-                 "vllm:prefix_cache_hits"):
+    for name in (
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
+        "vllm:request_success",
+        "vllm:prefix_cache_queries",
+        "vllm:prefix_cache_hits",
+    ):
         assert types[name] == "counter", name
     assert value(samples, "vllm:time_to_first_token_seconds_count", model_name="tiny") == 2
     assert value(samples, "vllm:time_to_first_token_seconds_sum", model_name="tiny") == 0.5
@@ -60,7 +82,9 @@ def test_requests_feed_vllms_histograms_and_counters() -> None:
     assert value(samples, "vllm:request_success_total", finished_reason="length") == 1
     assert value(samples, "vllm:request_success_total", finished_reason="stop") == 1
     assert value(samples, "vllm:prompt_tokens_total") == 60 and value(samples, "vllm:generation_tokens_total") == 8
-    assert value(samples, "vllm:prefix_cache_queries_total") == 60 and value(samples, "vllm:prefix_cache_hits_total") == 20
+    assert (
+        value(samples, "vllm:prefix_cache_queries_total") == 60 and value(samples, "vllm:prefix_cache_hits_total") == 20
+    )
     assert metrics.cache_hit_rate("tiny") == 20 / 60
 
 

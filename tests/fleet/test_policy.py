@@ -191,7 +191,8 @@ def test_a_budget_set_in_the_file_is_the_footprint() -> None:
 
 
 def test_a_model_with_quantized_kv_in_the_file_plans_its_kv_at_that_size() -> None:
-    """kv_bits = 8 for one model: its footprint's KV shrinks to 8 bits and a scale and bias a group (float16: 68/128)."""
+    """kv_bits = 8 for one model: its footprint's KV shrinks to 8 bits and a scale and bias a group (float16:
+    68/128)."""
     config, weights, window = MODELS["llama-8b-4bit"]
     shape = shape_from_config(config, weights_bytes=int(weights), context_window=window)
     full = footprint(ModelSpec(name="m", source="m", kv=KvSpec(context=8192)), shape, machine(16), Settings())
@@ -202,7 +203,10 @@ def test_a_model_with_quantized_kv_in_the_file_plans_its_kv_at_that_size() -> No
     # Both the rows' KV and as much prompt cache are planned at the quantized size.
     assert 0.8 * kv_bytes < saved < 2 * kv_bytes
     # The server's MLX_RELAY_KV_BITS applies where the file says nothing.
-    assert footprint(ModelSpec(name="m", source="m", kv=KvSpec(context=8192)), shape, machine(16), Settings(kv_bits=8)) == q8
+    assert (
+        footprint(ModelSpec(name="m", source="m", kv=KvSpec(context=8192)), shape, machine(16), Settings(kv_bits=8))
+        == q8
+    )
 
 
 def test_a_refusal_says_what_holds_the_memory() -> None:

@@ -47,7 +47,10 @@ async def test_full_engine_refuses_with_429_after_the_timeout() -> None:
         await gate.enter()
     error = caught.value
     assert (error.kind, error.status, error.code, error.retry_after) == (
-        ErrorKind.OVERLOADED, 429, "rate_limit_exceeded", 3.0
+        ErrorKind.OVERLOADED,
+        429,
+        "rate_limit_exceeded",
+        3.0,
     )
     assert gate.statistics() == stats(1, capacity=1, refused=1)
 

@@ -30,7 +30,19 @@ def test_status_of_each_kind(kind: ErrorKind, status: int) -> None:
 
 def test_every_kind_has_a_status() -> None:
     """No error kind can reach app.py without a status."""
-    assert {RequestError(kind=kind, message="m").status for kind in ErrorKind} <= {400, 401, 403, 404, 405, 408, 413, 415, 429, 500, 503}
+    assert {RequestError(kind=kind, message="m").status for kind in ErrorKind} <= {
+        400,
+        401,
+        403,
+        404,
+        405,
+        408,
+        413,
+        415,
+        429,
+        500,
+        503,
+    }
 
 
 @pytest.mark.parametrize(
@@ -43,14 +55,26 @@ def test_every_kind_has_a_status() -> None:
         ),
         pytest.param(
             unsupported("tools"),
-            (ErrorKind.INVALID_REQUEST, 400, "'tools' is not supported by this server yet", "tools",
-             "unsupported_parameter", None),
+            (
+                ErrorKind.INVALID_REQUEST,
+                400,
+                "'tools' is not supported by this server yet",
+                "tools",
+                "unsupported_parameter",
+                None,
+            ),
             id="unsupported",
         ),
         pytest.param(
             overloaded(2.5),
-            (ErrorKind.OVERLOADED, 429, "The server is at capacity; retry after the suggested delay", None,
-             "rate_limit_exceeded", 2.5),
+            (
+                ErrorKind.OVERLOADED,
+                429,
+                "The server is at capacity; retry after the suggested delay",
+                None,
+                "rate_limit_exceeded",
+                2.5,
+            ),
             id="overloaded",
         ),
         pytest.param(
@@ -60,8 +84,14 @@ def test_every_kind_has_a_status() -> None:
         ),
         pytest.param(
             engine_dead(),
-            (ErrorKind.UNAVAILABLE, 503, "The inference engine has stopped; see the server log", None,
-             "engine_dead", None),
+            (
+                ErrorKind.UNAVAILABLE,
+                503,
+                "The inference engine has stopped; see the server log",
+                None,
+                "engine_dead",
+                None,
+            ),
             id="engine-dead",
         ),
     ],

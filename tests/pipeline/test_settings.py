@@ -33,7 +33,9 @@ def test_defaults_with_an_empty_environment() -> None:
         pytest.param({"MLX_RELAY_LOG_LEVEL": "debug"}, {"log_level": "debug"}, id="log_level"),
         pytest.param({"MLX_RELAY_LOG_LEVEL": "WARNING"}, {"log_level": "WARNING"}, id="log_level-upper"),
         pytest.param(
-            {"MAX_BATCH": "1", "mlx_relay_max_batch": "1", "MLX_RELAY_DEMO_CACHE": "/tmp"}, {}, id="other-variables-ignored"
+            {"MAX_BATCH": "1", "mlx_relay_max_batch": "1", "MLX_RELAY_DEMO_CACHE": "/tmp"},
+            {},
+            id="other-variables-ignored",
         ),
         pytest.param({"MLX_RELAY_SESSION_CACHE": "off"}, {"session_cache": False}, id="boolean-off"),
         pytest.param({"MLX_RELAY_SESSION_CACHE": " True "}, {"session_cache": True}, id="boolean-true"),

@@ -87,7 +87,9 @@ def test_model_picks_the_adapter_and_an_unknown_name_is_model_not_found(lora_ada
 
 
 def test_an_alias_resolves_to_the_id_it_names(lora_adapters: dict[str, Path]) -> None:
-    served = ServedModels(base="tiny", adapters=read_adapters(spec(lora_adapters)), aliases={"sql": "lora-a", "gpt-4o": "tiny"})
+    served = ServedModels(
+        base="tiny", adapters=read_adapters(spec(lora_adapters)), aliases={"sql": "lora-a", "gpt-4o": "tiny"}
+    )
     assert served.knows("sql") and served.knows("gpt-4o") and not served.knows("gpt-5")
     assert served.adapter_of({"model": "sql"}) == "lora-a"
     assert served.adapter_of({"model": "gpt-4o"}) is None
@@ -128,15 +130,26 @@ def reference(model_path: Path, adapter: Path | None, prompt: list[int]) -> list
 
 def batches(model_path: Path, adapters: dict[str, Path]) -> tuple[Any, Any, AdapterBatches]:
     model, tokenizer = mlx_lm.load(str(model_path))
-    make = partial(BatchGenerator, model, stop_tokens=[[t] for t in tokenizer.eos_token_ids], completion_batch_size=8, prefill_batch_size=8)
+    make = partial(
+        BatchGenerator,
+        model,
+        stop_tokens=[[t] for t in tokenizer.eos_token_ids],
+        completion_batch_size=8,
+        prefill_batch_size=8,
+    )
     generator = make_generator(model, read_adapters(spec(adapters)), make)
     assert isinstance(generator, AdapterBatches)
     return model, tokenizer, generator
 
 
-def run(generator: AdapterBatches, rows: list[tuple[str | None, list[int]]]) -> tuple[dict[int, list[int]], list[set[int]]]:
+def run(
+    generator: AdapterBatches, rows: list[tuple[str | None, list[int]]]
+) -> tuple[dict[int, list[int]], list[set[int]]]:
     """Each row's tokens, and which rows produced a token at each step."""
-    uids = [generator.insert([prompt], max_tokens=[MAX_TOKENS], **({"adapter": name} if name else {}))[0] for name, prompt in rows]
+    uids = [
+        generator.insert([prompt], max_tokens=[MAX_TOKENS], **({"adapter": name} if name else {}))[0]
+        for name, prompt in rows
+    ]
     tokens: dict[int, list[int]] = {uid: [] for uid in uids}
     steps, live = [], set(uids)
     while live:
@@ -152,7 +165,9 @@ def run(generator: AdapterBatches, rows: list[tuple[str | None, list[int]]]) -> 
 def test_mixed_rows_each_equal_mlx_lm_with_their_adapter(tiny_model: Path, lora_adapters: dict[str, Path]) -> None:
     """Base and two adapters in one generator: every row's greedy tokens equal mlx_lm.generate's with its adapter
     alone."""
-    rows: list[tuple[str | None, list[int]]] = [(name, prompt) for prompt in PROMPTS[:2] for name in (None, "lora-a", "lora-b")]
+    rows: list[tuple[str | None, list[int]]] = [
+        (name, prompt) for prompt in PROMPTS[:2] for name in (None, "lora-a", "lora-b")
+    ]
     _, _, generator = batches(tiny_model, lora_adapters)
     found, _ = run(generator, rows)
     expected = {(name, tuple(p)): reference(tiny_model, lora_adapters[name] if name else None, p) for name, p in rows}
@@ -166,16 +181,20 @@ def test_mixed_rows_each_equal_mlx_lm_with_their_adapter(tiny_model: Path, lora_
 def test_busy_groups_take_turns_one_step_each(tiny_model: Path, lora_adapters: dict[str, Path]) -> None:
     """With three groups busy, a step runs one group, and each runs once in every three steps."""
     _, _, generator = batches(tiny_model, lora_adapters)
-    found, steps = run(generator, [(None, PROMPTS[0]), ("lora-a", PROMPTS[0]), ("lora-a", PROMPTS[1]), ("lora-b", PROMPTS[2])])
+    found, steps = run(
+        generator, [(None, PROMPTS[0]), ("lora-a", PROMPTS[0]), ("lora-a", PROMPTS[1]), ("lora-b", PROMPTS[2])]
+    )
     groups = {0: "base", 1: "a", 2: "a", 3: "b"}
     turns = [{groups[uid] for uid in step} for step in steps if step]
     assert all(len(turn) == 1 for turn in turns)
-    busy = [turn.pop() for turn in turns[:3 * (MAX_TOKENS - 1)]]
-    assert all(len(set(busy[i:i + 3])) == 3 for i in range(0, len(busy) - 2, 3))
+    busy = [turn.pop() for turn in turns[: 3 * (MAX_TOKENS - 1)]]
+    assert all(len(set(busy[i : i + 3])) == 3 for i in range(0, len(busy) - 2, 3))
     assert generator.switches >= len(busy) - 1 and all(len(tokens) == MAX_TOKENS for tokens in found.values())
 
 
-def test_removed_rows_hand_back_their_cache_and_the_model_is_left_as_loaded(tiny_model: Path, lora_adapters: dict[str, Path]) -> None:
+def test_removed_rows_hand_back_their_cache_and_the_model_is_left_as_loaded(
+    tiny_model: Path, lora_adapters: dict[str, Path]
+) -> None:
     """remove() finds each row in its group; close() leaves the base layers mounted, so the base output is unchanged."""
     model, _, generator = batches(tiny_model, lora_adapters)
     base_logits = model(mx.array([PROMPTS[0]]))
@@ -204,7 +223,15 @@ def test_the_memory_plan_counts_adapter_weights(tiny_model: Path) -> None:
     from stages.kv.plan import assess
 
     def weights(extra: int) -> int:
-        plan = assess(tiny_model, context_window=2048, budget=1 << 30, prompt_cache=0, max_batch=4, prefill_step=256, adapter_bytes=extra)
+        plan = assess(
+            tiny_model,
+            context_window=2048,
+            budget=1 << 30,
+            prompt_cache=0,
+            max_batch=4,
+            prefill_step=256,
+            adapter_bytes=extra,
+        )
         return plan.memory.weights_bytes
 
     assert weights(123_456) == weights(0) + 123_456

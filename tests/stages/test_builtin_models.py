@@ -11,7 +11,12 @@ from stages.models.loading import resolve_model
 
 def test_unset_serves_smollm2(smollm2_model: Path) -> None:
     info = resolve_model(None)
-    assert (info.path, info.name, info.context_window, info.vocab_size) == (smollm2_model, "mlx-relay/smollm2", 8192, 49152)
+    assert (info.path, info.name, info.context_window, info.vocab_size) == (
+        smollm2_model,
+        "mlx-relay/smollm2",
+        8192,
+        49152,
+    )
 
 
 def test_a_built_in_name_in_model_selects_it(tiny_model: Path) -> None:

@@ -55,8 +55,12 @@ RENDERED = [
         id="multi-turn",
     ),
     pytest.param(
-        request(m(Role.USER, "q"), m(Role.ASSISTANT, ""), m(Role.TOOL, "42", tool_call_id="c1"),
-                m(Role.TOOL, "43", tool_call_id="c2")),
+        request(
+            m(Role.USER, "q"),
+            m(Role.ASSISTANT, ""),
+            m(Role.TOOL, "42", tool_call_id="c1"),
+            m(Role.TOOL, "43", tool_call_id="c2"),
+        ),
         "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
         "<|im_start|>user\n<tool_response>\n42\n</tool_response>\n<tool_response>\n43\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n",
@@ -87,7 +91,11 @@ def test_render_chat(tokenizer: Tokenizer, chat: ChatRequest, text: str) -> None
 def test_text_parts_render_like_a_string(tokenizer: Tokenizer) -> None:
     """Content sent as text parts renders exactly as the same content sent as one string."""
     parts = decode_chat(
-        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "you"}]}]}
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "you"}]}
+            ]
+        }
     )
     plain = decode_chat({"messages": [{"role": "user", "content": "Hello, you"}]})
     assert render_chat(tokenizer, parts) == render_chat(tokenizer, plain)
@@ -139,6 +147,11 @@ def test_chat_jobs_turn_parsed_requests_into_tokenize_jobs(tokenizer: Tokenizer)
     assert isinstance(live.request, ChatRequest)
     job = ChatJobs(tokenizer=tokenizer).job(live, live.request)
     assert (job.request_id, job.kind, job.request, job.params, job.reply, job.timeline) == (
-        "live", PrepKind.TOKENIZE, live.request, PARAMS, live.reply, live.timeline
+        "live",
+        PrepKind.TOKENIZE,
+        live.request,
+        PARAMS,
+        live.reply,
+        live.timeline,
     )
     assert job.tokenize() == render_chat_text(tokenizer, request(m(Role.USER, "hi")))

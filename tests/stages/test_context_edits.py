@@ -22,7 +22,9 @@ from stages.prompt.context_edits import CLEARED_RESULT, apply_edits
 
 
 def size(request: ChatRequest) -> int:
-    return sum(len(m.content) + len(m.reasoning or "") + sum(len(c.arguments) for c in m.tool_calls) for m in request.messages)
+    return sum(
+        len(m.content) + len(m.reasoning or "") + sum(len(c.arguments) for c in m.tool_calls) for m in request.messages
+    )
 
 
 def conversation(*edits: ContextEdit) -> ChatRequest:
@@ -31,15 +33,31 @@ def conversation(*edits: ContextEdit) -> ChatRequest:
         Message(role=Role.USER, content="q1"),
         Message(role=Role.ASSISTANT, content="a1", reasoning="think-1"),
         Message(role=Role.USER, content="q2"),
-        Message(role=Role.ASSISTANT, content="", reasoning="think-2", tool_calls=(ToolCallRecord(id="t1", name="Read", arguments='{"f": "a"}'),)),
+        Message(
+            role=Role.ASSISTANT,
+            content="",
+            reasoning="think-2",
+            tool_calls=(ToolCallRecord(id="t1", name="Read", arguments='{"f": "a"}'),),
+        ),
         Message(role=Role.TOOL, content="R" * 100, tool_call_id="t1"),
-        Message(role=Role.ASSISTANT, content="", tool_calls=(ToolCallRecord(id="t2", name="Edit", arguments='{"x": "yyyy"}'),)),
+        Message(
+            role=Role.ASSISTANT,
+            content="",
+            tool_calls=(ToolCallRecord(id="t2", name="Edit", arguments='{"x": "yyyy"}'),),
+        ),
         Message(role=Role.TOOL, content="E" * 100, tool_call_id="t2"),
         Message(role=Role.USER, content="q3"),
-        Message(role=Role.ASSISTANT, content="", reasoning="think-3", tool_calls=(ToolCallRecord(id="t3", name="Read", arguments='{"f": "b"}'),)),
+        Message(
+            role=Role.ASSISTANT,
+            content="",
+            reasoning="think-3",
+            tool_calls=(ToolCallRecord(id="t3", name="Read", arguments='{"f": "b"}'),),
+        ),
         Message(role=Role.TOOL, content="S" * 100, tool_call_id="t3"),
     ]
-    return ChatRequest(messages=tuple(messages), params=GenerationParams(max_tokens=8, sampling=Sampling()), context_edits=edits)
+    return ChatRequest(
+        messages=tuple(messages), params=GenerationParams(max_tokens=8, sampling=Sampling()), context_edits=edits
+    )
 
 
 def reasoning(request: ChatRequest) -> list[str | None]:
@@ -78,7 +96,9 @@ def test_clear_tool_uses_below_its_trigger_does_nothing() -> None:
 
 
 def test_clear_tool_uses_spares_excluded_tools_and_clears_chosen_inputs() -> None:
-    edit = ClearToolUses(trigger_tool_uses=2, keep=0, exclude_tools=frozenset({"Read"}), clear_inputs=frozenset({"Edit"}))
+    edit = ClearToolUses(
+        trigger_tool_uses=2, keep=0, exclude_tools=frozenset({"Read"}), clear_inputs=frozenset({"Edit"})
+    )
     edited = apply_edits(conversation(edit), size).request
     assert results(edited) == ["R" * 100, CLEARED_RESULT, "S" * 100]
     calls = {c.name + c.id: c.arguments for m in edited.messages for c in m.tool_calls}
@@ -86,8 +106,12 @@ def test_clear_tool_uses_spares_excluded_tools_and_clears_chosen_inputs() -> Non
 
 
 def test_clear_tool_uses_trigger_counts_tool_uses() -> None:
-    assert apply_edits(conversation(ClearToolUses(trigger_tokens=None, trigger_tool_uses=3, keep=0)), size).applied == ()
-    assert apply_edits(conversation(ClearToolUses(trigger_tokens=None, trigger_tool_uses=2, keep=0)), size).applied != ()
+    assert (
+        apply_edits(conversation(ClearToolUses(trigger_tokens=None, trigger_tool_uses=3, keep=0)), size).applied == ()
+    )
+    assert (
+        apply_edits(conversation(ClearToolUses(trigger_tokens=None, trigger_tool_uses=2, keep=0)), size).applied != ()
+    )
 
 
 def test_clear_at_least_skips_an_edit_that_would_free_too_little() -> None:
@@ -97,7 +121,9 @@ def test_clear_at_least_skips_an_edit_that_would_free_too_little() -> None:
 
 
 def test_edits_run_in_order_each_on_the_last_result() -> None:
-    edited = apply_edits(conversation(ClearThinking(keep_turns=0), ClearToolUses(trigger_tokens=0, keep=0, clear_inputs=True)), size)
+    edited = apply_edits(
+        conversation(ClearThinking(keep_turns=0), ClearToolUses(trigger_tokens=0, keep=0, clear_inputs=True)), size
+    )
     assert [type(a.edit) for a in edited.applied] == [ClearThinking, ClearToolUses]
     assert reasoning(edited.request) == [None, None, None, None]
     assert results(edited.request) == [CLEARED_RESULT] * 3

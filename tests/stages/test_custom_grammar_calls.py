@@ -49,22 +49,36 @@ add_line: "+" /(.*)/ LF -> line
 %import common.LF
 """
 CUSTOM = Tool(
-    name="shout", description="Says words.", parameters={"type": "object", "properties": {"input": {"type": "string"}}},
+    name="shout",
+    description="Says words.",
+    parameters={"type": "object", "properties": {"input": {"type": "string"}}},
     input_grammar=Constraint(kind=ConstraintKind.GRAMMAR, spec=GRAMMAR, param="tools[0].format.definition"),
 )
-WEATHER = Tool(name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris"]}}, "required": ["city"], "additionalProperties": False})
+WEATHER = Tool(
+    name="get_weather",
+    parameters={
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+)
 HELD = [case for case in CASES if case.name not in ("harmony", "json")]
 
 
 @pytest.fixture(scope="module", params=HELD, ids=[case.name for case in HELD])
-def family_tokenizer(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+def family_tokenizer(
+    request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Tokenizer:
     case: FamilyCase = request.param
     return load_tokenizer(resolve_model(str(case.build(tiny_model, tmp_path_factory.mktemp(case.name)))))
 
 
 def chat(choice: ToolChoice, tools: tuple[Tool, ...] = (CUSTOM, WEATHER)) -> ChatRequest:
     messages = (Message(role=Role.USER, content="hi"),)
-    return ChatRequest(messages=messages, params=GenerationParams(max_tokens=8, sampling=Sampling()), tools=tools, tool_choice=choice)
+    return ChatRequest(
+        messages=messages, params=GenerationParams(max_tokens=8, sampling=Sampling()), tools=tools, tool_choice=choice
+    )
 
 
 def accepts(tokenizer: Tokenizer, grammar: str, text: str) -> bool:
@@ -73,7 +87,9 @@ def accepts(tokenizer: Tokenizer, grammar: str, text: str) -> bool:
     return matcher.consume_tokens(tokenizer.encode(text, add_special_tokens=False)) and matcher.is_accepting()
 
 
-def walk(tokenizer: Tokenizer, matcher: LLMatcher, *, seed: int | None, open_at: int | None, opener: int | None) -> list[int]:
+def walk(
+    tokenizer: Tokenizer, matcher: LLMatcher, *, seed: int | None, open_at: int | None, opener: int | None
+) -> list[int]:
     """Tokens the grammar allows: seeded choices (or the lowest id), the opener at `open_at`, EOS once a call is
     made."""
     rng = random.Random(seed)
@@ -98,7 +114,9 @@ def walk(tokenizer: Tokenizer, matcher: LLMatcher, *, seed: int | None, open_at:
 def read_input(tokenizer: Tokenizer, tokens: list[int], *, forced: bool) -> str:
     family = choose_family(tokenizer)
     text = tokenizer.decode(tokens)
-    events = splitter_for(family, markers_for(family, (CUSTOM, WEATHER), parse_tools=True, forced=forced)).feed(text, final=True)
+    events = splitter_for(family, markers_for(family, (CUSTOM, WEATHER), parse_tools=True, forced=forced)).feed(
+        text, final=True
+    )
     calls = [event for event in events if isinstance(event, ToolCall) and event.name == "shout"]
     assert calls, (text, events)
     value: str = json.loads(calls[0].arguments)["input"]
@@ -141,11 +159,15 @@ def test_apply_patch_grammar_holds_its_escaped_form(tiny_model: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "grammar", ['start: <|im_end|> "x"', 'start: "abc"i', "start: %json {}", 'start: "a" @other', "%import foo.BAR\nstart: BAR"]
+    "grammar",
+    ['start: <|im_end|> "x"', 'start: "abc"i', "start: %json {}", 'start: "a" @other', "%import foo.BAR\nstart: BAR"],
 )
 def test_a_grammar_that_cannot_be_carried_is_refused_by_name(tiny_model: Path, grammar: str) -> None:
     tokenizer = load_tokenizer(resolve_model(str(tiny_model)))
-    tool = Tool(name="t", input_grammar=Constraint(kind=ConstraintKind.GRAMMAR, spec=grammar, param="tools[0].format.definition"))
+    tool = Tool(
+        name="t",
+        input_grammar=Constraint(kind=ConstraintKind.GRAMMAR, spec=grammar, param="tools[0].format.definition"),
+    )
     with pytest.raises(RequestError) as caught:
         tool_call_constraint(tokenizer, choose_family(tokenizer), (tool,), ToolChoice(mode=ToolChoiceMode.REQUIRED))
     assert caught.value.param == "tools[0].format.definition"
@@ -166,7 +188,9 @@ def test_auto_grammar_takes_function_calls_and_custom_calls_side_by_side(family_
     constraint = constraint_of(tokenizer, family, chat(ToolChoice()))
     assert constraint is not None
     compiler = ConstraintCompiler(tokenizer=tokenizer, vocab_size=len(tokenizer.get_vocab()), family=family)  # type: ignore[attr-defined]
-    forced_weather = compiler.compile(tool_call_constraint(tokenizer, family, (WEATHER,), ToolChoice(mode=ToolChoiceMode.REQUIRED)))
+    forced_weather = compiler.compile(
+        tool_call_constraint(tokenizer, family, (WEATHER,), ToolChoice(mode=ToolChoiceMode.REQUIRED))
+    )
     weather = tokenizer.decode(walk(tokenizer, forced_weather.matcher(), seed=None, open_at=None, opener=None))
     matcher = compiler.compile(constraint).matcher()
     text = "Sure. " + weather + "\n"
@@ -192,10 +216,14 @@ def test_strict_function_call_under_auto_matches_its_schema(family_tokenizer: To
 
 
 def test_a_tool_without_strict_or_grammar_leaves_auto_free(family_tokenizer: Tokenizer) -> None:
-    assert constraint_of(family_tokenizer, choose_family(family_tokenizer), chat(ToolChoice(), tools=(WEATHER,))) is None
+    assert (
+        constraint_of(family_tokenizer, choose_family(family_tokenizer), chat(ToolChoice(), tools=(WEATHER,))) is None
+    )
 
 
-def test_strict_under_auto_on_gpt_oss_is_refused_by_name(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_strict_under_auto_on_gpt_oss_is_refused_by_name(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     case = next(case for case in CASES if case.name == "harmony")
     tokenizer = load_tokenizer(resolve_model(str(case.build(tiny_model, tmp_path_factory.mktemp("harmony-strict")))))
     strict = Tool(name="get_weather", parameters=WEATHER.parameters, strict=True)

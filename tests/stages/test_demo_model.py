@@ -10,7 +10,14 @@ import mlx_lm
 import pytest
 from mlx.utils import tree_flatten
 
-from stages.models.demo import BUILDER_VERSION, DEMO_MODELS, EOS_TOKENS, MARKER_TOKENS, SPECIAL_TOKENS, ensure_demo_model
+from stages.models.demo import (
+    BUILDER_VERSION,
+    DEMO_MODELS,
+    EOS_TOKENS,
+    MARKER_TOKENS,
+    SPECIAL_TOKENS,
+    ensure_demo_model,
+)
 from stages.models.loading import ModelInfo, Tokenizer
 
 FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
@@ -29,7 +36,9 @@ def test_resolve_model_reads_the_window_and_vocabulary(model_info: ModelInfo, ti
     """The stages get the context window and vocabulary size from the model's own config."""
     spec = DEMO_MODELS["tiny"]
     assert (model_info.path, model_info.context_window, model_info.vocab_size) == (
-        tiny_model, spec.max_position_embeddings, spec.vocab_size
+        tiny_model,
+        spec.max_position_embeddings,
+        spec.vocab_size,
     )
 
 
@@ -81,7 +90,7 @@ def test_the_parameter_count_formula_matches_the_built_model(tiny_model: Path) -
 
 
 def test_the_demo_model_has_tens_of_millions_of_parameters() -> None:
-    """"demo" is big enough that batching decode steps pays, small enough for a laptop."""
+    """ "demo" is big enough that batching decode steps pays, small enough for a laptop."""
     assert 10_000_000 <= DEMO_MODELS["demo"].parameter_count() < 100_000_000
 
 

@@ -130,8 +130,10 @@ def test_vectors_are_the_last_tokens_normalized_hidden_state_and_truncate_then_r
 def test_the_judgement_prompt_is_qwen3_rerankers_format(tokenizer: Tokenizer) -> None:
     """Through a Qwen3-style template (ChatML, thinking off) the prompt is the model card's prefix + instruction +
     suffix."""
-    prefix = ('<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct '
-              'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n')
+    prefix = (
+        "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+        'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+    )
     suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     body = (
         "<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n"
@@ -153,7 +155,9 @@ def test_a_judgement_on_the_dedicated_model_runs_that_model(built: Path) -> None
     spec = read_embedding_model(str(built), fallback="last", matryoshka=None)
     tokenizer = load_tokenizer(spec.info)
     side = SideModel(load=lambda: load_embedding_weights(spec))
-    prompts = [tokenizer.encode(render_chat_text(tokenizer, _judgement("tides", doc)).text) for doc in ("the sea", "a cat")]
+    prompts = [
+        tokenizer.encode(render_chat_text(tokenizer, _judgement("tides", doc)).text) for doc in ("the sea", "a cat")
+    ]
     yes, no = tokenizer.encode("yes")[0], tokenizer.encode("no")[0]
     work = ScoreWork(inputs=prompts, yes=yes, no=no, side=side)
     work.run_chunk(None, 10**6)

@@ -150,7 +150,8 @@ async def test_a_job_whose_client_left_is_dropped_unrun() -> None:
 
 
 @pytest.mark.parametrize(
-    ("failure", "kind"), [(invalid("bad input", param="input"), ErrorKind.INVALID_REQUEST), (RuntimeError("bug"), ErrorKind.INTERNAL)]
+    ("failure", "kind"),
+    [(invalid("bad input", param="input"), ErrorKind.INVALID_REQUEST), (RuntimeError("bug"), ErrorKind.INTERNAL)],
 )
 async def test_a_failing_job_fails_alone(failure: Exception, kind: ErrorKind) -> None:
     queue, results = _queue(), []

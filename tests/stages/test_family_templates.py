@@ -37,11 +37,20 @@ from tests.families import CASES, FamilyCase
 WEATHER = Tool(
     name="get_weather",
     description="The weather in a city.",
-    parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False},
+    parameters={
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
 )
 OTHER = Tool(name="get_time", description="The time.", parameters={"type": "object", "properties": {}})
+
+
 @pytest.fixture(scope="module", params=CASES, ids=[case.name for case in CASES])
-def family_case(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Tokenizer, str]:
+def family_case(
+    request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Tokenizer, str]:
     case: FamilyCase = request.param
     path = case.build(tiny_model, tmp_path_factory.mktemp(case.name))
     return case.name, load_tokenizer(resolve_model(str(path))), case.forced_text
@@ -54,7 +63,12 @@ def family_of(name: str, tokenizer: Tokenizer) -> Family:
 
 
 def chat(*messages: Message, choice: ToolChoice | None = None) -> ChatRequest:
-    return ChatRequest(messages=messages, params=GenerationParams(max_tokens=8, sampling=Sampling()), tools=(WEATHER, OTHER), tool_choice=choice or ToolChoice())
+    return ChatRequest(
+        messages=messages,
+        params=GenerationParams(max_tokens=8, sampling=Sampling()),
+        tools=(WEATHER, OTHER),
+        tool_choice=choice or ToolChoice(),
+    )
 
 
 def test_family_is_detected(family_case: tuple[str, Tokenizer, str]) -> None:
@@ -64,11 +78,17 @@ def test_family_is_detected(family_case: tuple[str, Tokenizer, str]) -> None:
 
 def test_tool_result_round_trip_renders(family_case: tuple[str, Tokenizer, str]) -> None:
     name, tokenizer, _ = family_case
-    ignores = template_ignores_tools(lambda m, t: tokenizer.apply_chat_template(m, tools=t, tokenize=False, add_generation_prompt=True))
+    ignores = template_ignores_tools(
+        lambda m, t: tokenizer.apply_chat_template(m, tools=t, tokenize=False, add_generation_prompt=True)
+    )
     family = family_of(name, tokenizer)
     request = chat(
         Message(role=Role.USER, content="Weather in Paris?"),
-        Message(role=Role.ASSISTANT, content="", tool_calls=(ToolCallRecord(id="call_1", name="get_weather", arguments='{"city": "Paris"}'),)),
+        Message(
+            role=Role.ASSISTANT,
+            content="",
+            tool_calls=(ToolCallRecord(id="call_1", name="get_weather", arguments='{"city": "Paris"}'),),
+        ),
         Message(role=Role.TOOL, content="sunny, 21 C", tool_call_id="call_1"),
     )
     text = tokenizer.decode(render_chat(tokenizer, request, preamble=family if ignores else None))
@@ -77,7 +97,9 @@ def test_tool_result_round_trip_renders(family_case: tuple[str, Tokenizer, str])
 
 
 @pytest.mark.parametrize("mode", [ToolChoiceMode.NAMED, ToolChoiceMode.REQUIRED])
-def test_forced_call_is_in_the_family_markup_and_parses_back(family_case: tuple[str, Tokenizer, str], mode: ToolChoiceMode) -> None:
+def test_forced_call_is_in_the_family_markup_and_parses_back(
+    family_case: tuple[str, Tokenizer, str], mode: ToolChoiceMode
+) -> None:
     name, tokenizer, forced_text = family_case
     family = family_of(name, tokenizer)
     choice = ToolChoice(mode=mode, name="get_weather" if mode is ToolChoiceMode.NAMED else None)
@@ -94,7 +116,9 @@ def test_forced_call_is_in_the_family_markup_and_parses_back(family_case: tuple[
     events = splitter.feed(forced_text, final=True)
     calls = [e for e in events if isinstance(e, ToolCall)]
     # The call alone, whether or not it streamed first.
-    assert [c.name for c in calls] == ["get_weather"] and all(isinstance(e, (ToolCall, ToolCallStart, ToolCallDelta)) for e in events), events
+    assert [c.name for c in calls] == ["get_weather"] and all(
+        isinstance(e, (ToolCall, ToolCallStart, ToolCallDelta)) for e in events
+    ), events
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER.parameters)
 
 
@@ -119,7 +143,9 @@ def test_required_without_parallel_calls_is_one_call(family_case: tuple[str, Tok
 
 
 @pytest.mark.parametrize(("effort", "level"), [("high", "high"), ("minimal", "low"), ("medium", "medium")])
-def test_reasoning_effort_reaches_gpt_oss_template(family_case: tuple[str, Tokenizer, str], effort: str, level: str) -> None:
+def test_reasoning_effort_reaches_gpt_oss_template(
+    family_case: tuple[str, Tokenizer, str], effort: str, level: str
+) -> None:
     from wire.openai_requests import decode_chat
 
     name, tokenizer, _ = family_case

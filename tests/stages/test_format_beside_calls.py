@@ -86,7 +86,9 @@ FORCED = [ToolChoice(mode=ToolChoiceMode.REQUIRED), ToolChoice(mode=ToolChoiceMo
 
 
 @pytest.mark.parametrize("choice", FORCED, ids=["required", "named"])
-def test_a_forced_call_beside_a_format_follows_the_tools_grammar(family_tokenizer: Tokenizer, choice: ToolChoice) -> None:
+def test_a_forced_call_beside_a_format_follows_the_tools_grammar(
+    family_tokenizer: Tokenizer, choice: ToolChoice
+) -> None:
     tokenizer = family_tokenizer
     family = choose_family(tokenizer)
     constraint = constraint_of(tokenizer, family, chat(choice, FORMATS["json_schema"]))
@@ -144,6 +146,3 @@ def test_a_forced_call_beside_a_format_on_gpt_oss_follows_the_call(tiny_model: P
     tokenizer = harmony_tokenizer(tiny_model, tmp_path)
     constraint = constraint_of(tokenizer, choose_family(tokenizer), chat(FORCED[0], FORMATS["json_schema"]))
     assert constraint is not None and constraint.param == "tool_choice"
-
-
-

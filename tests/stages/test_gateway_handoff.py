@@ -46,9 +46,17 @@ async def test_a_stalled_sink_holds_the_thread_at_the_bound(model_info: ModelInf
     steps: Channel[StepOutputs] = open_channel(0, name="steps")
     spills: Channel[SpillJob] = open_channel(4, name="spills")
     gateway = GenerationGateway(
-        inbox=inbox.receive, control=control.receive, aborts=control.send, out=steps.send,
-        spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, model_info),
-        eos_ids=EOS, max_batch=4, prefill_step_size=64, steps_ahead=STEPS_AHEAD,
+        inbox=inbox.receive,
+        control=control.receive,
+        aborts=control.send,
+        out=steps.send,
+        spills_out=spills.send,
+        spills_in=spills.receive,
+        load=partial(load_weights, model_info),
+        eos_ids=EOS,
+        max_batch=4,
+        prefill_step_size=64,
+        steps_ahead=STEPS_AHEAD,
         scheduler=KvScheduler(read_model_shape(model_info.path, model_info.context_window), 1 << 30),
     )
     wave = rows(sampling)

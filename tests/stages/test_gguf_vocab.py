@@ -17,9 +17,51 @@ from stages.models.smollm2 import gguf_path
 # transformers 5.25's `AutoTokenizer.from_pretrained(..., gguf_file=...)`.
 REFERENCE_IDS = {
     "What is the capital of France?": [1780, 314, 260, 3575, 282, 4649, 47],
-    "The year 2024 had 366 days, didn't it?": [504, 713, 216, 34, 32, 34, 36, 761, 216, 35, 38, 38, 2009, 28, 3683, 982, 357, 47],
+    "The year 2024 had 366 days, didn't it?": [
+        504,
+        713,
+        216,
+        34,
+        32,
+        34,
+        36,
+        761,
+        216,
+        35,
+        38,
+        38,
+        2009,
+        28,
+        3683,
+        982,
+        357,
+        47,
+    ],
     "  two spaces\tand a tab\n\nnewlines": [216, 827, 5600, 197, 397, 253, 10147, 198, 198, 2241, 5110],
-    "héllo wörld — ünïcode ✓ 日本語": [88, 2756, 31394, 267, 29989, 400, 1841, 5549, 137, 94, 25972, 4635, 4636, 246, 237, 17097, 241, 115, 40993, 179, 120, 248],
+    "héllo wörld — ünïcode ✓ 日本語": [
+        88,
+        2756,
+        31394,
+        267,
+        29989,
+        400,
+        1841,
+        5549,
+        137,
+        94,
+        25972,
+        4635,
+        4636,
+        246,
+        237,
+        17097,
+        241,
+        115,
+        40993,
+        179,
+        120,
+        248,
+    ],
     "<|im_start|>user\nhi<|im_end|>": [1, 4093, 198, 6004, 2],
     "x=1+2;print(x)  # comment": [104, 45, 33, 27, 34, 43, 3272, 24, 104, 25, 216, 907, 5189],
 }
@@ -60,13 +102,21 @@ def test_control_tokens_are_special_and_vanish_when_skipped(tokenizer: Tokenizer
 def test_the_config_names_the_gguf_special_tokens(metadata: dict[str, Any]) -> None:
     config = tokenizer_config(metadata)
     assert (config["bos_token"], config["eos_token"], config["pad_token"], config["unk_token"]) == (
-        "<|im_start|>", "<|im_end|>", "<|im_end|>", "<|endoftext|>"
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|im_end|>",
+        "<|endoftext|>",
     )
     assert config["add_bos_token"] is False and config["model_max_length"] == 8192
 
 
-@pytest.mark.parametrize(("change", "message"), [({"tokenizer.ggml.model": "llama"}, "'llama'"), ({"tokenizer.ggml.pre": "qwen2"}, "'qwen2'")])
-def test_unknown_vocabularies_are_refused_by_name(metadata: dict[str, Any], change: dict[str, str], message: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [({"tokenizer.ggml.model": "llama"}, "'llama'"), ({"tokenizer.ggml.pre": "qwen2"}, "'qwen2'")],
+)
+def test_unknown_vocabularies_are_refused_by_name(
+    metadata: dict[str, Any], change: dict[str, str], message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         build_tokenizer({**metadata, **change})
 

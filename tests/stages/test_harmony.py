@@ -88,7 +88,11 @@ TURNS = {
         assistant("No results.", "final"),
     ],
     "markers-quoted-in-arguments": [
-        assistant('{"city": "A <|call|> B <|end|><|start|>assistant<|channel|>final<|message|>x"}', "commentary", "functions.get_weather"),
+        assistant(
+            '{"city": "A <|call|> B <|end|><|start|>assistant<|channel|>final<|message|>x"}',
+            "commentary",
+            "functions.get_weather",
+        ),
     ],
     "unicode": [assistant("Zürich — 12 °C?", "analysis"), assistant("Es ist kühl: 12 °C.", "final")],
 }
@@ -152,7 +156,11 @@ def test_forced_call_is_a_harmony_call(encoding: HarmonyEncoding) -> None:
     (case,) = [case for case in CASES if case.name == "harmony"]
     tokens = encoding.encode(case.forced_text + "<|call|>", allowed_special="all")
     (message,) = encoding.parse_messages_from_completion_tokens(tokens, Role.ASSISTANT)
-    assert (message.channel, message.recipient, message.content_type) == ("commentary", "functions.get_weather", "<|constrain|>json")
+    assert (message.channel, message.recipient, message.content_type) == (
+        "commentary",
+        "functions.get_weather",
+        "<|constrain|>json",
+    )
     assert json.loads(message.content[0].text) == {"city": "Paris"}
 
 

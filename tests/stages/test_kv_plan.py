@@ -13,13 +13,25 @@ from stages.kv.plan import BudgetError, assess, plan, predicted_decode_rate, tra
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import BLOCK, ModelShape, read_model_shape
 
-MACHINE = Machine(ram_bytes=16 * 2**30, chip="Apple M2", cpus=8, bandwidth_bytes_per_s=100e9,
-                  bandwidth_source="published", backend="metal")
+MACHINE = Machine(
+    ram_bytes=16 * 2**30,
+    chip="Apple M2",
+    cpus=8,
+    bandwidth_bytes_per_s=100e9,
+    bandwidth_source="published",
+    backend="metal",
+)
 
 
 def model_dir(tmp_path: Path, **config: object) -> Path:
-    base = {"num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4, "hidden_size": 512,
-            "intermediate_size": 1536, "torch_dtype": "bfloat16"}
+    base = {
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "torch_dtype": "bfloat16",
+    }
     (tmp_path / "config.json").write_text(json.dumps(base | config))
     (tmp_path / "model-00001.safetensors").write_bytes(b"\0" * 3000)
     (tmp_path / "model-00002.safetensors").write_bytes(b"\0" * 1000)
@@ -39,18 +51,27 @@ def test_kv_bytes_per_token_from_the_config(tmp_path: Path) -> None:
         pytest.param({"head_dim": 128}, 8 * 4 * 128 * 2 * 2, id="explicit-head_dim"),
         pytest.param({"torch_dtype": "float32"}, 8 * 4 * 64 * 2 * 4, id="float32"),
         pytest.param({"num_key_value_heads": None}, 8 * 8 * 64 * 2 * 2, id="no-gqa"),
-        pytest.param({"text_config": {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64}},
-                     2 * 2 * 32 * 2 * 2, id="nested-text_config"),
+        pytest.param(
+            {"text_config": {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64}},
+            2 * 2 * 32 * 2 * 2,
+            id="nested-text_config",
+        ),
         # A window mlx-lm does not build a rotating cache for counts in full.
         pytest.param({"sliding_window": 4096}, 8 * 4 * 64 * 2 * 2, id="mistral-style-window"),
         pytest.param({"sliding_window": 4096, "use_sliding_window": False}, 8 * 4 * 64 * 2 * 2, id="window-off"),
-        pytest.param({"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 4},
-                     4 * 4 * 64 * 2 * 2, id="layer_types"),
+        pytest.param(
+            {"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 4},
+            4 * 4 * 64 * 2 * 2,
+            id="layer_types",
+        ),
         pytest.param({"sliding_window": 512, "sliding_window_pattern": 4}, 2 * 4 * 64 * 2 * 2, id="gemma-pattern"),
         # Qwen3-Next / Qwen3.5: only every 4th layer attends; the linear-attention layers hold a fixed state.
         pytest.param({"full_attention_interval": 4}, 2 * 4 * 64 * 2 * 2, id="hybrid-interval"),
-        pytest.param({"layer_types": ["linear_attention"] * 3 + ["full_attention"]} | {"num_hidden_layers": 4},
-                     1 * 4 * 64 * 2 * 2, id="hybrid-layer_types"),
+        pytest.param(
+            {"layer_types": ["linear_attention"] * 3 + ["full_attention"]} | {"num_hidden_layers": 4},
+            1 * 4 * 64 * 2 * 2,
+            id="hybrid-layer_types",
+        ),
     ],
 )
 def test_config_variants(tmp_path: Path, config: dict[str, object], expected: int) -> None:
@@ -58,8 +79,17 @@ def test_config_variants(tmp_path: Path, config: dict[str, object], expected: in
 
 
 def shape(**changes: int) -> ModelShape:
-    base = {"weights_bytes": 10**9, "layers": 8, "kv_heads": 4, "head_dim": 64, "attention_heads": 8,
-            "hidden_size": 512, "intermediate_size": 1536, "dtype_bytes": 2, "context_window": 32768}
+    base = {
+        "weights_bytes": 10**9,
+        "layers": 8,
+        "kv_heads": 4,
+        "head_dim": 64,
+        "attention_heads": 8,
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "dtype_bytes": 2,
+        "context_window": 32768,
+    }
     return ModelShape(**(base | changes))  # type: ignore[arg-type]
 
 
@@ -105,7 +135,10 @@ def test_the_prefill_working_set_follows_the_backend() -> None:
     cpu = transient(shape(), backend="cpu", prefill_rows=4, prefill_step=512, context=32768)
     assert cpu.attention == "unfused" and cpu.bytes == 4 * 512 * (activations + 8 * 32768 * 2 * 2)
     # Metal's fused prefill kernel takes head dims 64, 80 and 128 only.
-    assert transient(shape(head_dim=256), backend="metal", prefill_rows=1, prefill_step=512, context=1024).attention == "unfused"
+    assert (
+        transient(shape(head_dim=256), backend="metal", prefill_rows=1, prefill_step=512, context=1024).attention
+        == "unfused"
+    )
 
 
 def test_on_the_cpu_the_longest_context_pays_for_its_scores() -> None:
@@ -115,7 +148,9 @@ def test_on_the_cpu_the_longest_context_pays_for_its_scores() -> None:
     assert memory.prefill_rows == 1
     assert memory.transient.context == memory.max_safe_context < 32768
     assert memory.weights_bytes + memory.transient_bytes + shape().kv_bytes(memory.max_safe_context) <= budget
-    longer = transient(shape(), backend="cpu", prefill_rows=1, prefill_step=512, context=memory.max_safe_context + BLOCK)
+    longer = transient(
+        shape(), backend="cpu", prefill_rows=1, prefill_step=512, context=memory.max_safe_context + BLOCK
+    )
     assert memory.weights_bytes + longer.bytes + shape().kv_bytes(memory.max_safe_context + BLOCK) > budget
 
 

@@ -48,8 +48,10 @@ def test_the_schemes_name_themselves() -> None:
         KvScheme(bits=8, group_size=48)
 
 
-@pytest.mark.parametrize(("name", "gigabytes"), [("Llama-3.1-8B", 16), ("Llama-3.1-8B", 24), ("Qwen3-8B", 8),
-                                                 ("Qwen3-30B-A3B", 24), ("Llama-3.2-3B", 8)])
+@pytest.mark.parametrize(
+    ("name", "gigabytes"),
+    [("Llama-3.1-8B", 16), ("Llama-3.1-8B", 24), ("Qwen3-8B", 8), ("Qwen3-30B-A3B", 24), ("Llama-3.2-3B", 8)],
+)
 def test_eight_bit_kv_nearly_doubles_the_longest_row_where_kv_limits_it(name: str, gigabytes: int) -> None:
     """On Metal (fused prefill attention: the working set does not grow with the context) at the default settings."""
     shape = model(name)

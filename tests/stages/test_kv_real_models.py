@@ -34,51 +34,150 @@ def four_bit(parameters: float) -> int:
 #        expected KV bytes of one row at the full window), the last two computed by hand.
 MODELS: dict[str, tuple[dict[str, Any], int, int, int]] = {
     # https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json
-    "Qwen3-0.6B": ({"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-                    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
-                    "sliding_window": None, "use_sliding_window": False, "torch_dtype": "bfloat16"},
-                   four_bit(0.75e9), 28 * 8 * 128 * 4, 28 * 8 * 128 * 4 * 40960),
+    "Qwen3-0.6B": (
+        {
+            "hidden_size": 1024,
+            "intermediate_size": 3072,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": 40960,
+            "sliding_window": None,
+            "use_sliding_window": False,
+            "torch_dtype": "bfloat16",
+        },
+        four_bit(0.75e9),
+        28 * 8 * 128 * 4,
+        28 * 8 * 128 * 4 * 40960,
+    ),
     # https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json
-    "Qwen3-8B": ({"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
-                  "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
-                  "sliding_window": None, "use_sliding_window": False, "torch_dtype": "bfloat16"},
-                 four_bit(8.19e9), 36 * 8 * 128 * 4, 36 * 8 * 128 * 4 * 40960),
+    "Qwen3-8B": (
+        {
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": 40960,
+            "sliding_window": None,
+            "use_sliding_window": False,
+            "torch_dtype": "bfloat16",
+        },
+        four_bit(8.19e9),
+        36 * 8 * 128 * 4,
+        36 * 8 * 128 * 4 * 40960,
+    ),
     # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
-    "Qwen3-30B-A3B": ({"hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
-                       "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
-                       "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-                       "max_position_embeddings": 40960, "sliding_window": None, "use_sliding_window": False,
-                       "torch_dtype": "bfloat16"},
-                      four_bit(30.5e9), 48 * 4 * 128 * 4, 48 * 4 * 128 * 4 * 40960),
+    "Qwen3-30B-A3B": (
+        {
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "moe_intermediate_size": 768,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "max_position_embeddings": 40960,
+            "sliding_window": None,
+            "use_sliding_window": False,
+            "torch_dtype": "bfloat16",
+        },
+        four_bit(30.5e9),
+        48 * 4 * 128 * 4,
+        48 * 4 * 128 * 4 * 40960,
+    ),
     # https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/blob/main/config.json
-    "Llama-3.1-8B": ({"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-                      "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
-                      "torch_dtype": "bfloat16"},
-                     four_bit(8.03e9), 32 * 8 * 128 * 4, 32 * 8 * 128 * 4 * 131072),
+    "Llama-3.1-8B": (
+        {
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 131072,
+            "torch_dtype": "bfloat16",
+        },
+        four_bit(8.03e9),
+        32 * 8 * 128 * 4,
+        32 * 8 * 128 * 4 * 131072,
+    ),
     # https://huggingface.co/meta-llama/Llama-3.2-3B-Instruct/blob/main/config.json
-    "Llama-3.2-3B": ({"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
-                      "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128,
-                      "max_position_embeddings": 131072, "torch_dtype": "bfloat16"},
-                     four_bit(3.21e9), 28 * 8 * 128 * 4, 28 * 8 * 128 * 4 * 131072),
+    "Llama-3.2-3B": (
+        {
+            "hidden_size": 3072,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 24,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": 131072,
+            "torch_dtype": "bfloat16",
+        },
+        four_bit(3.21e9),
+        28 * 8 * 128 * 4,
+        28 * 8 * 128 * 4 * 131072,
+    ),
     # https://huggingface.co/mistralai/Mistral-Small-24B-Instruct-2501/blob/main/config.json
-    "Mistral-Small-24B": ({"hidden_size": 5120, "intermediate_size": 32768, "num_hidden_layers": 40,
-                           "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-                           "max_position_embeddings": 32768, "sliding_window": None, "torch_dtype": "bfloat16"},
-                          four_bit(23.6e9), 40 * 8 * 128 * 4, 40 * 8 * 128 * 4 * 32768),
+    "Mistral-Small-24B": (
+        {
+            "hidden_size": 5120,
+            "intermediate_size": 32768,
+            "num_hidden_layers": 40,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": 32768,
+            "sliding_window": None,
+            "torch_dtype": "bfloat16",
+        },
+        four_bit(23.6e9),
+        40 * 8 * 128 * 4,
+        40 * 8 * 128 * 4 * 32768,
+    ),
     # https://huggingface.co/google/gemma-3-12b-it/blob/main/config.json: 5 local layers of every 6, window 1024
-    "Gemma-3-12B": ({"text_config": {"hidden_size": 3840, "intermediate_size": 15360, "num_hidden_layers": 48,
-                                     "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
-                                     "sliding_window": 1024, "sliding_window_pattern": 6,
-                                     "max_position_embeddings": 131072},
-                     "torch_dtype": "bfloat16"},
-                    four_bit(12.2e9), 8 * 8 * 256 * 4, 8 * 8 * 256 * 4 * 131072 + 40 * 8 * 256 * 4 * 1024),
+    "Gemma-3-12B": (
+        {
+            "text_config": {
+                "hidden_size": 3840,
+                "intermediate_size": 15360,
+                "num_hidden_layers": 48,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "head_dim": 256,
+                "sliding_window": 1024,
+                "sliding_window_pattern": 6,
+                "max_position_embeddings": 131072,
+            },
+            "torch_dtype": "bfloat16",
+        },
+        four_bit(12.2e9),
+        8 * 8 * 256 * 4,
+        8 * 8 * 256 * 4 * 131072 + 40 * 8 * 256 * 4 * 1024,
+    ),
     # https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json: alternating sliding 128 / full; MXFP4 ~12.8 GB
-    "gpt-oss-20b": ({"hidden_size": 2880, "intermediate_size": 2880, "num_local_experts": 32,
-                     "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_attention_heads": 64,
-                     "num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128,
-                     "layer_types": ["sliding_attention", "full_attention"] * 12,
-                     "max_position_embeddings": 131072, "torch_dtype": "bfloat16"},
-                    int(12.8e9), 12 * 8 * 64 * 4, 12 * 8 * 64 * 4 * 131072 + 12 * 8 * 64 * 4 * 128),
+    "gpt-oss-20b": (
+        {
+            "hidden_size": 2880,
+            "intermediate_size": 2880,
+            "num_local_experts": 32,
+            "num_experts_per_tok": 4,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "sliding_window": 128,
+            "layer_types": ["sliding_attention", "full_attention"] * 12,
+            "max_position_embeddings": 131072,
+            "torch_dtype": "bfloat16",
+        },
+        int(12.8e9),
+        12 * 8 * 64 * 4,
+        12 * 8 * 64 * 4 * 131072 + 12 * 8 * 64 * 4 * 128,
+    ),
 }
 
 
@@ -89,8 +188,14 @@ def model(name: str) -> ModelShape:
 
 
 def mac(gigabytes: int) -> Machine:
-    return Machine(ram_bytes=gigabytes * GB, chip="Apple M4 Max", cpus=16, bandwidth_bytes_per_s=546e9,
-                   bandwidth_source="published", backend="metal")
+    return Machine(
+        ram_bytes=gigabytes * GB,
+        chip="Apple M4 Max",
+        cpus=16,
+        bandwidth_bytes_per_s=546e9,
+        bandwidth_source="published",
+        backend="metal",
+    )
 
 
 def default_plan(shape: ModelShape, gigabytes: int) -> MemoryPlan:
@@ -149,8 +254,16 @@ def test_sixteen_requests_without_max_tokens_start_together_where_their_kv_fits(
 
 @pytest.mark.parametrize(
     ("name", "gigabytes"),
-    [("Qwen3-0.6B", 16), ("Llama-3.1-8B", 32), ("Qwen3-30B-A3B", 32), ("Qwen3-8B", 16), ("gpt-oss-20b", 32),
-     ("Gemma-3-12B", 32), ("Mistral-Small-24B", 32), ("Llama-3.2-3B", 32)],
+    [
+        ("Qwen3-0.6B", 16),
+        ("Llama-3.1-8B", 32),
+        ("Qwen3-30B-A3B", 32),
+        ("Qwen3-8B", 16),
+        ("gpt-oss-20b", 32),
+        ("Gemma-3-12B", 32),
+        ("Mistral-Small-24B", 32),
+        ("Llama-3.2-3B", 32),
+    ],
 )
 def test_the_issue_table_now_reads_full_window(name: str, gigabytes: int) -> None:
     """Cells the old plan refused or cut short; each now serves one row at the model's whole window."""

@@ -46,13 +46,13 @@ def merged(events: list[CompletionEvent]) -> list[tuple[str, str]]:
 
 CASES = [
     pytest.param(
-        '<think>\nplan it\n</think>\n\nThe answer.',
+        "<think>\nplan it\n</think>\n\nThe answer.",
         Section.ANSWER,
         [("reasoning", "plan it"), ("text", "The answer.")],
         id="think-then-answer",
     ),
     pytest.param(
-        'still thinking</think>done',
+        "still thinking</think>done",
         Section.REASONING,
         [("reasoning", "still thinking"), ("text", "done")],
         id="opened-by-template",
@@ -71,7 +71,7 @@ CASES = [
         id="two-calls-string-arguments",
     ),
     pytest.param(
-        '<tool_call>not json</tool_call> after',
+        "<tool_call>not json</tool_call> after",
         Section.ANSWER,
         [("text", "<tool_call>not json</tool_call>after")],
         id="unparseable-call-kept-as-text",
@@ -88,9 +88,19 @@ CASES = [
         [("call", 'f{"x": "a </tool_call> b"}')],
         id="closer-inside-a-json-string",
     ),
-    pytest.param('a < b and <thinking> is not a marker', Section.ANSWER, [("text", "a < b and <thinking> is not a marker")], id="near-misses"),
-    pytest.param('x <tool_cal', Section.ANSWER, [("text", "x <tool_cal")], id="partial-marker-at-end-is-text"),
-    pytest.param('<think>cut short by max_tokens', Section.ANSWER, [("reasoning", "cut short by max_tokens")], id="unclosed-think"),
+    pytest.param(
+        "a < b and <thinking> is not a marker",
+        Section.ANSWER,
+        [("text", "a < b and <thinking> is not a marker")],
+        id="near-misses",
+    ),
+    pytest.param("x <tool_cal", Section.ANSWER, [("text", "x <tool_cal")], id="partial-marker-at-end-is-text"),
+    pytest.param(
+        "<think>cut short by max_tokens",
+        Section.ANSWER,
+        [("reasoning", "cut short by max_tokens")],
+        id="unclosed-think",
+    ),
 ]
 
 
@@ -104,7 +114,11 @@ def test_every_split_gives_the_same_events(text: str, section: Section, expected
         splitter = MarkupSplitter(MARKERS, section=section)
         events = splitter.feed(head) + splitter.feed(tail, final=True)
         assert merged(events) == expected, cut
-        assert not any(isinstance(e, (TextDelta, ReasoningDelta)) and "<think>" in e.text for e in events if expected[0][0] != "text")
+        assert not any(
+            isinstance(e, (TextDelta, ReasoningDelta)) and "<think>" in e.text
+            for e in events
+            if expected[0][0] != "text"
+        )
 
 
 def test_character_by_character_streaming() -> None:
@@ -142,7 +156,9 @@ def test_real_tokens_through_the_detokenizer(tokenizer: Tokenizer, per_step: int
     )
     tokens = tokenizer.encode(text, add_special_tokens=False)
     markers = markers_for(choose_family(tokenizer), (Tool(name="f"),), parse_tools=True)
-    assert markers.think is not None and markers.family is not None and markers.family.name == "mlx-lm"  # inferred, not hard-coded
+    assert (
+        markers.think is not None and markers.family is not None and markers.family.name == "mlx-lm"
+    )  # inferred, not hard-coded
     splitter, detokenizer = MarkupSplitter(markers), tokenizer.detokenizer
     events: list[CompletionEvent] = []
     for start in range(0, len(tokens), per_step):
@@ -159,7 +175,10 @@ def test_real_tokens_through_the_detokenizer(tokenizer: Tokenizer, per_step: int
     ("text", "expected"),
     [
         ('<|tool_call|>[{"name": "f", "arguments": {"q": 1}}]<|/tool_call|>', [("call", 'f{"q": 1}')]),
-        ('functools[{"name": "f", "arguments": {"q": 1}}, {"name": "g", "arguments": {}}]', [("call", 'f{"q": 1}'), ("call", "g{}")]),
+        (
+            'functools[{"name": "f", "arguments": {"q": 1}}, {"name": "g", "arguments": {}}]',
+            [("call", 'f{"q": 1}'), ("call", "g{}")],
+        ),
         ("See functools[ in the docs.", [("text", "See functools[ in the docs.")]),
     ],
     ids=["tokens", "functools-text", "not-a-call"],
@@ -178,7 +197,10 @@ def test_phi4_mini_call_forms(text: str, expected: list[tuple[str, str]]) -> Non
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('Calling.<tool_call>{"name": "f", "arguments": {"x": "cut by max_tok', [("text", "Calling."), ("call", 'f{"x": "cut by max_tok')]),
+        (
+            'Calling.<tool_call>{"name": "f", "arguments": {"x": "cut by max_tok',
+            [("text", "Calling."), ("call", 'f{"x": "cut by max_tok')],
+        ),
         ('Calling.<tool_call>{"name": "get_w', [("text", "Calling.")]),
     ],
     ids=["keeps-what-was-written", "before-its-name-nothing"],

@@ -46,7 +46,9 @@ def newer(version: str, tmp: Path) -> MistralTokenizer:
     data: dict[str, Any] = json.loads(source.read_text(encoding="utf-8"))
     specials = [dict(token) for token in Tekkenizer.DEPRECATED_SPECIAL_TOKENS]
     named = {str(token["token_str"]) for token in specials}
-    specials += [{"rank": 0, "token_str": token.value, "is_control": True} for token in SpecialTokens if token.value not in named]
+    specials += [
+        {"rank": 0, "token_str": token.value, "is_control": True} for token in SpecialTokens if token.value not in named
+    ]
     count = data["config"]["default_num_special_tokens"]
     specials += [{"rank": 0, "token_str": f"<SPECIAL_{i}>", "is_control": True} for i in range(len(specials), count)]
     for rank, token in enumerate(specials):
@@ -69,15 +71,25 @@ TOKENIZERS = {
 
 def assistant_text(tokenizer: MistralTokenizer, extra: str) -> str:
     """What the model writes for one assistant turn, as mistral-common encodes it (after `[/INST]`, before `</s>`)."""
-    content: Any = {"": None, "text": "Checking.", "think": [ThinkChunk(thinking="Two calls."), TextChunk(text="Checking.")]}[extra]
-    calls = [MistralCall(id=f"call{i:05d}", function=FunctionCall(name=name, arguments=json.dumps(arguments))) for i, (name, arguments) in enumerate(CALLS)]
+    content: Any = {
+        "": None,
+        "text": "Checking.",
+        "think": [ThinkChunk(thinking="Two calls."), TextChunk(text="Checking.")],
+    }[extra]
+    calls = [
+        MistralCall(id=f"call{i:05d}", function=FunctionCall(name=name, arguments=json.dumps(arguments)))
+        for i, (name, arguments) in enumerate(CALLS)
+    ]
     request = ChatCompletionRequest(
         messages=[
             UserMessage(content="Weather and time in Paris?"),
             AssistantMessage(content=content, tool_calls=calls),
             *[ToolMessage(content="ok", tool_call_id=call.id) for call in calls],
         ],
-        tools=[MistralTool(function=Function(name=name, description=name, parameters={"type": "object"})) for name, _ in CALLS],
+        tools=[
+            MistralTool(function=Function(name=name, description=name, parameters={"type": "object"}))
+            for name, _ in CALLS
+        ],
     )
     tokens = tokenizer.encode_chat_completion(request).tokens
     text = tokenizer.instruct_tokenizer.tokenizer.decode(tokens, special_token_policy=SpecialTokenPolicy.KEEP)

@@ -7,8 +7,8 @@ message naming it, instead of deep inside a request.
 from __future__ import annotations
 
 import inspect
-import sys
 import re
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -18,17 +18,25 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 from stages.models import mlx_internals as internals
 from stages.models.loading import ModelInfo, Tokenizer
 
-
 # What reaching into mlx-lm looks like: its private names, the wrapper's
 # tokenizer (not our own `self._tokenizer`), parser detection by module name,
 # and writes to a cache layer's offset.
-PRIVATE = (r"_maybe_trim_space", r"_byte_decoder", r"\b_download\b", r"(?<!self)\._tokenizer\b", r"json_tools\b\"\)",
-           r"\.offset\s*=[^=]", r"\b_get_classes\b")
+PRIVATE = (
+    r"_maybe_trim_space",
+    r"_byte_decoder",
+    r"\b_download\b",
+    r"(?<!self)\._tokenizer\b",
+    r"json_tools\b\"\)",
+    r"\.offset\s*=[^=]",
+    r"\b_get_classes\b",
+)
 
 
 def test_maybe_trim_space(tokenizer: Tokenizer) -> None:
     detokenizer = tokenizer.detokenizer
-    assert callable(getattr(detokenizer, "_maybe_trim_space", None)), "mlx-lm's BPE detokenizer lost `_maybe_trim_space`"
+    assert callable(getattr(detokenizer, "_maybe_trim_space", None)), (
+        "mlx-lm's BPE detokenizer lost `_maybe_trim_space`"
+    )
     internals.keep_leading_space(detokenizer)
     detokenizer.reset()
     for token in tokenizer.encode(" Hello world"):
@@ -39,7 +47,9 @@ def test_maybe_trim_space(tokenizer: Tokenizer) -> None:
 
 def test_model_classes() -> None:
     model_class, args_class = internals.model_classes({"model_type": "qwen3"})
-    assert model_class.__name__ == "Model" and args_class.__name__ == "ModelArgs", "mlx-lm's `_get_classes` changed its answer"
+    assert model_class.__name__ == "Model" and args_class.__name__ == "ModelArgs", (
+        "mlx-lm's `_get_classes` changed its answer"
+    )
     with pytest.raises(ValueError):
         internals.model_classes({"model_type": "bert"})
 
@@ -56,7 +66,9 @@ def test_tokenizer_wrapper_tokenizer(tokenizer: Tokenizer) -> None:
 
 
 def test_json_tools_parser_module(tokenizer: Tokenizer) -> None:
-    assert internals.is_json_tool_parser(tokenizer.tool_parser), "mlx-lm's json_tools parser is no longer named by its module"
+    assert internals.is_json_tool_parser(tokenizer.tool_parser), (
+        "mlx-lm's json_tools parser is no longer named by its module"
+    )
     assert not internals.is_json_tool_parser(None)
 
 

@@ -122,7 +122,11 @@ async def test_a_prompt_that_fits_is_prepared(
     accepted with its prompt size."""
     item = text_job(tokenizer, "r1", ids(prompt_tokens), max_tokens)
     (prepared,) = await run_stage(tokenizer, [item])
-    assert (prepared.request_id, prepared.prompt_tokens, prepared.max_tokens) == ("r1", ids(prompt_tokens), expected_max)
+    assert (prepared.request_id, prepared.prompt_tokens, prepared.max_tokens) == (
+        "r1",
+        ids(prompt_tokens),
+        expected_max,
+    )
     assert (prepared.request, prepared.params, prepared.reply) == (item.request, item.params, item.reply)
     assert prepared.timeline.at(Mark.PREPARED) is not None
     assert await item.reply.accepted() == Accepted(request=item.request, prompt_tokens=prompt_tokens)
@@ -131,12 +135,27 @@ async def test_a_prompt_that_fits_is_prepared(
 @pytest.mark.parametrize(
     ("prompt_tokens", "max_tokens", "param", "gist"),
     [
-        pytest.param(4, 13, "max_tokens", "you requested 17 tokens (4 in the prompt, 13 for the completion)",
-                     id="prompt-plus-max_tokens-over"),
-        pytest.param(WINDOW, 1, "max_tokens", "you requested 17 tokens (16 in the prompt, 1 for the completion)",
-                     id="prompt-fills-window-with-max_tokens"),
-        pytest.param(WINDOW, None, "prompt", "you requested 16 tokens (16 in the prompt, 0 for the completion)",
-                     id="prompt-fills-window"),
+        pytest.param(
+            4,
+            13,
+            "max_tokens",
+            "you requested 17 tokens (4 in the prompt, 13 for the completion)",
+            id="prompt-plus-max_tokens-over",
+        ),
+        pytest.param(
+            WINDOW,
+            1,
+            "max_tokens",
+            "you requested 17 tokens (16 in the prompt, 1 for the completion)",
+            id="prompt-fills-window-with-max_tokens",
+        ),
+        pytest.param(
+            WINDOW,
+            None,
+            "prompt",
+            "you requested 16 tokens (16 in the prompt, 0 for the completion)",
+            id="prompt-fills-window",
+        ),
         pytest.param(WINDOW + 5, None, "prompt", "(21 in the prompt, 0 for the completion)", id="prompt-over-window"),
     ],
 )
@@ -150,7 +169,10 @@ async def test_context_overflow_is_a_400(
         await item.reply.accepted()
     error = caught.value
     assert (error.kind, error.status, error.code, error.param) == (
-        ErrorKind.INVALID_REQUEST, 400, "context_length_exceeded", param
+        ErrorKind.INVALID_REQUEST,
+        400,
+        "context_length_exceeded",
+        param,
     )
     assert f"maximum context length is {WINDOW} tokens" in error.message
     assert gist in error.message
@@ -198,12 +220,21 @@ async def test_a_chat_prompt_with_no_room_names_messages(tokenizer: Tokenizer) -
 @pytest.mark.parametrize(
     ("make", "param", "gist"),
     [
-        pytest.param(lambda t: text_job(t, "r1", "", 4), "prompt", "The prompt is empty after tokenization",
-                     id="empty-prompt"),
-        pytest.param(lambda t: text_job(t, "r1", (5000,), 4), "prompt", "Token id 5000 is outside the vocabulary",
-                     id="token-id-outside-vocabulary"),
-        pytest.param(lambda t: text_job(t, "r1", "hi", 4, logit_bias={VOCAB: 5.0, 3: 1.0}), "logit_bias",
-                     "[1024] are outside the vocabulary", id="logit_bias-outside-vocabulary"),
+        pytest.param(
+            lambda t: text_job(t, "r1", "", 4), "prompt", "The prompt is empty after tokenization", id="empty-prompt"
+        ),
+        pytest.param(
+            lambda t: text_job(t, "r1", (5000,), 4),
+            "prompt",
+            "Token id 5000 is outside the vocabulary",
+            id="token-id-outside-vocabulary",
+        ),
+        pytest.param(
+            lambda t: text_job(t, "r1", "hi", 4, logit_bias={VOCAB: 5.0, 3: 1.0}),
+            "logit_bias",
+            "[1024] are outside the vocabulary",
+            id="logit_bias-outside-vocabulary",
+        ),
     ],
 )
 async def test_bad_requests_fail_their_reply_only(

@@ -14,9 +14,15 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from stages.cache.tier import DiskStatistics
 from stages.cache.prompt import RESTORE_GAIN, PromptCache
-from stages.cache.tier import HOST_BYTES_PER_ENTRY, HOST_BYTES_PER_LAYER, HOST_BYTES_PER_TOKEN, Entry, Key
+from stages.cache.tier import (
+    HOST_BYTES_PER_ENTRY,
+    HOST_BYTES_PER_LAYER,
+    HOST_BYTES_PER_TOKEN,
+    DiskStatistics,
+    Entry,
+    Key,
+)
 
 LAYERS, HEADS, DIM = 2, 2, 4
 # float32 keys and values of every layer: bytes one token costs.
@@ -63,9 +69,18 @@ def test_miss_then_hit_on_a_longer_prompt() -> None:
     assert hit is not None and hit.tokens == len(BASE) and hit.source == BASE
     assert positions(hit.cache) == list(range(len(BASE)))
     assert attrs.asdict(cache.statistics()) | {"disk": None} == {
-        "entries": 1, "bytes": cost(len(BASE)), "max_bytes": 1 << 20, "hits": 1, "misses": 1,
-        "cached_tokens": len(BASE), "session_hits": 0, "session_misses": 0, "evictions": 0, "disk": None,
-        "kv_bytes": len(BASE) * TOKEN_BYTES, "max_entries": 0,
+        "entries": 1,
+        "bytes": cost(len(BASE)),
+        "max_bytes": 1 << 20,
+        "hits": 1,
+        "misses": 1,
+        "cached_tokens": len(BASE),
+        "session_hits": 0,
+        "session_misses": 0,
+        "evictions": 0,
+        "disk": None,
+        "kv_bytes": len(BASE) * TOKEN_BYTES,
+        "max_entries": 0,
     }
 
 
@@ -206,9 +221,19 @@ class FakeLower:
         self.files[entry.adapter, entry.tokens] = entry
 
     def statistics(self) -> DiskStatistics:
-        return DiskStatistics(entries=len(self.files), bytes=0, max_bytes=0, spills=len(self.spilled), spills_dropped=0, spills_unsupported=0,
-                              spill_errors=0, restores=len(self.restored), corrupt=0, last_restore_seconds=None,
-                              last_restore_at=None)
+        return DiskStatistics(
+            entries=len(self.files),
+            bytes=0,
+            max_bytes=0,
+            spills=len(self.spilled),
+            spills_dropped=0,
+            spills_unsupported=0,
+            spill_errors=0,
+            restores=len(self.restored),
+            corrupt=0,
+            last_restore_seconds=None,
+            last_restore_at=None,
+        )
 
 
 def _shared(key: Key, tokens: Sequence[int]) -> int:

@@ -15,8 +15,8 @@ import pytest
 
 from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
-from stages.models.mlx_internals import restore_layer
 from stages.cache.tier import Entry
+from stages.models.mlx_internals import restore_layer
 from tests.stages.test_prompt_cache import kv
 
 FINGERPRINT = "f" * 64

@@ -31,7 +31,9 @@ def tier(root: Path, adapters: dict[str, str] = ADAPTERS) -> DiskTier:
 def spill(disk: DiskTier, adapter: str | None, first: int = 0) -> list[SpillJob]:
     cache = kv(len(TOKENS), first=first)
     outbox: list[SpillJob] = []
-    DiskLink(disk, outbox, restore_layer).spill(Entry(tokens=TOKENS, cache=cache, prompt_len=len(TOKENS), adapter=adapter))
+    DiskLink(disk, outbox, restore_layer).spill(
+        Entry(tokens=TOKENS, cache=cache, prompt_len=len(TOKENS), adapter=adapter)
+    )
     for job in outbox:
         disk.write(job)
     return outbox

@@ -95,10 +95,18 @@ class Harness:
         steps: Channel[StepOutputs] = open_channel(64, name="steps")
         spills: Channel[SpillJob] = open_channel(4, name="spills")
         gateway = GenerationGateway(
-            inbox=inbox.receive, control=control.receive, aborts=control.send, out=steps.send,
-            spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, self.model_info),
-            eos_ids=EOS, max_batch=self.max_batch, prefill_step_size=64,
-            scheduler=self._scheduler(), cache=self.cache,
+            inbox=inbox.receive,
+            control=control.receive,
+            aborts=control.send,
+            out=steps.send,
+            spills_out=spills.send,
+            spills_in=spills.receive,
+            load=partial(load_weights, self.model_info),
+            eos_ids=EOS,
+            max_batch=self.max_batch,
+            prefill_step_size=64,
+            scheduler=self._scheduler(),
+            cache=self.cache,
         )
         run = Run()
         with anyio.fail_after(self.timeout), steps.receive:
@@ -201,7 +209,11 @@ async def test_the_cache_counts_the_memory_it_holds(model_info: ModelInfo) -> No
 
     held = cache()
     harness = Harness(model_info, held)
-    wave = [row("short", tuple(range(20, 50))), row("long", SYSTEM, max_tokens=30), row("cut", tuple(range(700, 900)), max_tokens=40)]
+    wave = [
+        row("short", tuple(range(20, 50))),
+        row("long", SYSTEM, max_tokens=30),
+        row("cut", tuple(range(700, 900)), max_tokens=40),
+    ]
     first = await harness.run(wave, abort_after={"cut": 5})
     # The sink hears of the removal: no further delta would tell it.
     assert [step.removed for step in first.steps if step.removed] == [("cut",)]

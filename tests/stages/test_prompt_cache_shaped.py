@@ -55,7 +55,9 @@ async def test_the_second_turn_is_the_same_with_the_cache(shaped: tuple[str, Mod
         rerendered = tuple(900 + t % 50 for t in first.tokens("t1"))
         turn2 = turn1 + rerendered + (310, 311, 312)
         hit = await warm.run([row("t2", turn2, max_tokens=ANSWER_TOKENS, sampling=sampling)])
-        cold = await Harness(info, None, timeout=1500).run([row("t2", turn2, max_tokens=ANSWER_TOKENS, sampling=sampling)])
+        cold = await Harness(info, None, timeout=1500).run(
+            [row("t2", turn2, max_tokens=ANSWER_TOKENS, sampling=sampling)]
+        )
         # Cut back to the whole first prompt (a sliding window inside its 512
         # tokens can still be cut), or resumed from the recurrent state kept
         # at its end (all but its last token). Past the window: unit tests.

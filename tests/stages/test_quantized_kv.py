@@ -35,7 +35,9 @@ def model() -> object:
 
 def batched(model: object, generator: type, **options: object) -> tuple[list[list[int]], int]:
     """Every row's greedy tokens, and the most bytes the batch's caches held."""
-    made = generator(model, stop_tokens=[], completion_batch_size=8, prefill_batch_size=8, prefill_step_size=16, **options)
+    made = generator(
+        model, stop_tokens=[], completion_batch_size=8, prefill_batch_size=8, prefill_step_size=16, **options
+    )
     uids = made.insert(PROMPTS, max_tokens=[TOKENS] * len(PROMPTS))
     out: dict[int, list[int]] = {uid: [] for uid in uids}
     done, held = 0, 0

@@ -59,12 +59,20 @@ async def test_every_message_crosses_with_its_type(pair: tuple[ByteStream, ByteS
     front, worker = pair
     to_worker: list[ToWorker] = [
         SettingsIn(values={"model": None, "max_batch": 16, "exclusive_share": 0.15, "single_row": True}),
-        AbortIn(request_id="a"), CancelIn(job_id=3), CloseIn(), StatsIn(),
+        AbortIn(request_id="a"),
+        CancelIn(job_id=3),
+        CloseIn(),
+        StatsIn(),
         JobIn(job_id=1, kind="score", inputs=[[1, 2], [3]], request_id="r", trace_id="t", rate_key="m", yes=5, no=6),
     ]
     to_front: list[ToFront] = [
-        ReadyOut(pid=42), BeatOut(), JobOut(job_id=1, scores=[0.5]), JobOut(job_id=2, vectors=[b"\0\0\x80?"]),
-        step_out(StepOutputs(admitted=(), deltas=(TokenDelta(request_id="a", new_token_ids=(7,)),), stepped_at=1.5), []),
+        ReadyOut(pid=42),
+        BeatOut(),
+        JobOut(job_id=1, scores=[0.5]),
+        JobOut(job_id=2, vectors=[b"\0\0\x80?"]),
+        step_out(
+            StepOutputs(admitted=(), deltas=(TokenDelta(request_id="a", new_token_ids=(7,)),), stepped_at=1.5), []
+        ),
     ]
     writer, reader = FrameWriter(front), FrameReader[ToWorker](worker, ToWorker)
     for message in to_worker:
@@ -110,10 +118,28 @@ async def test_a_peer_that_stops_reading_holds_the_writer_back(pair: tuple[ByteS
 
 def prepared(constraint: CompiledConstraint | None = None) -> Prepared:
     sampling = Sampling(temperature=0.7, top_p=0.9, top_k=5, seed=3, presence_penalty=0.1, logit_bias={4: -2.0})
-    params = GenerationParams(max_tokens=9, sampling=sampling, stop=("end",), cache_key="s", logprobs=2, thinking_budget=4,
-                              min_tokens=1, ignore_eos=True, stop_token_ids=(8,), adapter="lora")
-    return Prepared(request_id="r1", request=TextRequest(prompt="hi", params=params), prompt_tokens=(1, 2, 3), max_tokens=9,
-                    params=params, reply=Reply("r1", "trace"), timeline=Timeline.start(), constraint=constraint)
+    params = GenerationParams(
+        max_tokens=9,
+        sampling=sampling,
+        stop=("end",),
+        cache_key="s",
+        logprobs=2,
+        thinking_budget=4,
+        min_tokens=1,
+        ignore_eos=True,
+        stop_token_ids=(8,),
+        adapter="lora",
+    )
+    return Prepared(
+        request_id="r1",
+        request=TextRequest(prompt="hi", params=params),
+        prompt_tokens=(1, 2, 3),
+        max_tokens=9,
+        params=params,
+        reply=Reply("r1", "trace"),
+        timeline=Timeline.start(),
+        constraint=constraint,
+    )
 
 
 def test_a_row_crosses_with_what_the_model_side_reads() -> None:
@@ -134,7 +160,11 @@ def test_a_step_crosses_back_to_the_rows_the_front_holds() -> None:
     row = prepared()
     outputs = StepOutputs(
         admitted=(Admitted(prepared=row, admitted_at=2.0, cached_tokens=1),),
-        deltas=(TokenDelta(request_id="r1", new_token_ids=(5,), finish=FinishReason.LENGTH, logprobs=((-0.5, ((5, -0.5),)),)),),
+        deltas=(
+            TokenDelta(
+                request_id="r1", new_token_ids=(5,), finish=FinishReason.LENGTH, logprobs=((-0.5, ((5, -0.5),)),)
+            ),
+        ),
         stepped_at=3.0,
         removed=("gone",),
     )
@@ -156,5 +186,10 @@ def test_a_grammar_fault_crosses_so_the_front_fails_the_row() -> None:
 def test_an_error_crosses_as_the_same_request_error() -> None:
     error = invalid("bad grammar", param="response_format", code="x")
     back = request_error(error_out(error))
-    assert (back.kind, back.message, back.param, back.code) == (ErrorKind.INVALID_REQUEST, "bad grammar", "response_format", "x")
+    assert (back.kind, back.message, back.param, back.code) == (
+        ErrorKind.INVALID_REQUEST,
+        "bad grammar",
+        "response_format",
+        "x",
+    )
     assert isinstance(back, RequestError)

@@ -229,7 +229,9 @@ def test_row_stop_ids_are_eos_unless_ignored_plus_the_requested_ones() -> None:
 
     params = GenerationParams(max_tokens=4, sampling=Sampling(), stop_token_ids=(7,))
     assert row_stop_ids(params, [0, 2]) == {0, 2, 7}
-    assert row_stop_ids(GenerationParams(max_tokens=4, sampling=Sampling(), ignore_eos=True, stop_token_ids=(7,)), [0, 2]) == {7}
+    assert row_stop_ids(
+        GenerationParams(max_tokens=4, sampling=Sampling(), ignore_eos=True, stop_token_ids=(7,)), [0, 2]
+    ) == {7}
 
 
 def test_a_matcher_that_fails_mid_generation_keeps_its_reason(tokenizer: Tokenizer, model_info: ModelInfo) -> None:
@@ -239,7 +241,9 @@ def test_a_matcher_that_fails_mid_generation_keeps_its_reason(tokenizer: Tokeniz
     mid-generation leaves, which no small grammar reaches in a test's time).
     """
     compiler = ConstraintCompiler(tokenizer=tokenizer, vocab_size=model_info.vocab_size)
-    processor = ConstraintProcessor(compiler.compile(Constraint(kind=ConstraintKind.REGEX, spec="ab+", param="p")).matcher())
+    processor = ConstraintProcessor(
+        compiler.compile(Constraint(kind=ConstraintKind.REGEX, spec="ab+", param="p")).matcher()
+    )
     logits = mx.zeros((1, model_info.vocab_size))
     first = processor(mx.array([0]), logits)
     assert processor.fault is None

@@ -47,7 +47,9 @@ def follower_cache(root: Path) -> tuple[PromptCache, FollowerDisk]:
     return cache, disk
 
 
-def test_a_dropped_entry_rank_0_spilled_is_written_and_a_restore_is_agreed_then_served(tmp_path: Path, channel: Broadcast) -> None:
+def test_a_dropped_entry_rank_0_spilled_is_written_and_a_restore_is_agreed_then_served(
+    tmp_path: Path, channel: Broadcast
+) -> None:
     cache, disk = follower_cache(tmp_path)
     cache.store(entry(TOKENS))
     cache.drop(TOKENS, spill=True)
@@ -61,7 +63,9 @@ def test_a_dropped_entry_rank_0_spilled_is_written_and_a_restore_is_agreed_then_
     disk.close()
 
 
-def test_a_copy_that_does_not_check_out_is_voted_down_deleted_and_not_served(tmp_path: Path, channel: Broadcast) -> None:
+def test_a_copy_that_does_not_check_out_is_voted_down_deleted_and_not_served(
+    tmp_path: Path, channel: Broadcast
+) -> None:
     cache, disk = follower_cache(tmp_path)
     cache.store(entry(TOKENS))
     cache.drop(TOKENS, spill=True)

@@ -6,8 +6,15 @@ from stages.kv.shape import ModelShape
 from stages.shard.plan import per_rank
 
 SHAPE = ModelShape(
-    weights_bytes=1_000_000_000, layers=28, kv_heads=8, head_dim=128, attention_heads=16,
-    hidden_size=1024, intermediate_size=3072, dtype_bytes=2, context_window=40960,
+    weights_bytes=1_000_000_000,
+    layers=28,
+    kv_heads=8,
+    head_dim=128,
+    attention_heads=16,
+    hidden_size=1024,
+    intermediate_size=3072,
+    dtype_bytes=2,
+    context_window=40960,
 )
 VOCAB = 151_936
 EMBEDDING = VOCAB * 1024 * 2

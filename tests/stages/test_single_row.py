@@ -26,7 +26,9 @@ from stages.models.loading import ModelInfo, load_weights
 
 GREEDY = Sampling(temperature=0.0)
 SEEDED = Sampling(temperature=0.9, seed=5)
-PENALISED = Sampling(temperature=0.8, seed=11, repetition_penalty=1.3, presence_penalty=0.5, logit_bias={5: 3.0, 7: -100.0})
+PENALISED = Sampling(
+    temperature=0.8, seed=11, repetition_penalty=1.3, presence_penalty=0.5, logit_bias={5: 3.0, 7: -100.0}
+)
 PROMPT = list(range(3, 40))
 OTHER = list(range(50, 95))
 STEP = 16  # prefill chunk: the long prompt takes several calls
@@ -38,7 +40,9 @@ def model(model_info: ModelInfo) -> Any:
 
 
 def _batch(model: Any) -> BatchGenerator:
-    return BatchGenerator(model, stop_tokens=[[0]], completion_batch_size=4, prefill_batch_size=4, prefill_step_size=STEP)
+    return BatchGenerator(
+        model, stop_tokens=[[0]], completion_batch_size=4, prefill_batch_size=4, prefill_step_size=STEP
+    )
 
 
 def _solo(model: Any) -> Any:
@@ -60,8 +64,12 @@ def _drive(generator: Any, arrivals: dict[int, list[Arrival]]) -> dict[str, dict
             from stages.model_thread.sampling import RowStops
 
             (uid,) = generator.insert(
-                [prompt], max_tokens=[max_tokens], caches=None, all_tokens=[[]],
-                samplers=[make_row_sampler(sampling)], logits_processors=[make_row_processors(sampling, max_tokens)],
+                [prompt],
+                max_tokens=[max_tokens],
+                caches=None,
+                all_tokens=[[]],
+                samplers=[make_row_sampler(sampling)],
+                logits_processors=[make_row_processors(sampling, max_tokens)],
                 stop_sequences=[RowStops(stops)],
             )
             rows[uid] = {"name": name, "prompt": prompt, "tokens": [], "logprobs": [], "finish": None}
@@ -87,7 +95,10 @@ def _same(expected: dict[str, dict[str, Any]], got: dict[str, dict[str, Any]]) -
             assert mx.allclose(a, b, atol=1e-4).item(), name
         # The finished row's cache holds exactly the tokens it names, which are its prompt and output so far.
         held = have["all_tokens"]
-        assert held == (have["prompt"] + have["tokens"])[: len(held)] and len(held) >= len(have["prompt"]) + len(have["tokens"]) - 1
+        assert (
+            held == (have["prompt"] + have["tokens"])[: len(held)]
+            and len(held) >= len(have["prompt"]) + len(have["tokens"]) - 1
+        )
         assert have["cache"][0].offset == len(held)
 
 
@@ -124,8 +135,15 @@ def test_a_removed_row_leaves_with_its_cache_and_tokens(model: Any) -> None:
     solo = _solo(model)
     from stages.model_thread.sampling import RowStops
 
-    (uid,) = solo.insert([PROMPT], max_tokens=[30], caches=None, all_tokens=[[]], samplers=[make_row_sampler(GREEDY)],
-                         logits_processors=[[]], stop_sequences=[RowStops([[0]])])
+    (uid,) = solo.insert(
+        [PROMPT],
+        max_tokens=[30],
+        caches=None,
+        all_tokens=[[]],
+        samplers=[make_row_sampler(GREEDY)],
+        logits_processors=[[]],
+        stop_sequences=[RowStops([[0]])],
+    )
     tokens = []
     for _ in range(8):
         tokens += [response.token for response in solo.next()[1]]
@@ -140,11 +158,12 @@ def test_off_for_a_sharded_or_disabled_generator(model: Any) -> None:
     assert single_row(make, enabled=False, model=model, stop_tokens=[[0]], prefill_step_size=STEP) is make
 
 
-
 # -- through the gateway ---------------------------------------------------------------------------------------
 
 
-async def _gateway_run(model_info: ModelInfo, rows: list[Any], second_after: int, *, single_row: bool) -> dict[str, Any]:
+async def _gateway_run(
+    model_info: ModelInfo, rows: list[Any], second_after: int, *, single_row: bool
+) -> dict[str, Any]:
     """Row 0 alone; the others arrive once it has `second_after` tokens. Each row's deltas."""
     from functools import partial
 
@@ -162,9 +181,17 @@ async def _gateway_run(model_info: ModelInfo, rows: list[Any], second_after: int
     steps: Channel[StepOutputs] = open_channel(64, name="steps")
     spills: Channel[SpillJob] = open_channel(4, name="spills")
     gateway = GenerationGateway(
-        inbox=inbox.receive, control=control.receive, aborts=control.send, out=steps.send,
-        spills_out=spills.send, spills_in=spills.receive, load=partial(load_weights, model_info),
-        eos_ids=frozenset({0, 2}), max_batch=4, prefill_step_size=STEP, single_row=single_row,
+        inbox=inbox.receive,
+        control=control.receive,
+        aborts=control.send,
+        out=steps.send,
+        spills_out=spills.send,
+        spills_in=spills.receive,
+        load=partial(load_weights, model_info),
+        eos_ids=frozenset({0, 2}),
+        max_batch=4,
+        prefill_step_size=STEP,
+        single_row=single_row,
         scheduler=KvScheduler(read_model_shape(model_info.path, model_info.context_window), 1 << 30),
     )
     deltas: dict[str, list[Any]] = {r.request_id: [] for r in rows}
@@ -185,7 +212,9 @@ async def _gateway_run(model_info: ModelInfo, rows: list[Any], second_after: int
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-async def test_through_the_gateway_tokens_logprobs_and_stops_are_the_batchs(model_info: ModelInfo, sampling: Sampling) -> None:
+async def test_through_the_gateway_tokens_logprobs_and_stops_are_the_batchs(
+    model_info: ModelInfo, sampling: Sampling
+) -> None:
     """The gateway with the single-row path gives what it gives without: a row alone, then joined by two more
     mid-generation; with logprobs and a stop token id; greedy and seeded."""
     import attrs
@@ -194,7 +223,10 @@ async def test_through_the_gateway_tokens_logprobs_and_stops_are_the_batchs(mode
     from tests.stages.test_prompt_cache_gateway import row
 
     def rows() -> list[Any]:
-        made = [row(f"r{i}", prompt, max_tokens=24, sampling=sampling) for i, prompt in enumerate((PROMPT, OTHER, OTHER[:20]))]
+        made = [
+            row(f"r{i}", prompt, max_tokens=24, sampling=sampling)
+            for i, prompt in enumerate((PROMPT, OTHER, OTHER[:20]))
+        ]
         params = GenerationParams(max_tokens=24, sampling=sampling, logprobs=2, stop_token_ids=(9,))
         return [attrs.evolve(made[0], params=params), *made[1:]]
 

@@ -43,9 +43,7 @@ class Row:
     admitted: Admitted
 
 
-def row(
-    request_id: str, stop: tuple[str, ...] = (), prompt: tuple[int, ...] = PROMPT, *, chat: bool = False
-) -> Row:
+def row(request_id: str, stop: tuple[str, ...] = (), prompt: tuple[int, ...] = PROMPT, *, chat: bool = False) -> Row:
     """A row as the gateway admits it: a raw completion, or with `chat` a chat request."""
     params = GenerationParams(max_tokens=64, sampling=Sampling(), stop=stop)
     request: GenerationRequest = (
@@ -304,7 +302,9 @@ async def test_one_canonical_finish_line_per_request(tokenizer: Tokenizer) -> No
     last_step = 3.0 + len(tokens) - 1
     assert finish["request_id"] == "r1" and finish["trace_id"] == "r1"
     assert (finish["finish_reason"], finish["prompt_tokens"], finish["completion_tokens"]) == (
-        "length", len(PROMPT), len(tokens)
+        "length",
+        len(PROMPT),
+        len(tokens),
     )
     assert finish["queue"] == pytest.approx(1.5 - 1.2)
     assert finish["prefill"] == pytest.approx(3.0 - 1.5)
@@ -326,7 +326,9 @@ async def test_no_row_state_outlives_its_request(tokenizer: Tokenizer, finish_fi
             await group.start(sink.run)
             async with steps.send:
                 first = (TokenDelta(request_id="left", new_token_ids=tuple(tokens[:2])),)
-                await steps.send.send(StepOutputs(admitted=(left.admitted, done.admitted), deltas=first, stepped_at=2.0))
+                await steps.send.send(
+                    StepOutputs(admitted=(left.admitted, done.admitted), deltas=first, stepped_at=2.0)
+                )
                 await anyio.wait_all_tasks_blocked()
                 assert sink.open_rows == 2
                 left.reply.close()

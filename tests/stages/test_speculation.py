@@ -60,10 +60,14 @@ def _drive(generator: Any, arrivals: dict[int, list[Arrival]]) -> dict[str, dict
     while call <= max(arrivals) or any(row["finish"] is None for row in rows.values()):
         for name, prompt, sampling, max_tokens, stops in arrivals.get(call, []):
             (uid,) = generator.insert(
-                [prompt], max_tokens=[max_tokens], caches=None, all_tokens=[[]],
-                samplers=[make_row_sampler(sampling)], logits_processors=[make_row_processors(sampling, max_tokens)],
+                [prompt],
+                max_tokens=[max_tokens],
+                caches=None,
+                all_tokens=[[]],
+                samplers=[make_row_sampler(sampling)],
+                logits_processors=[make_row_processors(sampling, max_tokens)],
                 stop_sequences=[RowStops(stops)],
-            )  # fmt: skip
+            )
             rows[uid] = {"name": name, "prompt": prompt, "tokens": [], "logprobs": [], "finish": None}
         for response in generator.next()[1]:
             row = rows[response.uid]

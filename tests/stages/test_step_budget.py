@@ -108,7 +108,9 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def test_a_long_prompt_prefills_over_many_steps_and_a_decoding_row_advances_in_each(model_info: ModelInfo) -> None:
+async def test_a_long_prompt_prefills_over_many_steps_and_a_decoding_row_advances_in_each(
+    model_info: ModelInfo,
+) -> None:
     inbox: Channel[Prepared] = open_channel(16, name="gateway")
     control: Channel[Abort] = open_channel(4, name="control")
     steps: Channel[StepOutputs] = open_channel(256, name="steps")

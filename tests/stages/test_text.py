@@ -26,7 +26,9 @@ def test_a_string_prompt_is_encoded_by_the_tokenizer(tokenizer: Tokenizer, model
     "ids",
     [pytest.param((0,), id="lowest"), pytest.param((1023,), id="highest"), pytest.param((5, 6, 5), id="repeats")],
 )
-def test_token_ids_inside_the_vocabulary_pass_through(tokenizer: Tokenizer, model_info: ModelInfo, ids: tuple[int, ...]) -> None:
+def test_token_ids_inside_the_vocabulary_pass_through(
+    tokenizer: Tokenizer, model_info: ModelInfo, ids: tuple[int, ...]
+) -> None:
     """Token-id prompts are used as given, as a list, when every id is in 0..vocab_size-1."""
     assert model_info.vocab_size == 1024
     assert encode_prompt(tokenizer, model_info.vocab_size, ids) == list(ids)

@@ -22,8 +22,13 @@ def chat(*messages: Message) -> ChatRequest:
 
 
 def talk(turns: int) -> ChatRequest:
-    pairs = [(Message(role=Role.USER, content=f"question {i}: " + "tide " * 30),
-              Message(role=Role.ASSISTANT, content=f"answer {i}: " + "wave " * 30)) for i in range(turns)]
+    pairs = [
+        (
+            Message(role=Role.USER, content=f"question {i}: " + "tide " * 30),
+            Message(role=Role.ASSISTANT, content=f"answer {i}: " + "wave " * 30),
+        )
+        for i in range(turns)
+    ]
     return chat(*(m for pair in pairs for m in pair), Message(role=Role.USER, content="last question"))
 
 
@@ -32,8 +37,10 @@ def agent(rounds: int) -> ChatRequest:
     messages = [Message(role=Role.USER, content="the task: list the files")]
     for i in range(rounds):
         call = ToolCallRecord(id=f"call_{i}", name="shell", arguments=f'{{"cmd": "ls dir{i}"}}')
-        messages += [Message(role=Role.ASSISTANT, content="", tool_calls=(call,)),
-                     Message(role=Role.TOOL, content=f"output {i}: " + "file.txt " * 40, tool_call_id=f"call_{i}")]
+        messages += [
+            Message(role=Role.ASSISTANT, content="", tool_calls=(call,)),
+            Message(role=Role.TOOL, content=f"output {i}: " + "file.txt " * 40, tool_call_id=f"call_{i}"),
+        ]
     return chat(*messages)
 
 
@@ -74,8 +81,11 @@ def test_a_long_agent_turn_keeps_its_task_and_never_parts_a_call_from_its_result
 
 def test_a_latest_exchange_too_long_alone_comes_back_alone(tokenizer: Tokenizer) -> None:
     render = partial(render_chat, tokenizer)
-    request = chat(Message(role=Role.USER, content="old"), Message(role=Role.ASSISTANT, content="reply"),
-                   Message(role=Role.USER, content="long " * 400))
+    request = chat(
+        Message(role=Role.USER, content="old"),
+        Message(role=Role.ASSISTANT, content="reply"),
+        Message(role=Role.USER, content="long " * 400),
+    )
     tokens = render_truncated(render, request, 50)
     text = tokenizer.decode(tokens)
     assert len(tokens) > 50 and "old" not in text and SYSTEM.content in text

@@ -37,7 +37,10 @@ def record(n: int, *, text: str = "hello", instructions: str | None = None) -> S
         id=response_id,
         created_at=1_700_000_000.0 + n,
         body={"id": response_id, "object": "response", "output": [{"type": "message", "text": text}], "usage": None},
-        input_items=({"role": "user", "content": "Hi ☕"}, {"type": "function_call_output", "call_id": "c1", "output": "42"}),
+        input_items=(
+            {"role": "user", "content": "Hi ☕"},
+            {"type": "function_call_output", "call_id": "c1", "output": "42"},
+        ),
         instructions=instructions,
     )
 
@@ -62,8 +65,11 @@ def clock() -> FakeClock:
 @pytest.fixture
 def make_store(kind: Kind, clock: FakeClock, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
     opened: list[ResponseStore] = []
-    url = {"memory": lambda: "memory", "sqlite": lambda: f"sqlite:///{tmp_path / 'responses.db'}",
-           "postgresql": lambda: request.getfixturevalue("postgres").new_database()}[kind]()
+    url = {
+        "memory": lambda: "memory",
+        "sqlite": lambda: f"sqlite:///{tmp_path / 'responses.db'}",
+        "postgresql": lambda: request.getfixturevalue("postgres").new_database(),
+    }[kind]()
 
     def make(*, ttl_seconds: float = 100.0, max_bytes: int = 10**7) -> ResponseStore:
         store = open_store(url, ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)
@@ -221,7 +227,16 @@ def test_statistics_figures(make_store: StoreFactory, kind: Kind, tmp_path: Path
     assert (figures.entries, figures.bytes) == (2, 2 * SIZE + len("Be brief."))
     assert (figures.max_bytes, figures.ttl_seconds) == (10 * SIZE, 60.0)
     assert (figures.hits, figures.misses, figures.evictions, figures.expirations, figures.oversized) == (1, 1, 0, 0, 0)
-    assert set(attrs.asdict(figures)) >= {"kind", "entries", "bytes", "max_bytes", "ttl_seconds", "hits", "misses", "evictions"}
+    assert set(attrs.asdict(figures)) >= {
+        "kind",
+        "entries",
+        "bytes",
+        "max_bytes",
+        "ttl_seconds",
+        "hits",
+        "misses",
+        "evictions",
+    }
 
 
 def test_size_is_the_utf8_length_of_the_json(make_store: StoreFactory) -> None:
@@ -345,7 +360,9 @@ def test_bad_store_urls_say_what_is_accepted(url: str, message: str) -> None:
         open_store(url, ttl_seconds=1.0, max_bytes=1)
 
 
-def test_a_relative_sqlite_url_opens_under_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_relative_sqlite_url_opens_under_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     store = open_store("sqlite:data/r.db", ttl_seconds=1.0, max_bytes=10**6)
     try:

@@ -65,11 +65,21 @@ def test_writers_on_several_replicas_never_pass_the_cap(postgres: PostgresServer
 @pytest.mark.parametrize(
     ("setup", "message"),
     [
-        (["CREATE TABLE mlx_relay_response_store (version INTEGER NOT NULL)",
-          "INSERT INTO mlx_relay_response_store VALUES (99)"], "newer than this server's 1"),
-        (["CREATE TABLE mlx_relay_response_store (version INTEGER NOT NULL)",
-          "INSERT INTO mlx_relay_response_store VALUES (1)", "CREATE TABLE mlx_relay_responses (id TEXT)"],
-         "not a response store this server knows"),
+        (
+            [
+                "CREATE TABLE mlx_relay_response_store (version INTEGER NOT NULL)",
+                "INSERT INTO mlx_relay_response_store VALUES (99)",
+            ],
+            "newer than this server's 1",
+        ),
+        (
+            [
+                "CREATE TABLE mlx_relay_response_store (version INTEGER NOT NULL)",
+                "INSERT INTO mlx_relay_response_store VALUES (1)",
+                "CREATE TABLE mlx_relay_responses (id TEXT)",
+            ],
+            "not a response store this server knows",
+        ),
     ],
     ids=["newer", "unknown-table"],
 )
@@ -88,7 +98,10 @@ def test_a_server_that_cannot_be_reached_fails_to_open() -> None:
 
 
 def test_the_password_never_reaches_reports() -> None:
-    assert redacted("postgresql://relay:s3cret@db.example:5433/responses") == "postgresql://relay:***@db.example:5433/responses"
+    assert (
+        redacted("postgresql://relay:s3cret@db.example:5433/responses")
+        == "postgresql://relay:***@db.example:5433/responses"
+    )
     assert redacted("postgresql://relay@db/responses") == "postgresql://relay@db/responses"
     with pytest.raises(StoreError) as raised:
         store("postgresql://nobody:s3cret@127.0.0.1:9/none", connect_timeout=1.0)

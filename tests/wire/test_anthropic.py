@@ -28,7 +28,6 @@ from pipeline.events import (
 from pipeline.protocol import StreamProtocol
 from wire.anthropic import MessagesStream, error_body
 
-
 ID, MODEL = "msg_1", "mlx-relay/tiny"
 Event = tuple[str, dict[str, Any]]
 
@@ -150,7 +149,12 @@ def test_start_is_message_start_then_ping() -> None:
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": 12, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+        "usage": {
+            "input_tokens": 12,
+            "output_tokens": 0,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
     }
     assert parse(stream(12).start()) == [
         ("message_start", {"type": "message_start", "message": message}),
@@ -162,7 +166,9 @@ def test_message_start_waits_for_the_cache_share_and_reports_it_as_message_delta
     """Before admission the cache's share is unknown: SSE comments keep the stream alive; message_start then
     carries the uncached count and the cache read, as message_delta and the whole body do."""
     admitted: list[int] = []
-    protocol = MessagesStream(id=ID, model=MODEL, input_tokens=25, cached_tokens=lambda: admitted[0] if admitted else None)
+    protocol = MessagesStream(
+        id=ID, model=MODEL, input_tokens=25, cached_tokens=lambda: admitted[0] if admitted else None
+    )
     assert protocol.start() + protocol.keepalive() == b": keepalive\n\n" * 2
     admitted.append(24)
     end = summary(prompt=25, cached=24)
@@ -302,7 +308,15 @@ def test_error_after_partial_stream_is_a_terminal_error_event(
     assert [name for name, _ in events].count("error") == 1
 
 
-TRICKY_TEXTS = ["plain", 'quote " and \\ backslash', "line\nbreak\ttab", "日本 ☕ 🙂", "\x00\x1f ctrl", "</script>", "\u2028"]
+TRICKY_TEXTS = [
+    "plain",
+    'quote " and \\ backslash',
+    "line\nbreak\ttab",
+    "日本 ☕ 🙂",
+    "\x00\x1f ctrl",
+    "</script>",
+    "\u2028",
+]
 
 
 @pytest.mark.parametrize("text", TRICKY_TEXTS)
@@ -315,7 +329,12 @@ def test_spliced_delta_frames_are_the_bytes_the_whole_event_encodes_to(text: str
     s.start()
     data = b"".join(
         s.add_events([event])
-        for event in (ReasoningDelta(text=text), ReasoningDelta(text=text), TextDelta(text=text), TextDelta(text=text + "!"))
+        for event in (
+            ReasoningDelta(text=text),
+            ReasoningDelta(text=text),
+            TextDelta(text=text),
+            TextDelta(text=text + "!"),
+        )
     )
     blocks = data.split(b"\n\n")[:-1]
     deltas = 0
@@ -326,7 +345,9 @@ def test_spliced_delta_frames_are_the_bytes_the_whole_event_encodes_to(text: str
     assert deltas == 4
     texts = [(p["index"], p["delta"]) for _, p in parse(data) if p["type"] == "content_block_delta"]
     assert texts == [
-        (0, {"type": "thinking_delta", "thinking": text}), (0, {"type": "thinking_delta", "thinking": text}),
+        (0, {"type": "thinking_delta", "thinking": text}),
+        (0, {"type": "thinking_delta", "thinking": text}),
         (0, {"type": "signature_delta", "signature": ""}),
-        (1, {"type": "text_delta", "text": text}), (1, {"type": "text_delta", "text": text + "!"}),
+        (1, {"type": "text_delta", "text": text}),
+        (1, {"type": "text_delta", "text": text + "!"}),
     ]

@@ -12,10 +12,9 @@ import pytest
 
 from pipeline.errors import ErrorKind, RequestError, engine_dead, invalid, overloaded, shutting_down
 from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summary, TextDelta
-from wire.anthropic import error_body, error_status
 from tests.wire.test_anthropic import (
-    MODEL,
     ID,
+    MODEL,
     SCORED,
     STREAMS,
     call,
@@ -25,7 +24,7 @@ from tests.wire.test_anthropic import (
     summary,
     usage_json,
 )
-
+from wire.anthropic import error_body, error_status
 
 ERRORS = [
     pytest.param(invalid("messages: Field required", param="messages"), 400, "invalid_request_error", id="invalid"),

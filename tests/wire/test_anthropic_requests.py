@@ -18,8 +18,8 @@ from pipeline.requests import (
     ClearThinking,
     ClearToolUses,
     Constraint,
-    ContextEdit,
     ConstraintKind,
+    ContextEdit,
     GenerationParams,
     JsonValue,
     Message,
@@ -31,7 +31,6 @@ from pipeline.requests import (
     ToolChoiceMode,
 )
 from wire.anthropic_requests import decode_count_tokens, decode_messages
-
 
 UNSUPPORTED = "unsupported_parameter"
 USER_HI: dict[str, JsonValue] = {"role": "user", "content": "hi"}
@@ -63,7 +62,11 @@ def chat(
     return ChatRequest(
         messages=messages or (HI,),
         params=GenerationParams(
-            max_tokens=max_tokens, sampling=Sampling(**sampling), stop=stop, constraint=constraint, clamp_max_tokens=True
+            max_tokens=max_tokens,
+            sampling=Sampling(**sampling),
+            stop=stop,
+            constraint=constraint,
+            clamp_max_tokens=True,
         ),
         template_kwargs=template_kwargs or {},
         tools=tools,
@@ -279,7 +282,11 @@ VALID_MESSAGES = [
         chat(constraint=Constraint(kind=ConstraintKind.JSON_SCHEMA, spec=SCHEMA, param="output_config.format.schema")),
         id="output_config-format-json_schema",
     ),
-    pytest.param(body(output_config={"effort": "high"}), chat(template_kwargs={"reasoning_effort": "high"}), id="output_config-effort-sets-the-template-level"),
+    pytest.param(
+        body(output_config={"effort": "high"}),
+        chat(template_kwargs={"reasoning_effort": "high"}),
+        id="output_config-effort-sets-the-template-level",
+    ),
     pytest.param(
         body(max_tokens=4096, output_config={"effort": "max"}, thinking={"type": "enabled", "budget_tokens": 2000}),
         attrs.evolve(
@@ -339,8 +346,12 @@ VALID_MESSAGES = [
             context_edits=(
                 ClearThinking(keep_turns=2),
                 ClearToolUses(
-                    trigger_tokens=None, trigger_tool_uses=4, keep=1, clear_at_least=50,
-                    exclude_tools=frozenset({"Read"}), clear_inputs=frozenset({"Edit"}),
+                    trigger_tokens=None,
+                    trigger_tool_uses=4,
+                    keep=1,
+                    clear_at_least=50,
+                    exclude_tools=frozenset({"Read"}),
+                    clear_inputs=frozenset({"Edit"}),
                 ),
             )
         ),

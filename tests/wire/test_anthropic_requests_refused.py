@@ -11,7 +11,6 @@ import pytest
 
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.requests import JsonValue
-from wire.anthropic_requests import decode_count_tokens, decode_messages
 from tests.wire.test_anthropic_requests import (
     SCHEMA,
     TOOL_USE,
@@ -24,6 +23,7 @@ from tests.wire.test_anthropic_requests import (
     tool_result,
     user,
 )
+from wire.anthropic_requests import decode_count_tokens, decode_messages
 
 
 def bad(value: JsonValue, param: str | None, gist: str, *, code: str | None = None, id: str) -> Any:
@@ -58,7 +58,9 @@ BAD_MESSAGES = [
     ),
     bad(messages(5), "messages.0", "must be a JSON object", id="message-not-object"),
     bad(messages({"role": "system", "content": "x"}), "messages", "every message is empty", id="only-system"),
-    bad(messages({"role": "tool", "content": "x"}), "messages.0.role", "'user', 'assistant' or 'system'", id="role-tool"),
+    bad(
+        messages({"role": "tool", "content": "x"}), "messages.0.role", "'user', 'assistant' or 'system'", id="role-tool"
+    ),
     bad(messages({"role": "system", "content": 5}), "messages.0.content", "must be an array", id="system-entry-number"),
     bad(messages({"content": "x"}), "messages.0.role", "must be a string", id="role-missing"),
     bad(messages({"role": "user"}), "messages.0.content", "must be an array", id="content-missing"),
@@ -208,7 +210,12 @@ BAD_MESSAGES = [
     bad(body(tools=[WEATHER], tool_choice="auto"), "tool_choice", "must be a JSON object", id="tool_choice-string"),
     bad(body(thinking={"type": "on"}), "thinking.type", "'enabled', 'disabled' or 'adaptive'", id="thinking-type-bad"),
     bad(body(thinking=True), "thinking", "must be a JSON object", id="thinking-bool"),
-    bad(body(output_config={"effort": "extreme"}), "output_config.effort", "must be one of", id="output_config-effort-unknown"),
+    bad(
+        body(output_config={"effort": "extreme"}),
+        "output_config.effort",
+        "must be one of",
+        id="output_config-effort-unknown",
+    ),
     bad(
         body(output_config={"format": {"type": "json_object"}}),
         "output_config.format.type",
@@ -236,7 +243,11 @@ BAD_MESSAGES = [
         id="context_management-unknown-edit",
     ),
     bad(
-        body(context_management={"edits": [{"type": "clear_tool_uses_20250919", "keep": {"type": "input_tokens", "value": 3}}]}),
+        body(
+            context_management={
+                "edits": [{"type": "clear_tool_uses_20250919", "keep": {"type": "input_tokens", "value": 3}}]
+            }
+        ),
         "context_management.edits.0.keep.type",
         "must be 'tool_uses'",
         id="context_management-keep-wrong-unit",

@@ -23,9 +23,17 @@ from wire.responses_requests import decode_responses
 USER: list[JsonValue] = [{"role": "user", "content": "hi"}]
 APIS: dict[str, tuple[Callable[[JsonValue], object], dict[str, JsonValue], object]] = {
     "chat": (decode_chat, {"model": "m", "messages": USER}, chat_create_params.CompletionCreateParamsBase),
-    "completions": (decode_completion, {"model": "m", "prompt": "hi"}, completion_create_params.CompletionCreateParamsBase),
+    "completions": (
+        decode_completion,
+        {"model": "m", "prompt": "hi"},
+        completion_create_params.CompletionCreateParamsBase,
+    ),
     "responses": (decode_responses, {"model": "m", "input": "hi"}, response_create_params.ResponseCreateParamsBase),
-    "messages": (decode_messages, {"model": "m", "messages": USER, "max_tokens": 5}, message_create_params.MessageCreateParamsBase),
+    "messages": (
+        decode_messages,
+        {"model": "m", "messages": USER, "max_tokens": 5},
+        message_create_params.MessageCreateParamsBase,
+    ),
     "embeddings": (decode_embeddings, {"model": "m", "input": "hi"}, embedding_create_params.EmbeddingCreateParams),
 }
 # Fields of the SDKs this server neither serves nor knows to be inert: served, and reported by name.

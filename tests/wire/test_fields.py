@@ -54,7 +54,9 @@ def test_valid_values_read_back(read: Read, expected: object) -> None:
         pytest.param(lambda: fields.as_str(3, "s"), "s", "'s' must be a string", id="as_str-int"),
         pytest.param(lambda: fields.as_str(None, "s"), "s", "'s' must be a string", id="as_str-null"),
         pytest.param(
-            lambda: fields.read_str({"k": 1}, "k", param="m[0].k"), "m[0].k", "'m[0].k' must be a string",
+            lambda: fields.read_str({"k": 1}, "k", param="m[0].k"),
+            "m[0].k",
+            "'m[0].k' must be a string",
             id="read_str-param-override",
         ),
         pytest.param(lambda: fields.read_bool({"k": "true"}, "k"), "k", "'k' must be a boolean", id="read_bool-str"),
@@ -71,12 +73,8 @@ def test_valid_values_read_back(read: Read, expected: object) -> None:
         pytest.param(
             lambda: fields.read_int({"k": 9}, "k", maximum=8), "k", "'k' must be <= 8, got 9", id="read_int-above"
         ),
-        pytest.param(
-            lambda: fields.read_number({"k": False}, "k"), "k", "'k' must be a number", id="read_number-bool"
-        ),
-        pytest.param(
-            lambda: fields.read_number({"k": "0.5"}, "k"), "k", "'k' must be a number", id="read_number-str"
-        ),
+        pytest.param(lambda: fields.read_number({"k": False}, "k"), "k", "'k' must be a number", id="read_number-bool"),
+        pytest.param(lambda: fields.read_number({"k": "0.5"}, "k"), "k", "'k' must be a number", id="read_number-str"),
         pytest.param(
             lambda: fields.read_number({"k": -0.1}, "k", minimum=0), "k", "'k' must be >= 0", id="read_number-below"
         ),
@@ -86,7 +84,9 @@ def test_valid_values_read_back(read: Read, expected: object) -> None:
         # Python's json module accepts NaN and Infinity, so these do reach the decoders.
         pytest.param(lambda: fields.read_number({"k": float("nan")}, "k"), "k", "'k'", id="read_number-nan"),
         pytest.param(
-            lambda: fields.read_number({"k": float("nan")}, "k", minimum=0, maximum=2), "k", "'k'",
+            lambda: fields.read_number({"k": float("nan")}, "k", minimum=0, maximum=2),
+            "k",
+            "'k'",
             id="read_number-nan-in-range-check",
         ),
         pytest.param(lambda: fields.read_object({"k": []}, "k"), "k", "'k' must be a JSON object", id="read_object"),
@@ -118,13 +118,32 @@ def test_strict_rides_on_the_tool_in_every_api() -> None:
     from wire.responses_requests import decode_responses
 
     schema = {"type": "object", "properties": {}}
-    chat = decode_chat({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                        "tools": [{"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}]})
-    responses = decode_responses({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f", "parameters": schema, "strict": True}]})
-    messages = decode_messages({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
-                                "tools": [{"name": "f", "input_schema": schema, "strict": True}]})
+    chat = decode_chat(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}],
+        }
+    )
+    responses = decode_responses(
+        {"model": "m", "input": "x", "tools": [{"type": "function", "name": "f", "parameters": schema, "strict": True}]}
+    )
+    messages = decode_messages(
+        {
+            "model": "m",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"name": "f", "input_schema": schema, "strict": True}],
+        }
+    )
     assert [request.tools[0].strict for request in (chat, responses, messages)] == [True, True, True]
-    loose = decode_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]})
+    loose = decode_chat(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        }
+    )
     assert loose.tools[0].strict is False
 
 
@@ -132,6 +151,11 @@ def test_strict_must_be_a_boolean() -> None:
     from wire.openai_requests import decode_chat
 
     with pytest.raises(RequestError) as caught:
-        decode_chat({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                     "tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]})
+        decode_chat(
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}],
+            }
+        )
     assert caught.value.param == "tools[0].function.strict"

@@ -18,15 +18,26 @@ def ours(snapshot: JsonObject) -> list[Figure]:
     ("snapshot", "expected"),
     [
         ({"submitted": 3}, [Figure("mlx_relay:submitted", "/stats submitted", 3.0, counter=True)]),
-        ({"gateway": {"active": 2, "kv_held_bytes": 1.5}},
-         [Figure("mlx_relay:gateway_active", "/stats gateway.active", 2.0),
-          Figure("mlx_relay:gateway_kv_held_bytes", "/stats gateway.kv_held_bytes", 1.5)]),
-        ({"running": True, "dead": False},
-         [Figure("mlx_relay:running", "/stats running", 1.0), Figure("mlx_relay:dead", "/stats dead", 0.0)]),
+        (
+            {"gateway": {"active": 2, "kv_held_bytes": 1.5}},
+            [
+                Figure("mlx_relay:gateway_active", "/stats gateway.active", 2.0),
+                Figure("mlx_relay:gateway_kv_held_bytes", "/stats gateway.kv_held_bytes", 1.5),
+            ],
+        ),
+        (
+            {"running": True, "dead": False},
+            [Figure("mlx_relay:running", "/stats running", 1.0), Figure("mlx_relay:dead", "/stats dead", 0.0)],
+        ),
         ({"model": "m", "last": None, "nan": float("nan")}, []),
-        ({"prompt_cache": {"disk": {"spills": 7}}},
-         [Figure("mlx_relay:prompt_cache_disk_spills", "/stats prompt_cache.disk.spills", 7.0, counter=True)]),
-        ({"prompt-cache": {"disk.bytes": 7}}, [Figure("mlx_relay:prompt_cache_disk_bytes", "/stats prompt-cache.disk.bytes", 7.0)]),
+        (
+            {"prompt_cache": {"disk": {"spills": 7}}},
+            [Figure("mlx_relay:prompt_cache_disk_spills", "/stats prompt_cache.disk.spills", 7.0, counter=True)],
+        ),
+        (
+            {"prompt-cache": {"disk.bytes": 7}},
+            [Figure("mlx_relay:prompt_cache_disk_bytes", "/stats prompt-cache.disk.bytes", 7.0)],
+        ),
     ],
     ids=["counter", "nested-gauges", "bools", "skipped", "nested-counter", "unsafe-names"],
 )
@@ -39,7 +50,9 @@ def test_the_vllm_load_gauges_come_from_the_gateway_and_admission() -> None:
         "admission": {"in_flight": 5},
         "gateway": {"active": 2, "kv_held_bytes": 256, "kv_budget_bytes": 1024, "preemptions": 3},
     }
-    vllm = {figure.name: (figure.value, figure.counter) for figure in snapshot_metrics(snapshot) if figure.name in _VLLM}
+    vllm = {
+        figure.name: (figure.value, figure.counter) for figure in snapshot_metrics(snapshot) if figure.name in _VLLM
+    }
     assert vllm == {
         "vllm:num_requests_running": (2, False),
         "vllm:num_requests_waiting": (3, False),

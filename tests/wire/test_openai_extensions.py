@@ -7,11 +7,14 @@ import pytest
 
 from pipeline.errors import RequestError
 from pipeline.requests import JsonValue
+from tests.wire.test_openai_requests import chat_body, text_body
 from wire.openai_extensions import REFUSED
 from wire.openai_requests import decode_chat, decode_completion
-from tests.wire.test_openai_requests import chat_body, text_body
 
-DECODERS = [pytest.param(decode_chat, chat_body, id="chat"), pytest.param(decode_completion, text_body, id="completions")]
+DECODERS = [
+    pytest.param(decode_chat, chat_body, id="chat"),
+    pytest.param(decode_completion, text_body, id="completions"),
+]
 
 
 @pytest.mark.parametrize(("decode", "body"), DECODERS)
@@ -27,7 +30,12 @@ def test_honoured_fields_reach_the_generation_params(decode, body) -> None:  # t
 @pytest.mark.parametrize(("decode", "body"), DECODERS)
 def test_absent_fields_leave_the_output_as_it_is(decode, body) -> None:  # type: ignore[no-untyped-def]
     params = decode(body()).params
-    assert (params.min_tokens, params.ignore_eos, params.stop_token_ids, params.sampling.typical_p) == (0, False, (), 1.0)
+    assert (params.min_tokens, params.ignore_eos, params.stop_token_ids, params.sampling.typical_p) == (
+        0,
+        False,
+        (),
+        1.0,
+    )
 
 
 @pytest.mark.parametrize(
@@ -54,13 +62,29 @@ def test_bad_values_are_400s_naming_the_field(decode, body, field: str, value: J
 
 # A value for each refused extension that is not its neutral one.
 NOT_NEUTRAL: dict[str, JsonValue] = {
-    "chat_template": "{{ messages }}", "prompt_logprobs": 1, "draft_model": "small",
-    "guided_decoding_backend": "outlines", "include_stop_str_in_output": True,
-    "spaces_between_special_tokens": False, "truncate_prompt_tokens": 8, "add_generation_prompt": False,
-    "use_beam_search": True, "length_penalty": 0.5, "bad_words": ["x"], "allowed_token_ids": [1],
-    "logits_processors": ["m.f"], "return_tokens_as_token_ids": True, "structural_tag": "{}", "mirostat": 2,
-    "n_probs": 3, "tfs_z": 0.9, "dynatemp_range": 0.5, "xtc_probability": 0.5, "dry_multiplier": 0.8,
-    "grammar": "root ::= \"a\"", "json_schema": {"type": "object"},
+    "chat_template": "{{ messages }}",
+    "prompt_logprobs": 1,
+    "draft_model": "small",
+    "guided_decoding_backend": "outlines",
+    "include_stop_str_in_output": True,
+    "spaces_between_special_tokens": False,
+    "truncate_prompt_tokens": 8,
+    "add_generation_prompt": False,
+    "use_beam_search": True,
+    "length_penalty": 0.5,
+    "bad_words": ["x"],
+    "allowed_token_ids": [1],
+    "logits_processors": ["m.f"],
+    "return_tokens_as_token_ids": True,
+    "structural_tag": "{}",
+    "mirostat": 2,
+    "n_probs": 3,
+    "tfs_z": 0.9,
+    "dynatemp_range": 0.5,
+    "xtc_probability": 0.5,
+    "dry_multiplier": 0.8,
+    "grammar": 'root ::= "a"',
+    "json_schema": {"type": "object"},
 }
 
 

@@ -27,7 +27,6 @@ from pipeline.requests import (
 )
 from wire.openai_requests import decode_chat, decode_completion
 
-
 UNSUPPORTED = "unsupported_parameter"
 USER_HI = {"role": "user", "content": "hi"}
 
@@ -100,7 +99,8 @@ def text(
 
 SCHEMA: dict[str, JsonValue] = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 WEATHER: dict[str, JsonValue] = {
-    "type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object"}},
 }
 WEATHER_TOOL = Tool(name="get_weather", parameters={"type": "object"})
 
@@ -341,12 +341,12 @@ VALID_CHAT = [
     pytest.param(
         chat_body(reasoning_effort="low"),
         chat(template_kwargs={"enable_thinking": True, "reasoning_effort": "low"}),
-        id="reasoning_effort-low"
+        id="reasoning_effort-low",
     ),
     pytest.param(
         chat_body(reasoning_effort="none"),
         chat(template_kwargs={"enable_thinking": False, "reasoning_effort": "low"}),
-        id="reasoning_effort-none"
+        id="reasoning_effort-none",
     ),
     pytest.param(
         chat_body(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}),

@@ -14,7 +14,6 @@ import pytest
 
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.requests import JsonValue
-from wire.openai_requests import decode_chat, decode_completion
 from tests.wire.test_openai_requests import (
     UNSUPPORTED,
     USER_HI,
@@ -22,6 +21,7 @@ from tests.wire.test_openai_requests import (
     chat_body,
     text_body,
 )
+from wire.openai_requests import decode_chat, decode_completion
 
 
 def bad(body: JsonValue, param: str | None, gist: str, *, code: str | None = None, id: str) -> Any:
@@ -46,7 +46,9 @@ BAD_CHAT = [
     bad(chat_body(messages=[]), "messages", "at least one message", id="messages-empty"),
     bad(chat_body(messages=[5]), "messages[0]", "'messages[0]' must be a JSON object", id="message-not-object"),
     bad(
-        chat_body(messages=[USER_HI, {"content": "x"}]), "messages[1].role", "'messages[1].role' must be a string",
+        chat_body(messages=[USER_HI, {"content": "x"}]),
+        "messages[1].role",
+        "'messages[1].role' must be a string",
         id="role-missing",
     ),
     bad(message(role=5, content="x"), "messages[0].role", "must be a string", id="role-not-string"),
@@ -63,7 +65,9 @@ BAD_CHAT = [
         id="content-image-part-bad-url",
     ),
     bad(
-        message(role="user", content=["hi"]), "messages[0].content[0]", "must be a JSON object",
+        message(role="user", content=["hi"]),
+        "messages[0].content[0]",
+        "must be a JSON object",
         id="content-part-not-object",
     ),
     bad(
@@ -74,11 +78,15 @@ BAD_CHAT = [
     ),
     bad(message(role="user", content="x", name=1), "messages[0].name", "must be a string", id="name-not-string"),
     bad(
-        message(role="tool", content="x", tool_call_id=1), "messages[0].tool_call_id", "must be a string",
+        message(role="tool", content="x", tool_call_id=1),
+        "messages[0].tool_call_id",
+        "must be a string",
         id="tool_call_id-not-string",
     ),
     bad(
-        message(role="assistant", content=None, tool_calls="f"), "messages[0].tool_calls", "must be an array",
+        message(role="assistant", content=None, tool_calls="f"),
+        "messages[0].tool_calls",
+        "must be an array",
         id="tool_calls-not-array",
     ),
     bad(
@@ -94,23 +102,27 @@ BAD_CHAT = [
         id="tool_call-without-name",
     ),
     bad(
-        message(role="assistant", content="x", reasoning_content=5), "messages[0].reasoning_content",
-        "must be a string", id="reasoning_content-not-string",
+        message(role="assistant", content="x", reasoning_content=5),
+        "messages[0].reasoning_content",
+        "must be a string",
+        id="reasoning_content-not-string",
     ),
     bad(chat_body(max_tokens=-1), "max_tokens", "'max_tokens' must be >= 1, got -1", id="max_tokens-negative"),
     bad(chat_body(max_tokens=0), "max_tokens", "'max_tokens' must be >= 1, got 0", id="max_tokens-zero"),
     bad(chat_body(max_tokens=1.5), "max_tokens", "'max_tokens' must be an integer", id="max_tokens-fraction"),
     bad(chat_body(max_tokens=True), "max_tokens", "'max_tokens' must be an integer", id="max_tokens-bool"),
     bad(chat_body(max_tokens="10"), "max_tokens", "'max_tokens' must be an integer", id="max_tokens-string"),
+    bad(chat_body(max_completion_tokens=0), "max_completion_tokens", "must be >= 1", id="max_completion_tokens-zero"),
     bad(
-        chat_body(max_completion_tokens=0), "max_completion_tokens", "must be >= 1", id="max_completion_tokens-zero"
-    ),
-    bad(
-        chat_body(max_completion_tokens=False), "max_completion_tokens", "must be an integer",
+        chat_body(max_completion_tokens=False),
+        "max_completion_tokens",
+        "must be an integer",
         id="max_completion_tokens-bool",
     ),
     bad(
-        chat_body(max_completion_tokens=5, max_tokens=-1), "max_tokens", "must be >= 1",
+        chat_body(max_completion_tokens=5, max_tokens=-1),
+        "max_tokens",
+        "must be >= 1",
         id="max_tokens-checked-even-when-max_completion_tokens-given",
     ),
     bad(chat_body(temperature=-0.1), "temperature", "must be >= 0", id="temperature-negative"),
@@ -151,7 +163,9 @@ BAD_CHAT = [
         id="stream_options-with-stream-false",
     ),
     bad(
-        chat_body(stream=True, stream_options="usage"), "stream_options", "must be a JSON object",
+        chat_body(stream=True, stream_options="usage"),
+        "stream_options",
+        "must be a JSON object",
         id="stream_options-string",
     ),
     bad(
@@ -171,12 +185,16 @@ BAD_CHAT = [
     unsupported(chat_body(tools=[{"type": "code_interpreter"}]), "tools[0].type", id="tool-type-not-function"),
     bad(chat_body(tools=[{"type": "function"}]), "tools[0].function", "must be a JSON object", id="tool-no-function"),
     bad(
-        chat_body(tools=[{"type": "function", "function": {"name": ""}}]), "tools[0].function.name",
-        "must not be empty", id="tool-empty-name",
+        chat_body(tools=[{"type": "function", "function": {"name": ""}}]),
+        "tools[0].function.name",
+        "must not be empty",
+        id="tool-empty-name",
     ),
     bad(
-        chat_body(tools=[{"type": "function", "function": {"parameters": {}}}]), "tools[0].function.name",
-        "must be a string", id="tool-no-name",
+        chat_body(tools=[{"type": "function", "function": {"parameters": {}}}]),
+        "tools[0].function.name",
+        "must be a string",
+        id="tool-no-name",
     ),
     bad(
         chat_body(tools=[{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
@@ -184,9 +202,13 @@ BAD_CHAT = [
         "must be a JSON object",
         id="tool-parameters-not-object",
     ),
-    bad(chat_body(tool_choice="required"), "tool_choice", "'tool_choice' needs 'tools'", id="tool_choice-without-tools"),
     bad(
-        chat_body(tools=[WEATHER], tool_choice="sometimes"), "tool_choice", "must be 'none', 'auto'",
+        chat_body(tool_choice="required"), "tool_choice", "'tool_choice' needs 'tools'", id="tool_choice-without-tools"
+    ),
+    bad(
+        chat_body(tools=[WEATHER], tool_choice="sometimes"),
+        "tool_choice",
+        "must be 'none', 'auto'",
         id="tool_choice-unknown",
     ),
     bad(
@@ -196,7 +218,9 @@ BAD_CHAT = [
         id="tool_choice-named-unknown-tool",
     ),
     bad(
-        chat_body(tools=[WEATHER], tool_choice={"type": "function"}), "tool_choice.function", "must be a JSON object",
+        chat_body(tools=[WEATHER], tool_choice={"type": "function"}),
+        "tool_choice.function",
+        "must be a JSON object",
         id="tool_choice-named-without-function",
     ),
     unsupported(chat_body(functions=[{"name": "f"}]), "functions", id="functions"),
@@ -209,8 +233,10 @@ BAD_CHAT = [
     *[
         unsupported(chat_body(**{key: value}), key, id=f"extension-{key}")
         for key, value in [
-            ("chat_template", "{{ messages }}"), ("prompt_logprobs", 1),
-            ("draft_model", "small"), ("add_generation_prompt", False),
+            ("chat_template", "{{ messages }}"),
+            ("prompt_logprobs", 1),
+            ("draft_model", "small"),
+            ("add_generation_prompt", False),
         ]
     ],
     bad(
@@ -228,8 +254,10 @@ BAD_CHAT = [
         id="response_format-json_schema-without-schema",
     ),
     bad(
-        chat_body(response_format={"type": "json_object"}, guided_regex="a+"), "guided_regex",
-        "Only one structured-output constraint", id="two-constraints",
+        chat_body(response_format={"type": "json_object"}, guided_regex="a+"),
+        "guided_regex",
+        "Only one structured-output constraint",
+        id="two-constraints",
     ),
     bad(chat_body(guided_json="{not json"), "guided_json", "is not valid JSON", id="guided_json-bad-text"),
     bad(chat_body(guided_choice=[]), "guided_choice", "non-empty array of strings", id="guided_choice-empty"),

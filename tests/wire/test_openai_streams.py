@@ -102,7 +102,9 @@ ROLE = {"role": "assistant", "content": ""}
 CALL_0 = ToolCall(index=0, id="call_a", name="get_weather", arguments='{"city": "Paris"}')
 CALL_1 = ToolCall(index=1, id="call_b", name="ping", arguments="{}")
 STREAMED_CALL_0 = {
-    "index": 0, "id": "call_a", "type": "function",
+    "index": 0,
+    "id": "call_a",
+    "type": "function",
     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
 }
 STREAMED_CALL_1 = {"index": 1, "id": "call_b", "type": "function", "function": {"name": "ping", "arguments": "{}"}}
@@ -120,8 +122,13 @@ STREAMS = [
         False,
         [deltas("Hel", "lo"), deltas(" world")],
         summary(),
-        [chat_chunk(ROLE), chat_chunk({"content": "Hello"}), chat_chunk({"content": " world"}),
-         chat_chunk({}, "stop"), "[DONE]"],
+        [
+            chat_chunk(ROLE),
+            chat_chunk({"content": "Hello"}),
+            chat_chunk({"content": " world"}),
+            chat_chunk({}, "stop"),
+            "[DONE]",
+        ],
         id="chat-batches-joined-per-frame",
     ),
     pytest.param(
@@ -145,8 +152,14 @@ STREAMS = [
         True,
         [deltas("日本"), deltas("語")],
         summary(FinishReason.LENGTH, prompt=7, completion=2, cached=4),
-        [chat_chunk(ROLE, **NULL), chat_chunk({"content": "日本"}, **NULL), chat_chunk({"content": "語"}, **NULL),
-         chat_chunk({}, "length", **NULL), usage_chunk("chat.completion.chunk", 7, 2, cached=4), "[DONE]"],
+        [
+            chat_chunk(ROLE, **NULL),
+            chat_chunk({"content": "日本"}, **NULL),
+            chat_chunk({"content": "語"}, **NULL),
+            chat_chunk({}, "length", **NULL),
+            usage_chunk("chat.completion.chunk", 7, 2, cached=4),
+            "[DONE]",
+        ],
         id="chat-include_usage",
     ),
     pytest.param(
@@ -154,8 +167,14 @@ STREAMS = [
         False,
         [[ReasoningDelta(text="think "), ReasoningDelta(text="hard"), TextDelta(text="Answer")], deltas(".")],
         summary(),
-        [chat_chunk(ROLE), chat_chunk(reasoning("think hard")), chat_chunk({"content": "Answer"}),
-         chat_chunk({"content": "."}), chat_chunk({}, "stop"), "[DONE]"],
+        [
+            chat_chunk(ROLE),
+            chat_chunk(reasoning("think hard")),
+            chat_chunk({"content": "Answer"}),
+            chat_chunk({"content": "."}),
+            chat_chunk({}, "stop"),
+            "[DONE]",
+        ],
         id="chat-reasoning-then-answer-one-chunk-per-run",
     ),
     pytest.param(
@@ -163,9 +182,14 @@ STREAMS = [
         False,
         [[TextDelta(text="Let me check."), CALL_0, CALL_1]],
         summary(FinishReason.TOOL_CALLS),
-        [chat_chunk(ROLE), chat_chunk({"content": "Let me check."}),
-         chat_chunk({"tool_calls": [STREAMED_CALL_0]}), chat_chunk({"tool_calls": [STREAMED_CALL_1]}),
-         chat_chunk({}, "tool_calls"), "[DONE]"],
+        [
+            chat_chunk(ROLE),
+            chat_chunk({"content": "Let me check."}),
+            chat_chunk({"tool_calls": [STREAMED_CALL_0]}),
+            chat_chunk({"tool_calls": [STREAMED_CALL_1]}),
+            chat_chunk({}, "tool_calls"),
+            "[DONE]",
+        ],
         id="chat-tool-calls-one-chunk-each",
     ),
     pytest.param(
@@ -227,7 +251,9 @@ def test_first_chat_frame_is_byte_exact() -> None:
 
 @pytest.mark.parametrize("include_usage", [False, True], ids=["plain", "include_usage"])
 @pytest.mark.parametrize("cls", [ChatStream, TextStream], ids=["chat", "text"])
-def test_error_after_partial_stream_still_ends_the_stream(cls: type[ChatStream | TextStream], include_usage: bool) -> None:
+def test_error_after_partial_stream_still_ends_the_stream(
+    cls: type[ChatStream | TextStream], include_usage: bool
+) -> None:
     """A stream that fails after it began ends with an error frame and then [DONE], nothing else."""
     protocol = cls(id=ID, created=CREATED, model=MODEL, include_usage=include_usage)
     begun = payloads(protocol.start() + protocol.add_events(deltas("partial")))
@@ -282,10 +308,14 @@ def test_a_text_only_chunk_is_the_bytes_the_whole_chunk_encodes_to(text: str, in
     from wire.sse import frame
 
     for stream, choice in (
-        (ChatStream(id=ID, created=CREATED, model=MODEL, include_usage=include_usage),
-         {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}),
-        (TextStream(id=ID, created=CREATED, model=MODEL, include_usage=include_usage),
-         {"index": 0, "text": text, "logprobs": None, "finish_reason": None}),
+        (
+            ChatStream(id=ID, created=CREATED, model=MODEL, include_usage=include_usage),
+            {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None},
+        ),
+        (
+            TextStream(id=ID, created=CREATED, model=MODEL, include_usage=include_usage),
+            {"index": 0, "text": text, "logprobs": None, "finish_reason": None},
+        ),
     ):
         chunk: dict[str, JsonValue] = {"id": ID, "object": stream.object_name, "created": CREATED, "model": MODEL}
         chunk["choices"] = [choice]

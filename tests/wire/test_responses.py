@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import invalid, engine_dead
+from pipeline.errors import engine_dead, invalid
 from pipeline.events import (
     CompletionEvent,
     FinishReason,
@@ -44,7 +44,6 @@ from tests.wire.responses_expected import (
     usage_json,
 )
 from wire.responses_requests import decode_responses
-
 
 CALL = ToolCall(index=0, id="call_1", name="get_weather", arguments='{"city": "Paris"}')
 CALL_2 = ToolCall(index=1, id="call_2", name="now", arguments="{}")
@@ -229,7 +228,15 @@ def test_error_message_is_the_client_message() -> None:
     assert events[0]["response"]["error"] == {"code": "server_error", "message": "grammar did not compile"}
 
 
-TRICKY_TEXTS = ["plain", 'quote " and \\ backslash', "line\nbreak\ttab", "日本 ☕ 🙂", "\x00\x1f ctrl", "</script>", "\u2028"]
+TRICKY_TEXTS = [
+    "plain",
+    'quote " and \\ backslash',
+    "line\nbreak\ttab",
+    "日本 ☕ 🙂",
+    "\x00\x1f ctrl",
+    "</script>",
+    "\u2028",
+]
 
 
 @pytest.mark.parametrize("text", TRICKY_TEXTS)
@@ -241,7 +248,12 @@ def test_spliced_delta_frames_are_the_bytes_the_whole_event_encodes_to(text: str
     s = stream()
     data = s.start() + b"".join(
         s.add_events([event])
-        for event in (ReasoningDelta(text=text), ReasoningDelta(text=text), TextDelta(text=text), TextDelta(text=text + "!"))
+        for event in (
+            ReasoningDelta(text=text),
+            ReasoningDelta(text=text),
+            TextDelta(text=text),
+            TextDelta(text=text + "!"),
+        )
     )
     events = []
     for block in data.split(b"\n\n")[:-1]:
@@ -252,6 +264,8 @@ def test_spliced_delta_frames_are_the_bytes_the_whole_event_encodes_to(text: str
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     deltas = [(e["type"], e["output_index"], e["delta"]) for e in events if e["type"].endswith("_text.delta")]
     assert deltas == [
-        ("response.reasoning_text.delta", 0, text), ("response.reasoning_text.delta", 0, text),
-        ("response.output_text.delta", 1, text), ("response.output_text.delta", 1, text + "!"),
+        ("response.reasoning_text.delta", 0, text),
+        ("response.reasoning_text.delta", 0, text),
+        ("response.output_text.delta", 1, text),
+        ("response.output_text.delta", 1, text + "!"),
     ]

@@ -11,7 +11,6 @@ import pytest
 
 from pipeline.events import CompletionEvent, FinishReason, ReasoningDelta, Summary, TextDelta, Usage
 from pipeline.requests import JsonValue
-from wire.responses import output_items, output_text, usage_body
 from tests.wire.responses_expected import (
     Renamer,
     call_item,
@@ -24,7 +23,7 @@ from tests.wire.responses_expected import (
     usage_json,
 )
 from tests.wire.test_responses import CALL, CALL_2, ENDINGS, SCORED, run
-
+from wire.responses import output_items, output_text, usage_body
 
 BODIES = [
     pytest.param([], summary(), response("completed", [], usage_json()), id="empty"),

@@ -13,10 +13,21 @@ from typing import Any
 import attrs
 import pytest
 
-from pipeline.requests import Constraint, ConstraintKind, GenerationParams, JsonObject, JsonValue, Message, Role, Sampling, Tool, ToolChoice, ToolChoiceMode
+from pipeline.requests import (
+    Constraint,
+    ConstraintKind,
+    GenerationParams,
+    JsonObject,
+    JsonValue,
+    Message,
+    Role,
+    Sampling,
+    Tool,
+    ToolChoice,
+    ToolChoiceMode,
+)
 from wire.responses_requests import ResponsesRequest, decode_responses
 from wire.responses_tools import ToolSpec
-
 
 UNSUPPORTED = "unsupported_parameter"
 SCHEMA: dict[str, JsonValue] = {"type": "object", "properties": {"n": {"type": "integer"}}}
@@ -97,7 +108,9 @@ def request(
         stream=stream,
         truncate=truncate,
         echo=echoed or echo(),
-        tool_specs=tool_specs if tool_specs is not None else {t.name: ToolSpec(kind="function", name=t.name) for t in tools},
+        tool_specs=tool_specs
+        if tool_specs is not None
+        else {t.name: ToolSpec(kind="function", name=t.name) for t in tools},
         skipped_tools=skipped_tools,
         grammar_call=grammar_call,
     )
@@ -137,7 +150,8 @@ VALID = [
     pytest.param(
         body(metadata={"k": "v"}, parallel_tool_calls=False, truncation="auto", user="u1"),
         request(
-            parallel_tool_calls=False, truncate=True,
+            parallel_tool_calls=False,
+            truncate=True,
             echoed=echo(metadata={"k": "v"}, parallel_tool_calls=False, truncation="auto", user="u1"),
         ),
         id="echoed-fields",
@@ -150,7 +164,9 @@ VALID = [
         request(
             tools=(WEATHER_TOOL,),
             skipped_tools=("web_search", "file_search"),
-            echoed=echo(tools=[{"type": "web_search"}, WEATHER_ECHO, {"type": "file_search", "vector_store_ids": ["vs_1"]}]),
+            echoed=echo(
+                tools=[{"type": "web_search"}, WEATHER_ECHO, {"type": "file_search", "vector_store_ids": ["vs_1"]}]
+            ),
         ),
         id="hosted-tools-not-offered-but-reported",
     ),
@@ -180,13 +196,21 @@ VALID = [
         id="namespace-members-under-qualified-names",
     ),
     pytest.param(
-        body(input=[
-            USER_HI_ITEM,
-            {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch\n"},
-            {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done"},
-            {"type": "function_call", "call_id": "c2", "name": "get_weather", "namespace": "crm", "arguments": "{}"},
-            {"type": "function_call_output", "call_id": "c2", "output": "Sunny"},
-        ]),
+        body(
+            input=[
+                USER_HI_ITEM,
+                {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch\n"},
+                {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done"},
+                {
+                    "type": "function_call",
+                    "call_id": "c2",
+                    "name": "get_weather",
+                    "namespace": "crm",
+                    "arguments": "{}",
+                },
+                {"type": "function_call_output", "call_id": "c2", "output": "Sunny"},
+            ]
+        ),
         request(
             USER_HI_ITEM,
             {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch\n"},

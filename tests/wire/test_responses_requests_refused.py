@@ -11,7 +11,6 @@ import pytest
 
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.requests import JsonObject, JsonValue
-from wire.responses_requests import decode_responses
 from tests.wire.test_responses_requests import (
     SCHEMA,
     UNSUPPORTED,
@@ -20,6 +19,7 @@ from tests.wire.test_responses_requests import (
     body,
 )
 from tests.wire.test_responses_to_chat import function_output, items
+from wire.responses_requests import decode_responses
 
 
 def bad(value: JsonValue, param: str | None, gist: str, *, code: str | None = None, id: str) -> Any:
@@ -98,7 +98,12 @@ BAD = [
         "must be a string",
         id="output-call-id-missing",
     ),
-    bad(items(function_output("c", [IMAGE_PART])), "input[0].output[0]", "images are not allowed here", id="output-image"),
+    bad(
+        items(function_output("c", [IMAGE_PART])),
+        "input[0].output[0]",
+        "images are not allowed here",
+        id="output-image",
+    ),
     bad(items(function_output("c", 5)), "input[0].output", "must be an array", id="output-number"),
     bad(body(previous_response_id="abc"), "previous_response_id", "is not a response id", id="previous-id-no-prefix"),
     bad(
@@ -183,7 +188,9 @@ BAD = [
         id="namespace-member-of-another-type",
     ),
     bad(
-        body(tools=[{"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}}]),
+        body(
+            tools=[{"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}}]
+        ),
         "tools[0].format.syntax",
         "expected 'lark' or 'regex'",
         id="custom-tool-grammar-syntax",

@@ -10,9 +10,18 @@ from typing import Any
 import pytest
 
 from pipeline.events import ReasoningDelta, TextDelta, ToolCall
-from pipeline.requests import ChatRequest, GenerationParams, JsonObject, JsonValue, Message, Role, Sampling, ToolCallRecord, ToolChoice, ToolChoiceMode
-from wire.responses import output_items
-from wire.responses_requests import continued_input, decode_responses, to_chat
+from pipeline.requests import (
+    ChatRequest,
+    GenerationParams,
+    JsonObject,
+    JsonValue,
+    Message,
+    Role,
+    Sampling,
+    ToolCallRecord,
+    ToolChoice,
+    ToolChoiceMode,
+)
 from tests.wire.test_responses_requests import (
     HI,
     PARTS_ITEM,
@@ -21,6 +30,8 @@ from tests.wire.test_responses_requests import (
     WEATHER_TOOL,
     body,
 )
+from wire.responses import output_items
+from wire.responses_requests import continued_input, decode_responses, to_chat
 
 
 def chat(*messages: Message, **fields: Any) -> ChatRequest:
