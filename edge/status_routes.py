@@ -156,7 +156,8 @@ def _loaded() -> dict[str, Engine]:
 
 async def _store_statistics() -> JsonObject:
     store = await store_call(current_app, lambda store: store.statistics())
-    return cast(JsonObject, attrs.asdict(store))
+    # The store's file is a path like the model's: cut to its name (edge/redact.py).
+    return cast(JsonObject, without_paths(attrs.asdict(store)))
 
 
 async def _snapshot() -> JsonObject:
