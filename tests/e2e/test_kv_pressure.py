@@ -34,6 +34,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROWS = 16
 PROMPT_CACHE = 32 << 20
+# Tokens each row of the preemption test generates (its docstring says why so many).
+ROW_TOKENS = 1000
 
 
 def bodies(max_tokens: int | None) -> list[dict[str, object]]:
@@ -130,21 +132,25 @@ def test_a_budget_too_small_for_sixteen_growing_rows_preempts_and_resumes_them(
     How many run at once depends on arrival: a row that arrives after the
     others have grown waits for room (the scheduler's job), so only "more
     than one" is asserted here; sixteen starting together is the test above.
-    The rows run to 540 tokens, so even if a few arrive too late to be
-    admitted (a loaded machine staggers the clients), the twelve or more
-    that do outgrow the budget together and must be preempted.
+    The budget holds 8,192 tokens of blocks; a row of 1,000 tokens holds
+    1,024, so at most eight rows can run to their end together. A loaded
+    machine staggers the clients, and a row that arrives once the others
+    have filled the budget waits instead of being preempted (at 540 tokens a
+    stagger of about 300 steps was enough for that, and one clean-clone run
+    saw no preemption). At 1,000, the ninth row admitted while the others
+    are short forces a preemption unless the rows arrive about 900 steps apart.
     """
     info = resolve_model(str(tiny_model))
     shape = read_model_shape(info.path, info.context_window)
     ample = server_factory(prompt_cache_bytes=str(PROMPT_CACHE))
-    free, _ = run_all(ample, 540)
+    free, _ = run_all(ample, ROW_TOKENS)
     tight = server_factory(
         memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(400))), prompt_cache_bytes=str(PROMPT_CACHE)
     )
     fit = httpx.get(f"{tight.base_url}/fit", timeout=10).json()
     assert fit["memory"]["max_safe_context"] == info.context_window
     assert fit["memory"]["transient"]["backend"] == fit["machine"]["backend"]
-    pressed, most = run_all(tight, 540)
+    pressed, most = run_all(tight, ROW_TOKENS)
     assert most > 1
     gateway = stats(tight)["gateway"]
     assert gateway["preemptions"] > 0 and gateway["resumed"] == gateway["preemptions"]  # type: ignore[index]
