@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from bench.load import percentile
+from bench.load import chunk_arrivals, percentile
 from bench.servers import free_port, relay_command, started
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -45,24 +45,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _arrivals(url: str, model: str, index: int, max_tokens: int) -> list[float]:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": f"Tell me about {index}."}],
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "seed": index,
-        "stream": True,
-    }
-    arrivals: list[float] = []
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if line.startswith("data: {") and '"content"' in line:
-                arrivals.append(time.perf_counter())
-    return arrivals
-
-
 def _gaps(arrivals: list[float], window: tuple[float, float] | None = None) -> list[float]:
     # The first gap is the prompt's prefill, not a decode step; a window keeps gaps that end inside it.
     pairs = itertools.pairwise(arrivals[1:])
@@ -80,7 +62,10 @@ def _round(url: str, args: argparse.Namespace, *, load: bool) -> tuple[list[list
 
     thread = threading.Thread(target=loader) if load else None
     with ThreadPoolExecutor(args.streams) as pool:
-        futures = [pool.submit(_arrivals, url, args.streaming, i, args.max_tokens) for i in range(args.streams)]
+        futures = [
+            pool.submit(chunk_arrivals, url, args.streaming, i, args.max_tokens, {"seed": i})
+            for i in range(args.streams)
+        ]
         if thread is not None:
             thread.start()
         streams = [future.result() for future in futures]

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 from PIL import Image, ImageDraw
 
-from bench.load import percentile
+from bench.load import chunk_arrivals, percentile
 from bench.servers import free_port, relay_command, started
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -67,24 +67,6 @@ def _image_request(url: str, model: str, seed: int) -> None:
     httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600).raise_for_status()
 
 
-def _arrivals(url: str, model: str, index: int, max_tokens: int) -> list[float]:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": f"Tell me about {index}."}],
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0,
-        "stream": True,
-    }
-    arrivals: list[float] = []
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if line.startswith("data: {") and '"content"' in line:
-                arrivals.append(time.perf_counter())
-    return arrivals
-
-
 def _encoder(url: str) -> dict[str, Any]:
     figures: dict[str, Any] = httpx.get(f"{url}/stats", timeout=30).json()["gateway"]["encoder_cache"]
     return figures
@@ -98,7 +80,10 @@ def _round(url: str, args: argparse.Namespace, seeds: range | None) -> list[floa
 
     thread = threading.Thread(target=images)
     with ThreadPoolExecutor(args.streams) as pool:
-        futures = [pool.submit(_arrivals, url, args.model, i, args.max_tokens) for i in range(args.streams)]
+        futures = [
+            pool.submit(chunk_arrivals, url, args.model, i, args.max_tokens, {"temperature": 0})
+            for i in range(args.streams)
+        ]
         if seeds is not None:
             thread.start()
         streams = [future.result() for future in futures]

@@ -222,3 +222,22 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     rank = (len(ordered) - 1) * q / 100
     low, high = math.floor(rank), math.ceil(rank)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def chunk_arrivals(url: str, model: str, index: int, max_tokens: int, sampling: dict[str, object]) -> list[float]:
+    """When each content chunk of one streamed chat arrived (`perf_counter`), for gap figures beside other load."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"Tell me about {index}."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        **sampling,
+        "stream": True,
+    }
+    arrivals: list[float] = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                arrivals.append(time.perf_counter())
+    return arrivals
