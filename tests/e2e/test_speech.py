@@ -50,6 +50,30 @@ def _monotone(spans: list[tuple[float, float]], duration: float) -> None:
         clock = end
 
 
+# Three 30-second windows with word timing: seconds of work on any machine, where a 1.5-second clip
+# finished within the second that a fixed sleep allowed it on a fast one.
+_LONG_CLIP = ("long.wav", clip("WAV", seconds=90), "audio/wav")
+
+
+def _occupy_the_speech_thread(client: openai.OpenAI, server: Server) -> threading.Thread:
+    """A long transcription, started and seen admitted (in flight) before this returns."""
+    long_one = threading.Thread(
+        target=lambda: client.audio.transcriptions.create(
+            file=_LONG_CLIP,
+            model=SPEECH,
+            response_format="verbose_json",
+            timestamp_granularities=["word"],
+            temperature=0.2,
+        )
+    )
+    long_one.start()
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server.base_url}/stats", timeout=10).json()["admission"]["in_flight"] < 1:
+        assert time.monotonic() < deadline and long_one.is_alive(), "the long transcription was never admitted"
+        time.sleep(0.02)
+    return long_one
+
+
 def test_json_is_the_transcript_text(client: openai.OpenAI) -> None:
     transcription = client.audio.transcriptions.create(file=CLIP, model="whisper-1", language="en")
     assert isinstance(transcription.text, str)
@@ -203,13 +227,7 @@ def test_both_models_serve_side_by_side(both: Server) -> None:
 
 
 def test_a_transcription_whose_client_left_while_queued_is_dropped_unrun(client: openai.OpenAI, speech: Server) -> None:
-    long_one = threading.Thread(
-        target=lambda: client.audio.transcriptions.create(
-            file=CLIP, model=SPEECH, response_format="verbose_json", timestamp_granularities=["word"], temperature=0.2
-        )
-    )
-    long_one.start()
-    time.sleep(1.0)  # the first one is on the speech model's thread; the next one queues behind it
+    long_one = _occupy_the_speech_thread(client, speech)  # the next one queues behind it
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             f"{speech.v1}/audio/transcriptions",
@@ -231,13 +249,7 @@ def test_past_the_queue_bound_a_transcription_is_429(server_factory: ServerFacto
     bounded = server_factory(model="tiny-whisper", exclusive_pending="1", admission_timeout="0.5")
     client = bounded.client(timeout=120)
     client.audio.transcriptions.create(file=CLIP, model=SPEECH, temperature=0.2)  # the model is loaded
-    long_one = threading.Thread(
-        target=lambda: client.audio.transcriptions.create(
-            file=CLIP, model=SPEECH, response_format="verbose_json", timestamp_granularities=["word"], temperature=0.2
-        )
-    )
-    long_one.start()
-    time.sleep(1.0)
+    long_one = _occupy_the_speech_thread(client, bounded)
     try:
         with pytest.raises(openai.RateLimitError):
             client.audio.transcriptions.create(file=CLIP, model=SPEECH, temperature=0.2)
