@@ -22,6 +22,7 @@ from mlx_lm.generate import BatchGenerator
 from pipeline.requests import Sampling
 from stages.model_thread.drafters import CostGate, DraftModel, PromptLookup, RowPolicy
 from stages.model_thread.sampling import RowStops, make_row_processors, make_row_sampler
+from stages.model_thread.single_row import SingleRow, single_row
 from stages.model_thread.speculative_batch import Speculation, speculating
 from stages.models.loading import ModelInfo, load_weights
 
@@ -77,6 +78,7 @@ def _drive(generator: Any, arrivals: dict[int, list[Arrival]]) -> dict[str, dict
             row["finish"] = response.finish_reason
             if response.finish_reason is not None:
                 row["cache"], row["all_tokens"] = response.prompt_cache, response.all_tokens
+                row["speculated"] = getattr(response, "speculated", None)
         call += 1
         assert call < 500
     return {row["name"]: row for row in rows.values()}
@@ -130,6 +132,54 @@ def test_rows_joining_mid_generation_keep_their_tokens(model: Any, sampling: Sam
     _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
     assert speculation.counts.proposed > 0
     assert speculation.counts.accepted > 0 or (sampling is SEEDED and drafter == "prompt_lookup")
+
+
+def _lone(model: Any, drafter: Any) -> tuple[SingleRow, Speculation]:
+    """The gateway's generator for speculation: a row alone on the single-row path, over the speculating batch."""
+    policy = RowPolicy(max_k=4, min_acceptance=0.0, max_rows=8)
+    speculation = Speculation(drafter=drafter, policy=policy, gate=CostGate(measured=False))
+    batch = speculating(lambda: _batch(model), speculation)
+    make = single_row(
+        batch, enabled=True, model=model, stop_tokens=[[0]], prefill_step_size=16, speculation=speculation
+    )
+    generator = make()
+    assert isinstance(generator, SingleRow)
+    return generator, speculation
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED, PENALISED], ids=["greedy", "seeded", "penalties"])
+@pytest.mark.parametrize("drafter", ["prompt_lookup", "draft_model"])
+def test_a_row_alone_speculates_on_the_single_row_path(model: Any, sampling: Sampling, drafter: str) -> None:
+    """A lone row never enters the batch to speculate: it proposes, is verified and is cut back on its own cache."""
+    arrivals = {0: [("a", COPY, sampling, 48, [[0]])]}
+    generator, speculation = _lone(model, PromptLookup() if drafter == "prompt_lookup" else DraftModel(model=model))
+    got = _drive(generator, arrivals)
+    _same(_drive(_batch(model), arrivals), got)
+    assert generator.solo_rows == 1 and generator.handovers == 0
+    counts = speculation.counts
+    assert counts.proposed > 0 and got["a"]["speculated"] == (counts.accepted, counts.proposed)
+    assert counts.accepted > 0 or sampling is PENALISED or (sampling is SEEDED and drafter == "prompt_lookup")
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_a_lone_speculating_row_joins_the_batch_unchanged(model: Any, sampling: Sampling) -> None:
+    arrivals = {0: [("a", COPY, sampling, 40, [[0]])], 6: [("b", OTHER, sampling, 20, [[0]])]}
+    generator, _ = _lone(model, DraftModel(model=model))
+    got = _drive(generator, arrivals)
+    _same(_drive(_batch(model), arrivals), got)
+    assert generator.solo_rows == 1 and generator.handovers == 1
+    # What the row accepted alone is still counted when it finishes in the batch.
+    assert got["a"]["speculated"] is not None and got["a"]["speculated"][1] > 0
+
+
+def test_a_lone_row_ends_inside_an_accepted_proposal(model: Any) -> None:
+    free = _drive(_batch(model), {0: [("a", COPY, GREEDY, 40, [[0]])]})["a"]["tokens"]
+    stop = next(token for token in free[4:] if token not in free[:4])
+    for max_tokens, stops in ((7, [[0]]), (13, [[0]]), (40, [[0], [stop]])):
+        arrivals = {0: [("a", COPY, GREEDY, max_tokens, stops)]}
+        generator, speculation = _lone(model, DraftModel(model=model))
+        _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
+        assert speculation.counts.accepted > 0 and generator.handovers == 0
 
 
 def test_stop_tokens_and_max_tokens_end_a_row_inside_an_accepted_proposal(model: Any) -> None:
