@@ -98,7 +98,8 @@ def _ways(
     from mlx_lm.generate import BatchGenerator
 
     from pipeline.requests import Sampling
-    from stages.model_thread.drafters import CostGate, DrafterCounts, DraftModel, PromptLookup, RowPolicy
+    from stages.model_thread.draft_model import DraftModel
+    from stages.model_thread.drafters import CostGate, DrafterCounts, PromptLookup, RowPolicy
     from stages.model_thread.sampling import make_row_sampler
     from stages.model_thread.single_row import single_row
     from stages.model_thread.speculative_batch import Speculation, speculating
@@ -114,8 +115,19 @@ def _ways(
     def spec_make() -> Any:
         drafter = DraftModel(model=draft) if draft is not None else PromptLookup()
         policy = RowPolicy(max_k=args.k, min_acceptance=0.3, max_rows=args.max_rows)
-        gate = CostGate(measured=not args.ungated)
-        return speculating(batch, Speculation(drafter=drafter, policy=policy, counts=counts, gate=gate))()
+        speculation = Speculation(
+            drafter=drafter, policy=policy, counts=counts, gate=CostGate(measured=not args.ungated)
+        )
+        # As the server runs it: a lone row on the single-row path, speculating there.
+        make = single_row(
+            speculating(batch, speculation),
+            enabled=rows == 1,
+            model=model,
+            stop_tokens=[],
+            prefill_step_size=512,
+            speculation=speculation,
+        )
+        return make()
 
     def run(make: Callable[[], Any]) -> list[list[int]]:
         generator = make()

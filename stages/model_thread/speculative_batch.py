@@ -119,13 +119,14 @@ class SpeculativeBatch(GenerationBatch):
         if not any(budgets):
             return None
         pending = cast(list[int], self._next_tokens.tolist())
-        proposals = []
+        requests: dict[int, tuple[int, list[int], int]] = {}
         for index, (uid, budget) in enumerate(zip(self.uids, budgets)):
             # Never past max_tokens: the row's last token comes from the target.
-            room = self.max_tokens[index] - self._num_tokens[index] - 1
-            size = min(budget, room)
-            history = [*self.tokens[index], pending[index]]
-            proposals.append(drafter.propose(uid, history, size) if size > 0 else [])
+            size = min(budget, self.max_tokens[index] - self._num_tokens[index] - 1)
+            if size > 0:
+                requests[index] = (uid, [*self.tokens[index], pending[index]], size)
+        drafted = dict(zip(requests, drafter.propose_many(list(requests.values())))) if requests else {}
+        proposals = [drafted.get(index, []) for index in range(len(self.uids))]
         return proposals if any(proposals) else None
 
     def _verify(self, proposals: list[list[int]]) -> list[Any]:
