@@ -145,7 +145,8 @@ class DraftModel:
         if missing:
             self.model(mx.array(missing)[None], cache=row.cache)
             row.fed.extend(missing)
-        joining = [BatchKVCache.merge([layer]) for layer in row.cache]
+        merge: Any = BatchKVCache.merge  # untyped in mlx-lm
+        joining = [merge([layer]) for layer in row.cache]
         if self._cache is None:
             self._cache = joining
         else:

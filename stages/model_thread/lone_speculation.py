@@ -1,5 +1,4 @@
-"""Speculative decoding for a row running alone (stages/model_thread/single_row.py), and the in-order sampling of
-proposed positions that the batch's verification shares.
+"""Speculative decoding for a row running alone (stages/model_thread/single_row.py).
 
 A lone row decodes on the single-row path, speculation on or off: the
 batch costs a lone row about a tenth of each step (its per-row offsets
@@ -7,8 +6,8 @@ and masks), which a step that proposes nothing, or a row whose acceptance
 turned it off, would pay for nothing. So the single-row path verifies a
 lone row's proposals itself: one forward pass of its pending token and
 its proposal over its own `KVCache` layers, each position sampled in
-order with the row's sampler and processors (`sample_in_order`, as the
-batch does), the rejected positions trimmed off. A step that proposes
+order with the row's sampler and processors (stages/model_thread/verification.py,
+as the batch does), the rejected positions trimmed off. A step that proposes
 nothing is the single-row path's own pipelined step.
 
 Whether to propose is decided as in the batch, with the same per-row
@@ -21,44 +20,16 @@ Model thread only.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
+
+from stages.model_thread.verification import matched, sample_in_order
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
     from stages.model_thread.speculative_batch import Speculation
-
-
-def sample_in_order(
-    logits: mx.array, first: mx.array, proposal: Sequence[int], sampler: Any, processors: Any, context: Any
-) -> tuple[int, list[mx.array], int]:
-    """How many of `proposal` the target accepts, the logprobs of each position looked at, and the next token.
-
-    `logits` holds one row's positions (`first`, the pending token, then the
-    proposal); each is processed and sampled in order, as consecutive plain
-    steps would, and the first proposed token that differs from the one
-    sampled at its place ends the proposal. `context` is the row's processor
-    context (a `TokenBuffer`), fed the tokens whose logits are looked at.
-    """
-    import mlx.core as mx
-
-    context_tokens = [first, *(mx.array([token]) for token in proposal)]
-    looked: list[mx.array] = []
-    for position in range(len(proposal) + 1):
-        row_logits = logits[position : position + 1]
-        if processors:
-            fetched = context.update_and_fetch(context_tokens[position])
-            for processor in processors:
-                row_logits = processor(fetched, row_logits)
-        logprobs = row_logits - mx.logsumexp(row_logits, axis=-1, keepdims=True)
-        token = cast(int, sampler(logprobs).item())
-        looked.append(logprobs[0])
-        if position == len(proposal) or token != proposal[position]:
-            return position, looked, token
-    raise AssertionError("unreachable: the last position always returns")
 
 
 def _key(uid: int) -> int:
@@ -141,11 +112,3 @@ def _greedy(sampler: Any) -> bool:
     from mlx_lm.sample_utils import greedy_sampler
 
     return sampler is greedy_sampler
-
-
-def matched(chosen: Sequence[int], proposal: Sequence[int]) -> int:
-    """How many of `proposal` the target's own choices repeat, from the start."""
-    accepted = 0
-    while accepted < len(proposal) and chosen[accepted] == proposal[accepted]:
-        accepted += 1
-    return accepted

@@ -47,7 +47,7 @@ from mlx_lm.generate import GenerationBatch
 from mlx_lm.sample_utils import greedy_sampler
 
 from stages.model_thread.drafters import CostGate, Drafter, DrafterCounts, RowPolicy, SpeculationStatistics
-from stages.model_thread.lone_speculation import matched, sample_in_order
+from stages.model_thread.verification import matched, sample_in_order
 from stages.models.mlx_internals import cut_layer
 
 
