@@ -180,13 +180,20 @@ class _OneRowAtATime:
     """A draft model drafting each row on its own cache, one row after another (before the draft batch)."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner, self.name = inner, inner.name
+        self.inner, self.name, self.caught_up = inner, inner.name, 0
 
     def propose(self, uid: int, history: Any, k: int) -> list[int]:
-        return list(self.inner.propose(uid, history, k))
+        proposal = list(self.inner.propose(uid, history, k))
+        self.caught_up = self.inner.caught_up
+        return proposal
 
     def propose_many(self, requests: Any) -> list[list[int]]:
-        return [self.propose(uid, history, k) for uid, history, k in requests]
+        proposals, caught_up = [], 0
+        for uid, history, k in requests:
+            proposals.append(self.propose(uid, history, k))
+            caught_up += self.caught_up
+        self.caught_up = caught_up
+        return proposals
 
     def forget(self, uids: Any) -> None:
         self.inner.forget(uids)

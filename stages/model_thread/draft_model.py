@@ -53,6 +53,8 @@ class DraftModel:
     _parked: dict[int, _Parked] = attrs.field(factory=dict, init=False)
     # Forward passes of the draft model that drafted for more than one row (the batched ones).
     batched_passes: int = attrs.field(default=0, init=False)
+    # History tokens the last call fed (a new row's prompt, the tokens a row gained while it did not propose).
+    caught_up: int = attrs.field(default=0, init=False)
 
     def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]:
         return self.propose_many([(uid, history, k)])[0]
@@ -60,6 +62,7 @@ class DraftModel:
     def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]]) -> list[list[int]]:
         """Up to `k` tokens to follow each `(uid, history, k)` (history: every token so far, the pending one last)."""
         wanted = [uid for uid, _, _ in requests]
+        self.caught_up = 0
         self._park([uid for uid in self._uids if uid not in wanted])
         if len(requests) == 1:
             uid, history, k = requests[0]
@@ -84,7 +87,8 @@ class DraftModel:
     def _alone(self, uid: int, history: Sequence[int], k: int) -> list[int]:
         import mlx.core as mx
 
-        row = self._caught_up(uid, history)
+        row = self._synced(uid, history)
+        self.caught_up += len(history) - len(row.fed)
         logits = self.model(mx.array(list(history[len(row.fed) :]))[None], cache=row.cache)[:, -1, :]
         row.fed.extend(history[len(row.fed) :])
         tokens = [mx.argmax(logits, axis=-1)]
@@ -95,7 +99,7 @@ class DraftModel:
         row.fed.extend(proposed[:-1])
         return proposed
 
-    def _caught_up(self, uid: int, history: Sequence[int]) -> _Parked:
+    def _synced(self, uid: int, history: Sequence[int]) -> _Parked:
         """The row's own cache, holding the longest common prefix of what it held and `history`, short of its
         last token (whose logits start the proposal)."""
         from mlx_lm.models.cache import make_prompt_cache
@@ -140,9 +144,10 @@ class DraftModel:
         import mlx.core as mx
         from mlx_lm.models.cache import BatchKVCache
 
-        row = self._caught_up(uid, history)
+        row = self._synced(uid, history)
         missing = list(history[len(row.fed) : -1])
         if missing:
+            self.caught_up += len(missing)
             self.model(mx.array(missing)[None], cache=row.cache)
             row.fed.extend(missing)
         merge: Any = BatchKVCache.merge  # untyped in mlx-lm
@@ -165,6 +170,7 @@ class DraftModel:
         kept = [min(_common_prefix(fed, history), len(history) - 1) for fed, history in zip(self._fed, histories)]
         _roll_off(cache, [len(fed) - keep for fed, keep in zip(self._fed, kept)])
         new = [list(history[keep:]) for history, keep in zip(histories, kept)]
+        self.caught_up += sum(len(tokens) for tokens in new)
         width = max(len(tokens) for tokens in new)
         padded = [[*tokens, *[tokens[-1]] * (width - len(tokens))] for tokens in new]
         logits = self.model(mx.array(padded), cache=cache)

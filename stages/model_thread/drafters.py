@@ -32,6 +32,9 @@ class Drafter(Protocol):
     """Proposes up to `k` tokens to follow a row's `history` (every token so far, the pending one last)."""
 
     name: str
+    # Tokens of the rows' histories the last call fed a draft model to catch up (0 for prompt lookup): more than two
+    # a row is a prefill, not a step, and the gate does not time it.
+    caught_up: int
 
     def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]: ...
 
@@ -49,6 +52,7 @@ class PromptLookup:
     max_ngram: int = 3
     min_ngram: int = 1
     name: str = "prompt_lookup"
+    caught_up: int = 0
 
     def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]:
         length = len(history)

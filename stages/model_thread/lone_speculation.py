@@ -84,7 +84,8 @@ class LoneSpeculation:
         totals = self._totals.setdefault(solo.uid, [0, 0])
         totals[0] += accepted
         totals[1] += len(proposal)
-        speculation.lone_gate.record(1, True, accepted + 1, time.perf_counter() - self._began)
+        if speculation.drafter.caught_up <= 2:
+            speculation.lone_gate.record(1, True, accepted + 1, time.perf_counter() - self._began)
         return [(first, pending_logprobs), *zip(proposal[:accepted], looked[:accepted])]
 
     def plain_step(self) -> None:

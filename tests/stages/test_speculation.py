@@ -211,6 +211,18 @@ def test_above_max_rows_the_batch_decodes_without_proposals(model: Any) -> None:
     assert speculation.counts.proposed == 0
 
 
+def test_a_draft_model_tells_a_prefill_from_a_step(model: Any) -> None:
+    """The gate must not time a step in which the draft model prefilled a row's history as a speculating step."""
+    draft = DraftModel(model=model)
+    first = draft.propose(0, COPY, 3)
+    assert draft.caught_up == len(COPY)
+    # All accepted, plus the target's next token: the draft feeds its last proposed token and that one.
+    draft.propose(0, [*COPY, *first, 7], 3)
+    assert draft.caught_up == 2
+    proposals = draft.propose_many([(0, [*COPY, *first, 7, 9], 2), (1, OTHER, 2)])
+    assert [len(p) for p in proposals] == [2, 2] and draft.caught_up > len(OTHER)
+
+
 def test_prompt_lookup_proposes_what_followed_the_latest_match() -> None:
     lookup = PromptLookup()
     assert lookup.propose(0, [1, 2, 3, 9, 1, 2, 3, 4, 5, 1, 2, 3], 3) == [4, 5, 1]
