@@ -16,10 +16,13 @@ the wave's wall time), and a ratio compares medians of one run.
   `mlx_lm.server` without a draft (with a draft it does not batch), and
   mlx-relay without speculation.
 
-The workload is copy-heavy (bench/speculation.py's `copy` prompt, N
-distinct copies that differ in their first line), greedy, as a raw
-completion so both servers see the same tokens. mlx-relay's acceptance is
-read from `/stats` at the end.
+The workload is copy-heavy (bench/speculation.py's `copy` prompt), greedy,
+as a raw completion so both servers see the same tokens. Every request
+sends the same prompt, which the warm-up request puts in each server's
+prompt cache: on this project's CPU machine a prompt's prefill costs
+seconds a row, and would otherwise be most of what is measured. The rows
+of a wave are still N rows of the batch. mlx-relay's acceptance is read
+from `/stats` at the end.
 """
 
 from __future__ import annotations
@@ -133,7 +136,7 @@ async def _wave(server: Server, level: int, tokens: int, wave: int) -> float:
 
 async def _complete(client: httpx.AsyncClient, server: Server, row: int, tokens: int, wave: int) -> int:
     body: dict[str, Any] = {
-        "prompt": f"Copy {wave}.{row}. " + PROMPTS["copy"],
+        "prompt": PROMPTS["copy"],
         "max_tokens": tokens,
         "temperature": 0.0,
     }

@@ -20,6 +20,12 @@ history. A step that drafts for several rows:
 
 A single row (the row alone on the single-row path, or the only one
 proposing) drafts on its own `KVCache`, without the batch's masks.
+
+The draft model's prefill of a new row's history costs what the target's
+does, and the target's prompt cache does not hold the draft's KV; so the
+caches of the last few rows that left are kept, and a new row starts
+from the one sharing the longest prefix with its history (a repeated
+prompt, the next turn of a conversation).
 Only plain `KVCache` layers: a draft model with others is refused at
 start (stages/engine/speculation.py). Model thread only.
 """
@@ -30,6 +36,11 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import attrs
+
+from stages.models.mlx_internals import kv_layer, plain_kv
+
+# Caches of rows that left, kept for new rows that start the same way.
+_KEPT = 4
 
 
 @attrs.define
@@ -51,6 +62,8 @@ class DraftModel:
     _fed: list[list[int]] = attrs.field(factory=list, init=False)
     _cache: list[Any] | None = attrs.field(default=None, init=False)
     _parked: dict[int, _Parked] = attrs.field(factory=dict, init=False)
+    # Rows that left, the latest last.
+    _kept: list[_Parked] = attrs.field(factory=list, init=False)
     # Forward passes of the draft model that drafted for more than one row (the batched ones).
     batched_passes: int = attrs.field(default=0, init=False)
     # History tokens the last call fed (a new row's prompt, the tokens a row gained while it did not propose).
@@ -77,10 +90,11 @@ class DraftModel:
         return [drafted[uid][:k] for uid, _, k in requests]
 
     def forget(self, uids: Sequence[int]) -> None:
+        self._park(uids)
         for uid in uids:
-            self._parked.pop(uid, None)
-        gone = set(uids)
-        self._keep([index for index, uid in enumerate(self._uids) if uid not in gone])
+            row = self._parked.pop(uid, None)
+            if row is not None and row.fed:
+                self._kept = [*self._kept, row][-_KEPT:]
 
     # -- one row ---------------------------------------------------------------
 
@@ -106,13 +120,28 @@ class DraftModel:
 
         row = self._parked.get(uid)
         if row is None:
-            row = self._parked[uid] = _Parked(cache=make_prompt_cache(self.model))
+            row = self._parked[uid] = self._started(history) or _Parked(cache=make_prompt_cache(self.model))
         keep = min(_common_prefix(row.fed, history), len(history) - 1)
         if keep < len(row.fed):
             for layer in row.cache:
                 layer.trim(len(row.fed) - keep)
             del row.fed[keep:]
         return row
+
+    def _started(self, history: Sequence[int]) -> _Parked | None:
+        """A new row's cache from the kept one sharing the longest prefix with `history`, cut to it, or None."""
+        shared = [(min(_common_prefix(kept.fed, history), len(history) - 1), kept) for kept in self._kept]
+        keep, best = max(shared, key=lambda pair: pair[0], default=(0, None))
+        if best is None or keep <= 0:
+            return None
+        layers = []
+        for layer in best.cache:
+            keys, values = plain_kv(layer) or (None, None)
+            if keys is None or values is None:
+                return None
+            # Slices: the kept arrays are never written through the new row's layers.
+            layers.append(kv_layer(keys[..., :keep, :], values[..., :keep, :]))
+        return _Parked(cache=layers, fed=best.fed[:keep])
 
     # -- the draft batch ---------------------------------------------------------
 

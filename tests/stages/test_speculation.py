@@ -221,6 +221,10 @@ def test_a_draft_model_tells_a_prefill_from_a_step(model: Any) -> None:
     assert draft.caught_up == 2
     proposals = draft.propose_many([(0, [*COPY, *first, 7, 9], 2), (1, OTHER, 2)])
     assert [len(p) for p in proposals] == [2, 2] and draft.caught_up > len(OTHER)
+    # A new row with a prompt a row that left began with starts from its cache: one token to feed, the same proposal.
+    draft.forget([0, 1])
+    assert draft.propose(2, COPY, 3) == first and draft.caught_up == 1
+    assert draft.propose(3, COPY, 3) == first and draft.caught_up == 1
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_match() -> None:
