@@ -128,17 +128,23 @@ def _ways(model: Any, draft: Any, prompt: list[int], rows: int, args: Any) -> tu
     plain_make = single_row(batch, enabled=rows == 1, model=model, stop_tokens=[], prefill_step_size=512)
     counts = DrafterCounts()
 
-    def spec_make(one_at_a_time: bool = False) -> Any:
+    def speculation_for(one_at_a_time: bool) -> Speculation:
         drafter: Any = DraftModel(model=draft) if draft is not None else PromptLookup()
         if one_at_a_time:
             drafter = _OneRowAtATime(drafter)
         policy = RowPolicy(max_k=args.k, min_acceptance=0.3, max_rows=args.max_rows)
-        speculation = Speculation(
+        return Speculation(
             drafter=drafter,
             policy=policy,
             counts=DrafterCounts() if one_at_a_time else counts,
             gate=CostGate(measured=not args.ungated),
         )
+
+    # As in the server, the gate's measurements (and a draft model's kept caches) outlive each run's rows.
+    speculations = {False: speculation_for(False), True: speculation_for(True)}
+
+    def spec_make(one_at_a_time: bool = False) -> Any:
+        speculation = speculations[one_at_a_time]
         # As the server runs it: a lone row on the single-row path, speculating there.
         make = single_row(
             speculating(batch, speculation),
