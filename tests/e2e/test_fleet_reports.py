@@ -22,7 +22,7 @@ TINY, DEMO = "mlx-relay/tiny", "mlx-relay/demo"
 
 @pytest.fixture(scope="module")
 def pair(server_factory: ServerFactory) -> Server:
-    return server_factory(model="tiny,demo", api_key=KEY)
+    return server_factory(model="tiny,demo", api_key=KEY, pinned=True)
 
 
 def scrape(server: Server) -> dict[tuple[str, str], float]:
