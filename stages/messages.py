@@ -70,12 +70,22 @@ class PrepKind(enum.Enum):
     CONSTRAIN_LARGE = "constrain_large"
 
 
+@attrs.frozen
+class ReadBody:
+    """A request body its route has already read as JSON (a Responses turn: validated before the store lookup).
+
+    Carried as read, so the parse stage does not read the same bytes a second time.
+    """
+
+    value: JsonValue
+
+
 @attrs.frozen(kw_only=True)
 class Submission:
-    """Raw request body from the HTTP handler, with the API's decoder."""
+    """A request body from the HTTP handler, as bytes or as its route read it, with the API's decoder."""
 
     request_id: str
-    body: bytes
+    body: bytes | ReadBody
     decode: Decoder
     reply: Reply
     timeline: Timeline
