@@ -106,6 +106,8 @@ class PromptText:
     text: str
     # Completions add the tokenizer's own BOS; a rendered chat template has its own.
     add_special_tokens: bool
+    # A chat's render left the model's turn inside a think block (`Prepared.opens_reasoning`).
+    opens_reasoning: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -125,7 +127,7 @@ class PromptImage:
 
 @attrs.frozen(kw_only=True)
 class Rendered:
-    """Prompt tokens of a chat whose history was edited first, and what the edits removed."""
+    """Prompt tokens of a chat rendered and tokenized in one piece (edited, cut to fit, or with images)."""
 
     tokens: list[int]
     applied_edits: tuple[AppliedEdit, ...] = ()
@@ -133,6 +135,8 @@ class Rendered:
     original_tokens: int = 0
     # The prompt's images, in the order of their tokens (a vision-language model's).
     images: tuple[PromptImage, ...] = ()
+    # The render left the model's turn inside a think block (`Prepared.opens_reasoning`).
+    opens_reasoning: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -168,6 +172,9 @@ class Prepared:
     constraint: CompiledConstraint | None = None
     # Its images, in prompt order (a vision-language model's row).
     images: tuple[PromptImage, ...] = ()
+    # The chat template's generation prompt opened a think block (`stages/prompt/chat.py`, known at the render):
+    # the reply starts in reasoning. The sink reads it in the front process; it never crosses to a model worker.
+    opens_reasoning: bool = False
 
 
 @attrs.frozen(kw_only=True)

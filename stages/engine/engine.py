@@ -306,6 +306,7 @@ class Engine:
                     preamble=self._preamble,
                     vision=self.work.vision,
                     room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context),
+                    think=self.family.think,
                 ),
                 text=TextJobs(vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
             ),
