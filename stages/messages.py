@@ -172,8 +172,9 @@ class Prepared:
     constraint: CompiledConstraint | None = None
     # Its images, in prompt order (a vision-language model's row).
     images: tuple[PromptImage, ...] = ()
-    # The chat template's generation prompt opened a think block (`stages/prompt/chat.py`, known at the render):
-    # the reply starts in reasoning. The sink reads it in the front process; it never crosses to a model worker.
+    # The render left the model's turn inside a think block (the template's generation prompt opened one, or a
+    # continued final message did; `stages/prompt/chat.py`): the reply starts in reasoning. The sink reads it in the
+    # front process; it never crosses to a model worker.
     opens_reasoning: bool = False
 
 
