@@ -34,7 +34,7 @@ from stages.engine.reports import AdmissionReport, EngineStatistics, TokenCount
 from stages.engine.work_service import ModelWork, chat_model_work, open_embedder
 from stages.families.base import Family
 from stages.kv.plan import Fit
-from stages.messages import Abort, Decoder, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
+from stages.messages import Abort, Decoder, Prepared, PrepareJob, PrepKind, ReadBody, Reply, StepOutputs, Submission
 from stages.model_thread.exclusive import ExclusiveQueue
 from stages.model_thread.gateway import GenerationGateway
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer
@@ -210,7 +210,7 @@ class Engine:
             self.embedder.preload()
         return nbytes
 
-    async def submit(self, *, request_id: str, trace_id: str, body: bytes, decode: Decoder) -> Reply:
+    async def submit(self, *, request_id: str, trace_id: str, body: bytes | ReadBody, decode: Decoder) -> Reply:
         """Admit a request and start it down the pipeline.
 
         Raises:
@@ -306,6 +306,7 @@ class Engine:
                     preamble=self._preamble,
                     vision=self.work.vision,
                     room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context),
+                    think=self.family.think,
                 ),
                 text=TextJobs(vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
             ),
