@@ -7,6 +7,13 @@ models file under a KV scheme one of them cannot serve.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
@@ -112,3 +119,97 @@ def test_the_one_model_s_refusal_is_in_the_front_s_own_log(server_factory: Serve
     lines = [line for line in str(stopped.value).splitlines() if '"worker.refused"' in line]
     assert lines and GROUP_SIZE_REFUSAL in lines[0]
     assert '"stage": "remote"' in lines[0]
+
+
+def worker_processes(server: Server) -> set[int]:
+    """The server's model worker processes, spare or serving (hypercorn serves from a child of its own)."""
+    parents, workers = {}, set()
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if entry.name.isdigit():
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if b"workers.main" in (entry / "cmdline").read_bytes():
+                    workers.add(int(entry.name))
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == server.process.pid:
+                return True
+        return False
+
+    return {pid for pid in workers if descends(pid)}
+
+
+def catches_segfaults(pid: int) -> bool:
+    """faulthandler is armed (workers/main.py): the process catches SIGSEGV."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signal.SIGSEGV - 1) & 1)
+    return False
+
+
+def wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists():
+        assert time.monotonic() < deadline, f"worker {pid} was not reaped"
+        time.sleep(0.02)
+
+
+def test_a_worker_that_dies_before_it_connects_is_named_by_what_it_printed(pair: Server) -> None:
+    """demo's worker segfaults during its imports: /health, /v1/models and each 503 quote its stderr, no reload loop."""
+    generate(pair, TINY, 1)
+    assert admin(pair, DEMO, "unload").json()["state"] == "unloaded"
+    serving = httpx.get(f"{pair.base_url}/health", timeout=10).json()["models"][TINY]["pid"]
+    # An idle spare would be taken, already imported and connected: it goes, so demo's load starts a worker.
+    # (One starts as tiny's worker becomes ready: looked for until none is seen for a while.)
+    while spares := worker_processes(pair) - {serving}:
+        for spare in spares:
+            os.kill(spare, signal.SIGKILL)
+            wait_gone(spare)
+        time.sleep(0.5)
+    before = worker_processes(pair)
+    failed: list[openai.APIStatusError] = []
+
+    def ask() -> None:
+        with pytest.raises(openai.APIStatusError) as refused:
+            pair.client().completions.create(model=DEMO, prompt="Hi", max_tokens=2)
+        failed.append(refused.value)
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    deadline = time.monotonic() + 60
+    while not (started := [pid for pid in worker_processes(pair) - before if catches_segfaults(pid)]):
+        assert time.monotonic() < deadline and asking.is_alive(), "demo's worker never started"
+        time.sleep(0.005)
+    os.kill(started[0], signal.SIGSEGV)
+    asking.join(60)
+    (error,) = failed
+    assert error.status_code == 503 and error.code == "model_load_failed", error
+    for text in (error.message, model_error(pair)):
+        assert f"pid {started[0]}" in text and "killed by SIGSEGV" in text and "before it connected" in text, text
+        assert "Fatal Python error: Segmentation fault" in text, text
+    # Its next start would die alike: requests do not start worker after worker; an operator's load does.
+    with pytest.raises(openai.APIStatusError) as again:
+        pair.client().completions.create(model=DEMO, prompt="Hi", max_tokens=2)
+    assert again.value.status_code == 503 and "SIGSEGV" in again.value.message
+    stats = httpx.get(f"{pair.base_url}/stats", headers=HEADERS, timeout=10).json()["models"][DEMO]
+    assert stats["loads"] == stats["unloads"] + 1
+    lines = [line for line in pair.logs().splitlines() if '"worker.exited"' in line and f"{started[0]}" in line]
+    assert lines and "Segmentation fault" in lines[0], lines
+    assert admin(pair, DEMO, "load").json()["state"] == "ready"
+    generate(pair, DEMO, 2)
+
+
+def admin(server: Server, name: str, action: str) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/admin/models/{name}/{action}", json={}, headers=HEADERS, timeout=120)
+
+
+def model_error(server: Server) -> str:
+    health = httpx.get(f"{server.base_url}/health", timeout=10).json()["models"][DEMO]
+    listed = httpx.get(f"{server.v1}/models", headers=HEADERS, timeout=10).json()["data"]
+    card = {card["id"]: card for card in listed}[DEMO]
+    assert health["state"] == card["state"] == "failed"
+    assert health["error"] == card["error"]
+    return str(health["error"])
