@@ -1,8 +1,10 @@
-"""What a server of several models reports about each: metrics, loads, and a model that refused to start.
+"""What a server of several models reports about each: metrics, loads, a model that refused to start, and one
+whose worker died before it could say why.
 
 Through real servers: tiny and demo by `MLX_RELAY_MODEL=tiny,demo` (the
 server `tests/e2e/test_fleet.py` also uses), and two pinned models from a
-models file under a KV scheme one of them cannot serve.
+models file under a KV scheme one of them cannot serve (demo's worker is
+killed there while it starts, then loaded again).
 """
 
 from __future__ import annotations
@@ -88,14 +90,18 @@ def test_loads_have_an_entry_per_loaded_model_and_answer_for_one(pair: Server) -
 GROUP_SIZE_REFUSAL = "MLX_RELAY_KV_GROUP_SIZE=64"  # tiny's head dim is 16; demo's takes 8-bit groups of 64
 
 
-def test_a_model_its_worker_refuses_fails_alone_with_the_reason(
-    server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFactory
-) -> None:
+@pytest.fixture(scope="module")
+def refusing(server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFactory) -> Server:
+    """tiny and demo pinned, under a KV scheme tiny's worker refuses."""
     models_file = tmp_path_factory.mktemp("refused") / "models.toml"
     models_file.write_text(
         '[models.tiny]\nmodel = "tiny"\npinned = true\n[models.demo]\nmodel = "demo"\npinned = true\n'
     )
-    server = server_factory(models_file=str(models_file), kv_bits="8")
+    return server_factory(models_file=str(models_file), kv_bits="8")
+
+
+def test_a_model_its_worker_refuses_fails_alone_with_the_reason(refusing: Server) -> None:
+    server = refusing
     health = httpx.get(f"{server.base_url}/health", timeout=10)
     assert health.status_code == 200
     reported = health.json()["models"]
@@ -157,59 +163,56 @@ def wait_gone(pid: int) -> None:
         time.sleep(0.02)
 
 
-def test_a_worker_that_dies_before_it_connects_is_named_by_what_it_printed(pair: Server) -> None:
+def test_a_worker_that_dies_before_it_connects_is_named_by_what_it_printed(refusing: Server) -> None:
     """demo's worker segfaults during its imports: /health, /v1/models and each 503 quote its stderr, no reload loop."""
-    generate(pair, TINY, 1)
-    assert admin(pair, DEMO, "unload").json()["state"] == "unloaded"
-    serving = httpx.get(f"{pair.base_url}/health", timeout=10).json()["models"][TINY]["pid"]
+    server = refusing
+    assert admin(server, "demo", "unload").json()["state"] == "unloaded"
     # An idle spare would be taken, already imported and connected: it goes, so demo's load starts a worker.
-    # (One starts as tiny's worker becomes ready: looked for until none is seen for a while.)
-    while spares := worker_processes(pair) - {serving}:
+    # (One may be starting still, from demo's first load: looked for until none is seen for a while.)
+    while spares := worker_processes(server):
         for spare in spares:
             os.kill(spare, signal.SIGKILL)
             wait_gone(spare)
         time.sleep(0.5)
-    before = worker_processes(pair)
     failed: list[openai.APIStatusError] = []
 
     def ask() -> None:
         with pytest.raises(openai.APIStatusError) as refused:
-            pair.client().completions.create(model=DEMO, prompt="Hi", max_tokens=2)
+            server.client().completions.create(model="demo", prompt="Hi", max_tokens=2)
         failed.append(refused.value)
 
     asking = threading.Thread(target=ask, daemon=True)
     asking.start()
     deadline = time.monotonic() + 60
-    while not (started := [pid for pid in worker_processes(pair) - before if catches_segfaults(pid)]):
+    while not (started := [pid for pid in worker_processes(server) if catches_segfaults(pid)]):
         assert time.monotonic() < deadline and asking.is_alive(), "demo's worker never started"
         time.sleep(0.005)
     os.kill(started[0], signal.SIGSEGV)
     asking.join(60)
     (error,) = failed
     assert error.status_code == 503 and error.code == "model_load_failed", error
-    for text in (error.message, model_error(pair)):
+    for text in (error.message, model_error(server)):
         assert f"pid {started[0]}" in text and "killed by SIGSEGV" in text and "before it connected" in text, text
         assert "Fatal Python error: Segmentation fault" in text, text
-    # Its next start would die alike: requests do not start worker after worker; an operator's load does.
-    with pytest.raises(openai.APIStatusError) as again:
-        pair.client().completions.create(model=DEMO, prompt="Hi", max_tokens=2)
-    assert again.value.status_code == 503 and "SIGSEGV" in again.value.message
-    stats = httpx.get(f"{pair.base_url}/stats", headers=HEADERS, timeout=10).json()["models"][DEMO]
-    assert stats["loads"] == stats["unloads"] + 1
-    lines = [line for line in pair.logs().splitlines() if '"worker.exited"' in line and f"{started[0]}" in line]
+    lines = [line for line in server.logs().splitlines() if '"worker.exited"' in line and f"{started[0]}" in line]
     assert lines and "Segmentation fault" in lines[0], lines
-    assert admin(pair, DEMO, "load").json()["state"] == "ready"
-    generate(pair, DEMO, 2)
+    # Its next start would die alike: requests do not start worker after worker; an operator's load does.
+    loads = httpx.get(f"{server.base_url}/stats", timeout=10).json()["models"]["demo"]["loads"]
+    with pytest.raises(openai.APIStatusError) as again:
+        server.client().completions.create(model="demo", prompt="Hi", max_tokens=2)
+    assert again.value.status_code == 503 and "SIGSEGV" in again.value.message
+    assert httpx.get(f"{server.base_url}/stats", timeout=10).json()["models"]["demo"]["loads"] == loads
+    assert admin(server, "demo", "load").json()["state"] == "ready"
+    assert server.client().completions.create(model="demo", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
 
 
 def admin(server: Server, name: str, action: str) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/admin/models/{name}/{action}", json={}, headers=HEADERS, timeout=120)
+    return httpx.post(f"{server.base_url}/admin/models/{name}/{action}", json={}, timeout=120)
 
 
 def model_error(server: Server) -> str:
-    health = httpx.get(f"{server.base_url}/health", timeout=10).json()["models"][DEMO]
-    listed = httpx.get(f"{server.v1}/models", headers=HEADERS, timeout=10).json()["data"]
-    card = {card["id"]: card for card in listed}[DEMO]
+    health = httpx.get(f"{server.base_url}/health", timeout=10).json()["models"]["demo"]
+    card = {card["id"]: card for card in httpx.get(f"{server.v1}/models", timeout=10).json()["data"]}["demo"]
     assert health["state"] == card["state"] == "failed"
     assert health["error"] == card["error"]
     return str(health["error"])
