@@ -29,7 +29,7 @@ from functools import partial
 import anyio
 import attrs
 import structlog
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.channels import Channel, open_channel
@@ -120,7 +120,7 @@ class RemoteGateway:
     # When the current worker's start began (its ready log says how long it took).
     _starting_at: float = attrs.field(default=0.0, init=False)
     # The gateway's own task group: a spare's start lives no longer than the gateway.
-    _group: anyio.abc.TaskGroup = attrs.field(init=False)
+    _group: TaskGroup = attrs.field(init=False)
 
     def status(self) -> WorkerStatus:
         spare = self._worker is not None and self._worker.spare
@@ -147,6 +147,7 @@ class RemoteGateway:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._exclusive.jobs.bind(self._send, self._wait_ready)
         SPARES.enter()
+        group: TaskGroup | None = None
         try:
             async with self._inbox, self._control, self._aborts, self._out, anyio.create_task_group() as group:
                 self._group = group
@@ -155,7 +156,7 @@ class RemoteGateway:
                 group.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await SPARES.leave()
+                await SPARES.leave(group)
 
     async def _supervise(self, task_status: TaskStatus[None]) -> None:
         failures = 0

@@ -204,7 +204,8 @@ def spares_ready(server: Server) -> list[int]:
 
 
 def test_a_restart_takes_the_spare_worker_once_a_worker_has_restarted(server: Server) -> None:
-    """After a restart, the front keeps a spare worker (MLX_RELAY_WORKER_SPARE=auto), and the next restart is it."""
+    """After a restart, the front keeps a spare worker (MLX_RELAY_WORKER_SPARE=auto), and the next restart is it,
+    even when that restart comes while the spare is still importing."""
     pid = wait_ready(server)
     if model_state(server)["restarts"] == 0:
         os.kill(pid, signal.SIGKILL)
@@ -214,8 +215,14 @@ def test_a_restart_takes_the_spare_worker_once_a_worker_has_restarted(server: Se
         assert time.monotonic() < deadline, "no spare worker became ready"
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
-    assert wait_ready(server, other_than=pid) == spares[-1]
-    assert model_state(server)["spare"] is True
+    pid = wait_ready(server, other_than=pid)
+    assert pid == spares[-1] and model_state(server)["spare"] is True
+    answers(server)
+    # Killed again at once: the next spare is still importing, and the restart waits for it, not for a new one.
+    os.kill(pid, signal.SIGKILL)
+    pid = wait_ready(server, other_than=pid)
+    assert model_state(server)["spare"] is True and pid in spares_ready(server)
+    assert '"worker.spare_hurried"' in server.logs()
     answers(server)
 
 
