@@ -35,6 +35,8 @@ from anyio.abc import TaskGroup
 from stages.remote.process import WorkerLost, WorkerProcess, start_worker
 
 log = structlog.get_logger(stage="remote")
+# How often a start waiting for the spare sets it back to the front's priority.
+_HURRY_EVERY_S = 0.1
 
 
 @attrs.define
@@ -62,9 +64,14 @@ class SparePool:
         """The spare, if one is idle and alive (a dead one is ended and forgotten), or is starting (then waited
         for: it is further along than a new worker would be)."""
         if self._spare is None and self._starting:
-            if self._starting_pid is not None:
-                _hurry(self._starting_pid)
-            await self._settled.wait()
+            log.info("worker.spare_hurried", pid=self._starting_pid)
+            settled = self._settled
+            while not settled.is_set():
+                # Again and again: a spare just spawned lowers its own priority as its interpreter starts.
+                if self._starting_pid is not None:
+                    _hurry(self._starting_pid)
+                with anyio.move_on_after(_HURRY_EVERY_S):
+                    await settled.wait()
         spare, self._spare = self._spare, None
         if spare is None:
             return None
@@ -131,4 +138,3 @@ def _hurry(pid: int) -> None:
         for task in tasks.iterdir():
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, int(task.name), base)
-    log.info("worker.spare_hurried", pid=pid)
