@@ -47,7 +47,8 @@ from stages.prompt.prepare import PrepareStage, Reservation, prompt_room
 from stages.prompt.text import TextJobs
 from stages.prompt.tokenize import BoundedEncoder
 from stages.remote.exclusive import RemoteExclusiveQueue
-from stages.remote.gateway import RemoteGateway, WorkerStatus
+from stages.remote.gateway import RemoteGateway
+from stages.remote.status import WorkerStatus
 from stages.reply.sink import CompletionSink
 from stages.shard.cluster import Cluster, join
 from stages.shard.liveness import RankStatus
