@@ -259,6 +259,7 @@ SHARED_SERVER_GROUPS = {
         "tests/e2e/test_families.py",
     ),
     "fleet": ("tests/e2e/test_fleet.py", "tests/e2e/test_fleet_reports.py"),
+    "images": ("tests/e2e/test_images.py", "tests/e2e/test_image_errors.py"),
 }
 _GROUP_OF_FILE = {path: group for group, paths in SHARED_SERVER_GROUPS.items() for path in paths}
 
