@@ -52,7 +52,7 @@ from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonValu
 from pipeline.settings import Settings  # noqa: E402
 from pipeline.tracing import configure_logging  # noqa: E402
 from stages.engine.engine import Engine  # noqa: E402
-from stages.messages import Decoder, Reply  # noqa: E402
+from stages.messages import Decoder, ReadBody, Reply  # noqa: E402
 from stages.prompt.parse import load_json  # noqa: E402
 from store.startup import StartupError, open_response_store  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
@@ -171,29 +171,43 @@ def _request_id(prefix: str) -> str:
 
 
 async def generate(
-    request_id: str, decode: Decoder, make_protocol: ProtocolFactory, *, persist: Persist | None = None
+    request_id: str,
+    decode: Decoder,
+    make_protocol: ProtocolFactory,
+    *,
+    persist: Persist | None = None,
+    read: ReadBody | None = None,
 ) -> Response:
-    """Run one generation; `persist` saves the finished result before the client is told it finished."""
+    """Run one generation; `persist` saves the finished result before the client is told it finished.
+
+    `read` is the body as the route has already read it, which the parse stage then takes as it is.
+    """
     client = current_client()
     client.last_words = _last_words()
     # Whenever the client goes (socket closed, h2 stream reset), the waits below end and the reply closes.
     with client.while_here():
-        return await _generate(client, request_id, decode, make_protocol, persist)
+        return await _generate(client, request_id, decode, make_protocol, persist, read)
     return gone_response()
 
 
 async def _generate(
-    client: Client, request_id: str, decode: Decoder, make_protocol: ProtocolFactory, persist: Persist | None
+    client: Client,
+    request_id: str,
+    decode: Decoder,
+    make_protocol: ProtocolFactory,
+    persist: Persist | None,
+    read: ReadBody | None,
 ) -> Response:
     trace_id = guard.trace_id(request_id)
-    body = cast(bytes, await request.get_data(as_text=False))
+    body = read if read is not None else cast(bytes, await request.get_data(as_text=False))
     session = session_key(request.headers.get)
     if session:
         decode = _with_session(decode, session)
     decode = with_model(decode)
     if client.gone:
         return gone_response()
-    async with chosen(model_named(body)) as chosen_engine:
+    model, body = model_named(body)
+    async with chosen(model) as chosen_engine:
         decode = with_defaults(decode, current_defaults())
         reply = await chosen_engine.submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
     client.on_gone(reply.close)
@@ -296,7 +310,8 @@ def _messages_protocol(accepted: Accepted, request_id: str, reply: Reply) -> Str
 async def responses() -> Response:
     raw = load_json(cast(bytes, await request.get_data(as_text=False)))
     turn = await prepare_turn(app, raw, trace_id=request.headers.get("x-request-id"))
-    return await generate(turn.request_id, turn.decode, turn.make_protocol, persist=turn.persist)
+    # Read once: the turn was decoded from `raw` before its store lookup, and the parse stage takes `raw` as read.
+    return await generate(turn.request_id, turn.decode, turn.make_protocol, persist=turn.persist, read=ReadBody(raw))
 
 
 @app.get("/v1/responses/<response_id>")

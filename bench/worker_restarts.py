@@ -1,9 +1,12 @@
-"""The front's memory over many model worker restarts: `python -m bench.worker_restarts [--restarts 50]`.
+"""The front's memory and the restart time over many model worker restarts: `python -m bench.worker_restarts`.
 
 Starts mlx-relay on `tiny` with a short restart back-off, then kills its
 model worker (SIGKILL) again and again; after each restart one request is
 answered. Prints the front's RSS (from /proc) after each restart and the
-growth from the fifth restart to the last (the first ones warm caches).
+growth from the fifth restart to the last (the first ones warm caches),
+and the median time from the kill to a ready worker, with the spare worker
+`--spare on` or `off` (stages/remote/spare.py): `--settle` seconds between
+restarts give a spare time to import, as the time between real crashes does.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import time
 from pathlib import Path
 
@@ -47,32 +51,57 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def _workers(front: int) -> list[int]:
+    """The front's worker processes (a spare among them)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            ours = entry.name.isdigit() and _parent(int(entry.name)) == front
+            if ours and b"workers.main" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.worker_restarts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--restarts", type=int, default=50)
+    parser.add_argument("--spare", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument("--settle", type=float, default=0.0, help="seconds between a restart and the next kill")
     args = parser.parse_args()
     port = free_port()
-    env = relay_env("tiny", frozenset(DEMO_MODELS)) | {"MLX_RELAY_WORKER_RESTART_BACKOFF": "0.05"}
+    env = relay_env("tiny", frozenset(DEMO_MODELS)) | {
+        "MLX_RELAY_WORKER_RESTART_BACKOFF": "0.05",
+        "MLX_RELAY_WORKER_SPARE": args.spare,
+    }
     with started("mlx-relay", relay_command(port), port, env, OUT / "logs") as server:
         pid = _ready_pid(server.url, None)
         front = _parent(pid)
         samples: list[int] = []
+        back_in: list[float] = []
         began = time.monotonic()
         for restart in range(1, args.restarts + 1):
+            time.sleep(args.settle)
+            spares = [_rss_kib(other) for other in _workers(front) if other != pid]
             killed = time.monotonic()
             os.kill(pid, signal.SIGKILL)
             pid = _ready_pid(server.url, pid)
+            back_in.append(time.monotonic() - killed)
+            took = _model(server.url).get("spare")
             body = {"prompt": "hi", "max_tokens": 4}
             assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).status_code == 200
             samples.append(_rss_kib(front))
+            idle = f", idle spare RSS {spares[0] / 1024:.1f} MiB" if spares else ""
             print(
-                f"restart {restart}: back in {time.monotonic() - killed:.2f} s, front RSS {samples[-1] / 1024:.1f} MiB"
+                f"restart {restart}: back in {back_in[-1]:.2f} s (spare taken: {took}),"
+                f" front RSS {samples[-1] / 1024:.1f} MiB{idle}"
             )
         base = samples[min(4, len(samples) - 1)]
         print(
             f"\n{args.restarts} restarts in {time.monotonic() - began:.0f} s; front RSS after restart 5:"
             f" {base / 1024:.1f} MiB, after the last: {samples[-1] / 1024:.1f} MiB"
-            f" ({(samples[-1] - base) / 1024:+.1f} MiB)"
+            f" ({(samples[-1] - base) / 1024:+.1f} MiB); kill to ready: median {statistics.median(back_in):.2f} s"
         )
 
 

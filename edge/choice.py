@@ -22,6 +22,7 @@ from pipeline.errors import invalid
 from pipeline.requests import JsonValue
 from stages.engine.engine import Engine
 from stages.engine.speech import SpeechEngine
+from stages.messages import ReadBody
 from stages.prompt.parse import load_json
 
 
@@ -90,11 +91,19 @@ async def chosen_speech(model: str | None) -> AsyncIterator[SpeechEngine]:
         yield engine
 
 
-def model_named(body: bytes) -> str | None:
-    """The body's `model`, read only when several models are served (one model answers every name)."""
+def model_named(body: bytes | ReadBody) -> tuple[str | None, bytes | ReadBody]:
+    """The body's `model`, and the body as the parse stage is then to take it.
+
+    The body is read only when several models are served (one model answers every name), and carried as
+    read, so the parse stage does not read it again.
+
+    Raises:
+        RequestError: 400 for a body that is not JSON (as the parse stage would refuse it).
+    """
     if not fleet().several:
-        return None
-    return model_field(load_json(body))
+        return None, body
+    read = body if isinstance(body, ReadBody) else ReadBody(load_json(body))
+    return model_field(read.value), read
 
 
 def model_field(value: JsonValue) -> str | None:

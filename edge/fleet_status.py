@@ -26,6 +26,8 @@ def fleet_health(fleet: Fleet) -> tuple[JsonObject, bool]:
         report = host.report()
         if host.engine is not None:
             report["ready"] = host.engine.ready
+            if isinstance(host.engine, Engine) and (worker := host.engine.worker()) is not None:
+                report.update(pid=worker.pid, restarts=worker.restarts, spare=worker.spare)
         models[name] = report
     ok = not fleet.draining
     return {"status": "ok" if ok else "unavailable", "models": models}, ok

@@ -46,7 +46,7 @@ from pipeline.errors import ErrorKind, RequestError, invalid, shutting_down
 from pipeline.events import FinishReason, Summary
 from pipeline.protocol import StreamProtocol
 from pipeline.requests import GenerationRequest, JsonObject, JsonValue, with_cache_key
-from stages.messages import Decoder, Reply
+from stages.messages import Decoder, ReadBody, Reply
 from stages.prompt.parse import load_json
 from wire import openai
 from wire.sse import dumps
@@ -232,12 +232,12 @@ class Session:
         turn = await prepare_turn(self.app, body, trace_id=websocket.headers.get("x-request-id"))
         if not generate:
             turn = _warm_only(turn)
-        raw = dumps(body).encode()
         # The generation entry's steps, as the HTTP route takes them (app.py `_generate`): the model the body names,
-        # its defaults, then admission.
-        async with chosen(model_named(raw)) as engine:
+        # its defaults, then admission; the parse stage takes the frame's body as read here, not read again.
+        model, read = model_named(ReadBody(body))
+        async with chosen(model) as engine:
             decode = with_defaults(with_model(_in_session(turn.decode)), current_defaults())
-            reply = await engine.submit(request_id=turn.request_id, trace_id=turn.request_id, body=raw, decode=decode)
+            reply = await engine.submit(request_id=turn.request_id, trace_id=turn.request_id, body=read, decode=decode)
         with reply:
             accepted = await reply.accepted()
             protocol = self._protocol = turn.make_protocol(accepted, turn.request_id, reply)

@@ -72,6 +72,8 @@ def model_state(engine: Engine) -> JsonObject:
         "state": worker.state,
         "pid": worker.pid,
         "restarts": worker.restarts,
+        # Whether this worker was the spare, started and imported before it was needed (stages/remote/spare.py).
+        "spare": worker.spare,
         "in_process": False,
     }
 

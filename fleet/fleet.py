@@ -38,6 +38,7 @@ from stages.engine.speech import SpeechEngine
 from stages.kv.machine import Machine, read_machine
 from stages.models.loading import release_unloaded, resolve_model
 from stages.models.whisper import speech_info_for
+from stages.remote.spare import SPARES
 
 log = structlog.get_logger(stage="fleet")
 
@@ -79,6 +80,8 @@ class Fleet:
 
     async def run(self, *, task_status: TaskStatus[Fleet] = anyio.TASK_STATUS_IGNORED) -> None:
         if self.several:
+            # Each model's load may take the spare worker (stages/remote/spare.py).
+            SPARES.several = True
             self.machine = await anyio.to_thread.run_sync(read_machine)
             self.budget = fleet_budget(self._settings, self.machine)
             log.info("fleet.starting", models=[spec.name for spec in self.specs], budget=self.budget)

@@ -204,6 +204,9 @@ class Settings:
     worker_heartbeat_timeout: float = attrs.field(default=2.0, validator=attrs.validators.gt(0.0))
     # Seconds before the first restart of a lost worker; doubled for each restart in a row that serves nothing.
     worker_restart_backoff: float = attrs.field(default=0.5, validator=_non_negative)
+    # A spare worker, started and imported before it is needed, which a restart or a model's load takes:
+    # "auto" once several models are served or a worker has restarted, "on", "off" (stages/remote/spare.py).
+    worker_spare: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
 
     # The event loop `mlx-relay serve` runs on: "asyncio", or "uvloop" (the `uvloop` extra), which
     # spends less of the loop's time per streamed token. `hypercorn app:app` takes `-k uvloop` instead.

@@ -70,12 +70,22 @@ class PrepKind(enum.Enum):
     CONSTRAIN_LARGE = "constrain_large"
 
 
+@attrs.frozen
+class ReadBody:
+    """A request body its route has already read as JSON (a Responses turn: validated before the store lookup).
+
+    Carried as read, so the parse stage does not read the same bytes a second time.
+    """
+
+    value: JsonValue
+
+
 @attrs.frozen(kw_only=True)
 class Submission:
-    """Raw request body from the HTTP handler, with the API's decoder."""
+    """A request body from the HTTP handler, as bytes or as its route read it, with the API's decoder."""
 
     request_id: str
-    body: bytes
+    body: bytes | ReadBody
     decode: Decoder
     reply: Reply
     timeline: Timeline
@@ -96,6 +106,8 @@ class PromptText:
     text: str
     # Completions add the tokenizer's own BOS; a rendered chat template has its own.
     add_special_tokens: bool
+    # A chat's render left the model's turn inside a think block (`Prepared.opens_reasoning`).
+    opens_reasoning: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -115,7 +127,7 @@ class PromptImage:
 
 @attrs.frozen(kw_only=True)
 class Rendered:
-    """Prompt tokens of a chat whose history was edited first, and what the edits removed."""
+    """Prompt tokens of a chat rendered and tokenized in one piece (edited, cut to fit, or with images)."""
 
     tokens: list[int]
     applied_edits: tuple[AppliedEdit, ...] = ()
@@ -123,6 +135,8 @@ class Rendered:
     original_tokens: int = 0
     # The prompt's images, in the order of their tokens (a vision-language model's).
     images: tuple[PromptImage, ...] = ()
+    # The render left the model's turn inside a think block (`Prepared.opens_reasoning`).
+    opens_reasoning: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -158,6 +172,10 @@ class Prepared:
     constraint: CompiledConstraint | None = None
     # Its images, in prompt order (a vision-language model's row).
     images: tuple[PromptImage, ...] = ()
+    # The render left the model's turn inside a think block (the template's generation prompt opened one, or a
+    # continued final message did; `stages/prompt/chat.py`): the reply starts in reasoning. The sink reads it in the
+    # front process; it never crosses to a model worker.
+    opens_reasoning: bool = False
 
 
 @attrs.frozen(kw_only=True)

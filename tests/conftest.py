@@ -142,32 +142,78 @@ def record_start(kind: str, settings: dict[str, str], seconds: float) -> None:
 ServerFactory = Callable[..., Server]
 
 
+@attrs.define
+class ServerPool:
+    """The session's model servers, by settings: a second ask with the same settings gets the running one.
+
+    A server lives as long as the module that asked for it, unless it was asked `pinned=True` by a
+    fixture that several modules share (the default server, SmolLM2, the family models): an idle
+    server left running costs memory and a little CPU for the rest of the session, and dozens of them
+    slow every later test.
+    """
+
+    log_dir: Path
+    started: list[Server] = attrs.field(factory=list)
+    shared: dict[frozenset[tuple[str, str]], Server] = attrs.field(factory=dict)
+    # The default settings are pinned from the start: most modules use that server.
+    pinned: set[frozenset[tuple[str, str]]] = attrs.field(factory=lambda: {frozenset()})
+
+    def __call__(self, *, private: bool = False, pinned: bool = False, **settings: str) -> Server:
+        key = frozenset(settings.items())
+        if private:
+            server = start_server(self.log_dir, **settings)
+            self.started.append(server)
+            return server
+        if pinned:
+            self.pinned.add(key)
+        running = self.shared.get(key)
+        if running is None or running.process.poll() is not None:
+            running = start_server(self.log_dir, **settings)
+            self.started.append(running)
+            self.shared[key] = running
+        return running
+
+    def end_module(self) -> None:
+        """End every server whose settings no fixture shared across modules pinned: its module is over."""
+        keep = {id(self.shared[key]) for key in self.pinned if key in self.shared}
+        for server in [server for server in self.started if id(server) not in keep]:
+            server.kill()
+            self.started.remove(server)
+        self.shared = {key: server for key, server in self.shared.items() if id(server) in keep}
+
+    def end_all(self) -> None:
+        for server in self.started:
+            server.kill()
+        self.started.clear()
+        self.shared.clear()
+
+
+_pools: list[ServerPool] = []
+
+
 @pytest.fixture(scope="session")
 def server_factory(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
     """A server with these settings: the one already running with exactly them, else a new one.
 
-    So no model server starts twice with the same settings. A test that stops or kills its server,
-    or whose server must start under a changed environment, asks for `private=True`: a server of
-    its own, never handed to another test. Every server ends with the session.
+    So no model server starts twice with the same settings while one module runs, nor ever for a
+    server pinned by a fixture several modules share. A test that stops or kills its server, or whose
+    server must start under a changed environment, asks for `private=True`: a server of its own, never
+    handed to another test. Unpinned servers end with their module (ServerPool), pinned ones with the
+    session.
     """
-    started: list[Server] = []
-    shared: dict[frozenset[tuple[str, str]], Server] = {}
-    log_dir = tmp_path_factory.mktemp("servers")
+    pool = ServerPool(tmp_path_factory.mktemp("servers"))
+    _pools.append(pool)
+    yield pool
+    _pools.remove(pool)
+    pool.end_all()
 
-    def factory(*, private: bool = False, **settings: str) -> Server:
-        key = frozenset(settings.items())
-        running = None if private else shared.get(key)
-        if running is not None and running.process.poll() is None:
-            return running
-        server = start_server(log_dir, **settings)
-        started.append(server)
-        if not private:
-            shared[key] = server
-        return server
 
-    yield factory
-    for server in started:
-        server.kill()
+@pytest.fixture(scope="module", autouse=True)
+def _servers_end_with_their_module() -> Iterator[None]:
+    # Autouse at module scope: set up before the module's own fixtures, so torn down after them.
+    yield
+    for pool in _pools:
+        pool.end_module()
 
 
 @pytest.fixture(scope="session")
@@ -201,3 +247,31 @@ def postgres() -> Iterator[PostgresServer]:
         pytest.skip(f"PostgreSQL cannot be started here: {reason}")
     yield server
     server.stop()
+
+
+# Files whose tests share a pinned server go to one pytest-xdist worker, so it starts once in the run.
+SHARED_SERVER_GROUPS = {
+    "smollm2-families-agents": (
+        "tests/e2e/test_smollm2.py",
+        "tests/e2e/test_agent_clients.py",
+        "tests/e2e/test_agent_sessions.py",
+        "tests/e2e/test_client_replays.py",
+        "tests/e2e/test_families.py",
+    ),
+    "fleet": ("tests/e2e/test_fleet.py", "tests/e2e/test_fleet_reports.py"),
+    "images": ("tests/e2e/test_images.py", "tests/e2e/test_image_errors.py"),
+}
+_GROUP_OF_FILE = {path: group for group, paths in SHARED_SERVER_GROUPS.items() for path in paths}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Whole files to each worker (as `--dist loadfile`), the files of one shared-server group together."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedServerScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return _GROUP_OF_FILE.get(path, path)
+
+    return SharedServerScheduling(config, log)

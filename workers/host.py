@@ -70,8 +70,10 @@ class StartTimes:
 
     # Importing mlx, mlx-lm (and transformers through it) and this code.
     imports_s: float
-    # Connecting to the front and reading its settings.
+    # Connecting to the front.
     connect_s: float
+    # Waiting for the front's settings: a spare's idle time (stages/remote/spare.py), else about nothing.
+    waited_s: float = 0.0
     # The tokenizer, markup family, adapters and memory plan (`workers/model.py`).
     open_s: float = 0.0
     # The weights onto the model thread, the prompt cache, and the generator made (the gateway's start).

@@ -8,6 +8,7 @@ goes away.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -15,9 +16,12 @@ import time
 
 # Where a start's seconds go (`worker.ready` logs them): the interpreter's own start is before this line.
 STARTED = time.perf_counter()
+# A native crash (an import, a Metal abort) prints where the Python was to stderr, which the front keeps and
+# quotes as the worker's reason (stages/remote/stderr_tail.py): a worker that dies this way has no frame to send.
+faulthandler.enable()
 
 from stages.models.blas import preload_blas  # noqa: E402
-from workers.priority import YIELD_FLAG, lower_while_loading  # noqa: E402
+from workers.priority import YIELD_FLAG, lower_while_loading, restore  # noqa: E402
 
 # Before the imports, the costliest part of a start; WorkerHost goes back once the model is ready. Only when the front
 # asks (other models' workers are serving beside this one): a worker alone starts at full speed.
@@ -42,19 +46,28 @@ log = structlog.get_logger(stage="worker")
 
 async def _main(socket: str) -> None:
     async with await anyio.connect_unix(socket) as stream:
+        connected = time.perf_counter()
         reader: FrameReader[ToWorker] = FrameReader(stream, ToWorker)
-        first = await reader.receive()
+        try:
+            # A spare waits here, imported, until a start takes it (stages/remote/spare.py).
+            first = await reader.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            return  # a spare the front no longer needs
         if not isinstance(first, SettingsIn):
             raise SystemExit(f"the front's first frame is {type(first).__name__}, not its settings")
+        base_nice = LOADING_BASE_NICE
+        if not first.yield_cpu:
+            # A spare imported nicer; the model it was taken for loads alone, at full speed.
+            restore(base_nice)
+            base_nice = None
         settings = Settings(**first.values)
         configure_logging(settings.log_level)
         structlog.contextvars.bind_contextvars(worker_pid=os.getpid())
-        times = StartTimes(imports_s=IMPORTED - STARTED, connect_s=time.perf_counter() - IMPORTED)
+        times = StartTimes(
+            imports_s=IMPORTED - STARTED, connect_s=connected - IMPORTED, waited_s=time.perf_counter() - connected
+        )
         host = WorkerHost(
-            settings=settings,
-            beat_interval=settings.worker_heartbeat_timeout / 8,
-            base_nice=LOADING_BASE_NICE,
-            times=times,
+            settings=settings, beat_interval=settings.worker_heartbeat_timeout / 8, base_nice=base_nice, times=times
         )
         await host.serve(stream, reader)
     log.info("worker.stopped")

@@ -16,7 +16,7 @@ Key = tuple[int, ...]
 
 # What an entry costs the process beyond its arrays' bytes, so that the
 # cache's cap bounds the process and not only the KV: measured with
-# tracemalloc on CPython 3.11 (tests/stages/test_prompt_cache_memory.py
+# tracemalloc on CPython 3.11 (tests/stages/cache/test_prompt_cache_memory.py
 # checks the figures still cover it). Per token, the key tuple's slot and
 # its int, and the PromptTrie's dict node for it (about 264 bytes; nodes a
 # prefix shares are counted once per entry, so this errs high). Per entry,

@@ -34,7 +34,7 @@ from stages.engine.reports import AdmissionReport, EngineStatistics, TokenCount
 from stages.engine.work_service import ModelWork, chat_model_work, open_embedder
 from stages.families.base import Family
 from stages.kv.plan import Fit
-from stages.messages import Abort, Decoder, Prepared, PrepareJob, PrepKind, Reply, StepOutputs, Submission
+from stages.messages import Abort, Decoder, Prepared, PrepareJob, PrepKind, ReadBody, Reply, StepOutputs, Submission
 from stages.model_thread.exclusive import ExclusiveQueue
 from stages.model_thread.gateway import GenerationGateway
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer
@@ -47,7 +47,8 @@ from stages.prompt.prepare import PrepareStage, Reservation, prompt_room
 from stages.prompt.text import TextJobs
 from stages.prompt.tokenize import BoundedEncoder
 from stages.remote.exclusive import RemoteExclusiveQueue
-from stages.remote.gateway import RemoteGateway, WorkerStatus
+from stages.remote.gateway import RemoteGateway
+from stages.remote.status import WorkerStatus
 from stages.reply.sink import CompletionSink
 from stages.shard.cluster import Cluster, join
 from stages.shard.liveness import RankStatus
@@ -210,7 +211,7 @@ class Engine:
             self.embedder.preload()
         return nbytes
 
-    async def submit(self, *, request_id: str, trace_id: str, body: bytes, decode: Decoder) -> Reply:
+    async def submit(self, *, request_id: str, trace_id: str, body: bytes | ReadBody, decode: Decoder) -> Reply:
         """Admit a request and start it down the pipeline.
 
         Raises:
@@ -306,6 +307,7 @@ class Engine:
                     preamble=self._preamble,
                     vision=self.work.vision,
                     room=partial(prompt_room, info.context_window, self.fit.memory.max_safe_context),
+                    think=self.family.think,
                 ),
                 text=TextJobs(vocab_size=info.vocab_size, infill=find_infill(tokenizer)),
             ),

@@ -2,7 +2,7 @@
 
 mlx-lm (pinned 0.32.2) is used through its public API everywhere else; what
 it does not offer publicly is reached only through this module, and
-`tests/stages/test_mlx_internals.py` checks each name here one by one, so an
+`tests/stages/models/test_mlx_internals.py` checks each name here one by one, so an
 mlx-lm upgrade that moves one fails there, naming it, rather than somewhere
 deep in a request. Each function says which mlx-lm detail it leans on.
 

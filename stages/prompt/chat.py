@@ -39,7 +39,14 @@ from stages.prompt.truncation import render_truncated
 class ImageRenderer(Protocol):
     """A vision-language model's prompt side (`stages/prompt/vision_chat.py`'s `VisionPrompt`)."""
 
-    def render(self, tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None) -> Rendered: ...
+    def render(
+        self,
+        tokenizer: Tokenizer,
+        request: ChatRequest,
+        *,
+        preamble: Family | None = None,
+        think: tuple[str, str] | None = None,
+    ) -> Rendered: ...
 
 
 @attrs.frozen
@@ -51,6 +58,8 @@ class ChatJobs:
     _room: Callable[[GenerationParams], int] | None = attrs.field(default=None, alias="room")
     # A vision-language model's image side; None: the model reads text only, and an image is a 400.
     _vision: ImageRenderer | None = attrs.field(default=None, alias="vision")
+    # The family's think markers (start, end): the render says whether its generation prompt opened a think block.
+    _think: tuple[str, str] | None = attrs.field(default=None, alias="think")
 
     def job(self, parsed: Parsed, request: ChatRequest) -> PrepareJob:
         """The job that renders and tokenizes `request`'s prompt in a preparation thread."""
@@ -71,13 +80,14 @@ class ChatJobs:
             if self._vision is None:
                 message = f"The image at '{images[0].param}' cannot be read: the served model takes text only"
                 raise invalid(message, param=images[0].param, code="image_input_unsupported")
-            return partial(self._vision.render, self._tokenizer, request, preamble=self._preamble)
+            return partial(self._vision.render, self._tokenizer, request, preamble=self._preamble, think=self._think)
+        preamble, think = self._preamble, self._think
         if request.context_edits:
-            return partial(render_edited, self._tokenizer, request, preamble=self._preamble, parts=parts)
+            return partial(render_edited, self._tokenizer, request, preamble=preamble, parts=parts, think=think)
         if request.truncate_to_fit and self._room is not None:
-            render = partial(render_chat, self._tokenizer, preamble=self._preamble, parts=parts)
-            return partial(render_truncated, render, request, self._room(request.params))
-        return partial(render_chat_text, self._tokenizer, request, preamble=self._preamble, parts=parts)
+            room = self._room(request.params)
+            return partial(render_fitted, self._tokenizer, request, room, preamble=preamble, parts=parts, think=think)
+        return partial(render_chat_text, self._tokenizer, request, preamble=preamble, parts=parts, think=think)
 
 
 # Template arguments the server sets itself, or that would swap the model's template.
@@ -113,7 +123,12 @@ def render_chat(
 
 
 def render_chat_text(
-    tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None, parts: bool = False
+    tokenizer: Tokenizer,
+    request: ChatRequest,
+    *,
+    preamble: Family | None = None,
+    parts: bool = False,
+    think: tuple[str, str] | None = None,
 ) -> PromptText:
     """A chat request's prompt text, through the model's own template.
 
@@ -122,10 +137,40 @@ def render_chat_text(
     and earlier calls and results are written as text the template renders.
     With `parts` (a vision-language model's template) each message's content
     is a list of parts, an `{"type": "image"}` where each image sits.
+    With `think` (the family's think markers), the text says whether the
+    reply starts inside a think block (`opens_reasoning`).
 
     Raises:
         RequestError: the template refused the conversation.
     """
+    messages, kwargs = _template_input(request, preamble, parts)
+    text = _apply_template(tokenizer, messages, kwargs)
+    opened = think is not None and _opens_think(tokenizer, messages, kwargs, text, think)
+    # The template writes any BOS itself.
+    return PromptText(text, add_special_tokens=False, opens_reasoning=opened)
+
+
+def opens_reasoning(
+    tokenizer: Tokenizer,
+    request: ChatRequest,
+    text: str,
+    think: tuple[str, str] | None,
+    *,
+    preamble: Family | None = None,
+    parts: bool = False,
+) -> bool:
+    """Whether `text`, `request`'s render, leaves the model's turn inside a think block (`render_chat_text`'s
+    `opens_reasoning`, for a render made without `think`)."""
+    if think is None:
+        return False
+    messages, kwargs = _template_input(request, preamble, parts)
+    return _opens_think(tokenizer, messages, kwargs, text, think)
+
+
+def _template_input(
+    request: ChatRequest, preamble: Family | None, parts: bool
+) -> tuple[list[JsonObject], dict[str, JsonValue]]:
+    """The messages and keyword arguments the chat template renders `request` from."""
     uses_tools = bool(request.tools) and request.tool_choice.mode is not ToolChoiceMode.NONE
     if preamble is not None and (uses_tools or any(m.tool_calls or m.role is Role.TOOL for m in request.messages)):
         messages = tool_preamble(preamble, request.tools if uses_tools else (), request.messages)
@@ -146,6 +191,10 @@ def render_chat_text(
         kwargs.update(add_generation_prompt=False, continue_final_message=True)
     else:
         kwargs.setdefault("add_generation_prompt", True)
+    return messages, kwargs
+
+
+def _apply_template(tokenizer: Tokenizer, messages: list[JsonObject], kwargs: dict[str, JsonValue]) -> str:
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except jinja2.TemplateError as error:
@@ -158,29 +207,91 @@ def render_chat_text(
         raise invalid("The model's chat template cannot render these messages", param="messages") from None
     if not isinstance(text, str):
         raise TypeError("the chat template did not render text")
-    # The template writes any BOS itself.
-    return PromptText(text, add_special_tokens=False)
+    return text
+
+
+def _opens_think(
+    tokenizer: Tokenizer, messages: list[JsonObject], kwargs: dict[str, JsonValue], text: str, think: tuple[str, str]
+) -> bool:
+    """Whether the model's turn, at the end of `text`, is inside a think block it did not close.
+
+    The turn is the generation prompt the template appended (`enable_thinking`, `thinking`, DeepSeek-R1's
+    `<think>`): the text beyond the same messages rendered without it, so a think tag in the user's own words is
+    not taken for one. A continued final message is the model's own turn, which the whole text ends in.
+    """
+    start, end = think
+    if text.rfind(start) <= text.rfind(end):
+        # Nothing is open at the end (the common case): no second render.
+        return False
+    if not kwargs.get("add_generation_prompt"):
+        return True
+    before = _apply_template(tokenizer, messages, {**kwargs, "add_generation_prompt": False})
+    # A template whose conversation renders otherwise without the prompt: the whole text's end is all there is.
+    generation = text[len(before) :] if text.startswith(before) else text
+    return generation.rfind(start) > generation.rfind(end)
 
 
 def render_edited(
-    tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None, parts: bool = False
+    tokenizer: Tokenizer,
+    request: ChatRequest,
+    *,
+    preamble: Family | None = None,
+    parts: bool = False,
+    think: tuple[str, str] | None = None,
 ) -> Rendered:
     """Prompt tokens for `request` after its context edits, and what they removed.
 
     Raises:
         RequestError: the template refused the conversation.
     """
-    renders: list[tuple[ChatRequest, list[int]]] = []
+    renders: list[tuple[ChatRequest, str, list[int]]] = []
 
     def count(candidate: ChatRequest) -> int:
-        renders.append((candidate, render_chat(tokenizer, candidate, preamble=preamble, parts=parts)))
-        return len(renders[-1][1])
+        renders.append(_rendered(tokenizer, candidate, preamble, parts))
+        return len(renders[-1][2])
 
     edited = apply_edits(request, count)
     # The edited conversation was rendered to count it: keep that render.
-    tokens = next(tokens for candidate, tokens in reversed(renders) if candidate is edited.request)
+    text, tokens = next((text, tokens) for candidate, text, tokens in reversed(renders) if candidate is edited.request)
+    opened = opens_reasoning(tokenizer, edited.request, text, think, preamble=preamble, parts=parts)
     # The first render is the conversation as the client sent it.
-    return Rendered(tokens=tokens, applied_edits=edited.applied, original_tokens=len(renders[0][1]))
+    return Rendered(
+        tokens=tokens, applied_edits=edited.applied, original_tokens=len(renders[0][2]), opens_reasoning=opened
+    )
+
+
+def render_fitted(
+    tokenizer: Tokenizer,
+    request: ChatRequest,
+    room: int,
+    *,
+    preamble: Family | None = None,
+    parts: bool = False,
+    think: tuple[str, str] | None = None,
+) -> Rendered:
+    """Prompt tokens for `request` cut to `room` under `truncation: "auto"` (`truncation.py`).
+
+    Raises:
+        RequestError: the template refused the conversation.
+    """
+    renders: list[tuple[ChatRequest, str, list[int]]] = []
+
+    def render(candidate: ChatRequest) -> list[int]:
+        renders.append(_rendered(tokenizer, candidate, preamble, parts))
+        return renders[-1][2]
+
+    tokens = render_truncated(render, request, room)
+    # The cut that fits was rendered to count it: its text says how the model's turn opens.
+    kept, text = next((candidate, text) for candidate, text, rendered in reversed(renders) if rendered is tokens)
+    opened = opens_reasoning(tokenizer, kept, text, think, preamble=preamble, parts=parts)
+    return Rendered(tokens=tokens, opens_reasoning=opened)
+
+
+def _rendered(
+    tokenizer: Tokenizer, request: ChatRequest, preamble: Family | None, parts: bool
+) -> tuple[ChatRequest, str, list[int]]:
+    text = render_chat_text(tokenizer, request, preamble=preamble, parts=parts).text
+    return request, text, tokenizer.encode(text, add_special_tokens=False)
 
 
 def _template_message(message: Message) -> JsonObject:

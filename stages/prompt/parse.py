@@ -1,6 +1,7 @@
 """Parse stage: raw JSON bytes → a typed request → its tokenizing job.
 
-Inbox: `Submission` from the HTTP handler (via admission).
+Inbox: `Submission` from the HTTP handler (via admission): the body's bytes, or the JSON value its route
+already read (`ReadBody`: a Responses turn's, which is decoded before its store lookup), never read twice.
 Outbox: `PrepareJob` for the preparation executor, made by the request's kind:
 a chat template's render (`chat.py`) or a text prompt (`text.py`).
 Owns: nothing between requests.
@@ -26,7 +27,7 @@ from pipeline.errors import invalid
 from pipeline.jsontext import MAX_DEPTH, LoneSurrogate, TooDeep, loads
 from pipeline.requests import ChatRequest, JsonValue, with_adapter
 from pipeline.tracing import Mark
-from stages.messages import Parsed, PrepareJob, Submission
+from stages.messages import Parsed, PrepareJob, ReadBody, Submission
 from stages.prompt.chat import ChatJobs
 from stages.prompt.text import TextJobs
 
@@ -48,7 +49,8 @@ class ParseStage:
             await serve_items(self._inbox, self._on_submission, stage="parse")
 
     async def _on_submission(self, submission: Submission) -> None:
-        value = load_json(submission.body)
+        body = submission.body
+        value = body.value if isinstance(body, ReadBody) else load_json(body)
         request = submission.decode(value)
         if self._route is not None:
             request = with_adapter(request, self._route(value))

@@ -32,9 +32,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from pipeline.actor import isolated, serve_items
 from pipeline.errors import RequestError, invalid
-from pipeline.requests import Accepted, AppliedEdit, ChatRequest, GenerationParams
+from pipeline.requests import Accepted, ChatRequest, GenerationParams
 from pipeline.tracing import Mark
-from stages.messages import CompiledConstraint, Prepared, PrepareJob, PrepKind, PromptImage, PromptText, Rendered
+from stages.messages import CompiledConstraint, Prepared, PrepareJob, PrepKind, PromptText, Rendered
 from stages.prompt.constraint_choice import needs_constraint
 from stages.prompt.constraints import ConstraintCompiler
 from stages.prompt.tokenize import BoundedEncoder
@@ -109,11 +109,15 @@ class PrepareStage:
     async def _work(self, job: PrepareJob, reservation: Reservation) -> None:
         # A task of its own: isolated here, as serve_items isolates the loop's items.
         with isolated(job.reply, stage="prepare"):
-            tokens, edits, images = await self._tokens(job, reservation)
-            prepared = attrs.evolve(self._check(job, tokens), images=images)
+            rendered = await self._tokens(job, reservation)
+            tokens = rendered.tokens
+            prepared = attrs.evolve(
+                self._check(job, tokens), images=rendered.images, opens_reasoning=rendered.opens_reasoning
+            )
             if needs_constraint(job.request):
                 prepared = attrs.evolve(prepared, constraint=await self._constrain(job))
-            if not job.reply.accept(Accepted(request=job.request, prompt_tokens=len(tokens), applied_edits=edits)):
+            accepted = Accepted(request=job.request, prompt_tokens=len(tokens), applied_edits=rendered.applied_edits)
+            if not job.reply.accept(accepted):
                 return
             log.info(
                 "request.prepare",
@@ -123,18 +127,16 @@ class PrepareStage:
             )
             await self._out.send(prepared)
 
-    async def _tokens(
-        self, job: PrepareJob, reservation: Reservation
-    ) -> tuple[list[int], tuple[AppliedEdit, ...], tuple[PromptImage, ...]]:
+    async def _tokens(self, job: PrepareJob, reservation: Reservation) -> Rendered:
         """Renders under the slot `_on_job` took, then tokenizes the text in bounded pieces."""
         try:
             prompt = await anyio.to_thread.run_sync(job.tokenize, limiter=reservation.threads)
         finally:
             reservation.slots.release()
         if isinstance(prompt, Rendered):
-            return prompt.tokens, prompt.applied_edits, prompt.images
+            return prompt
         if not isinstance(prompt, PromptText):
-            return prompt, (), ()
+            return Rendered(tokens=prompt)
         at_most = self._room(job)
         tokens = await encode_bounded(self._encoder, prompt, reservation, at_most=at_most)
         if tokens is None:
@@ -142,7 +144,7 @@ class PrepareStage:
             raise self._refusal(
                 job, at_most + 1, None if job.params.clamp_max_tokens else job.params.max_tokens, at_least=True
             ) or invalid("The prompt is too long", param=_prompt_param(job))
-        return tokens, (), ()
+        return Rendered(tokens=tokens, opens_reasoning=prompt.opens_reasoning)
 
     def _room(self, job: PrepareJob) -> int:
         return prompt_room(self._context_window, self._max_safe_context, job.params)

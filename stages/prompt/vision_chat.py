@@ -68,7 +68,14 @@ class VisionPrompt:
             held_bytes=settings.encoder_cache_bytes,
         )
 
-    def render(self, tokenizer: Tokenizer, request: ChatRequest, *, preamble: Family | None = None) -> Rendered:
+    def render(
+        self,
+        tokenizer: Tokenizer,
+        request: ChatRequest,
+        *,
+        preamble: Family | None = None,
+        think: tuple[str, str] | None = None,
+    ) -> Rendered:
         """The prompt's tokens with each image's run of image tokens, and the images they stand for.
 
         Raises:
@@ -86,7 +93,8 @@ class VisionPrompt:
             field = "context_management" if request.context_edits else "truncation"
             raise invalid(f"'{field}' cannot edit a conversation with images yet", param=field)
         images, runs = zip(*(self._tile(part) for part in parts), strict=True) if parts else ((), ())
-        text = render_chat_text(tokenizer, request, preamble=preamble, parts=True).text
+        prompt = render_chat_text(tokenizer, request, preamble=preamble, parts=True, think=think)
+        text = prompt.text
         pieces = text.split(IMAGE_TOKEN)
         if len(pieces) != len(parts) + 1:
             message = f"The messages' text may not hold {IMAGE_TOKEN} itself; send images as image parts"
@@ -95,7 +103,9 @@ class VisionPrompt:
         tokens = tokenizer.encode(expanded, add_special_tokens=False)
         if tokens.count(self.image_token_id) != sum(image.tokens for image in images):
             raise invalid("The messages' text holds tokens the model keeps for images", param="messages")
-        return Rendered(tokens=tokens, original_tokens=len(tokens), images=tuple(images))
+        return Rendered(
+            tokens=tokens, original_tokens=len(tokens), images=tuple(images), opens_reasoning=prompt.opens_reasoning
+        )
 
     def _tile(self, part: ImagePart) -> tuple[PromptImage, str]:
         picture = decode(part, self.limits)

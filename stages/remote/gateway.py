@@ -14,12 +14,14 @@ A worker that never became ready on the first start fails the engine's
 start, as a model that cannot load does in-process; one that refuses its
 model (`RefusedOut`: settings it cannot run, a model that does not load)
 says why first, and is not restarted: the engine fails with that reason,
-which the front logs and `/health` and `/v1/models` show.
+which the front logs and `/health` and `/v1/models` show. So does one whose
+first start dies before it is ready with no reason to send (a crash, an
+import that fails): its reason is the end of what it printed to stderr.
+A start takes the idle spare worker when there is one (stages/remote/spare.py).
 """
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Callable
 from functools import partial
@@ -27,16 +29,14 @@ from functools import partial
 import anyio
 import attrs
 import structlog
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from pipeline.channels import Channel, open_channel
-from pipeline.errors import ErrorKind, RequestError
 from pipeline.settings import Settings
 from stages.cache.prompt import PromptCacheStatistics
 from stages.messages import Abort, Prepared, StepOutputs
 from stages.model_thread.gateway import GatewayStatistics
-from stages.model_thread.handoff import HandoffStatistics
 from stages.remote.convert import request_error, row_in, step_outputs
 from stages.remote.exclusive import RemoteExclusiveQueue
 from stages.remote.frames import FrameError, FrameReader, FrameWriter
@@ -53,7 +53,16 @@ from stages.remote.messages import (
     ToFront,
     ToWorker,
 )
-from stages.remote.process import WorkerLost, WorkerProcess, WorkerRefused, worker_process
+from stages.remote.process import (
+    WorkerDiedStarting,
+    WorkerLost,
+    WorkerProcess,
+    WorkerRefused,
+    exit_status,
+    start_worker,
+)
+from stages.remote.spare import SPARES
+from stages.remote.status import ServingCount, WorkerState, WorkerStatus, no_statistics, worker_lost
 
 log = structlog.get_logger(stage="remote")
 
@@ -68,39 +77,7 @@ _LOADING_BOUND_FACTOR = 10
 _GRACE_S = 10.0
 
 
-@attrs.define
-class _Serving:
-    """This front's workers that are ready now (several models): a worker that starts beside them yields the
-    CPU until it is ready, so their streams keep their pace; a worker alone starts at full speed."""
-
-    count: int = 0
-
-
-_SERVING = _Serving()
-
-
-class WorkerState(enum.Enum):
-    LOADING = "loading"
-    READY = "ready"
-    RESTARTING = "restarting"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-
-@attrs.frozen(kw_only=True)
-class WorkerStatus:
-    state: str
-    # The worker process's id; None while none runs.
-    pid: int | None
-    restarts: int
-
-
-def worker_lost(reason: str) -> RequestError:
-    return RequestError(
-        kind=ErrorKind.UNAVAILABLE,
-        code="worker_lost",
-        message=f"The model worker stopped ({reason}); the request was not completed. Retry it.",
-    )
+_SERVING = ServingCount()
 
 
 @attrs.define
@@ -118,6 +95,8 @@ class RemoteGateway:
     _connect_timeout: float = attrs.field(default=600.0, alias="connect_timeout")
     _state: WorkerState = attrs.field(default=WorkerState.LOADING, init=False)
     _worker: WorkerProcess | None = attrs.field(default=None, init=False)
+    # The current worker's process, from its start (before it connects) to its end.
+    _pid: int | None = attrs.field(default=None, init=False)
     _outbox: Channel[ToWorker] | None = attrs.field(default=None, init=False)
     # Rows sent to the current worker and not yet finished, removed or failed.
     _rows: dict[str, Prepared] = attrs.field(factory=dict, init=False)
@@ -136,32 +115,22 @@ class RemoteGateway:
     _refused: str | None = attrs.field(default=None, init=False)
     # The current worker is counted in `_SERVING`.
     _counted: bool = attrs.field(default=False, init=False)
+    # The last worker lost was a spare that died before it was ready.
+    _spare_lost: bool = attrs.field(default=False, init=False)
+    # When the current worker's start began (its ready log says how long it took).
+    _starting_at: float = attrs.field(default=0.0, init=False)
+    # The gateway's own task group: a spare's start lives no longer than the gateway.
+    _group: TaskGroup = attrs.field(init=False)
 
     def status(self) -> WorkerStatus:
-        pid = self._worker.pid if self._worker is not None else None
-        return WorkerStatus(state=self._state.value, pid=pid, restarts=self._restarts)
+        spare = self._worker is not None and self._worker.spare
+        return WorkerStatus(state=self._state.value, pid=self._pid, restarts=self._restarts, spare=spare)
 
     def statistics(self) -> GatewayStatistics:
+        pending = self._inbox.statistics().current_buffer_used
         if self._beat.gateway is not None:
-            return attrs.evolve(self._beat.gateway, pending=self._inbox.statistics().current_buffer_used)
-        handoff = HandoffStatistics(
-            steps_ahead=0, steps_undelivered=0, steps_undelivered_max=0, loop_wait_s=0, idle_wait_s=0
-        )
-        return GatewayStatistics(
-            active=0,
-            pending=self._inbox.statistics().current_buffer_used,
-            steps=0,
-            generated_tokens=0,
-            waiting_for_memory=0,
-            kv_held_bytes=0,
-            kv_budget_bytes=0,
-            preemptions=0,
-            resumed=0,
-            kv_bytes_in_use=0,
-            mlx_active_bytes=0,
-            mlx_cache_bytes=0,
-            handoff=handoff,
-        )
+            return attrs.evolve(self._beat.gateway, pending=pending)
+        return no_statistics(pending)
 
     def cache_statistics(self) -> PromptCacheStatistics | None:
         return self._beat.prompt_cache
@@ -177,10 +146,17 @@ class RemoteGateway:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._exclusive.jobs.bind(self._send, self._wait_ready)
-        async with self._inbox, self._control, self._aborts, self._out, anyio.create_task_group() as group:
-            group.start_soon(self._forward_aborts)
-            await self._supervise(task_status)
-            group.cancel_scope.cancel()
+        SPARES.enter()
+        group: TaskGroup | None = None
+        try:
+            async with self._inbox, self._control, self._aborts, self._out, anyio.create_task_group() as group:
+                self._group = group
+                group.start_soon(self._forward_aborts)
+                await self._supervise(task_status)
+                group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await SPARES.leave(group)
 
     async def _supervise(self, task_status: TaskStatus[None]) -> None:
         failures = 0
@@ -194,16 +170,18 @@ class RemoteGateway:
                 # Settings the model cannot run with fail every start alike: no restart, the reason is the model's.
                 self._state = WorkerState.FAILED
                 raise WorkerRefused(self._refused)
-            if not self._started:
-                # The first start failed: the engine does not start, as with a model that cannot load in-process.
+            if not self._started and not self._spare_lost:
+                # The first start failed: the engine does not start, as with a model that cannot load in-process;
+                # nor does a later one (no restart, and the fleet's requests do not load it again: a refusal).
                 self._state = WorkerState.FAILED
-                raise WorkerLost(reason)
+                raise WorkerDiedStarting(reason)
             failures = 1 if self._served else failures + 1
             self._served = False
             if failures > _MAX_FAILURES:
                 self._state = WorkerState.FAILED
                 raise WorkerLost(f"{failures} restarts in a row failed; the last: {reason}")
             self._state, self._restarts = WorkerState.RESTARTING, self._restarts + 1
+            SPARES.restarts += 1
             delay = min(self._settings.worker_restart_backoff * 2 ** (failures - 1), _MAX_BACKOFF_S)
             log.warning("worker.restart", reason=reason, delay_s=delay, restarts=self._restarts)
             await anyio.sleep(delay)
@@ -211,34 +189,63 @@ class RemoteGateway:
     async def _serve_one(self, task_status: TaskStatus[None]) -> str | None:
         """Run one worker until it ends; None when it was drained, else why it was lost."""
         lost: list[str] = []
+        beside_others = _SERVING.count > 0
+        self._starting_at = time.monotonic()
         try:
-            beside_others = _SERVING.count > 0
-            starting = worker_process(connect_timeout=self._connect_timeout, grace=_GRACE_S, yield_cpu=beside_others)
-            async with starting as worker:
-                self._worker, self._outbox = worker, open_channel(self._capacity, name="worker")
-                # Never logged nor sent: the worker needs no keys.
-                values = attrs.asdict(attrs.evolve(self._settings, api_key=None))
-                self._outbox.send.send_nowait(SettingsIn(values=values))
-                self._last_frame = time.monotonic()
-                async with anyio.create_task_group() as session:
-                    session.start_soon(self._write, worker, self._outbox.receive)
-                    session.start_soon(self._watch, worker, lost.append, session.cancel_scope)
-                    await self._read(worker, task_status, session, lost.append)
-                    session.cancel_scope.cancel()
-                if lost:
-                    # Whatever state it is in, a lost worker is not waited for.
-                    worker.kill()
+            worker = await SPARES.take() if SPARES.wanted(self._settings.worker_spare) else None
+            if worker is None:
+                worker = await start_worker(
+                    connect_timeout=self._connect_timeout, yield_cpu=beside_others, spawned=self._spawned
+                )
         except WorkerLost as error:
-            lost.append(str(error))
+            log.error("worker.exited", pid=self._pid, reason=str(error), stderr=error.stderr)
+            self._pid = None
+            return str(error)
+        self._worker, self._pid, ready = worker, worker.pid, self._ready
+        self._spare_lost = False
+        try:
+            await self._session(worker, task_status, beside_others, lost.append)
         finally:
+            await worker.end(0.0 if lost else _GRACE_S)
             if self._counted:
                 _SERVING.count, self._counted = _SERVING.count - 1, False
-            if self._outbox is not None:
-                # What was queued for this worker dies with it (its rows were failed by the loss).
-                self._outbox.send.close()
-                self._outbox.receive.close()
-            self._worker, self._outbox = None, None
-        return lost[0] if lost else None
+            self._worker, self._pid = None, None
+        if not lost:
+            return None
+        status = exit_status(worker.process)
+        if ready.is_set() or self._refused is not None:
+            # Its rows fail now, not once its stderr has ended: the log has what arrived so far.
+            log.error("worker.exited", pid=worker.pid, status=status, stderr=worker.stderr.text())
+            return lost[0]
+        # It died before it could say why (a crash while loading): what it printed is the reason.
+        printed = await worker.printed()
+        log.error("worker.exited", pid=worker.pid, status=status, stderr=worker.stderr.text())
+        # A spare that died idle says nothing of the model: the next start is a fresh worker's.
+        self._spare_lost = worker.spare
+        return f"{lost[0]} ({status}) before it was ready; {printed}"
+
+    def _spawned(self, pid: int) -> None:
+        self._pid = pid
+
+    async def _session(
+        self, worker: WorkerProcess, task_status: TaskStatus[None], beside_others: bool, lose: Callable[[str], None]
+    ) -> None:
+        self._outbox = open_channel(self._capacity, name="worker")
+        try:
+            # Never logged nor sent: the worker needs no keys.
+            values = attrs.asdict(attrs.evolve(self._settings, api_key=None))
+            self._outbox.send.send_nowait(SettingsIn(values=values, yield_cpu=beside_others))
+            self._last_frame = time.monotonic()
+            async with anyio.create_task_group() as session:
+                session.start_soon(self._write, worker, self._outbox.receive)
+                session.start_soon(self._watch, worker, lose, session.cancel_scope)
+                await self._read(worker, task_status, session, lose)
+                session.cancel_scope.cancel()
+        finally:
+            # What was queued for this worker dies with it (its rows were failed by the loss).
+            self._outbox.send.close()
+            self._outbox.receive.close()
+            self._outbox = None
 
     async def _read(
         self,
@@ -283,7 +290,11 @@ class RemoteGateway:
         if not self._counted:
             _SERVING.count, self._counted = _SERVING.count + 1, True
         self._ready.set()
-        log.info("worker.ready", pid=ready.pid, restarts=self._restarts)
+        spare = self._worker is not None and self._worker.spare
+        start_s = round(time.monotonic() - self._starting_at, 3)
+        log.info("worker.ready", pid=ready.pid, restarts=self._restarts, spare=spare, start_s=start_s)
+        # The next start's spare imports now, nicer, once this worker no longer competes for the CPU.
+        SPARES.refill(self._group, mode=self._settings.worker_spare, connect_timeout=self._connect_timeout)
         session.start_soon(self._feed)
         if first:
             task_status.started()

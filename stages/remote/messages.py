@@ -54,6 +54,9 @@ class SettingsIn(msgspec.Struct, frozen=True, array_like=True, tag="settings"):
     models)."""
 
     values: dict[str, Any]
+    # Load nicer until ready (other models' workers serve beside it; workers/priority.py). A spare was started
+    # nicer for its imports either way: False sets it back before it loads.
+    yield_cpu: bool = False
 
 
 class ImageIn(msgspec.Struct, frozen=True, array_like=True):

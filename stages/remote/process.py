@@ -3,8 +3,12 @@
 The front listens on a socket (0600) in a temporary folder of its own
 (0700), starts `python -m workers.main --socket PATH` with the front's
 environment (so the worker reads the same `MLX_RELAY_*` settings) and
-accepts the one connection the worker makes. Leaving the context ends the
-process: a drained worker is given `grace` seconds to exit, then killed.
+accepts the one connection the worker makes; the folder goes once it has
+(the connection outlives the socket's name). The worker's stderr goes
+through a pipe the front reads (`stages/remote/stderr_tail.py`), so a
+worker that dies before it can say why still does: its last lines are in
+the reason. `end()` ends the process: a drained worker is given `grace`
+seconds to exit, then killed.
 """
 
 from __future__ import annotations
@@ -15,74 +19,140 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import attrs
 from anyio.abc import ByteStream, Process, SocketListener
+
+from stages.remote.stderr_tail import StderrTail
 
 # workers/priority.py's YIELD_FLAG (the front does not import workers/).
 _YIELD_FLAG = "--yield-while-loading"
 # The repository's root: the worker imports the same sources as the front.
 _ROOT = Path(__file__).resolve().parents[2]
+# How long an ended worker's stderr may take to reach its end (its pipe closes as the process goes).
+_TAIL_WAIT_S = 1.0
+# What of a dead worker's stderr a reason quotes (the log line has the whole tail).
+_REASON_CHARS = 1000
 
 
 class WorkerLost(Exception):
     """The worker ended, or stopped answering, before its work was done."""
+
+    def __init__(self, message: str, *, stderr: str = "") -> None:
+        super().__init__(message)
+        # The end of what the worker printed, when it never connected (the message quotes less of it).
+        self.stderr = stderr
 
 
 class WorkerRefused(Exception):
     """The worker cannot serve its model with these settings; the message is the worker's reason."""
 
 
+class WorkerDiedStarting(WorkerRefused):
+    """The worker's first start ended before it was ready, with no reason of its own (a crash, an import that
+    failed): the message quotes its stderr. Its next start would end alike, so it counts as a refusal."""
+
+
 @attrs.define(eq=False)
 class WorkerProcess:
     process: Process
     stream: ByteStream
+    stderr: StderrTail
+    # Started ahead of need and taken idle (stages/remote/spare.py).
+    spare: bool = False
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.process.pid, signal.SIGKILL)
 
+    async def end(self, grace: float) -> None:
+        """Ends the process: `grace` seconds to exit on its own, then killed. Safe to call twice."""
+        with anyio.CancelScope(shield=True):
+            await self.stream.aclose()
+            await _end(self.process, grace)
 
-@contextlib.asynccontextmanager
-async def worker_process(
-    *, connect_timeout: float, grace: float = 0.0, yield_cpu: bool = False
-) -> AsyncIterator[WorkerProcess]:
-    """A started, connected worker; it is ended on exit. `yield_cpu`: it starts nicer (workers/priority.py).
+    async def printed(self) -> str:
+        """The end of what the (ended) worker wrote to stderr, as a reason quotes it."""
+        return await _printed(self.stderr)
+
+
+async def start_worker(
+    *, connect_timeout: float, yield_cpu: bool = False, spawned: Callable[[int], None] | None = None
+) -> WorkerProcess:
+    """A started, connected worker; the caller ends it (`end`). `yield_cpu`: it starts nicer (workers/priority.py).
+    `spawned` hears the process's id before it connects.
 
     Raises:
-        WorkerLost: the worker exited, or did not connect within `connect_timeout`.
+        WorkerLost: the worker exited, or did not connect within `connect_timeout`; the message quotes its stderr.
     """
     with tempfile.TemporaryDirectory(prefix="mlx-relay-worker-") as folder:
         path = Path(folder) / "worker.sock"
         async with await anyio.create_unix_listener(path, mode=0o600) as listener:
             path_entries = filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(path_entries)}
-            process = await anyio.open_process(
-                [sys.executable, "-m", "workers.main", "--socket", str(path), *([_YIELD_FLAG] if yield_cpu else [])],
-                stdin=subprocess.DEVNULL,
-                stdout=None,
-                stderr=None,
-                env=env,
-            )
-            worker: WorkerProcess | None = None
+            read_end, write_end = os.pipe()
             try:
-                stream = await _accept(listener, process, connect_timeout)
-                worker = WorkerProcess(process=process, stream=stream)
-                async with stream:
-                    yield worker
+                process = await anyio.open_process(
+                    [
+                        sys.executable,
+                        "-m",
+                        "workers.main",
+                        "--socket",
+                        str(path),
+                        *([_YIELD_FLAG] if yield_cpu else []),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=None,
+                    stderr=write_end,
+                    env=env,
+                )
+            except BaseException:
+                os.close(read_end)
+                raise
             finally:
+                # Only the worker writes to it now: its end is the worker's.
+                os.close(write_end)
+            stderr = StderrTail(read_end)
+            if spawned is not None:
+                spawned(process.pid)
+            try:
+                stream = await _accept(listener, process, connect_timeout, stderr)
+            except BaseException:
                 with anyio.CancelScope(shield=True):
-                    await _end(process, grace)
+                    await _end(process, 0.0)
+                raise
+    return WorkerProcess(process=process, stream=stream, stderr=stderr)
 
 
-async def _accept(listener: SocketListener, process: Process, timeout: float) -> ByteStream:
+def exit_status(process: Process) -> str:
+    code = process.returncode
+    if code is None:
+        return "still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+async def _printed(stderr: StderrTail) -> str:
+    await anyio.to_thread.run_sync(stderr.wait_closed, _TAIL_WAIT_S)
+    text = stderr.text(_REASON_CHARS)
+    return f"it printed: {text}" if text else "it printed nothing"
+
+
+async def _accept(listener: SocketListener, process: Process, timeout: float, stderr: StderrTail) -> ByteStream:
     accepted: list[ByteStream] = []
     async with anyio.create_task_group() as group:
 
@@ -97,9 +167,15 @@ async def _accept(listener: SocketListener, process: Process, timeout: float) ->
         group.start_soon(exited)
         group.start_soon(accept)
         group.cancel_scope.deadline = anyio.current_time() + timeout
-    if not accepted:
-        raise WorkerLost(f"the worker (pid {process.pid}) did not connect (exit status {process.returncode})")
-    return accepted[0]
+    if accepted:
+        return accepted[0]
+    if process.returncode is None:
+        await _end(process, 0.0)
+        ended = f"did not connect within {timeout:g} s and was killed"
+    else:
+        ended = f"exited ({exit_status(process)}) before it connected"
+    printed = await _printed(stderr)
+    raise WorkerLost(f"the worker (pid {process.pid}) {ended}; {printed}", stderr=stderr.text())
 
 
 async def _end(process: Process, grace: float) -> None:

@@ -43,9 +43,6 @@ from stages.reply.stops import StopMatcher, StopResult
 
 log = structlog.get_logger(stage="sink")
 
-# Enough prompt tokens to hold the generation prompt's markup.
-_PROMPT_TAIL_TOKENS = 16
-
 
 @attrs.define
 class RowText:
@@ -223,16 +220,10 @@ class CompletionSink:
         markers = markers_for(self._family, request.tools, parse_tools=parse_tools, forced=forced)
         # A grammar (a forced call's, or a response format's) writes the answer at once, whatever the prompt opened.
         constrained = forced or prepared.params.constraint is not None
-        section = Section.ANSWER if constrained else self._opening_section(markers, prepared.prompt_tokens)
+        # The render knew whether the template's generation prompt opened a think block (stages/prompt/chat.py).
+        opened = markers.think is not None and prepared.opens_reasoning
+        section = Section.REASONING if opened and not constrained else Section.ANSWER
         return splitter_for(self._family, markers, section)
-
-    def _opening_section(self, markers: Markers, prompt: tuple[int, ...]) -> Section:
-        """REASONING when the template's generation prompt opened a think block."""
-        if markers.think is None:
-            return Section.ANSWER
-        start, end = markers.think
-        tail = self._tokenizer.decode(prompt[-_PROMPT_TAIL_TOKENS:])
-        return Section.REASONING if start in tail and tail.rfind(start) > tail.rfind(end) else Section.ANSWER
 
     def _detokenize(self, row: RowText, delta: TokenDelta) -> str:
         detokenizer = row.detokenizer

@@ -73,7 +73,7 @@ def agent_server(server_factory: Callable[..., Server]) -> Server:
     from stages.models.demo import ensure_demo_model
 
     ensure_demo_model("tiny-64k")
-    return server_factory(demo_model="tiny-64k", keepalive_interval="1")
+    return server_factory(demo_model="tiny-64k", keepalive_interval="1", pinned=True)
 
 
 @pytest.fixture(scope="session")
@@ -93,6 +93,6 @@ def family_servers(
         settings = {"model": str(built[name]), "model_name": name}
         if case.tool_parser is not None:
             settings["tool_parser"] = case.tool_parser
-        return server_factory(**settings)
+        return server_factory(**settings, pinned=True)
 
     return serve

@@ -40,4 +40,6 @@ def data_url(data: bytes, media_type: str = "image/png") -> str:
 
 
 def image_server(server_factory: ServerFactory, **extra: str) -> Server:
-    return server_factory(model="tiny-vl", max_image_pixels=str(MAX_PIXELS), max_images=str(MAX_IMAGES), **extra)
+    """The vision model's server, pinned: test_images and test_image_errors share it."""
+    settings = {"model": "tiny-vl", "max_image_pixels": str(MAX_PIXELS), "max_images": str(MAX_IMAGES), **extra}
+    return server_factory(**settings, pinned=True)

@@ -73,7 +73,7 @@ def session_server(
     whether its weights are real."""
     if request.param == "smollm2":
         request.getfixturevalue("smollm2_model")
-        return server_factory(model="smollm2"), True
+        return server_factory(model="smollm2", pinned=True), True
     return family_servers("deepseek"), False
 
 

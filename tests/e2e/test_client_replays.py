@@ -69,7 +69,7 @@ def replay(
     """A server and the extra body its client sends (DeepSeek's think switch)."""
     if request.param == "smollm2":
         request.getfixturevalue("smollm2_model")
-        return server_factory(model="smollm2"), {}
+        return server_factory(model="smollm2", pinned=True), {}
     return family_servers(request.param), {"chat_template_kwargs": {"thinking": True}}
 
 

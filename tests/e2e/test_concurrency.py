@@ -102,7 +102,9 @@ def test_a_stalled_reader_neither_stalls_others_nor_grows_the_crossing(
     steps held between the model thread and the loop never pass the bound (stages/model_thread/handoff.py).
 
     In a model worker the model thread writes each step's frame to the socket itself (workers/frames_out.py),
-    so the handoff holds none: a front that stops reading blocks that write instead.
+    and only a step's other work (prompt-cache spills, finished jobs) crosses the handoff, at most
+    `steps_ahead` of it; a front that stops reading blocks the frame's write instead. The shared server's
+    earlier spills may have filled that once, so the worker's bound is asserted, not a zero.
     """
     server = server_factory(in_process="1") if in_process else server_factory()
     client = server.client()
@@ -124,10 +126,9 @@ def test_a_stalled_reader_neither_stalls_others_nor_grows_the_crossing(
         gateway = stats(server)["gateway"]
         assert isinstance(gateway, dict)
         handoff = gateway["handoff"]
+        assert handoff["steps_undelivered_max"] <= handoff["steps_ahead"]
         if in_process:
-            assert 0 < handoff["steps_undelivered_max"] <= handoff["steps_ahead"]
-        else:
-            assert handoff["steps_undelivered_max"] == 0
+            assert handoff["steps_undelivered_max"] > 0
     deadline = time.monotonic() + 30
     while (gateway := stats(server)["gateway"]) and gateway["active"] != 0:  # type: ignore[index]
         assert time.monotonic() < deadline, "the stalled reader's row stayed in the batch after it left"

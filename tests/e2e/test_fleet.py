@@ -36,7 +36,7 @@ MiB = 2**20
 
 @pytest.fixture(scope="module")
 def pair(server_factory: ServerFactory) -> Server:
-    return server_factory(model="tiny,demo", api_key=KEY)
+    return server_factory(model="tiny,demo", api_key=KEY, pinned=True)
 
 
 def chat(client: openai.OpenAI, model: str, **extra: object) -> openai.types.chat.ChatCompletion:

@@ -66,6 +66,50 @@ def test_think_marker_is_never_streamed_as_text(client: openai.OpenAI, tokenizer
     assert "<think>" not in json.dumps(completion.model_dump())
 
 
+def _banned(tokenizer: Tokenizer, *tokens: str) -> dict[str, int]:
+    """A bias that keeps `tokens` out of the output (with the end of the turn, so the reply runs to max_tokens)."""
+    return {str(tokenizer.token_to_id(token)): -100 for token in ("<|im_end|>", "<|endoftext|>", *tokens)}
+
+
+def test_a_think_tag_in_the_users_words_opens_no_reasoning(client: openai.OpenAI, tokenizer: Tokenizer) -> None:
+    # The prompt's last think tag is the user's, a few tokens before the generation prompt, which opens none: the
+    # reply is the answer. The bias keeps markers out of the output, so where its text goes is how the reply opened.
+    markers = _banned(tokenizer, "<think>", "</think>")
+    completion = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Close this tag: <think>"}],
+        max_tokens=8,
+        temperature=0,  # type: ignore[arg-type]
+        logit_bias=markers,  # type: ignore[arg-type]
+    )
+    message = completion.choices[0].message
+    assert message.content
+    assert not (message.model_extra or {}).get("reasoning_content")
+    assert completion.usage is not None and completion.usage.completion_tokens_details is not None
+    assert completion.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_a_continued_turn_inside_its_own_long_think_block_goes_on_reasoning(
+    client: openai.OpenAI, tokenizer: Tokenizer
+) -> None:
+    # The assistant's own unfinished turn opened a think block far more than a few tokens back: what follows is
+    # still reasoning.
+    opened = "<think>\n" + "I should weigh each option in turn before I answer. " * 6
+    completion = client.chat.completions.create(
+        model="m",
+        messages=[*HELLO, {"role": "assistant", "content": opened}],
+        max_tokens=8,
+        temperature=0,  # type: ignore[arg-type]
+        logit_bias=_banned(tokenizer, "</think>"),  # type: ignore[arg-type]
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    message = completion.choices[0].message
+    assert message.content == ""
+    assert (message.model_extra or {})["reasoning_content"]
+    assert completion.usage is not None and completion.usage.completion_tokens_details is not None
+    assert completion.usage.completion_tokens_details.reasoning_tokens == completion.usage.completion_tokens
+
+
 WEATHER = {
     "type": "function",
     "function": {

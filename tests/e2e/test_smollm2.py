@@ -25,7 +25,7 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def smollm2_server(smollm2_model: Path, server_factory: ServerFactory) -> Server:
     # Unset MLX_RELAY_MODEL serves the default; naming it keeps the test clear of the caller's environment.
-    return server_factory(model="smollm2")
+    return server_factory(model="smollm2", pinned=True)
 
 
 @pytest.fixture

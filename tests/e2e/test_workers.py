@@ -7,6 +7,7 @@ the restarts below stay quick; the heartbeat bound is the default.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -194,6 +195,43 @@ def test_a_hung_worker_is_killed_within_the_heartbeat_bound_and_restarted(server
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     answers(server)
+
+
+def spares_ready(server: Server) -> list[int]:
+    """The spare workers the front has said are ready, in order (its log's `worker.spare_ready` lines)."""
+    lines = [json.loads(line) for line in server.logs().splitlines() if '"worker.spare_ready"' in line]
+    return [line["pid"] for line in lines]
+
+
+def test_a_restart_takes_the_spare_worker_once_a_worker_has_restarted(server: Server) -> None:
+    """After a restart, the front keeps a spare worker (MLX_RELAY_WORKER_SPARE=auto), and the next restart is it,
+    even when that restart comes while the spare is still importing."""
+    pid = wait_ready(server)
+    if model_state(server)["restarts"] == 0:
+        os.kill(pid, signal.SIGKILL)
+        pid = wait_ready(server, other_than=pid)
+    deadline = time.monotonic() + 60
+    while not (spares := [spare for spare in spares_ready(server) if spare != pid and alive(spare)]):
+        assert time.monotonic() < deadline, "no spare worker became ready"
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pid = wait_ready(server, other_than=pid)
+    assert pid == spares[-1] and model_state(server)["spare"] is True
+    answers(server)
+    # Killed again at once: the next spare is still importing, and the restart waits for it, not for a new one.
+    os.kill(pid, signal.SIGKILL)
+    pid = wait_ready(server, other_than=pid)
+    assert model_state(server)["spare"] is True and pid in spares_ready(server)
+    assert '"worker.spare_hurried"' in server.logs()
+    answers(server)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_the_fronts_memory_stays_flat_over_restarts(server: Server) -> None:

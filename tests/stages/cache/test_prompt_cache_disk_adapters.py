@@ -16,8 +16,8 @@ from stages.cache.kv_file import adapter_fingerprint
 from stages.cache.link import DiskLink
 from stages.cache.tier import Entry
 from stages.models.mlx_internals import restore_layer
-from tests.stages.test_prompt_cache import kv
-from tests.stages.test_prompt_cache_disk import FINGERPRINT, TOKENS
+from tests.stages.cache.test_prompt_cache import kv
+from tests.stages.cache.test_prompt_cache_disk import FINGERPRINT, TOKENS
 
 ADAPTERS = {"a": "1" * 64, "b": "2" * 64}
 

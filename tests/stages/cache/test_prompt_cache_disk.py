@@ -17,7 +17,7 @@ from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
 from stages.cache.tier import Entry
 from stages.models.mlx_internals import restore_layer
-from tests.stages.test_prompt_cache import kv
+from tests.stages.cache.test_prompt_cache import kv
 
 FINGERPRINT = "f" * 64
 TOKENS = tuple(range(500, 548))

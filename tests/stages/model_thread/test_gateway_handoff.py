@@ -22,7 +22,7 @@ from stages.kv.shape import read_model_shape
 from stages.messages import Abort, Prepared, StepOutputs
 from stages.model_thread.gateway import GenerationGateway
 from stages.models.loading import ModelInfo, load_weights
-from tests.stages.test_prompt_cache_gateway import EOS, GREEDY, Harness, Run, _until_done, model_info, row  # noqa: F401
+from tests.stages.cache.test_prompt_cache_gateway import EOS, GREEDY, Harness, Run, _until_done, model_info, row  # noqa: F401
 
 STEPS_AHEAD = 2
 SEEDED = Sampling(temperature=0.9, seed=5, logit_bias={0: -100.0, 2: -100.0})

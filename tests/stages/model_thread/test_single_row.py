@@ -220,7 +220,7 @@ async def test_through_the_gateway_tokens_logprobs_and_stops_are_the_batchs(
     import attrs
 
     from pipeline.requests import GenerationParams
-    from tests.stages.test_prompt_cache_gateway import row
+    from tests.stages.cache.test_prompt_cache_gateway import row
 
     def rows() -> list[Any]:
         made = [

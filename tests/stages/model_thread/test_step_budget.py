@@ -23,7 +23,7 @@ from stages.messages import Abort, Prepared, StepOutputs, send_abort
 from stages.model_thread.gateway import GenerationGateway
 from stages.model_thread.step_budget import StepBudget
 from stages.models.loading import ModelInfo, load_weights
-from tests.stages.test_prompt_cache_gateway import EOS, TOKEN_BYTES, model_info, row  # noqa: F401
+from tests.stages.cache.test_prompt_cache_gateway import EOS, TOKEN_BYTES, model_info, row  # noqa: F401
 
 # Ids that never end a row on the tiny model (its EOS logits are zero: greedy never picks them).
 LONG_PROMPT = tuple(10 + i % 900 for i in range(1500))

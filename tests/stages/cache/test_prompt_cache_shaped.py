@@ -16,7 +16,7 @@ import pytest
 from stages.cache.prompt import PromptCache
 from stages.models.loading import ModelInfo, resolve_model
 from stages.models.mlx_internals import cache_kind
-from tests.stages.test_prompt_cache_gateway import GREEDY, SEEDED, Harness, row
+from tests.stages.cache.test_prompt_cache_gateway import GREEDY, SEEDED, Harness, row
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

@@ -32,7 +32,7 @@ from stages.prompt.constraint_choice import constraint_of, tool_call_constraint
 from stages.prompt.constraints import ConstraintCompiler
 from stages.reply.markup import markers_for, splitter_for
 from tests.families import CASES
-from tests.stages.test_custom_grammar_calls import WEATHER, family_tokenizer, walk
+from tests.stages.families.test_custom_grammar_calls import WEATHER, family_tokenizer, walk
 
 __all__ = ["family_tokenizer"]
 

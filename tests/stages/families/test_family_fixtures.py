@@ -40,7 +40,7 @@ FAMILY_OF: dict[str, Family] = {
 # markups); MiniMax has none.
 NOT_YET = {"qwen3_coder", "glm", "kimi", "minimax"}
 # The project's own fixtures in canitoolcall's format, for a family it has none of.
-PROJECT_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+PROJECT_FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 # Formats the project does not parse, by fixture tag, and why.
 NOT_PARSED = {
     "x-deepseek-v4": "DeepSeek V4's format (not a target family here)",

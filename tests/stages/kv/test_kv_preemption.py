@@ -16,7 +16,7 @@ import pytest
 from pipeline.requests import Sampling
 from stages.cache.prompt import PromptCache
 from stages.models.loading import ModelInfo, resolve_model
-from tests.stages.test_prompt_cache_gateway import TOKEN_BYTES, Harness, Run, row
+from tests.stages.cache.test_prompt_cache_gateway import TOKEN_BYTES, Harness, Run, row
 
 # Three rows of 40-token prompts, each admitted with room for a block more: 3 x 512 tokens.
 PRESSED = 3 * 512 * TOKEN_BYTES

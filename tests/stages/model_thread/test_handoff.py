@@ -19,7 +19,7 @@ from pipeline.channels import Channel, open_channel
 from stages.kv.rows import Intake
 from stages.messages import Abort, Prepared, StepOutputs
 from stages.model_thread.handoff import Handoff, Parcel
-from tests.stages.test_prompt_cache_gateway import row
+from tests.stages.cache.test_prompt_cache_gateway import row
 
 
 @pytest.fixture(params=["asyncio", "trio"])

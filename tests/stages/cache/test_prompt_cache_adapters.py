@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stages.cache.prompt import PromptCache
 from stages.cache.tier import Entry
-from tests.stages.test_prompt_cache import BASE, FakeLower, cost, kv, positions
+from tests.stages.cache.test_prompt_cache import BASE, FakeLower, cost, kv, positions
 
 
 def adapted(tokens: tuple[int, ...], adapter: str | None, *, first: int = 0) -> Entry:

@@ -19,7 +19,7 @@ from stages.model_thread.gateway import GenerationGateway
 from stages.models.loading import ModelInfo, load_weights
 
 # model_info is that module's fixture, shared here.
-from tests.stages.test_prompt_cache_gateway import EOS, SYSTEM, Run, _until_done, model_info, row  # noqa: F401
+from tests.stages.cache.test_prompt_cache_gateway import EOS, SYSTEM, Run, _until_done, model_info, row  # noqa: F401
 
 
 class BrokenMatcher:

@@ -1,4 +1,4 @@
-"""The memory plan with a quantized KV cache, on the published configs of tests/stages/test_kv_real_models.py.
+"""The memory plan with a quantized KV cache, on the published configs of tests/stages/kv/test_kv_real_models.py.
 
 A quantized token of one head is `head_dim x bits / 8` bytes of values
 plus a scale and a bias (the model's dtype) per group: for the bfloat16
@@ -15,7 +15,7 @@ import pytest
 from stages.kv.plan import budget_for, plan
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import BLOCK, FULL, KvScheme, ModelShape
-from tests.stages.test_kv_real_models import GB, MODELS, mac, model
+from tests.stages.kv.test_kv_real_models import GB, MODELS, mac, model
 
 Q8, Q4 = KvScheme(bits=8), KvScheme(bits=4)
 

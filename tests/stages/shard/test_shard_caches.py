@@ -23,8 +23,8 @@ from stages.models.mlx_internals import restore_layer
 from stages.shard.caches import FollowerDisk
 from stages.shard.cluster import Cluster
 from stages.shard.transport import Broadcast
-from tests.stages.test_prompt_cache import kv
-from tests.stages.test_prompt_cache_disk import spill, tier
+from tests.stages.cache.test_prompt_cache import kv
+from tests.stages.cache.test_prompt_cache_disk import spill, tier
 
 TOKENS = tuple(range(500, 620))
 

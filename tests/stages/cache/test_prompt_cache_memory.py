@@ -15,7 +15,7 @@ import tracemalloc
 
 from stages.cache.prompt import PromptCache
 from stages.cache.tier import Entry
-from tests.stages.test_prompt_cache import cost, kv
+from tests.stages.cache.test_prompt_cache import cost, kv
 
 ENTRIES, TOKENS = 300, 200
 

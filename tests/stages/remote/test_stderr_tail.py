@@ -1,0 +1,52 @@
+"""stages/remote/stderr_tail.py: a worker's stderr goes on to the front's, and its end is kept, bounded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stages.remote.stderr_tail import StderrTail
+
+
+def tail_of(script: str, capfd: pytest.CaptureFixture[str]) -> tuple[StderrTail, str]:
+    """What a real child process's stderr leaves in the tail, and what was passed on to this process's stderr."""
+    read_end, write_end = os.pipe()
+    try:
+        child = subprocess.Popen([sys.executable, "-c", script], stderr=write_end)
+    finally:
+        os.close(write_end)
+    tail = StderrTail(read_end)
+    assert child.wait(60) != 0
+    assert tail.wait_closed(10)
+    return tail, capfd.readouterr().err
+
+
+def test_the_last_lines_are_kept_and_every_line_is_passed_on(capfd: pytest.CaptureFixture[str]) -> None:
+    script = "import sys\nfor i in range(1000): print(f'line {i}', file=sys.stderr)\nraise ValueError('no model here')"
+    tail, passed_on = tail_of(script, capfd)
+    assert passed_on.splitlines()[:1000] == [f"line {i}" for i in range(1000)]
+    assert "ValueError: no model here" in passed_on
+    text = tail.text()
+    assert text.endswith("ValueError: no model here") and "line 999" in text and "line 100\n" not in text
+    assert len(tail.text(40)) == 40
+
+
+def test_a_native_crash_keeps_faulthandler_s_headline(capfd: pytest.CaptureFixture[str]) -> None:
+    """A crash's stack dump is longer than the tail; the headline that names the crash stays in front of it."""
+    nested = "def deep(n):\n    return deep(n - 1) if n else os.kill(os.getpid(), signal.SIGSEGV)\n"
+    script = f"import faulthandler, os, signal\nfaulthandler.enable()\n{nested}deep(60)"
+    tail, passed_on = tail_of(script, capfd)
+    assert passed_on.startswith("Fatal Python error: Segmentation fault")
+    text = tail.text(1000)
+    assert text.startswith("Fatal Python error: Segmentation fault\n...\n") and "in deep" in text
+    assert len(text) <= 1000 + len("\n...\n")
+
+
+def test_an_endless_line_is_held_in_pieces(capfd: pytest.CaptureFixture[str]) -> None:
+    tail, passed_on = tail_of("import sys\nsys.stderr.write('x' * 1_000_000)\nsys.exit(3)", capfd)
+    assert passed_on.count("x") == 1_000_000
+    # Passed on in pieces of at most a read's length; the tail holds the last 4 KiB of them.
+    assert len(tail.text()) == 4096 and set(tail.text()) == {"x", "\n"}
