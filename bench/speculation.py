@@ -1,7 +1,7 @@
 """Speculative decoding in the batch, in process: tokens per second with and without it, and acceptance.
 
-    python -m bench.speculation [--model demo|tiny|smollm2|PATH] [--draft NAME] [--rows 1,4,16]
-                                [--tokens 128] [--rounds 3] [--workload copy|fresh|repeat]
+    python -m bench.speculation [--model demo|tiny|smollm2|PATH] [--draft NAME [--one-at-a-time]]
+                                [--rows 1,4,16] [--tokens 128] [--rounds 3] [--workload copy|fresh|repeat]
 
 No server, no HTTP: the model thread's own work. Each round runs the same
 rows (N at once, all inserted together) without speculation, as the server
@@ -9,6 +9,9 @@ runs them (a lone row on the single-row path, stages/model_thread/single_row.py;
 mlx-lm's batch), and with it (prompt lookup, or `--draft`), in turns so a
 busy machine slows each alike; the figure is the ratio of medians. Tokens
 are checked equal first (greedy rows; `fresh` rows are seeded samples).
+With `--draft` and `--one-at-a-time`, a third way drafts each row on its
+own, one after another (as before the draft model's batch), for the
+batched/one-row ratio.
 
 Workloads: `copy` asks to repeat a code block (greedy; on a random-weight
 model the greedy output falls into loops, which prompt lookup copies);
@@ -22,6 +25,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 CODE = """def merge(left, right):
@@ -52,6 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-rows", type=int, default=4, help="rows above which no row speculates")
     parser.add_argument("--workload", choices=tuple(PROMPTS), default="copy")
     parser.add_argument("--ungated", action="store_true", help="speculate every step (no measured gate): the raw cost")
+    parser.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="with --draft: also run the draft model one row at a time (its batch of rows never drafted together)",
+    )
     args = parser.parse_args(argv)
     from stages.models.blas import preload_blas
 
@@ -65,22 +74,31 @@ def main(argv: list[str] | None = None) -> None:
         f"drafter {args.draft or 'prompt lookup'}, k<={args.k}{', ungated' if args.ungated else ''}; "
         "the machine is shared: ratios within one run only"
     )
-    print(f"{'rows':>4}  {'plain tok/s':>11}  {'spec tok/s':>10}  {'ratio':>6}  {'accepted/proposed':>17}  same")
+    one_at_a_time = args.draft is not None and args.one_at_a_time
+    extra = f"  {'one-row drafts tok/s':>20}  {'batched/one-row':>15}" if one_at_a_time else ""
+    print(f"{'rows':>4}  {'plain tok/s':>11}  {'spec tok/s':>10}  {'ratio':>6}  {'accepted/proposed':>17}  same{extra}")
     for rows in (int(n) for n in args.rows.split(",")):
-        plain, spec, counts = _ways(model, draft, prompt, rows, args)
-        same = plain() == spec()
-        walls: dict[str, list[float]] = {"plain": [], "spec": []}
+        ways, counts = _ways(model, draft, prompt, rows, args)
+        if not one_at_a_time:
+            del ways["one-row drafts"]
+        expected = ways["plain"]()
+        same = all(run() == expected for name, run in ways.items() if name != "plain")
+        walls: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(args.rounds):
-            for name, run in (("plain", plain), ("spec", spec)):
+            for name, run in ways.items():
                 began = time.perf_counter()
                 run()
                 walls[name].append(time.perf_counter() - began)
-        total = rows * args.tokens
-        plain_rate, spec_rate = total / statistics.median(walls["plain"]), total / statistics.median(walls["spec"])
+        rates = {name: rows * args.tokens / statistics.median(values) for name, values in walls.items()}
         rate = f"{counts.accepted}/{counts.proposed}" + (
             f" ({counts.accepted / counts.proposed:.0%})" if counts.proposed else ""
         )
-        print(f"{rows:>4}  {plain_rate:11.1f}  {spec_rate:10.1f}  {spec_rate / plain_rate:6.2f}  {rate:>17}  {same}")
+        plain_rate, spec_rate = rates["plain"], rates["spec"]
+        line = f"{rows:>4}  {plain_rate:11.1f}  {spec_rate:10.1f}  {spec_rate / plain_rate:6.2f}  {rate:>17}  {same}"
+        if one_at_a_time:
+            alone = rates["one-row drafts"]
+            line += f"  {alone:20.1f}  {spec_rate / alone:15.2f}"
+        print(line)
 
 
 def _load(name: str) -> tuple[Any, Any]:
@@ -92,13 +110,12 @@ def _load(name: str) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _ways(
-    model: Any, draft: Any, prompt: list[int], rows: int, args: Any
-) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
+def _ways(model: Any, draft: Any, prompt: list[int], rows: int, args: Any) -> tuple[dict[str, Callable[[], Any]], Any]:
     from mlx_lm.generate import BatchGenerator
 
     from pipeline.requests import Sampling
-    from stages.model_thread.drafters import CostGate, DrafterCounts, DraftModel, PromptLookup, RowPolicy
+    from stages.model_thread.draft_model import DraftModel
+    from stages.model_thread.drafters import CostGate, DrafterCounts, PromptLookup, RowPolicy
     from stages.model_thread.sampling import make_row_sampler
     from stages.model_thread.single_row import single_row
     from stages.model_thread.speculative_batch import Speculation, speculating
@@ -111,11 +128,33 @@ def _ways(
     plain_make = single_row(batch, enabled=rows == 1, model=model, stop_tokens=[], prefill_step_size=512)
     counts = DrafterCounts()
 
-    def spec_make() -> Any:
-        drafter = DraftModel(model=draft) if draft is not None else PromptLookup()
+    def speculation_for(one_at_a_time: bool) -> Speculation:
+        drafter: Any = DraftModel(model=draft) if draft is not None else PromptLookup()
+        if one_at_a_time:
+            drafter = _OneRowAtATime(drafter)
         policy = RowPolicy(max_k=args.k, min_acceptance=0.3, max_rows=args.max_rows)
-        gate = CostGate(measured=not args.ungated)
-        return speculating(batch, Speculation(drafter=drafter, policy=policy, counts=counts, gate=gate))()
+        return Speculation(
+            drafter=drafter,
+            policy=policy,
+            counts=DrafterCounts() if one_at_a_time else counts,
+            gate=CostGate(measured=not args.ungated),
+        )
+
+    # As in the server, the gate's measurements (and a draft model's kept caches) outlive each run's rows.
+    speculations = {False: speculation_for(False), True: speculation_for(True)}
+
+    def spec_make(one_at_a_time: bool = False) -> Any:
+        speculation = speculations[one_at_a_time]
+        # As the server runs it: a lone row on the single-row path, speculating there.
+        make = single_row(
+            speculating(batch, speculation),
+            enabled=rows == 1,
+            model=model,
+            stop_tokens=[],
+            prefill_step_size=512,
+            speculation=speculation,
+        )
+        return make()
 
     def run(make: Callable[[], Any]) -> list[list[int]]:
         generator = make()
@@ -135,7 +174,35 @@ def _ways(
         generator.close()
         return [tokens[uid] for uid in uids]
 
-    return (lambda: run(plain_make)), (lambda: run(spec_make)), counts
+    ways = {
+        "plain": lambda: run(plain_make),
+        "spec": lambda: run(spec_make),
+        "one-row drafts": lambda: run(partial(spec_make, one_at_a_time=True)),
+    }
+    return ways, counts
+
+
+class _OneRowAtATime:
+    """A draft model drafting each row on its own cache, one row after another (before the draft batch)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name, self.caught_up = inner, inner.name, 0
+
+    def propose(self, uid: int, history: Any, k: int) -> list[int]:
+        proposal = list(self.inner.propose(uid, history, k))
+        self.caught_up = self.inner.caught_up
+        return proposal
+
+    def propose_many(self, requests: Any) -> list[list[int]]:
+        proposals, caught_up = [], 0
+        for uid, history, k in requests:
+            proposals.append(self.propose(uid, history, k))
+            caught_up += self.caught_up
+        self.caught_up = caught_up
+        return proposals
+
+    def forget(self, uids: Any) -> None:
+        self.inner.forget(uids)
 
 
 def attrs_seed(sampling: Any, row: int) -> Any:

@@ -63,9 +63,11 @@ MLX_CORE_ALLOWED = {
     "stages/models/quantized_kv.py",
     # A row alone, decoded on the model thread as mlx-lm's generate_step does.
     "stages/model_thread/single_row.py",
-    # Speculative decoding: the drafters (a draft model's forward passes) and the batch that verifies proposals.
-    "stages/model_thread/drafters.py",
+    # Speculative decoding: a draft model's forward passes, the batch that verifies proposals, and a lone row's.
+    "stages/model_thread/draft_model.py",
     "stages/model_thread/speculative_batch.py",
+    "stages/model_thread/lone_speculation.py",
+    "stages/model_thread/verification.py",
     # Embeddings and scores: forward passes the model thread runs between steps.
     "stages/model_thread/embed.py",
     # A sharded model: the group, each rank's slice, the step messages and their replay (every rank's model thread).

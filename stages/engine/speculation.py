@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pipeline.settings import Settings
-from stages.model_thread.drafters import Drafter, DraftModel, PromptLookup, RowPolicy
+from stages.model_thread.draft_model import DraftModel
+from stages.model_thread.drafters import Drafter, PromptLookup, RowPolicy
 
 if TYPE_CHECKING:
     from stages.model_thread.speculative_batch import Speculation
@@ -92,7 +93,14 @@ def speculation_factory(
             )
         drafter: Drafter = PromptLookup()
         if draft_name:
-            drafter = DraftModel(model=load_weights(check_draft_tokenizer(draft_name, target)))
+            draft = load_weights(check_draft_tokenizer(draft_name, target))
+            draft_kind = cache_kind(make_prompt_cache(draft))
+            if draft_kind != PLAIN:
+                raise SpeculationError(
+                    f"MLX_RELAY_DRAFT_MODEL={draft_name}: its cache has {draft_kind} layers, which cannot be cut back "
+                    "to the accepted tokens"
+                )
+            drafter = DraftModel(model=draft)
         policy = RowPolicy(
             max_k=settings.num_draft_tokens, min_acceptance=MIN_ACCEPTANCE, max_rows=settings.speculation_max_rows
         )

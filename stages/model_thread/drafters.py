@@ -4,9 +4,10 @@ Two drafters behind one interface (`Drafter`): prompt lookup, which finds
 the row's last few tokens earlier in its own prompt and output and
 proposes what followed them there (vLLM's n-gram speculator, no second
 model), and a draft model, a smaller model with the target's vocabulary
-that proposes its greedy continuation. Both propose deterministic tokens,
-so the target's verification (stages/model_thread/speculative_batch.py) keeps
-the output distribution exact.
+that proposes its greedy continuation (stages/model_thread/draft_model.py).
+Both propose deterministic tokens, so the target's verification
+(stages/model_thread/speculative_batch.py) keeps the output distribution
+exact.
 
 `RowPolicy` sizes each row's proposal from its acceptance: k grows after
 a fully accepted proposal and shrinks to what was accepted otherwise; a
@@ -17,7 +18,7 @@ Model thread only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Protocol
 
 import attrs
 
@@ -31,8 +32,15 @@ class Drafter(Protocol):
     """Proposes up to `k` tokens to follow a row's `history` (every token so far, the pending one last)."""
 
     name: str
+    # Tokens of the rows' histories the last call fed a draft model to catch up (0 for prompt lookup): more than two
+    # a row is a prefill, not a step, and the gate does not time it.
+    caught_up: int
 
     def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]: ...
+
+    def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]]) -> list[list[int]]:
+        """`propose` for each `(uid, history, k)` of one step (a draft model drafts them in one batch)."""
+        ...
 
     def forget(self, uids: Sequence[int]) -> None: ...
 
@@ -44,6 +52,7 @@ class PromptLookup:
     max_ngram: int = 3
     min_ngram: int = 1
     name: str = "prompt_lookup"
+    caught_up: int = 0
 
     def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]:
         length = len(history)
@@ -57,65 +66,11 @@ class PromptLookup:
                         return follow
         return []
 
+    def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]]) -> list[list[int]]:
+        return [self.propose(uid, history, k) for uid, history, k in requests]
+
     def forget(self, uids: Sequence[int]) -> None:
         return None
-
-
-@attrs.define
-class _DraftRow:
-    cache: list[Any]
-    # The tokens whose KV the draft cache holds.
-    fed: list[int] = attrs.Factory(list)
-
-
-@attrs.define
-class DraftModel:
-    """A second model's greedy continuation, each row with a cache of its own kept in step with the row.
-
-    The draft cache follows the row by its longest common prefix with the
-    row's history: rejected proposals are trimmed off, new tokens fed.
-    """
-
-    model: Any
-    name: str = "draft_model"
-    _rows: dict[int, _DraftRow] = attrs.field(factory=dict, init=False)
-
-    def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]:
-        import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
-
-        row = self._rows.get(uid)
-        if row is None:
-            row = self._rows[uid] = _DraftRow(cache=make_prompt_cache(self.model))
-        common = _common_prefix(row.fed, history)
-        # At least the last token is fed again: its logits are where the proposal starts.
-        keep = min(common, len(history) - 1)
-        if keep < len(row.fed):
-            for layer in row.cache:
-                layer.trim(len(row.fed) - keep)
-            del row.fed[keep:]
-        logits = self.model(mx.array(list(history[keep:]))[None], cache=row.cache)[:, -1, :]
-        row.fed.extend(history[keep:])
-        proposed: list[int] = []
-        for step in range(k):
-            token = cast(int, mx.argmax(logits, axis=-1).item())
-            proposed.append(token)
-            if step + 1 < k:
-                logits = self.model(mx.array([[token]]), cache=row.cache)[:, -1, :]
-                row.fed.append(token)
-        return proposed
-
-    def forget(self, uids: Sequence[int]) -> None:
-        for uid in uids:
-            self._rows.pop(uid, None)
-
-
-def _common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
-    size = min(len(first), len(second))
-    for index in range(size):
-        if first[index] != second[index]:
-            return index
-    return size
 
 
 @attrs.define

@@ -249,12 +249,17 @@ class GenerationGateway:
         if self._speculate is not None:
             self._speculation = self._speculate(model)
             batch = speculating(batch, self._speculation)
-        # A row alone runs as generate_step does (stages/model_thread/single_row.py); never under a sharded generator,
-        # nor with quantized KV (its plain layers would join a quantized batch), nor speculating (in the batch).
-        alone = self._make_generator is None and not self._kv_scheme.quantized and self._speculation is None
+        # A row alone runs as generate_step does (stages/model_thread/single_row.py), speculating there too; never
+        # under a sharded generator, nor with quantized KV (its plain layers would join a quantized batch).
+        alone = self._make_generator is None and not self._kv_scheme.quantized
         enabled = self._single_row and alone and self._cache_kind == PLAIN
         solo = single_row(
-            batch, enabled=enabled, model=model, stop_tokens=stops, prefill_step_size=self._prefill_step_size
+            batch,
+            enabled=enabled,
+            model=model,
+            stop_tokens=stops,
+            prefill_step_size=self._prefill_step_size,
+            speculation=self._speculation,
         )
         generator = make_generator(model, self._adapters, solo)
         # Not under a sharded generator: every rank would have to replay each step's chunk size.

@@ -33,6 +33,10 @@ processors' context the whole sequence so far), so the tokens are those
 the batch gives; tests compare them, greedy and seeded, with processors
 and a second row arriving mid-generation.
 
+With speculative decoding on, the row alone speculates here too
+(stages/model_thread/lone_speculation.py): a step that proposes verifies the
+proposal over the row's own cache, one that does not is the plain step.
+
 Only for models whose cache layers are all plain `KVCache` (the gateway's
 checkpoints for other kinds need the batch's segment ends), and never
 under a sharded generator, which every rank must replay.
@@ -41,11 +45,15 @@ under a sharded generator, which every rank must replay.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from stages.model_thread.lone_speculation import LoneSpeculation
 from stages.models.mlx_internals import kv_layer, plain_kv
+
+if TYPE_CHECKING:
+    from stages.model_thread.speculative_batch import Speculation
 
 # As the batch does: the allocator's freed buffers go back now and then.
 _CLEAR_EVERY = 512
@@ -86,6 +94,8 @@ class SingleRow:
     _prefill_step_size: int = attrs.field(alias="prefill_step_size")
     # The batch's stream: a row's arrays stay on the thread's own stream whichever side runs it.
     _stream: Any = attrs.field(alias="stream")
+    # The row alone's proposals and their verification; None: no speculative decoding.
+    _speculation: LoneSpeculation | None = attrs.field(default=None, alias="speculation")
     # Inserted, not yet placed (alone or in the batch): uid -> insert's per-row arguments.
     _waiting: dict[int, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _solo: _Solo | None = attrs.field(default=None, init=False)
@@ -138,6 +148,8 @@ class SingleRow:
         solo = self._solo
         if solo is not None and solo.uid in uids:
             self._solo = None
+            if self._speculation is not None:
+                self._speculation.finished(solo.uid)
             if return_prompt_caches:
                 caches[solo.uid] = (_copied(solo.cache), list(solo.fed))
         for uid in uids:
@@ -233,15 +245,31 @@ class SingleRow:
             solo.pending = self._forward(solo, mx.array(solo.remaining))
             solo.fed += solo.remaining
             solo.remaining = []
+        self._steps += 1
+        if self._steps % _CLEAR_EVERY == 0:
+            mx.clear_cache()
+        verified = self._speculation.step(self._model, solo) if self._speculation is not None else None
+        if verified is not None:
+            return prefilled, self._emit_verified(solo, verified)
         token, logprobs = solo.pending
         # The next token's graph, built on this one before it is read: the step's overlap.
         solo.pending = self._forward(solo, token)
         value = int(token.item())
         solo.fed.append(value)
-        self._steps += 1
-        if self._steps % _CLEAR_EVERY == 0:
-            mx.clear_cache()
-        return prefilled, self._emit(solo, value, logprobs)
+        emitted = self._emit(solo, value, logprobs)
+        if self._speculation is not None:
+            self._speculation.plain_step()
+        return prefilled, emitted
+
+    def _emit_verified(self, solo: _Solo, tokens: list[tuple[int, Any]]) -> list[Any]:
+        """The responses for a verified step's tokens, in order, up to the one the row ends on."""
+        responses: list[Any] = []
+        for value, logprobs in tokens:
+            solo.fed.append(value)
+            responses += self._emit(solo, value, logprobs)
+            if responses[-1].finish_reason is not None:
+                break
+        return responses
 
     def _forward(self, solo: _Solo, tokens: Any) -> tuple[Any, Any]:
         import mlx.core as mx
@@ -259,27 +287,23 @@ class SingleRow:
 
     def _emit(self, solo: _Solo, token: int, logprobs: Any) -> list[Any]:
         """The row's response for `token`; a finished row leaves with its cache."""
-        from mlx_lm.generate import GenerationBatch
+        from stages.model_thread.speculative_batch import SpeculativeResponse
 
         solo.generated += 1
         # The batch's order: the length first, then the stop automaton (which must see every token).
         finish = "length" if solo.generated >= solo.max_tokens else None
         finish = "stop" if solo.matcher.advance(token) else finish
-        cache, tokens = None, None
+        cache, tokens, speculated = None, None, None
         if finish is not None:
             self._solo = None
-            # What the cache holds: the last token too, unless it was read at a hand-over before being fed.
+            # What the cache holds: the last token too, unless it was read at a hand-over before being fed; never
+            # the accepted proposal's tokens after the one the row ends on.
+            excess = solo.cache[0].offset - len(solo.fed) if solo.cache else 0
+            for layer in solo.cache if excess > 0 else ():
+                layer.trim(excess)
             cache, tokens = _copied(solo.cache), list(solo.fed)
-        return [
-            GenerationBatch.Response(
-                uid=solo.uid,
-                token=token,
-                logprobs=logprobs,
-                finish_reason=finish,
-                prompt_cache=cache,
-                all_tokens=tokens,
-            )
-        ]
+            speculated = self._speculation.finished(solo.uid) if self._speculation is not None else None
+        return [SpeculativeResponse(solo.uid, token, logprobs, finish, cache, tokens, speculated)]
 
     # -- into the batch -------------------------------------------------------
 
@@ -306,6 +330,8 @@ class SingleRow:
             stop_sequences=[solo.stops],
         )
         self._inner[solo.uid], self._outer[local] = local, solo.uid
+        if self._speculation is not None:
+            self._speculation.handed_over(solo.uid, local)
         self.handovers += 1
         return responses
 
@@ -342,10 +368,16 @@ def _copied(cache: Sequence[Any]) -> list[Any]:
 
 
 def single_row(
-    make: Callable[[], Any], *, enabled: bool, model: Any, stop_tokens: Sequence[Sequence[int]], prefill_step_size: int
+    make: Callable[[], Any],
+    *,
+    enabled: bool,
+    model: Any,
+    stop_tokens: Sequence[Sequence[int]],
+    prefill_step_size: int,
+    speculation: Speculation | None = None,
 ) -> Callable[[], Any]:
     """`make` (a `BatchGenerator` factory) with its single rows run alone where `enabled` (the caller
-    checks the model's cache layers are all plain)."""
+    checks the model's cache layers are all plain), speculating there under `speculation`."""
     from mlx_lm.generate import StopSequences
 
     if not enabled:
@@ -359,6 +391,7 @@ def single_row(
             default_stops=StopSequences(stop_tokens or None),
             prefill_step_size=prefill_step_size,
             stream=batch.stream,
+            speculation=LoneSpeculation(speculation) if speculation is not None else None,
         )
 
     return build

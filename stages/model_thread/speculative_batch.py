@@ -47,6 +47,7 @@ from mlx_lm.generate import GenerationBatch
 from mlx_lm.sample_utils import greedy_sampler
 
 from stages.model_thread.drafters import CostGate, Drafter, DrafterCounts, RowPolicy, SpeculationStatistics
+from stages.model_thread.verification import matched, sample_in_order
 from stages.models.mlx_internals import cut_layer
 
 
@@ -58,6 +59,9 @@ class Speculation:
     policy: RowPolicy
     counts: DrafterCounts = attrs.Factory(DrafterCounts)
     gate: CostGate = attrs.Factory(CostGate)
+    # A row alone speculates on the single-row path (stages/model_thread/lone_speculation.py), whose plain step is
+    # faster than the batch's: its speeds are its own.
+    lone_gate: CostGate = attrs.Factory(lambda self: CostGate(measured=self.gate.measured), takes_self=True)
     # Accepted and proposed tokens per uid for the rows now in the batch (the per-request timeline's figure).
     per_row: dict[int, list[int]] = attrs.Factory(dict)
 
@@ -106,7 +110,9 @@ class SpeculativeBatch(GenerationBatch):
         else:
             finishing = dict(self.speculation.per_row)
             responses = [_told(response, finishing) for response in super().next()]
-        gate.record(rows, proposals is not None, len(responses), time.perf_counter() - began)
+        # A step in which a draft model prefilled rows' histories is not a step's speed.
+        if proposals is None or self.speculation.drafter.caught_up <= 2 * rows:
+            gate.record(rows, proposals is not None, len(responses), time.perf_counter() - began)
         return responses
 
     def _proposals(self) -> list[list[int]] | None:
@@ -115,13 +121,14 @@ class SpeculativeBatch(GenerationBatch):
         if not any(budgets):
             return None
         pending = cast(list[int], self._next_tokens.tolist())
-        proposals = []
+        requests: dict[int, tuple[int, list[int], int]] = {}
         for index, (uid, budget) in enumerate(zip(self.uids, budgets)):
             # Never past max_tokens: the row's last token comes from the target.
-            room = self.max_tokens[index] - self._num_tokens[index] - 1
-            size = min(budget, room)
-            history = [*self.tokens[index], pending[index]]
-            proposals.append(drafter.propose(uid, history, size) if size > 0 else [])
+            size = min(budget, self.max_tokens[index] - self._num_tokens[index] - 1)
+            if size > 0:
+                requests[index] = (uid, [*self.tokens[index], pending[index]], size)
+        drafted = dict(zip(requests, drafter.propose_many(list(requests.values())))) if requests else {}
+        proposals = [drafted.get(index, []) for index in range(len(self.uids))]
         return proposals if any(proposals) else None
 
     def _verify(self, proposals: list[list[int]]) -> list[Any]:
@@ -138,7 +145,7 @@ class SpeculativeBatch(GenerationBatch):
         chosen_all = cast(list[list[int]], mx.argmax(logprobs_all, axis=-1).tolist())
         for index, proposal in enumerate(proposals):
             if self._plain_greedy(index):
-                accepted = _matched(chosen_all[index], proposal)
+                accepted = matched(chosen_all[index], proposal)
                 sampled = chosen_all[index][accepted]
                 logprobs = list(logprobs_all[index, : accepted + 1])
             else:
@@ -162,26 +169,11 @@ class SpeculativeBatch(GenerationBatch):
         return not (self.logits_processors and self.logits_processors[index]) and self._sampler(index) is greedy_sampler
 
     def _verify_row(self, index: int, logits: mx.array, proposal: list[int]) -> tuple[int, list[mx.array], int]:
-        """Tokens of `proposal` the target accepts, the logprobs of each position looked at, and the next token:
-        each position processed and sampled in order, as consecutive plain steps would."""
-        sampler = self._sampler(index)
+        """Tokens of `proposal` the target accepts, the logprobs of each position looked at, and the next token."""
         processors = self.logits_processors[index] if self.logits_processors else None
-        positions = len(proposal) + 1
-        context_tokens = [self._next_tokens[index : index + 1], *(mx.array([t]) for t in proposal)]
-        looked: list[mx.array] = []
-        for position in range(positions):
-            row_logits = logits[position : position + 1]
-            if processors:
-                buffer: Any = self._token_context[index]  # untyped in mlx-lm
-                context = buffer.update_and_fetch(context_tokens[position])
-                for processor in processors:
-                    row_logits = processor(context, row_logits)
-            logprobs = row_logits - mx.logsumexp(row_logits, axis=-1, keepdims=True)
-            token = cast(int, sampler(logprobs).item())
-            looked.append(logprobs[0])
-            if position == len(proposal) or token != proposal[position]:
-                return position, looked, token
-        raise AssertionError("unreachable: the last position always returns")
+        context = self._token_context[index] if processors else None
+        first = self._next_tokens[index : index + 1]
+        return sample_in_order(logits, first, proposal, self._sampler(index), processors, context)
 
     def _record(self, uid: int, proposed: int, accepted: int) -> None:
         speculation = self.speculation
@@ -234,14 +226,6 @@ class SpeculativeBatch(GenerationBatch):
         if len(keep) < len(self.uids):
             self.filter(keep)
         return responses
-
-
-def _matched(chosen: list[int], proposal: list[int]) -> int:
-    """How many of `proposal` the target's own choices repeat, from the start."""
-    accepted = 0
-    while accepted < len(proposal) and chosen[accepted] == proposal[accepted]:
-        accepted += 1
-    return accepted
 
 
 def _told(response: Any, totals: dict[int, list[int]]) -> Any:

@@ -20,8 +20,10 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 
 from pipeline.requests import Sampling
-from stages.model_thread.drafters import CostGate, DraftModel, PromptLookup, RowPolicy
+from stages.model_thread.draft_model import DraftModel
+from stages.model_thread.drafters import CostGate, PromptLookup, RowPolicy
 from stages.model_thread.sampling import RowStops, make_row_processors, make_row_sampler
+from stages.model_thread.single_row import SingleRow, single_row
 from stages.model_thread.speculative_batch import Speculation, speculating
 from stages.models.loading import ModelInfo, load_weights
 
@@ -77,6 +79,7 @@ def _drive(generator: Any, arrivals: dict[int, list[Arrival]]) -> dict[str, dict
             row["finish"] = response.finish_reason
             if response.finish_reason is not None:
                 row["cache"], row["all_tokens"] = response.prompt_cache, response.all_tokens
+                row["speculated"] = getattr(response, "speculated", None)
         call += 1
         assert call < 500
     return {row["name"]: row for row in rows.values()}
@@ -116,7 +119,7 @@ def test_one_row_gives_the_same_tokens_with_speculation(model: Any, sampling: Sa
     )
 
 
-@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED, PENALISED], ids=["greedy", "seeded", "penalties"])
 @pytest.mark.parametrize("drafter", ["prompt_lookup", "draft_model"])
 def test_rows_joining_mid_generation_keep_their_tokens(model: Any, sampling: Sampling, drafter: str) -> None:
     """Rows of different lengths and acceptances share the verifying pass; each keeps its own KV."""
@@ -129,7 +132,60 @@ def test_rows_joining_mid_generation_keep_their_tokens(model: Any, sampling: Sam
     generator, speculation = _speculating(model, chosen)
     _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
     assert speculation.counts.proposed > 0
-    assert speculation.counts.accepted > 0 or (sampling is SEEDED and drafter == "prompt_lookup")
+    # Penalties make the target reject most proposals: the draft batch rolls rejected positions off each row.
+    assert (
+        speculation.counts.accepted > 0 or sampling is PENALISED or (sampling is SEEDED and drafter == "prompt_lookup")
+    )
+    # The draft model drafted for several rows in one forward pass (its own batch cache), rows joining and leaving it.
+    assert not isinstance(chosen, DraftModel) or chosen.batched_passes > 0
+
+
+def _lone(model: Any, drafter: Any) -> tuple[SingleRow, Speculation]:
+    """The gateway's generator for speculation: a row alone on the single-row path, over the speculating batch."""
+    policy = RowPolicy(max_k=4, min_acceptance=0.0, max_rows=8)
+    speculation = Speculation(drafter=drafter, policy=policy, gate=CostGate(measured=False))
+    batch = speculating(lambda: _batch(model), speculation)
+    make = single_row(
+        batch, enabled=True, model=model, stop_tokens=[[0]], prefill_step_size=16, speculation=speculation
+    )
+    generator = make()
+    assert isinstance(generator, SingleRow)
+    return generator, speculation
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED, PENALISED], ids=["greedy", "seeded", "penalties"])
+@pytest.mark.parametrize("drafter", ["prompt_lookup", "draft_model"])
+def test_a_row_alone_speculates_on_the_single_row_path(model: Any, sampling: Sampling, drafter: str) -> None:
+    """A lone row never enters the batch to speculate: it proposes, is verified and is cut back on its own cache."""
+    arrivals = {0: [("a", COPY, sampling, 48, [[0]])]}
+    generator, speculation = _lone(model, PromptLookup() if drafter == "prompt_lookup" else DraftModel(model=model))
+    got = _drive(generator, arrivals)
+    _same(_drive(_batch(model), arrivals), got)
+    assert generator.solo_rows == 1 and generator.handovers == 0
+    counts = speculation.counts
+    assert counts.proposed > 0 and got["a"]["speculated"] == (counts.accepted, counts.proposed)
+    assert counts.accepted > 0 or sampling is PENALISED or (sampling is SEEDED and drafter == "prompt_lookup")
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_a_lone_speculating_row_joins_the_batch_unchanged(model: Any, sampling: Sampling) -> None:
+    arrivals = {0: [("a", COPY, sampling, 40, [[0]])], 6: [("b", OTHER, sampling, 20, [[0]])]}
+    generator, _ = _lone(model, DraftModel(model=model))
+    got = _drive(generator, arrivals)
+    _same(_drive(_batch(model), arrivals), got)
+    assert generator.solo_rows == 1 and generator.handovers == 1
+    # What the row accepted alone is still counted when it finishes in the batch.
+    assert got["a"]["speculated"] is not None and got["a"]["speculated"][1] > 0
+
+
+def test_a_lone_row_ends_inside_an_accepted_proposal(model: Any) -> None:
+    free = _drive(_batch(model), {0: [("a", COPY, GREEDY, 40, [[0]])]})["a"]["tokens"]
+    stop = next(token for token in free[4:] if token not in free[:4])
+    for max_tokens, stops in ((7, [[0]]), (13, [[0]]), (40, [[0], [stop]])):
+        arrivals = {0: [("a", COPY, GREEDY, max_tokens, stops)]}
+        generator, speculation = _lone(model, DraftModel(model=model))
+        _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
+        assert speculation.counts.accepted > 0 and generator.handovers == 0
 
 
 def test_stop_tokens_and_max_tokens_end_a_row_inside_an_accepted_proposal(model: Any) -> None:
@@ -153,6 +209,22 @@ def test_above_max_rows_the_batch_decodes_without_proposals(model: Any) -> None:
     generator, speculation = _speculating(model, PromptLookup(), max_rows=2)
     _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
     assert speculation.counts.proposed == 0
+
+
+def test_a_draft_model_tells_a_prefill_from_a_step(model: Any) -> None:
+    """The gate must not time a step in which the draft model prefilled a row's history as a speculating step."""
+    draft = DraftModel(model=model)
+    first = draft.propose(0, COPY, 3)
+    assert draft.caught_up == len(COPY)
+    # All accepted, plus the target's next token: the draft feeds its last proposed token and that one.
+    draft.propose(0, [*COPY, *first, 7], 3)
+    assert draft.caught_up == 2
+    proposals = draft.propose_many([(0, [*COPY, *first, 7, 9], 2), (1, OTHER, 2)])
+    assert [len(p) for p in proposals] == [2, 2] and draft.caught_up > len(OTHER)
+    # A new row with a prompt a row that left began with starts from its cache: one token to feed, the same proposal.
+    draft.forget([0, 1])
+    assert draft.propose(2, COPY, 3) == first and draft.caught_up == 1
+    assert draft.propose(3, COPY, 3) == first and draft.caught_up == 1
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_match() -> None:
