@@ -40,12 +40,12 @@ class StderrTail:
     def text(self, max_chars: int = _BYTES) -> str:
         """The last lines, at most about `max_chars` characters (a cut first line loses its start), after the
         crash's headline when they no longer hold it."""
-        lines = list(self._lines)
         fatal = self._fatal.decode(errors="replace").strip()
-        tail = b"".join(lines).decode(errors="replace").strip()
-        if fatal and self._fatal not in lines:
+        tail = b"".join(self._lines).decode(errors="replace").strip()[-max_chars:]
+        # The headline may sit in the kept lines yet before the cut: a deep stack's frames follow it.
+        if fatal and fatal not in tail:
             return f"{fatal}\n...\n{tail[-max(0, max_chars - len(fatal)) :]}"
-        return tail[-max_chars:]
+        return tail
 
     def wait_closed(self, timeout: float) -> bool:
         """Whether the pipe ended (the worker and whatever it started closed it) within `timeout`."""

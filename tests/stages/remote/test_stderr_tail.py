@@ -50,3 +50,15 @@ def test_an_endless_line_is_held_in_pieces(capfd: pytest.CaptureFixture[str]) ->
     assert passed_on.count("x") == 1_000_000
     # Passed on in pieces of at most a read's length; the tail holds the last 4 KiB of them.
     assert len(tail.text()) == 4096 and set(tail.text()) == {"x", "\n"}
+
+
+def test_the_headline_stays_when_it_is_kept_but_before_the_cut(capfd: pytest.CaptureFixture[str]) -> None:
+    """A short stack (within the kept lines) of long frames: the reason's cut would start after the headline."""
+    frame = "  File " + "/deep/import/path" * 8 + ", line 1 in <module>"
+    script = (
+        "import sys\nprint('Fatal Python error: Segmentation fault', file=sys.stderr)\n"
+        f"for _ in range(10): print({frame!r}, file=sys.stderr)\nsys.exit(1)"
+    )
+    tail, _ = tail_of(script, capfd)
+    text = tail.text(1000)
+    assert text.startswith("Fatal Python error: Segmentation fault\n...\n") and text.endswith("in <module>")
