@@ -32,6 +32,7 @@ from stages.remote.messages import (
     JobIn,
     JobOut,
     ReadyOut,
+    RowIn,
     SettingsIn,
     StatsIn,
     StepOut,
@@ -153,6 +154,34 @@ def test_a_row_crosses_with_what_the_model_side_reads() -> None:
     arrived = prepared_of(sent, Reply("r1"), None)
     assert arrived.prompt_tokens == row.prompt_tokens and arrived.max_tokens == row.max_tokens
     assert arrived.params == attrs.evolve(row.params, stop=())
+
+
+# A value other than its default for every sampling field: a field added to `Sampling` fails the test below
+# until it is named here and carried both ways in stages/remote/convert.py.
+EVERY_SAMPLING_FIELD = {
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "top_k": 5,
+    "min_p": 0.05,
+    "seed": 3,
+    "presence_penalty": 0.1,
+    "frequency_penalty": 0.2,
+    "repetition_penalty": 1.1,
+    "logit_bias": {4: -2.0},
+    "typical_p": 0.95,
+}
+
+
+def test_every_sampling_field_crosses_both_ways() -> None:
+    fields = {field.name: field for field in attrs.fields(Sampling)}
+    assert set(EVERY_SAMPLING_FIELD) == set(fields), "name the new Sampling field here and carry it in convert.py"
+    sampling = Sampling(**EVERY_SAMPLING_FIELD)  # type: ignore[arg-type]
+    for name, value in EVERY_SAMPLING_FIELD.items():
+        assert value != getattr(Sampling(), name), f"{name}: a default value would cross unnoticed"
+    row = attrs.evolve(prepared(), params=attrs.evolve(prepared().params, sampling=sampling))
+    sent = msgspec.msgpack.decode(msgspec.msgpack.encode(row_in(row)), type=ToWorker)
+    assert isinstance(sent, RowIn)
+    assert prepared_of(sent, Reply("r1"), None).params.sampling == sampling
 
 
 def test_a_step_crosses_back_to_the_rows_the_front_holds() -> None:
