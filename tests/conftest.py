@@ -22,6 +22,19 @@ import pytest
 from tests.pg import PostgresServer, Unavailable
 
 REPO = Path(__file__).resolve().parent.parent
+
+# A machine that sets PYTHONDONTWRITEBYTECODE (CI's does) makes every process compile the project again, and
+# every pytest process rewrite every test module's asserts: 5 s of each xdist worker's collection, and a few
+# tenths of each of the ~190 server processes' starts. The caches are git-ignored and change no behaviour, so
+# the suite writes them, and the servers it starts inherit that.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# Two xdist workers on two cores already keep each core busy; a BLAS with a thread per core on top spins its
+# threads between matmuls (MKL's OpenMP waits 200 ms before it sleeps) and the servers' processes fight over the
+# cores: the e2e files that decode the most ran in 119 s with one BLAS thread against 144-150 s with the default.
+# Set before any process here loads a BLAS; an explicit setting wins.
+for _blas_threads in ("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_blas_threads, "1")
 # How long a fresh server may take to load the model and answer /health.
 STARTUP_TIMEOUT = 120.0
 
