@@ -32,8 +32,7 @@ class Drafter(Protocol):
     """Proposes up to `k` tokens to follow a row's `history` (every token so far, the pending one last)."""
 
     name: str
-    # Tokens of the rows' histories the last call fed a draft model to catch up (0 for prompt lookup): more than two
-    # a row is a prefill, not a step, and the gate does not time it.
+    # Tokens of the rows' histories the last call fed a draft model to catch up (0 for prompt lookup).
     caught_up: int
 
     def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]: ...
@@ -43,6 +42,12 @@ class Drafter(Protocol):
         ...
 
     def forget(self, uids: Sequence[int]) -> None: ...
+
+
+def only_stepped(drafter: Drafter, rows: int) -> bool:
+    """Whether the last call of `drafter` for `rows` rows was a step's drafting, which the gate times: more than
+    two tokens a row caught up is a prefill of their histories, not a step's speed."""
+    return drafter.caught_up <= 2 * rows
 
 
 @attrs.define

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
+from stages.model_thread.drafters import only_stepped
 from stages.model_thread.verification import matched, sample_in_order
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class LoneSpeculation:
         totals = self._totals.setdefault(solo.uid, [0, 0])
         totals[0] += accepted
         totals[1] += len(proposal)
-        if speculation.drafter.caught_up <= 2:
+        if only_stepped(speculation.drafter, 1):
             speculation.lone_gate.record(1, True, accepted + 1, time.perf_counter() - self._began)
         return [(first, pending_logprobs), *zip(proposal[:accepted], looked[:accepted])]
 

@@ -46,7 +46,14 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.sample_utils import greedy_sampler
 
-from stages.model_thread.drafters import CostGate, Drafter, DrafterCounts, RowPolicy, SpeculationStatistics
+from stages.model_thread.drafters import (
+    CostGate,
+    Drafter,
+    DrafterCounts,
+    RowPolicy,
+    SpeculationStatistics,
+    only_stepped,
+)
 from stages.model_thread.verification import matched, sample_in_order
 from stages.models.mlx_internals import cut_layer
 
@@ -110,8 +117,7 @@ class SpeculativeBatch(GenerationBatch):
         else:
             finishing = dict(self.speculation.per_row)
             responses = [_told(response, finishing) for response in super().next()]
-        # A step in which a draft model prefilled rows' histories is not a step's speed.
-        if proposals is None or self.speculation.drafter.caught_up <= 2 * rows:
+        if proposals is None or only_stepped(self.speculation.drafter, rows):
             gate.record(rows, proposals is not None, len(responses), time.perf_counter() - began)
         return responses
 

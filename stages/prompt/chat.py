@@ -150,23 +150,6 @@ def render_chat_text(
     return PromptText(text, add_special_tokens=False, opens_reasoning=opened)
 
 
-def opens_reasoning(
-    tokenizer: Tokenizer,
-    request: ChatRequest,
-    text: str,
-    think: tuple[str, str] | None,
-    *,
-    preamble: Family | None = None,
-    parts: bool = False,
-) -> bool:
-    """Whether `text`, `request`'s render, leaves the model's turn inside a think block (`render_chat_text`'s
-    `opens_reasoning`, for a render made without `think`)."""
-    if think is None:
-        return False
-    messages, kwargs = _template_input(request, preamble, parts)
-    return _opens_think(tokenizer, messages, kwargs, text, think)
-
-
 def _template_input(
     request: ChatRequest, preamble: Family | None, parts: bool
 ) -> tuple[list[JsonObject], dict[str, JsonValue]]:
@@ -244,19 +227,16 @@ def render_edited(
     Raises:
         RequestError: the template refused the conversation.
     """
-    renders: list[tuple[ChatRequest, str, list[int]]] = []
-
-    def count(candidate: ChatRequest) -> int:
-        renders.append(_rendered(tokenizer, candidate, preamble, parts))
-        return len(renders[-1][2])
-
-    edited = apply_edits(request, count)
+    renders = _Renders(tokenizer, preamble, parts)
+    edited = apply_edits(request, lambda candidate: len(renders.tokens(candidate)))
     # The edited conversation was rendered to count it: keep that render.
-    text, tokens = next((text, tokens) for candidate, text, tokens in reversed(renders) if candidate is edited.request)
-    opened = opens_reasoning(tokenizer, edited.request, text, think, preamble=preamble, parts=parts)
-    # The first render is the conversation as the client sent it.
+    chosen = next(render for render in reversed(renders.made) if render.request is edited.request)
     return Rendered(
-        tokens=tokens, applied_edits=edited.applied, original_tokens=len(renders[0][2]), opens_reasoning=opened
+        tokens=chosen.tokens,
+        applied_edits=edited.applied,
+        # The first render is the conversation as the client sent it.
+        original_tokens=len(renders.made[0].tokens),
+        opens_reasoning=renders.opens_reasoning(chosen, think),
     )
 
 
@@ -274,24 +254,41 @@ def render_fitted(
     Raises:
         RequestError: the template refused the conversation.
     """
-    renders: list[tuple[ChatRequest, str, list[int]]] = []
-
-    def render(candidate: ChatRequest) -> list[int]:
-        renders.append(_rendered(tokenizer, candidate, preamble, parts))
-        return renders[-1][2]
-
-    tokens = render_truncated(render, request, room)
+    renders = _Renders(tokenizer, preamble, parts)
+    tokens = render_truncated(renders.tokens, request, room)
     # The cut that fits was rendered to count it: its text says how the model's turn opens.
-    kept, text = next((candidate, text) for candidate, text, rendered in reversed(renders) if rendered is tokens)
-    opened = opens_reasoning(tokenizer, kept, text, think, preamble=preamble, parts=parts)
-    return Rendered(tokens=tokens, opens_reasoning=opened)
+    chosen = next(render for render in reversed(renders.made) if render.tokens is tokens)
+    return Rendered(tokens=tokens, opens_reasoning=renders.opens_reasoning(chosen, think))
 
 
-def _rendered(
-    tokenizer: Tokenizer, request: ChatRequest, preamble: Family | None, parts: bool
-) -> tuple[ChatRequest, str, list[int]]:
-    text = render_chat_text(tokenizer, request, preamble=preamble, parts=parts).text
-    return request, text, tokenizer.encode(text, add_special_tokens=False)
+@attrs.frozen
+class _Render:
+    request: ChatRequest
+    messages: list[JsonObject]
+    kwargs: dict[str, JsonValue]
+    text: str
+    tokens: list[int]
+
+
+@attrs.define
+class _Renders:
+    """The candidates an edit or a cut rendered to count them, kept so the one chosen is never rendered again."""
+
+    tokenizer: Tokenizer
+    preamble: Family | None
+    parts: bool
+    made: list[_Render] = attrs.field(factory=list)
+
+    def tokens(self, candidate: ChatRequest) -> list[int]:
+        messages, kwargs = _template_input(candidate, self.preamble, self.parts)
+        text = _apply_template(self.tokenizer, messages, kwargs)
+        tokens = self.tokenizer.encode(text, add_special_tokens=False)
+        self.made.append(_Render(candidate, messages, kwargs, text, tokens))
+        return tokens
+
+    def opens_reasoning(self, render: _Render, think: tuple[str, str] | None) -> bool:
+        """`render_chat_text`'s `opens_reasoning` for one of these renders (made without `think`)."""
+        return think is not None and _opens_think(self.tokenizer, render.messages, render.kwargs, render.text, think)
 
 
 def _template_message(message: Message) -> JsonObject:
