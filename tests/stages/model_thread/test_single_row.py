@@ -20,9 +20,10 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 
 from pipeline.requests import Sampling
-from stages.model_thread.sampling import make_row_processors, make_row_sampler
+from stages.model_thread.sampling import make_row_sampler
 from stages.model_thread.single_row import SingleRow, single_row
 from stages.models.loading import ModelInfo, load_weights
+from tests.stages.model_thread.drive import drive
 
 GREEDY = Sampling(temperature=0.0)
 SEEDED = Sampling(temperature=0.9, seed=5)
@@ -52,39 +53,6 @@ def _solo(model: Any) -> Any:
     return generator
 
 
-Arrival = tuple[str, list[int], Sampling, int, list[list[int]]]
-
-
-def _drive(generator: Any, arrivals: dict[int, list[Arrival]]) -> dict[str, dict[str, Any]]:
-    """Insert each arrival before the call it is keyed by; every row's tokens, logprobs, finish and final cache."""
-    rows: dict[int, dict[str, Any]] = {}
-    call = 0
-    while call <= max(arrivals) or any(row["finish"] is None for row in rows.values()):
-        for name, prompt, sampling, max_tokens, stops in arrivals.get(call, []):
-            from stages.model_thread.sampling import RowStops
-
-            (uid,) = generator.insert(
-                [prompt],
-                max_tokens=[max_tokens],
-                caches=None,
-                all_tokens=[[]],
-                samplers=[make_row_sampler(sampling)],
-                logits_processors=[make_row_processors(sampling, max_tokens)],
-                stop_sequences=[RowStops(stops)],
-            )
-            rows[uid] = {"name": name, "prompt": prompt, "tokens": [], "logprobs": [], "finish": None}
-        for response in generator.next()[1]:
-            row = rows[response.uid]
-            row["tokens"].append(response.token)
-            row["logprobs"].append(response.logprobs)
-            row["finish"] = response.finish_reason
-            if response.finish_reason is not None:
-                row["cache"], row["all_tokens"] = response.prompt_cache, response.all_tokens
-        call += 1
-        assert call < 500
-    return {row["name"]: row for row in rows.values()}
-
-
 def _same(expected: dict[str, dict[str, Any]], got: dict[str, dict[str, Any]]) -> None:
     assert expected.keys() == got.keys()
     for name in expected:
@@ -106,7 +74,7 @@ def _same(expected: dict[str, dict[str, Any]], got: dict[str, dict[str, Any]]) -
 def test_a_row_alone_gives_the_batchs_tokens(model: Any, sampling: Sampling) -> None:
     arrivals = {0: [("a", PROMPT, sampling, 40, [[0]])]}
     solo = _solo(model)
-    _same(_drive(_batch(model), arrivals), _drive(solo, arrivals))
+    _same(drive(_batch(model), arrivals), drive(solo, arrivals))
     assert solo.solo_rows == 1 and solo.handovers == 0
 
 
@@ -115,19 +83,19 @@ def test_a_row_alone_gives_the_batchs_tokens(model: Any, sampling: Sampling) -> 
 def test_a_second_row_takes_the_first_into_the_batch_unchanged(model: Any, sampling: Sampling, second_at: int) -> None:
     arrivals = {0: [("a", PROMPT, sampling, 30, [[0]])], second_at: [("b", OTHER, sampling, 20, [[0]])]}
     solo = _solo(model)
-    _same(_drive(_batch(model), arrivals), _drive(solo, arrivals))
+    _same(drive(_batch(model), arrivals), drive(solo, arrivals))
     assert solo.solo_rows == 1 and solo.handovers == 1
 
 
 def test_stop_tokens_end_a_row_alone_and_at_its_hand_over(model: Any) -> None:
-    free = _drive(_batch(model), {0: [("a", PROMPT, GREEDY, 30, [[0]])]})["a"]["tokens"]
+    free = drive(_batch(model), {0: [("a", PROMPT, GREEDY, 30, [[0]])]})["a"]["tokens"]
     # A token the row produces (not its first): the row ends on it, wherever it runs.
     stop = next(token for token in free[3:] if token not in free[:3])
     at = free.index(stop)
     for second_at in (at - 1, at, at + 1, at + 2):
         arrivals = {0: [("a", PROMPT, GREEDY, 30, [[0], [stop]])], second_at: [("b", OTHER, GREEDY, 5, [[0]])]}
-        got = _drive(_solo(model), arrivals)
-        _same(_drive(_batch(model), arrivals), got)
+        got = drive(_solo(model), arrivals)
+        _same(drive(_batch(model), arrivals), got)
         assert got["a"]["finish"] == "stop" and got["a"]["tokens"][-1] == stop
 
 

@@ -22,10 +22,10 @@ from mlx_lm.generate import BatchGenerator
 from pipeline.requests import Sampling
 from stages.model_thread.draft_model import DraftModel
 from stages.model_thread.drafters import CostGate, PromptLookup, RowPolicy
-from stages.model_thread.sampling import RowStops, make_row_processors, make_row_sampler
 from stages.model_thread.single_row import SingleRow, single_row
 from stages.model_thread.speculative_batch import Speculation, speculating
 from stages.models.loading import ModelInfo, load_weights
+from tests.stages.model_thread.drive import drive
 
 GREEDY = Sampling(temperature=0.0)
 # Low enough that a random model's samples often repeat what a drafter proposes (still the sampled path).
@@ -51,38 +51,6 @@ def _speculating(model: Any, drafter: Any, *, k: int = 4, max_rows: int = 8) -> 
     policy = RowPolicy(max_k=k, min_acceptance=0.0, max_rows=max_rows)
     speculation = Speculation(drafter=drafter, policy=policy, gate=CostGate(measured=False))
     return speculating(lambda: _batch(model), speculation)(), speculation
-
-
-Arrival = tuple[str, list[int], Sampling, int, list[list[int]]]
-
-
-def _drive(generator: Any, arrivals: dict[int, list[Arrival]]) -> dict[str, dict[str, Any]]:
-    rows: dict[int, dict[str, Any]] = {}
-    call = 0
-    while call <= max(arrivals) or any(row["finish"] is None for row in rows.values()):
-        for name, prompt, sampling, max_tokens, stops in arrivals.get(call, []):
-            (uid,) = generator.insert(
-                [prompt],
-                max_tokens=[max_tokens],
-                caches=None,
-                all_tokens=[[]],
-                samplers=[make_row_sampler(sampling)],
-                logits_processors=[make_row_processors(sampling, max_tokens)],
-                stop_sequences=[RowStops(stops)],
-            )
-            rows[uid] = {"name": name, "prompt": prompt, "tokens": [], "logprobs": [], "finish": None}
-        for response in generator.next()[1]:
-            row = rows[response.uid]
-            assert row["finish"] is None, "a token after the row finished"
-            row["tokens"].append(response.token)
-            row["logprobs"].append(response.logprobs)
-            row["finish"] = response.finish_reason
-            if response.finish_reason is not None:
-                row["cache"], row["all_tokens"] = response.prompt_cache, response.all_tokens
-                row["speculated"] = getattr(response, "speculated", None)
-        call += 1
-        assert call < 500
-    return {row["name"]: row for row in rows.values()}
 
 
 def _same(expected: dict[str, dict[str, Any]], got: dict[str, dict[str, Any]]) -> None:
@@ -111,7 +79,7 @@ def test_one_row_gives_the_same_tokens_with_speculation(model: Any, sampling: Sa
     arrivals = {0: [("a", COPY, sampling, 48, [[0]])]}
     chosen = PromptLookup() if drafter == "prompt_lookup" else DraftModel(model=model)
     generator, speculation = _speculating(model, chosen)
-    _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
+    _same(drive(_batch(model), arrivals), drive(generator, arrivals))
     assert speculation.counts.proposed > 0
     # A random model's samples rarely repeat a proposal; its greedy tokens, or its own low-temperature ones, do.
     assert (
@@ -130,7 +98,7 @@ def test_rows_joining_mid_generation_keep_their_tokens(model: Any, sampling: Sam
     }
     chosen = PromptLookup() if drafter == "prompt_lookup" else DraftModel(model=model)
     generator, speculation = _speculating(model, chosen)
-    _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
+    _same(drive(_batch(model), arrivals), drive(generator, arrivals))
     assert speculation.counts.proposed > 0
     # Penalties make the target reject most proposals: the draft batch rolls rejected positions off each row.
     assert (
@@ -159,8 +127,8 @@ def test_a_row_alone_speculates_on_the_single_row_path(model: Any, sampling: Sam
     """A lone row never enters the batch to speculate: it proposes, is verified and is cut back on its own cache."""
     arrivals = {0: [("a", COPY, sampling, 48, [[0]])]}
     generator, speculation = _lone(model, PromptLookup() if drafter == "prompt_lookup" else DraftModel(model=model))
-    got = _drive(generator, arrivals)
-    _same(_drive(_batch(model), arrivals), got)
+    got = drive(generator, arrivals)
+    _same(drive(_batch(model), arrivals), got)
     assert generator.solo_rows == 1 and generator.handovers == 0
     counts = speculation.counts
     assert counts.proposed > 0 and got["a"]["speculated"] == (counts.accepted, counts.proposed)
@@ -171,25 +139,25 @@ def test_a_row_alone_speculates_on_the_single_row_path(model: Any, sampling: Sam
 def test_a_lone_speculating_row_joins_the_batch_unchanged(model: Any, sampling: Sampling) -> None:
     arrivals = {0: [("a", COPY, sampling, 40, [[0]])], 6: [("b", OTHER, sampling, 20, [[0]])]}
     generator, _ = _lone(model, DraftModel(model=model))
-    got = _drive(generator, arrivals)
-    _same(_drive(_batch(model), arrivals), got)
+    got = drive(generator, arrivals)
+    _same(drive(_batch(model), arrivals), got)
     assert generator.solo_rows == 1 and generator.handovers == 1
     # What the row accepted alone is still counted when it finishes in the batch.
     assert got["a"]["speculated"] is not None and got["a"]["speculated"][1] > 0
 
 
 def test_a_lone_row_ends_inside_an_accepted_proposal(model: Any) -> None:
-    free = _drive(_batch(model), {0: [("a", COPY, GREEDY, 40, [[0]])]})["a"]["tokens"]
+    free = drive(_batch(model), {0: [("a", COPY, GREEDY, 40, [[0]])]})["a"]["tokens"]
     stop = next(token for token in free[4:] if token not in free[:4])
     for max_tokens, stops in ((7, [[0]]), (13, [[0]]), (40, [[0], [stop]])):
         arrivals = {0: [("a", COPY, GREEDY, max_tokens, stops)]}
         generator, speculation = _lone(model, DraftModel(model=model))
-        _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
+        _same(drive(_batch(model), arrivals), drive(generator, arrivals))
         assert speculation.counts.accepted > 0 and generator.handovers == 0
 
 
 def test_stop_tokens_and_max_tokens_end_a_row_inside_an_accepted_proposal(model: Any) -> None:
-    free = _drive(_batch(model), {0: [("a", COPY, GREEDY, 40, [[0]])]})["a"]["tokens"]
+    free = drive(_batch(model), {0: [("a", COPY, GREEDY, 40, [[0]])]})["a"]["tokens"]
     # A token the row produces after its start: the row must end on it, even where it was accepted mid-proposal.
     stop = next(token for token in free[4:] if token not in free[:4])
     for max_tokens in (7, 13, 40):
@@ -198,8 +166,8 @@ def test_stop_tokens_and_max_tokens_end_a_row_inside_an_accepted_proposal(model:
             2: [("b", COPY[3:], GREEDY, max_tokens, [[0]])],
         }
         generator, speculation = _speculating(model, DraftModel(model=model))
-        got = _drive(generator, arrivals)
-        _same(_drive(_batch(model), arrivals), got)
+        got = drive(generator, arrivals)
+        _same(drive(_batch(model), arrivals), got)
         assert got["b"]["finish"] == "length" and len(got["b"]["tokens"]) == max_tokens
         assert speculation.counts.accepted > 0
 
@@ -207,7 +175,7 @@ def test_stop_tokens_and_max_tokens_end_a_row_inside_an_accepted_proposal(model:
 def test_above_max_rows_the_batch_decodes_without_proposals(model: Any) -> None:
     arrivals = {0: [(f"r{i}", COPY[i:], GREEDY, 12, [[0]]) for i in range(3)]}
     generator, speculation = _speculating(model, PromptLookup(), max_rows=2)
-    _same(_drive(_batch(model), arrivals), _drive(generator, arrivals))
+    _same(drive(_batch(model), arrivals), drive(generator, arrivals))
     assert speculation.counts.proposed == 0
 
 
@@ -287,7 +255,7 @@ def test_quantized_kv_rows_speculate_with_the_same_tokens() -> None:
     speculation = Speculation(
         drafter=PromptLookup(), policy=RowPolicy(max_k=4, min_acceptance=0.0, max_rows=8), gate=CostGate(measured=False)
     )
-    expected, got = _drive(quantized(), arrivals), _drive(speculating(quantized, speculation)(), arrivals)
+    expected, got = drive(quantized(), arrivals), drive(speculating(quantized, speculation)(), arrivals)
     for name in expected:
         assert got[name]["tokens"] == expected[name]["tokens"], name
         assert got[name]["all_tokens"] == expected[name]["all_tokens"], name
