@@ -21,6 +21,9 @@ _CONTROL = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
 _NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
 _NUMBER_CHARS = frozenset("+-0123456789.eE")
 _LITERALS = ("true", "false", "null")
+# A run of a string that is written as it stands, whole escapes included: most of a long argument, matched in one
+# step rather than a character at a time (a streamed call's arguments are scanned again as each piece arrives).
+_PLAIN_RUN = re.compile(r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})+')
 
 
 @attrs.frozen
@@ -133,6 +136,11 @@ class _Scanner:
         index = self.at + 1
         self.out.append('"')
         while index < len(source):
+            plain = _PLAIN_RUN.match(source, index)
+            if plain is not None:
+                self.out.append(plain.group())
+                index = plain.end()
+                continue
             char = source[index]
             if char == '"':
                 self.out.append(char)
