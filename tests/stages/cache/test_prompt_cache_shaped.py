@@ -7,13 +7,18 @@ first turn's prompt is a prefix of the second. A plain KVCache is cut back
 to it; a model with recurrent or sliding-window layers resumes from the
 state kept at the first prompt's end (the turn boundary). Greedy and
 seeded, the second turn's tokens from the cache equal those from scratch.
+The weights are in the form the engine serves them in on this backend
+(`plan_memory`: float32 on the CPU, where MLX's quantized kernels are
+slow; as stored on Metal), as a server would hold them.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from pipeline.settings import Settings
 from stages.cache.prompt import PromptCache
+from stages.engine.decisions import plan_memory
 from stages.models.loading import ModelInfo, resolve_model
 from stages.models.mlx_internals import cache_kind
 from tests.stages.cache.test_prompt_cache_gateway import GREEDY, SEEDED, Harness, row
@@ -33,7 +38,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module", params=sorted(MODELS), ids=sorted(MODELS))
 def shaped(request: pytest.FixtureRequest) -> tuple[str, ModelInfo]:
-    return request.param, resolve_model(f"shaped:{MODELS[request.param]}")
+    info = resolve_model(f"shaped:{MODELS[request.param]}")
+    served, _, _ = plan_memory(Settings(), info, adapter_bytes=0, cluster=None)
+    return request.param, served
 
 
 def test_the_model_has_the_cache_kind_it_is_named_for(shaped: tuple[str, ModelInfo]) -> None:
