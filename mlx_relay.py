@@ -148,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
         "(MLX_RELAY_DRAFT_MODEL)",
     )
     serve.add_argument(
-        "--num-draft-tokens", help="tokens a row proposes at most per step (MLX_RELAY_NUM_DRAFT_TOKENS; default 4)"
+        "--num-draft-tokens", help="tokens a row proposes at most per step (MLX_RELAY_NUM_DRAFT_TOKENS; default 8)"
     )
     serve.add_argument(
         "--adapters", help="LoRA adapters served as their own model ids: 'name=path,...' (MLX_RELAY_ADAPTERS)"

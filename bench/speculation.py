@@ -102,12 +102,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _load(name: str) -> tuple[Any, Any]:
-    import mlx_lm
+    """The model in the form a server serves it on this backend (float32 on the CPU: `plan_memory`)."""
+    from pipeline.settings import Settings
+    from stages.engine.decisions import plan_memory
+    from stages.models.loading import load_tokenizer, load_weights, resolve_model
 
-    from stages.models.loading import resolve_model
-
-    model, tokenizer = mlx_lm.load(str(resolve_model(name).path))[:2]
-    return model, tokenizer
+    info = resolve_model(name)
+    served, _, _ = plan_memory(Settings(), info, adapter_bytes=0, cluster=None)
+    return load_weights(served), load_tokenizer(info)
 
 
 def _ways(model: Any, draft: Any, prompt: list[int], rows: int, args: Any) -> tuple[dict[str, Callable[[], Any]], Any]:
