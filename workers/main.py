@@ -83,6 +83,13 @@ def main() -> None:
     parser.add_argument(YIELD_FLAG, action="store_true", help="start nicer, until the model is ready")
     args = parser.parse_args()
     anyio.run(_main, args.socket)
+    # Drained: nothing is left to run or write. mlx no longer ends the streams its threads made when the process
+    # exits (ml-explore/mlx#4327 asks every thread that ran MLX to call `mx.clear_streams()` last, which a pooled
+    # thread cannot), so a worker whose model thread ran could abort in the C++ destructors after a clean drain
+    # ("terminate called without an active exception", SIGABRT). The worker leaves without running them.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
