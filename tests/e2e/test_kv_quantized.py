@@ -1,4 +1,4 @@
-"""A quantized KV cache (MLX_RELAY_KV_BITS) end to end, through hypercorn, on the demo model.
+"""A quantized KV cache (MLX_RELAY_KV_BITS) end to end, through hypercorn, on the demo model (preemption on tiny-hd64).
 
 The batch, preemption and resumption, the prompt cache and its disk tier
 run with 8-bit KV; /fit and /stats name the scheme and price it; a disk
