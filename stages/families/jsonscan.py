@@ -16,7 +16,6 @@ import re
 import attrs
 
 _SPACE = " \t\n\r"
-_ESCAPES = '"\\/bfnrt'
 _CONTROL = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
 _NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
 _NUMBER_CHARS = frozenset("+-0123456789.eE")
@@ -147,31 +146,22 @@ class _Scanner:
                 self.at = index + 1
                 return True
             if char == "\\":
-                escape = _escape(source, index)
-                if escape is None:
-                    break
-                self.out.append(escape)
-                index += len(escape)
-                continue
-            self.out.append(_CONTROL.get(char, f"\\u{ord(char):04x}") if ord(char) < 0x20 else char)
+                # Not a whole escape (the plain run takes those): one the source stops inside, or not JSON.
+                if not _escape_cut_off(source, index):
+                    raise _Broken
+                break
+            # What else stops the plain run: a raw control character, escaped as json.dumps writes it.
+            self.out.append(_CONTROL.get(char, f"\\u{ord(char):04x}"))
             index += 1
         self.at = len(source)
         return False
 
 
-def _escape(source: str, index: int) -> str | None:
-    """The escape at `index` when it is whole; None if it is cut off."""
+def _escape_cut_off(source: str, index: int) -> bool:
+    """Whether the escape at `index`, which is not a whole one, is the start of one that the source stops inside."""
     kind = source[index + 1 : index + 2]
-    if not kind:
-        return None
-    if kind in _ESCAPES:
-        return source[index : index + 2]
-    if kind != "u":
-        raise _Broken
     digits = source[index + 2 : index + 6]
-    if any(char not in "0123456789abcdefABCDEF" for char in digits):
-        raise _Broken
-    return source[index : index + 6] if len(digits) == 4 else None
+    return not kind or (kind == "u" and len(digits) < 4 and all(char in "0123456789abcdefABCDEF" for char in digits))
 
 
 def scan_value(source: str, start: int = 0) -> Scan:
