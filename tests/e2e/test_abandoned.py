@@ -90,7 +90,11 @@ class Leaver:
 
 
 def assert_served(client: openai.OpenAI) -> None:
-    completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=5)
+    # Past the random model's end of turn: whether it picks it within 5 tokens is a near-tie that a batch of 8
+    # rows on another BLAS kernel can tip (seen once in a clean-clone run), not what is asserted here.
+    completion = client.chat.completions.create(
+        model="m", messages=HELLO, max_tokens=5, extra_body={"ignore_eos": True}
+    )
     assert completion.usage is not None and completion.usage.completion_tokens == 5
 
 
