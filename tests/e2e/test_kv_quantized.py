@@ -18,6 +18,8 @@ import attrs
 import httpx
 import pytest
 
+from pipeline.settings import Settings
+from stages.engine.decisions import open_disk
 from stages.kv.machine import read_machine
 from stages.kv.plan import budget_for
 from stages.kv.shape import KvScheme, read_model_shape
@@ -148,6 +150,7 @@ def test_the_disk_tier_restores_its_own_scheme_and_never_another(server_factory:
     writer.kill()
     assert files, "nothing spilled"
     (folder,) = {path.parent for path in files}
+    assert folder == _folder_for(disk, {"kv_bits": "8"})
     header = files[0].read_bytes()[8:4096]
     assert b'"kv_scheme": "q8g64"' in header
     # The same scheme restores the entry: a fresh server's first request hits it on disk.
@@ -160,16 +163,17 @@ def test_the_disk_tier_restores_its_own_scheme_and_never_another(server_factory:
     # Another scheme never restores it, even with the file put where its own entries live.
     for other in ({"kv_bits": "4"}, {}):
         foreign = tmp_path / f"foreign-{other.get('kv_bits', 'full')}"
-        probe = server_factory(private=True, model="demo", cache_dir=str(foreign), **other)
-        chat(probe, story("warm"), max_tokens=1)
-        own = _own_folder(probe, foreign)
-        probe.kill()
+        own = _folder_for(foreign, other)
+        assert own.name != folder.name
+        own.mkdir(parents=True)
         for path in folder.glob("*.safetensors"):
             shutil.copy(path, own / path.name)
         server = server_factory(private=True, model="demo", cache_dir=str(foreign), **other)
         assert cached(chat(server, x)) < 10
         disk_stats = stats(server)["prompt_cache"]["disk"]  # type: ignore[index]
         assert disk_stats["restores"] == 0 and disk_stats["corrupt"] >= 1  # type: ignore[index]
+        # It read that folder as its own: the server made no other.
+        assert [path for path in foreign.iterdir() if path.is_dir()] == [own]
         server.kill()
 
 
@@ -185,11 +189,14 @@ def _wait_for_files(disk: Path) -> list[Path]:
     return []
 
 
-def _own_folder(server: Server, root: Path) -> Path:
-    """The folder a server files its entries in: made at start, one per model fingerprint."""
-    folders = [path for path in root.iterdir() if path.is_dir()]
-    assert len(folders) == 1, folders
-    return folders[0]
+def _folder_for(root: Path, settings: dict[str, str]) -> Path:
+    """The folder a demo server with `settings` files its entries in (one per model fingerprint and KV scheme),
+    from the function the server itself calls."""
+    env = {f"MLX_RELAY_{name.upper()}": value for name, value in settings.items()}
+    served = Settings.from_env({**env, "MLX_RELAY_MODEL": "demo", "MLX_RELAY_CACHE_DIR": str(root)})
+    disk = open_disk(served, resolve_model("demo").path, None)
+    assert disk is not None
+    return disk.root
 
 
 @pytest.mark.parametrize(
