@@ -158,8 +158,6 @@ def plan_weights(
         return fit(), stored("not quantized")
     if settings.keep_quantized:
         return fit(), stored("MLX_RELAY_KEEP_QUANTIZED is set")
-    if cluster is not None:
-        return fit(), stored("sharded: each rank loads its slice as stored")
     if (device := backend()) != "cpu":
         return fit(), stored(f"quantized kernels run fast on {device}")
     size = float32_bytes(info.path, quantized)
@@ -201,7 +199,7 @@ def model_loader(info: ModelInfo, cluster: Cluster | None, scheme: KvScheme) -> 
     """What the gateway calls to load the weights, refusing at load (before any row) a model the KV scheme cannot
     serve."""
     if cluster is not None:
-        return partial(cluster.load, info.path)
+        return partial(cluster.load, info.path, float32=info.float32_weights)
     if not scheme.quantized:
         return partial(load_weights, info)
 

@@ -5,7 +5,9 @@ float32 one goes to the BLAS (`blas.py`); on the default SmolLM2 the
 float32 weights prefilled many times faster (docs/benchmarks.md, "The
 Linux first run"). So a quantized model whose float32 weights fit the
 memory plan is served dequantized there, unless `keep_quantized` is set;
-on Metal and CUDA, and for a sharded model, the weights stay as stored.
+on Metal and CUDA the weights stay as stored. A sharded model's ranks
+follow rank 0's plan, which prices each rank's float32 slice
+(stages/shard/cluster.py `load`).
 
 The float32 size comes from the safetensors headers alone, before any
 weight is read, so the memory plan can be made for the form that will be

@@ -44,6 +44,8 @@ class Cluster:
     # The sockets the backend opened (ring): shutting them down fails a collective that waits on a lost rank.
     _backend_sockets: list[int]
     step_log: StepLog = attrs.field(factory=StepLog)
+    # The slice's weights were dequantized to float32 (rank 0's plan, `load`).
+    float32_weights: bool = False
     generator: ReplicatedGenerator | None = None
 
     @property
@@ -54,11 +56,22 @@ class Cluster:
     def size(self) -> int:
         return int(self.group.size())
 
-    def load(self, path: Path) -> Any:
-        """This rank's slice of the model, weights evaluated. Call on the model thread."""
-        from mlx_lm.utils import load_model
+    def load(self, path: Path, *, float32: bool = False) -> Any:
+        """This rank's slice of the model, weights evaluated. Call on the model thread.
 
+        `float32`: rank 0's plan serves quantized weights dequantized (the CPU backend; stages/models/weights.py).
+        Every rank takes rank 0's word for it, sent in a collective: only rank 0 plans the memory, and ranks
+        whose slices were of two forms would add float32 partial sums to bfloat16 ones.
+        """
+        from mlx_lm.utils import dequantize_model, load_model
+
+        said = mx.array(int(float32) if self.rank == 0 else 0)
+        self.float32_weights = bool(mx.distributed.all_sum(said, group=self.group, stream=mx.cpu).item())
         model, _ = load_model(path, lazy=True, strict=False)
+        if self.float32_weights:
+            # Before the slicing, lazily: each rank evaluates only its slice of the float32 weights.
+            model = dequantize_model(model)
+            model.set_dtype(mx.float32)
         if self.mode == "tensor":
             if not hasattr(model, "shard"):
                 raise ValueError(f"{path.name}: mlx-lm has no tensor-parallel sharding for this architecture")
@@ -71,7 +84,7 @@ class Cluster:
         mx.eval(model.parameters())
         # Every rank holds its slice before the first step.
         mx.eval(mx.distributed.all_sum(mx.array(1.0), group=self.group, stream=mx.cpu))
-        log.info("shard.loaded", rank=self.rank, size=self.size, mode=self.mode)
+        log.info("shard.loaded", rank=self.rank, size=self.size, mode=self.mode, float32=self.float32_weights)
         return model
 
     def make_generator(self, model: Any, **config: Any) -> ReplicatedGenerator:

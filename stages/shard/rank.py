@@ -34,7 +34,7 @@ def serve_follower(settings: Settings) -> int:
         if beating is not None:
             beating.steps = steps
 
-    open_disk = partial(decisions.open_disk, settings, info.path, cluster)
+    open_disk = partial(decisions.open_disk, settings, info.path, cluster, float32=cluster.float32_weights)
     doorbell = beating.wait_for_ring if beating is not None else None
     Follower(model, cluster.group, on_step=on_step, open_disk=open_disk, doorbell=doorbell).run()
     log.info("follower.exit", rank=cluster.rank)

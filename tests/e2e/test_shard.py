@@ -202,6 +202,22 @@ def test_a_prompt_cache_hit_gives_the_same_output(pair: tuple[Server, Sharded]) 
     assert outputs[1][0] == outputs[1][1]
 
 
+def test_every_rank_serves_the_weights_in_the_form_one_process_does(
+    pair: tuple[Server, Sharded], request: pytest.FixtureRequest
+) -> None:
+    """On the CPU backend a quantized model is served dequantized to float32 (stages/models/weights.py): by one
+    process, and by every rank of a sharded one, in rank 0's form (a follower plans nothing of its own)."""
+    single, sharded = pair
+    forms = [httpx.get(f"{server.base_url}/stats", timeout=10).json()["weights"] for server in (single, sharded.server)]
+    assert forms[0] == forms[1]
+    float32 = forms[0].startswith("float32")
+    model, _ = request.node.callspec.params["pair"]
+    assert float32 == model.startswith("shaped:")  # the shaped models are stored 4-bit; tiny is not quantized
+    follower_log = Path(str(sharded.server.log_path).replace("rank0", "rank1")).read_text()
+    loaded = [json.loads(line) for line in follower_log.splitlines() if '"shard.loaded"' in line]
+    assert [line["float32"] for line in loaded] == [float32]
+
+
 def test_every_rank_reports_on_health(pair: tuple[Server, Sharded]) -> None:
     _, sharded = pair
     body = sharded.health().json()
