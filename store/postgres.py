@@ -28,7 +28,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import attrs
 
@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 # Connections per replica: a store call is one short transaction.
 POOL_SIZE = 4
+# Seconds start-up waits for the database where the URL names no `connect_timeout`.
+DEFAULT_CONNECT_TIMEOUT = 10.0
 _TABLE = "mlx_relay_responses"
 _META = "mlx_relay_response_store"
 # Any fixed 64-bit key: the advisory lock every writer takes.
@@ -77,6 +79,18 @@ def is_postgres_url(url: str | None) -> bool:
     return urlsplit((url or "").strip()).scheme.lower() in ("postgresql", "postgres")
 
 
+def connect_timeout_of(url: str) -> float:
+    """How long start-up waits for the database: the URL's own `connect_timeout` (libpq's parameter, seconds;
+    0 or none given: `DEFAULT_CONNECT_TIMEOUT`). The pool retries a refused connection until then, so a
+    database still starting is waited for, and one that is not there fails start-up only after it."""
+    given = parse_qs(urlsplit(url).query).get("connect_timeout", [""])[-1]
+    try:
+        seconds = float(given)
+    except ValueError:
+        return DEFAULT_CONNECT_TIMEOUT
+    return seconds if seconds > 0 else DEFAULT_CONNECT_TIMEOUT
+
+
 def redacted(url: str) -> str:
     """The URL without its password, for /stats and logs."""
     parts = urlsplit(url)
@@ -101,7 +115,7 @@ class PostgresResponseStore:
     _ttl: float = attrs.field(alias="ttl_seconds")
     _max_bytes: int = attrs.field(alias="max_bytes")
     _clock: Clock = attrs.field(default=time.time, alias="clock")
-    _connect_timeout: float = attrs.field(default=10.0, alias="connect_timeout")
+    _connect_timeout: float = attrs.field(default=DEFAULT_CONNECT_TIMEOUT, alias="connect_timeout")
     _pool: ConnectionPool[Any] | None = attrs.field(default=None, init=False)
     # The counts lock themselves: the database's own locks order everything else.
     _counts: StoreCounters = attrs.field(init=False)

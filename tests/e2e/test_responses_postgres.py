@@ -62,6 +62,6 @@ def test_a_store_failure_is_response_failed_and_nothing_is_stored(
 
 def test_an_unreachable_store_stops_start_up_with_one_line(server_factory: ServerFactory) -> None:
     with pytest.raises(RuntimeError) as raised:
-        server_factory(response_store="postgresql://relay:s3cret@127.0.0.1:9/none")
+        server_factory(response_store="postgresql://relay:s3cret@127.0.0.1:9/none?connect_timeout=1")
     assert "server.cannot_start" in str(raised.value) and "response store" in str(raised.value)
     assert "s3cret" not in str(raised.value)

@@ -12,7 +12,7 @@ import pytest
 
 from store.opening import open_store
 from store.policy import StoreError
-from store.postgres import PostgresResponseStore, redacted
+from store.postgres import DEFAULT_CONNECT_TIMEOUT, PostgresResponseStore, connect_timeout_of, redacted
 from tests.pg import PostgresServer
 from tests.store.test_policy import SIZE, record, run_threads
 
@@ -95,6 +95,19 @@ def test_an_unknown_schema_is_refused(postgres: PostgresServer, setup: list[str]
 def test_a_server_that_cannot_be_reached_fails_to_open() -> None:
     with pytest.raises(StoreError, match="open failed"):
         store("postgresql://nobody:secret@127.0.0.1:9/none", connect_timeout=1.0)
+
+
+def test_start_up_waits_as_long_as_the_urls_connect_timeout_says(postgres: PostgresServer) -> None:
+    assert connect_timeout_of("postgresql://u@db/x") == DEFAULT_CONNECT_TIMEOUT
+    assert connect_timeout_of("postgresql://u@db/x?sslmode=disable&connect_timeout=3") == 3.0
+    # libpq's 0 is "wait forever": start-up keeps its own bound.
+    assert connect_timeout_of("postgresql://u@db/x?connect_timeout=0") == DEFAULT_CONNECT_TIMEOUT
+    assert connect_timeout_of("postgresql://u@db/x?connect_timeout=soon") == DEFAULT_CONNECT_TIMEOUT
+    # The parameter is libpq's own: a URL that carries it opens a real database as before.
+    opened = open_store(f"{postgres.new_database()}?connect_timeout=5", ttl_seconds=60.0, max_bytes=10**6)
+    opened.put(record(1))
+    assert opened.get("resp_0001") is not None
+    opened.close()
 
 
 def test_the_password_never_reaches_reports() -> None:

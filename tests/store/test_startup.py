@@ -49,7 +49,8 @@ def test_reset_keeps_a_healthy_store(tmp_path: Path) -> None:
 
 def test_a_bad_url_is_a_settings_problem_not_a_reset(tmp_path: Path) -> None:
     with pytest.raises(StartupError, match="MLX_RELAY_RESPONSE_STORE"):
-        open_response_store(Settings(response_store="postgres://db/x", reset_store=True))
+        # Refused at once (nothing listens on port 9), given up on after the URL's connect_timeout.
+        open_response_store(Settings(response_store="postgres://db@127.0.0.1:9/x?connect_timeout=1", reset_store=True))
 
 
 def test_reports_carry_no_paths() -> None:
