@@ -14,11 +14,13 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync import client as ws_client
+from websockets.sync.client import ClientConnection
 from websockets.typing import Origin
 
 from tests.conftest import Server, ServerFactory, _free_port
@@ -35,6 +37,13 @@ TERMINAL = ("response.completed", "response.incomplete", "response.failed", "err
 # Long enough that a turn run to its end is unmistakable in the token count.
 LONG = 2000
 NOTICE = 30.0
+
+
+def connect(url: str, **options: Any) -> ClientConnection:
+    """A client whose reader keeps reading (no `max_queue`). With websockets' default it stops reading once 16
+    frames wait unread, and a test that closes mid-turn without reading would never see the server's close frame:
+    its close() waited out the 10 s close_timeout whenever 16 deltas had come in first."""
+    return ws_client.connect(url, max_queue=None, **options)
 
 
 def socket_url(server: Server) -> str:
