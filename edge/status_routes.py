@@ -27,6 +27,7 @@ from fleet.host import unavailable
 from pipeline.requests import JsonObject, JsonValue
 from stages.engine.engine import Engine
 from stages.engine.speech import SpeechEngine
+from stages.remote.blas_share import BLAS_SHARE
 from wire.sse import dumps
 
 routes = Blueprint("status", __name__)
@@ -105,7 +106,9 @@ async def stats() -> Response:
         store = await store_call(current_app, lambda store: store.statistics())
         report = fleet_stats(fleet())
         blas = cast(str, current_app.extensions["blas"])
-        report.update(blas=blas, response_store=cast(JsonObject, attrs.asdict(store)))
+        report.update(
+            blas=blas, worker_blas_threads=BLAS_SHARE.describe(), response_store=cast(JsonObject, attrs.asdict(store))
+        )
         return _json(without_paths(report))
     if isinstance(speech := fleet().default.engine, SpeechEngine):
         return _json(without_paths({"model": speech.info.name, **attrs.asdict(speech.statistics())}))

@@ -38,6 +38,7 @@ from stages.engine.speech import SpeechEngine
 from stages.kv.machine import Machine, read_machine
 from stages.models.loading import release_unloaded, resolve_model
 from stages.models.whisper import speech_info_for
+from stages.remote.blas_share import BLAS_SHARE
 from stages.remote.spare import SPARES
 
 log = structlog.get_logger(stage="fleet")
@@ -82,9 +83,16 @@ class Fleet:
         if self.several:
             # Each model's load may take the spare worker (stages/remote/spare.py).
             SPARES.several = True
+            # Their workers share the cores: each gets its share of BLAS threads (stages/remote/blas_share.py).
+            BLAS_SHARE.models = len(self.specs)
             self.machine = await anyio.to_thread.run_sync(read_machine)
             self.budget = fleet_budget(self._settings, self.machine)
-            log.info("fleet.starting", models=[spec.name for spec in self.specs], budget=self.budget)
+            log.info(
+                "fleet.starting",
+                models=[spec.name for spec in self.specs],
+                budget=self.budget,
+                worker_blas_threads=BLAS_SHARE.describe(),
+            )
         async with anyio.create_task_group() as self._group:
             for host in self.hosts.values():
                 if host.spec.pinned:

@@ -27,6 +27,7 @@ import anyio.to_thread
 import attrs
 from anyio.abc import ByteStream, Process, SocketListener
 
+from stages.remote.blas_share import BLAS_SHARE
 from stages.remote.stderr_tail import StderrTail
 
 # workers/priority.py's YIELD_FLAG (the front does not import workers/).
@@ -101,7 +102,7 @@ async def start_worker(
         path = Path(folder) / "worker.sock"
         async with await anyio.create_unix_listener(path, mode=0o600) as listener:
             path_entries = filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(path_entries)}
+            env = {**os.environ, **BLAS_SHARE.environment(), "PYTHONPATH": os.pathsep.join(path_entries)}
             read_end, write_end = os.pipe()
             try:
                 process = await anyio.open_process(

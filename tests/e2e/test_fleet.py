@@ -121,6 +121,15 @@ def test_admin_routes_need_the_key_and_know_the_models(pair: Server) -> None:
     assert stats["loads"] == stats["unloads"] + 1 and stats["engine"]["submitted"] >= 1
 
 
+def test_stats_say_how_many_blas_threads_each_worker_has(pair: Server) -> None:
+    told = httpx.get(f"{pair.base_url}/stats", headers=HEADERS, timeout=10).json()["worker_blas_threads"]
+    # The suite sets one BLAS thread (tests/conftest.py), which every worker inherits as it is; without it, two
+    # models' workers share the cores (tests/stages/remote/test_blas_share.py).
+    variables = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    given = [f"{name}={os.environ[name]}" for name in variables if name in os.environ]
+    assert told == "from the environment: " + ", ".join(given)
+
+
 def test_a_load_leaves_the_other_model_s_streams_whole(pair: Server) -> None:
     """demo loads while tiny streams: every tiny stream runs to its max_tokens."""
     admin(pair, "demo", "unload", headers=HEADERS)
