@@ -165,7 +165,8 @@ def plan_weights(
         planned = fit(form=partial(_as_float32, weights_bytes=size))
     except BudgetError:
         return fit(), stored(f"float32 weights of {size / 2**30:.2f} GiB do not fit the memory budget")
-    return planned, dequantized(int(quantized["bits"]), size)
+    # The bytes this process holds: the whole model, or a rank's slice when sharded.
+    return planned, dequantized(int(quantized["bits"]), planned.model.weights_bytes, sliced=cluster is not None)
 
 
 def _as_float32(shape: ModelShape, *, weights_bytes: int) -> ModelShape:

@@ -51,11 +51,12 @@ def stored(reason: str) -> WeightForm:
     return WeightForm(float32=False, description=f"as stored ({reason})")
 
 
-def dequantized(bits: int, float32_bytes: int) -> WeightForm:
-    gib = float32_bytes / 2**30
+def dequantized(bits: int, float32_bytes: int, *, sliced: bool = False) -> WeightForm:
+    """`float32_bytes`: what this process holds (`sliced`: a sharded rank's slice of the model)."""
+    held = f"{float32_bytes / 2**30:.2f} GiB{' in this rank' if sliced else ''}"
     return WeightForm(
         float32=True,
-        description=f"float32, dequantized from {bits}-bit for the CPU backend ({gib:.2f} GiB; "
+        description=f"float32, dequantized from {bits}-bit for the CPU backend ({held}; "
         "MLX_RELAY_KEEP_QUANTIZED=1 keeps them quantized)",
     )
 
