@@ -16,7 +16,9 @@ batched/one-row ratio.
 Workloads: `copy` asks to repeat a code block (greedy; on a random-weight
 model the greedy output falls into loops, which prompt lookup copies);
 `fresh` samples at temperature 1 (nothing to copy: the cost of looking);
-`repeat` asks a real model (SmolLM2) to repeat a paragraph word for word.
+`repeat` asks a real model (SmolLM2) to repeat a paragraph word for word,
+each row ending at the model's end of turn as a server's row does (the
+rates count the tokens the rows made).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", default="1,4,16")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--k", type=int, default=4, help="tokens a row proposes at most")
+    parser.add_argument("--k", type=int, default=8, help="tokens a row proposes at most (the server's default)")
     parser.add_argument("--max-rows", type=int, default=4, help="rows above which no row speculates")
     parser.add_argument("--workload", choices=tuple(PROMPTS), default="copy")
     parser.add_argument("--ungated", action="store_true", help="speculate every step (no measured gate): the raw cost")
@@ -77,11 +79,15 @@ def main(argv: list[str] | None = None) -> None:
     one_at_a_time = args.draft is not None and args.one_at_a_time
     extra = f"  {'one-row drafts tok/s':>20}  {'batched/one-row':>15}" if one_at_a_time else ""
     print(f"{'rows':>4}  {'plain tok/s':>11}  {'spec tok/s':>10}  {'ratio':>6}  {'accepted/proposed':>17}  same{extra}")
+    # A real model's copy ends where it ends its turn, as a server's row does; a random model's rows run to
+    # --tokens (its end-of-turn token is one more near-random pick).
+    stops = [[token] for token in tokenizer.eos_token_ids] if args.workload == "repeat" else []
     for rows in (int(n) for n in args.rows.split(",")):
-        ways, counts = _ways(model, draft, prompt, rows, args)
+        ways, counts = _ways(model, draft, prompt, rows, args, stops)
         if not one_at_a_time:
             del ways["one-row drafts"]
         expected = ways["plain"]()
+        generated = sum(len(tokens) for tokens in expected)
         same = all(run() == expected for name, run in ways.items() if name != "plain")
         walls: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(args.rounds):
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                 began = time.perf_counter()
                 run()
                 walls[name].append(time.perf_counter() - began)
-        rates = {name: rows * args.tokens / statistics.median(values) for name, values in walls.items()}
+        rates = {name: generated / statistics.median(values) for name, values in walls.items()}
         rate = f"{counts.accepted}/{counts.proposed}" + (
             f" ({counts.accepted / counts.proposed:.0%})" if counts.proposed else ""
         )
@@ -112,7 +118,9 @@ def _load(name: str) -> tuple[Any, Any]:
     return load_weights(served), load_tokenizer(info)
 
 
-def _ways(model: Any, draft: Any, prompt: list[int], rows: int, args: Any) -> tuple[dict[str, Callable[[], Any]], Any]:
+def _ways(
+    model: Any, draft: Any, prompt: list[int], rows: int, args: Any, stops: list[list[int]]
+) -> tuple[dict[str, Callable[[], Any]], Any]:
     from mlx_lm.generate import BatchGenerator
 
     from pipeline.requests import Sampling
@@ -124,10 +132,10 @@ def _ways(model: Any, draft: Any, prompt: list[int], rows: int, args: Any) -> tu
 
     def batch() -> BatchGenerator:
         return BatchGenerator(
-            model, stop_tokens=[], completion_batch_size=max(rows, 1), prefill_batch_size=max(rows, 1)
+            model, stop_tokens=stops, completion_batch_size=max(rows, 1), prefill_batch_size=max(rows, 1)
         )
 
-    plain_make = single_row(batch, enabled=rows == 1, model=model, stop_tokens=[], prefill_step_size=512)
+    plain_make = single_row(batch, enabled=rows == 1, model=model, stop_tokens=stops, prefill_step_size=512)
     counts = DrafterCounts()
 
     def speculation_for(one_at_a_time: bool) -> Speculation:
@@ -152,7 +160,7 @@ def _ways(model: Any, draft: Any, prompt: list[int], rows: int, args: Any) -> tu
             speculating(batch, speculation),
             enabled=rows == 1,
             model=model,
-            stop_tokens=[],
+            stop_tokens=stops,
             prefill_step_size=512,
             speculation=speculation,
         )

@@ -66,9 +66,7 @@ class PromptLookup:
             # The latest earlier occurrence: recent text is the likeliest to be copied on.
             for start in range(length - size - 1, -1, -1):
                 if history[start] == tail[0] and list(history[start : start + size]) == tail:
-                    follow = list(history[start + size : start + size + k])
-                    if follow:
-                        return follow
+                    return _copied_on(history, length - size - start, k)
         return []
 
     def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]]) -> list[list[int]]:
@@ -76,6 +74,17 @@ class PromptLookup:
 
     def forget(self, uids: Sequence[int]) -> None:
         return None
+
+
+def _copied_on(history: Sequence[int], distance: int, k: int) -> list[int]:
+    """`k` tokens that go on copying what came `distance` tokens earlier, as an overlapping copy does: a match
+    just behind the tail (a loop of a few tokens: a repeated word, a run of spaces, a table's rule) has fewer
+    than `k` tokens after it, and the loop goes on past them."""
+    length, proposal = len(history), []
+    for position in range(length, length + k):
+        source = position - distance
+        proposal.append(history[source] if source < length else proposal[source - length])
+    return proposal
 
 
 @attrs.define

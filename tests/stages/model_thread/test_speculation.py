@@ -202,6 +202,15 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match() -> None:
     assert lookup.propose(0, [7, 8, 7], 2) == [8, 7]
 
 
+def test_prompt_lookup_goes_on_copying_a_loop_past_its_end() -> None:
+    """A match just behind the tail has fewer than k tokens after it: the copy overlaps itself, as a loop does."""
+    lookup = PromptLookup()
+    assert lookup.propose(0, [4, 5, 5, 5], 4) == [5, 5, 5, 5]
+    assert lookup.propose(0, [9, 1, 2, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
+    # Three tokens follow the match in the text, then the copy goes on from the tokens it proposed.
+    assert lookup.propose(0, [3, 1, 2, 3, 4, 5, 6, 1, 2, 3], 8) == [4, 5, 6, 1, 2, 3, 4, 5]
+
+
 def test_the_policy_adapts_k_and_turns_a_row_off() -> None:
     policy = RowPolicy(max_k=4, min_acceptance=0.5, max_rows=4)
     assert policy.budget(1, 1) == 4 and policy.budget(1, 5) == 0
