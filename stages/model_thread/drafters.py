@@ -9,9 +9,12 @@ Both propose deterministic tokens, so the target's verification
 (stages/model_thread/speculative_batch.py) keeps the output distribution
 exact.
 
-`RowPolicy` sizes each row's proposal from its acceptance: k grows after
-a fully accepted proposal and shrinks to what was accepted otherwise; a
-row whose acceptance stays low stops speculating for a while.
+`RowPolicy` sizes each row's proposal from its acceptance: k doubles after
+a fully accepted proposal (a copy that resumed is soon proposed whole:
+demo copying code 1.46-1.47x at N=1 and 1.55-1.58x at N=4 against
+1.38-1.44x and 1.35-1.51x growing by one) and shrinks to what was
+accepted and one more otherwise; a row whose acceptance stays low stops
+speculating for a while.
 Model thread only.
 """
 
@@ -125,7 +128,7 @@ class RowPolicy:
         state = self._rows.setdefault(uid, _RowState(k=self.max_k))
         state.proposed += proposed
         state.accepted += accepted
-        state.k = min(self.max_k, state.k + 1) if accepted == proposed else max(1, accepted + 1)
+        state.k = min(self.max_k, state.k * 2) if accepted == proposed else max(1, accepted + 1)
         if state.proposed >= _JUDGED_AFTER and state.accepted < self.min_acceptance * state.proposed:
             state.off_for, state.k = _COOLDOWN_STEPS, 1
 

@@ -212,9 +212,17 @@ def test_prompt_lookup_goes_on_copying_a_loop_past_its_end() -> None:
 
 
 def test_the_policy_adapts_k_and_turns_a_row_off() -> None:
-    policy = RowPolicy(max_k=4, min_acceptance=0.5, max_rows=4)
-    assert policy.budget(1, 1) == 4 and policy.budget(1, 5) == 0
-    policy.record(1, 4, 1)
+    policy = RowPolicy(max_k=8, min_acceptance=0.3, max_rows=4)
+    assert policy.budget(1, 1) == 8 and policy.budget(1, 5) == 0
+    # A miss shrinks k to what was accepted and one more; each whole acceptance doubles it back, up to max_k.
+    policy.record(1, 8, 0)
+    assert policy.budget(1, 1) == 1
+    policy.record(1, 1, 1)
+    assert policy.budget(1, 1) == 2
+    policy.record(1, 2, 2)
+    policy.record(1, 4, 4)
+    assert policy.budget(1, 1) == 8
+    policy.record(1, 8, 1)
     assert policy.budget(1, 1) == 2
     for _ in range(10):
         policy.record(1, 2, 0)
