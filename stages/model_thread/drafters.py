@@ -83,7 +83,8 @@ def _copied_on(history: Sequence[int], distance: int, k: int) -> list[int]:
     """`k` tokens that go on copying what came `distance` tokens earlier, as an overlapping copy does: a match
     just behind the tail (a loop of a few tokens: a repeated word, a run of spaces, a table's rule) has fewer
     than `k` tokens after it, and the loop goes on past them."""
-    length, proposal = len(history), []
+    length = len(history)
+    proposal: list[int] = []
     for position in range(length, length + k):
         source = position - distance
         proposal.append(history[source] if source < length else proposal[source - length])
