@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from store.policy import Clock, MemoryResponseStore, ResponseStore, StoreError
-from store.postgres import PostgresResponseStore, connect_timeout_of, is_postgres_url
+from store.postgres import PostgresResponseStore, is_postgres_url
 from store.sqlite import SqliteResponseStore
 
 
@@ -58,10 +58,7 @@ def open_store(url: str | None, *, ttl_seconds: float, max_bytes: int, clock: Cl
     """
     if is_postgres_url(url):
         assert url is not None
-        url = url.strip()
-        return PostgresResponseStore(
-            url, ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock, connect_timeout=connect_timeout_of(url)
-        )
+        return PostgresResponseStore(url.strip(), ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)
     path = store_path(url)
     if path is None:
         return MemoryResponseStore(ttl_seconds=ttl_seconds, max_bytes=max_bytes, clock=clock)

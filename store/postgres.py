@@ -115,10 +115,15 @@ class PostgresResponseStore:
     _ttl: float = attrs.field(alias="ttl_seconds")
     _max_bytes: int = attrs.field(alias="max_bytes")
     _clock: Clock = attrs.field(default=time.time, alias="clock")
-    _connect_timeout: float = attrs.field(default=DEFAULT_CONNECT_TIMEOUT, alias="connect_timeout")
+    # Start-up's wait for the database: the URL's own `connect_timeout` unless given (`connect_timeout_of`).
+    _connect_timeout: float = attrs.field(alias="connect_timeout")
     _pool: ConnectionPool[Any] | None = attrs.field(default=None, init=False)
     # The counts lock themselves: the database's own locks order everything else.
     _counts: StoreCounters = attrs.field(init=False)
+
+    @_connect_timeout.default
+    def _urls_connect_timeout(self) -> float:
+        return connect_timeout_of(self._url)
 
     @_counts.default
     def _within_limits(self) -> StoreCounters:
