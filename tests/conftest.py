@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 
+from tests import loopback
 from tests.pg import PostgresServer, Unavailable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,12 +73,23 @@ class Server:
         return f"{self.base_url}/v1"
 
     def client(self, **kwargs: object) -> openai.OpenAI:
-        client = openai.OpenAI(base_url=self.v1, api_key="unused", max_retries=0, **kwargs)  # type: ignore[arg-type]
+        client = openai.OpenAI(
+            base_url=self.v1,
+            api_key="unused",
+            max_retries=0,
+            http_client=openai.DefaultHttpxClient(verify=loopback.TLS),
+            **kwargs,  # type: ignore[arg-type]
+        )
         self.clients.append(client)
         return client
 
     def anthropic_client(self) -> anthropic.Anthropic:
-        client = anthropic.Anthropic(base_url=self.base_url, api_key="unused", max_retries=0)
+        client = anthropic.Anthropic(
+            base_url=self.base_url,
+            api_key="unused",
+            max_retries=0,
+            http_client=anthropic.DefaultHttpxClient(verify=loopback.TLS),
+        )
         self.clients.append(client)
         return client
 
@@ -135,7 +147,7 @@ def start_server(log_dir: Path, **settings: str) -> Server:
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{server.logs()}")
         try:
-            if httpx.get(f"{server.base_url}/health", timeout=1.0).status_code == 200:
+            if loopback.get(f"{server.base_url}/health", timeout=1.0).status_code == 200:
                 record_start("server", settings, time.monotonic() - started)
                 return server
         except httpx.TransportError:

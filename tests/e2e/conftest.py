@@ -10,6 +10,7 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
+from tests import loopback
 from tests.conftest import Server
 
 
@@ -54,14 +55,14 @@ def sse_events(response: httpx.Response) -> Iterator[dict[str, object] | str]:
 
 
 def stream_chunks(server: Server, path: str, body: dict[str, object]) -> list[dict[str, object] | str]:
-    with httpx.stream("POST", f"{server.v1}{path}", json={**body, "stream": True}, timeout=60) as response:
+    with loopback.stream("POST", f"{server.v1}{path}", json={**body, "stream": True}, timeout=60) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
         return list(sse_events(response))
 
 
 def stats(server: Server) -> dict[str, object]:
-    response = httpx.get(f"{server.base_url}/stats", timeout=10)
+    response = loopback.get(f"{server.base_url}/stats", timeout=10)
     response.raise_for_status()
     body: dict[str, object] = response.json()
     return body

@@ -15,8 +15,8 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
-import httpx
 
+from tests import loopback
 from tests.conftest import Server
 
 
@@ -141,7 +141,7 @@ def wait_for(
     """Poll /stats until `ready` holds; fails saying `what` did not happen."""
     deadline = time.monotonic() + timeout
     while True:
-        figures: dict[str, object] = httpx.get(f"{server.base_url}/stats", timeout=10).json()
+        figures: dict[str, object] = loopback.get(f"{server.base_url}/stats", timeout=10).json()
         if ready(figures):
             return figures
         assert time.monotonic() < deadline, f"{what} within {timeout} s: {figures['admission']} {figures['gateway']}"

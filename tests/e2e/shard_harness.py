@@ -21,6 +21,7 @@ from pathlib import Path
 import attrs
 import httpx
 
+from tests import loopback
 from tests.conftest import REPO, STARTUP_TIMEOUT, Server, _free_port, record_start
 
 
@@ -30,7 +31,7 @@ class Sharded:
     followers: list[subprocess.Popen[bytes]]
 
     def health(self) -> httpx.Response:
-        return httpx.get(f"{self.server.base_url}/health", timeout=5)
+        return loopback.get(f"{self.server.base_url}/health", timeout=5)
 
     def kill(self) -> None:
         self.server.kill()

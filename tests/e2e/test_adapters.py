@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
 import mlx_lm
 import openai
 import pytest
 from tokenizers import Tokenizer
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 pytestmark = pytest.mark.slow
@@ -212,7 +212,9 @@ def test_embeddings_and_scores_refuse_an_adapter_they_would_not_apply(lora_serve
         with pytest.raises(openai.BadRequestError) as refused:
             client.embeddings.create(model=model, input="Hi")
         assert refused.value.code == "model_not_supported" and base_id in refused.value.message
-        scored = httpx.post(f"{lora_server.v1}/score", json={"model": model, "text_1": "a", "text_2": "b"}, timeout=60)
+        scored = loopback.post(
+            f"{lora_server.v1}/score", json={"model": model, "text_1": "a", "text_2": "b"}, timeout=60
+        )
         assert scored.status_code == 400 and scored.json()["error"]["param"] == "model"
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="lora-c", input="Hi")

@@ -18,10 +18,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 CLAUDE_BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14", "context-management-2025-06-27"]
@@ -149,7 +149,7 @@ def claude_session(agent_server: Server, *, max_tokens: int = 32000) -> None:
     # The tool result's 480 characters became a short placeholder.
     assert applied["clear_tool_uses_20250919"].cleared_input_tokens > 0
     start = next(e for e in events if e.type == "message_start")
-    whole = httpx.post(
+    whole = loopback.post(
         f"{agent_server.v1}/messages/count_tokens",
         json={"model": "claude-sonnet-4-5", "system": SYSTEM, "messages": second, "tools": CLAUDE_TOOLS},
         timeout=60,
@@ -317,7 +317,7 @@ def test_count_tokens_with_context_management_reports_the_original_count(server:
     ]
     client = server.anthropic_client()
     whole = client.messages.count_tokens(model="claude-sonnet-4-5", messages=history, tools=CLAUDE_TOOLS)  # type: ignore[arg-type]
-    plain = httpx.post(
+    plain = loopback.post(
         f"{server.v1}/messages/count_tokens", json={"model": "m", "messages": history}, timeout=60
     ).json()
     # Without context management there is nothing to report.

@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 USER = [{"role": "user", "content": "Say hello."}]
@@ -24,7 +25,7 @@ def claude(server: Server) -> anthropic.Anthropic:
 def sse(server: Server, body: dict[str, object]) -> list[tuple[str, dict[str, object]]]:
     """(event name, data) pairs of a streamed Messages response."""
     pairs: list[tuple[str, dict[str, object]]] = []
-    with httpx.stream("POST", f"{server.v1}/messages", json={**body, "stream": True}, timeout=60) as response:
+    with loopback.stream("POST", f"{server.v1}/messages", json={**body, "stream": True}, timeout=60) as response:
         assert response.status_code == 200, response.read()
         name = ""
         for line in response.iter_lines():
@@ -215,14 +216,16 @@ def anthropic_error(response: httpx.Response, status: int, kind: str) -> str:
     ],
 )
 def test_bad_requests_use_anthropic_errors(server: Server, body: dict[str, object], needle: str) -> None:
-    message = anthropic_error(httpx.post(f"{server.v1}/messages", json=body, timeout=30), 400, "invalid_request_error")
+    message = anthropic_error(
+        loopback.post(f"{server.v1}/messages", json=body, timeout=30), 400, "invalid_request_error"
+    )
     assert needle in message
 
 
 def test_invalid_json_and_unknown_path(server: Server) -> None:
-    bad = httpx.post(f"{server.v1}/messages", content=b"{", headers={"content-type": "application/json"}, timeout=30)
+    bad = loopback.post(f"{server.v1}/messages", content=b"{", headers={"content-type": "application/json"}, timeout=30)
     anthropic_error(bad, 400, "invalid_request_error")
-    anthropic_error(httpx.get(f"{server.v1}/messages/nope", timeout=30), 404, "not_found_error")
+    anthropic_error(loopback.get(f"{server.v1}/messages/nope", timeout=30), 404, "not_found_error")
 
 
 def test_sdk_sees_bad_request(claude: anthropic.Anthropic) -> None:
@@ -232,7 +235,7 @@ def test_sdk_sees_bad_request(claude: anthropic.Anthropic) -> None:
 
 def test_headers_are_tolerated(server: Server) -> None:
     headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "tools-2024-04-04", "x-api-key": "k"}
-    response = httpx.post(
+    response = loopback.post(
         f"{server.v1}/messages", json={"model": "m", "max_tokens": 2, "messages": USER}, headers=headers, timeout=30
     )
     assert response.status_code == 200 and response.json()["usage"]["output_tokens"] == 2
@@ -242,9 +245,11 @@ def test_overload_is_529(server_factory: ServerFactory) -> None:
     busy = server_factory(max_batch="1", max_pending="0", admission_timeout="0")
     # Greedy, so no chance EOS ends the row that holds the only slot.
     hold = {"model": "m", "max_tokens": 1900, "messages": USER, "stream": True, **GREEDY}
-    with httpx.stream("POST", f"{busy.v1}/messages", json=hold, timeout=60) as holder:
+    with loopback.stream("POST", f"{busy.v1}/messages", json=hold, timeout=60) as holder:
         lines = holder.iter_lines()
         next(lines)
-        refused = httpx.post(f"{busy.v1}/messages", json={"model": "m", "max_tokens": 2, "messages": USER}, timeout=30)
+        refused = loopback.post(
+            f"{busy.v1}/messages", json={"model": "m", "max_tokens": 2, "messages": USER}, timeout=30
+        )
         anthropic_error(refused, 529, "overloaded_error")
         assert "retry-after" in refused.headers

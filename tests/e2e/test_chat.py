@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import httpx
 import openai
 from tokenizers import Tokenizer
 
+from tests import loopback
 from tests.conftest import Server
 from tests.e2e.conftest import stream_chunks
 
@@ -21,7 +21,7 @@ def test_non_streaming_fields(client: openai.OpenAI, server: Server) -> None:
     assert completion.id.startswith("chatcmpl-")
     assert completion.object == "chat.completion"
     assert completion.created > 0
-    assert completion.model == httpx.get(f"{server.v1}/models").json()["data"][0]["id"]
+    assert completion.model == loopback.get(f"{server.v1}/models").json()["data"][0]["id"]
     (choice,) = completion.choices
     assert choice.index == 0
     assert choice.message.role == "assistant"
@@ -232,7 +232,7 @@ def test_tool_role_message_is_accepted(client: openai.OpenAI) -> None:
 
 
 def test_request_id_header_is_echoed_and_traced(server: Server) -> None:
-    response = httpx.post(
+    response = loopback.post(
         f"{server.v1}/chat/completions",
         json={"messages": HELLO, "max_tokens": 2},
         headers={"x-request-id": "trace-abc-123"},

@@ -8,11 +8,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import openai
 import pytest
 from tokenizers import Tokenizer
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 from tests.e2e.conftest import sse_events, stats
 
@@ -24,7 +24,9 @@ def stream_text(server: Server, body: dict[str, object], barrier: threading.Barr
     if barrier is not None:
         barrier.wait(timeout=30)
     pieces, finish = [], ""
-    with httpx.stream("POST", f"{server.v1}/chat/completions", json={**body, "stream": True}, timeout=120) as response:
+    with loopback.stream(
+        "POST", f"{server.v1}/chat/completions", json={**body, "stream": True}, timeout=120
+    ) as response:
         assert response.status_code == 200, response.read()
         for event in sse_events(response):
             if isinstance(event, dict) and event["choices"]:
@@ -75,7 +77,7 @@ def test_disconnect_mid_stream_frees_the_row(server: Server, client: openai.Open
 
     before = gateway()
     body = {"messages": HELLO, "max_tokens": 1900, "stream": True, "logit_bias": no_eos}
-    with httpx.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=60) as response:
+    with loopback.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=60) as response:
         seen = 0
         for event in sse_events(response):
             seen += isinstance(event, dict)

@@ -10,6 +10,7 @@ import numpy as np
 import openai
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 EMBEDDER = "mlx-relay/shaped:qwen3-embedding-0.6b-2l"
@@ -35,7 +36,7 @@ def _vectors(response: openai.types.CreateEmbeddingResponse) -> np.ndarray:
 
 def test_both_models_are_listed_with_their_own_windows(client: openai.OpenAI, server: Server) -> None:
     assert [model.id for model in client.models.list()] == [CHAT, EMBEDDER]
-    card = httpx.get(f"{server.v1}/models/{EMBEDDER}").json()
+    card = loopback.get(f"{server.v1}/models/{EMBEDDER}").json()
     assert card["id"] == EMBEDDER and card["max_model_len"] == 32768
 
 
@@ -47,7 +48,7 @@ def test_the_request_model_chooses_which_model_embeds(client: openai.OpenAI, ser
     assert (dedicated.model, _vectors(dedicated).shape) == (EMBEDDER, (4, 1024))
     assert (chat.model, _vectors(chat).shape) == (CHAT, (4, 64))
     np.testing.assert_allclose(np.linalg.norm(_vectors(dedicated), axis=1), 1.0, rtol=1e-5)
-    unnamed = httpx.post(f"{server.v1}/embeddings", json={"input": TEXTS, "encoding_format": "float"}).json()
+    unnamed = loopback.post(f"{server.v1}/embeddings", json={"input": TEXTS, "encoding_format": "float"}).json()
     assert unnamed["model"] == EMBEDDER
     np.testing.assert_allclose(
         np.array([item["embedding"] for item in unnamed["data"]]), _vectors(dedicated), atol=1e-6
@@ -103,14 +104,14 @@ def test_rerank_with_the_embedding_model_is_cosine_similarity(client: openai.Ope
     """A sentence-transformers model scores as vLLM scores with an embedding model: the cosine of the two embeddings."""
     vectors = _vectors(client.embeddings.create(model=EMBEDDER, input=["ocean", *TEXTS[:3]]))
     expected = vectors[1:] @ vectors[0]
-    ranked = httpx.post(
+    ranked = loopback.post(
         f"{server.v1}/rerank", json={"model": EMBEDDER, "query": "ocean", "documents": TEXTS[:3]}
     ).json()
     assert ranked["model"] == EMBEDDER
     assert {r["index"]: r["relevance_score"] for r in ranked["results"]} == pytest.approx(
         dict(enumerate(expected)), abs=1e-4
     )
-    scored = httpx.post(f"{server.v1}/score", json={"model": CHAT, "text_1": "ocean", "text_2": TEXTS[:3]}).json()
+    scored = loopback.post(f"{server.v1}/score", json={"model": CHAT, "text_1": "ocean", "text_2": TEXTS[:3]}).json()
     assert scored["model"] == CHAT and all(0.0 <= item["score"] <= 1.0 for item in scored["data"])
 
 
@@ -125,7 +126,7 @@ def test_a_seeded_stream_is_unchanged_by_the_dedicated_models_work(server: Serve
         "logit_bias": no_eos,
         "logprobs": True,
     }
-    alone = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
+    alone = loopback.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
     finished: list[float] = []
     stop = threading.Event()
 
@@ -144,7 +145,7 @@ def test_a_seeded_stream_is_unchanged_by_the_dedicated_models_work(server: Serve
         while not finished:
             time.sleep(0.01)
         began = time.monotonic()
-        beside = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
+        beside = loopback.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
         ended = time.monotonic()
     finally:
         stop.set()
@@ -156,18 +157,18 @@ def test_a_seeded_stream_is_unchanged_by_the_dedicated_models_work(server: Serve
 
 def test_tokenize_and_detokenize_use_the_named_models_tokenizer(server: Server) -> None:
     """/tokenize naming the embedding model counts its tokens against its window; the chat model's otherwise."""
-    chat_window = httpx.get(f"{server.v1}/models/{CHAT}").json()["max_model_len"]
+    chat_window = loopback.get(f"{server.v1}/models/{CHAT}").json()["max_model_len"]
     text = "The tides of the ocean"
     answers = {
-        name: httpx.post(f"{server.base_url}/tokenize", json={"model": name, "prompt": text}).json()
+        name: loopback.post(f"{server.base_url}/tokenize", json={"model": name, "prompt": text}).json()
         for name in (EMBEDDER, CHAT, None)
     }
     assert answers[EMBEDDER]["max_model_len"] == 32768, answers
     assert answers[CHAT]["max_model_len"] == answers[None]["max_model_len"] == chat_window != 32768
     for name in (EMBEDDER, CHAT):
-        back = httpx.post(
+        back = loopback.post(
             f"{server.base_url}/detokenize", json={"model": name, "tokens": answers[name]["tokens"]}
         ).json()
         assert back["prompt"].strip() == text
-    unknown = httpx.post(f"{server.base_url}/tokenize", json={"model": "no-such-model", "prompt": text})
+    unknown = loopback.post(f"{server.base_url}/tokenize", json={"model": "no-such-model", "prompt": text})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"

@@ -12,6 +12,7 @@ import numpy as np
 import openai
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 TEXTS = ["hello world", "a much longer sentence about the weather and the sea", "x", "tokens and more tokens"]
@@ -33,9 +34,9 @@ def test_base64_default_and_float_give_the_same_vectors(client: openai.OpenAI) -
 
 def test_raw_base64_is_little_endian_float32(server: Server) -> None:
     body = {"input": "hello world", "encoding_format": "base64"}
-    encoded = httpx.post(f"{server.v1}/embeddings", json=body).json()["data"][0]["embedding"]
+    encoded = loopback.post(f"{server.v1}/embeddings", json=body).json()["data"][0]["embedding"]
     raw = base64.b64decode(encoded)
-    floats = httpx.post(f"{server.v1}/embeddings", json={**body, "encoding_format": "float"}).json()["data"][0][
+    floats = loopback.post(f"{server.v1}/embeddings", json={**body, "encoding_format": "float"}).json()["data"][0][
         "embedding"
     ]
     assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == pytest.approx(floats, rel=1e-6)
@@ -49,7 +50,7 @@ def test_an_input_alone_or_in_a_batch_gets_the_same_vector(client: openai.OpenAI
 
 
 def test_token_inputs_match_text_and_usage_counts_them(server: Server, client: openai.OpenAI) -> None:
-    ids = [httpx.post(f"{server.base_url}/tokenize", json={"prompt": text}).json()["tokens"] for text in TEXTS[:2]]
+    ids = [loopback.post(f"{server.base_url}/tokenize", json={"prompt": text}).json()["tokens"] for text in TEXTS[:2]]
     by_text = client.embeddings.create(model="any", input=TEXTS[:2], encoding_format="float")
     by_ids = client.embeddings.create(model="any", input=ids, encoding_format="float")
     one_list = client.embeddings.create(model="any", input=ids[0], encoding_format="float")
@@ -81,7 +82,7 @@ def test_token_inputs_match_text_and_usage_counts_them(server: Server, client: o
 def test_invalid_input_is_a_400_naming_the_field(
     server: Server, body: dict[str, object], param: str, words: str
 ) -> None:
-    response = httpx.post(f"{server.v1}/embeddings", json=body)
+    response = loopback.post(f"{server.v1}/embeddings", json=body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error"
@@ -90,16 +91,16 @@ def test_invalid_input_is_a_400_naming_the_field(
 
 def test_rerank_sorts_by_relevance_and_score_matches_it(server: Server) -> None:
     documents = ["the sea is blue", "cats sleep a lot", {"text": "waves and tides"}]
-    ranked = httpx.post(f"{server.v1}/rerank", json={"query": "ocean", "documents": documents}).json()
+    ranked = loopback.post(f"{server.v1}/rerank", json={"query": "ocean", "documents": documents}).json()
     scores = [result["relevance_score"] for result in ranked["results"]]
     assert scores == sorted(scores, reverse=True) and all(0.0 <= s <= 1.0 for s in scores)
     assert sorted(result["index"] for result in ranked["results"]) == [0, 1, 2]
     assert ranked["results"][0]["document"]["text"] in {"the sea is blue", "cats sleep a lot", "waves and tides"}
     texts = ["the sea is blue", "cats sleep a lot", "waves and tides"]
-    scored = httpx.post(f"{server.v1}/score", json={"text_1": "ocean", "text_2": texts}).json()
+    scored = loopback.post(f"{server.v1}/score", json={"text_1": "ocean", "text_2": texts}).json()
     by_index = {result["index"]: result["relevance_score"] for result in ranked["results"]}
     assert [item["score"] for item in scored["data"]] == pytest.approx([by_index[i] for i in range(3)], abs=1e-5)
-    top = httpx.post(
+    top = loopback.post(
         f"{server.base_url}/rerank", json={"query": "ocean", "documents": texts, "top_n": 1, "return_documents": False}
     ).json()
     assert top["results"] == [
@@ -108,20 +109,22 @@ def test_rerank_sorts_by_relevance_and_score_matches_it(server: Server) -> None:
 
 
 def test_score_refuses_mismatched_lists(server: Server) -> None:
-    response = httpx.post(f"{server.v1}/score", json={"text_1": ["a", "b"], "text_2": ["c", "d", "e"]})
+    response = loopback.post(f"{server.v1}/score", json={"text_1": ["a", "b"], "text_2": ["c", "d", "e"]})
     assert response.status_code == 400 and response.json()["error"]["param"] == "text_1"
 
 
 def test_tokenize_round_trips_and_counts_chats_like_count_tokens(server: Server) -> None:
-    tokens = httpx.post(f"{server.base_url}/tokenize", json={"prompt": "hello world", "return_token_strs": True}).json()
+    tokens = loopback.post(
+        f"{server.base_url}/tokenize", json={"prompt": "hello world", "return_token_strs": True}
+    ).json()
     assert tokens["count"] == len(tokens["tokens"]) and "".join(tokens["token_strs"]).endswith("hello world")
-    text = httpx.post(f"{server.base_url}/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"]
+    text = loopback.post(f"{server.base_url}/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"]
     assert text.endswith("hello world")
     messages = [{"role": "user", "content": "What is the tide?"}]
-    chat = httpx.post(f"{server.base_url}/tokenize", json={"messages": messages}).json()
-    counted = httpx.post(f"{server.v1}/messages/count_tokens", json={"model": "any", "messages": messages}).json()
+    chat = loopback.post(f"{server.base_url}/tokenize", json={"messages": messages}).json()
+    counted = loopback.post(f"{server.v1}/messages/count_tokens", json={"model": "any", "messages": messages}).json()
     assert chat["count"] == counted["input_tokens"] and chat["max_model_len"] == 2048
-    bad = httpx.post(f"{server.base_url}/detokenize", json={"tokens": [1, 10**9]})
+    bad = loopback.post(f"{server.base_url}/detokenize", json={"tokens": [1, 10**9]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
@@ -140,7 +143,7 @@ def test_a_seeded_stream_is_unchanged_by_embedding_work_between_its_steps(
         "logit_bias": no_eos,
         "logprobs": True,
     }
-    alone = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
+    alone = loopback.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
     finished: list[float] = []
     stop = threading.Event()
 
@@ -157,7 +160,7 @@ def test_a_seeded_stream_is_unchanged_by_embedding_work_between_its_steps(
         while not finished:
             time.sleep(0.01)
         began = time.monotonic()
-        beside = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
+        beside = loopback.post(f"{server.v1}/chat/completions", json=body, timeout=120).json()
         ended = time.monotonic()
     finally:
         stop.set()
@@ -174,7 +177,7 @@ def test_a_full_exclusive_queue_answers_429_and_a_client_that_leaves_is_dropped(
     statuses: list[int] = []
 
     def post() -> None:
-        statuses.append(httpx.post(f"{server.v1}/embeddings", json=big, timeout=300).status_code)
+        statuses.append(loopback.post(f"{server.v1}/embeddings", json=big, timeout=300).status_code)
 
     threads = [threading.Thread(target=post) for _ in range(4)]
     for thread in threads:
@@ -183,10 +186,10 @@ def test_a_full_exclusive_queue_answers_429_and_a_client_that_leaves_is_dropped(
         thread.join()
     assert 200 in statuses and 429 in statuses, statuses
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.v1}/embeddings", json=big, timeout=1.0)
+        loopback.post(f"{server.v1}/embeddings", json=big, timeout=1.0)
     deadline = time.monotonic() + 60
     while '"outcome": "cancelled"' not in server.logs() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert '"outcome": "cancelled"' in server.logs()
-    assert httpx.post(f"{server.v1}/embeddings", json={"input": "after"}).status_code == 200
-    assert httpx.get(f"{server.base_url}/stats").json()["exclusive"]["admission"]["in_flight"] == 0
+    assert loopback.post(f"{server.v1}/embeddings", json={"input": "after"}).status_code == 200
+    assert loopback.get(f"{server.base_url}/stats").json()["exclusive"]["admission"]["in_flight"] == 0

@@ -6,13 +6,16 @@ import httpx
 import openai
 import pytest
 
+from tests import loopback
 from tests.conftest import Server
 
 HELLO = [{"role": "user", "content": "hi"}]
 
 
 def post(server: Server, path: str, content: bytes | str) -> httpx.Response:
-    return httpx.post(f"{server.v1}{path}", content=content, headers={"content-type": "application/json"}, timeout=30)
+    return loopback.post(
+        f"{server.v1}{path}", content=content, headers={"content-type": "application/json"}, timeout=30
+    )
 
 
 def assert_openai_error(response: httpx.Response, status: int, param: str | None) -> dict[str, object]:
@@ -85,13 +88,13 @@ CHAT_CASES = [
 
 @pytest.mark.parametrize(("body", "param"), CHAT_CASES, ids=[f"{i}-{p}" for i, (_, p) in enumerate(CHAT_CASES)])
 def test_bad_chat_fields_name_the_param(server: Server, body: dict[str, object], param: str) -> None:
-    response = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=30)
+    response = loopback.post(f"{server.v1}/chat/completions", json=body, timeout=30)
     error = assert_openai_error(response, 400, param)
     assert error["type"] == "invalid_request_error"
 
 
 def test_context_overflow_has_its_code(server: Server) -> None:
-    response = httpx.post(f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 4000}, timeout=30)
+    response = loopback.post(f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 4000}, timeout=30)
     error = assert_openai_error(response, 400, "max_tokens")
     assert error["code"] == "context_length_exceeded"
     assert "2048" in str(error["message"])
@@ -109,7 +112,7 @@ TEXT_CASES = [
 
 @pytest.mark.parametrize(("body", "param"), TEXT_CASES, ids=[f"{i}-{p}" for i, (_, p) in enumerate(TEXT_CASES)])
 def test_bad_completion_fields_name_the_param(server: Server, body: dict[str, object], param: str) -> None:
-    response = httpx.post(f"{server.v1}/completions", json=body, timeout=30)
+    response = loopback.post(f"{server.v1}/completions", json=body, timeout=30)
     assert_openai_error(response, 400, param)
 
 
@@ -129,7 +132,7 @@ def test_unsupported_parameters_are_refused_by_name(
     server: Server, path: str, extra: dict[str, object], param: str
 ) -> None:
     base: dict[str, object] = {"messages": HELLO} if path == "/chat/completions" else {"prompt": "hi"}
-    response = httpx.post(f"{server.v1}{path}", json={**base, **extra}, timeout=30)
+    response = loopback.post(f"{server.v1}{path}", json={**base, **extra}, timeout=30)
     error = assert_openai_error(response, 400, param)
     assert param in str(error["message"])
 
@@ -154,20 +157,20 @@ def test_sdk_raises_bad_request_with_the_body(client: openai.OpenAI) -> None:
 
 
 def test_unknown_path_and_wrong_method_are_json(server: Server) -> None:
-    missing = httpx.get(f"{server.v1}/nope", timeout=10)
+    missing = loopback.get(f"{server.v1}/nope", timeout=10)
     assert_openai_error(missing, 404, None)
-    wrong = httpx.get(f"{server.v1}/chat/completions", timeout=10)
+    wrong = loopback.get(f"{server.v1}/chat/completions", timeout=10)
     assert_openai_error(wrong, 405, None)
-    unknown_model = httpx.get(f"{server.v1}/models/not-a-model", timeout=10)
+    unknown_model = loopback.get(f"{server.v1}/models/not-a-model", timeout=10)
     assert_openai_error(unknown_model, 404, "model")
 
 
 def test_models_lists_the_served_model_first(server: Server) -> None:
-    body = httpx.get(f"{server.v1}/models", timeout=10).json()
+    body = loopback.get(f"{server.v1}/models", timeout=10).json()
     assert body["object"] == "list"
     first = body["data"][0]
     assert first["object"] == "model" and first["context_window"] == 2048
-    assert httpx.get(f"{server.v1}/models/{first['id']}", timeout=10).json()["id"] == first["id"]
+    assert loopback.get(f"{server.v1}/models/{first['id']}", timeout=10).json()["id"] == first["id"]
 
 
 def test_server_keeps_serving_after_errors(client: openai.OpenAI, server: Server) -> None:
@@ -175,12 +178,12 @@ def test_server_keeps_serving_after_errors(client: openai.OpenAI, server: Server
         assert post(server, "/chat/completions", content).status_code == 400
     completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=3, temperature=0)  # type: ignore[arg-type]
     assert completion.usage is not None and completion.usage.completion_tokens == 3
-    assert httpx.get(f"{server.base_url}/health", timeout=10).json()["status"] == "ok"
+    assert loopback.get(f"{server.base_url}/health", timeout=10).json()["status"] == "ok"
 
 
 def test_metrics_follow_the_work(server: Server, client: openai.OpenAI) -> None:
     def generated() -> int:
-        response = httpx.get(f"{server.base_url}/metrics", timeout=10)
+        response = loopback.get(f"{server.base_url}/metrics", timeout=10)
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
         (line,) = [
             line for line in response.text.splitlines() if line.startswith("mlx_relay:gateway_generated_tokens_total{")

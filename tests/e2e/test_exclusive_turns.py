@@ -7,9 +7,9 @@ import json
 import threading
 import time
 
-import httpx
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 PHRASE = "the weather over the sea was calm and grey {} {} "
@@ -43,7 +43,7 @@ def test_a_chat_arriving_during_a_long_embeddings_job_on_an_idle_server_goes_fir
 
     def embed() -> None:
         headers = {"x-request-id": "big-job"}
-        response = httpx.post(f"{server.v1}/embeddings", json={"input": inputs}, headers=headers, timeout=600)
+        response = loopback.post(f"{server.v1}/embeddings", json={"input": inputs}, headers=headers, timeout=600)
         finished["embed"] = time.monotonic()
         statuses.append(response.status_code)
 
@@ -52,9 +52,11 @@ def test_a_chat_arriving_during_a_long_embeddings_job_on_an_idle_server_goes_fir
     try:
         # The job is running once the model thread has run a chunk of it.
         deadline = time.monotonic() + 120
-        while httpx.get(f"{server.base_url}/stats").json()["exclusive"]["chunks"] == 0 and time.monotonic() < deadline:
+        while (
+            loopback.get(f"{server.base_url}/stats").json()["exclusive"]["chunks"] == 0 and time.monotonic() < deadline
+        ):
             time.sleep(0.02)
-        chat = httpx.post(
+        chat = loopback.post(
             f"{server.v1}/chat/completions",
             json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
             headers={"x-request-id": "chat-during-job"},
@@ -73,7 +75,7 @@ def test_a_chat_arriving_during_a_long_embeddings_job_on_an_idle_server_goes_fir
 @pytest.mark.parametrize("as_ids", [True, False], ids=["token-ids", "texts"])
 def test_a_request_past_the_exclusive_token_bound_is_a_400_naming_it(server: Server, as_ids: bool) -> None:
     """Token ids are counted before anything runs; texts are tokenized and counted before the work is queued."""
-    chunks_before = httpx.get(f"{server.base_url}/stats").json()["exclusive"]["chunks"]
+    chunks_before = loopback.get(f"{server.base_url}/stats").json()["exclusive"]["chunks"]
     per_input = 1900
     count = BOUND // per_input + 1
     inputs: list[object]
@@ -81,11 +83,11 @@ def test_a_request_past_the_exclusive_token_bound_is_a_400_naming_it(server: Ser
         inputs = [[5] * per_input for _ in range(count)]
     else:
         inputs = ["".join(PHRASE.format(i, j) for j in range(per_input // 22)) for i in range(count * 2)]
-    response = httpx.post(f"{server.v1}/embeddings", json={"input": inputs}, timeout=120)
+    response = loopback.post(f"{server.v1}/embeddings", json={"input": inputs}, timeout=120)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == "max_tokens_per_request"
     assert error["param"] == "input" and f"max {BOUND} tokens per request" in error["message"]
     assert "MLX_RELAY_EXCLUSIVE_MAX_TOKENS" in error["message"]
-    assert httpx.get(f"{server.base_url}/stats").json()["exclusive"]["chunks"] == chunks_before
-    assert httpx.post(f"{server.v1}/embeddings", json={"input": inputs[:2]}, timeout=120).status_code == 200
+    assert loopback.get(f"{server.base_url}/stats").json()["exclusive"]["chunks"] == chunks_before
+    assert loopback.post(f"{server.v1}/embeddings", json={"input": inputs[:2]}, timeout=120).status_code == 200

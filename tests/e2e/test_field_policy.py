@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import jsonschema
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 pytestmark = pytest.mark.slow
@@ -34,16 +34,18 @@ def strict_server(server_factory: ServerFactory) -> Server:
 @pytest.mark.parametrize("path", sorted(BODIES))
 def test_unknown_fields_are_served_and_named_in_a_header(server: Server, path: str) -> None:
     body = {"model": "m", **BODIES[path], "bogus_field": 1, "another_one": {"x": 1}, "user": "u"}
-    response = httpx.post(server.base_url + path, json=body, timeout=60)
+    response = loopback.post(server.base_url + path, json=body, timeout=60)
     assert response.status_code == 200, response.text
     assert response.headers[HEADER] == "another_one, bogus_field"
-    known = httpx.post(server.base_url + path, json={"model": "m", **BODIES[path]}, timeout=60)
+    known = loopback.post(server.base_url + path, json={"model": "m", **BODIES[path]}, timeout=60)
     assert known.status_code == 200 and HEADER not in known.headers
 
 
 def test_unknown_fields_are_logged_once_per_request(server: Server) -> None:
     body = {"model": "m", **BODIES["/v1/chat/completions"], "logged_field_a7": True}
-    with httpx.stream("POST", f"{server.v1}/chat/completions", json={**body, "stream": True}, timeout=60) as response:
+    with loopback.stream(
+        "POST", f"{server.v1}/chat/completions", json={**body, "stream": True}, timeout=60
+    ) as response:
         assert response.headers[HEADER] == "logged_field_a7"
         response.read()
     lines = [line for line in server.logs().splitlines() if "logged_field_a7" in line]
@@ -52,7 +54,7 @@ def test_unknown_fields_are_logged_once_per_request(server: Server) -> None:
 
 @pytest.mark.parametrize("path", sorted(BODIES))
 def test_strict_mode_refuses_unknown_fields_by_name(strict_server: Server, path: str) -> None:
-    response = httpx.post(
+    response = loopback.post(
         strict_server.base_url + path, json={"model": "m", **BODIES[path], "bogus_field": 1}, timeout=60
     )
     assert response.status_code == 400, response.text
@@ -63,7 +65,7 @@ def test_strict_mode_refuses_unknown_fields_by_name(strict_server: Server, path:
     else:
         assert error["param"] == "bogus_field"
     assert (
-        httpx.post(
+        loopback.post(
             strict_server.base_url + path, json={"model": "m", **BODIES[path], "user": "u"}, timeout=60
         ).status_code
         == 200
@@ -82,7 +84,7 @@ def test_output_format_beta_field_constrains_the_answer(server: Server) -> None:
     output_format = {"type": "json_schema", "schema": ANSWER}
     body = {"model": "m", "messages": USER, "max_tokens": 60, "output_format": output_format}
     for _ in range(3):
-        response = httpx.post(f"{server.base_url}/v1/messages", json=body, timeout=60)
+        response = loopback.post(f"{server.base_url}/v1/messages", json=body, timeout=60)
         assert response.status_code == 200, response.text
         assert HEADER not in response.headers
         [block] = response.json()["content"]

@@ -26,6 +26,7 @@ import httpx
 import openai
 import pytest
 
+from tests import loopback
 from tests.conftest import REPO, STARTUP_TIMEOUT, Server, ServerFactory, _free_port
 
 pytestmark = pytest.mark.slow
@@ -47,14 +48,14 @@ def chat(client: openai.OpenAI, model: str, **extra: object) -> openai.types.cha
 
 
 def models(server: Server) -> dict[str, dict[str, object]]:
-    listed = httpx.get(f"{server.v1}/models", headers=HEADERS, timeout=10).json()["data"]
+    listed = loopback.get(f"{server.v1}/models", headers=HEADERS, timeout=10).json()["data"]
     return {card["id"]: card for card in listed}
 
 
 def admin(server: Server, name: str, action: str, **kwargs: object) -> httpx.Response:
     # The edge takes JSON bodies only: an admin call sends an empty object.
     url = f"{server.base_url}/admin/models/{name}/{action}"
-    return httpx.post(url, json={}, timeout=60, **kwargs)  # type: ignore[arg-type]
+    return loopback.post(url, json={}, timeout=60, **kwargs)  # type: ignore[arg-type]
 
 
 def test_two_models_are_chosen_by_model_in_every_api(pair: Server) -> None:
@@ -69,7 +70,7 @@ def test_two_models_are_chosen_by_model_in_every_api(pair: Server) -> None:
     assert claude.messages.count_tokens(model="demo", messages=[{"role": "user", "content": "Hi"}]).input_tokens > 0
     assert client.embeddings.create(model="demo", input="Hi").model == "demo"
     windows = {
-        name: httpx.post(
+        name: loopback.post(
             f"{pair.base_url}/tokenize", json={"model": name, "prompt": "Hi"}, headers=HEADERS, timeout=10
         ).json()["max_model_len"]
         for name in ("tiny", "demo")
@@ -99,15 +100,16 @@ def test_an_unknown_model_is_a_404_in_each_api_s_shape(pair: Server) -> None:
         ("/tokenize", {"model": "x", "prompt": "Hi"}),
         ("/v1/score", {"model": "x", "text_1": "a", "text_2": "b"}),
     ):
-        assert httpx.post(f"{pair.base_url}{path}", json=body, headers=HEADERS, timeout=10).status_code == 404
-    assert httpx.get(f"{pair.v1}/models/gpt-4o", headers=HEADERS, timeout=10).status_code == 404
+        assert loopback.post(f"{pair.base_url}{path}", json=body, headers=HEADERS, timeout=10).status_code == 404
+    assert loopback.get(f"{pair.v1}/models/gpt-4o", headers=HEADERS, timeout=10).status_code == 404
 
 
 def test_admin_routes_need_the_key_and_know_the_models(pair: Server) -> None:
     assert admin(pair, "demo", "load").status_code == 401
     assert admin(pair, "gpt-4o", "load", headers=HEADERS).json()["error"]["code"] == "model_not_found"
     assert (
-        httpx.post(f"{pair.base_url}/admin/models/demo/reboot", json={}, headers=HEADERS, timeout=10).status_code == 404
+        loopback.post(f"{pair.base_url}/admin/models/demo/reboot", json={}, headers=HEADERS, timeout=10).status_code
+        == 404
     )
     assert admin(pair, "demo", "unload", headers=HEADERS).json()["state"] == "unloaded"
     assert models(pair)["mlx-relay/demo"]["state"] == "unloaded"
@@ -115,14 +117,14 @@ def test_admin_routes_need_the_key_and_know_the_models(pair: Server) -> None:
     assert admin(pair, "demo", "drain", headers=HEADERS).json()["state"] == "unloaded"
     # Unloaded is not gone: the next request loads it again.
     assert chat(pair.client(), "demo").model == "demo"
-    health = httpx.get(f"{pair.base_url}/health", timeout=10).json()
+    health = loopback.get(f"{pair.base_url}/health", timeout=10).json()
     assert health["status"] == "ok" and health["models"]["mlx-relay/demo"]["state"] == "ready"
-    stats = httpx.get(f"{pair.base_url}/stats", headers=HEADERS, timeout=10).json()["models"]["mlx-relay/demo"]
+    stats = loopback.get(f"{pair.base_url}/stats", headers=HEADERS, timeout=10).json()["models"]["mlx-relay/demo"]
     assert stats["loads"] == stats["unloads"] + 1 and stats["engine"]["submitted"] >= 1
 
 
 def test_stats_say_how_many_blas_threads_each_worker_has(pair: Server) -> None:
-    told = httpx.get(f"{pair.base_url}/stats", headers=HEADERS, timeout=10).json()["worker_blas_threads"]
+    told = loopback.get(f"{pair.base_url}/stats", headers=HEADERS, timeout=10).json()["worker_blas_threads"]
     # The suite sets one BLAS thread (tests/conftest.py), which every worker inherits as it is; without it, two
     # models' workers share the cores (tests/stages/remote/test_blas_share.py).
     variables = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -232,7 +234,7 @@ def test_a_third_model_evicts_the_least_recently_used_and_ttl_unloads(trio: Serv
     }
     assert chat(client, "gamma").model == "gamma"
     assert states(trio)["gamma"] == "ready"
-    gamma = httpx.get(f"{trio.base_url}/stats", timeout=10).json()["models"]["gamma"]
+    gamma = loopback.get(f"{trio.base_url}/stats", timeout=10).json()["models"]["gamma"]
     assert (gamma["loads"], gamma["unloads"]) == (2, 1)
 
 
@@ -257,7 +259,7 @@ def test_defaults_from_the_file_and_the_generation_config_and_the_request_wins(t
     assert asked is not None and asked.completion_tokens == 3
     gamma = models(trio)["gamma"]
     assert gamma["defaults"] == {"temperature": 0.0, "max_tokens": 4}
-    fit = httpx.get(f"{trio.base_url}/fit", params={"model": "beta"}, timeout=30).json()
+    fit = loopback.get(f"{trio.base_url}/fit", params={"model": "beta"}, timeout=30).json()
     assert fit["footprint"]["bytes"] == 40 * MiB and fit["budget_bytes"] == 100 * MiB
 
 
@@ -299,7 +301,7 @@ def test_mlx_relay_serve_with_a_repeated_model_serves_both(tmp_path: Path) -> No
         while not _healthy(f"{base}/health"):
             assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
             time.sleep(0.2)
-        listed = {card["id"] for card in httpx.get(f"{base}/v1/models", timeout=10).json()["data"]}
+        listed = {card["id"] for card in loopback.get(f"{base}/v1/models", timeout=10).json()["data"]}
         assert {"mlx-relay/tiny", "mlx-relay/demo"} <= listed
         with openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0) as client:
             assert [chat(client, name).model for name in ("tiny", "demo")] == ["tiny", "demo"]
@@ -311,7 +313,7 @@ def test_mlx_relay_serve_with_a_repeated_model_serves_both(tmp_path: Path) -> No
 
 def _healthy(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1).status_code == 200
+        return loopback.get(url, timeout=1).status_code == 200
     except httpx.TransportError:
         return False
 

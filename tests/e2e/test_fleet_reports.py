@@ -21,6 +21,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ def pair(server_factory: ServerFactory) -> Server:
 
 def scrape(server: Server) -> dict[tuple[str, str], float]:
     """Every sample by (name, model_name); samples with other labels are left out."""
-    text = httpx.get(f"{server.base_url}/metrics", headers=HEADERS, timeout=10).text
+    text = loopback.get(f"{server.base_url}/metrics", headers=HEADERS, timeout=10).text
     return {
         (sample.name, sample.labels.get("model_name", "")): sample.value
         for family in text_string_to_metric_families(text)
@@ -76,14 +77,14 @@ def test_metrics_label_each_model_s_series_with_its_name(pair: Server) -> None:
 def test_loads_have_an_entry_per_loaded_model_and_answer_for_one(pair: Server) -> None:
     generate(pair, "tiny", 1)
     generate(pair, "demo", 1)
-    body = httpx.get(f"{pair.base_url}/v1/loads", headers=HEADERS, timeout=10).json()
+    body = loopback.get(f"{pair.base_url}/v1/loads", headers=HEADERS, timeout=10).json()
     assert body["dp_rank_count"] == 2
     assert [(load["dp_rank"], load["model"]) for load in body["loads"]] == [(0, TINY), (1, DEMO)]
     assert all(load["max_total_num_tokens"] > 0 and load["num_running_reqs"] == 0 for load in body["loads"])
-    one = httpx.get(f"{pair.base_url}/v1/loads", params={"model": "demo"}, headers=HEADERS, timeout=10).json()
+    one = loopback.get(f"{pair.base_url}/v1/loads", params={"model": "demo"}, headers=HEADERS, timeout=10).json()
     ((load),) = one["loads"]
     assert load["model"] == DEMO and one["dp_rank_count"] == 1
-    unknown = httpx.get(f"{pair.base_url}/v1/loads", params={"model": "nope"}, headers=HEADERS, timeout=10)
+    unknown = loopback.get(f"{pair.base_url}/v1/loads", params={"model": "nope"}, headers=HEADERS, timeout=10)
     assert unknown.status_code == 404
 
 
@@ -102,12 +103,12 @@ def refusing(server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFac
 
 def test_a_model_its_worker_refuses_fails_alone_with_the_reason(refusing: Server) -> None:
     server = refusing
-    health = httpx.get(f"{server.base_url}/health", timeout=10)
+    health = loopback.get(f"{server.base_url}/health", timeout=10)
     assert health.status_code == 200
     reported = health.json()["models"]
     assert reported["tiny"]["state"] == "failed" and GROUP_SIZE_REFUSAL in reported["tiny"]["error"]
     assert reported["demo"]["state"] == "ready"
-    cards = {card["id"]: card for card in httpx.get(f"{server.v1}/models", timeout=10).json()["data"]}
+    cards = {card["id"]: card for card in loopback.get(f"{server.v1}/models", timeout=10).json()["data"]}
     assert cards["tiny"]["state"] == "failed" and GROUP_SIZE_REFUSAL in cards["tiny"]["error"]
     client = server.client()
     assert client.completions.create(model="demo", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
@@ -116,7 +117,7 @@ def test_a_model_its_worker_refuses_fails_alone_with_the_reason(refusing: Server
             client.completions.create(model="tiny", prompt="Hi", max_tokens=2)
         assert refused.value.status_code == 503 and GROUP_SIZE_REFUSAL in refused.value.message
     # The refusal is the model's answer: no request starts another worker to be refused again.
-    assert httpx.get(f"{server.base_url}/stats", timeout=10).json()["models"]["tiny"]["loads"] == 1
+    assert loopback.get(f"{server.base_url}/stats", timeout=10).json()["models"]["tiny"]["loads"] == 1
 
 
 def test_the_one_model_s_refusal_is_in_the_front_s_own_log(server_factory: ServerFactory) -> None:
@@ -197,22 +198,22 @@ def test_a_worker_that_dies_before_it_connects_is_named_by_what_it_printed(refus
     lines = [line for line in server.logs().splitlines() if '"worker.exited"' in line and f"{started[0]}" in line]
     assert lines and "Segmentation fault" in lines[0], lines
     # Its next start would die alike: requests do not start worker after worker; an operator's load does.
-    loads = httpx.get(f"{server.base_url}/stats", timeout=10).json()["models"]["demo"]["loads"]
+    loads = loopback.get(f"{server.base_url}/stats", timeout=10).json()["models"]["demo"]["loads"]
     with pytest.raises(openai.APIStatusError) as again:
         server.client().completions.create(model="demo", prompt="Hi", max_tokens=2)
     assert again.value.status_code == 503 and "SIGSEGV" in again.value.message
-    assert httpx.get(f"{server.base_url}/stats", timeout=10).json()["models"]["demo"]["loads"] == loads
+    assert loopback.get(f"{server.base_url}/stats", timeout=10).json()["models"]["demo"]["loads"] == loads
     assert admin(server, "demo", "load").json()["state"] == "ready"
     assert server.client().completions.create(model="demo", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
 
 
 def admin(server: Server, name: str, action: str) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/admin/models/{name}/{action}", json={}, timeout=120)
+    return loopback.post(f"{server.base_url}/admin/models/{name}/{action}", json={}, timeout=120)
 
 
 def model_error(server: Server) -> str:
-    health = httpx.get(f"{server.base_url}/health", timeout=10).json()["models"]["demo"]
-    card = {card["id"]: card for card in httpx.get(f"{server.v1}/models", timeout=10).json()["data"]}["demo"]
+    health = loopback.get(f"{server.base_url}/health", timeout=10).json()["models"]["demo"]
+    card = {card["id"]: card for card in loopback.get(f"{server.v1}/models", timeout=10).json()["data"]}["demo"]
     assert health["state"] == card["state"] == "failed"
     assert health["error"] == card["error"]
     return str(health["error"])

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
+from tests import loopback
 from tests.conftest import Server
 
 HELLO = [{"role": "user", "content": "hi"}]
@@ -40,7 +40,7 @@ def test_a_grammar_past_a_limit_is_a_400_naming_field_and_limit(
     server: Server, extra: dict[str, object], param: str, limit: str
 ) -> None:
     body = {"model": "m", "messages": HELLO, "max_tokens": 8, **extra}
-    response = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=60)
+    response = loopback.post(f"{server.v1}/chat/completions", json=body, timeout=60)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"].startswith(param) and error["code"] == "invalid_grammar", error
@@ -50,7 +50,7 @@ def test_a_grammar_past_a_limit_is_a_400_naming_field_and_limit(
 def test_llguidance_speaks_through_the_structured_log(server: Server) -> None:
     """Its warnings no longer reach stderr as bare lines; the refusal is a structured event."""
     body = {"model": "m", "messages": HELLO, "max_tokens": 8, "guided_regex": "a{1000000}"}
-    assert httpx.post(f"{server.v1}/chat/completions", json=body, timeout=60).status_code == 400
+    assert loopback.post(f"{server.v1}/chat/completions", json=body, timeout=60).status_code == 400
     logs = server.logs()
     assert "constraint.refused" in logs
     assert not [line for line in logs.splitlines() if line.startswith("Warning: ")]
@@ -58,7 +58,7 @@ def test_llguidance_speaks_through_the_structured_log(server: Server) -> None:
 
 def test_a_grammar_within_the_limits_still_holds(server: Server) -> None:
     body = {"model": "m", "messages": HELLO, "max_tokens": 12, "guided_regex": "(yes|no) [0-9]{3}"}
-    response = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=60)
+    response = loopback.post(f"{server.v1}/chat/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     choice = response.json()["choices"][0]
     assert choice["message"]["content"] in {f"{w} {n:03d}" for w in ("yes", "no") for n in range(1000)}

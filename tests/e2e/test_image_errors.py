@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 import pytest
 from PIL import Image
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 from tests.e2e.conftest import stats
 from tests.e2e.images import MAX_IMAGES, b64, data_url, encoded, image_server, picture
@@ -108,7 +108,7 @@ def test_responses_names_the_bad_input_image(vl: Server, part: dict[str, Any], p
 
 def test_completions_refuse_images_by_name(vl: Server) -> None:
     body = {"model": "m", "prompt": "Look:", "max_tokens": 2, "multi_modal_data": {"image": data_url(BOMB)}}
-    response = httpx.post(f"{vl.v1}/completions", json=body, timeout=30)
+    response = loopback.post(f"{vl.v1}/completions", json=body, timeout=30)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "multi_modal_data"
 

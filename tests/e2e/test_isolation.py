@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 DEEP = "[" * 1000
@@ -22,11 +23,13 @@ ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/respon
 
 def post(server: Server, path: str, body: object | str) -> httpx.Response:
     content = body if isinstance(body, str) else json.dumps(body)
-    return httpx.post(server.base_url + path, content=content, headers={"content-type": "application/json"}, timeout=60)
+    return loopback.post(
+        server.base_url + path, content=content, headers={"content-type": "application/json"}, timeout=60
+    )
 
 
 def assert_still_serving(server: Server) -> None:
-    assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200
+    assert loopback.get(f"{server.base_url}/health", timeout=10).status_code == 200
     response = post(server, "/v1/chat/completions", {"model": "m", "messages": HELLO, "max_tokens": 2})
     assert response.status_code == 200, response.text
 
@@ -121,7 +124,7 @@ def test_the_disk_tier_folder_replaced_by_a_file_fails_spills_quietly(
         prompt = f"conversation {index} " * 20
         response = post(server, "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 2})
         assert response.status_code == 200, response.text
-    disk = httpx.get(f"{server.base_url}/stats", timeout=10).json()["prompt_cache"]["disk"]
+    disk = loopback.get(f"{server.base_url}/stats", timeout=10).json()["prompt_cache"]["disk"]
     assert disk["spill_errors"] >= 1
     assert_still_serving(server)
 

@@ -8,9 +8,9 @@ before the first token.
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 PROMPT = "word " * 700
@@ -22,7 +22,7 @@ def slow_server(server_factory: ServerFactory) -> Server:
 
 
 def lines(server: Server, path: str, body: dict[str, object]) -> list[str]:
-    with httpx.stream("POST", f"{server.v1}{path}", json={**body, "stream": True}, timeout=120) as response:
+    with loopback.stream("POST", f"{server.v1}{path}", json={**body, "stream": True}, timeout=120) as response:
         assert response.status_code == 200, response.read()
         return list(response.iter_lines())
 

@@ -18,13 +18,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 
 from stages.kv.machine import read_machine
 from stages.kv.plan import budget_for as plan_budget_for
 from stages.kv.shape import ModelShape, read_model_shape
 from stages.models.loading import resolve_model
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 from tests.e2e.conftest import stats
 from tests.e2e.test_concurrency import stream_text
@@ -91,7 +91,7 @@ def test_sixteen_streams_on_a_qwen3_shaped_model_under_twelve_gib(server_factory
 
     ensure_shaped_model("qwen3-0.6b-2l")
     server = server_factory(model="shaped:qwen3-0.6b-2l", memory_budget=str(12 << 30))
-    fit = httpx.get(f"{server.base_url}/fit", timeout=10).json()
+    fit = loopback.get(f"{server.base_url}/fit", timeout=10).json()
     assert fit["memory"]["max_safe_context"] == 40960
     assert_sixteen_start_together(server)
 
@@ -102,7 +102,7 @@ def assert_sixteen_start_together(server: Server) -> None:
     def stream(body: dict[str, object]) -> int:
         started.wait(timeout=30)
         chunks = 0
-        with httpx.stream(
+        with loopback.stream(
             "POST", f"{server.v1}/chat/completions", json={**body, "stream": True}, timeout=300
         ) as response:
             for _ in response.iter_lines():
@@ -147,7 +147,7 @@ def test_a_budget_too_small_for_sixteen_growing_rows_preempts_and_resumes_them(
     tight = server_factory(
         memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(400))), prompt_cache_bytes=str(PROMPT_CACHE)
     )
-    fit = httpx.get(f"{tight.base_url}/fit", timeout=10).json()
+    fit = loopback.get(f"{tight.base_url}/fit", timeout=10).json()
     assert fit["memory"]["max_safe_context"] == info.context_window
     assert fit["memory"]["transient"]["backend"] == fit["machine"]["backend"]
     pressed, most = run_all(tight, ROW_TOKENS)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import httpx
 import pytest
 
 from pipeline.settings import Settings
@@ -24,6 +23,7 @@ from stages.kv.machine import read_machine
 from stages.kv.plan import budget_for
 from stages.kv.shape import KvScheme, read_model_shape
 from stages.models.loading import resolve_model
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 from tests.e2e.conftest import stats
 from tests.e2e.test_concurrency import stream_text
@@ -40,7 +40,7 @@ def story(name: str, words: int = 150) -> list[dict[str, str]]:
 
 def chat(server: Server, messages: list[dict[str, str]], **extra: Any) -> dict[str, Any]:
     body = {"model": "demo", "messages": messages, "max_tokens": 12, "temperature": 0, **extra}
-    response = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120)
+    response = loopback.post(f"{server.v1}/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     reply: dict[str, Any] = response.json()
     return reply
@@ -61,7 +61,7 @@ def quantized(server_factory: ServerFactory) -> Server:
 
 
 def test_fit_and_stats_name_the_scheme_and_price_it(full: Server, quantized: Server) -> None:
-    plain, q8 = (httpx.get(f"{server.base_url}/fit", timeout=10).json() for server in (full, quantized))
+    plain, q8 = (loopback.get(f"{server.base_url}/fit", timeout=10).json() for server in (full, quantized))
     assert plain["kv_scheme"] == "full" and q8["kv_scheme"] == "q8g64"
     assert q8["model"]["kv_scheme"] == {"bits": 8, "group_size": 64}
     # demo: 8 layers x 4 KV heads x 64 dims, float32; 8 bits and a float32 scale and bias per 64 values.
@@ -231,7 +231,7 @@ def test_eight_bit_kv_through_fit_on_a_qwen3_shaped_model_under_twelve_gib(serve
     ensure_shaped_model("qwen3-0.6b")
     stored = {"model": "shaped:qwen3-0.6b", "memory_budget": str(12 << 30), "keep_quantized": "1"}
     fits = {
-        bits: httpx.get(f"{server_factory(**stored, **extra).base_url}/fit", timeout=30).json()
+        bits: loopback.get(f"{server_factory(**stored, **extra).base_url}/fit", timeout=30).json()
         for bits, extra in (("full", {}), ("8", {"kv_bits": "8"}))
     }
     assert fits["full"]["memory"]["kv_bytes_per_token"] == 28 * 8 * 128 * 2 * 2  # layers, KV heads, dims, K+V, bf16

@@ -8,6 +8,7 @@ import time
 import httpx
 import pytest
 
+from tests import loopback
 from tests.conftest import ServerFactory
 from tests.e2e.conftest import sse_events
 
@@ -17,11 +18,11 @@ HELLO = [{"role": "user", "content": "hi"}]
 def test_full_queue_answers_429_with_retry_after(server_factory: ServerFactory, no_eos: dict[str, int]) -> None:
     server = server_factory(max_batch="1", max_pending="0", admission_timeout="0", retry_after="3")
     body = {"messages": HELLO, "max_tokens": 1900, "stream": True, "logit_bias": no_eos}
-    with httpx.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=60) as holder:
+    with loopback.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=60) as holder:
         # Keep the generator: dropping it would close the stream, and with it the row.
         held = sse_events(holder)
         next(held)
-        refused = httpx.post(
+        refused = loopback.post(
             f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 2, "temperature": 0}, timeout=30
         )
         assert refused.status_code == 429
@@ -31,7 +32,7 @@ def test_full_queue_answers_429_with_retry_after(server_factory: ServerFactory, 
         assert error["message"]
     deadline = time.monotonic() + 10
     while True:
-        answer = httpx.post(
+        answer = loopback.post(
             f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 2, "temperature": 0}, timeout=30
         )
         if answer.status_code == 200:
@@ -39,7 +40,7 @@ def test_full_queue_answers_429_with_retry_after(server_factory: ServerFactory, 
         assert answer.status_code == 429 and time.monotonic() < deadline
         time.sleep(0.1)
     assert answer.json()["usage"]["completion_tokens"] == 2
-    assert httpx.get(f"{server.base_url}/stats", timeout=10).json()["admission"]["refused"] >= 1
+    assert loopback.get(f"{server.base_url}/stats", timeout=10).json()["admission"]["refused"] >= 1
 
 
 def test_shutdown_lets_the_stream_in_flight_finish(server_factory: ServerFactory, no_eos: dict[str, int]) -> None:
@@ -52,7 +53,7 @@ def test_shutdown_lets_the_stream_in_flight_finish(server_factory: ServerFactory
         "logit_bias": no_eos,
     }
     events: list[object] = []
-    with httpx.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=120) as response:
+    with loopback.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=120) as response:
         stream = sse_events(response)
         events.append(next(stream))
         events.append(next(stream))
@@ -61,7 +62,7 @@ def test_shutdown_lets_the_stream_in_flight_finish(server_factory: ServerFactory
         time.sleep(0.3)
         # New work is turned away while the stream drains: refused or 503.
         with pytest.raises(httpx.TransportError):
-            late = httpx.post(f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 2}, timeout=5)
+            late = loopback.post(f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 2}, timeout=5)
             assert late.status_code == 503, late.text
             raise httpx.ConnectError("answered 503")
         events.extend(stream)

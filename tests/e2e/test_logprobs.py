@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-import httpx
 import openai
 import pytest
 
+from tests import loopback
 from tests.conftest import Server
 from tests.e2e.conftest import stream_chunks
 
@@ -116,5 +116,5 @@ def test_completions_legacy_shape(client: openai.OpenAI, server: Server) -> None
     ],
 )
 def test_bad_logprobs_fields(server: Server, body: dict[str, object], param: str) -> None:
-    response = httpx.post(f"{server.v1}/chat/completions", json={"messages": HELLO, **body}, timeout=30)
+    response = loopback.post(f"{server.v1}/chat/completions", json={"messages": HELLO, **body}, timeout=30)
     assert response.status_code == 400 and response.json()["error"]["param"] == param

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 from wire.metrics import COUNTERS, READ_PATHS
 
@@ -16,7 +16,7 @@ HELLO = [{"role": "user", "content": "Hello"}]
 
 def scrape(server: Server) -> dict[str, float]:
     """Every sample, keyed by name and sorted labels (model_name left out: the one model)."""
-    response = httpx.get(f"{server.base_url}/metrics", timeout=10)
+    response = loopback.get(f"{server.base_url}/metrics", timeout=10)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     samples: dict[str, float] = {}
     for family in text_string_to_metric_families(response.text):
@@ -49,7 +49,7 @@ def test_a_request_moves_vllms_metrics(server: Server, client: openai.OpenAI) ->
 
 def test_loads_answer_in_the_shape_smg_polls(server: Server, client: openai.OpenAI) -> None:
     client.chat.completions.create(model="m", messages=HELLO, max_tokens=2, temperature=0)  # type: ignore[arg-type]
-    response = httpx.get(f"{server.base_url}/v1/loads", params={"include": "core,disagg,queues,memory"}, timeout=10)
+    response = loopback.get(f"{server.base_url}/v1/loads", params={"include": "core,disagg,queues,memory"}, timeout=10)
     assert response.status_code == 200
     body = response.json()
     assert body["dp_rank_count"] == 1 and isinstance(body["timestamp"], str)
@@ -65,7 +65,7 @@ def test_every_stats_path_the_metrics_read_is_in_a_real_snapshot(server_factory:
     server = server_factory(cache_dir=str(tmp_path / "cache"), response_store=f"sqlite:///{tmp_path / 'store.db'}")
     client = server.client()
     client.responses.create(model="m", input="Hello", max_output_tokens=2)
-    snapshot = httpx.get(f"{server.base_url}/stats", timeout=10).json()
+    snapshot = loopback.get(f"{server.base_url}/stats", timeout=10).json()
     paths = [tuple(dotted.split(".")) for dotted in COUNTERS] + list(READ_PATHS)
     missing = [".".join(path) for path in paths if not _is_number(_at(snapshot, path))]
     assert not missing, f"/stats has no number at {missing}"

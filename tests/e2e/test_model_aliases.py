@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 HELLO = [{"role": "user", "content": "Hi"}]
@@ -48,7 +48,7 @@ def test_embeddings_rerank_and_score_are_answered_under_the_alias_asked_by(alias
         ("score", {"text_1": "sea", "text_2": "ocean"}),
     ):
         for model, answered in (("qwen2.5-coder:7b", "qwen2.5-coder:7b"), ("anything", "served")):
-            reply = httpx.post(f"{aliased.v1}/{path}", json={"model": model, **body}, timeout=60)
+            reply = loopback.post(f"{aliased.v1}/{path}", json={"model": model, **body}, timeout=60)
             assert reply.status_code == 200 and reply.json()["model"] == answered
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 import pytest
 
+from tests import loopback
 from tests.conftest import Server
 from tests.e2e.conftest import stream_chunks
 from tests.openai_schema import assert_valid, assert_valid_event, completion_chunk_as_body
@@ -29,7 +29,7 @@ TEXT_FORMAT = {"format": {"type": "json_schema", "name": "w", "schema": WEATHER,
 
 
 def post(server: Server, path: str, body: dict[str, Any], status: int = 200) -> Any:
-    response = httpx.post(f"{server.v1}{path}", json={"model": "m", **body}, timeout=60)
+    response = loopback.post(f"{server.v1}{path}", json={"model": "m", **body}, timeout=60)
     assert response.status_code == status, response.text
     return response.json()
 
@@ -82,9 +82,9 @@ def test_responses_body_events_stored_response_and_input_items(server: Server, c
     body = RESPONSES_BODIES[case]
     response = post(server, "/responses", body)
     assert_valid("Response", response)
-    stored = httpx.get(f"{server.v1}/responses/{response['id']}", timeout=30).json()
+    stored = loopback.get(f"{server.v1}/responses/{response['id']}", timeout=30).json()
     assert_valid("Response", stored)
-    items = httpx.get(f"{server.v1}/responses/{response['id']}/input_items", timeout=30).json()
+    items = loopback.get(f"{server.v1}/responses/{response['id']}/input_items", timeout=30).json()
     assert_valid("ResponseItemList", items)
     events = [event for event in stream_chunks(server, "/responses", {"model": "m", **body}) if isinstance(event, dict)]
     assert events[0]["type"] == "response.created" and events[-1]["type"] in (
@@ -98,7 +98,7 @@ def test_responses_body_events_stored_response_and_input_items(server: Server, c
 
 def test_input_items_echo_message_text_as_parts(server: Server) -> None:
     response = post(server, "/responses", {"input": "Hello", "max_output_tokens": 2})
-    items = httpx.get(f"{server.v1}/responses/{response['id']}/input_items", timeout=30).json()
+    items = loopback.get(f"{server.v1}/responses/{response['id']}/input_items", timeout=30).json()
     assert items["data"][0]["content"] == [{"type": "input_text", "text": "Hello"}]
     assert "user" not in response
 
@@ -121,9 +121,9 @@ def test_embeddings_body(server: Server) -> None:
 
 
 def test_models(server: Server) -> None:
-    listed = httpx.get(f"{server.v1}/models", timeout=30).json()
+    listed = loopback.get(f"{server.v1}/models", timeout=30).json()
     assert_valid("ListModelsResponse", listed)
-    one = httpx.get(f"{server.v1}/models/{listed['data'][0]['id']}", timeout=30).json()
+    one = loopback.get(f"{server.v1}/models/{listed['data'][0]['id']}", timeout=30).json()
     assert_valid("Model", one)
 
 
@@ -139,6 +139,6 @@ def test_models(server: Server) -> None:
     ],
 )
 def test_errors(server: Server, method: str, path: str, body: dict[str, Any] | None, status: int) -> None:
-    response = httpx.request(method, f"{server.v1}{path}", json=body, timeout=30)
+    response = loopback.request(method, f"{server.v1}{path}", json=body, timeout=30)
     assert response.status_code == status, response.text
     assert_valid("ErrorResponse", json.loads(response.text))

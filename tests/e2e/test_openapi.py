@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 from wire.openapi import OPERATIONS
 
@@ -39,7 +39,7 @@ def _served_routes() -> set[tuple[str, str]]:
 
 
 def test_every_served_route_is_described(fuzz_server: Server) -> None:
-    document = httpx.get(f"{fuzz_server.base_url}/openapi.json", headers={"x-api-key": KEY}, timeout=60).json()
+    document = loopback.get(f"{fuzz_server.base_url}/openapi.json", headers={"x-api-key": KEY}, timeout=60).json()
     assert document["openapi"].startswith("3.1")
     described = {(method, path) for path, item in document["paths"].items() for method in item}
     assert described == _served_routes()
@@ -47,7 +47,7 @@ def test_every_served_route_is_described(fuzz_server: Server) -> None:
 
 def test_request_schemas_come_from_the_decoders(fuzz_server: Server) -> None:
     """Fields the decoders read appear with the types they accept; refused-by-name fields accept only null."""
-    document = httpx.get(f"{fuzz_server.base_url}/openapi.json", headers={"x-api-key": KEY}, timeout=60).json()
+    document = loopback.get(f"{fuzz_server.base_url}/openapi.json", headers={"x-api-key": KEY}, timeout=60).json()
 
     def body(path: str) -> dict[str, Any]:
         schema: dict[str, Any] = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
@@ -100,6 +100,6 @@ def test_generated_requests_never_get_a_5xx(served_schema: Any, fuzz_server: Ser
         _bounded(case)
         response = case.call(base_url=fuzz_server.base_url, headers={"x-api-key": KEY}, timeout=60)
         assert response.status_code < 500, (case.method, case.path, case.body, response.text[:500])
-        assert httpx.get(f"{fuzz_server.base_url}/health", timeout=10).status_code == 200
+        assert loopback.get(f"{fuzz_server.base_url}/health", timeout=10).status_code == 200
 
     check()

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import mlx.core as mx
 import openai
 import pytest
 from tokenizers import Tokenizer
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 from tests.e2e.conftest import stats, stream_chunks
 
@@ -226,7 +226,7 @@ def tight_server(server_factory: ServerFactory) -> Server:
 
 
 def fit(server: Server) -> dict[str, Any]:
-    response = httpx.get(f"{server.base_url}/fit", timeout=10)
+    response = loopback.get(f"{server.base_url}/fit", timeout=10)
     response.raise_for_status()
     body: dict[str, Any] = response.json()
     return body

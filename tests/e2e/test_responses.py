@@ -7,16 +7,16 @@ import json
 import sqlite3
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 
 def events_of(server: Server, body: dict[str, object]) -> list[dict[str, object]]:
     events: list[dict[str, object]] = []
-    with httpx.stream("POST", f"{server.v1}/responses", json={**body, "stream": True}, timeout=60) as response:
+    with loopback.stream("POST", f"{server.v1}/responses", json={**body, "stream": True}, timeout=60) as response:
         assert response.status_code == 200, response.read()
         name = ""
         for line in response.iter_lines():
@@ -122,18 +122,18 @@ def test_get_and_delete_a_stored_response(client: openai.OpenAI) -> None:
 
 
 def test_store_false_leaves_nothing_behind(client: openai.OpenAI, server: Server) -> None:
-    before = httpx.get(f"{server.base_url}/stats", timeout=10).json()["response_store"]["entries"]
+    before = loopback.get(f"{server.base_url}/stats", timeout=10).json()["response_store"]["entries"]
     created = client.responses.create(model="m", input="Forget me.", max_output_tokens=3, store=False)
     assert created.store is False
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(created.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="m", input="More.", previous_response_id=created.id, max_output_tokens=2)
-    assert httpx.get(f"{server.base_url}/stats", timeout=10).json()["response_store"]["entries"] == before
+    assert loopback.get(f"{server.base_url}/stats", timeout=10).json()["response_store"]["entries"] == before
 
 
 def test_unknown_previous_id_is_404_in_openai_shape(server: Server) -> None:
-    response = httpx.post(
+    response = loopback.post(
         f"{server.v1}/responses", json={"input": "x", "previous_response_id": "resp_doesnotexist"}, timeout=30
     )
     assert response.status_code == 404
@@ -174,7 +174,7 @@ def test_unknown_previous_id_is_404_in_openai_shape(server: Server) -> None:
     ],
 )
 def test_bad_requests(server: Server, body: dict[str, object], param: str) -> None:
-    response = httpx.post(f"{server.v1}/responses", json=body, timeout=30)
+    response = loopback.post(f"{server.v1}/responses", json=body, timeout=30)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
 
@@ -235,7 +235,7 @@ def test_store_failure_mid_stream_is_response_failed(server_factory: ServerFacto
     assert not any(e["type"] in ("response.completed", "response.incomplete") for e in events)
     response_id = str(failed["id"])
     # The store cannot be read at all now, so the lookup is the store's failure, not an unknown id.
-    lookup = httpx.get(f"{server.v1}/responses/{response_id}", timeout=10)
+    lookup = loopback.get(f"{server.v1}/responses/{response_id}", timeout=10)
     assert lookup.status_code == 500, lookup.text
     assert lookup.json()["error"]["type"] == "server_error" and "database" not in lookup.text
     with contextlib.closing(sqlite3.connect(path)) as reader, pytest.raises(sqlite3.DatabaseError):
@@ -263,5 +263,5 @@ def test_input_items_page_by_limit_order_and_after(client: openai.OpenAI, server
         ("after=no", "after"),
     )
     for query, param in bad:
-        refused = httpx.get(f"{url}?{query}", timeout=10)
+        refused = loopback.get(f"{url}?{query}", timeout=10)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, (query, refused.text)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import httpx
 import psycopg
 import pytest
 
+from tests import loopback
 from tests.conftest import ServerFactory
 from tests.e2e.test_responses import events_of
 from tests.pg import PostgresServer
@@ -32,7 +32,7 @@ def test_a_chain_continues_on_whichever_replica_answers(
     # Each turn replays the whole chain, whichever replica stored the turn before.
     assert inputs == sorted(inputs) and len(set(inputs)) == 4
     assert clients[0].responses.retrieve(previous).id == previous
-    stats = httpx.get(f"{replicas[1].base_url}/stats", timeout=10).json()["response_store"]
+    stats = loopback.get(f"{replicas[1].base_url}/stats", timeout=10).json()["response_store"]
     assert stats["kind"] == "postgresql" and stats["entries"] == 4
 
 

@@ -16,13 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync import client as ws_client
 from websockets.sync.client import ClientConnection
 from websockets.typing import Origin
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory, _free_port
 from tests.e2e.conftest import stats
 from tests.e2e.raw_clients import wait_for
@@ -108,7 +108,7 @@ def test_three_turns_continue_by_previous_response_id(server: Server, socket: Cl
         assert final(frames)["previous_response_id"] == previous
         previous = final(frames)["id"]
     # The store holds the whole conversation: three user inputs and the two answers between them.
-    items = httpx.get(f"{server.v1}/responses/{previous}/input_items", params={"order": "asc"}, timeout=10).json()
+    items = loopback.get(f"{server.v1}/responses/{previous}/input_items", params={"order": "asc"}, timeout=10).json()
     roles = [item.get("role") for item in items["data"] if item.get("type", "message") == "message"]
     assert roles.count("user") == 3 and roles.count("assistant") == 2, items
 
@@ -125,7 +125,7 @@ def test_frames_are_the_sse_payloads(server: Server, socket: ClientConnection) -
         "stream": True,
         "temperature": 0,
     }
-    with httpx.stream("POST", f"{server.v1}/responses", json=body, timeout=60) as response:
+    with loopback.stream("POST", f"{server.v1}/responses", json=body, timeout=60) as response:
         sse = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
     # Same event types in the same order, same keys in each; only ids, times and the random text differ.
     assert [(f["type"], sorted(f)) for f in frames][:2] == [(e["type"], sorted(e)) for e in sse][:2]
@@ -295,6 +295,6 @@ def test_many_sessions_half_leaving_mid_turn_leave_nothing_running(server: Serve
 
 
 def test_a_plain_get_is_told_to_upgrade(server: Server) -> None:
-    response = httpx.get(f"{server.v1}/responses", timeout=10)
+    response = loopback.get(f"{server.v1}/responses", timeout=10)
     assert response.status_code == 426 and response.headers["upgrade"].lower() == "websocket"
     assert response.json()["error"]["type"] == "invalid_request_error"

@@ -13,10 +13,10 @@ import shutil
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from deploy.scaleout import Cluster
+from tests import loopback
 
 pytestmark = pytest.mark.slow
 
@@ -33,27 +33,29 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def submitted(cluster: Cluster) -> list[int]:
-    return [int(httpx.get(f"{r.url}/stats", timeout=10).json()["submitted"]) for r in cluster.replicas]
+    return [int(loopback.get(f"{r.url}/stats", timeout=10).json()["submitted"]) for r in cluster.replicas]
 
 
 def model(cluster: Cluster) -> str:
-    return str(httpx.get(f"{cluster.replicas[0].url}/v1/models", timeout=10).json()["data"][0]["id"])
+    return str(loopback.get(f"{cluster.replicas[0].url}/v1/models", timeout=10).json()["data"][0]["id"])
 
 
 def test_smg_polls_loads_and_previous_ids_reach_the_shared_store(cluster: Cluster) -> None:
     url = cluster.start_smg(policy="cache_aware")
     try:
         body = {"model": model(cluster), "input": "Hello.", "max_output_tokens": 2}
-        first = httpx.post(f"{url}/v1/responses", json=body, timeout=60)
+        first = loopback.post(f"{url}/v1/responses", json=body, timeout=60)
         assert first.status_code == 200, first.text
-        second = httpx.post(
+        second = loopback.post(
             f"{url}/v1/responses", json={**body, "previous_response_id": first.json()["id"]}, timeout=60
         )
         assert second.status_code == 200, second.text
         assert second.json()["usage"]["input_tokens"] > first.json()["usage"]["input_tokens"]
         # smg answers GET /v1/responses/{id} from its own store: the replica's response is not there.
-        assert httpx.get(f"{url}/v1/responses/{first.json()['id']}", timeout=30).status_code == 404
-        assert httpx.get(f"{cluster.replicas[0].url}/v1/responses/{first.json()['id']}", timeout=30).status_code == 200
+        assert loopback.get(f"{url}/v1/responses/{first.json()['id']}", timeout=30).status_code == 404
+        assert (
+            loopback.get(f"{cluster.replicas[0].url}/v1/responses/{first.json()['id']}", timeout=30).status_code == 200
+        )
         polled = load_polls(cluster)
         assert polled and all(" 200 " in line for line in polled), polled
     finally:
@@ -94,14 +96,15 @@ def test_haproxy_keeps_a_session_on_one_replica(cluster: Cluster) -> None:
                 if how == "body":
                     body["prompt_cache_key"] = "conversation-b"
                 assert (
-                    httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60).status_code == 200
+                    loopback.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60).status_code
+                    == 200
                 )
             moved = sorted(after - b for after, b in zip(submitted(cluster), before, strict=True))
             assert moved == [0, 4], how
-        created = httpx.post(
+        created = loopback.post(
             f"{url}/v1/responses", json={"model": name, "input": "Keep.", "max_output_tokens": 1}, timeout=60
         )
         # HAProxy passes every path: any replica answers from the shared store.
-        assert httpx.get(f"{url}/v1/responses/{created.json()['id']}", timeout=30).status_code == 200
+        assert loopback.get(f"{url}/v1/responses/{created.json()['id']}", timeout=30).status_code == 200
     finally:
         cluster.stop_router()

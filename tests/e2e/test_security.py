@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 KEY = "sk-relay-test-key"
@@ -98,31 +99,31 @@ def test_the_anthropic_sdk_authenticates_with_its_api_key(keyed: Server) -> None
 )
 def test_every_route_but_health_needs_the_key(keyed: Server, method: str, path: str) -> None:
     """No key is a 401 before the route runs (an unknown route too: it tells nothing about what exists)."""
-    response = httpx.request(method, keyed.base_url + path, json=CHAT if method == "POST" else None, timeout=30)
+    response = loopback.request(method, keyed.base_url + path, json=CHAT if method == "POST" else None, timeout=30)
     assert response.status_code == 401
     body = response.json()
     if path.startswith("/v1/messages"):
         assert body["error"]["type"] == "authentication_error"
     else:
         assert body["error"]["type"] == "invalid_request_error" and "API key" in body["error"]["message"]
-    assert httpx.get(f"{keyed.base_url}/health", timeout=10).status_code == 200
+    assert loopback.get(f"{keyed.base_url}/health", timeout=10).status_code == 200
 
 
 def test_a_key_in_either_header_is_accepted(keyed: Server) -> None:
     for headers in ({"authorization": f"Bearer {KEY}"}, {"authorization": f"bearer {OTHER_KEY}"}, {"x-api-key": KEY}):
-        assert httpx.get(f"{keyed.v1}/models", headers=headers, timeout=10).status_code == 200
+        assert loopback.get(f"{keyed.v1}/models", headers=headers, timeout=10).status_code == 200
     for headers in ({"authorization": KEY}, {"authorization": f"Bearer {KEY}x"}, {"x-api-key": KEY[:-1]}):
-        assert httpx.get(f"{keyed.v1}/models", headers=headers, timeout=10).status_code == 401
+        assert loopback.get(f"{keyed.v1}/models", headers=headers, timeout=10).status_code == 401
 
 
 def test_stats_and_fit_show_no_file_paths(keyed: Server, tiny_model: Path) -> None:
     """The store file, the model folder and the home directory appear in neither report."""
     for path in ("/stats", "/fit", "/metrics"):
-        response = httpx.get(keyed.base_url + path, headers={"x-api-key": KEY}, timeout=30)
+        response = loopback.get(keyed.base_url + path, headers={"x-api-key": KEY}, timeout=30)
         assert response.status_code == 200
         for secret in (str(tiny_model), str(Path.home()), "/tmp", "responses.db/"):
             assert secret not in response.text, (path, secret)
-    stats = httpx.get(f"{keyed.base_url}/stats", headers={"x-api-key": KEY}, timeout=30).json()
+    stats = loopback.get(f"{keyed.base_url}/stats", headers={"x-api-key": KEY}, timeout=30).json()
     assert stats["response_store"]["location"] == "responses.db"
 
 
@@ -135,7 +136,7 @@ def test_stats_and_fit_show_no_file_paths(keyed: Server, tiny_model: Path) -> No
 def test_generation_routes_take_only_json(keyed: Server, path: str, content_type: str | None) -> None:
     """A body a web page can POST cross-site without a preflight is a 415, in the route's error shape."""
     headers = {"x-api-key": KEY} | ({"content-type": content_type} if content_type else {})
-    response = httpx.post(keyed.base_url + path, content=json.dumps(CHAT).encode(), headers=headers, timeout=30)
+    response = loopback.post(keyed.base_url + path, content=json.dumps(CHAT).encode(), headers=headers, timeout=30)
     assert response.status_code == 415
     body = response.json()
     assert (
@@ -147,7 +148,7 @@ def test_generation_routes_take_only_json(keyed: Server, path: str, content_type
 
 def test_json_with_a_charset_is_json(keyed: Server) -> None:
     headers = {"x-api-key": KEY, "content-type": "application/json; charset=utf-8"}
-    response = httpx.post(
+    response = loopback.post(
         f"{keyed.v1}/chat/completions", content=json.dumps(CHAT).encode(), headers=headers, timeout=30
     )
     assert response.status_code == 200
@@ -156,7 +157,7 @@ def test_json_with_a_charset_is_json(keyed: Server) -> None:
 def test_a_declared_body_over_the_cap_is_413(keyed: Server) -> None:
     body = {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]}
     for path in ("/v1/chat/completions", "/v1/messages"):
-        response = httpx.post(keyed.base_url + path, json=body, headers={"x-api-key": KEY}, timeout=30)
+        response = loopback.post(keyed.base_url + path, json=body, headers={"x-api-key": KEY}, timeout=30)
         assert response.status_code == 413
         assert "4096 bytes" in response.text
 
@@ -171,7 +172,7 @@ def test_a_streamed_body_over_the_cap_is_413(keyed: Server) -> None:
         yield b'"}]}'
 
     headers = {"x-api-key": KEY, "content-type": "application/json"}
-    response = httpx.post(f"{keyed.v1}/chat/completions", content=chunks(), headers=headers, timeout=30)
+    response = loopback.post(f"{keyed.v1}/chat/completions", content=chunks(), headers=headers, timeout=30)
     assert response.status_code == 413
     assert response.json()["error"]["type"] == "invalid_request_error"
 
@@ -188,7 +189,7 @@ def test_a_body_that_does_not_arrive_is_408(keyed: Server) -> None:
         reply = _read_reply(sock)
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
     assert b'"invalid_request_error"' in reply
-    assert httpx.get(f"{keyed.base_url}/health", timeout=10).status_code == 200
+    assert loopback.get(f"{keyed.base_url}/health", timeout=10).status_code == 200
 
 
 def _read_reply(sock: socket.socket) -> bytes:
@@ -206,12 +207,12 @@ def _read_reply(sock: socket.socket) -> bytes:
 
 def test_a_plain_trace_id_is_echoed_and_a_long_one_is_not(keyed: Server) -> None:
     headers = {"x-api-key": KEY}
-    echoed = httpx.post(
+    echoed = loopback.post(
         f"{keyed.v1}/chat/completions", json=CHAT, headers=headers | {"x-request-id": "trace-42"}, timeout=30
     )
     assert echoed.headers["x-request-id"] == "trace-42"
     for sent in ("a" * 3000, "bad id\twith spaces", "a" * 129):
-        response = httpx.post(
+        response = loopback.post(
             f"{keyed.v1}/chat/completions", json=CHAT, headers=headers | {"x-request-id": sent}, timeout=30
         )
         assert response.status_code == 200
@@ -221,7 +222,7 @@ def test_a_plain_trace_id_is_echoed_and_a_long_one_is_not(keyed: Server) -> None
 def test_a_60_kb_trace_id_is_never_reflected(keyed: Server) -> None:
     sent = "a" * 60_000
     try:
-        response = httpx.post(
+        response = loopback.post(
             f"{keyed.v1}/chat/completions", json=CHAT, headers={"x-api-key": KEY, "x-request-id": sent}, timeout=30
         )
     except httpx.TransportError:
@@ -229,7 +230,7 @@ def test_a_60_kb_trace_id_is_never_reflected(keyed: Server) -> None:
     else:
         assert sent not in response.headers.get("x-request-id", "")
         assert len(response.content) < 10_000
-    assert httpx.get(f"{keyed.base_url}/health", timeout=10).status_code == 200
+    assert loopback.get(f"{keyed.base_url}/health", timeout=10).status_code == 200
 
 
 def test_cors_preflight_is_answered_for_listed_origins_only(keyed: Server) -> None:
@@ -247,10 +248,12 @@ def test_cors_preflight_is_answered_for_listed_origins_only(keyed: Server) -> No
         f"{keyed.v1}/chat/completions", headers=preflight | {"origin": "https://evil.example"}, timeout=10
     )
     assert "access-control-allow-origin" not in other.headers
-    response = httpx.get(f"{keyed.v1}/models", headers={"origin": ORIGIN, "x-api-key": KEY}, timeout=10)
+    response = loopback.get(f"{keyed.v1}/models", headers={"origin": ORIGIN, "x-api-key": KEY}, timeout=10)
     assert response.headers["access-control-allow-origin"] == ORIGIN
     assert "x-request-id" in response.headers["access-control-expose-headers"]
-    foreign = httpx.get(f"{keyed.v1}/models", headers={"origin": "https://evil.example", "x-api-key": KEY}, timeout=10)
+    foreign = loopback.get(
+        f"{keyed.v1}/models", headers={"origin": "https://evil.example", "x-api-key": KEY}, timeout=10
+    )
     assert "access-control-allow-origin" not in foreign.headers
 
 
@@ -259,9 +262,9 @@ def test_an_open_server_sends_no_cors_headers(server: Server) -> None:
     preflight = {"origin": ORIGIN, "access-control-request-method": "POST"}
     response = httpx.options(f"{server.v1}/chat/completions", headers=preflight, timeout=10)
     assert "access-control-allow-origin" not in response.headers
-    response = httpx.post(f"{server.v1}/chat/completions", json=CHAT, headers={"origin": ORIGIN}, timeout=30)
+    response = loopback.post(f"{server.v1}/chat/completions", json=CHAT, headers={"origin": ORIGIN}, timeout=30)
     assert response.status_code == 200 and "access-control-allow-origin" not in response.headers
-    plain = httpx.post(
+    plain = loopback.post(
         f"{server.v1}/chat/completions",
         content=json.dumps(CHAT).encode(),
         headers={"content-type": "text/plain"},
@@ -285,11 +288,11 @@ def test_a_preflight_answers_its_allow_list_not_what_it_was_asked(keyed: Server)
 def test_both_401s_have_a_code_and_messages_keeps_anthropics_shape(
     keyed: Server, headers: dict[str, str], code: str
 ) -> None:
-    openai_style = httpx.post(f"{keyed.v1}/chat/completions", json=CHAT, headers=headers, timeout=10)
+    openai_style = loopback.post(f"{keyed.v1}/chat/completions", json=CHAT, headers=headers, timeout=10)
     assert openai_style.status_code == 401
     error = openai_style.json()["error"]
     assert error == {"message": error["message"], "type": "invalid_request_error", "param": None, "code": code}
-    anthropic_style = httpx.post(f"{keyed.v1}/messages", json=MESSAGES, headers=headers, timeout=10)
+    anthropic_style = loopback.post(f"{keyed.v1}/messages", json=MESSAGES, headers=headers, timeout=10)
     assert anthropic_style.status_code == 401
     body = anthropic_style.json()
     assert body == {"type": "error", "error": {"type": "authentication_error", "message": body["error"]["message"]}}
@@ -300,6 +303,6 @@ def test_both_401s_have_a_code_and_messages_keeps_anthropics_shape(
 def test_a_body_not_in_utf8_is_a_400(keyed: Server, encoding: str, path: str) -> None:
     body = json.dumps(MESSAGES if path == "/v1/messages" else CHAT).encode(encoding)
     headers = {"x-api-key": KEY, "content-type": "application/json"}
-    response = httpx.post(keyed.base_url + path, content=body, headers=headers, timeout=30)
+    response = loopback.post(keyed.base_url + path, content=body, headers=headers, timeout=30)
     assert response.status_code == 400, response.text
     assert ("UTF-8" in response.text) or ("not valid JSON" in response.text)

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import loopback
 from tests.conftest import REPO, STARTUP_TIMEOUT, _free_port
 
 pytestmark = pytest.mark.slow
@@ -189,11 +190,11 @@ def test_flags_override_the_environment_and_sigterm_drains() -> None:
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     with _serving(["--port", str(port), "--api-key", "from-flag"], f"{base}/health", api_key="from-env") as process:
-        assert httpx.get(f"{base}/v1/models", headers={"x-api-key": "from-flag"}, timeout=10).status_code == 200
-        assert httpx.get(f"{base}/v1/models", headers={"x-api-key": "from-env"}, timeout=10).status_code == 401
+        assert loopback.get(f"{base}/v1/models", headers={"x-api-key": "from-flag"}, timeout=10).status_code == 200
+        assert loopback.get(f"{base}/v1/models", headers={"x-api-key": "from-env"}, timeout=10).status_code == 401
         chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
         assert (
-            httpx.post(
+            loopback.post(
                 f"{base}/v1/chat/completions", json=chat, headers={"x-api-key": "from-flag"}, timeout=30
             ).status_code
             == 200
@@ -210,7 +211,7 @@ def test_the_uvloop_setting_serves_a_stream_on_uvloop() -> None:
     with _serving(["--port", str(port), "--loop", "uvloop"], f"{base}/health") as process:
         usage = {"include_usage": True}
         body = {"prompt": "Hi", "max_tokens": 8, "stream": True, "ignore_eos": True, "stream_options": usage}
-        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as reply:
+        with loopback.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as reply:
             frames = [line.removeprefix("data: ") for line in reply.iter_lines() if line.startswith("data: ")]
         # A reader that falls behind gets several tokens in one frame, so the count comes from the usage frame.
         assert reply.status_code == 200 and frames[-1] == "[DONE]"

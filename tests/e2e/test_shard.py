@@ -28,6 +28,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests import loopback
 from tests.conftest import REPO, Server, _free_port, start_server
 from tests.e2e.shard_harness import Sharded, start_sharded
 
@@ -112,7 +113,7 @@ CASES: dict[str, Ask] = {
 def abort_one(server: Server) -> None:
     """A stream the client leaves after a few tokens, while the other rows run."""
     body = {"model": "m", "messages": USER, "max_tokens": 2000, "temperature": 0, "stream": True}
-    with httpx.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=60) as response:
+    with loopback.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
         for count, _ in enumerate(response.iter_lines()):
             if count > 6:
@@ -180,7 +181,9 @@ def test_every_api_gives_one_process_output_with_rows_sharing_the_batch(pair: tu
     # The aborted stream's row leaves once the server notices the client went: soon, not necessarily before the last
     # reply.
     deadline = time.monotonic() + 30
-    while (stats := httpx.get(f"{sharded.server.base_url}/stats", timeout=10).json()) and time.monotonic() < deadline:
+    while (
+        stats := loopback.get(f"{sharded.server.base_url}/stats", timeout=10).json()
+    ) and time.monotonic() < deadline:
         if stats["gateway"]["active"] == 0 and stats["sink_rows"] == 0:
             break
         time.sleep(0.1)
@@ -209,7 +212,9 @@ def test_every_rank_serves_the_weights_in_the_form_one_process_does(
     """On the CPU backend a quantized model is served dequantized to float32 (stages/models/weights.py): by one
     process, and by every rank of a sharded one, in rank 0's form (a follower plans nothing of its own)."""
     single, sharded = pair
-    forms = [httpx.get(f"{server.base_url}/stats", timeout=10).json()["weights"] for server in (single, sharded.server)]
+    forms = [
+        loopback.get(f"{server.base_url}/stats", timeout=10).json()["weights"] for server in (single, sharded.server)
+    ]
     float32 = forms[0].startswith("float32")
     model, _ = request.node.callspec.params["pair"]
     assert float32 == model.startswith("shaped:")  # the shaped models are stored 4-bit; tiny is not quantized
@@ -260,7 +265,7 @@ def _stream_until_failed(server: Server, after: Callable[[], None], no_eos: dict
     """Start a long stream, call `after` once tokens flow; the stream's lines and the seconds it took to end."""
     body = {"model": "m", "messages": USER, "max_tokens": 1800, "temperature": 0, "stream": True, "logit_bias": no_eos}
     lines: list[str] = []
-    with httpx.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=60) as response:
+    with loopback.stream("POST", f"{server.v1}/chat/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             lines.append(line)
@@ -282,7 +287,7 @@ def test_a_lost_follower_fails_requests_and_turns_health_503(lone: Sharded, how:
     health = lone.health()
     assert health.status_code == 503
     assert [rank["alive"] for rank in health.json()["ranks"]] == [True, False]
-    refused = httpx.post(
+    refused = loopback.post(
         f"{lone.server.v1}/chat/completions", json={"model": "m", "messages": USER, "max_tokens": 4}, timeout=10
     )
     assert refused.status_code == 503
@@ -328,10 +333,10 @@ def test_mlx_launch_starts_a_sharded_server(tmp_path: Path) -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and process.poll() is None:
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                if loopback.get(f"{server.base_url}/health", timeout=2).status_code == 200:
                     break
             time.sleep(0.3)
-        health = httpx.get(f"{server.base_url}/health", timeout=5).json()
+        health = loopback.get(f"{server.base_url}/health", timeout=5).json()
         assert [rank["alive"] for rank in health["ranks"]] == [True, True], server.logs()
         reply = server.client().chat.completions.create(model="m", messages=USER, max_tokens=4, temperature=0)  # type: ignore[arg-type]
         assert reply.choices[0].message.content

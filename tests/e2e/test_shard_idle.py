@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import loopback
 from tests.conftest import REPO, Server, _free_port
 from tests.e2e.shard_harness import start_sharded
 
@@ -96,7 +97,7 @@ def test_ranks_stop_when_their_launcher_is_gone(tmp_path: Path, sent: signal.Sig
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and process.poll() is None:
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                if loopback.get(f"{server.base_url}/health", timeout=2).status_code == 200:
                     break
             time.sleep(0.3)
         ranks = _children(process.pid)
@@ -108,7 +109,7 @@ def test_ranks_stop_when_their_launcher_is_gone(tmp_path: Path, sent: signal.Sig
             time.sleep(0.3)
         assert not any(_alive(rank) for rank in ranks), server.logs()[-3000:]
         with pytest.raises(httpx.TransportError):
-            httpx.get(f"{server.base_url}/health", timeout=2)
+            loopback.get(f"{server.base_url}/health", timeout=2)
     finally:
         for rank in ranks:
             with contextlib.suppress(ProcessLookupError):

@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import mlx.core as mx
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from tests import loopback
 from tests.conftest import Server, start_server
 from tests.e2e.shard_harness import Sharded, start_sharded
 
@@ -58,7 +58,7 @@ def cached(completion: Any) -> int:
 
 
 def disk_stats(server: Server) -> dict[str, Any]:
-    value = httpx.get(f"{server.base_url}/stats", timeout=10).json()["prompt_cache"]["disk"]
+    value = loopback.get(f"{server.base_url}/stats", timeout=10).json()["prompt_cache"]["disk"]
     assert isinstance(value, dict)
     return value
 
@@ -158,8 +158,8 @@ def test_embeddings_and_scores_run_on_every_rank_and_match_one_process(pair: tup
     answers = []
     for server in (single, sharded.server):
         vectors = server.client().embeddings.create(model="m", input=TEXTS, encoding_format="float")
-        scores = httpx.post(f"{server.v1}/score", json={"text_1": "ocean", "text_2": TEXTS}, timeout=60).json()
-        ranked = httpx.post(f"{server.v1}/rerank", json={"query": "ocean", "documents": TEXTS}, timeout=60).json()
+        scores = loopback.post(f"{server.v1}/score", json={"text_1": "ocean", "text_2": TEXTS}, timeout=60).json()
+        ranked = loopback.post(f"{server.v1}/rerank", json={"query": "ocean", "documents": TEXTS}, timeout=60).json()
         answers.append(
             (np.array([item.embedding for item in vectors.data]), [item["score"] for item in scores["data"]], ranked)
         )

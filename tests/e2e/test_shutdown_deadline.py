@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import loopback
 from tests.conftest import REPO, STARTUP_TIMEOUT, _free_port
 from tests.e2e.raw_clients import http1_send, read_until
 
@@ -55,7 +56,7 @@ def serving(port: int, store: Path) -> Iterator[subprocess.Popen[bytes]]:
         while True:
             assert process.poll() is None, "the server exited at start"
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                if loopback.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                     break
             assert time.monotonic() < deadline, "the server did not become healthy"
             time.sleep(0.2)
@@ -77,7 +78,7 @@ class Stream(threading.Thread):
 
     def run(self) -> None:
         body = {"model": "m", "stream": True, **ROUTES[self.path]}
-        with httpx.stream("POST", f"{self.base}{self.path}", json=body, timeout=60) as response:
+        with loopback.stream("POST", f"{self.base}{self.path}", json=body, timeout=60) as response:
             assert response.status_code == 200
             chunks = response.iter_bytes()
             self.body += next(chunks)

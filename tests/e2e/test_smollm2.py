@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 # Converting and loading SmolLM2 and its first answers take minutes on two busy cores.
@@ -88,7 +88,7 @@ def test_a_json_schema_answer_is_the_right_answer(smol: openai.OpenAI) -> None:
 
 
 def test_the_cpu_backend_serves_the_float32_weights_and_says_so(smollm2_server: Server) -> None:
-    stats = httpx.get(f"{smollm2_server.base_url}/stats", timeout=10).json()
+    stats = loopback.get(f"{smollm2_server.base_url}/stats", timeout=10).json()
     assert stats["weights"].startswith("float32, dequantized from 4-bit")
     # Planned for what is served: 135M float32 weights, not the 4-bit file.
     assert stats["admission"]["weights_bytes"] > 500 * 2**20
@@ -98,7 +98,7 @@ def test_keep_quantized_serves_the_stored_weights_and_they_still_know_paris(
     smollm2_model: Path, server_factory: ServerFactory
 ) -> None:
     server = server_factory(model="smollm2", keep_quantized="1")
-    stats = httpx.get(f"{server.base_url}/stats", timeout=10).json()
+    stats = loopback.get(f"{server.base_url}/stats", timeout=10).json()
     assert stats["weights"] == "as stored (MLX_RELAY_KEEP_QUANTIZED is set)"
     assert stats["admission"]["weights_bytes"] < 200 * 2**20
     reply = server.client(timeout=300.0).chat.completions.create(

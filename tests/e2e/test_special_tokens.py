@@ -4,11 +4,11 @@ tokenizer.json) at every step, so the test holds whatever the random weights wou
 
 from __future__ import annotations
 
-import httpx
 import openai
 import pytest
 from tokenizers import Tokenizer
 
+from tests import loopback
 from tests.conftest import Server
 from tests.e2e.conftest import stream_chunks
 
@@ -63,9 +63,9 @@ def test_completions_leave_them_out(server: Server, tokenizer: Tokenizer, stream
         chunks = [chunk for chunk in stream_chunks(server, "/completions", body) if isinstance(chunk, dict)]
         text = "".join(chunk["choices"][0]["text"] for chunk in chunks if chunk["choices"])  # type: ignore[index]
     else:
-        text = httpx.post(f"{server.v1}/completions", json=body, timeout=60).json()["choices"][0]["text"]
+        text = loopback.post(f"{server.v1}/completions", json=body, timeout=60).json()["choices"][0]["text"]
     assert text == ""
-    kept = httpx.post(
+    kept = loopback.post(
         f"{server.v1}/completions", json={**body, "stream": False, "skip_special_tokens": False}, timeout=60
     )
     assert kept.json()["choices"][0]["text"] == SPECIAL * 4

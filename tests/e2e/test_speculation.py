@@ -15,9 +15,9 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory, start_server
 from tests.e2e.conftest import stats
 from wire.metrics import SPEC_DECODE_PATHS
@@ -116,7 +116,7 @@ def test_stats_and_metrics_count_proposed_and_accepted_tokens(servers: dict[str,
         speculation = figures["speculation"]
         assert speculation["drafter"] == drafter
         assert speculation["proposed_tokens"] >= speculation["accepted_tokens"] > 0
-        metrics = httpx.get(f"{servers[name].base_url}/metrics", timeout=10).text
+        metrics = loopback.get(f"{servers[name].base_url}/metrics", timeout=10).text
         accepted = next(
             line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_accepted_tokens_total")
         )
@@ -127,7 +127,7 @@ def test_stats_and_metrics_count_proposed_and_accepted_tokens(servers: dict[str,
         assert "mlx_relay:gateway_speculation_accepted_tokens_total" in metrics
     plain: Any = stats(servers["plain"])["gateway"]
     assert plain["speculation"] is None
-    assert "vllm:spec_decode" not in httpx.get(f"{servers['plain'].base_url}/metrics", timeout=10).text
+    assert "vllm:spec_decode" not in loopback.get(f"{servers['plain'].base_url}/metrics", timeout=10).text
 
 
 def _at(snapshot: Any, path: tuple[str, ...]) -> Any:

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 from tests.speech_clips import clip
 
@@ -68,7 +69,7 @@ def _occupy_the_speech_thread(client: openai.OpenAI, server: Server) -> threadin
     )
     long_one.start()
     deadline = time.monotonic() + 30
-    while httpx.get(f"{server.base_url}/stats", timeout=10).json()["admission"]["in_flight"] < 1:
+    while loopback.get(f"{server.base_url}/stats", timeout=10).json()["admission"]["in_flight"] < 1:
         assert time.monotonic() < deadline and long_one.is_alive(), "the long transcription was never admitted"
         time.sleep(0.02)
     return long_one
@@ -173,16 +174,16 @@ def test_bad_inputs_are_400_naming_the_field(client: openai.OpenAI) -> None:
 
 
 def test_streaming_is_refused_by_name(speech: Server) -> None:
-    response = httpx.post(
+    response = loopback.post(
         f"{speech.v1}/audio/transcriptions", files={"file": CLIP}, data={"model": SPEECH, "stream": "true"}, timeout=60
     )
     assert response.status_code == 400 and response.json()["error"]["param"] == "stream"
 
 
 def test_no_file_and_json_bodies_are_refused(speech: Server) -> None:
-    response = httpx.post(f"{speech.v1}/audio/transcriptions", files={"model": (None, SPEECH)}, timeout=60)
+    response = loopback.post(f"{speech.v1}/audio/transcriptions", files={"model": (None, SPEECH)}, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == "file"
-    response = httpx.post(f"{speech.v1}/audio/transcriptions", json={"model": SPEECH}, timeout=60)
+    response = loopback.post(f"{speech.v1}/audio/transcriptions", json={"model": SPEECH}, timeout=60)
     assert response.status_code == 415
 
 
@@ -201,7 +202,7 @@ def test_the_speech_model_alone_is_listed_and_refuses_chat(client: openai.OpenAI
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=SPEECH, messages=[{"role": "user", "content": "hi"}])
     assert caught.value.code == "model_not_supported"
-    assert httpx.get(f"{speech.base_url}/health", timeout=10).json()["status"] == "ok"
+    assert loopback.get(f"{speech.base_url}/health", timeout=10).json()["status"] == "ok"
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +230,7 @@ def test_both_models_serve_side_by_side(both: Server) -> None:
 def test_a_transcription_whose_client_left_while_queued_is_dropped_unrun(client: openai.OpenAI, speech: Server) -> None:
     long_one = _occupy_the_speech_thread(client, speech)  # the next one queues behind it
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
+        loopback.post(
             f"{speech.v1}/audio/transcriptions",
             files={"file": CLIP},
             data={"model": SPEECH},

@@ -7,12 +7,12 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import jsonschema
 import openai
 import pytest
 from tokenizers import Tokenizer
 
+from tests import loopback
 from tests.conftest import Server
 from tests.e2e.conftest import stream_chunks
 
@@ -163,7 +163,7 @@ def test_max_tokens_cut_is_length(client: openai.OpenAI) -> None:
     ],
 )
 def test_invalid_constraints_are_400(server: Server, extra: dict[str, object], param: str) -> None:
-    response = httpx.post(
+    response = loopback.post(
         f"{server.v1}/chat/completions", json={"messages": HELLO, "max_tokens": 5, **extra}, timeout=30
     )
     assert response.status_code == 400, response.text
@@ -176,7 +176,7 @@ def test_constrained_and_free_rows_share_a_batch(server: Server) -> None:
         if i % 2:
             body["guided_regex"] = "[0-9]{2,5}"
         barrier.wait(timeout=30)
-        answer = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=60).json()
+        answer = loopback.post(f"{server.v1}/chat/completions", json=body, timeout=60).json()
         return answer["choices"][0]["message"]["content"], answer["choices"][0]["finish_reason"]
 
     barrier = threading.Barrier(8)
@@ -314,7 +314,7 @@ def test_responses_forced_function_call(server: Server, client: openai.OpenAI) -
         "max_output_tokens": 200,
         "stream": True,
     }
-    with httpx.stream("POST", f"{server.v1}/responses", json=body, timeout=60) as stream:
+    with loopback.stream("POST", f"{server.v1}/responses", json=body, timeout=60) as stream:
         events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]
     types = [e["type"] for e in events]
     assert "response.function_call_arguments.delta" in types and "response.function_call_arguments.done" in types

@@ -13,9 +13,9 @@ import shutil
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import httpx
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 from tests.e2e.conftest import stats
 from tests.e2e.raw_clients import wait_for
@@ -77,29 +77,29 @@ def send(page: Page, text: str, *, max_tokens: int) -> None:
 
 
 def test_the_page_and_its_assets_have_strict_headers(server: Server) -> None:
-    response = httpx.get(f"{server.base_url}/", timeout=10)
+    response = loopback.get(f"{server.base_url}/", timeout=10)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
     policy = response.headers["content-security-policy"]
     assert "script-src 'self'" in policy and "connect-src 'self'" in policy and "unsafe-inline" not in policy
     assert response.headers["x-content-type-options"] == "nosniff"
     assets = [part.split('"')[0] for part in response.text.split('src="/assets/')[1:]]
     assert assets and all(len(name.split(".")[-2]) == 16 for name in assets), assets
-    script = httpx.get(f"{server.base_url}/assets/{assets[0]}", timeout=10)
+    script = loopback.get(f"{server.base_url}/assets/{assets[0]}", timeout=10)
     assert script.status_code == 200 and "immutable" in script.headers["cache-control"]
-    assert httpx.get(f"{server.base_url}/assets/chat.js", timeout=10).status_code == 404
-    assert httpx.get(f"{server.base_url}/no-such-page", timeout=10).status_code == 404
+    assert loopback.get(f"{server.base_url}/assets/chat.js", timeout=10).status_code == 404
+    assert loopback.get(f"{server.base_url}/no-such-page", timeout=10).status_code == 404
 
 
 def test_no_web_turns_the_page_off(server_factory: ServerFactory) -> None:
     quiet = server_factory(web="0")
-    assert httpx.get(f"{quiet.base_url}/", timeout=10).status_code == 404
+    assert loopback.get(f"{quiet.base_url}/", timeout=10).status_code == 404
 
 
 def test_the_page_lists_models_and_streams_a_reply(page: Page, server: Server) -> None:
     from playwright.sync_api import expect
 
     open_page(page, server)
-    served = [model["id"] for model in httpx.get(f"{server.v1}/models", timeout=10).json()["data"]]
+    served = [model["id"] for model in loopback.get(f"{server.v1}/models", timeout=10).json()["data"]]
     assert page.eval_on_selector_all("#model option", "options => options.map(o => o.value)") == served
     send(page, "Hello there.", max_tokens=12)
     expect(page.locator(".message.assistant .meta")).to_contain_text("TTFT", timeout=WAIT_MS)

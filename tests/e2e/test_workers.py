@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anthropic
-import httpx
 import openai
 import pytest
 
+from tests import loopback
 from tests.conftest import Server, ServerFactory
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ def server(server_factory: ServerFactory) -> Server:
 
 
 def model_state(server: Server) -> dict[str, object]:
-    body = httpx.get(f"{server.base_url}/health", timeout=10).json()
+    body = loopback.get(f"{server.base_url}/health", timeout=10).json()
     (model,) = body["models"]
     assert isinstance(model, dict)
     return model
@@ -136,7 +136,7 @@ def test_health_names_the_worker_and_the_front_keeps_it_apart(server: Server) ->
     """/health names a worker process other than the front, and /v1/models shows the model ready."""
     pid = wait_ready(server)
     assert pid != server.process.pid and front_pid(pid) != pid
-    card = httpx.get(f"{server.v1}/models", timeout=10).json()["data"][0]
+    card = loopback.get(f"{server.v1}/models", timeout=10).json()["data"][0]
     assert card["state"] == "ready"
 
 
@@ -172,7 +172,7 @@ def test_kill_9_fails_every_stream_in_its_api_shape_then_the_model_answers_again
                 server.client().responses.retrieve(outcome.response_id)
     assert wait_ready(server, other_than=pid) != pid
     answers(server)
-    stats = httpx.get(f"{server.base_url}/stats", timeout=10).json()
+    stats = loopback.get(f"{server.base_url}/stats", timeout=10).json()
     assert stats["sink_rows"] == 0 and stats["admission"]["in_flight"] == 0
 
 
