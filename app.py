@@ -8,7 +8,11 @@ the reply through the API's stream protocol or collect it into one body.
 
 from __future__ import annotations
 
-from stages.models.blas import preload_blas
+from pipeline.collector import freeze_imports, pause_for_imports
+
+pause_for_imports()
+
+from stages.models.blas import preload_blas  # noqa: E402
 
 # Before anything imports mlx: the BLAS is chosen when mlx first loads.
 BLAS = preload_blas()
@@ -84,6 +88,8 @@ app.register_blueprint(status_routes)
 app.register_blueprint(admin_routes)
 app.register_blueprint(responses_socket_routes)
 app.register_blueprint(web_routes)
+# The app is built: what the imports made lives as long as the process (pipeline/collector.py).
+freeze_imports()
 
 # (accepted request, request id, its reply) -> the API's stream protocol.
 ProtocolFactory = Callable[[Accepted, str, Reply], StreamProtocol]

@@ -14,6 +14,10 @@ import signal
 import sys
 import time
 
+from pipeline.collector import freeze_imports, pause_for_imports
+
+pause_for_imports()
+
 # Where a start's seconds go (`worker.ready` logs them): the interpreter's own start is before this line.
 STARTED = time.perf_counter()
 # A native crash (an import, a Metal abort) prints where the Python was to stderr, which the front keeps and
@@ -40,6 +44,7 @@ from stages.remote.messages import SettingsIn, ToWorker  # noqa: E402
 from workers.host import StartTimes, WorkerHost  # noqa: E402
 
 IMPORTED = time.perf_counter()
+freeze_imports()
 
 log = structlog.get_logger(stage="worker")
 
