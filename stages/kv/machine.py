@@ -98,7 +98,7 @@ def _chip() -> str | None:
 
 
 # Once a process: a front, its fleet and its worker each plan (twice where the weights' form is chosen), and the probe
-# is 0.03 s of CPU and 128 MiB touched each time for a figure that does not change while the process runs.
+# is 0.11 s of CPU and 128 MiB touched each time for a figure that does not change while the process runs.
 @functools.cache
 def _measure_bandwidth() -> float:
     source, target = bytearray(_PROBE_BYTES), bytearray(_PROBE_BYTES)

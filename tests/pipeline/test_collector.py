@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import REPO
 
 PROBE = """
-import gc, sys
+import gc
 import {module}
 frozen = gc.get_freeze_count()
 young = len(gc.get_objects())
