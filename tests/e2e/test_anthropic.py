@@ -236,7 +236,10 @@ def test_sdk_sees_bad_request(claude: anthropic.Anthropic) -> None:
 def test_headers_are_tolerated(server: Server) -> None:
     headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "tools-2024-04-04", "x-api-key": "k"}
     response = loopback.post(
-        f"{server.v1}/messages", json={"model": "m", "max_tokens": 2, "messages": USER}, headers=headers, timeout=30
+        f"{server.v1}/messages",
+        json={"model": "m", "max_tokens": 2, "messages": USER, **GREEDY},
+        headers=headers,
+        timeout=30,
     )
     assert response.status_code == 200 and response.json()["usage"]["output_tokens"] == 2
 

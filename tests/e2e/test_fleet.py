@@ -143,6 +143,7 @@ def test_a_load_leaves_the_other_model_s_streams_whole(pair: Server) -> None:
             model="tiny",
             messages=[{"role": "user", "content": "Hi"}],
             max_tokens=400,
+            temperature=0,
             stream=True,
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},

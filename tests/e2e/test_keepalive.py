@@ -48,7 +48,7 @@ def test_completions_stream_sends_keepalive_comments(slow_server: Server) -> Non
 
 
 def test_responses_stream_sends_keepalive_comments(slow_server: Server) -> None:
-    stream = lines(slow_server, "/responses", {"model": "m", "input": PROMPT, "max_output_tokens": 2})
+    stream = lines(slow_server, "/responses", {"model": "m", "input": PROMPT, "max_output_tokens": 2, "temperature": 0})
     assert ": keepalive" in before_first_data(stream, "response.output_item.added")
 
 
@@ -56,7 +56,7 @@ def test_messages_stream_sends_ping_events(slow_server: Server) -> None:
     stream = lines(
         slow_server,
         "/messages",
-        {"model": "claude-x", "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}]},
+        {"model": "claude-x", "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}], "temperature": 0},
     )
     waiting = before_first_data(stream, "content_block_start")
     # One ping follows message_start, as Anthropic sends it; the rest are keepalives.

@@ -45,7 +45,7 @@ def test_chat_logprobs_match_greedy_choices(client: openai.OpenAI) -> None:
 
 
 def test_chat_without_top_logprobs_has_only_chosen(client: openai.OpenAI) -> None:
-    completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=4, logprobs=True)  # type: ignore[arg-type]
+    completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=4, temperature=0, logprobs=True)  # type: ignore[arg-type]
     entries = completion.choices[0].logprobs.content  # type: ignore[union-attr]
     assert entries is not None and len(entries) == 4 and all(e.top_logprobs == [] for e in entries)
     plain = client.chat.completions.create(model="m", messages=HELLO, max_tokens=2)  # type: ignore[arg-type]

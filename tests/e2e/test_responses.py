@@ -195,6 +195,7 @@ def test_function_tools_and_outputs_round_trip(client: openai.OpenAI) -> None:
         ],
         tools=[tool, {"type": "web_search"}],  # type: ignore[list-item]
         max_output_tokens=2,
+        temperature=0,
     )
     # Echoed as sent; the hosted web_search is not offered to the model.
     assert [t.type for t in response.tools] == ["function", "web_search"]

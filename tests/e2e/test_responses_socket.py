@@ -96,14 +96,14 @@ def final(frames: list[dict[str, object]]) -> dict[str, object]:
 
 
 def test_three_turns_continue_by_previous_response_id(server: Server, socket: ClientConnection) -> None:
-    create(socket, input="Say something.", max_output_tokens=6)
+    create(socket, input="Say something.", max_output_tokens=6, temperature=0)
     first = turn(socket)
     assert [f["type"] for f in first[:2]] == ["response.created", "response.in_progress"]
     assert [f["sequence_number"] for f in first] == list(range(len(first)))
     assert first[-1]["type"] in ("response.completed", "response.incomplete")
     previous = final(first)["id"]
     for _ in range(2):
-        create(socket, input="And more.", previous_response_id=previous, max_output_tokens=6)
+        create(socket, input="And more.", previous_response_id=previous, max_output_tokens=6, temperature=0)
         frames = turn(socket)
         assert final(frames)["previous_response_id"] == previous
         previous = final(frames)["id"]
@@ -195,7 +195,7 @@ def test_a_second_create_while_one_runs_is_refused(socket: ClientConnection) -> 
 def test_closing_mid_turn_drops_the_row(server: Server) -> None:
     before = stats(server)
     with connect(socket_url(server)) as ws:
-        create(ws, input="Tell me a long story.", max_output_tokens=LONG, store=False)
+        create(ws, input="Tell me a long story.", max_output_tokens=LONG, store=False, temperature=0)
         assert until_generating(ws) is None, "the turn ended before its first token"
     idle = wait_for(
         server,
@@ -234,7 +234,7 @@ def test_shutdown_ends_the_turn_and_closes_before_http_drains(tmp_path: Path) ->
     port = _free_port()
     with serving(port, tmp_path / "store.db") as process:
         with connect(f"ws://127.0.0.1:{port}/v1/responses") as ws:
-            create(ws, input="Go on and on.", max_output_tokens=LONG, store=False)
+            create(ws, input="Go on and on.", max_output_tokens=LONG, store=False, temperature=0)
             assert until_generating(ws) is None, "the turn ended before its first token"
             signalled = time.monotonic()
             process.send_signal(signal.SIGTERM)

@@ -71,6 +71,9 @@ def open_page(page: Page, server: Server) -> None:
 
 def send(page: Page, text: str, *, max_tokens: int) -> None:
     page.click("#settings summary")
+    # Greedy: sampled (the page's default 0.7), a random model's reply may end on an EOS or open a think section
+    # before it writes any text.
+    page.fill("#temperature", "0")
     page.fill("#max-tokens", str(max_tokens))
     page.fill("#prompt", text)
     page.click("#send")

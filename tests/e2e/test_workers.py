@@ -58,7 +58,7 @@ def wait_ready(server: Server, *, other_than: int | None = None, timeout: float 
 
 def answers(server: Server) -> None:
     client = server.client()
-    completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=3)  # type: ignore[arg-type]
+    completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=3, temperature=0)  # type: ignore[arg-type]
     assert completion.usage is not None and completion.usage.completion_tokens == 3
 
 
@@ -107,7 +107,8 @@ def chat_stream(server: Server, no_eos: dict[str, int], outcome: Outcome) -> Non
 def messages_stream(server: Server, outcome: Outcome) -> None:
     claude = server.anthropic_client()
     try:
-        with claude.messages.stream(model="m", max_tokens=1900, messages=HELLO) as stream:  # type: ignore[arg-type]
+        greedy = {"temperature": 0}  # through the body: this SDK's stream() takes no temperature argument
+        with claude.messages.stream(model="m", max_tokens=1900, messages=HELLO, extra_body=greedy) as stream:  # type: ignore[arg-type]
             for event in stream:
                 if event.type == "content_block_delta":
                     outcome.started.set()
@@ -119,7 +120,7 @@ def messages_stream(server: Server, outcome: Outcome) -> None:
 
 def responses_stream(server: Server, outcome: Outcome) -> None:
     client = server.client()
-    stream = client.responses.create(model="m", input="hi", max_output_tokens=1900, stream=True)
+    stream = client.responses.create(model="m", input="hi", max_output_tokens=1900, temperature=0, stream=True)
     for event in stream:
         if event.type == "response.created":
             outcome.response_id = event.response.id
