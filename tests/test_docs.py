@@ -9,8 +9,8 @@ import attrs
 import pytest
 
 from pipeline.settings import OTHER_VARIABLES, PREFIX, Settings
+from tests.repo_files import REPO, repo_files
 
-REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # [text](target) and ![alt](target); a target ends at whitespace or the closing parenthesis.
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
@@ -54,12 +54,7 @@ def test_the_configuration_page_documents_every_setting_and_no_other() -> None:
 
 STYLE = REPO / "docs" / "STYLE.md"
 # Where comments and docs live: every tracked kind of source and prose outside the tool caches.
-_CITING = [
-    path
-    for pattern in ("*.py", "*.md", "*.toml", "*.sh", "*.yml", "*.yaml")
-    for path in sorted(REPO.rglob(pattern))
-    if not ({".venv", ".git", ".ruff_cache", ".mypy_cache", ".pytest_cache"} & set(path.relative_to(REPO).parts))
-]
+_CITING = repo_files(".py", ".md", ".toml", ".sh", ".yml", ".yaml")
 # A rule cited by the first guide's number: an S and a number after "STYLE.md", or in parentheses.
 _NUMBERED = re.compile(r"STYLE\.md,? S\d|\(S\d{1,2}[,)]|[,;] S\d{1,2}\)")
 # A rule cited by name: the guide's path, a comma, then one or more section names, each in double quotes.

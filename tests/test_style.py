@@ -6,11 +6,10 @@ ruff format and ruff check cover the layout, the line length and the lint; these
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-_CACHES = {".venv", ".git", ".ruff_cache", ".mypy_cache", ".pytest_cache", "__pycache__"}
-MODULES = sorted(path for path in REPO.rglob("*.py") if not _CACHES & set(path.relative_to(REPO).parts))
+from tests.repo_files import REPO, repo_files
+
+MODULES = repo_files(".py")
 # docs/STYLE.md, "Size": split along a seam before this, never pack lines to stay under it.
 CEILING = 400
 # A comment that takes a statement away from the formatter (docs/STYLE.md, "Formatter and linter").
