@@ -62,6 +62,10 @@ log = structlog.get_logger(stage="worker")
 
 # Steps handed over and not yet framed (the in-process engine's step buffer).
 _STEP_BUFFER = 4
+# Beats this many intervals apart while the worker holds no row and no job: nothing is in flight for the front to
+# wait on (a row or job that arrives wakes the beats at once). At the working cadence, an idle worker's beats (their
+# statistics built, framed and read) were a third of its CPU and a fifth of its front's.
+_IDLE_BEATS_APART = 4
 
 
 @attrs.frozen(kw_only=True)
@@ -116,6 +120,8 @@ class WorkerHost:
     _model: WorkerModel | None = attrs.field(default=None, init=False)
     # The heartbeat and the failure flush: they end once the last step is framed.
     _helpers: list[anyio.CancelScope] = attrs.field(factory=list, init=False)
+    # Set when a row or job arrives: the beats go back to the working cadence.
+    _work_came: anyio.Event = attrs.field(factory=anyio.Event, init=False)
 
     async def serve(self, stream: ByteStream, reader: FrameReader[ToWorker]) -> None:
         async with anyio.create_task_group() as group:
@@ -173,6 +179,7 @@ class WorkerHost:
                 await control.send.send(Abort(request_id=message.request_id))
             elif isinstance(message, JobIn):
                 scope = self._jobs[message.job_id] = anyio.CancelScope()
+                self._work_came.set()
                 group.start_soon(self._run_job, message, scope)
             elif isinstance(message, CancelIn):
                 if (running := self._jobs.get(message.job_id)) is not None:
@@ -187,6 +194,7 @@ class WorkerHost:
         assert self._model is not None
         reply = _WorkerReply(row.request_id, row.trace_id, failures=self._failures, failed=self._failed)
         self._replies[row.request_id] = reply
+        self._work_came.set()
         constraint: CompiledConstraint | None = None
         if row.grammar is not None:
             grammar = Grammar(text=row.grammar, param=row.grammar_param)
@@ -261,7 +269,16 @@ class WorkerHost:
             # A frame on its way means the front hears from this worker anyway.
             if not self._frames.busy:
                 await self._send(self._heartbeat())
-            await anyio.sleep(self.beat_interval)
+            if self._holding():
+                await anyio.sleep(self.beat_interval)
+                continue
+            with anyio.move_on_after(self.beat_interval * _IDLE_BEATS_APART):
+                await self._work_came.wait()
+            self._work_came = anyio.Event()
+
+    def _holding(self) -> bool:
+        """Loading, or a row or job in hand: the front may be waiting on this worker."""
+        return self._gateway is None or bool(self._replies) or bool(self._jobs)
 
     async def _send(self, message: ToFront) -> None:
         assert self._frames is not None

@@ -35,8 +35,10 @@ from stages.kv.rows import Failed, Intake
 from stages.messages import Abort, Prepared, StepOutputs
 from stages.model_thread.exclusive import Job
 
-# A waiting model thread looks for its host's cancellation this often.
-_POLL_S = 0.1
+# A waiting model thread looks for its host's cancellation at least this often. The host's cancellation also wakes
+# it at once (`_wake_on_cancel`), so this is a backstop: an idle thread that woke ten times a second for it was most of
+# an idle worker's CPU.
+_POLL_S = 1.0
 
 
 @attrs.frozen(kw_only=True)
@@ -134,6 +136,7 @@ class Handoff:
             async with anyio.create_task_group() as intake:
                 intake.start_soon(self._feed, inbox, bind)
                 intake.start_soon(self._forward, control)
+                intake.start_soon(self._wake_on_cancel)
                 await thread()
                 intake.cancel_scope.cancel()
             self._finish()
@@ -185,6 +188,14 @@ class Handoff:
         async for abort in control:
             with self._lock:
                 self._aborts.append(abort)
+
+    async def _wake_on_cancel(self) -> None:
+        """The thread waits on the condition; a cancelled host wakes it to look (`check_cancelled` raises there)."""
+        try:
+            await anyio.sleep_forever()
+        finally:
+            with self._lock:
+                self._changed.notify_all()
 
     def _finish(self) -> None:
         """The thread has ended: `deliver` returns once the parcels left are delivered."""

@@ -18,6 +18,7 @@ import pytest
 from pipeline.channels import Channel, open_channel
 from stages.kv.rows import Intake
 from stages.messages import Abort, Prepared, StepOutputs
+from stages.model_thread import handoff as handoff_module
 from stages.model_thread.handoff import Handoff, Parcel
 from tests.stages.cache.test_prompt_cache_gateway import row
 
@@ -178,6 +179,32 @@ async def test_a_host_cancel_ends_an_idle_thread(crossing: Crossing) -> None:
             group.cancel_scope.cancel()
     assert ended.is_set()
     assert crossing.handoff.statistics().idle_wait_s > 0
+
+
+async def test_a_host_cancel_wakes_a_thread_waiting_for_delivery(
+    crossing: Crossing, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inbox closed, the thread waits on a stalled sink: the cancellation itself wakes it, not the backstop poll."""
+    monkeypatch.setattr(handoff_module, "_POLL_S", 30.0)
+    crossing.gate = anyio.Event()
+    ended = anyio.Event()
+
+    def thread() -> None:
+        try:
+            assert crossing.handoff.take(held=0).closed
+            for step in range(8):
+                crossing.handoff.hand_over(parcel(step), held=1)
+        finally:
+            anyio.from_thread.run_sync(ended.set)
+
+    # Without the wake, the thread would sleep out the poll and the crossing end late: past this deadline.
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(crossing.run, thread)
+            crossing.inbox.send.close()
+            await until(lambda: crossing.handoff.statistics().loop_wait_s > 0)
+            group.cancel_scope.cancel()
+    assert ended.is_set()
 
 
 async def test_a_nudge_wakes_an_idle_thread_with_an_empty_intake(crossing: Crossing) -> None:
