@@ -107,6 +107,8 @@ class WorkerHost:
     # The nice value to serve at once loaded (workers/priority.py); None: it was never changed.
     base_nice: int | None = None
     times: StartTimes = attrs.field(factory=lambda: StartTimes(imports_s=0.0, connect_s=0.0))
+    # The front's memory copy figure (stages/remote/messages.py, SettingsIn).
+    measured_bandwidth: float | None = None
     _frames: FramesOut | None = attrs.field(default=None, init=False)
     _failures: list[FailedOut] = attrs.field(factory=list, init=False)
     _failed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
@@ -135,7 +137,7 @@ class WorkerHost:
                 # The heartbeats keep their turn beside the loading threads (pipeline/yielding.py says why).
                 with yielding_gil():
                     opened = time.perf_counter()
-                    model = self._model = await open_model(self.settings)
+                    model = self._model = await open_model(self.settings, measured_bandwidth=self.measured_bandwidth)
                     loaded = time.perf_counter()
                     self._gateway = make_gateway(model.side, inbox.receive, control, steps.send)
                     # Each step's frame goes out from the model thread (workers/frames_out.py); rows that fail

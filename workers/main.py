@@ -72,7 +72,11 @@ async def _main(socket: str) -> None:
             imports_s=IMPORTED - STARTED, connect_s=connected - IMPORTED, waited_s=time.perf_counter() - connected
         )
         host = WorkerHost(
-            settings=settings, beat_interval=settings.worker_heartbeat_timeout / 8, base_nice=base_nice, times=times
+            settings=settings,
+            beat_interval=settings.worker_heartbeat_timeout / 8,
+            base_nice=base_nice,
+            times=times,
+            measured_bandwidth=first.measured_bandwidth,
         )
         await host.serve(stream, reader)
     log.info("worker.stopped")

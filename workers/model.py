@@ -30,8 +30,9 @@ class WorkerModel:
     embedder: SideModel | None
 
 
-async def open_model(settings: Settings) -> WorkerModel:
-    """Everything but the weights, which the gateway's model thread loads."""
+async def open_model(settings: Settings, *, measured_bandwidth: float | None = None) -> WorkerModel:
+    """Everything but the weights, which the gateway's model thread loads. `measured_bandwidth`: the front's copy
+    figure, which the plan uses rather than probing again."""
     info = await anyio.to_thread.run_sync(
         partial(resolve_model, settings.model, demo=settings.demo_model, name=settings.model_name)
     )
@@ -58,6 +59,7 @@ async def open_model(settings: Settings) -> WorkerModel:
         adapter_bytes=sum(adapter.nbytes for adapter in adapters) + embedding_bytes,
         share=None,
         kv=kv_scheme(settings, None),
+        measured_bandwidth=measured_bandwidth,
     )
     # The same plan and weight form the front chose (stages/engine/decisions.py), so the model thread loads them alike.
     fit, weights = await anyio.to_thread.run_sync(partial(plan_weights, settings, info, fit_of, cluster=None))

@@ -320,7 +320,7 @@ class Engine:
         out: MemoryObjectSendStream[StepOutputs],
         disk: DiskTier | None,
     ) -> GenerationGateway | RemoteGateway:
-        settings = self._settings
+        settings, machine = self._settings, self.fit.machine
         if isinstance(self._exclusive, RemoteExclusiveQueue):
             return RemoteGateway(
                 inbox=inbox,
@@ -330,6 +330,7 @@ class Engine:
                 exclusive=self._exclusive,
                 settings=settings,
                 capacity=2 * (settings.max_batch + settings.max_pending + settings.exclusive_pending) + 3,
+                measured_bandwidth=machine.bandwidth_bytes_per_s if machine.bandwidth_source == "memcpy" else None,
             )
         side = ModelSide(
             settings=settings,

@@ -213,6 +213,7 @@ def assess(
     share: Callable[[ModelShape], ModelShape] | None = None,
     form: Callable[[ModelShape], ModelShape] | None = None,
     kv: KvScheme = FULL,
+    measured_bandwidth: float | None = None,
 ) -> Fit:
     """Read the machine and the model and plan the budget; blocking (run it off the event loop).
 
@@ -222,11 +223,13 @@ def assess(
     files (float32 weights dequantized from the stored ones: stages/models/weights.py).
     `share` gives this process's part of the model when it is sharded over
     several (stages/shard/plan.py): the plan is per rank.
+    `measured_bandwidth`: the machine's copy figure, where another process has measured it.
 
     Raises:
         BudgetError: the budget cannot hold the model.
     """
-    machine, shape = read_machine(), read_model_shape(path, context_window)
+    machine = read_machine(measured_bandwidth=measured_bandwidth)
+    shape = read_model_shape(path, context_window)
     if form is not None:
         shape = form(shape)
     shape = attrs.evolve(shape, weights_bytes=shape.weights_bytes + adapter_bytes, kv_scheme=kv)

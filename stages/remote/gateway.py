@@ -93,6 +93,8 @@ class RemoteGateway:
     # Frames the front may have queued for the worker: a row, an abort and a job or its cancel per request in flight.
     _capacity: int = attrs.field(alias="capacity")
     _connect_timeout: float = attrs.field(default=600.0, alias="connect_timeout")
+    # The front's measured memory copy figure, passed on to each worker it starts (SettingsIn says why).
+    _measured_bandwidth: float | None = attrs.field(default=None, alias="measured_bandwidth")
     _state: WorkerState = attrs.field(default=WorkerState.LOADING, init=False)
     _worker: WorkerProcess | None = attrs.field(default=None, init=False)
     # The current worker's process, from its start (before it connects) to its end.
@@ -234,7 +236,8 @@ class RemoteGateway:
         try:
             # Never logged nor sent: the worker needs no keys.
             values = attrs.asdict(attrs.evolve(self._settings, api_key=None))
-            self._outbox.send.send_nowait(SettingsIn(values=values, yield_cpu=beside_others))
+            first = SettingsIn(values=values, yield_cpu=beside_others, measured_bandwidth=self._measured_bandwidth)
+            self._outbox.send.send_nowait(first)
             self._last_frame = time.monotonic()
             async with anyio.create_task_group() as session:
                 session.start_soon(self._write, worker, self._outbox.receive)
