@@ -64,7 +64,7 @@ log = structlog.get_logger(stage="worker")
 _STEP_BUFFER = 4
 # Beats this many intervals apart while the worker holds no row and no job: nothing is in flight for the front to
 # wait on (a row or job that arrives wakes the beats at once). At the working cadence, an idle worker's beats (their
-# statistics built, framed and read) were a third of its CPU and a fifth of its front's.
+# statistics built, framed and read) were about half of its CPU and a quarter of its front's.
 _IDLE_BEATS_APART = 4
 
 

@@ -36,8 +36,7 @@ from stages.messages import Abort, Prepared, StepOutputs
 from stages.model_thread.exclusive import Job
 
 # A waiting model thread looks for its host's cancellation at least this often. The host's cancellation also wakes
-# it at once (`_wake_on_cancel`), so this is a backstop: an idle thread that woke ten times a second for it was most of
-# an idle worker's CPU.
+# it at once (`_wake_on_cancel`), so this is a backstop: ten looks a second were about a third of an idle worker's CPU.
 _POLL_S = 1.0
 
 
