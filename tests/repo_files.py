@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO
+
 TOOL_FOLDERS = frozenset({".venv", ".git", ".ruff_cache", ".mypy_cache", ".pytest_cache", "__pycache__"})
 
 

@@ -9,7 +9,8 @@ import attrs
 import pytest
 
 from pipeline.settings import OTHER_VARIABLES, PREFIX, Settings
-from tests.repo_files import REPO, repo_files
+from tests.conftest import REPO
+from tests.repo_files import repo_files
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # [text](target) and ![alt](target); a target ends at whitespace or the closing parenthesis.

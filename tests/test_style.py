@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 
-from tests.repo_files import REPO, repo_files
+from tests.conftest import REPO
+from tests.repo_files import repo_files
 
 MODULES = repo_files(".py")
 # docs/STYLE.md, "Size": split along a seam before this, never pack lines to stay under it.
