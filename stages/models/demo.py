@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 # Part of every build's directory name: bump it whenever the files built
 # change, so no cache keeps serving an old build.
-BUILDER_VERSION = "v2"
+BUILDER_VERSION = "v3"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 MARKER_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -166,8 +166,18 @@ DEMO_MODELS: Mapping[str, DemoSpec] = MappingProxyType(
         ),
         "tiny": _TINY,
         # The tiny model with a window that fits agent clients' prompts (Claude Code, Codex: 10k–30k tokens),
-        # and a larger vocabulary: fewer prompt tokens, so a CPU prefills these prompts in time.
-        "tiny-64k": attrs.evolve(_TINY, vocab_size=8192, max_position_embeddings=65536, ends_turns=True),
+        # and a larger vocabulary: fewer prompt tokens. One layer of one 64-wide head (tiny's KV per token): a
+        # prompt's attention scores cost a CPU an exp each (13 ns in MLX's CPU kernel), so tiny's two layers of
+        # four heads took 22 s to prefill Claude Code's 25,651-token prompt, and this shape a quarter of it.
+        "tiny-64k": attrs.evolve(
+            _TINY,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            vocab_size=8192,
+            max_position_embeddings=65536,
+            ends_turns=True,
+        ),
         # Six heads, each its own KV head: splits evenly over two or three tensor-parallel ranks (tests of a sharded
         # ring).
         "tiny-6h": attrs.evolve(
