@@ -163,6 +163,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--graceful-timeout", type=float, default=30.0, help="seconds open streams get at shutdown (default 30)"
     )
+    serve.add_argument(
+        "--access-log",
+        metavar="PATH",
+        help="a line per request (hypercorn's format: client, request line, status, size) to PATH, '-' for stdout",
+    )
     return parser
 
 
@@ -277,7 +282,7 @@ def _config(args: argparse.Namespace, listener: socket.socket | None) -> object:
     config.graceful_timeout = args.graceful_timeout
     # Pings keep an idle Responses socket open through proxies that cut silent connections.
     config.websocket_ping_interval = 20.0
-    config.accesslog = None
+    config.accesslog = args.access_log
     return config
 
 

@@ -117,26 +117,26 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(log_dir: Path, **settings: str) -> Server:
+def start_server(log_dir: Path, *, hypercorn: bool | None = None, **settings: str) -> Server:
+    """A model server with these `MLX_RELAY_*` settings, answering /health. `hypercorn`: run it as
+    `hypercorn app:app` rather than `mlx-relay serve`; by default, servers of the default settings do."""
     port = _free_port()
     env = {**os.environ, "MLX_RELAY_DEMO_MODEL": "tiny", **{f"MLX_RELAY_{k.upper()}": v for k, v in settings.items()}}
     log_path = log_dir / f"server-{port}.log"
-    # The access log lets a test read every status the server answered.
-    command = [
-        sys.executable,
-        "-m",
-        "hypercorn",
-        "app:app",
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--graceful-timeout",
-        "30",
-        "--access-logfile",
-        "-",
-    ]
+    # The access log lets a test read every status the server answered. Servers of the default settings
+    # run as `hypercorn app:app`, every other one as `mlx-relay serve`: the two ways to run the app. The
+    # second is the one process (hypercorn's CLI adds a supervising process, which spawns the app's,
+    # 0.2 s of CPU a start, and the app's process then polls a shutdown event ten times a second).
+    if hypercorn is None:
+        hypercorn = not settings
+    if hypercorn:
+        command = [sys.executable, "-m", "hypercorn", "app:app", "--bind", f"127.0.0.1:{port}"]
+        command += ["--graceful-timeout", "30", "--access-logfile", "-"]
+    else:
+        command = [sys.executable, "-m", "mlx_relay", "serve", "--port", str(port), "--access-log", "-"]
+        command += ["--graceful-timeout", "30"]
     with log_path.open("wb") as log_file:
-        # A session of its own: hypercorn serves from a spawned worker process,
-        # and teardown must be able to kill both.
+        # A session of its own: teardown must be able to kill the server and every process it started.
         process = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -185,21 +185,24 @@ class ServerPool:
 
     log_dir: Path
     started: list[Server] = attrs.field(factory=list)
-    shared: dict[frozenset[tuple[str, str]], Server] = attrs.field(factory=dict)
+    # By the settings and the launcher asked for (`start_server`'s `hypercorn`).
+    shared: dict[tuple[frozenset[tuple[str, str]], bool | None], Server] = attrs.field(factory=dict)
     # The default settings are pinned from the start: most modules use that server.
-    pinned: set[frozenset[tuple[str, str]]] = attrs.field(factory=lambda: {frozenset()})
+    pinned: set[tuple[frozenset[tuple[str, str]], bool | None]] = attrs.field(factory=lambda: {(frozenset(), None)})
 
-    def __call__(self, *, private: bool = False, pinned: bool = False, **settings: str) -> Server:
-        key = frozenset(settings.items())
+    def __call__(
+        self, *, private: bool = False, pinned: bool = False, hypercorn: bool | None = None, **settings: str
+    ) -> Server:
+        key = (frozenset(settings.items()), hypercorn)
         if private:
-            server = start_server(self.log_dir, **settings)
+            server = start_server(self.log_dir, hypercorn=hypercorn, **settings)
             self.started.append(server)
             return server
         if pinned:
             self.pinned.add(key)
         running = self.shared.get(key)
         if running is None or running.process.poll() is not None:
-            running = start_server(self.log_dir, **settings)
+            running = start_server(self.log_dir, hypercorn=hypercorn, **settings)
             self.started.append(running)
             self.shared[key] = running
         return running

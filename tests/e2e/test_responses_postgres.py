@@ -60,8 +60,15 @@ def test_a_store_failure_is_response_failed_and_nothing_is_stored(
     assert server.client().responses.retrieve(again.id).id == again.id
 
 
-def test_an_unreachable_store_stops_start_up_with_one_line(server_factory: ServerFactory) -> None:
+@pytest.mark.parametrize(
+    ("hypercorn", "said"), [(True, "server.cannot_start"), (False, "mlx-relay: the response store")]
+)
+def test_an_unreachable_store_stops_start_up_with_one_line(
+    server_factory: ServerFactory, hypercorn: bool, said: str
+) -> None:
     with pytest.raises(RuntimeError) as raised:
-        server_factory(response_store="postgresql://relay:s3cret@127.0.0.1:9/none?connect_timeout=1")
-    assert "server.cannot_start" in str(raised.value) and "response store" in str(raised.value)
+        server_factory(
+            response_store="postgresql://relay:s3cret@127.0.0.1:9/none?connect_timeout=1", hypercorn=hypercorn
+        )
+    assert said in str(raised.value) and "response store" in str(raised.value)
     assert "s3cret" not in str(raised.value)
