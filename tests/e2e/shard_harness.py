@@ -22,7 +22,7 @@ import attrs
 import httpx
 
 from tests import loopback
-from tests.conftest import REPO, STARTUP_TIMEOUT, Server, _free_port, record_start
+from tests.conftest import HEALTH_POLL_S, REPO, STARTUP_TIMEOUT, Server, _free_port, record_start
 
 
 @attrs.define
@@ -79,6 +79,6 @@ def start_sharded(log_dir: Path, *, model: str, ranks: int = 2, mode: str = "ten
             if sharded.health().status_code == 200:
                 record_start(f"shard-{mode}-{ranks}", {"model": model, **settings}, time.monotonic() - started)
                 return sharded
-        time.sleep(0.3)
+        time.sleep(HEALTH_POLL_S)
     sharded.kill()
     raise RuntimeError(f"sharded server did not become healthy:\n{sharded.server.logs()}")
