@@ -119,6 +119,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _under_hypercorn(hypercorn: bool | None, settings: dict[str, str]) -> bool:
+    """Whether a server runs as `hypercorn app:app` rather than `mlx-relay serve`: as asked, else when its settings
+    are the defaults."""
+    return not settings if hypercorn is None else hypercorn
+
+
 def start_server(log_dir: Path, *, hypercorn: bool | None = None, **settings: str) -> Server:
     """A model server with these `MLX_RELAY_*` settings, answering /health. `hypercorn`: run it as
     `hypercorn app:app` rather than `mlx-relay serve`; by default, servers of the default settings do."""
@@ -129,9 +135,7 @@ def start_server(log_dir: Path, *, hypercorn: bool | None = None, **settings: st
     # run as `hypercorn app:app`, every other one as `mlx-relay serve`: the two ways to run the app. The
     # second is the one process (hypercorn's CLI adds a supervising process, which spawns the app's,
     # 0.2 s of CPU a start, and the app's process then polls a shutdown event ten times a second).
-    if hypercorn is None:
-        hypercorn = not settings
-    if hypercorn:
+    if _under_hypercorn(hypercorn, settings):
         command = [sys.executable, "-m", "hypercorn", "app:app", "--bind", f"127.0.0.1:{port}"]
         command += ["--graceful-timeout", "30", "--access-logfile", "-"]
     else:
@@ -188,15 +192,16 @@ class ServerPool:
 
     log_dir: Path
     started: list[Server] = attrs.field(factory=list)
-    # By the settings and the launcher asked for (`start_server`'s `hypercorn`).
-    shared: dict[tuple[frozenset[tuple[str, str]], bool | None], Server] = attrs.field(factory=dict)
+    # By the settings and whether the server runs under hypercorn's CLI (`_under_hypercorn`).
+    shared: dict[tuple[frozenset[tuple[str, str]], bool], Server] = attrs.field(factory=dict)
     # The default settings are pinned from the start: most modules use that server.
-    pinned: set[tuple[frozenset[tuple[str, str]], bool | None]] = attrs.field(factory=lambda: {(frozenset(), None)})
+    pinned: set[tuple[frozenset[tuple[str, str]], bool]] = attrs.field(factory=lambda: {(frozenset(), True)})
 
     def __call__(
         self, *, private: bool = False, pinned: bool = False, hypercorn: bool | None = None, **settings: str
     ) -> Server:
-        key = (frozenset(settings.items()), hypercorn)
+        # The launcher as it will run, so asking for the default one by name finds the same server.
+        key = (frozenset(settings.items()), _under_hypercorn(hypercorn, settings))
         if private:
             server = start_server(self.log_dir, hypercorn=hypercorn, **settings)
             self.started.append(server)
