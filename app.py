@@ -58,6 +58,7 @@ from pipeline.tracing import configure_logging  # noqa: E402
 from stages.engine.engine import Engine  # noqa: E402
 from stages.messages import Decoder, ReadBody, Reply  # noqa: E402
 from stages.prompt.parse import load_json  # noqa: E402
+from stages.remote.zygote import start_zygote, stop_zygote  # noqa: E402
 from store.startup import StartupError, open_response_store  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
 from wire.anthropic_context import applied_edits_body  # noqa: E402
@@ -105,6 +106,9 @@ async def lifespan() -> AsyncGenerator[None, None]:
     settings = Settings.from_env()
     configure_logging(settings.log_level)
     log.info("server.starting", blas=BLAS, max_batch=settings.max_batch, max_pending=settings.max_pending)
+    if not settings.model_in_process:
+        # Before anything starts a thread (stages/remote/zygote.py).
+        start_zygote(settings.worker_fork)
     guard.configure(app, settings)
     try:
         store = await anyio.to_thread.run_sync(open_response_store, settings)
@@ -113,11 +117,8 @@ async def lifespan() -> AsyncGenerator[None, None]:
         log.error("server.cannot_start", reason=str(error))
         raise
     app.extensions["response_store"] = store
-    app.extensions["keepalive_interval"] = settings.keepalive_interval
-    app.extensions["web"] = settings.web
-    app.extensions["socket_idle_timeout"] = settings.socket_idle_timeout
-    app.extensions["max_batch"] = settings.max_batch
-    app.extensions["strict_fields"] = settings.strict_fields
+    for name in ("keepalive_interval", "web", "socket_idle_timeout", "max_batch", "strict_fields"):
+        app.extensions[name] = getattr(settings, name)
     app.extensions["blas"] = BLAS
     metrics = app.extensions["metrics"] = Metrics()
     tracing = app.extensions["tracing"] = configure_tracing()
@@ -147,6 +148,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
             await fleet.drain(settings.drain_timeout)
             outer.cancel_scope.cancel()
     finally:
+        stop_zygote()
         await anyio.to_thread.run_sync(store.close)
         if tracing is not None:
             # Flushes the spans still batched.

@@ -28,9 +28,9 @@ def tree_cpu_seconds(pid: int) -> float | None:
     return sum(stats[p][1] for p in tree if p in stats) / ticks
 
 
-def tree_cpu_split(pid: int, marker: str = "workers.main") -> tuple[float, float] | None:
-    """(front, worker) seconds of `pid`'s tree: a process whose command line holds `marker`, and its
-    descendants, count as the worker; None without /proc."""
+def tree_cpu_split(pid: int, worker_name: str = "relay-worker") -> tuple[float, float] | None:
+    """(front, worker) seconds of `pid`'s tree: a process named `worker_name` (workers/main.py names itself so,
+    forked or spawned), and its descendants, count as the worker; None without /proc."""
     if not (_PROC / str(pid)).exists():
         return None
     stats = _all_stats()
@@ -38,7 +38,7 @@ def tree_cpu_split(pid: int, marker: str = "workers.main") -> tuple[float, float
     seen = {pid}
     while frontier:
         parent, in_worker = frontier.pop()
-        in_worker = in_worker or marker in _cmdline(parent)
+        in_worker = in_worker or _name(parent) == worker_name
         ticks = stats.get(parent, (0, 0))[1]
         front, worker = (front, worker + ticks) if in_worker else (front + ticks, worker)
         for child, (ppid, _) in stats.items():
@@ -49,9 +49,9 @@ def tree_cpu_split(pid: int, marker: str = "workers.main") -> tuple[float, float
     return front / per_second, worker / per_second
 
 
-def _cmdline(pid: int) -> str:
+def _name(pid: int) -> str:
     try:
-        return (_PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (_PROC / str(pid) / "comm").read_text().strip()
     except OSError:
         return ""
 

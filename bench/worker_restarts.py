@@ -5,8 +5,10 @@ model worker (SIGKILL) again and again; after each restart one request is
 answered. Prints the front's RSS (from /proc) after each restart and the
 growth from the fifth restart to the last (the first ones warm caches),
 and the median time from the kill to a ready worker, with the spare worker
-`--spare on` or `off` (stages/remote/spare.py): `--settle` seconds between
-restarts give a spare time to import, as the time between real crashes does.
+`--spare on` or `off` (stages/remote/spare.py), workers forked by the
+front's zygote or, `--fork off`, spawned (stages/remote/zygote.py):
+`--settle` seconds between restarts give a spare time to import, as the
+time between real crashes does.
 """
 
 from __future__ import annotations
@@ -51,13 +53,21 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def _front(worker: int) -> int:
+    """The worker's front: its parent, or its zygote's (stages/remote/zygote.py)."""
+    parent = _parent(worker)
+    return _parent(parent) if Path(f"/proc/{parent}/comm").read_text().strip() == "relay-zygote" else parent
+
+
 def _workers(front: int) -> list[int]:
-    """The front's worker processes (a spare among them)."""
+    """The front's worker processes (a spare among them): its children, or its zygote's, named as workers."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            ours = entry.name.isdigit() and _parent(int(entry.name)) == front
-            if ours and b"workers.main" in (entry / "cmdline").read_bytes():
+            if not entry.name.isdigit() or (entry / "comm").read_text().strip() != "relay-worker":
+                continue
+            parent = _parent(int(entry.name))
+            if front in (parent, _parent(parent)):
                 found.append(int(entry.name))
         except (OSError, ValueError):
             continue
@@ -68,16 +78,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.worker_restarts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--restarts", type=int, default=50)
     parser.add_argument("--spare", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument("--fork", choices=("auto", "off"), default="auto", help="MLX_RELAY_WORKER_FORK")
     parser.add_argument("--settle", type=float, default=0.0, help="seconds between a restart and the next kill")
     args = parser.parse_args()
     port = free_port()
     env = relay_env("tiny", frozenset(DEMO_MODELS)) | {
         "MLX_RELAY_WORKER_RESTART_BACKOFF": "0.05",
         "MLX_RELAY_WORKER_SPARE": args.spare,
+        "MLX_RELAY_WORKER_FORK": args.fork,
     }
     with started("mlx-relay", relay_command(port), port, env, OUT / "logs") as server:
         pid = _ready_pid(server.url, None)
-        front = _parent(pid)
+        front = _front(pid)
         samples: list[int] = []
         back_in: list[float] = []
         began = time.monotonic()

@@ -210,6 +210,9 @@ class Settings:
     # A spare worker, started and imported before it is needed, which a restart or a model's load takes:
     # "auto" once several models are served or a worker has restarted, "on", "off" (stages/remote/spare.py).
     worker_spare: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "on", "off")))
+    # Workers forked from a copy of the front, its imports done, where that is safe (Linux, the CPU backend):
+    # "auto", or "off" to spawn each one (stages/remote/zygote.py).
+    worker_fork: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "off")))
 
     # The event loop `mlx-relay serve` runs on: "asyncio", or "uvloop" (the `uvloop` extra), which
     # spends less of the loop's time per streamed token. `hypercorn app:app` takes `-k uvloop` instead.

@@ -24,6 +24,11 @@ STARTED = time.perf_counter()
 # quotes as the worker's reason (stages/remote/stderr_tail.py): a worker that dies this way has no frame to send.
 faulthandler.enable()
 
+from stages.remote.zygote import WORKER_NAME, name_process  # noqa: E402
+
+# Its own name in ps and top, whether spawned or forked (whose command line is the front's).
+name_process(WORKER_NAME)
+
 from stages.models.blas import preload_blas  # noqa: E402
 from workers.priority import YIELD_FLAG, lower_while_loading, restore  # noqa: E402
 

@@ -29,6 +29,7 @@ from anyio.abc import ByteStream, Process, SocketListener
 
 from stages.remote.blas_share import BLAS_SHARE
 from stages.remote.stderr_tail import StderrTail
+from stages.remote.zygote import ForkedProcess, current_zygote
 
 # workers/priority.py's YIELD_FLAG (the front does not import workers/).
 _YIELD_FLAG = "--yield-while-loading"
@@ -58,9 +59,13 @@ class WorkerDiedStarting(WorkerRefused):
     failed): the message quotes its stderr. Its next start would end alike, so it counts as a refusal."""
 
 
+# A spawned worker, or one the zygote forked.
+WorkerRun = Process | ForkedProcess
+
+
 @attrs.define(eq=False)
 class WorkerProcess:
-    process: Process
+    process: WorkerRun
     stream: ByteStream
     stderr: StderrTail
     # Started ahead of need and taken idle (stages/remote/spare.py).
@@ -76,7 +81,7 @@ class WorkerProcess:
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.kill()
 
     async def end(self, grace: float) -> None:
         """Ends the process: `grace` seconds to exit on its own, then killed. Safe to call twice."""
@@ -101,24 +106,10 @@ async def start_worker(
     with tempfile.TemporaryDirectory(prefix="mlx-relay-worker-") as folder:
         path = Path(folder) / "worker.sock"
         async with await anyio.create_unix_listener(path, mode=0o600) as listener:
-            path_entries = filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])
-            env = {**os.environ, **BLAS_SHARE.environment(), "PYTHONPATH": os.pathsep.join(path_entries)}
+            argv = ["--socket", str(path), *([_YIELD_FLAG] if yield_cpu else [])]
             read_end, write_end = os.pipe()
             try:
-                process = await anyio.open_process(
-                    [
-                        sys.executable,
-                        "-m",
-                        "workers.main",
-                        "--socket",
-                        str(path),
-                        *([_YIELD_FLAG] if yield_cpu else []),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=None,
-                    stderr=write_end,
-                    env=env,
-                )
+                process = await _launch(argv, write_end)
             except BaseException:
                 os.close(read_end)
                 raise
@@ -137,7 +128,37 @@ async def start_worker(
     return WorkerProcess(process=process, stream=stream, stderr=stderr)
 
 
-def exit_status(process: Process) -> str:
+def forks_workers() -> bool:
+    """Whether the next worker is forked by the front's zygote (stages/remote/zygote.py) rather than spawned."""
+    zygote = current_zygote()
+    return zygote is not None and zygote.serves(_environment())
+
+
+def _environment() -> dict[str, str]:
+    return {**os.environ, **BLAS_SHARE.environment()}
+
+
+async def _launch(argv: list[str], stderr_fd: int) -> WorkerRun:
+    """`python -m workers.main *argv`: forked where the zygote serves it, else spawned."""
+    zygote = current_zygote()
+    environment = _environment()
+    if zygote is not None and zygote.serves(environment):
+        with contextlib.suppress(OSError), anyio.CancelScope(shield=True):
+            # Shielded: a fork the caller no longer waits for would leave a worker nobody ends.
+            pid, status_fd = await anyio.to_thread.run_sync(zygote.fork_worker, argv, stderr_fd)
+            return ForkedProcess(pid, status_fd)
+    path_entries = filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])
+    env = {**environment, "PYTHONPATH": os.pathsep.join(path_entries)}
+    return await anyio.open_process(
+        [sys.executable, "-m", "workers.main", *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=None,
+        stderr=stderr_fd,
+        env=env,
+    )
+
+
+def exit_status(process: WorkerRun) -> str:
     code = process.returncode
     if code is None:
         return "still running"
@@ -153,7 +174,7 @@ async def _printed(stderr: StderrTail) -> str:
     return f"it printed: {text}" if text else "it printed nothing"
 
 
-async def _accept(listener: SocketListener, process: Process, timeout: float, stderr: StderrTail) -> ByteStream:
+async def _accept(listener: SocketListener, process: WorkerRun, timeout: float, stderr: StderrTail) -> ByteStream:
     accepted: list[ByteStream] = []
     async with anyio.create_task_group() as group:
 
@@ -179,7 +200,7 @@ async def _accept(listener: SocketListener, process: Process, timeout: float, st
     raise WorkerLost(f"the worker (pid {process.pid}) {ended}; {printed}", stderr=stderr.text())
 
 
-async def _end(process: Process, grace: float) -> None:
+async def _end(process: WorkerRun, grace: float) -> None:
     with anyio.move_on_after(grace):
         await process.wait()
     if process.returncode is None:

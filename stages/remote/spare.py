@@ -14,7 +14,9 @@ process beside it, and sets it back to the front's priority first.
 
 When (`MLX_RELAY_WORKER_SPARE`): `on` always, `off` never, `auto` (the
 default) once the front serves several models (each load of one takes
-it) or once any worker has restarted. A spare costs its memory (about
+it) or once any worker has restarted, where workers are spawned: a worker
+the front's zygote forks has its imports done already
+(stages/remote/zygote.py). A spare costs its memory (about
 90 MiB resident on Linux, DESIGN.md "Model workers") and nothing else
 while idle. One pool per process (several engines share it); it ends its
 spare when the last gateway using it ends.
@@ -32,7 +34,7 @@ import attrs
 import structlog
 from anyio.abc import TaskGroup
 
-from stages.remote.process import WorkerLost, WorkerProcess, start_worker
+from stages.remote.process import WorkerLost, WorkerProcess, forks_workers, start_worker
 
 log = structlog.get_logger(stage="remote")
 # How often a start waiting for the spare sets it back to the front's priority.
@@ -58,7 +60,8 @@ class SparePool:
     _users: int = 0
 
     def wanted(self, mode: str) -> bool:
-        return mode == "on" or (mode == "auto" and (self.several or self.restarts > 0))
+        # A forked worker skips the imports a spare is there to have done.
+        return mode == "on" or (mode == "auto" and (self.several or self.restarts > 0) and not forks_workers())
 
     async def take(self) -> WorkerProcess | None:
         """The spare, if one is idle and alive (a dead one is ended and forgotten), or is starting (then waited

@@ -93,12 +93,13 @@ GROUP_SIZE_REFUSAL = "MLX_RELAY_KV_GROUP_SIZE=64"  # tiny's head dim is 16; demo
 
 @pytest.fixture(scope="module")
 def refusing(server_factory: ServerFactory, tmp_path_factory: pytest.TempPathFactory) -> Server:
-    """tiny and demo pinned, under a KV scheme tiny's worker refuses."""
+    """tiny and demo pinned, under a KV scheme tiny's worker refuses. Its workers are spawned: the crash test below
+    needs a worker that is still importing when it is killed, where a forked one has its imports done."""
     models_file = tmp_path_factory.mktemp("refused") / "models.toml"
     models_file.write_text(
         '[models.tiny]\nmodel = "tiny"\npinned = true\n[models.demo]\nmodel = "demo"\npinned = true\n'
     )
-    return server_factory(models_file=str(models_file), kv_bits="8")
+    return server_factory(models_file=str(models_file), kv_bits="8", worker_fork="off")
 
 
 def test_a_model_its_worker_refuses_fails_alone_with_the_reason(refusing: Server) -> None:
@@ -136,7 +137,7 @@ def worker_processes(server: Server) -> set[int]:
         with contextlib.suppress(OSError, ValueError):
             if entry.name.isdigit():
                 parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                if b"workers.main" in (entry / "cmdline").read_bytes():
+                if (entry / "comm").read_text().strip() == "relay-worker":
                     workers.add(int(entry.name))
 
     def descends(pid: int) -> bool:

@@ -36,6 +36,12 @@ def server(server_factory: ServerFactory) -> Server:
     return server_factory(worker_restart_backoff="0.05")
 
 
+@pytest.fixture(scope="module")
+def spawning(server_factory: ServerFactory) -> Server:
+    """Workers spawned, each importing for about a second, as where the front cannot fork them."""
+    return server_factory(worker_restart_backoff="0.05", worker_fork="off")
+
+
 def model_state(server: Server) -> dict[str, object]:
     body = loopback.get(f"{server.base_url}/health", timeout=10).json()
     (model,) = body["models"]
@@ -69,8 +75,18 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def process_name(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
 def front_pid(worker_pid: int) -> int:
-    return int(Path(f"/proc/{worker_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    """The front a worker serves: its parent, or its zygote's parent where the zygote forked it."""
+    parent = parent_pid(worker_pid)
+    return parent_pid(parent) if process_name(parent) == "relay-zygote" else parent
 
 
 class Outcome:
@@ -134,9 +150,11 @@ def responses_stream(server: Server, outcome: Outcome) -> None:
 
 
 def test_health_names_the_worker_and_the_front_keeps_it_apart(server: Server) -> None:
-    """/health names a worker process other than the front, and /v1/models shows the model ready."""
+    """/health names a worker process other than the front, forked by the front's zygote, and /v1/models shows
+    the model ready."""
     pid = wait_ready(server)
-    assert pid != server.process.pid and front_pid(pid) != pid
+    assert pid != server.process.pid and front_pid(pid) == server.process.pid
+    assert process_name(pid) == "relay-worker" and process_name(parent_pid(pid)) == "relay-zygote"
     card = loopback.get(f"{server.v1}/models", timeout=10).json()["data"][0]
     assert card["state"] == "ready"
 
@@ -204,9 +222,10 @@ def spares_ready(server: Server) -> list[int]:
     return [line["pid"] for line in lines]
 
 
-def test_a_restart_takes_the_spare_worker_once_a_worker_has_restarted(server: Server) -> None:
-    """After a restart, the front keeps a spare worker (MLX_RELAY_WORKER_SPARE=auto), and the next restart is it,
-    even when that restart comes while the spare is still importing."""
+def test_a_restart_takes_the_spare_worker_once_a_worker_has_restarted(spawning: Server) -> None:
+    """After a restart, a front that spawns its workers keeps a spare worker (MLX_RELAY_WORKER_SPARE=auto), and the
+    next restart is it, even when that restart comes while the spare is still importing."""
+    server = spawning
     pid = wait_ready(server)
     if model_state(server)["restarts"] == 0:
         os.kill(pid, signal.SIGKILL)
@@ -225,6 +244,19 @@ def test_a_restart_takes_the_spare_worker_once_a_worker_has_restarted(server: Se
     assert model_state(server)["spare"] is True and pid in spares_ready(server)
     assert '"worker.spare_hurried"' in server.logs()
     answers(server)
+
+
+def test_a_forked_restart_keeps_no_spare(server: Server) -> None:
+    """Where the zygote forks workers, `auto` keeps no spare: a restart is forked again, its imports done."""
+    pid = wait_ready(server)
+    zygote = parent_pid(pid)
+    for _ in range(2):
+        os.kill(pid, signal.SIGKILL)
+        pid = wait_ready(server, other_than=pid)
+        assert parent_pid(pid) == zygote and model_state(server)["spare"] is False
+    answers(server)
+    assert not spares_ready(server)
+    assert "killed by SIGKILL" in server.logs()
 
 
 def alive(pid: int) -> bool:

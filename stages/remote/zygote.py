@@ -1,0 +1,306 @@
+"""The front's copy that forks model workers: a worker's start without the interpreter's start and its imports.
+
+A spawned worker spends about a second of CPU importing what the front has
+already imported (mlx, mlx-lm and through it `transformers`). So the front
+forks itself once, first thing in its lifespan while it has one thread,
+and that copy (the zygote) waits on a socket pair: for each worker it
+forks a child, which runs `workers.main` as `python -m workers.main` would,
+its imports already done. The front passes the worker's stderr pipe and a
+status pipe with each request (SCM_RIGHTS); the zygote, the worker's
+parent, reaps it and writes its exit status (four bytes) into the status
+pipe, which the front's `ForkedProcess.wait()` reads.
+
+Only where a fork is safe and gives the worker what a spawn would
+(`fork_suits`): Linux, the CPU backend (a CUDA context, or Metal's
+Objective-C runtime, does not survive a fork), the front on its one Python
+thread (a lock another thread held at the fork stays held in the child),
+and the worker's environment the front's own (a BLAS reads its thread
+count once, when it loads). Elsewhere, or with `MLX_RELAY_WORKER_FORK=off`,
+workers are spawned as before. The zygote ends when the front closes its
+end (or dies); its workers, whose sockets are the front's, end with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import traceback
+from collections.abc import Mapping, Sequence
+
+import anyio
+import attrs
+import structlog
+
+log = structlog.get_logger(stage="remote")
+
+# The exit status the zygote writes: a signed int, the returncode's convention (-N: killed by signal N).
+_STATUS = struct.Struct("=i")
+# A request (the worker's argv as JSON) and a reply (its pid, or why the fork failed), each one datagram.
+_REQUEST_BYTES = 65536
+_REPLY_BYTES = 1024
+# The worker's module, run as `python -m` runs it.
+_WORKER_MODULE = "workers.main"
+# What ps and top call a worker and the zygote (a forked process's command line is the front's): at most 15 bytes.
+WORKER_NAME = "relay-worker"
+_ZYGOTE_NAME = "relay-zygote"
+
+
+class ForkedProcess:
+    """A worker forked by the zygote: anyio's `Process` as the worker's supervision uses it (pid, returncode,
+    wait, kill), its exit status read from the pipe the zygote writes it to."""
+
+    def __init__(self, pid: int, status_fd: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._status_fd = status_fd
+        # One task reads the status; another that waits meanwhile (anyio allows one reader an fd) waits on it.
+        self._reading = anyio.Lock()
+
+    async def wait(self) -> int:
+        async with self._reading:
+            while self.returncode is None:
+                await anyio.wait_readable(self._status_fd)
+                self._read_status()
+        return self.returncode
+
+    def kill(self) -> None:
+        # Once its status is read the zygote has reaped it, and the pid may be another process's.
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def _read_status(self) -> None:
+        data = b""
+        while len(data) < _STATUS.size and (chunk := os.read(self._status_fd, _STATUS.size - len(data))):
+            data += chunk
+        os.close(self._status_fd)
+        # A pipe that ends without a status: the zygote died first, and nothing can tell how the worker ended.
+        self.returncode = _STATUS.unpack(data)[0] if len(data) == _STATUS.size else -signal.SIGKILL
+
+
+@attrs.define(eq=False)
+class Zygote:
+    pid: int
+    control: socket.socket
+    # The environment at the fork: a worker that would need another is spawned instead.
+    environment: dict[str, str]
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+    _broken: bool = False
+
+    def serves(self, environment: Mapping[str, str]) -> bool:
+        return not self._broken and dict(environment) == self.environment
+
+    def fork_worker(self, argv: Sequence[str], stderr_fd: int) -> tuple[int, int]:
+        """Forks a worker running `python -m workers.main *argv`, its stderr `stderr_fd` (the caller closes its
+        copy): its pid and the read end of its status pipe (`ForkedProcess`). Blocking for the few milliseconds
+        of a fork: call it on a thread.
+
+        Raises:
+            OSError: the zygote is gone (it is not asked again; the caller spawns).
+        """
+        status_read, status_write = os.pipe()
+        try:
+            with self._lock:
+                try:
+                    socket.send_fds(self.control, [json.dumps(list(argv)).encode()], [stderr_fd, status_write])
+                    reply = self.control.recv(_REPLY_BYTES)
+                except OSError:
+                    self._broken = True
+                    raise
+                if not reply:
+                    self._broken = True
+                    raise OSError("the worker zygote has ended")
+                if not reply.isdigit():
+                    raise OSError(f"the worker zygote could not fork: {reply.decode(errors='replace')}")
+        except BaseException:
+            os.close(status_read)
+            raise
+        finally:
+            os.close(status_write)
+        return int(reply), status_read
+
+    def close(self) -> None:
+        """Ends the zygote: it exits once its end of the pair reads the end (reaped here if it already has)."""
+        self._broken = True
+        self.control.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, os.WNOHANG)
+
+
+_ZYGOTE: Zygote | None = None
+
+
+def current_zygote() -> Zygote | None:
+    return _ZYGOTE
+
+
+def fork_suits(mode: str) -> str | None:
+    """Why workers are spawned rather than forked here, or None when they may be forked."""
+    if mode == "off":
+        return "MLX_RELAY_WORKER_FORK=off"
+    if sys.platform != "linux":
+        return "not Linux"
+    from stages.kv.machine import backend
+
+    if (device := backend()) != "cpu":
+        return f"the {device} backend"
+    # Python's threads only: a BLAS's idle pool (numpy's OpenBLAS starts one as it loads) is shut down and made
+    # again around a fork by the library's own fork handlers, as for any multiprocessing fork.
+    if (threads := threading.active_count()) != 1:
+        return f"the front already runs {threads} threads"
+    return None
+
+
+def start_zygote(mode: str) -> None:
+    """Forks the zygote when it suits (the lifespan calls it before anything starts a thread)."""
+    global _ZYGOTE
+    if _ZYGOTE is not None:
+        return
+    if (reason := fork_suits(mode)) is not None:
+        log.info("worker.spawned_not_forked", reason=reason)
+        return
+    front_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    # Buffered output would be written again by every copy.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _zygote_main(zygote_end, keep=front_end.fileno())
+    zygote_end.close()
+    _ZYGOTE = Zygote(pid=pid, control=front_end, environment=dict(os.environ))
+    log.info("worker.zygote", pid=pid)
+
+
+def stop_zygote() -> None:
+    global _ZYGOTE
+    if _ZYGOTE is not None:
+        _ZYGOTE.close()
+        _ZYGOTE = None
+
+
+def _zygote_main(control: socket.socket, *, keep: int) -> None:
+    """The zygote's whole life; it never returns into the front's code."""
+    code = 0
+    try:
+        name_process(_ZYGOTE_NAME)
+        _quiet_inherited(keep_open={0, 1, 2, control.fileno()}, quieted={keep})
+        _serve(control)
+    except BaseException:  # noqa: BLE001 -- printed, then the process exits; it never unwinds into the front's code
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def name_process(name: str) -> None:
+    """The process's name in ps, top and /proc (Linux); elsewhere nothing."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
+        comm.write(name)
+
+
+def _quiet_inherited(*, keep_open: set[int], quieted: set[int]) -> None:
+    """Points every descriptor inherited from the front (its listening sockets, its store's files) at /dev/null:
+    a port stays the front's alone. The numbers stay taken, so an object of the front's that closes its
+    descriptor in this copy closes /dev/null, never a descriptor this process opened since."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd != null and (fd not in keep_open or fd in quieted):
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd, inheritable=False)
+    os.close(null)
+
+
+def _serve(control: socket.socket) -> None:
+    # Ctrl-C and a SIGTERM to the process group reach the zygote too: it ends when the front closes its end.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    # A handler of its own, so SIGCHLD reaches the wake-up pipe.
+    signal.signal(signal.SIGCHLD, lambda _signal, _frame: None)
+    status_fds: dict[int, int] = {}
+    while True:
+        ready, _, _ = select.select([control.fileno(), wake_read], [], [])
+        if wake_read in ready:
+            os.read(wake_read, 4096)
+            _reap(status_fds)
+        if control.fileno() in ready:
+            message, fds, _, _ = socket.recv_fds(control, _REQUEST_BYTES, 2)
+            if not message:
+                return  # the front closed its end, or died
+            stderr_fd, status_fd = fds
+            sys.stdout.flush()
+            sys.stderr.flush()
+            try:
+                pid = os.fork()
+            except OSError as error:
+                # Too many processes, too little memory: the front spawns this one instead, and asks again next time.
+                os.close(stderr_fd)
+                os.close(status_fd)
+                control.send(str(error).encode()[:_REPLY_BYTES])
+                continue
+            if pid == 0:
+                for fd in (control.detach(), wake_read, wake_write, status_fd, *status_fds.values()):
+                    os.close(fd)
+                _worker_main(json.loads(message), stderr_fd)
+            os.close(stderr_fd)
+            status_fds[pid] = status_fd
+            control.send(b"%d" % pid)
+            _reap(status_fds)
+
+
+def _reap(status_fds: dict[int, int]) -> None:
+    while status_fds:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        fd = status_fds.pop(pid, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(fd, _STATUS.pack(os.waitstatus_to_exitcode(status)))
+            os.close(fd)
+
+
+def _worker_main(argv: list[str], stderr_fd: int) -> None:
+    """The forked worker: `python -m workers.main *argv` with its stderr on the front's pipe; never returns."""
+    code = 0
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.dup2(stderr_fd, 2)
+        os.close(stderr_fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        sys.argv = [_WORKER_MODULE, *argv]
+        runpy.run_module(_WORKER_MODULE, run_name="__main__", alter_sys=True)
+    except SystemExit as ended:
+        code = _exit_code(ended.code)
+    except BaseException:  # noqa: BLE001 -- printed as the interpreter would, then the exit status 1
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _exit_code(code: object) -> int:
+    """What the interpreter makes of `SystemExit(code)`: a message is printed and exits 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1

@@ -1,0 +1,90 @@
+"""Workers forked by the front's zygote (stages/remote/zygote.py): what a fork keeps of the front, what it must not."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from tests import loopback
+from tests.conftest import Server, ServerFactory
+
+pytestmark = pytest.mark.slow
+
+
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def process_name(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def ready_worker(server: Server, *, other_than: int | None = None) -> int:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        (model,) = loopback.get(f"{server.base_url}/health", timeout=10).json()["models"]
+        if model["state"] == "ready" and model["pid"] not in (None, other_than):
+            return int(model["pid"])
+        time.sleep(0.05)
+    raise AssertionError("no ready worker")
+
+
+def socket_inodes(pid: int) -> set[str]:
+    links = (os.readlink(entry) for entry in Path(f"/proc/{pid}/fd").iterdir())
+    return {link for link in links if link.startswith("socket:")}
+
+
+def listening_inode(port: int) -> str:
+    """The inode of the socket listening on `port` (IPv4 loopback), from /proc/net/tcp."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "0A":
+            return f"socket:[{fields[9]}]"
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.fixture
+def server(server_factory: ServerFactory) -> Server:
+    # Under hypercorn's CLI, whose supervisor binds the port before the front (its child) imports the app.
+    return server_factory(private=True, hypercorn=True, worker_restart_backoff="0.05")
+
+
+def test_a_forked_worker_holds_no_port_reads_its_crash_and_ends_with_its_front(server: Server) -> None:
+    """The zygote and its workers hold none of the front's listening sockets; a forked worker's segfault reads as a
+    spawned one's (its stderr, its signal); once the front is gone, the zygote and the worker end too."""
+    worker = ready_worker(server)
+    zygote = parent_pid(worker)
+    front = parent_pid(zygote)
+    assert process_name(zygote) == "relay-zygote" and parent_pid(front) == server.process.pid
+    listener = listening_inode(urlparse(server.base_url).port or 0)
+    assert listener in socket_inodes(front)
+    # The zygote's one socket is its end of the pair; the worker's, its connection to the front.
+    assert len(socket_inodes(zygote)) == 1 and listener not in socket_inodes(worker)
+
+    os.kill(worker, signal.SIGSEGV)
+    restarted = ready_worker(server, other_than=worker)
+    assert parent_pid(restarted) == zygote
+    (exited,) = [json.loads(line) for line in server.logs().splitlines() if '"worker.exited"' in line]
+    assert exited["pid"] == worker and exited["status"] == "killed by SIGSEGV", exited
+    assert "Fatal Python error: Segmentation fault" in exited["stderr"], exited
+    completion = server.client().completions.create(model="m", prompt="Hi", max_tokens=2, temperature=0)
+    assert completion.usage is not None and completion.usage.completion_tokens == 2
+
+    os.kill(front, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while not (gone(zygote) and gone(restarted)):
+        assert time.monotonic() < deadline, "the zygote or its worker outlived the front"
+        time.sleep(0.05)
