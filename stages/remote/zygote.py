@@ -104,7 +104,7 @@ class Zygote:
         of a fork: call it on a thread.
 
         Raises:
-            OSError: the zygote is gone (it is not asked again; the caller spawns).
+            OSError: the zygote is gone (it is not asked again) or could not fork; the caller spawns.
         """
         status_read, status_write = os.pipe()
         try:
