@@ -29,7 +29,7 @@ from stages.remote.zygote import WORKER_NAME, name_process  # noqa: E402
 # Its own name in ps and top, whether spawned or forked (whose command line is the front's).
 name_process(WORKER_NAME)
 
-from stages.models.blas import preload_blas  # noqa: E402
+from stages.models.blas import follow_thread_environment, preload_blas  # noqa: E402
 from workers.priority import YIELD_FLAG, lower_while_loading, restore  # noqa: E402
 
 # Before the imports, the costliest part of a start; WorkerHost goes back once the model is ready. Only when the front
@@ -38,6 +38,8 @@ LOADING_BASE_NICE = lower_while_loading() if YIELD_FLAG in sys.argv else None
 
 # Before anything imports mlx: the BLAS is chosen when mlx first loads (as app.py does in the front).
 preload_blas()
+# A forked worker's BLAS was loaded by the front, with the front's thread count (stages/remote/zygote.py).
+follow_thread_environment()
 
 import anyio  # noqa: E402
 import structlog  # noqa: E402

@@ -12,7 +12,9 @@ the GPU there.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -25,6 +27,9 @@ _OPENBLAS = (
 )
 
 _active: str | None = None
+# The preloaded BLAS's function that sets its thread count, and the variables the BLAS reads that count from as it
+# loads, the most specific first (`follow_thread_environment`).
+_thread_setter: tuple[Callable[[int], None], tuple[str, ...]] | None = None
 
 
 def preload_blas() -> str:
@@ -49,6 +54,7 @@ def _choose() -> str:
             library = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
         except OSError:
             continue
+        _keep_setter(library, "openblas_set_num_threads", ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"))
         return f"openblas ({_openblas_config(library)})"
     if (mkl := _mkl_rt()) is not None:
         try:
@@ -56,8 +62,37 @@ def _choose() -> str:
         except OSError:
             pass
         else:
+            _keep_setter(library, "MKL_Set_Num_Threads", ("MKL_NUM_THREADS", "OMP_NUM_THREADS"))
             return f"mkl ({_mkl_version(library)}, {mkl.name} from the mkl wheel)"
     return "reference (the BLAS bundled with mlx; install libopenblas0-pthread for ~35x faster matmuls)"
+
+
+def follow_thread_environment() -> None:
+    """Gives the preloaded BLAS the thread count this process's environment names now.
+
+    A BLAS reads it once, as it loads. A model worker forked from a copy of the front
+    (stages/remote/zygote.py) has the front's BLAS loaded already, with the front's count, and its
+    environment was given the worker's share of the cores after the fork (stages/remote/blas_share.py).
+    In a spawned worker this sets what the BLAS read anyway. The reference BLAS has no threads.
+    """
+    if _thread_setter is None:
+        return
+    setter, variables = _thread_setter
+    for name in variables:
+        if (value := os.environ.get(name, "")).isdigit() and int(value) > 0:
+            setter(int(value))
+            return
+
+
+def _keep_setter(library: ctypes.CDLL, name: str, variables: tuple[str, ...]) -> None:
+    global _thread_setter
+    try:
+        setter = getattr(library, name)
+    except AttributeError:
+        return
+    setter.argtypes = [ctypes.c_int]
+    setter.restype = None
+    _thread_setter = (setter, variables)
 
 
 def _openblas_config(library: ctypes.CDLL) -> str:

@@ -131,24 +131,20 @@ async def start_worker(
 def forks_workers() -> bool:
     """Whether the next worker is forked by the front's zygote (stages/remote/zygote.py) rather than spawned."""
     zygote = current_zygote()
-    return zygote is not None and zygote.serves(_environment())
-
-
-def _environment() -> dict[str, str]:
-    return {**os.environ, **BLAS_SHARE.environment()}
+    return zygote is not None and zygote.serves(os.environ)
 
 
 async def _launch(argv: list[str], stderr_fd: int) -> WorkerRun:
     """`python -m workers.main *argv`: forked where the zygote serves it, else spawned."""
     zygote = current_zygote()
-    environment = _environment()
-    if zygote is not None and zygote.serves(environment):
+    thread_counts = BLAS_SHARE.environment()
+    if zygote is not None and zygote.serves(os.environ):
         with contextlib.suppress(OSError), anyio.CancelScope(shield=True):
             # Shielded: a fork the caller no longer waits for would leave a worker nobody ends.
-            pid, status_fd = await anyio.to_thread.run_sync(zygote.fork_worker, argv, stderr_fd)
+            pid, status_fd = await anyio.to_thread.run_sync(zygote.fork_worker, argv, stderr_fd, thread_counts)
             return ForkedProcess(pid, status_fd)
     path_entries = filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])
-    env = {**environment, "PYTHONPATH": os.pathsep.join(path_entries)}
+    env = {**os.environ, **thread_counts, "PYTHONPATH": os.pathsep.join(path_entries)}
     return await anyio.open_process(
         [sys.executable, "-m", "workers.main", *argv],
         stdin=subprocess.DEVNULL,

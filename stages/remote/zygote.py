@@ -14,8 +14,9 @@ Only where a fork is safe and gives the worker what a spawn would
 (`fork_suits`): Linux, the CPU backend (a CUDA context, or Metal's
 Objective-C runtime, does not survive a fork), the front on its one Python
 thread (a lock another thread held at the fork stays held in the child),
-and the worker's environment the front's own (a BLAS reads its thread
-count once, when it loads). Elsewhere, or with `MLX_RELAY_WORKER_FORK=off`,
+and the front's environment as it was at the fork (a library may read a
+variable once, as it loads); the one difference a worker may have, its
+share of the BLAS threads, its BLAS is told through its own call. Elsewhere, or with `MLX_RELAY_WORKER_FORK=off`,
 workers are spawned as before. The zygote ends when the front closes its
 end (or dies); its workers, whose sockets are the front's, end with it.
 """
@@ -34,6 +35,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import anyio
 import attrs
@@ -43,7 +45,8 @@ log = structlog.get_logger(stage="remote")
 
 # The exit status the zygote writes: a signed int, the returncode's convention (-N: killed by signal N).
 _STATUS = struct.Struct("=i")
-# A request (the worker's argv as JSON) and a reply (its pid, or why the fork failed), each one datagram.
+# A request (the worker's argv and added environment, JSON) and its reply (its pid, or why a fork failed):
+# one datagram each.
 _REQUEST_BYTES = 65536
 _REPLY_BYTES = 1024
 # The worker's module, run as `python -m` runs it.
@@ -98,10 +101,11 @@ class Zygote:
     def serves(self, environment: Mapping[str, str]) -> bool:
         return not self._broken and dict(environment) == self.environment
 
-    def fork_worker(self, argv: Sequence[str], stderr_fd: int) -> tuple[int, int]:
+    def fork_worker(self, argv: Sequence[str], stderr_fd: int, thread_counts: Mapping[str, str]) -> tuple[int, int]:
         """Forks a worker running `python -m workers.main *argv`, its stderr `stderr_fd` (the caller closes its
-        copy): its pid and the read end of its status pipe (`ForkedProcess`). Blocking for the few milliseconds
-        of a fork: call it on a thread.
+        copy), `thread_counts` added to its environment (the BLAS share, which the worker gives its BLAS through
+        the BLAS's own call: stages/models/blas.py): its pid and the read end of its status pipe
+        (`ForkedProcess`). Blocking for the few milliseconds of a fork: call it on a thread.
 
         Raises:
             OSError: the zygote is gone (it is not asked again) or could not fork; the caller spawns.
@@ -110,7 +114,8 @@ class Zygote:
         try:
             with self._lock:
                 try:
-                    socket.send_fds(self.control, [json.dumps(list(argv)).encode()], [stderr_fd, status_write])
+                    request = json.dumps({"argv": list(argv), "environment": dict(thread_counts)}).encode()
+                    socket.send_fds(self.control, [request], [stderr_fd, status_write])
                     reply = self.control.recv(_REPLY_BYTES)
                 except OSError:
                     self._broken = True
@@ -271,7 +276,7 @@ def _reap(status_fds: dict[int, int]) -> None:
             os.close(fd)
 
 
-def _worker_main(argv: list[str], stderr_fd: int) -> None:
+def _worker_main(request: dict[str, Any], stderr_fd: int) -> None:
     """The forked worker: `python -m workers.main *argv` with its stderr on the front's pipe; never returns."""
     code = 0
     try:
@@ -282,7 +287,8 @@ def _worker_main(argv: list[str], stderr_fd: int) -> None:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
-        sys.argv = [_WORKER_MODULE, *argv]
+        os.environ.update(request["environment"])
+        sys.argv = [_WORKER_MODULE, *request["argv"]]
         runpy.run_module(_WORKER_MODULE, run_name="__main__", alter_sys=True)
     except SystemExit as ended:
         code = _exit_code(ended.code)

@@ -6,6 +6,7 @@ imported, once per process.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from importlib import metadata
@@ -55,3 +56,30 @@ def test_with_neither_the_reference_blas_is_named() -> None:
     assert name.startswith("reference")
     assert product == "64.0"
     assert mapped == "False"
+
+
+_THREADS_PROBE = """
+import ctypes, os
+import stages.models.blas as blas
+blas._OPENBLAS = ()
+print(blas.preload_blas())
+mkl = next(ctypes.CDLL(line.split()[-1]) for line in open("/proc/self/maps") if "libmkl_rt" in line)
+print(mkl.MKL_Get_Max_Threads())
+# A fork's environment names the worker's share only after the BLAS has loaded (stages/remote/zygote.py).
+os.environ["MKL_NUM_THREADS"] = "1"
+blas.follow_thread_environment()
+print(mkl.MKL_Get_Max_Threads())
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the preload is for Linux CPUs")
+@pytest.mark.skipif(not mkl_installed(), reason="the mkl wheel (the cpu extra, x86_64 Linux) is not installed")
+def test_a_thread_count_named_after_the_blas_loaded_reaches_it() -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    environment["MKL_NUM_THREADS"] = "2"
+    done = subprocess.run(
+        [sys.executable, "-c", _THREADS_PROBE], cwd=REPO, capture_output=True, text=True, timeout=120, env=environment
+    )
+    assert done.returncode == 0, done.stderr
+    name, before, after = done.stdout.splitlines()
+    assert name.startswith("mkl") and (before, after) == ("2", "1")
