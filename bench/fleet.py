@@ -9,7 +9,7 @@ once alone, once while the other model is loaded (`POST
 unloaded again after the round. The figure is the p95 gap between a
 stream's chunks that arrive while the load runs, against the p95 of the
 rounds alone (target: at most +20%); rounds alternate, so a machine whose
-load drifts weighs on both sides alike. Writes bench/out/fleet.json.
+load drifts weighs on both sides alike. Writes bench/out/fleet-fork-auto.json (or -off).
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per stream")
     parser.add_argument("--rounds", type=int, default=4, help="rounds, each alone then with a load")
     parser.add_argument("--delay", type=float, default=0.5, help="seconds after the streams start before the load")
+    parser.add_argument(
+        "--fork", choices=("auto", "off"), default="auto", help="MLX_RELAY_WORKER_FORK: workers forked or spawned"
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     return parser
 
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     port = free_port()
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("MLX_RELAY_")}
     env["MLX_RELAY_MODEL"] = f"{args.streaming},{args.loading}"
+    env["MLX_RELAY_WORKER_FORK"] = args.fork
     alone: list[float] = []
     during: list[float] = []
     whole: list[float] = []
@@ -105,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         "loading": args.loading,
         "streams": args.streams,
         "rounds": args.rounds,
+        "fork": args.fork,
         "gaps_alone_ms": _quantiles(alone),
         "gaps_during_load_ms": _quantiles(during),
         "gaps_loaded_rounds_ms": _quantiles(whole),
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         + f" (p95 {rise:+.0%}; target at most +20%)"
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fleet.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"fleet-fork-{args.fork}.json").write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
