@@ -27,7 +27,7 @@ def fleet_health(fleet: Fleet) -> tuple[JsonObject, bool]:
         if host.engine is not None:
             report["ready"] = host.engine.ready
             if isinstance(host.engine, Engine) and (worker := host.engine.worker()) is not None:
-                report.update(pid=worker.pid, restarts=worker.restarts, spare=worker.spare)
+                report.update(pid=worker.pid, restarts=worker.restarts, spare=worker.spare, forked=worker.forked)
         models[name] = report
     ok = not fleet.draining
     return {"status": "ok" if ok else "unavailable", "models": models}, ok

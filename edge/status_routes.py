@@ -75,6 +75,8 @@ def model_state(engine: Engine) -> JsonObject:
         "restarts": worker.restarts,
         # Whether this worker was the spare, started and imported before it was needed (stages/remote/spare.py).
         "spare": worker.spare,
+        # Forked by the front's zygote, its imports the front's, rather than spawned (stages/remote/zygote.py).
+        "forked": worker.forked,
         "in_process": False,
     }
 

@@ -125,8 +125,9 @@ class RemoteGateway:
     _group: TaskGroup = attrs.field(init=False)
 
     def status(self) -> WorkerStatus:
-        spare = self._worker is not None and self._worker.spare
-        return WorkerStatus(state=self._state.value, pid=self._pid, restarts=self._restarts, spare=spare)
+        worker = self._worker
+        spare, forked = (worker.spare, worker.forked) if worker is not None else (False, False)
+        return WorkerStatus(state=self._state.value, pid=self._pid, restarts=self._restarts, spare=spare, forked=forked)
 
     def statistics(self) -> GatewayStatistics:
         pending = self._inbox.statistics().current_buffer_used

@@ -76,6 +76,10 @@ class WorkerProcess:
         return self.process.pid
 
     @property
+    def forked(self) -> bool:
+        return isinstance(self.process, ForkedProcess)
+
+    @property
     def alive(self) -> bool:
         return self.process.returncode is None
 

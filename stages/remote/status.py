@@ -27,6 +27,8 @@ class WorkerStatus:
     restarts: int
     # The worker was a spare, started and imported before it was needed (stages/remote/spare.py).
     spare: bool = False
+    # The front's zygote forked it, rather than spawned it (stages/remote/zygote.py).
+    forked: bool = False
 
 
 @attrs.define

@@ -227,6 +227,7 @@ def test_a_restart_takes_the_spare_worker_once_a_worker_has_restarted(spawning: 
     next restart is it, even when that restart comes while the spare is still importing."""
     server = spawning
     pid = wait_ready(server)
+    assert model_state(server)["forked"] is False
     if model_state(server)["restarts"] == 0:
         os.kill(pid, signal.SIGKILL)
         pid = wait_ready(server, other_than=pid)
@@ -253,7 +254,8 @@ def test_a_forked_restart_keeps_no_spare(server: Server) -> None:
     for _ in range(2):
         os.kill(pid, signal.SIGKILL)
         pid = wait_ready(server, other_than=pid)
-        assert parent_pid(pid) == zygote and model_state(server)["spare"] is False
+        state = model_state(server)
+        assert parent_pid(pid) == zygote and state["spare"] is False and state["forked"] is True
     answers(server)
     assert not spares_ready(server)
     assert "killed by SIGKILL" in server.logs()
