@@ -118,10 +118,10 @@ class Zygote:
                     socket.send_fds(self.control, [request], [stderr_fd, status_write])
                     reply = self.control.recv(_REPLY_BYTES)
                 except OSError:
-                    self._broken = True
+                    self._lost()
                     raise
                 if not reply:
-                    self._broken = True
+                    self._lost()
                     raise OSError("the worker zygote has ended")
                 if not reply.isdigit():
                     raise OSError(f"the worker zygote could not fork: {reply.decode(errors='replace')}")
@@ -134,8 +134,15 @@ class Zygote:
 
     def close(self) -> None:
         """Ends the zygote: it exits once its end of the pair reads the end (reaped here if it already has)."""
-        self._broken = True
         self.control.close()
+        self._lost(closing=True)
+
+    def _lost(self, *, closing: bool = False) -> None:
+        """Not asked again (workers are spawned from now on); reaped if it has ended. Its workers serve on: their
+        sockets are the front's, and a status pipe that ends with no status reads as killed."""
+        if not self._broken and not closing:
+            log.warning("worker.zygote_lost", pid=self.pid)
+        self._broken = True
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, os.WNOHANG)
 

@@ -88,3 +88,22 @@ def test_a_forked_worker_holds_no_port_reads_its_crash_and_ends_with_its_front(s
     while not (gone(zygote) and gone(restarted)):
         assert time.monotonic() < deadline, "the zygote or its worker outlived the front"
         time.sleep(0.05)
+
+
+def test_a_lost_zygote_costs_only_the_fork(server_factory: ServerFactory) -> None:
+    """SIGKILL of the zygote: its worker serves on, the next worker is spawned, and the front reaps the zygote."""
+    server = server_factory(private=True, worker_restart_backoff="0.05")
+    worker = ready_worker(server)
+    zygote = parent_pid(worker)
+    os.kill(zygote, signal.SIGKILL)
+    client = server.client()
+    completion = client.completions.create(model="m", prompt="Hi", max_tokens=2, temperature=0)
+    assert completion.usage is not None and completion.usage.completion_tokens == 2
+    os.kill(worker, signal.SIGKILL)
+    spawned = ready_worker(server, other_than=worker)
+    assert parent_pid(spawned) == server.process.pid
+    (model,) = loopback.get(f"{server.base_url}/health", timeout=10).json()["models"]
+    assert model["forked"] is False and '"worker.zygote_lost"' in server.logs()
+    assert not Path(f"/proc/{zygote}").exists(), "the front reaps its zygote"
+    completion = client.completions.create(model="m", prompt="Hi", max_tokens=2, temperature=0)
+    assert completion.usage is not None and completion.usage.completion_tokens == 2
