@@ -29,7 +29,7 @@ from anyio.abc import ByteStream, Process, SocketListener
 
 from stages.remote.blas_share import BLAS_SHARE
 from stages.remote.stderr_tail import StderrTail
-from stages.remote.zygote import ForkedProcess, current_zygote
+from stages.remote.zygote import ForkedProcess, Zygote, current_zygote
 
 # workers/priority.py's YIELD_FLAG (the front does not import workers/).
 _YIELD_FLAG = "--yield-while-loading"
@@ -134,15 +134,18 @@ async def start_worker(
 
 def forks_workers() -> bool:
     """Whether the next worker is forked by the front's zygote (stages/remote/zygote.py) rather than spawned."""
+    return _forking_zygote() is not None
+
+
+def _forking_zygote() -> Zygote | None:
     zygote = current_zygote()
-    return zygote is not None and zygote.serves(os.environ)
+    return zygote if zygote is not None and zygote.serves() else None
 
 
 async def _launch(argv: list[str], stderr_fd: int) -> WorkerRun:
     """`python -m workers.main *argv`: forked where the zygote serves it, else spawned."""
-    zygote = current_zygote()
     thread_counts = BLAS_SHARE.environment()
-    if zygote is not None and zygote.serves(os.environ):
+    if (zygote := _forking_zygote()) is not None:
         with contextlib.suppress(OSError), anyio.CancelScope(shield=True):
             # Shielded: a fork the caller no longer waits for would leave a worker nobody ends.
             pid, status_fd = await anyio.to_thread.run_sync(zygote.fork_worker, argv, stderr_fd, thread_counts)

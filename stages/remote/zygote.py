@@ -98,8 +98,10 @@ class Zygote:
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
     _broken: bool = False
 
-    def serves(self, environment: Mapping[str, str]) -> bool:
-        return not self._broken and dict(environment) == self.environment
+    def serves(self) -> bool:
+        """Whether the next worker may be forked: the zygote is there, and the front's environment is still the
+        one it forked with."""
+        return not self._broken and dict(os.environ) == self.environment
 
     def fork_worker(self, argv: Sequence[str], stderr_fd: int, thread_counts: Mapping[str, str]) -> tuple[int, int]:
         """Forks a worker running `python -m workers.main *argv`, its stderr `stderr_fd` (the caller closes its
@@ -185,7 +187,7 @@ def start_zygote(mode: str) -> None:
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _zygote_main(zygote_end, keep=front_end.fileno())
+        _zygote_main(zygote_end)
     zygote_end.close()
     _ZYGOTE = Zygote(pid=pid, control=front_end, environment=dict(os.environ))
     log.info("worker.zygote", pid=pid)
@@ -198,12 +200,12 @@ def stop_zygote() -> None:
         _ZYGOTE = None
 
 
-def _zygote_main(control: socket.socket, *, keep: int) -> None:
+def _zygote_main(control: socket.socket) -> None:
     """The zygote's whole life; it never returns into the front's code."""
     code = 0
     try:
         name_process(_ZYGOTE_NAME)
-        _quiet_inherited(keep_open={0, 1, 2, control.fileno()}, quieted={keep})
+        _quiet_inherited(keep_open={0, 1, 2, control.fileno()})
         _serve(control)
     except BaseException:  # noqa: BLE001 -- printed, then the process exits; it never unwinds into the front's code
         traceback.print_exc()
@@ -218,14 +220,14 @@ def name_process(name: str) -> None:
         comm.write(name)
 
 
-def _quiet_inherited(*, keep_open: set[int], quieted: set[int]) -> None:
+def _quiet_inherited(*, keep_open: set[int]) -> None:
     """Points every descriptor inherited from the front (its listening sockets, its store's files) at /dev/null:
     a port stays the front's alone. The numbers stay taken, so an object of the front's that closes its
     descriptor in this copy closes /dev/null, never a descriptor this process opened since."""
     null = os.open(os.devnull, os.O_RDWR)
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd != null and (fd not in keep_open or fd in quieted):
+        if fd != null and fd not in keep_open:
             with contextlib.suppress(OSError):
                 os.dup2(null, fd, inheritable=False)
     os.close(null)

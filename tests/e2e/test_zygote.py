@@ -13,26 +13,9 @@ import pytest
 
 from tests import loopback
 from tests.conftest import Server, ServerFactory
+from tests.e2e.workers import parent_pid, process_name, wait_ready
 
 pytestmark = pytest.mark.slow
-
-
-def parent_pid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def process_name(pid: int) -> str:
-    return Path(f"/proc/{pid}/comm").read_text().strip()
-
-
-def ready_worker(server: Server, *, other_than: int | None = None) -> int:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        (model,) = loopback.get(f"{server.base_url}/health", timeout=10).json()["models"]
-        if model["state"] == "ready" and model["pid"] not in (None, other_than):
-            return int(model["pid"])
-        time.sleep(0.05)
-    raise AssertionError("no ready worker")
 
 
 def socket_inodes(pid: int) -> set[str]:
@@ -65,7 +48,7 @@ def server(server_factory: ServerFactory) -> Server:
 def test_a_forked_worker_holds_no_port_reads_its_crash_and_ends_with_its_front(server: Server) -> None:
     """The zygote and its workers hold none of the front's listening sockets; a forked worker's segfault reads as a
     spawned one's (its stderr, its signal); once the front is gone, the zygote and the worker end too."""
-    worker = ready_worker(server)
+    worker = wait_ready(server)
     zygote = parent_pid(worker)
     front = parent_pid(zygote)
     assert process_name(zygote) == "relay-zygote" and parent_pid(front) == server.process.pid
@@ -75,7 +58,7 @@ def test_a_forked_worker_holds_no_port_reads_its_crash_and_ends_with_its_front(s
     assert len(socket_inodes(zygote)) == 1 and listener not in socket_inodes(worker)
 
     os.kill(worker, signal.SIGSEGV)
-    restarted = ready_worker(server, other_than=worker)
+    restarted = wait_ready(server, other_than=worker)
     assert parent_pid(restarted) == zygote
     (exited,) = [json.loads(line) for line in server.logs().splitlines() if '"worker.exited"' in line]
     assert exited["pid"] == worker and exited["status"] == "killed by SIGSEGV", exited
@@ -93,14 +76,14 @@ def test_a_forked_worker_holds_no_port_reads_its_crash_and_ends_with_its_front(s
 def test_a_lost_zygote_costs_only_the_fork(server_factory: ServerFactory) -> None:
     """SIGKILL of the zygote: its worker serves on, the next worker is spawned, and the front reaps the zygote."""
     server = server_factory(private=True, worker_restart_backoff="0.05")
-    worker = ready_worker(server)
+    worker = wait_ready(server)
     zygote = parent_pid(worker)
     os.kill(zygote, signal.SIGKILL)
     client = server.client()
     completion = client.completions.create(model="m", prompt="Hi", max_tokens=2, temperature=0)
     assert completion.usage is not None and completion.usage.completion_tokens == 2
     os.kill(worker, signal.SIGKILL)
-    spawned = ready_worker(server, other_than=worker)
+    spawned = wait_ready(server, other_than=worker)
     assert parent_pid(spawned) == server.process.pid
     (model,) = loopback.get(f"{server.base_url}/health", timeout=10).json()["models"]
     assert model["forked"] is False and '"worker.zygote_lost"' in server.logs()
