@@ -141,7 +141,7 @@ class Rendered:
 
 @attrs.frozen(kw_only=True)
 class PrepareJob:
-    """CPU work that turns a request into prompt tokens, run off the loop.
+    """CPU work that turns a request into prompt tokens, run off the loop unless it is `inline`.
 
     `tokenize` is pure and thread-safe; it may raise `RequestError`. It
     gives the prompt's tokens, or its text, which the preparation stage
@@ -155,6 +155,8 @@ class PrepareJob:
     params: GenerationParams
     reply: Reply
     timeline: Timeline
+    # `tokenize` is a check, not a render: run on the loop, it costs less than a thread's hand-off.
+    inline: bool = False
 
 
 @attrs.frozen(kw_only=True)

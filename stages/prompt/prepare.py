@@ -43,6 +43,10 @@ log = structlog.get_logger(stage="prepare")
 
 # Ids of the vocabulary quoted at most in an error message.
 _QUOTED_IDS = 5
+# A piece this short is encoded on the loop: its tokenizer work (tens of microseconds) costs less than a
+# worker thread's hand-off there and back, which every request paid (about a tenth of the front's CPU per
+# request on a short prompt; docs/benchmarks.md, "A request's own cost in the front").
+INLINE_CHARS = 2_048
 
 
 @attrs.define
@@ -67,6 +71,9 @@ async def encode_bounded(
         return None
     tokens: list[int] = []
     for piece in encoder.pieces(prompt):
+        if len(piece.text) <= INLINE_CHARS:
+            tokens += encoder.encode(piece)
+            continue
         async with reservation.slots:
             tokens += await anyio.to_thread.run_sync(encoder.encode, piece, limiter=reservation.threads)
         if len(tokens) > at_most:
@@ -130,7 +137,12 @@ class PrepareStage:
     async def _tokens(self, job: PrepareJob, reservation: Reservation) -> Rendered:
         """Renders under the slot `_on_job` took, then tokenizes the text in bounded pieces."""
         try:
-            prompt = await anyio.to_thread.run_sync(job.tokenize, limiter=reservation.threads)
+            # A text prompt's job only checks it: no render worth a thread.
+            prompt = (
+                job.tokenize()
+                if job.inline
+                else await anyio.to_thread.run_sync(job.tokenize, limiter=reservation.threads)
+            )
         finally:
             reservation.slots.release()
         if isinstance(prompt, Rendered):

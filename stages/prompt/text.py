@@ -50,6 +50,7 @@ class TextJobs:
             params=params,
             reply=parsed.reply,
             timeline=parsed.timeline,
+            inline=True,
         )
 
 

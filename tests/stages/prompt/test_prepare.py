@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 import anyio
+import attrs
 import pytest
 
 from pipeline.channels import Channel, open_channel
@@ -30,8 +31,8 @@ from stages.messages import Prepared, PrepareJob, PrepKind, Reply
 from stages.models.loading import Tokenizer
 from stages.prompt.chat import render_chat
 from stages.prompt.constraints import ConstraintCompiler
-from stages.prompt.prepare import PrepareStage, Reservation
-from stages.prompt.text import encode_prompt
+from stages.prompt.prepare import INLINE_CHARS, PrepareStage, Reservation
+from stages.prompt.text import encode_prompt, prompt_of
 from stages.prompt.tokenize import BoundedEncoder
 
 VOCAB = 1024
@@ -302,3 +303,32 @@ async def test_a_kind_runs_at_most_its_reservation_at_once(tokenizer: Tokenizer)
         prepared = [p.request_id async for p in out.receive]
     assert started == ["slow", "fast"]
     assert sorted(prepared) == ["fast", "slow"]
+
+
+async def test_a_check_runs_on_the_loop_and_a_render_off_it(tokenizer: Tokenizer) -> None:
+    """A job marked `inline` (a text prompt's check) skips the thread hand-off; any other job's work leaves the loop."""
+    loop_thread, ran_on = threading.get_ident(), {}
+
+    def noting(name: str) -> Callable[[], list[int]]:
+        def tokenize() -> list[int]:
+            ran_on[name] = threading.get_ident()
+            return [1, 2]
+
+        return tokenize
+
+    rendered = text_job(tokenizer, "render", "x", 2, tokenize=noting("render"))
+    checked = attrs.evolve(text_job(tokenizer, "check", "y", 2, tokenize=noting("check")), inline=True)
+    prepared = await run_stage(tokenizer, [rendered, checked])
+    assert sorted(p.request_id for p in prepared) == ["check", "render"]
+    assert ran_on["check"] == loop_thread
+    assert ran_on["render"] != loop_thread
+
+
+@pytest.mark.parametrize("length", [INLINE_CHARS - 1, INLINE_CHARS + 1, 3 * INLINE_CHARS])
+async def test_a_text_prompt_has_the_same_tokens_on_the_loop_or_off_it(tokenizer: Tokenizer, length: int) -> None:
+    """Short pieces are encoded on the loop, longer ones in a thread: the tokens are the tokenizer's either way."""
+    text = ("The server reads a request.\nNumbers 0, 1, 2 and 42 appear. " * 200)[:length]
+    (prepared,) = await run_stage(
+        tokenizer, [text_job(tokenizer, "text", text, 1, tokenize=lambda: prompt_of(VOCAB, text))], window=100_000
+    )
+    assert list(prepared.prompt_tokens) == tokenizer.encode(text)
