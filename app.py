@@ -34,6 +34,7 @@ from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
 from edge.audio_routes import routes as audio_routes  # noqa: E402
 from edge.choice import chosen, current_defaults, current_engine, model_field, model_named  # noqa: E402
 from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
+from edge.keepalive import Keepalives  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
 from edge.responses_socket import close_all as close_sockets  # noqa: E402
@@ -82,13 +83,9 @@ guard.install(app)
 fields.install(app)
 # Sees each request's `http.disconnect` on its way to Quart (edge/disconnect.py: why Quart's cancel is not enough).
 app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
-# Embeddings, rerank and score, tokenize and detokenize.
-app.register_blueprint(model_work_routes)
-app.register_blueprint(audio_routes)
-app.register_blueprint(status_routes)
-app.register_blueprint(admin_routes)
-app.register_blueprint(responses_socket_routes)
-app.register_blueprint(web_routes)
+# model_work_routes: embeddings, rerank and score, tokenize and detokenize.
+for blueprint in (model_work_routes, audio_routes, status_routes, admin_routes, responses_socket_routes, web_routes):
+    app.register_blueprint(blueprint)
 # The app is built: what the imports made lives as long as the process (pipeline/collector.py).
 freeze_imports()
 
@@ -117,8 +114,9 @@ async def lifespan() -> AsyncGenerator[None, None]:
         log.error("server.cannot_start", reason=str(error))
         raise
     app.extensions["response_store"] = store
-    for name in ("keepalive_interval", "web", "socket_idle_timeout", "max_batch", "strict_fields"):
+    for name in ("web", "socket_idle_timeout", "max_batch", "strict_fields"):
         app.extensions[name] = getattr(settings, name)
+    keepalives = app.extensions["keepalives"] = Keepalives(settings.keepalive_interval)
     app.extensions["blas"] = BLAS
     metrics = app.extensions["metrics"] = Metrics()
     tracing = app.extensions["tracing"] = configure_tracing()
@@ -131,6 +129,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
     several = len(specs) > 1 or settings.models_file is not None
     try:
         async with anyio.create_task_group() as outer:
+            outer.start_soon(keepalives.run)
             fleet = Fleet(settings=settings, specs=specs, several=several, observer_for=observer)
             app.extensions["fleet"] = await outer.start(fleet.run)
             first = fleet.default.engine if isinstance(fleet.default.engine, Engine) else None
@@ -236,9 +235,9 @@ async def _generate(
     headers = {"x-request-id": trace_id}
     if accepted.request.stream:
         headers["cache-control"] = "no-cache"
-        interval = cast(float, app.extensions["keepalive_interval"])
         client.last_words = _last_words(stream_tail=lambda: protocol.error(shutting_down()))
-        return Response(sse_body(reply, protocol, persist, interval), content_type="text/event-stream", headers=headers)
+        frames = sse_body(reply, protocol, persist, app.extensions["keepalives"])
+        return Response(frames, content_type="text/event-stream", headers=headers)
     with reply:
         events = [event async for batch in reply for event in batch]
     if reply.closed:

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                 front = statistics.median(f for f, _ in figures[name])
                 worker = statistics.median(w for _, w in figures[name])
                 both = statistics.median(f + w for f, w in figures[name])
-                print(f"N={level:<3} {server.name}: {front:.2f} / {worker:.2f} / {both:.2f}")
+                print(f"N={level:<3} {server.name}: {front:.3f} / {worker:.3f} / {both:.3f}")
     finally:
         for server in servers.values():
             if server.process is not None:

@@ -242,9 +242,8 @@ class Session:
             accepted = await reply.accepted()
             protocol = self._protocol = turn.make_protocol(accepted, turn.request_id, reply)
             log.info("socket.turn", request_id=turn.request_id, generate=generate)
-            interval = cast(float, self.app.extensions["keepalive_interval"])
             if generate:
-                frames = sse_body(reply, protocol, turn.persist, interval)
+                frames = sse_body(reply, protocol, turn.persist, self.app.extensions["keepalives"])
             else:
                 frames = _warmed(reply, protocol, turn.persist)
             async for chunk in frames:

@@ -74,6 +74,10 @@ class ReplySlot(Generic[R]):
     _closed: bool = attrs.field(default=False, init=False)
     _abort: Callable[[], None] | None = attrs.field(default=None, init=False)
     _changed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
+    # Batches the reader has taken: a keepalive clock reads a reply as quiet while this stays put.
+    _taken: int = attrs.field(default=0, init=False)
+    # The reader is owed an empty batch: its keepalive is due (edge/keepalive.py).
+    _nudged: bool = attrs.field(default=False, init=False)
 
     @property
     def log_context(self) -> dict[str, str]:
@@ -155,18 +159,34 @@ class ReplySlot(Generic[R]):
         return self
 
     async def __anext__(self) -> list[CompletionEvent]:
+        """The next batch of events; an empty one when `nudge` woke the reader with nothing to read."""
         while not self._events:
             self._raise_if_failed()
             if self.done:
                 raise StopAsyncIteration
+            if self._nudged:
+                self._nudged = False
+                return []
             await self._wait()
-        events, self._events = self._events, []
-        return events
+        return self.take_ready()
 
     def take_ready(self) -> list[CompletionEvent]:
         """The events waiting now, without waiting; `__anext__` still says when the reply ends."""
         events, self._events = self._events, []
+        if events:
+            self._taken += 1
+            self._nudged = False
         return events
+
+    @property
+    def taken(self) -> int:
+        """How many batches the reader has taken so far."""
+        return self._taken
+
+    def nudge(self) -> None:
+        """Wake the reader with an empty batch if it has nothing to read: it has been quiet too long."""
+        self._nudged = True
+        self._wake()
 
     def __enter__(self) -> ReplySlot[R]:
         return self

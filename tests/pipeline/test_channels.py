@@ -293,3 +293,41 @@ async def test_cancelling_the_reader_leaves_events_for_the_next_read() -> None:
     slot.put(delta("late"))
     slot.finish(SUMMARY)
     assert await collect(slot) == [delta("late")]
+
+
+# -- nudges (edge/keepalive.py) ---------------------------------------------------
+
+
+async def test_a_nudge_wakes_a_waiting_reader_with_an_empty_batch() -> None:
+    reply: ReplySlot[str] = ReplySlot("r")
+    batches: list[list[CompletionEvent]] = []
+
+    async def read_one() -> None:
+        batches.append(await reply.__anext__())
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(read_one)
+        await anyio.wait_all_tasks_blocked()
+        reply.nudge()
+    assert batches == [[]]
+    assert reply.taken == 0
+
+
+async def test_events_waiting_go_first_and_settle_the_nudge() -> None:
+    reply: ReplySlot[str] = ReplySlot("r")
+    reply.put(delta("a"))
+    reply.nudge()
+    assert await reply.__anext__() == delta("a")
+    assert reply.taken == 1
+    # The nudge was for a quiet reader; this one has just read, so it waits for the next events.
+    with anyio.move_on_after(0.05) as waited:
+        await reply.__anext__()
+    assert waited.cancelled_caught
+
+
+async def test_a_nudge_does_not_hide_the_end() -> None:
+    reply: ReplySlot[str] = ReplySlot("r")
+    reply.nudge()
+    reply.finish(SUMMARY)
+    with pytest.raises(StopAsyncIteration):
+        await reply.__anext__()

@@ -1,0 +1,66 @@
+"""edge/keepalive.py: one clock nudges the streams that have been quiet for an interval."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from edge.keepalive import TICKS, Keepalives
+from pipeline.events import TextDelta
+from stages.messages import Reply
+
+pytestmark = pytest.mark.anyio
+
+
+async def nudged(reply: Reply) -> bool:
+    """Whether the reader would be woken now with an empty batch (a keepalive), rather than wait."""
+    with anyio.move_on_after(0.01):
+        return await reply.__anext__() == []
+    return False
+
+
+async def test_a_stream_quiet_for_a_whole_interval_is_nudged_once_an_interval() -> None:
+    clock, reply = Keepalives(interval=1.0), Reply("r")
+    with clock.watching(reply):
+        for _ in range(TICKS - 1):
+            clock.tick()
+        assert not await nudged(reply)
+        clock.tick()
+        assert await nudged(reply)
+        for _ in range(TICKS - 1):
+            clock.tick()
+        assert not await nudged(reply)
+        clock.tick()
+        assert await nudged(reply)
+
+
+async def test_a_stream_that_reads_is_not_nudged() -> None:
+    clock, reply = Keepalives(interval=1.0), Reply("r")
+    with clock.watching(reply):
+        for _ in range(3 * TICKS):
+            reply.put([TextDelta(text="x")])
+            assert await reply.__anext__() == [TextDelta(text="x")]
+            clock.tick()
+        assert not await nudged(reply)
+
+
+async def test_a_stream_is_watched_only_inside_its_block() -> None:
+    clock, reply = Keepalives(interval=1.0), Reply("r")
+    with clock.watching(reply):
+        pass
+    for _ in range(2 * TICKS):
+        clock.tick()
+    assert not await nudged(reply)
+
+
+async def test_the_clock_wakes_a_waiting_reader_after_about_an_interval() -> None:
+    clock, reply = Keepalives(interval=0.2), Reply("r")
+    async with anyio.create_task_group() as group:
+        await group.start(clock.run)
+        with clock.watching(reply):
+            started = anyio.current_time()
+            assert await reply.__anext__() == []
+            waited = anyio.current_time() - started
+        group.cancel_scope.cancel()
+    # The first look comes up to a tick after the stream starts: a nudge after (TICKS - 1) to TICKS ticks.
+    assert 0.2 * (TICKS - 1) / TICKS <= waited < 0.2 + 0.1
