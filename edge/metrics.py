@@ -168,10 +168,14 @@ class Metrics:
     _histograms: dict[str, Histogram] = attrs.field(factory=dict, init=False)
     _counters: dict[str, Counter] = attrs.field(factory=dict, init=False)
     _figures: dict[str, _ModelFigures] = attrs.field(factory=dict, init=False)
+    # Each model's inter-token histogram, labelled once: `labels()` locks and looks up on every call, and this
+    # one is observed for every streamed token.
+    _token_gaps: dict[str, Histogram] = attrs.field(factory=dict, init=False)
 
     def configure(self, *, model_names: Sequence[str], context_window: int) -> None:
         """Builds the metrics; the token histograms' buckets run up to `context_window` (the largest served)."""
         tokens = _token_buckets(context_window)
+        self._token_gaps.clear()
         for name, text, buckets in (
             ("vllm:time_to_first_token_seconds", "Time to first token, from the request's arrival", _TTFT),
             ("vllm:inter_token_latency_seconds", "Time between two tokens of one request", _ITL),
@@ -215,8 +219,14 @@ class Metrics:
         return self._model(model_name).gen_throughput(generated_tokens, now)
 
     def token_gap(self, model_name: str, seconds: float) -> None:
-        if self._histograms:
-            self._histograms["vllm:inter_token_latency_seconds"].labels(model_name).observe(seconds)
+        gaps = self._token_gaps.get(model_name)
+        if gaps is None:
+            if not self._histograms:
+                return
+            gaps = self._token_gaps[model_name] = self._histograms["vllm:inter_token_latency_seconds"].labels(
+                model_name
+            )
+        gaps.observe(seconds)
 
     def finished(self, model_name: str, record: RequestRecord) -> None:
         figures = self._model(model_name)

@@ -18,8 +18,7 @@ its row in the gateway) and drops its state; the other rows carry on.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import anyio
 import attrs
@@ -27,7 +26,7 @@ import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from pipeline.actor import isolated
+from pipeline.actor import call_isolated
 from pipeline.events import CompletionEvent, FinishReason, Logprobs, Summary, TokenLogprob, ToolCall, Usage
 from pipeline.observe import NullObserver, RequestObserver, RequestRecord
 from pipeline.requests import ChatRequest, ToolChoiceMode
@@ -97,13 +96,11 @@ class CompletionSink:
 
     def _on_step(self, outputs: StepOutputs) -> None:
         for admitted in outputs.admitted:
-            with self._row_isolated(admitted.prepared):
-                self._on_admitted(admitted)
+            self._row_isolated(admitted.prepared, self._on_admitted, admitted)
         for delta in outputs.deltas:
             row = self._rows.get(delta.request_id)
             if row is not None:
-                with self._row_isolated(row.admitted.prepared):
-                    self._on_delta(row, delta, outputs.stepped_at)
+                self._row_isolated(row.admitted.prepared, self._on_delta, row, delta, outputs.stepped_at)
         # No delta follows a removed row's last one: its state goes now.
         for request_id in outputs.removed:
             row = self._rows.pop(request_id, None)
@@ -112,10 +109,9 @@ class CompletionSink:
                     _record(row, "abort", len(row.admitted.prepared.prompt_tokens), row.admitted.cached_tokens)
                 )
 
-    @contextlib.contextmanager
-    def _row_isolated(self, prepared: Prepared) -> Iterator[None]:
-        with isolated(prepared.reply, stage="sink"):
-            yield
+    def _row_isolated(self, prepared: Prepared, work: Callable[..., None], *args: object) -> None:
+        # Called for every token of every row: a plain call, not a context manager.
+        call_isolated(prepared.reply, "sink", work, *args)
         # A row whose reply failed (or left) has no reader for its text.
         if prepared.reply.done:
             self._rows.pop(prepared.request_id, None)

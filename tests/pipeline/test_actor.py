@@ -7,7 +7,7 @@ import attrs
 import pytest
 import structlog.testing
 
-from pipeline.actor import isolated, isolated_task, serve_items
+from pipeline.actor import call_isolated, isolated, isolated_task, serve_items
 from pipeline.channels import Channel, ReplySlot, open_channel
 from pipeline.errors import ErrorKind, RequestError, invalid
 
@@ -98,3 +98,30 @@ def test_a_task_failure_is_logged_and_reported() -> None:
         raise NotADirectoryError("kv")
     assert counted == ["x"]
     assert [(e["event"], e["task"]) for e in logs] == [("task.failed", "spill")]
+
+
+def raising(error: BaseException) -> None:
+    raise error
+
+
+@pytest.mark.parametrize(
+    "error", [invalid("no good", param="x"), Bug("secret internals")], ids=["request-error", "bug"]
+)
+async def test_a_call_isolated_fails_its_reply_as_the_context_manager_does(error: Exception) -> None:
+    """The sink's per-token form: a request error fails the reply as it is, a bug as a logged 500."""
+    reply: ReplySlot[str] = ReplySlot("r")
+    with structlog.testing.capture_logs() as logs:
+        call_isolated(reply, "sink", raising, error)
+    failed = await failure(reply)
+    if isinstance(error, RequestError):
+        assert failed is error and logs == []
+    else:
+        assert failed.code == "internal_error" and "secret" not in failed.message
+        assert [entry["event"] for entry in logs] == ["request.internal_error"]
+
+
+def test_a_call_isolated_lets_the_actors_own_failure_through() -> None:
+    reply: ReplySlot[str] = ReplySlot("r")
+    with pytest.raises(anyio.ClosedResourceError):
+        call_isolated(reply, "sink", raising, anyio.ClosedResourceError())
+    assert not reply.done
