@@ -75,7 +75,8 @@ _WATCH_SLACK_S = 0.01
 _LOADING_BOUND_FACTOR = 10
 # A drained worker's time to finish and exit before it is killed.
 _GRACE_S = 10.0
-
+# A lost worker's time to exit on its own, printing why (a hung one is killed at once): docs/DESIGN.md.
+_EXIT_GRACE_S = 2.0
 
 _SERVING = ServingCount()
 
@@ -168,7 +169,6 @@ class RemoteGateway:
             if reason is None:
                 self._state = WorkerState.STOPPED
                 return
-            await self._lose(reason)
             if self._refused is not None:
                 # Settings the model cannot run with fail every start alike: no restart, the reason is the model's.
                 self._state = WorkerState.FAILED
@@ -190,7 +190,7 @@ class RemoteGateway:
             await anyio.sleep(delay)
 
     async def _serve_one(self, task_status: TaskStatus[None]) -> str | None:
-        """Run one worker until it ends; None when it was drained, else why it was lost."""
+        """Run one worker until it ends; None when it was drained, else why it was lost (its rows failed)."""
         lost: list[str] = []
         beside_others = _SERVING.count > 0
         self._starting_at = time.monotonic()
@@ -203,13 +203,17 @@ class RemoteGateway:
         except WorkerLost as error:
             log.error("worker.exited", pid=self._pid, reason=str(error), stderr=error.stderr)
             self._pid = None
+            await self._lose(str(error))
             return str(error)
         self._worker, self._pid, ready = worker, worker.pid, self._ready
         self._spare_lost = False
         try:
             await self._session(worker, task_status, beside_others, lost.append)
+            if lost:
+                # Its rows fail before its end is awaited: their clients hear of the loss at once.
+                await self._lose(lost[0])
         finally:
-            await worker.end(0.0 if lost else _GRACE_S)
+            await worker.end(_EXIT_GRACE_S if lost else _GRACE_S)
             if self._counted:
                 _SERVING.count, self._counted = _SERVING.count - 1, False
             self._worker, self._pid = None, None
@@ -217,8 +221,8 @@ class RemoteGateway:
             return None
         status = exit_status(worker.process)
         if ready.is_set() or self._refused is not None:
-            # Its rows fail now, not once its stderr has ended: the log has what arrived so far.
-            log.error("worker.exited", pid=worker.pid, status=status, stderr=worker.stderr.text())
+            # Its rows failed when it was lost; its traceback, if it printed one, ends its stderr.
+            log.error("worker.exited", pid=worker.pid, status=status, stderr=await worker.last_words())
             return lost[0]
         # It died before it could say why (a crash while loading): what it printed is the reason.
         printed = await worker.printed()

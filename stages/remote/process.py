@@ -97,6 +97,11 @@ class WorkerProcess:
         """The end of what the (ended) worker wrote to stderr, as a reason quotes it."""
         return await _printed(self.stderr)
 
+    async def last_words(self) -> str:
+        """The end of the (ended) worker's stderr once its pipe has ended, or after a second: a log line's tail."""
+        await anyio.to_thread.run_sync(self.stderr.wait_closed, _TAIL_WAIT_S)
+        return self.stderr.text()
+
 
 async def start_worker(
     *, connect_timeout: float, yield_cpu: bool = False, spawned: Callable[[int], None] | None = None
