@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     # Warm-up, as the servers get one: first calls pay one-time setup costs.
     _batch_once(model, tokenizer, [WARMUP_PROMPT], workload.max_tokens)
     _stream_once(model, tokenizer, WARMUP_PROMPT, workload.max_tokens)
+    if args.serve:
+        _serve(model, tokenizer, workload)
+        return
     for level in workload.concurrency:
         _emit(
             {
@@ -98,6 +101,18 @@ def main(argv: list[str] | None = None) -> None:
             )
 
 
+def _serve(model: Model, tokenizer: Tokenizer, workload: Workload) -> None:
+    """One measurement per line read (`{"kind": "batch"|"stream", "level": N, "wave": W}`), until stdin ends:
+    bench/interleaved.py keeps this process between its waves."""
+    for line in sys.stdin:
+        asked = json.loads(line)
+        level, wave = int(asked["level"]), int(asked["wave"])
+        if asked["kind"] == "stream":
+            _emit({"kind": "stream", **_measure_stream(model, tokenizer, wave, workload)})
+        else:
+            _emit({"kind": "batch", **_measure_batch(model, tokenizer, level, wave, workload)})
+
+
 def _median(records: list[Record]) -> Record:
     """The median wave by throughput, as the servers' are chosen."""
     records.sort(key=lambda record: float(record["tokens_per_s"]))
@@ -111,6 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--requests-per-client", type=int, default=1)
     parser.add_argument("--waves", type=int, default=1)
+    parser.add_argument("--serve", action="store_true", help="measure what each stdin line asks for, then exit")
     return parser
 
 
