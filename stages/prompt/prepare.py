@@ -73,9 +73,9 @@ async def encode_bounded(
     for piece in encoder.pieces(prompt):
         if len(piece.text) <= INLINE_CHARS:
             tokens += encoder.encode(piece)
-            continue
-        async with reservation.slots:
-            tokens += await anyio.to_thread.run_sync(encoder.encode, piece, limiter=reservation.threads)
+        else:
+            async with reservation.slots:
+                tokens += await anyio.to_thread.run_sync(encoder.encode, piece, limiter=reservation.threads)
         if len(tokens) > at_most:
             return None
     return tokens

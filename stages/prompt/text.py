@@ -21,6 +21,9 @@ from stages.messages import Parsed, PrepareJob, PrepKind, PromptText
 from stages.models.loading import Tokenizer
 from stages.prompt.fim import Infill, refuse_suffix
 
+# The most token ids a prompt's check runs on the loop for (a longer list is checked in a preparation thread).
+INLINE_IDS = 4_096
+
 
 @attrs.frozen
 class TextJobs:
@@ -50,7 +53,8 @@ class TextJobs:
             params=params,
             reply=parsed.reply,
             timeline=parsed.timeline,
-            inline=True,
+            # Text needs no render, and checking a few thousand ids costs less than a thread's hand-off.
+            inline=not isinstance(request.prompt, tuple) or len(request.prompt) <= INLINE_IDS,
         )
 
 

@@ -27,11 +27,11 @@ from pipeline.requests import (
     TextRequest,
 )
 from pipeline.tracing import Mark, Timeline
-from stages.messages import Prepared, PrepareJob, PrepKind, Reply
+from stages.messages import Prepared, PrepareJob, PrepKind, PromptText, Reply
 from stages.models.loading import Tokenizer
 from stages.prompt.chat import render_chat
 from stages.prompt.constraints import ConstraintCompiler
-from stages.prompt.prepare import INLINE_CHARS, PrepareStage, Reservation
+from stages.prompt.prepare import INLINE_CHARS, PrepareStage, Reservation, encode_bounded
 from stages.prompt.text import encode_prompt, prompt_of
 from stages.prompt.tokenize import BoundedEncoder
 
@@ -332,3 +332,16 @@ async def test_a_text_prompt_has_the_same_tokens_on_the_loop_or_off_it(tokenizer
         tokenizer, [text_job(tokenizer, "text", text, 1, tokenize=lambda: prompt_of(VOCAB, text))], window=100_000
     )
     assert list(prepared.prompt_tokens) == tokenizer.encode(text)
+
+
+async def test_a_short_piece_past_the_bound_is_cut_off_on_the_loop_too(tokenizer: Tokenizer) -> None:
+    """A prompt short enough to tokenize on the loop still stops at the bound, as a piece in a thread does."""
+    text = PromptText("word " * 100, add_special_tokens=False)
+    assert len(text.text) <= INLINE_CHARS
+    encoder, reservation = BoundedEncoder.of(tokenizer), Reservation.of(1)
+    tokens = encoder.encode(text)
+    # Past the length's lower bound (so the cheap refusal lets it through), short of its tokens.
+    at_most = encoder.min_tokens(text)
+    assert at_most < len(tokens)
+    assert await encode_bounded(encoder, text, reservation, at_most=at_most) is None
+    assert await encode_bounded(encoder, text, reservation, at_most=len(tokens)) == tokens
