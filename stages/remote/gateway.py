@@ -1,23 +1,20 @@
 """The front's stand-in for the generation gateway: the model runs in a worker process behind it.
 
-Same face as `GenerationGateway` (`run`, `statistics`, `cache_statistics`):
-it reads `Prepared` rows and aborts from the pipeline and hands the sink one
-`StepOutputs` per decode step, so nothing upstream or downstream knows the
-model is in another process. Underneath it supervises the worker
-(`stages/remote/process.py`): starts it, reads its heartbeats, restarts it
-with back-off when it dies or hangs, and drains it on shutdown.
-On a lost worker: every row and job in flight fails at once with 503
-`worker_lost` (the stream protocols' `error()` gives each API its terminal
-frame), the sink is told the rows are gone, and a new worker is started;
-rows that arrive meanwhile wait in the inbox, where admission counts them.
-A worker that never became ready on the first start fails the engine's
-start, as a model that cannot load does in-process; one that refuses its
-model (`RefusedOut`: settings it cannot run, a model that does not load)
-says why first, and is not restarted: the engine fails with that reason,
-which the front logs and `/health` and `/v1/models` show. So does one whose
-first start dies before it is ready with no reason to send (a crash, an
-import that fails): its reason is the end of what it printed to stderr.
-A start takes the idle spare worker when there is one (stages/remote/spare.py).
+Same face as `GenerationGateway` (`run`, `statistics`, `cache_statistics`): it reads `Prepared` rows and aborts from
+the pipeline and hands the sink one `StepOutputs` per decode step, so nothing upstream or downstream knows the model
+is in another process. Underneath it supervises the worker (`stages/remote/process.py`): starts it, reads its
+heartbeats, restarts it with back-off when it dies or hangs, and drains it on shutdown.
+
+On a lost worker: every row and job in flight fails at once with 503 `worker_lost` (the stream protocols' `error()`
+gives each API its terminal frame), the sink is told the rows are gone, and a new worker is started; rows that
+arrive meanwhile wait in the inbox, where admission counts them.
+
+A worker that never became ready on the first start fails the engine's start, as a model that cannot load does
+in-process; one that refuses its model (`RefusedOut`: settings it cannot run, a model that does not load) says why
+first, and is not restarted: the engine fails with that reason, which the front logs and `/health` and `/v1/models`
+show. So does one whose first start dies before it is ready with no reason to send (a crash, an import that fails):
+its reason is the end of what it printed to stderr. A start takes the idle spare worker when there is one
+(stages/remote/spare.py).
 """
 
 from __future__ import annotations
@@ -209,7 +206,7 @@ class RemoteGateway:
         self._spare_lost = False
         try:
             await self._session(worker, task_status, beside_others, lost.append)
-            if lost:
+            if lost and ready.is_set():
                 # Its rows fail before its end is awaited: their clients hear of the loss at once.
                 await self._lose(lost[0])
         finally:
@@ -220,16 +217,19 @@ class RemoteGateway:
         if not lost:
             return None
         status = exit_status(worker.process)
-        if ready.is_set() or self._refused is not None:
+        if ready.is_set():
             # Its rows failed when it was lost; its traceback, if it printed one, ends its stderr.
             log.error("worker.exited", pid=worker.pid, status=status, stderr=await worker.last_words())
             return lost[0]
-        # It died before it could say why (a crash while loading): what it printed is the reason.
-        printed = await worker.printed()
+        reason = lost[0]
+        if self._refused is None:
+            # It died before it could say why (a crash while loading): what it printed is the reason.
+            reason = f"{lost[0]} ({status}) before it was ready; {await worker.printed()}"
+            # A spare that died idle says nothing of the model: the next start is a fresh worker's.
+            self._spare_lost = worker.spare
         log.error("worker.exited", pid=worker.pid, status=status, stderr=worker.stderr.text())
-        # A spare that died idle says nothing of the model: the next start is a fresh worker's.
-        self._spare_lost = worker.spare
-        return f"{lost[0]} ({status}) before it was ready; {printed}"
+        await self._lose(reason)
+        return reason
 
     def _spawned(self, pid: int) -> None:
         self._pid = pid
