@@ -62,5 +62,6 @@ async def test_the_clock_wakes_a_waiting_reader_after_about_an_interval() -> Non
             assert await reply.__anext__() == []
             waited = anyio.current_time() - started
         group.cancel_scope.cancel()
-    # The first look comes up to a tick after the stream starts: a nudge after (TICKS - 1) to TICKS ticks.
-    assert 0.2 * (TICKS - 1) / TICKS <= waited < 0.2 + 0.1
+    # The first look comes up to a tick after the stream starts: a nudge after (TICKS - 1) to TICKS ticks (the
+    # upper bound leaves a loaded machine's scheduling room; a clock that never nudged would hang here instead).
+    assert 0.2 * (TICKS - 1) / TICKS <= waited < 1.0
