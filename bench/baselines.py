@@ -31,7 +31,7 @@ from bench.workload import WARMUP_PROMPT, Workload, wave_prompts
 Model = Any
 Tokenizer = Any
 # Marks the child's result lines; anything else on its stdout is ignored.
-_MARK = "BENCH-RESULT "
+MARK = "BENCH-RESULT "
 Record = dict[str, Any]
 
 
@@ -52,8 +52,8 @@ def run_raw(model_path: str, workload: Workload, log_path: Path, on_record: Call
     ):
         assert child.stdout is not None  # stdout=PIPE
         for line in child.stdout:
-            if line.startswith(_MARK):
-                records.append(json.loads(line.removeprefix(_MARK)))
+            if line.startswith(MARK):
+                records.append(json.loads(line.removeprefix(MARK)))
                 on_record(records[-1])
     if child.returncode != 0:
         raise RuntimeError(f"raw mlx-lm baseline exited with {child.returncode}; see {log_path}")
@@ -61,7 +61,7 @@ def run_raw(model_path: str, workload: Workload, log_path: Path, on_record: Call
 
 
 def _emit(record: Record) -> None:
-    print(_MARK + json.dumps(record), flush=True)
+    print(MARK + json.dumps(record), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,7 +35,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.baselines import _MARK
+from bench import report
+from bench.baselines import MARK
 from bench.cpu import tree_cpu_seconds, tree_cpu_split
 from bench.load import run_wave, summarize, warm_up
 from bench.servers import REPO, Server, free_port, mlx_lm_command, relay_command, relay_env, started
@@ -96,15 +97,15 @@ def main(argv: list[str] | None = None) -> None:
                     figures["stream"] = raw("stream", level, wave)
                 cores = os.cpu_count() or 1
                 client = figures["relay"]["client_cpu"]
-                figures["raw"]["ceiling"] = min(
-                    figures["raw"]["tok_s"], cores * 1000 / (figures["raw"]["cpu"] + client)
+                figures["raw"]["ceiling"] = report.ceiling(
+                    figures["raw"]["tok_s"], figures["raw"]["cpu"], client, cores
                 )
                 rounds[level].append(figures)
                 print(f"round {index + 1} N={level}: " + _line(figures), flush=True)
-    report = {str(level): _summary(per_round) for level, per_round in rounds.items()}
+    summaries = {str(level): _summary(per_round) for level, per_round in rounds.items()}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "interleaved.json").write_text(json.dumps({"model": args.model, "levels": report}, indent=2))
-    _print(report, args.rounds)
+    (args.out / "interleaved.json").write_text(json.dumps({"model": args.model, "levels": summaries}, indent=2))
+    _print(summaries, args.rounds)
 
 
 def _server_wave(server: Server, level: int, wave: int, workload: Workload, *, split: bool) -> Figures:
@@ -143,7 +144,7 @@ def _raw_child(path: str, workload: Workload) -> Iterator[Callable[[str, int, in
             child.stdin.write(json.dumps({"kind": kind, "level": level, "wave": wave}) + "\n")
             child.stdin.flush()
             for line in child.stdout:
-                if line.startswith(_MARK) and (record := json.loads(line.removeprefix(_MARK)))["kind"] == kind:
+                if line.startswith(MARK) and (record := json.loads(line.removeprefix(MARK)))["kind"] == kind:
                     return {"tok_s": record["tokens_per_s"], "cpu": record["cpu_s_per_1k_tokens"]}
             raise SystemExit(f"raw mlx-lm exited with {child.wait()}")
 

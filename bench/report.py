@@ -93,6 +93,12 @@ CEILING_HEADER = (
 )
 
 
+def ceiling(raw_tokens_per_s: float, raw_cpu: float, client_cpu: float, cores: int) -> float:
+    """The most tokens per second a server costing nothing could stream: the cores over raw mlx-lm's CPU per 1,000
+    tokens plus the client's, and never past raw mlx-lm's own speed."""
+    return min(cores * 1000 / (raw_cpu + client_cpu), raw_tokens_per_s)
+
+
 def ceiling_rows(results: Results, levels: Sequence[int], cores: int) -> list[tuple[str, ...]]:
     """What the machine leaves any server: the model's own CPU per token (raw mlx-lm, in process) plus
     the client's for reading the streams, over the cores there are. A server that cost nothing itself
@@ -104,8 +110,9 @@ def ceiling_rows(results: Results, levels: Sequence[int], cores: int) -> list[tu
             _get(results, RAW, n, "cpu_s_per_1k_tokens"),
             _get(results, RELAY, n, "client_cpu_s_per_1k_tokens"),
         )
-        ceiling = cores * 1000 / (raw_cpu + client_cpu) if raw_cpu is not None and client_cpu is not None else None
-        capped = min(ceiling, raw) if ceiling is not None and raw is not None else ceiling
+        # Raw's speed and CPU come from one record: both are there or neither is.
+        known = raw is not None and raw_cpu is not None and client_cpu is not None
+        capped = ceiling(raw, raw_cpu, client_cpu, cores) if known else None
         table.append(
             (
                 str(n),
