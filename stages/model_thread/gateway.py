@@ -335,7 +335,9 @@ class GenerationGateway:
             # The rows with no token yet prefill, as many at once as the batch takes.
             prefilling = self._batch.prefilling
             rows = min(prefilling, self._prefill_rows or self._max_batch)
-            generator.prefill_step_size = budget.chunk(prefilling=rows, decoding=len(self._batch.rows) - prefilling)
+            decoding = len(self._batch.rows) - prefilling
+            other_work = self._exclusive is not None and self._exclusive.pending
+            generator.prefill_step_size = budget.chunk(prefilling=rows, decoding=decoding, other_work=other_work)
         began = time.perf_counter()
         prefilled, generated = generator.next()
         if budget is not None:

@@ -35,11 +35,24 @@ def _prefilling(uid: int, done: int, total: int = 1000) -> PromptProcessingBatch
 
 def test_the_first_chunk_is_small_and_then_sized_from_the_measured_speed() -> None:
     budget = StepBudget(target_s=0.2, max_chunk=4096)
-    assert budget.chunk(prefilling=1, decoding=0) == 64
+    assert budget.chunk(prefilling=1, decoding=0, other_work=True) == 64
     # 64 tokens in 64 ms: a token costs 1 ms, so 200 fit the target, split between the rows that prefill together.
     budget.record(0.064, [_prefilling(0, 64)], decoding=0)
-    assert budget.chunk(prefilling=1, decoding=0) == 200
-    assert budget.chunk(prefilling=2, decoding=0) == 100
+    assert budget.chunk(prefilling=1, decoding=0, other_work=True) == 200
+    assert budget.chunk(prefilling=2, decoding=0, other_work=True) == 100
+
+
+def test_a_prompt_that_keeps_nobody_waiting_prefills_in_full_chunks() -> None:
+    budget = StepBudget(target_s=0.2, max_chunk=512)
+    assert budget.chunk(prefilling=1, decoding=0) == 512
+    # A token costs 10 ms: beside a decoding row or queued exclusive work the chunk shrinks to the target...
+    budget.record(0.5, [_prefilling(0, 50)], decoding=1)
+    assert budget.chunk(prefilling=1, decoding=1) < 512
+    assert budget.chunk(prefilling=1, decoding=0, other_work=True) == 20
+    # ...and alone it stays whole, however slow, and a step past the target for that is not counted as over it.
+    assert budget.chunk(prefilling=2, decoding=0) == 512
+    budget.record(5.12, [_prefilling(0, 562)], decoding=0)
+    assert budget.over_target == 1
 
 
 def test_decoding_rows_take_their_share_of_the_step_first() -> None:
@@ -49,13 +62,13 @@ def test_decoding_rows_take_their_share_of_the_step_first() -> None:
     # The step's decode part (100 ms) leaves 100 ms: 100 tokens at 1 ms each.
     assert budget.chunk(prefilling=1, decoding=3) == 100
     # With nothing decoding the whole target is prefill's.
-    assert budget.chunk(prefilling=1, decoding=0) == 200
+    assert budget.chunk(prefilling=1, decoding=0, other_work=True) == 200
 
 
 def test_the_chunk_stays_between_its_bounds() -> None:
     budget = StepBudget(target_s=0.2, max_chunk=128, min_chunk=16)
     budget.record(0.064, [_prefilling(0, 64)], decoding=0)
-    assert budget.chunk(prefilling=1, decoding=0) == 128
+    assert budget.chunk(prefilling=1, decoding=0, other_work=True) == 128
     # Decoding alone fills the target: a prompt still moves, by the smallest chunk.
     budget.record(0.5, [], decoding=16)
     assert budget.chunk(prefilling=1, decoding=16) == 16
@@ -69,10 +82,10 @@ def test_what_a_step_prefilled_is_the_progress_since_the_last_step() -> None:
     # Row 0 moves 100 more and row 1 starts with 100: 200 tokens in 0.1 s.
     budget.record(0.1, [_prefilling(0, 200), _prefilling(1, 100)], decoding=0)
     # 1 ms, then 0.5 ms a token, smoothed: 0.85 ms.
-    assert budget.chunk(prefilling=1, decoding=0) == int(1.0 / 0.00085)
+    assert budget.chunk(prefilling=1, decoding=1) == int(1.0 / 0.00085)
     # Row 0 leaves, row 1 ends its prompt (the batch's last response for it): nothing prefilled, nothing kept.
     budget.record(0.1, [PromptProcessingBatch.Response(1, (1000, 1000), True, True)], decoding=1)
-    assert budget.chunk(prefilling=1, decoding=0) == int(1.0 / 0.00085)
+    assert budget.chunk(prefilling=1, decoding=0, other_work=True) == int(1.0 / 0.00085)
     budget.record(0.1, [_prefilling(5, 50)], decoding=1)
     assert budget._progress == {5: 50}
 
@@ -83,9 +96,12 @@ def _gateway(
     inbox: Channel[Prepared],
     control: Channel[Abort],
     cache: PromptCache | None = None,
+    *,
+    prefill_step_size: int = 2048,
 ) -> GenerationGateway:
     spills: Channel[SpillJob] = open_channel(4, name="spills")
-    # A 1 ms target: every chunk is the smallest (16 tokens), where a 2,048-token chunk would take the prompt at once.
+    # A 1 ms target: every chunk beside a decoding row is the smallest (16 tokens), where a 2,048-token chunk would
+    # take the prompt at once.
     return GenerationGateway(
         inbox=inbox.receive,
         control=control.receive,
@@ -96,7 +112,7 @@ def _gateway(
         load=partial(load_weights, info),
         eos_ids=EOS,
         max_batch=4,
-        prefill_step_size=2048,
+        prefill_step_size=prefill_step_size,
         step_budget_s=0.001,
         cache=cache,
         scheduler=KvScheduler(read_model_shape(info.path, info.context_window), 1 << 30),
@@ -141,7 +157,8 @@ async def test_an_abort_during_a_long_prefill_stops_it_at_the_next_step(model_in
     control: Channel[Abort] = open_channel(4, name="control")
     steps: Channel[StepOutputs] = open_channel(256, name="steps")
     cache = PromptCache(max_bytes=1 << 24)
-    gateway = _gateway(model_info, steps, inbox, control, cache)
+    # Alone, the prompt prefills in full chunks: 64 tokens, 24 steps for the whole prompt.
+    gateway = _gateway(model_info, steps, inbox, control, cache, prefill_step_size=64)
     with anyio.fail_after(90), steps.receive, inbox.send:
         async with anyio.create_task_group() as group:
             await group.start(gateway.run)
