@@ -245,6 +245,16 @@ class ChatRequest:
     # Responses' `truncation: "auto"`: a conversation past the window loses its oldest exchanges until it fits.
     truncate_to_fit: bool = False
 
+    @property
+    def forced_tool(self) -> str | None:
+        """The tool every call of the reply must name, where the choice leaves one: the named tool, or the one
+        tool offered under `required`; None where the model picks (`auto`, `none`, `required` among several)."""
+        if self.tool_choice.mode is ToolChoiceMode.NAMED:
+            return self.tool_choice.name
+        if self.tool_choice.mode is ToolChoiceMode.REQUIRED and len(self.tools) == 1:
+            return self.tools[0].name
+        return None
+
 
 @attrs.frozen(kw_only=True)
 class TextRequest:

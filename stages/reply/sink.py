@@ -4,7 +4,8 @@ Inbox: `StepOutputs` from the gateway, one per decode step.
 Outbox: each request's `ReplySlot` (never blocks; docs/STYLE.md, "Slow readers"), and an `Abort` on
 the gateway's control channel when a stop string ends a row early.
 Owns: per-row text state — mlx-lm's streaming detokenizer, the stop-string
-matcher, the markup splitter (reasoning and tool calls, `stages/reply/markup.py`),
+matcher, the markup splitter (reasoning and tool calls, `stages/reply/markup.py`; a forced call
+cut before its name, `stages/reply/forced.py`),
 token counts and the row's timeline — and the per-request
 `request.queue` / `request.prefill` / `request.decode` / `request.finish`
 log lines.
@@ -37,6 +38,7 @@ from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, 
 from stages.models.loading import StreamingDetokenizer, Tokenizer, completion_detokenizer, token_text
 from stages.models.mlx_internals import special_token_ids
 from stages.prompt.constraints import grammar_fault
+from stages.reply.forced import ForcedCall
 from stages.reply.markup import Markers, MarkupSplitter, Section, markers_for, splitter_for
 from stages.reply.stops import StopMatcher, StopResult
 
@@ -219,7 +221,10 @@ class CompletionSink:
         # The render knew whether the template's generation prompt opened a think block (stages/prompt/chat.py).
         opened = markers.think is not None and prepared.opens_reasoning
         section = Section.REASONING if opened and not constrained else Section.ANSWER
-        return splitter_for(self._family, markers, section)
+        splitter = splitter_for(self._family, markers, section)
+        # A forced call cut before its name is written is still that call (stages/reply/forced.py).
+        name = request.forced_tool if parse_tools else None
+        return splitter if name is None else ForcedCall(inner=splitter, name=name)
 
     def _detokenize(self, row: RowText, delta: TokenDelta) -> str:
         detokenizer = row.detokenizer
