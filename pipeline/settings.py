@@ -123,6 +123,10 @@ class Settings:
     num_draft_tokens: int = attrs.field(default=8, validator=attrs.validators.in_(range(1, 17)))
     # Rows in the batch above which no row speculates: verifying then costs more than it saves (measured on demo).
     speculation_max_rows: int = attrs.field(default=4, validator=attrs.validators.ge(0))
+    # Jump-forward: where a row's grammar forces its next tokens (a forced call's markup, a schema's keys), they are
+    # verified in one pass rather than decoded a step each; the output is the same
+    # (stages/model_thread/jump_forward.py).
+    jump_forward: bool = True
     # Bytes the server may plan for: weights, KV and a prefill chunk; 0 is 75% of RAM.
     memory_budget: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     log_level: str = attrs.field(

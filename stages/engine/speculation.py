@@ -8,7 +8,10 @@ it: both drafters at once, a sharded model, LoRA adapters, and models
 whose cache layers cannot be cut back (sliding-window, recurrent).
 The draft model is checked and loads on the model thread, beside the
 target, before any row (a refusal there fails the start as the KV
-scheme's does).
+scheme's does). Jump-forward (`MLX_RELAY_JUMP_FORWARD`, on by default:
+a grammar's forced tokens proposed and verified the same way) needs no
+drafter and is never refused: where the batch cannot verify, rows take
+their forced tokens a step each.
 docs/speculative-decoding.md.
 """
 
@@ -64,8 +67,12 @@ def check_draft_tokenizer(name: str, target: Tokenizer) -> ModelInfo:
 
 def speculation_factory(
     settings: Settings, target: Tokenizer, *, sharded: bool, adapters: bool
-) -> Callable[[Any], Speculation] | None:
+) -> Callable[[Any], Speculation | None] | None:
     """What the model thread calls with the loaded target to build the batch's speculation; None when it is off.
+
+    Jump-forward alone (`MLX_RELAY_JUMP_FORWARD`, no drafter) is never refused: where it cannot run (sharded,
+    LoRA adapters, a cache that cannot be cut back) rows decode their forced tokens a step each, and the
+    builder gives None for such a model.
 
     Raises:
         SpeculationError: now, for a set-up it cannot serve; on the model thread, at load, for a draft
@@ -74,36 +81,48 @@ def speculation_factory(
     reason = speculation_refusal(settings, sharded=sharded, adapters=adapters)
     if reason is not None:
         raise SpeculationError(reason)
-    if not (settings.prompt_lookup or settings.draft_model):
+    drafting = bool(settings.prompt_lookup or settings.draft_model)
+    if not drafting and not (settings.jump_forward and not sharded and not adapters):
         return None
-    draft_name = settings.draft_model
 
-    def build(model: Any) -> Speculation:
+    def build(model: Any) -> Speculation | None:
         from mlx_lm.models.cache import make_prompt_cache
 
+        from stages.model_thread.jump_forward import JumpForward
         from stages.model_thread.speculative_batch import Speculation
-        from stages.models.loading import load_weights
         from stages.models.mlx_internals import PLAIN, cache_kind
 
         kind = cache_kind(make_prompt_cache(model))
+        if kind != PLAIN and not drafting:
+            return None
         if kind != PLAIN:
             raise SpeculationError(
                 f"speculative decoding cannot serve this model: its cache has {kind} layers, which cannot be cut back "
                 "to the accepted tokens; serve it without MLX_RELAY_PROMPT_LOOKUP / MLX_RELAY_DRAFT_MODEL"
             )
-        drafter: Drafter = PromptLookup()
-        if draft_name:
-            draft = load_weights(check_draft_tokenizer(draft_name, target))
-            draft_kind = cache_kind(make_prompt_cache(draft))
-            if draft_kind != PLAIN:
-                raise SpeculationError(
-                    f"MLX_RELAY_DRAFT_MODEL={draft_name}: its cache has {draft_kind} layers, which cannot be cut back "
-                    "to the accepted tokens"
-                )
-            drafter = DraftModel(model=draft)
         policy = RowPolicy(
             max_k=settings.num_draft_tokens, min_acceptance=MIN_ACCEPTANCE, max_rows=settings.speculation_max_rows
         )
-        return Speculation(drafter=drafter, policy=policy)
+        jump = JumpForward() if settings.jump_forward else None
+        return Speculation(drafter=_drafter(settings, target) if drafting else None, policy=policy, jump_forward=jump)
 
     return build
+
+
+def _drafter(settings: Settings, target: Tokenizer) -> Drafter:
+    """The drafter the settings name, a draft model loaded and checked (on the model thread)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from stages.models.loading import load_weights
+    from stages.models.mlx_internals import PLAIN, cache_kind
+
+    if not settings.draft_model:
+        return PromptLookup()
+    draft = load_weights(check_draft_tokenizer(settings.draft_model, target))
+    draft_kind = cache_kind(make_prompt_cache(draft))
+    if draft_kind != PLAIN:
+        raise SpeculationError(
+            f"MLX_RELAY_DRAFT_MODEL={settings.draft_model}: its cache has {draft_kind} layers, which cannot be cut "
+            "back to the accepted tokens"
+        )
+    return DraftModel(model=draft)

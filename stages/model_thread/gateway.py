@@ -55,6 +55,7 @@ from stages.model_thread.drafters import SpeculationStatistics
 from stages.model_thread.encoder_cache import EncoderCacheStatistics
 from stages.model_thread.exclusive import ExclusiveQueue, Job
 from stages.model_thread.handoff import Handoff, HandoffStatistics, Parcel
+from stages.model_thread.jump_forward import JumpForwardStatistics
 from stages.model_thread.single_row import single_row
 from stages.model_thread.speculative_batch import speculating
 from stages.model_thread.step_budget import StepBudget
@@ -99,6 +100,8 @@ class GatewayStatistics:
     # Speculative decoding's proposals and what the target accepted (stages/model_thread/drafters.py); None when it
     # is off.
     speculation: SpeculationStatistics | None = None
+    # Grammar-forced spans taken in one verifying pass (stages/model_thread/jump_forward.py); None when it is off.
+    jump_forward: JumpForwardStatistics | None = None
     # A vision-language model's encoder-output cache and its encodes.
     encoder_cache: EncoderCacheStatistics | None = None
 
@@ -151,9 +154,10 @@ class GenerationGateway:
     # Seconds a step aims at: prefill chunks are sized to fit it (stages/model_thread/step_budget.py); None: fixed
     # chunks.
     _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
-    # Builds the batch's speculation from the loaded model (stages/engine/speculation.py); None: no speculative
+    # Builds the batch's speculation from the loaded model (stages/engine/speculation.py), or None for a model it
+    # cannot serve (jump-forward alone, on cache layers that cannot be cut back); None: no speculative
     # decoding.
-    _speculate: Callable[[Any], Speculation] | None = attrs.field(default=None, alias="speculation")
+    _speculate: Callable[[Any], Speculation | None] | None = attrs.field(default=None, alias="speculation")
     _speculation: Speculation | None = attrs.field(default=None, init=False)
     _budget: StepBudget | None = attrs.field(default=None, init=False)
     # Bytes of vision-tower output kept per image (a vision-language model's; stages/model_thread/encoder_cache.py).
@@ -204,6 +208,7 @@ class GenerationGateway:
             prefill_chunk=self._budget.last_chunk if self._budget is not None else 0,
             steps_over_budget=self._budget.over_target if self._budget is not None else 0,
             speculation=self._speculation.statistics() if self._speculation is not None else None,
+            jump_forward=self._speculation.jump_forward_statistics() if self._speculation is not None else None,
             encoder_cache=self._batch.vision.statistics() if self._batch.vision is not None else None,
         )
 
@@ -246,8 +251,8 @@ class GenerationGateway:
             prefill_batch_size=min(self._max_batch, self._prefill_rows or self._max_batch),
             prefill_step_size=self._prefill_step_size,
         )
-        if self._speculate is not None:
-            self._speculation = self._speculate(model)
+        self._speculation = self._speculate(model) if self._speculate is not None else None
+        if self._speculation is not None:
             batch = speculating(batch, self._speculation)
         # A row alone runs as generate_step does (stages/model_thread/single_row.py), speculating there too; never
         # under a sharded generator, nor with quantized KV (its plain layers would join a quantized batch).

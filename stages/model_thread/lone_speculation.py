@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 
 from stages.model_thread.drafters import only_stepped
+from stages.model_thread.jump_forward import forced_limit, grammar_of
 from stages.model_thread.verification import matched, sample_in_order
 
 if TYPE_CHECKING:
@@ -50,23 +51,45 @@ class LoneSpeculation:
     def step(self, model: Any, solo: Any) -> list[tuple[int, mx.array]] | None:
         """The tokens the row emits this step, its proposal verified (its pending token first, each with its
         logprobs), its cache cut to them; None: no proposal, the caller takes a plain step (then `plain_step`)."""
-        import mlx.core as mx
-
         self._began = time.perf_counter()
-        speculation = self.speculation
         # Never past max_tokens: the row's last token comes from the target.
         room = solo.max_tokens - solo.generated - 1
-        if room <= 0 or not speculation.lone_gate.speculate(1):
-            return None
-        key = _key(solo.uid)
-        size = min(speculation.policy.budget(key, 1), room)
-        if size <= 0:
+        grammar = grammar_of(solo.processors) if self.speculation.jump_forward is not None else None
+        drafting = self.speculation.drafter is not None and self.speculation.lone_gate.speculate(1)
+        if room <= 0 or (grammar is None and not drafting):
+            # Not even the pending token is read: the plain step stays double-buffered.
             return None
         pending, pending_logprobs = solo.pending
         first = cast(int, pending.item())
-        proposal = speculation.drafter.propose(key, [*solo.fed, first], size)
+        forced = grammar.forced_after(first, min(room, forced_limit(1))) if grammar is not None else []
+        drafted = self._drafted(solo, first, forced, room - len(forced)) if drafting else []
+        proposal = [*forced, *drafted]
         if not proposal:
             return None
+        accepted, looked = self._verified(model, solo, first, proposal)
+        self._record(solo.uid, len(proposal), accepted, len(forced))
+        return [(first, pending_logprobs), *zip(proposal[:accepted], looked[:accepted])]
+
+    def plain_step(self) -> None:
+        """The step `step` left to the caller is done: its time is the plain way's."""
+        if self.speculation.drafter is not None:
+            self.speculation.lone_gate.record(1, False, 1, time.perf_counter() - self._began)
+
+    def _drafted(self, solo: Any, first: int, forced: list[int], room: int) -> list[int]:
+        """The drafter's tokens after the row's tokens, its pending one `first` and its forced span."""
+        drafter = self.speculation.drafter
+        assert drafter is not None  # step() asked the gate only with a drafter
+        size = min(self.speculation.policy.budget(_key(solo.uid), 1), room)
+        # A span cut at its limit goes on in the grammar, where a drafter's guess would be wasted.
+        if size <= 0 or len(forced) >= forced_limit(1):
+            return []
+        return drafter.propose(_key(solo.uid), [*solo.fed, first, *forced], size)
+
+    def _verified(self, model: Any, solo: Any, first: int, proposal: list[int]) -> tuple[int, list[mx.array]]:
+        """How many of `proposal` the row keeps and the logprobs looked at; its cache cut and next token set."""
+        import mlx.core as mx
+
+        pending = solo.pending[0]
         logits = model(mx.array([[first, *proposal]]), cache=solo.cache)[0]
         if not solo.processors and _greedy(solo.sampler):
             chosen = cast(list[int], mx.argmax(logits, axis=-1).tolist())
@@ -80,18 +103,17 @@ class LoneSpeculation:
         for layer in solo.cache:
             layer.trim(len(proposal) - accepted)
         solo.pending = (mx.array([sampled], dtype=pending.dtype), looked[accepted])
-        speculation.policy.record(key, len(proposal), accepted)
-        speculation.counts.record(len(proposal), accepted)
-        totals = self._totals.setdefault(solo.uid, [0, 0])
-        totals[0] += accepted
-        totals[1] += len(proposal)
-        if only_stepped(speculation.drafter, 1):
-            speculation.lone_gate.record(1, True, accepted + 1, time.perf_counter() - self._began)
-        return [(first, pending_logprobs), *zip(proposal[:accepted], looked[:accepted])]
+        return accepted, looked
 
-    def plain_step(self) -> None:
-        """The step `step` left to the caller is done: its time is the plain way's."""
-        self.speculation.lone_gate.record(1, False, 1, time.perf_counter() - self._began)
+    def _record(self, uid: int, proposed: int, accepted: int, forced: int) -> None:
+        speculation = self.speculation
+        speculation.record(_key(uid), proposed, accepted, forced)
+        totals = self._totals.setdefault(uid, [0, 0])
+        totals[0] += accepted
+        totals[1] += proposed
+        # The gate weighs the drafter's guesses: a step that took a forced span tells it nothing of them.
+        if speculation.drafter is not None and not forced and only_stepped(speculation.drafter, 1):
+            speculation.lone_gate.record(1, True, accepted + 1, time.perf_counter() - self._began)
 
     def finished(self, uid: int) -> tuple[int, int] | None:
         """The row's accepted and proposed tokens as it leaves (None if it never proposed)."""
@@ -106,8 +128,7 @@ class LoneSpeculation:
             self.speculation.per_row[batch_uid] = list(totals)
 
     def _forget(self, uid: int) -> None:
-        self.speculation.policy.forget([_key(uid)])
-        self.speculation.drafter.forget([_key(uid)])
+        self.speculation.forget([_key(uid)])
 
 
 def _greedy(sampler: Any) -> bool:

@@ -160,6 +160,23 @@ class ConstraintProcessor:
         allowed = np.unpackbits(words, bitorder="little")[: logits.shape[-1]].astype(np.bool_)
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
+    def forced_after(self, pending: int, limit: int) -> list[int]:
+        """Up to `limit` tokens the grammar forces after `pending`, the token sampled at the last call (jump-forward,
+        stages/model_thread/jump_forward.py); the matcher is left as it was.
+
+        Empty before the first call (no token was sampled under this mask), once the matcher is in error, and
+        where `pending` does not fit the grammar (`try_consume_tokens` takes nothing then, and leaves no error).
+        """
+        if not self._calls or limit <= 0 or self._matcher.is_error():
+            return []
+        if not self._matcher.try_consume_tokens([pending]):
+            return []
+        try:
+            forced = self._matcher.compute_ff_tokens()
+        finally:
+            self._matcher.rollback(1)
+        return list(forced[:limit])
+
     def rewind(self, calls: int) -> None:
         """Back to the grammar state after `calls` calls (a preempted row resumes)."""
         consumed, kept = max(0, self._calls - 1), max(0, calls - 1)

@@ -3,10 +3,11 @@
 mlx-lm's `BatchGenerator` decodes one token per row per step
 (`GenerationBatch`), and `mlx_lm.server` turns batching off to speculate.
 `SpeculativeBatch` takes the generation batch's place: in a step where
-some rows have proposals (stages/model_thread/drafters.py), every row of the batch goes
-through ONE forward pass of `1 + K` positions, its pending token then its
-proposal (right-padded to the longest), so rows that do not speculate
-still decode in the same step. A step where no row proposes is mlx-lm's
+some rows have proposals (a drafter's, stages/model_thread/drafters.py, or
+the tokens a row's grammar forces, stages/model_thread/jump_forward.py, the
+forced span first), every row of the batch goes through ONE forward pass of
+`1 + K` positions, its pending token then its proposal (right-padded to the
+longest), so rows that do not speculate still decode in the same step. A step where no row proposes is mlx-lm's
 own, pipelined step.
 
 Verification keeps each row's meaning exactly. The target samples each
@@ -54,26 +55,34 @@ from stages.model_thread.drafters import (
     SpeculationStatistics,
     only_stepped,
 )
+from stages.model_thread.jump_forward import JumpForward, JumpForwardStatistics, forced_limit, grammar_of
 from stages.model_thread.verification import matched, sample_in_order
 from stages.models.mlx_internals import cut_layer
 
 
 @attrs.define
 class Speculation:
-    """The drafter, the per-row policy, and what was proposed and accepted."""
+    """The drafter, the per-row policy, jump-forward, and what was proposed and accepted."""
 
-    drafter: Drafter
+    # None: no drafter, only the grammars' forced spans are proposed (jump-forward).
+    drafter: Drafter | None
     policy: RowPolicy
     counts: DrafterCounts = attrs.Factory(DrafterCounts)
     gate: CostGate = attrs.Factory(CostGate)
     # A row alone speculates on the single-row path (stages/model_thread/lone_speculation.py), whose plain step is
     # faster than the batch's: its speeds are its own.
     lone_gate: CostGate = attrs.Factory(lambda self: CostGate(measured=self.gate.measured), takes_self=True)
-    # Accepted and proposed tokens per uid for the rows now in the batch (the per-request timeline's figure).
+    # Accepted and proposed tokens per uid for the rows now in the batch (the per-request timeline's figure), forced
+    # spans included.
     per_row: dict[int, list[int]] = attrs.Factory(dict)
+    # The grammars' forced spans (stages/model_thread/jump_forward.py); None: jump-forward is off.
+    jump_forward: JumpForward | None = None
 
-    def statistics(self) -> SpeculationStatistics:
+    def statistics(self) -> SpeculationStatistics | None:
+        """The drafter's figures; None without a drafter."""
         counts = self.counts
+        if self.drafter is None:
+            return None
         return SpeculationStatistics(
             drafter=self.drafter.name,
             drafts=counts.drafts,
@@ -82,6 +91,24 @@ class Speculation:
             accepted_per_position=tuple(counts.accepted_per_position),
             acceptance_rate=counts.accepted / counts.proposed if counts.proposed else 0.0,
         )
+
+    def jump_forward_statistics(self) -> JumpForwardStatistics | None:
+        return self.jump_forward.statistics() if self.jump_forward is not None else None
+
+    def record(self, key: int, proposed: int, accepted: int, forced: int) -> None:
+        """A row's verified proposal: `forced` forced tokens, then the drafter's; `accepted` of them kept."""
+        if self.jump_forward is not None:
+            self.jump_forward.record(forced, accepted)
+        drafted = proposed - forced
+        # A drafter's tokens behind a forced token the verifier dropped were never judged.
+        if drafted > 0 and accepted >= forced:
+            self.policy.record(key, drafted, accepted - forced)
+            self.counts.record(drafted, accepted - forced)
+
+    def forget(self, keys: Sequence[int]) -> None:
+        if self.drafter is not None:
+            self.drafter.forget(keys)
+        self.policy.forget(keys)
 
 
 @dataclass
@@ -100,8 +127,7 @@ class SpeculativeBatch(GenerationBatch):
         kept = set(keep)
         gone = [uid for index, uid in enumerate(self.uids) if index not in kept]
         super().filter(keep)
-        self.speculation.drafter.forget(gone)
-        self.speculation.policy.forget(gone)
+        self.speculation.forget(gone)
         for uid in gone:
             # A finished row's figures were taken for its response; these rows left otherwise (abort, preemption).
             self.speculation.per_row.pop(uid, None)
@@ -109,35 +135,70 @@ class SpeculativeBatch(GenerationBatch):
     def next(self) -> list[Any]:
         if not self.uids:
             return []
-        rows, gate = len(self.uids), self.speculation.gate
+        rows, speculation = len(self.uids), self.speculation
         began = time.perf_counter()
-        proposals = self._proposals() if gate.speculate(rows) else None
+        forced = self._forced()
+        gated = speculation.drafter is not None and speculation.gate.speculate(rows)
+        proposals = self._proposals(forced, drafting=gated)
         if proposals is not None:
-            responses = self._verify(proposals)
+            responses = self._verify(proposals, forced)
         else:
-            finishing = dict(self.speculation.per_row)
+            finishing = dict(speculation.per_row)
             responses = [_told(response, finishing) for response in super().next()]
-        if proposals is None or only_stepped(self.speculation.drafter, rows):
-            gate.record(rows, proposals is not None, len(responses), time.perf_counter() - began)
+        # The gate weighs the drafter's guesses: a step that took forced spans tells it nothing of them.
+        drafter = speculation.drafter
+        if drafter is not None and forced is None and (proposals is None or only_stepped(drafter, rows)):
+            speculation.gate.record(rows, proposals is not None, len(responses), time.perf_counter() - began)
         return responses
 
-    def _proposals(self) -> list[list[int]] | None:
-        policy, drafter = self.speculation.policy, self.speculation.drafter
-        budgets = [policy.budget(uid, len(self.uids)) for uid in self.uids]
-        if not any(budgets):
+    def _forced(self) -> list[list[int]] | None:
+        """Each row's forced span (jump-forward); None where no row's grammar forces a token."""
+        if self.speculation.jump_forward is None or not self.logits_processors:
+            return None
+        grammars = [grammar_of(processors) for processors in self.logits_processors]
+        if not any(grammar is not None for grammar in grammars):
+            # Rows without a grammar never wait for the pending tokens here: the batch's step stays pipelined.
             return None
         pending = cast(list[int], self._next_tokens.tolist())
-        requests: dict[int, tuple[int, list[int], int]] = {}
-        for index, (uid, budget) in enumerate(zip(self.uids, budgets)):
-            # Never past max_tokens: the row's last token comes from the target.
-            size = min(budget, self.max_tokens[index] - self._num_tokens[index] - 1)
-            if size > 0:
-                requests[index] = (uid, [*self.tokens[index], pending[index]], size)
-        drafted = dict(zip(requests, drafter.propose_many(list(requests.values())))) if requests else {}
-        proposals = [drafted.get(index, []) for index in range(len(self.uids))]
+        limit = forced_limit(len(self.uids))
+        spans = [
+            grammar.forced_after(pending[index], min(limit, self._room(index))) if grammar is not None else []
+            for index, grammar in enumerate(grammars)
+        ]
+        return spans if any(spans) else None
+
+    def _room(self, index: int) -> int:
+        """Tokens the row may propose: never past max_tokens, as the row's last token comes from the target."""
+        return self.max_tokens[index] - self._num_tokens[index] - 1
+
+    def _proposals(self, forced: list[list[int]] | None, *, drafting: bool) -> list[list[int]] | None:
+        """Each row's proposal: its forced span, then its drafter's tokens; None where no row proposes."""
+        if forced is None and not drafting:
+            return None
+        spans = forced or [[] for _ in self.uids]
+        drafted = self._drafted(spans) if drafting else {}
+        proposals = [[*span, *drafted.get(index, [])] for index, span in enumerate(spans)]
         return proposals if any(proposals) else None
 
-    def _verify(self, proposals: list[list[int]]) -> list[Any]:
+    def _drafted(self, spans: list[list[int]]) -> dict[int, list[int]]:
+        """The drafter's tokens by row, each following the row's forced span (a span cut at its limit goes on
+        in the grammar, where a drafter's guess would be wasted)."""
+        policy, drafter = self.speculation.policy, self.speculation.drafter
+        assert drafter is not None  # next() asked the gate only with a drafter
+        budgets = [policy.budget(uid, len(self.uids)) for uid in self.uids]
+        if not any(budgets):
+            return {}
+        pending = cast(list[int], self._next_tokens.tolist())
+        limit = forced_limit(len(self.uids))
+        requests: dict[int, tuple[int, list[int], int]] = {}
+        for index, (uid, budget) in enumerate(zip(self.uids, budgets)):
+            span = spans[index]
+            size = min(budget, self._room(index) - len(span))
+            if size > 0 and len(span) < limit:
+                requests[index] = (uid, [*self.tokens[index], pending[index], *span], size)
+        return dict(zip(requests, drafter.propose_many(list(requests.values())))) if requests else {}
+
+    def _verify(self, proposals: list[list[int]], forced: list[list[int]] | None) -> list[Any]:
         pending = cast(list[int], self._next_tokens.tolist())
         width = max(len(p) for p in proposals)
         rows = [[pending[i], *p, *[pending[i]] * (width - len(p))] for i, p in enumerate(proposals)]
@@ -162,7 +223,7 @@ class SpeculativeBatch(GenerationBatch):
             next_tokens.append(sampled)
             next_logprobs.append(logprobs[accepted])
             self.tokens[index].extend(tokens)
-            self._record(self.uids[index], len(proposal), accepted)
+            self._record(self.uids[index], len(proposal), accepted, len(forced[index]) if forced else 0)
         self._cut(width, [len(tokens) - 1 for tokens in emitted])
         self._next_tokens = mx.array(next_tokens, dtype=self._next_tokens.dtype)
         self._next_logprobs = next_logprobs
@@ -181,10 +242,9 @@ class SpeculativeBatch(GenerationBatch):
         first = self._next_tokens[index : index + 1]
         return sample_in_order(logits, first, proposal, self._sampler(index), processors, context)
 
-    def _record(self, uid: int, proposed: int, accepted: int) -> None:
+    def _record(self, uid: int, proposed: int, accepted: int, forced: int) -> None:
         speculation = self.speculation
-        speculation.policy.record(uid, proposed, accepted)
-        speculation.counts.record(proposed, accepted)
+        speculation.record(uid, proposed, accepted, forced)
         if proposed:
             totals = speculation.per_row.setdefault(uid, [0, 0])
             totals[0] += accepted

@@ -11,7 +11,7 @@ produced without it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,8 @@ class Harness:
     scheduler: KvScheduler | None = None
     # Seconds for the whole run; the shape-true models are slow on a busy CPU.
     timeout: float = 60.0
+    # Builds the batch's speculation from the loaded model (stages/engine/speculation.py's factory); None: none.
+    speculation: Callable[[Any], Any] | None = None
 
     async def run(self, *waves: Sequence[Prepared], abort_after: dict[str, int] | None = None) -> Run:
         """Send each wave at once and wait for all of its rows to finish before the next."""
@@ -107,6 +109,7 @@ class Harness:
             prefill_step_size=64,
             scheduler=self._scheduler(),
             cache=self.cache,
+            speculation=self.speculation,
         )
         run = Run()
         with anyio.fail_after(self.timeout), steps.receive:
