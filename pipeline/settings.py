@@ -35,6 +35,15 @@ def _lower(value: str) -> str:
 _non_negative = attrs.validators.ge(0.0)
 
 
+# The names MLX_RELAY_TOOL_PARSER and MLX_RELAY_REASONING_PARSER take: stages/families/'s `TOOL_PARSERS` and
+# `THINK_MARKERS`, spelt out since pipeline/ imports nothing of ours (a test holds the two equal).
+TOOL_PARSER_NAMES = (
+    *("harmony", "deepseek", "deepseek_dsml", "mistral", "phi4", "hermes", "llama3", "llama4", "json"),
+    *("qwen3_coder", "glm", "minimax", "kimi", "kimi_k3", "gemma4", "mlx-lm"),
+)
+REASONING_PARSER_NAMES = ("none", "think", "mistral", "harmony", "kimi_k3", "gemma4")
+
+
 @attrs.frozen(kw_only=True)
 class Settings:
     """Every knob of the server; the defaults suit the built-in models on a laptop."""
@@ -65,13 +74,10 @@ class Settings:
     context_limit: int | None = attrs.field(default=None, converter=attrs.converters.optional(int))
     # A model family's call markup / think markers, where the template and vocabulary mislead (stages/families/).
     tool_parser: str | None = attrs.field(
-        default=None,
-        validator=attrs.validators.optional(
-            attrs.validators.in_(("harmony", "deepseek", "mistral", "phi4", "hermes", "llama3", "json", "mlx-lm"))
-        ),
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(TOOL_PARSER_NAMES))
     )
     reasoning_parser: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.in_(("none", "think", "mistral", "harmony")))
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(REASONING_PARSER_NAMES))
     )
     max_batch: int = attrs.field(default=16, validator=_positive)
     max_pending: int = attrs.field(default=64, validator=attrs.validators.ge(0))

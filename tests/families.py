@@ -57,6 +57,24 @@ CASES = (
         '{"name": "get_weather", "parameters": {"city": "Paris"}}',
     ),
     FamilyCase(
+        # Llama 4's template as Meta's repositories ship it (a tiny test model's copy), and its special tokens.
+        "llama4",
+        "trl-internal-testing-tiny-Llama4ForCausalLM",
+        (
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|header_start|>",
+            "<|header_end|>",
+            "<|eot|>",
+            "<|eom|>",
+            "<|python_start|>",
+            "<|python_end|>",
+        ),
+        "<|begin_of_text|>",
+        ("<|eot|>", "<|eom|>", "<|end_of_text|>"),
+        '[get_weather(city="Paris")]',
+    ),
+    FamilyCase(
         "deepseek",
         "deepseek-ai-DeepSeek-V3.1",
         (
@@ -78,6 +96,25 @@ CASES = (
         ("<｜end▁of▁sentence｜>",),
         '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}'
         "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    ),
+    FamilyCase(
+        # DeepSeek V4: DSML calls, in which `｜DSML｜` is one token and the tags around it text (a forced call
+        # leaves its block's end tag out).
+        "deepseek_dsml",
+        "deepseek-ai-DeepSeek-V4",
+        (
+            "<｜begin▁of▁sentence｜>",
+            "<｜end▁of▁sentence｜>",
+            "<｜User｜>",
+            "<｜Assistant｜>",
+            "<think>",
+            "</think>",
+            "｜DSML｜",
+        ),
+        "<｜begin▁of▁sentence｜>",
+        ("<｜end▁of▁sentence｜>",),
+        '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">'
+        "Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n",
     ),
     FamilyCase(
         "phi4",
@@ -199,5 +236,32 @@ CASES = (
         ("<|im_end|>", "[EOS]"),
         "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
         '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>',
+    ),
+    FamilyCase(
+        # The tokens Gemma 4's template writes, and the stop tokens its reference model ends on (canitoolcall).
+        "gemma4",
+        "google-gemma-4-31B-it",
+        (
+            "<bos>",
+            "<eos>",
+            "<|turn>",
+            "<turn|>",
+            "<|think|>",
+            "<|channel>",
+            "<channel|>",
+            "<|tool>",
+            "<tool|>",
+            "<|tool_call>",
+            "<tool_call|>",
+            "<|tool_response>",
+            "<tool_response|>",
+            '<|"|>',
+            "<|image|>",
+            "<|audio|>",
+            "<|video|>",
+        ),
+        "<bos>",
+        ("<eos>", "<turn|>", "<|tool_response>"),
+        '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
     ),
 )

@@ -85,6 +85,17 @@ class Family:
     # How far an unfinished call section's calls are written, so their arguments stream (`progress.py`);
     # None where a call is known only once its section is whole.
     progress: ProgressReader | None = None
+    # (opener, body so far) -> whether the section's closer, met after the body, is text inside one of its
+    # values (a markup whose values are raw text, `xml_params.py`); None where `json_bodies` decides.
+    closer_inside: Callable[[str, str], bool] | None = None
+    # Call openers that also end a reasoning section the model left open (Qwen3.5 may open a call without
+    # closing the think block its prompt opened).
+    reasoning_openers: tuple[str, ...] = ()
+    # False where only the section's closer says a call is whole (GLM's calls have no end tag of their own):
+    # a section the output ends inside, short of max tokens, holds no call.
+    unclosed_calls: bool = True
+    # Calls written inside the text (Gemma 4): the whitespace beside a call's markers is the model's text, not layout.
+    inline_calls: bool = False
 
 
 def lark_json(schema: dict[str, Any]) -> str:

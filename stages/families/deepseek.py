@@ -1,32 +1,32 @@
 """DeepSeek V3 / V3.1 / R1: `<｜tool▁calls▁begin｜>` then per call
 `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{…}<｜tool▁call▁end｜>` (V3.1) or
 `…begin｜>function<｜tool▁sep｜>name\\n```json\\n{…}\\n```…end｜>` (V3, R1);
-V3.2's DSML `<｜DSML｜invoke name="…">` with one `parameter` element per
-argument; `<think>` reasoning."""
+`<think>` reasoning. The DSML calls of V3.2 and later (`deepseek_dsml.py`) are read too,
+for a DeepSeek model whose template does not say which markup it writes."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from pipeline.requests import Tool
+from stages.families import deepseek_dsml
 from stages.families.base import Family, MarkerRef, ParsedCall, json_object, lark_arguments, lark_text
 from stages.families.progress import CallProgress, named_arguments
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
-DSML = "｜DSML｜"
-INVOKE_BEGIN, INVOKE_END = f"<{DSML}invoke ", f"</{DSML}invoke>"
 _FENCE_OPEN = re.compile(r"\s*```(?:json)?\s*")
 _FENCED = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
-_INVOKE_NAME = re.compile(r'^name="([^"]+)">')
-_PARAMETER = re.compile(rf'<{DSML}parameter name="([^"]+)" string="(true|false)">(.*?)</{DSML}parameter>', re.DOTALL)
+# The token every DSML tag holds, among the markers this family reads.
+DSML = deepseek_dsml.DSML
+_DSML_OPENERS = frozenset(opener for opener, _ in deepseek_dsml.CALLS)
 
 
 def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
-    call = _parse_dsml(body) if opener == INVOKE_BEGIN else _parse_sep(body)
+    if opener in _DSML_OPENERS:
+        return deepseek_dsml.parse(opener, body, tools)
+    call = _parse_sep(body)
     return None if call is None else [call]
 
 
@@ -44,31 +44,12 @@ def _parse_sep(body: str) -> ParsedCall | None:
     return None if arguments is None or not name.strip() else (name.strip(), arguments)
 
 
-def _parse_dsml(body: str) -> ParsedCall | None:
-    named = _INVOKE_NAME.match(body)
-    if named is None:
-        return None
-    arguments: dict[str, Any] = {}
-    rest = body[named.end() :]
-    for match in _PARAMETER.finditer(rest):
-        key, is_string, value = match.groups()
-        if is_string == "true":
-            arguments[key] = value
-            continue
-        try:
-            arguments[key] = json.loads(value)
-        except json.JSONDecodeError:
-            return None
-    if _PARAMETER.sub("", rest).strip():
-        # Anything but parameters (a cut-off one) means the call is not whole.
-        return None
-    return named.group(1), arguments
-
-
 def progress(opener: str, body: str, tools: Sequence[Tool]) -> list[CallProgress]:
-    """The sep forms as they are written; a DSML call is sent whole when it ends."""
+    """The sep forms as they are written (DSML's as `deepseek_dsml.py` reads it)."""
+    if opener in _DSML_OPENERS:
+        return deepseek_dsml.progress(opener, body, tools)
     head, sep, rest = body.partition(SEP)
-    if opener == INVOKE_BEGIN or not sep:
+    if not sep:
         return []
     if head.strip() != "function":
         return named_arguments(head, body, len(head) + len(sep))
@@ -94,9 +75,9 @@ FAMILY = Family(
     forced=forced,
     example=f"{CALLS_BEGIN}{CALL_BEGIN}<function-name>{SEP}<args-json-object>{CALL_END}{CALLS_END}",
     think=("<think>", "</think>"),
-    calls=((CALL_BEGIN, CALL_END), (INVOKE_BEGIN, INVOKE_END)),
+    calls=((CALL_BEGIN, CALL_END), *deepseek_dsml.CALLS),
     json_bodies=False,
     trigger=CALLS_BEGIN,
     progress=progress,
-    dropped=(CALLS_BEGIN, CALLS_END, f"<{DSML}function_calls>", f"</{DSML}function_calls>"),
+    dropped=(CALLS_BEGIN, CALLS_END, *deepseek_dsml.BLOCKS),
 )

@@ -1,4 +1,4 @@
-"""GLM-4.5 / 4.6 / 4.7: `<tool_call>name\\n<arg_key>key</arg_key>\\n<arg_value>value</arg_value>\\n…</tool_call>`,
+"""GLM-4.5 / 4.6 / 4.7 / 5.x: `<tool_call>name\\n<arg_key>key</arg_key>\\n<arg_value>value</arg_value>\\n…</tool_call>`,
 each value text read as its schema's type (`xml_params.py`); a key the schema does not declare is read as JSON
 where it parses, as GLM's own parser does."""
 
@@ -16,6 +16,8 @@ MARKUP = XmlMarkup(
     value_end="</arg_value>",
     call_end="",
     key_gap="\n",
+    # GLM writes a value exactly as it is (4.7 and 5.x keep its spaces).
+    trim="none",
     undeclared_text=False,
 )
 

@@ -1,5 +1,6 @@
 """MiniMax-M2: `<minimax:tool_call>\\n<invoke name="name">\\n<parameter name="key">value</parameter>\\n…</invoke>\\n
-</minimax:tool_call>`, each value text read as its schema's type (`xml_params.py`)."""
+</minimax:tool_call>`, every call of a turn an `<invoke>` of one section, each value text read as its schema's type
+(`xml_params.py`)."""
 
 from __future__ import annotations
 

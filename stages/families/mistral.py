@@ -1,10 +1,13 @@
 """Mistral: `[TOOL_CALLS] [{"name": …, "arguments": …}, …]` (v3–v7 tokenizers) or
-`[TOOL_CALLS]name[ARGS]{…}` per call (v11+); `[THINK]…[/THINK]` reasoning.
-A call has no end marker: EOS or the next `[TOOL_CALLS]` ends it."""
+`[TOOL_CALLS]name[ARGS]{…}` per call (v11+); `[THINK]…[/THINK]` reasoning, or, for a model
+without those tokens whose template asks for it (Magistral Small 2506's system prompt),
+`<think>…</think>` written as text. A call has no end marker: EOS or the next `[TOOL_CALLS]` ends it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import attrs
 
 from pipeline.requests import Tool
 from stages.families.base import (
@@ -20,6 +23,7 @@ from stages.families.base import (
 from stages.families.progress import CallProgress, call_list, named_arguments
 
 START, ARGS = "[TOOL_CALLS]", "[ARGS]"
+THINK, THINK_TEXT = ("[THINK]", "[/THINK]"), ("<think>", "</think>")
 
 
 def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
@@ -58,7 +62,7 @@ FAMILY = Family(
     parse=parse,
     forced=forced_array,
     example=f'{START}[{{"name": <function-name>, "arguments": <args-json-object>}}]',
-    think=("[THINK]", "[/THINK]"),
+    think=THINK,
     calls=((START, None),),
     trigger=START,
     progress=progress,
@@ -68,8 +72,17 @@ COMPACT = Family(
     parse=parse,
     forced=forced_compact,
     example=f"{START}<function-name>{ARGS}<args-json-object>",
-    think=("[THINK]", "[/THINK]"),
+    think=THINK,
     calls=((START, None),),
     trigger=START,
     progress=progress,
 )
+
+
+def detect(vocab: Mapping[str, int], template: str) -> Family:
+    """A Mistral model's markup: `[ARGS]` calls where its vocabulary has the token, else the JSON list;
+    reasoning in `[THINK]` tokens, or in the `<think>` text its template asks for where it has none."""
+    family = COMPACT if ARGS in vocab else FAMILY
+    if THINK[0] not in vocab and THINK[0] not in template and all(marker in template for marker in THINK_TEXT):
+        return attrs.evolve(family, think=THINK_TEXT)
+    return family

