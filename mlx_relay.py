@@ -130,6 +130,12 @@ def _parser() -> argparse.ArgumentParser:
         help="quantize the KV cache to 4 or 8 bits (MLX_RELAY_KV_BITS; default full precision)",
     )
     serve.add_argument(
+        "--weights",
+        choices=("auto", "float32", "bfloat16", "float16", "stored"),
+        help="the form a quantized model's weights are served in (MLX_RELAY_WEIGHTS; default auto: on the CPU "
+        "backend float32 where its plan admits the whole window, else the fastest form that does)",
+    )
+    serve.add_argument(
         "--kv-group-size",
         choices=("32", "64", "128"),
         help="values per scale and bias of the quantized KV (default 64)",
@@ -221,6 +227,7 @@ def _export(args: argparse.Namespace) -> None:
         "embedding_model": args.embedding_model,
         "adapters": args.adapters,
         "kv_bits": args.kv_bits,
+        "weights": args.weights,
         "kv_group_size": args.kv_group_size,
         "quantized_kv_start": args.quantized_kv_start,
         "prompt_lookup": "1" if args.prompt_lookup else None,

@@ -56,6 +56,7 @@ async def model_fit(fleet: Fleet, model: str) -> JsonObject:
     body: JsonObject = {"model": host.name, "budget_bytes": fleet.budget, **_footprint(host)}
     if isinstance(host.engine, Engine):
         body.update(cast(JsonObject, without_paths(attrs.asdict(host.engine.fit))))
+        body["weights"] = cast(JsonObject, attrs.asdict(host.engine.weights))
     return body
 
 

@@ -99,7 +99,9 @@ async def fit() -> Response:
     if fleet().several:
         model = request.args.get("model")
         return _json(await model_fit(fleet(), model) if model else await fleet_fit(fleet()))
-    return _json(without_paths(attrs.asdict(_engine().fit)))
+    engine = _engine()
+    # Beside the plan, each form of the weights with its plan's window and speed (stages/engine/weight_forms.py).
+    return _json(without_paths({**attrs.asdict(engine.fit), "weights": attrs.asdict(engine.weights)}))
 
 
 @routes.get("/stats")

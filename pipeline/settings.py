@@ -101,9 +101,13 @@ class Settings:
     prompt_cache_entries: int = attrs.field(default=4096, validator=attrs.validators.ge(0))
     # Requests that name a session keep their conversation's entries warm longer.
     session_cache: bool = True
-    # On the CPU backend a quantized model is served dequantized to float32 when those weights fit
-    # the memory budget (the BLAS runs float32 matmuls many times faster); set to serve it as stored.
+    # The older spelling of `weights="stored"` (kept: documented and in use).
     keep_quantized: bool = False
+    # The form a quantized model's weights are served in (stages/engine/weight_forms.py): `auto` picks by the
+    # window each form's memory plan admits and the forms' measured speed; the others name one.
+    weights: str = attrs.field(
+        default="auto", converter=_lower, validator=lambda settings, _, value: _weights_form(settings, value)
+    )
     # A folder for the prompt cache's disk tier (unset: no disk tier), and its bound.
     cache_dir: str | None = None
     cache_dir_bytes: int = attrs.field(default=8 * 2**30, validator=_positive)
@@ -268,6 +272,16 @@ class Settings:
 def _one_drafter(settings: Settings, draft_model: str | None) -> None:
     if draft_model and settings.prompt_lookup:
         raise ValueError(f"MLX_RELAY_PROMPT_LOOKUP=1 with MLX_RELAY_DRAFT_MODEL={draft_model}: choose one drafter")
+
+
+WEIGHT_FORMS = ("auto", "float32", "bfloat16", "float16", "stored")
+
+
+def _weights_form(settings: Settings, value: str) -> None:
+    if value not in WEIGHT_FORMS:
+        raise ValueError(f"MLX_RELAY_WEIGHTS={value!r} is not one of {', '.join(WEIGHT_FORMS)}")
+    if settings.keep_quantized and value not in ("auto", "stored"):
+        raise ValueError(f"MLX_RELAY_KEEP_QUANTIZED=1 (weights as stored) contradicts MLX_RELAY_WEIGHTS={value}")
 
 
 def _check_aliases(value: str | None) -> None:

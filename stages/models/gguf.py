@@ -22,7 +22,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 
@@ -50,6 +50,13 @@ class GGUFError(ValueError):
     """The GGUF file holds something this converter does not support."""
 
 
+class Shaped(Protocol):
+    """An array as `quantization_config` reads it: an MLX array or a numpy one."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
 def convert_gguf(source: Path, dest: Path) -> None:
     """Write the mlx-lm model directory for GGUF file `source` into `dest`.
 
@@ -65,7 +72,13 @@ def convert_gguf(source: Path, dest: Path) -> None:
     config.update(quantization_config(weights))
     write_tokenizer(metadata, dest)
     (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+    save_weights(dest, weights)
+
+
+def save_weights(dest: Path, weights: Mapping[str, Any]) -> None:
+    """`model.safetensors` in `dest`: the MLX or numpy arrays under their names, as mlx-lm writes its own."""
+    arrays = {name: value if isinstance(value, mx.array) else mx.array(value) for name, value in weights.items()}
+    mx.save_safetensors(str(dest / "model.safetensors"), arrays, metadata={"format": "mlx"})
 
 
 def read_gguf(source: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
@@ -160,7 +173,7 @@ def unpermute_rows(rows: mx.array, heads: int) -> mx.array:
     return rows.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def quantization_config(weights: Mapping[str, mx.array]) -> dict[str, Any]:
+def quantization_config(weights: Mapping[str, Shaped]) -> dict[str, Any]:
     """mlx-lm's `quantization` section: the common bits, and modules that differ.
 
     mlx-lm quantizes a module whose `<path>.scales` is present with the
@@ -185,7 +198,7 @@ def quantization_config(weights: Mapping[str, mx.array]) -> dict[str, Any]:
     return {"quantization": section, "quantization_config": section}
 
 
-def _bits(packed: mx.array, scales: mx.array) -> int:
+def _bits(packed: Shaped, scales: Shaped) -> int:
     # uint32 words per row × 32 bits = values per row × bits.
     return packed.shape[-1] * 32 // (scales.shape[-1] * GGUF_GROUP_SIZE)
 

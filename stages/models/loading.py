@@ -112,8 +112,9 @@ class ModelInfo:
     name: str
     context_window: int
     vocab_size: int
-    # Serve the weights dequantized to float32 (stages/models/weights.py decides).
+    # Serve the weights dequantized to float32, or to a 16-bit type (stages/engine/weight_forms.py decides).
     float32_weights: bool = False
+    sixteen_bit_weights: str | None = None
 
 
 def resolve_model(model: str | None, *, demo: str = DEFAULT_MODEL, name: str | None = None) -> ModelInfo:
@@ -177,9 +178,10 @@ def load_weights(info: ModelInfo) -> object:
     if (config := vision_config(info.path)) is not None:
         return load_vision_language(info.path, config)
     model, _ = load_model(info.path)
-    if info.float32_weights:
+    dtype = "float32" if info.float32_weights else info.sixteen_bit_weights
+    if dtype is not None:
         model = dequantize_model(model)
-        model.set_dtype(mx.float32)
+        model.set_dtype(getattr(mx, dtype))
         mx.eval(model.parameters())
     return model
 

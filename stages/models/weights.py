@@ -1,12 +1,12 @@
-"""Which form of the weights the model thread serves: as stored, or dequantized to float32.
+"""Which form of the weights the model thread serves: as stored, or dequantized to float32 or 16 bits.
 
 On the CPU backend a quantized matmul runs MLX's own kernels, while a
-float32 one goes to the BLAS (`blas.py`); on the default SmolLM2 the
-float32 weights prefilled many times faster (docs/benchmarks.md, "The
-Linux first run"). So a quantized model whose float32 weights fit the
-memory plan is served dequantized there, unless `keep_quantized` is set;
-on Metal and CUDA the weights stay as stored. A sharded model's ranks
-follow rank 0's plan, which prices each rank's float32 slice
+float32 one goes to the BLAS (`blas.py`) and a 16-bit one to MLX's own
+16-bit kernels; both ran many times faster than the quantized ones
+(docs/memory.md, "The weights' form"). Which form is served is
+`stages/engine/weight_forms.py`'s choice (`MLX_RELAY_WEIGHTS`); on Metal
+and CUDA the weights stay as stored unless it names another. A sharded
+model's ranks follow rank 0's plan, which prices each rank's float32 slice
 (stages/shard/cluster.py `load`).
 
 The float32 size comes from the safetensors headers alone, before any
@@ -40,24 +40,65 @@ _DTYPE_BYTES = {
 }
 
 
-@attrs.frozen
+SIXTEEN_BIT = ("bfloat16", "float16")
+
+
+@attrs.frozen(kw_only=True)
+class WeightOption:
+    """One form's memory plan, as `/fit` reports it beside the chosen one."""
+
+    form: str
+    weights_bytes: int
+    kv_bytes_per_token: int
+    # The longest context one row can be served at in this form; 0 when the budget cannot hold it.
+    max_safe_context: int
+    # Whether that is the whole window (the model's, or MLX_RELAY_CONTEXT_LIMIT's).
+    admits_window: bool
+    # Decode and prefill speed relative to the weights as stored, as measured on MLX's CPU backend
+    # (stages/engine/weight_forms.py); None on Metal and CUDA, where they were not measured.
+    relative_decode_speed: float | None
+    relative_prefill_speed: float | None
+
+
+@attrs.frozen(kw_only=True)
 class WeightForm:
-    float32: bool
+    # "float32", "bfloat16", "float16" (dequantized to that type) or "stored".
+    served: str
     # What `/stats` and the start-up log name: the form and why.
     description: str
+    # Every form's plan, for `/fit`; empty for a model that is not quantized.
+    options: tuple[WeightOption, ...] = ()
+
+    @property
+    def float32(self) -> bool:
+        return self.served == "float32"
+
+    @property
+    def sixteen_bit(self) -> str | None:
+        """The 16-bit type the weights are dequantized to; None when float32 or as stored."""
+        return self.served if self.served in SIXTEEN_BIT else None
 
 
-def stored(reason: str) -> WeightForm:
-    return WeightForm(float32=False, description=f"as stored ({reason})")
+def stored(reason: str, options: tuple[WeightOption, ...] = ()) -> WeightForm:
+    return WeightForm(served="stored", description=f"as stored ({reason})", options=options)
 
 
-def dequantized(bits: int, float32_bytes: int, *, sliced: bool = False) -> WeightForm:
-    """`float32_bytes`: what this process holds (`sliced`: a sharded rank's slice of the model)."""
-    held = f"{float32_bytes / 2**30:.2f} GiB{' in this rank' if sliced else ''}"
+def dequantized(
+    bits: int,
+    served_bytes: int,
+    *,
+    sliced: bool = False,
+    dtype: str = "float32",
+    why: str = "for the CPU backend",
+    options: tuple[WeightOption, ...] = (),
+) -> WeightForm:
+    """`served_bytes`: what this process holds (`sliced`: a sharded rank's slice of the model) in `dtype`."""
+    held = f"{served_bytes / 2**30:.2f} GiB{' in this rank' if sliced else ''}"
     return WeightForm(
-        float32=True,
-        description=f"float32, dequantized from {bits}-bit for the CPU backend ({held}; "
-        "MLX_RELAY_KEEP_QUANTIZED=1 keeps them quantized)",
+        served=dtype,
+        description=f"{dtype}, dequantized from {bits}-bit {why} ({held}; MLX_RELAY_WEIGHTS=stored keeps them "
+        "quantized)",
+        options=options,
     )
 
 

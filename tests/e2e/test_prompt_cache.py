@@ -234,7 +234,7 @@ def fit(server: Server) -> dict[str, Any]:
 
 def test_fit_reports_the_machine_the_split_and_the_largest_safe_context(tight_server: Server) -> None:
     body = fit(tight_server)
-    assert set(body) == {"machine", "model", "memory", "decode_tokens_per_s", "kv_scheme"}
+    assert set(body) == {"machine", "model", "memory", "decode_tokens_per_s", "kv_scheme", "weights"}
     assert body["kv_scheme"] == "full"  # no --kv-bits
     assert body["machine"]["ram_bytes"] > 0 and body["machine"]["bandwidth_bytes_per_s"] > 0
     memory = body["memory"]

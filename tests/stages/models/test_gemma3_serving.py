@@ -1,0 +1,99 @@
+"""The `gemma3` built-in served: real weights through the real server, and its sliding-window caches across turns.
+
+Gemma 3's sliding-window layers keep 512 tokens (mlx-lm's `RotatingKVCache`):
+past that, an entry holds exactly its tokens and serves the next turn only
+from the state kept at the turn boundary (docs/DESIGN.md, "Prompt cache and
+cache kinds"). Here a first turn longer than the window is extended by a
+second: through the server, which reports the tokens it took from the
+cache; and through the gateway, whose second turn from the cache must be
+the one it makes from scratch. Greedy, on the weights as this backend
+serves them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import openai
+import pytest
+
+from pipeline.requests import JsonValue
+from pipeline.settings import Settings
+from stages.cache.prompt import PromptCache
+from stages.engine.decisions import plan_memory
+from stages.models.loading import Tokenizer, load_tokenizer, resolve_model
+from tests.conftest import Server, ServerFactory
+from tests.stages.cache.test_prompt_cache_gateway import Harness, row
+
+# Converting and loading Gemma 3 270M and prefilling turns past its window take a while on two busy cores.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+MODEL = "mlx-relay/gemma3"
+WINDOW = 512
+# The base model has no chat tuning; shown one exchange, it answers the next question in kind.
+EXAMPLE = [
+    {"role": "user", "content": "What is the capital of Italy?"},
+    {"role": "assistant", "content": "The capital of Italy is Rome."},
+]
+# Some 550 tokens: just past the window.
+DIARY = " ".join(f"Day {day}: the weather in Lyon was mild and the market was busy." for day in range(1, 34))
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    # The model is what is under test; one event loop is enough (the gateway's own tests run both).
+    return "asyncio"
+
+
+async def test_the_second_turn_past_the_window_is_the_same_from_the_cache(gemma3_model: Path) -> None:
+    info, _, _ = plan_memory(Settings(), resolve_model(str(gemma3_model)), adapter_bytes=0, cluster=None)
+    tokenizer = load_tokenizer(info)
+    first: list[dict[str, JsonValue]] = [{"role": "user", "content": DIARY}]
+    turn1 = _rendered(tokenizer, first)
+    # The second turn re-renders an answer other than the one generated: only the first prompt is its prefix.
+    turn2 = _rendered(
+        tokenizer, [*first, {"role": "assistant", "content": "Lyon."}, {"role": "user", "content": "And day 3?"}]
+    )
+    assert len(turn1) > WINDOW and turn2[: len(turn1)] == turn1
+    warm = await Harness(info, PromptCache(max_bytes=1 << 28), timeout=500).run(
+        [row("t1", turn1, max_tokens=3)], [row("t2", turn2, max_tokens=6)]
+    )
+    cold = await Harness(info, None, timeout=500).run([row("t2", turn2, max_tokens=6)])
+    # Resumed from the state kept at the first prompt's end (all but its last token, which starts the answer).
+    assert warm.cached("t2") == len(turn1) - 1
+    assert warm.tokens("t2") == cold.tokens("t2") and len(cold.tokens("t2")) == 6
+
+
+def _rendered(tokenizer: Tokenizer, messages: list[dict[str, JsonValue]]) -> tuple[int, ...]:
+    tokens = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    assert isinstance(tokens, list)
+    return tuple(tokens)
+
+
+@pytest.fixture(scope="module")
+def gemma3_server(gemma3_model: Path, server_factory: ServerFactory) -> Server:
+    return server_factory(model="gemma3")
+
+
+@pytest.fixture
+def gemma(gemma3_server: Server) -> openai.OpenAI:
+    return gemma3_server.client(timeout=300.0)
+
+
+def test_a_chat_request_answers_through_gemmas_template(gemma: openai.OpenAI) -> None:
+    question = {"role": "user", "content": "What is the capital of France?"}
+    reply = gemma.chat.completions.create(model=MODEL, messages=[*EXAMPLE, question], temperature=0, max_tokens=8)  # type: ignore[list-item]
+    assert (reply.choices[0].message.content or "").startswith("The capital of France is Paris")
+    assert reply.model == MODEL
+
+
+def test_a_second_turn_past_the_window_is_served_from_the_first(gemma: openai.OpenAI) -> None:
+    turn = [{"role": "user", "content": f"{DIARY}\nWhich city is this diary about?"}]
+    first = gemma.chat.completions.create(model=MODEL, messages=turn, temperature=0, max_tokens=4)  # type: ignore[arg-type]
+    assert first.usage is not None and first.usage.prompt_tokens > WINDOW
+    answer = {"role": "assistant", "content": first.choices[0].message.content or ""}
+    follow_up = [*turn, answer, {"role": "user", "content": "And which weekday was day 3?"}]
+    second = gemma.chat.completions.create(model=MODEL, messages=follow_up, temperature=0, max_tokens=4)  # type: ignore[arg-type]
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    cached = second.usage.prompt_tokens_details.cached_tokens or 0
+    assert first.usage.prompt_tokens <= cached < second.usage.prompt_tokens
