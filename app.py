@@ -1,4 +1,4 @@
-"""The HTTP surface: routes, lifespan, error rendering, settings.
+"""The HTTP surface: the generation routes, the lifespan, settings (errors are rendered by edge/errors.py).
 
 `hypercorn app:app` serves it. Every generation route is the same three
 steps (docs/STYLE.md, "Thin app"): submit the raw body with the API's decoder, wait until the
@@ -26,7 +26,6 @@ from typing import cast  # noqa: E402
 import anyio  # noqa: E402
 import structlog  # noqa: E402
 from quart import Quart, Response, request  # noqa: E402
-from werkzeug.exceptions import HTTPException  # noqa: E402
 
 from edge import fields, guard  # noqa: E402
 from edge.admin_routes import routes as admin_routes  # noqa: E402
@@ -34,12 +33,17 @@ from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
 from edge.audio_routes import routes as audio_routes  # noqa: E402
 from edge.choice import chosen, current_defaults, current_engine, model_field, model_named  # noqa: E402
 from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
+from edge.errors import error_parts, json_response  # noqa: E402
+from edge.errors import install as install_error_handlers  # noqa: E402
 from edge.keepalive import Keepalives  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
+from edge.ollama_routes import ollama_routes  # noqa: E402
+from edge.pull_routes import routes as pull_routes  # noqa: E402
 from edge.responses_socket import close_all as close_sockets  # noqa: E402
 from edge.responses_socket import routes as responses_socket_routes  # noqa: E402
 from edge.responses_turn import prepare_turn, response_not_found, stored_response  # noqa: E402
+from edge.server_logs import configure_server_logs  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.status_routes import routes as status_routes  # noqa: E402
 from edge.store import store_call  # noqa: E402
@@ -50,12 +54,11 @@ from fleet.defaults import with_defaults  # noqa: E402
 from fleet.fleet import Fleet  # noqa: E402
 from fleet.spec import specs_from_settings  # noqa: E402
 from pipeline.channels import ReplyClosed  # noqa: E402
-from pipeline.errors import ErrorKind, RequestError, internal_error, shutting_down  # noqa: E402
+from pipeline.errors import shutting_down  # noqa: E402
 from pipeline.observe import Observers, RequestObserver  # noqa: E402
 from pipeline.protocol import StreamProtocol  # noqa: E402
 from pipeline.requests import Accepted, ChatRequest, GenerationRequest, JsonValue, with_cache_key  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
-from pipeline.tracing import configure_logging  # noqa: E402
 from stages.engine.engine import Engine  # noqa: E402
 from stages.messages import Decoder, ReadBody, Reply  # noqa: E402
 from stages.prompt.parse import load_json  # noqa: E402
@@ -68,7 +71,6 @@ from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.openapi import document as openapi_document  # noqa: E402
 from wire.responses import input_item_resources  # noqa: E402
 from wire.responses_items import input_items_page  # noqa: E402
-from wire.sse import dumps  # noqa: E402
 
 log = structlog.get_logger(stage="http")
 # The token histograms' top bucket with several models: past any window a model loaded later may have.
@@ -79,6 +81,7 @@ app = Quart(__name__)
 # Quart's default of 60 s silently cuts any longer stream (docs/STYLE.md, "Thin app").
 app.config["RESPONSE_TIMEOUT"] = None
 guard.install(app)
+install_error_handlers(app)
 # Unread request fields named in a header (edge/fields.py).
 fields.install(app)
 # Sees each request's `http.disconnect` on its way to Quart (edge/disconnect.py: why Quart's cancel is not enough).
@@ -86,6 +89,7 @@ app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 # model_work_routes: embeddings, rerank and score, tokenize and detokenize.
 for blueprint in (model_work_routes, audio_routes, status_routes, admin_routes, responses_socket_routes, web_routes):
     app.register_blueprint(blueprint)
+app.register_blueprint(pull_routes)
 # The app is built: what the imports made lives as long as the process (pipeline/collector.py).
 freeze_imports()
 
@@ -101,7 +105,7 @@ def engine() -> Engine:
 @app.while_serving
 async def lifespan() -> AsyncGenerator[None, None]:
     settings = Settings.from_env()
-    configure_logging(settings.log_level)
+    configure_server_logs(settings.log_level, settings.log_format)
     log.info("server.starting", blas=BLAS, max_batch=settings.max_batch, max_pending=settings.max_pending)
     if not settings.model_in_process:
         # Before anything starts a thread (stages/remote/zygote.py).
@@ -250,7 +254,7 @@ async def _generate(
 
 def _last_words(stream_tail: Callable[[], bytes] | None = None) -> LastWords:
     """What the request says if the server's graceful timeout cuts it (edge/disconnect.py)."""
-    status, body = _error_parts(shutting_down())
+    status, body = error_parts(shutting_down())
     return LastWords(status=status, body=body.encode(), stream_tail=stream_tail)
 
 
@@ -353,47 +357,4 @@ async def openapi() -> Response:
     return json_response(await anyio.to_thread.run_sync(openapi_document))
 
 
-@app.errorhandler(RequestError)
-async def request_error(error: RequestError) -> Response:
-    return error_response(error)
-
-
-@app.errorhandler(HTTPException)
-async def http_error(error: HTTPException) -> Response:
-    kind = _HTTP_KINDS.get(error.code or 500, ErrorKind.INVALID_REQUEST)
-    if kind is ErrorKind.TOO_LARGE:
-        return error_response(guard.too_large(guard.policy().max_body_bytes))
-    return error_response(RequestError(kind=kind, message=f"{request.method} {request.path}: {error.name}"))
-
-
-_HTTP_KINDS = {
-    404: ErrorKind.NOT_FOUND,
-    405: ErrorKind.METHOD_NOT_ALLOWED,
-    408: ErrorKind.BODY_TIMEOUT,
-    413: ErrorKind.TOO_LARGE,
-    415: ErrorKind.UNSUPPORTED_MEDIA_TYPE,
-}
-
-
-@app.errorhandler(Exception)
-async def unexpected_error(error: Exception) -> Response:
-    # The route's own isolation boundary, as pipeline/actor.py is the actors': this request fails, nothing else.
-    log.error("request.internal_error", path=request.path, trace_id=request.headers.get("x-request-id"), exc_info=error)
-    return error_response(internal_error())
-
-
-def error_response(error: RequestError) -> Response:
-    """The error in the shape of the API the client called."""
-    headers = {"retry-after": str(max(1, round(error.retry_after)))} if error.retry_after is not None else {}
-    status, body = _error_parts(error)
-    return Response(body, status=status, content_type="application/json", headers=headers)
-
-
-def _error_parts(error: RequestError) -> tuple[int, str]:
-    if request.path.startswith("/v1/messages"):
-        return anthropic.error_status(error), dumps(anthropic.error_body(error))
-    return error.status, dumps(openai.error_body(error))
-
-
-def json_response(body: JsonValue, *, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(dumps(body), status=status, content_type="application/json", headers=headers)
+app.register_blueprint(ollama_routes(generate))

@@ -26,6 +26,9 @@ from fleet.spec import ModelsFileError, specs_from_settings
 from pipeline.settings import PREFIX, Settings, SettingsError
 from stages.adapters import AdapterError, read_adapters
 from stages.models.embedding import EmbeddingModelError, read_embedding_model
+from stages.models.pull_cli import MODEL_COMMANDS
+from stages.models.pull_cli import add_commands as add_model_commands
+from stages.models.pull_cli import run as run_model_command
 from store.startup import StartupError, open_response_store
 
 USAGE_ERROR = 2
@@ -41,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return USAGE_ERROR
+    if args.command in MODEL_COMMANDS:
+        return run_model_command(args)
     try:
         status = serve(args)
     except (
@@ -174,6 +179,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="a line per request (hypercorn's format: client, request line, status, size) to PATH, '-' for stdout",
     )
+    serve.add_argument(
+        "--log-format",
+        metavar="{auto,json,console}",
+        help="log lines for a person (console) or a log shipper (json); auto: console on a terminal, else JSON; "
+        "the access log follows it (MLX_RELAY_LOG_FORMAT)",
+    )
+    # pull, models, rm: the Hugging Face cache (stages/models/pull_cli.py).
+    add_model_commands(commands)
     return parser
 
 
@@ -235,6 +248,7 @@ def _export(args: argparse.Namespace) -> None:
         "num_draft_tokens": args.num_draft_tokens,
         "web": "0" if args.no_web else None,
         "in_process": "1" if args.in_process else None,
+        "log_format": args.log_format,
     }
     flags.update({flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag in _DEFAULT_FLAGS})
     for name, value in flags.items():

@@ -1,6 +1,6 @@
 """Routes for model work besides generation: embeddings, rerank and score, tokenize and detokenize; the model list.
 
-A blueprint `app.py` registers; its errors render through `app.py`'s
+A blueprint `app.py` registers; its errors render through `edge/errors.py`'s
 handlers like every other route's. Each route reads its body with the
 API's decoder, asks the engine's `ModelWork`, and shapes the answer.
 """

@@ -15,9 +15,11 @@ from typing import TypeVar
 
 import attrs
 
+from pipeline.logs import LOG_FORMATS, RENDERING_VARIABLE
+
 PREFIX = "MLX_RELAY_"
 # Variables of this prefix that other modules read, outside the settings.
-OTHER_VARIABLES = frozenset({"MLX_RELAY_DEMO_CACHE", "MLX_RELAY_SHARD_COORDINATOR"})
+OTHER_VARIABLES = frozenset({"MLX_RELAY_DEMO_CACHE", "MLX_RELAY_SHARD_COORDINATOR", RENDERING_VARIABLE})
 T = TypeVar("T")
 
 
@@ -144,6 +146,9 @@ class Settings:
         converter=_lower,
         validator=attrs.validators.in_(("debug", "info", "warning", "error", "critical")),
     )
+    # How log lines are written (pipeline/logs.py): "console" lines for a person, "json" for a log shipper, or
+    # "auto": console where stderr is a terminal, JSON elsewhere. Workers write as the front chose.
+    log_format: str = attrs.field(default="auto", converter=_lower, validator=lambda _s, _a, value: _log_format(value))
     # Where Responses API results live: unset for memory, sqlite:///path (one host), or
     # postgresql://user@host/db (replicas on several hosts; the `postgres` extra).
     response_store: str | None = None
@@ -282,6 +287,11 @@ def _weights_form(settings: Settings, value: str) -> None:
         raise ValueError(f"MLX_RELAY_WEIGHTS={value!r} is not one of {', '.join(WEIGHT_FORMS)}")
     if settings.keep_quantized and value not in ("auto", "stored"):
         raise ValueError(f"MLX_RELAY_KEEP_QUANTIZED=1 (weights as stored) contradicts MLX_RELAY_WEIGHTS={value}")
+
+
+def _log_format(value: str) -> None:
+    if value not in LOG_FORMATS:
+        raise ValueError(f"MLX_RELAY_LOG_FORMAT={value!r} (--log-format) is not one of {', '.join(LOG_FORMATS)}")
 
 
 def _check_aliases(value: str | None) -> None:

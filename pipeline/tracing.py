@@ -1,4 +1,4 @@
-"""Request tracing: timestamps carried on messages, and structlog setup.
+"""Request tracing: timestamps carried on messages (structlog's setup is pipeline/logs.py).
 
 Stages only stamp a `Timeline`; durations are computed here from the
 stamps (docs/STYLE.md, "Tracing"), so every log line about time reads from one clock.
@@ -7,13 +7,10 @@ stamps (docs/STYLE.md, "Tracing"), so every log line about time reads from one c
 from __future__ import annotations
 
 import enum
-import logging
-import sys
 import time
 from collections.abc import Callable
 
 import attrs
-import structlog
 
 Clock = Callable[[], float]
 
@@ -50,24 +47,3 @@ class Timeline:
         if begin is None or finish is None:
             return None
         return round(finish - begin, 6)
-
-
-def configure_logging(level: str = "info") -> None:
-    """JSON lines when stderr is not a terminal, console output when it is."""
-    renderer: structlog.types.Processor = (
-        structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback)
-        if sys.stderr.isatty()
-        else structlog.processors.JSONRenderer()
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
-    )

@@ -41,6 +41,11 @@ INERT: dict[str, frozenset[str]] = {
     "responses": frozenset((*_COMMON, *_CACHING, "moderation", "include", "max_tool_calls", "stream_options")),
     "messages": frozenset((*_COMMON, "speed", "cache_control", "inference_geo", "workspace_id", "user_profile_id")),
     "embeddings": frozenset(("model", "user")),
+    # Ollama's: `keep_alive` is the route's (edge/ollama_routes.py); `shift` and `truncate` steer only a
+    # prompt past the window, which this server refuses rather than cuts.
+    "ollama_chat": frozenset(("model", "stream", "keep_alive", "shift", "truncate")),
+    "ollama_generate": frozenset(("model", "stream", "keep_alive", "shift", "truncate")),
+    "ollama_embed": frozenset(("model", "keep_alive")),
 }
 
 

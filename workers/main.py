@@ -44,8 +44,8 @@ follow_thread_environment()
 import anyio  # noqa: E402
 import structlog  # noqa: E402
 
+from pipeline.logs import configure_child_logging  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
-from pipeline.tracing import configure_logging  # noqa: E402
 from stages.remote.frames import FrameReader  # noqa: E402
 from stages.remote.messages import SettingsIn, ToWorker  # noqa: E402
 from workers.host import StartTimes, WorkerHost  # noqa: E402
@@ -73,7 +73,8 @@ async def _main(socket: str) -> None:
             restore(base_nice)
             base_nice = None
         settings = Settings(**first.values)
-        configure_logging(settings.log_level)
+        # Its stderr is a pipe the front passes on: it writes as the front chose for its own (pipeline/logs.py).
+        configure_child_logging(settings.log_level, settings.log_format)
         structlog.contextvars.bind_contextvars(worker_pid=os.getpid())
         times = StartTimes(
             imports_s=IMPORTED - STARTED, connect_s=connected - IMPORTED, waited_s=time.perf_counter() - connected

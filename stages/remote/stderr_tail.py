@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections import deque
 
@@ -24,6 +25,9 @@ _BYTES = 4096
 _READ = 65536
 # How faulthandler's report of a native crash begins (its frames follow, most recent first).
 _FATAL = b"Fatal Python error:"
+# A console log line's colours (pipeline/logs.py), left out of the text a reason quotes: a reason is read in JSON
+# and in other logs, where they would be noise. The lines passed on keep them.
+_COLOURS = re.compile(rb"\x1b\[[0-9;]*m")
 
 
 class StderrTail:
@@ -41,7 +45,7 @@ class StderrTail:
         """The last lines, at most about `max_chars` characters (a cut first line loses its start), after the
         crash's headline when they no longer hold it."""
         fatal = self._fatal.decode(errors="replace").strip()
-        tail = b"".join(self._lines).decode(errors="replace").strip()[-max_chars:]
+        tail = _COLOURS.sub(b"", b"".join(self._lines)).decode(errors="replace").strip()[-max_chars:]
         # The headline may sit in the kept lines yet before the cut: a deep stack's frames follow it.
         if fatal and fatal not in tail:
             return f"{fatal}\n...\n{tail[-max(0, max_chars - len(fatal)) :]}"

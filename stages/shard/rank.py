@@ -11,8 +11,8 @@ from functools import partial
 
 import structlog
 
+from pipeline.logs import configure_logging
 from pipeline.settings import Settings
-from pipeline.tracing import configure_logging
 from stages.models.loading import resolve_model
 
 log = structlog.get_logger(stage="follower")
@@ -24,7 +24,7 @@ def serve_follower(settings: Settings) -> int:
     from stages.shard.follower import Follower
 
     assert settings.shard is not None
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     cluster = join(settings.shard, timeout=settings.shard_timeout)
     info = resolve_model(settings.model, demo=settings.demo_model, name=settings.model_name)
     model = cluster.load(info.path)

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import io
-import json
-import sys
-from collections.abc import Iterator
-
 import pytest
-import structlog
 
-from pipeline.tracing import Mark, Timeline, configure_logging
+from pipeline.tracing import Mark, Timeline
 
 
 def test_start_stamps_received_from_the_injected_clock() -> None:
@@ -63,26 +57,3 @@ def test_at_reads_the_first_stamp_of_a_mark() -> None:
     timeline = Timeline.start(clock=lambda: 0.0).stamp(Mark.PARSED, 1.0).stamp(Mark.PARSED, 2.0)
     assert timeline.at(Mark.PARSED) == 1.0
     assert timeline.at(Mark.FINISHED) is None
-
-
-@pytest.fixture
-def restore_structlog() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
-
-
-@pytest.mark.usefixtures("restore_structlog")
-def test_logs_are_json_lines_when_stderr_is_not_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off a terminal each event is one JSON object with its level, ISO time and fields."""
-    stderr = io.StringIO()
-    monkeypatch.setattr(sys, "stderr", stderr)
-    configure_logging("info")
-    log = structlog.get_logger()
-    log.debug("hidden.below_level")
-    log.info("request.finish", request_id="r1", completion_tokens=3)
-    lines = stderr.getvalue().splitlines()
-    assert len(lines) == 1
-    entry = json.loads(lines[0])
-    assert entry["event"] == "request.finish"
-    assert (entry["level"], entry["request_id"], entry["completion_tokens"]) == ("info", "r1", 3)
-    assert entry["timestamp"].endswith("Z")

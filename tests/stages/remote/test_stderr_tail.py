@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from pipeline.logs import RENDERING_VARIABLE, Rendering
 from stages.remote.stderr_tail import StderrTail
 
 
@@ -62,3 +63,19 @@ def test_the_headline_stays_when_it_is_kept_but_before_the_cut(capfd: pytest.Cap
     tail, _ = tail_of(script, capfd)
     text = tail.text(1000)
     assert text.startswith("Fatal Python error: Segmentation fault\n...\n") and text.endswith("in <module>")
+
+
+def test_a_coloured_console_line_is_passed_on_coloured_and_quoted_plain(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker writing console lines for the front's terminal (pipeline/logs.py): the terminal gets the colours,
+    the reason that quotes its last words gets the text alone."""
+    monkeypatch.setenv(RENDERING_VARIABLE, Rendering.COLOUR.value)
+    script = (
+        "import structlog\nfrom pipeline.logs import configure_child_logging\n"
+        "configure_child_logging('info', 'auto')\n"
+        "structlog.get_logger().error('worker.cannot_load', model='tiny')\nraise SystemExit(3)"
+    )
+    tail, passed_on = tail_of(script, capfd)
+    assert "\x1b[31merror" in passed_on
+    assert "\x1b" not in tail.text() and tail.text().endswith("error   worker.cannot_load model=tiny")
