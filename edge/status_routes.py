@@ -18,13 +18,14 @@ import attrs
 from quart import Blueprint, Response, current_app, request
 
 from edge.choice import fleet
-from edge.fleet_status import fleet_fit, fleet_health, fleet_stats, model_fit
+from edge.fleet_status import apple_table, fleet_fit, fleet_health, fleet_stats, model_fit
 from edge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from edge.metrics import Metrics, ModelLoad
 from edge.redact import without_paths
 from edge.store import store_call
 from fleet.host import unavailable
 from pipeline.requests import JsonObject, JsonValue
+from stages.adapters import not_found
 from stages.engine.engine import Engine
 from stages.engine.speech import SpeechEngine
 from stages.remote.blas_share import BLAS_SHARE
@@ -101,7 +102,12 @@ async def fit() -> Response:
         return _json(await model_fit(fleet(), model) if model else await fleet_fit(fleet()))
     engine = _engine()
     # Beside the plan, each form of the weights with its plan's window and speed (stages/engine/weight_forms.py).
-    return _json(without_paths({**attrs.asdict(engine.fit), "weights": attrs.asdict(engine.weights)}))
+    body = cast(JsonObject, without_paths({**attrs.asdict(engine.fit), "weights": attrs.asdict(engine.weights)}))
+    if (model := request.args.get("model")) is not None:
+        if not engine.served.knows(model):
+            raise not_found(model, "model", served=(engine.info.name,))
+        body["apple_machines"] = await apple_table(engine.info.path)
+    return _json(body)
 
 
 @routes.get("/stats")

@@ -23,6 +23,7 @@ from pipeline.errors import ErrorKind, RequestError, first_error, reason_of
 from pipeline.requests import JsonObject
 from stages.engine.engine import Engine
 from stages.engine.speech import SpeechEngine
+from stages.models import load_progress
 from stages.remote.process import WorkerRefused
 
 
@@ -54,6 +55,8 @@ class ModelHost:
     failure: Exception | None = None
     loads: int = 0
     unloads: int = 0
+    # time.monotonic() when the last load began; its phase is stages/models/load_progress.py's.
+    loading_since: float = 0.0
     # Set when a load settles (ready or failed), and when the engine's task has ended.
     started: anyio.Event = attrs.field(factory=anyio.Event)
     stopped: anyio.Event = attrs.field(factory=anyio.Event)
@@ -92,6 +95,8 @@ class ModelHost:
         self.state, self.error = State.LOADING, None
         self.started, self.stopped = anyio.Event(), anyio.Event()
         self.loads += 1
+        self.loading_since = time.monotonic()
+        load_progress.forget(self.name)
 
     async def serve(self, engine: Engine | SpeechEngine) -> None:
         """Run `engine` until it stops or the fleet cancels it; never raises (a failure is this model's state)."""
@@ -110,6 +115,7 @@ class ModelHost:
             if not (self.error and self.engine is engine):
                 self.engine = None
             self.scope = None
+            load_progress.forget(self.name)
             self.state = State.FAILED if self.error else State.UNLOADED
             self.started.set()
             self.stopped.set()
@@ -124,7 +130,17 @@ class ModelHost:
         report: JsonObject = {"state": self.state.value, "pinned": self.spec.pinned, "ttl": self.spec.ttl}
         if self.error:
             report["error"] = self.error
+        if (progress := self.progress()) is not None:
+            report["loading"] = progress
         return report
+
+    def progress(self) -> JsonObject | None:
+        """While it loads, how far: `phase` (stages/models/load_progress.py's), `phase_s`, `elapsed_s` and, once
+        known, `weights_bytes`; None in any other state."""
+        if self.state is not State.LOADING:
+            return None
+        phase = load_progress.current(self.name) or load_progress.LoadPhase(load_progress.STARTING, self.loading_since)
+        return dict(phase.report(loading_since=self.loading_since))
 
 
 @attrs.define

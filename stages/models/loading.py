@@ -17,6 +17,7 @@ import attrs
 
 from pipeline.requests import JsonValue
 from stages.models.builtin import BUILTIN_MODELS, DEFAULT_MODEL, builtin_model_path
+from stages.models.load_progress import CONVERTING, FETCHING, READING_TOKENIZER, READING_WEIGHTS, record
 from stages.models.mlx_internals import byte_decoder, keep_leading_space, local_model_path
 
 # `MLX_RELAY_MODEL=shaped:<name>` serves a shape-true random-weight model (stages/models/shaped.py).
@@ -138,6 +139,7 @@ def resolve_model(model: str | None, *, demo: str = DEFAULT_MODEL, name: str | N
     from mlx_lm.utils import load_config
 
     chosen = demo if model is None else model
+    _record_resolving(chosen, name)
     built = builtin_model_path(chosen)
     if built is not None:
         path, served = built, f"mlx-relay/{chosen}"
@@ -158,13 +160,25 @@ def resolve_model(model: str | None, *, demo: str = DEFAULT_MODEL, name: str | N
     )
 
 
+def _record_resolving(chosen: str, name: str | None) -> None:
+    """The load's phase (stages/models/load_progress.py): a built-in or shaped model is converted where not cached
+    yet, a repo id fetched; a local directory is neither."""
+    made = chosen in BUILTIN_MODELS or chosen.startswith(SHAPED)
+    if made:
+        record(name or f"mlx-relay/{chosen}", CONVERTING)
+    elif not Path(chosen).expanduser().is_dir():
+        record(name or chosen, FETCHING)
+
+
 def load_tokenizer(info: ModelInfo) -> Tokenizer:
-    """The tokenizer exactly as `mlx_lm.load` would build it."""
+    """The tokenizer exactly as `mlx_lm.load` would build it; the load's phase is then the weights'."""
     from mlx_lm.utils import load_config
     from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
 
+    record(info.name, READING_TOKENIZER)
     config = load_config(info.path)
     tokenizer: Tokenizer = mlx_load_tokenizer(info.path, eos_token_ids=config.get("eos_token_id"))
+    record(info.name, READING_WEIGHTS, weights_from=info.path)
     return tokenizer
 
 

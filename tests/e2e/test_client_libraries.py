@@ -1,7 +1,8 @@
 """Client libraries nobody on this project wrote, used as their users use them, against one tiny-model server:
 instructor's RESPONSES_TOOLS mode (a named tool forced beside a text format), litellm's `anthropic/` provider
 with a `response_format` (Anthropic's structured-outputs field under its beta name, or a forced tool, as litellm
-chooses by model), and langchain-openai's `with_structured_output(include_raw=True)`.
+chooses by model), langchain-openai's `with_structured_output(include_raw=True)`, and the `ollama` clients'
+structured outputs (`format=Model.model_json_schema()`; the npm package's cases are tests/e2e/test_ollama_js.py).
 
 instructor is installed without its pins (they hold jiter<0.15 and rich<15, which openai>=3 and this
 environment outgrew); each test skips, saying so, where its library is absent."""
@@ -11,10 +12,12 @@ from __future__ import annotations
 import os
 from typing import Literal
 
+import ollama
 import openai
 import pytest
 from pydantic import BaseModel, ConfigDict
 
+from tests import loopback
 from tests.conftest import Server
 
 pytestmark = pytest.mark.slow
@@ -84,3 +87,16 @@ def test_openai_sdk_parse_helper_beside_a_forced_tool(server: Server) -> None:
     )
     [call] = completion.choices[0].message.tool_calls or []
     assert isinstance(call.function.parsed_arguments, Weather)  # type: ignore[union-attr]
+
+
+def test_ollama_structured_output(server: Server) -> None:
+    """The `ollama` Python client's structured outputs, as its documentation writes them."""
+    with ollama.Client(host=server.base_url, verify=loopback.TLS) as client:
+        for _ in range(2):
+            reply = client.chat(
+                model="tiny",
+                messages=[{"role": "user", "content": "Weather in Paris?"}],
+                format=Weather.model_json_schema(),
+                options={"num_predict": 200},
+            )
+            Weather.model_validate_json(reply.message.content or "")
