@@ -31,22 +31,29 @@ from edge import fields, guard  # noqa: E402
 from edge.admin_routes import routes as admin_routes  # noqa: E402
 from edge.aliases import check_aliases, served_as, with_model  # noqa: E402
 from edge.audio_routes import routes as audio_routes  # noqa: E402
+from edge.background import BackgroundRuns  # noqa: E402
+from edge.background_routes import routes as background_routes  # noqa: E402
+from edge.background_routes import start_background  # noqa: E402
+from edge.batch_routes import routes as batch_routes  # noqa: E402
+from edge.batch_runner import start_batches  # noqa: E402
 from edge.choice import chosen, current_defaults, current_engine, model_field, model_named  # noqa: E402
 from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
 from edge.errors import error_parts, json_response  # noqa: E402
 from edge.errors import install as install_error_handlers  # noqa: E402
+from edge.file_routes import routes as file_routes  # noqa: E402
 from edge.keepalive import Keepalives  # noqa: E402
+from edge.mcp_route import mcp_response  # noqa: E402
+from edge.message_batch_routes import routes as message_batch_routes  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
 from edge.model_routes import routes as model_work_routes  # noqa: E402
 from edge.ollama_routes import ollama_routes  # noqa: E402
 from edge.pull_routes import routes as pull_routes  # noqa: E402
 from edge.responses_socket import close_all as close_sockets  # noqa: E402
 from edge.responses_socket import routes as responses_socket_routes  # noqa: E402
-from edge.responses_turn import prepare_turn, response_not_found, stored_response  # noqa: E402
+from edge.responses_turn import prepare_turn, stored_response  # noqa: E402
 from edge.server_logs import configure_server_logs  # noqa: E402
 from edge.sessions import session_key  # noqa: E402
 from edge.status_routes import routes as status_routes  # noqa: E402
-from edge.store import store_call  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
 from edge.web import routes as web_routes  # noqa: E402
@@ -90,6 +97,10 @@ app.asgi_app = WatchClients(app.asgi_app)  # type: ignore[method-assign]
 for blueprint in (model_work_routes, audio_routes, status_routes, admin_routes, responses_socket_routes, web_routes):
     app.register_blueprint(blueprint)
 app.register_blueprint(pull_routes)
+app.register_blueprint(background_routes)
+# Files and batches (OpenAI's and Anthropic's), run by the lifespan's batch runner.
+for blueprint in (file_routes, batch_routes, message_batch_routes):
+    app.register_blueprint(blueprint)
 # The app is built: what the imports made lives as long as the process (pipeline/collector.py).
 freeze_imports()
 
@@ -118,7 +129,7 @@ async def lifespan() -> AsyncGenerator[None, None]:
         log.error("server.cannot_start", reason=str(error))
         raise
     app.extensions["response_store"] = store
-    for name in ("web", "socket_idle_timeout", "max_batch", "strict_fields"):
+    for name in ("web", "socket_idle_timeout", "max_batch", "strict_fields", "mcp_allow"):
         app.extensions[name] = getattr(settings, name)
     keepalives = app.extensions["keepalives"] = Keepalives(settings.keepalive_interval)
     app.extensions["blas"] = BLAS
@@ -134,6 +145,9 @@ async def lifespan() -> AsyncGenerator[None, None]:
     try:
         async with anyio.create_task_group() as outer:
             outer.start_soon(keepalives.run)
+            # Background responses outlive their requests: their runs live here (edge/background.py).
+            runs = app.extensions["background_runs"] = BackgroundRuns(app, settings.keepalive_interval)
+            await outer.start(runs.run)
             fleet = Fleet(settings=settings, specs=specs, several=several, observer_for=observer)
             app.extensions["fleet"] = await outer.start(fleet.run)
             first = fleet.default.engine if isinstance(fleet.default.engine, Engine) else None
@@ -142,12 +156,15 @@ async def lifespan() -> AsyncGenerator[None, None]:
             metrics.configure(model_names=list(fleet.hosts), context_window=window)
             if not several and first is not None:
                 check_aliases(first.served)
+            batches = await start_batches(app, settings, outer)
             # Which event loop serves (uvloop under `mlx-relay serve --loop uvloop` or `hypercorn -k uvloop`).
             loop = type(__import__("asyncio").get_running_loop()).__module__
             log.info("server.ready", models=list(fleet.hosts), loop=loop)
             yield
             log.info("server.draining")
             close_sockets(app)
+            # Lines still running are cut and run again at the next start (edge/batch_runner.py).
+            batches.stop()
             await fleet.drain(settings.drain_timeout)
             outer.cancel_scope.cancel()
     finally:
@@ -321,26 +338,19 @@ def _messages_protocol(accepted: Accepted, request_id: str, reply: Reply) -> Str
 async def responses() -> Response:
     raw = load_json(cast(bytes, await request.get_data(as_text=False)))
     turn = await prepare_turn(app, raw, trace_id=request.headers.get("x-request-id"))
+    if turn.decoded.background:
+        return await start_background(turn, ReadBody(raw))
+    if turn.decoded.mcp_servers:
+        # Tools the server calls: rounds of generation and MCP calls at the edge (edge/mcp_route.py).
+        return await mcp_response(app, turn, raw, trace_id=request.headers.get("x-request-id"))
     # Read once: the turn was decoded from `raw` before its store lookup, and the parse stage takes `raw` as read.
     return await generate(turn.request_id, turn.decode, turn.make_protocol, persist=turn.persist, read=ReadBody(raw))
-
-
-@app.get("/v1/responses/<response_id>")
-async def get_response(response_id: str) -> Response:
-    return json_response((await stored_response(app, response_id)).body)
 
 
 @app.get("/v1/responses/<response_id>/input_items")
 async def get_input_items(response_id: str) -> Response:
     stored = await stored_response(app, response_id)
     return json_response(input_items_page(input_item_resources(stored.input_items), request.args))
-
-
-@app.delete("/v1/responses/<response_id>")
-async def delete_response(response_id: str) -> Response:
-    if not await store_call(app, lambda store: store.delete(response_id)):
-        raise response_not_found(response_id, param=None)
-    return json_response({"id": response_id, "object": "response", "deleted": True})
 
 
 def _with_session(decode: Decoder, session: str) -> Decoder:

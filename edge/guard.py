@@ -39,6 +39,11 @@ _ALLOWED_HEADERS = (
 )
 # The routes whose bodies are multipart forms (OpenAI's audio uploads), not JSON.
 AUDIO_PREFIX = "/v1/audio/"
+# OpenAI's file upload, a multipart form too, capped by the files' own setting (edge/file_routes.py).
+FILES_PATH = "/v1/files"
+# The ASGI scope's mark of a batch line run in process (edge/batch_calls.py); a client cannot set a scope key,
+# and the batch's owner was checked when it was created.
+INTERNAL = "mlx_relay.batch_line"
 # Room for a form's other fields and its part headers beside the audio file.
 _FORM_ROOM = 2**20
 # A client's trace id is echoed only when it is short and plain; otherwise the server's own id is used.
@@ -51,6 +56,7 @@ class EdgePolicy:
     origins: frozenset[str] = frozenset()
     max_body_bytes: int = 8 * 2**20
     max_audio_body_bytes: int = 25 * 2**20 + _FORM_ROOM
+    max_file_body_bytes: int = 200 * 2**20 + _FORM_ROOM
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EdgePolicy:
@@ -60,6 +66,7 @@ class EdgePolicy:
             origins=load_origins(settings.cors_origins),
             max_body_bytes=settings.max_body_bytes,
             max_audio_body_bytes=settings.audio_max_bytes + _FORM_ROOM,
+            max_file_body_bytes=settings.files_max_bytes + _FORM_ROOM,
         )
 
 
@@ -69,7 +76,7 @@ def configure(app: Quart, settings: Settings) -> EdgePolicy:
     app.extensions["edge"] = policy
     # Quart enforces these while reading a body whose length was not declared up front (the audio forms: their own).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    app.request_class = _request_class(policy.max_audio_body_bytes)
+    app.request_class = _request_class(policy.max_audio_body_bytes, policy.max_file_body_bytes)
     app.config["BODY_TIMEOUT"] = settings.body_timeout
     return policy
 
@@ -78,18 +85,22 @@ class _EdgeRequest(Request):
     """Quart's request, whose body cap on the audio routes is the audio form's rather than the JSON one."""
 
     audio_max_content_length: ClassVar[int]
+    file_max_content_length: ClassVar[int]
 
     def __init__(
         self, method: str, scheme: str, path: str, *args: Any, max_content_length: int | None = None, **kwargs: Any
     ) -> None:
         if path.startswith(AUDIO_PREFIX):
             max_content_length = self.audio_max_content_length
+        elif path == FILES_PATH:
+            max_content_length = self.file_max_content_length
         super().__init__(method, scheme, path, *args, max_content_length=max_content_length, **kwargs)
 
 
-def _request_class(audio_cap: int) -> type[Request]:
+def _request_class(audio_cap: int, file_cap: int) -> type[Request]:
     class EdgeRequest(_EdgeRequest):
         audio_max_content_length = audio_cap
+        file_max_content_length = file_cap
 
     return EdgeRequest
 
@@ -113,7 +124,8 @@ async def _guard() -> Response | None:
     current = policy()
     if request.method == "OPTIONS":
         return _preflight(current)
-    if current.keys and request.path not in OPEN_PATHS and not request.path.startswith(OPEN_PREFIXES):
+    internal = request.scope.get(INTERNAL) is True
+    if current.keys and not internal and request.path not in OPEN_PATHS and not request.path.startswith(OPEN_PREFIXES):
         _authenticate(current)
     if request.method == "POST":
         _check_body(current)
@@ -148,7 +160,10 @@ def _authenticate(policy: EdgePolicy) -> None:
 
 def _check_body(policy: EdgePolicy) -> None:
     if request.path.startswith(AUDIO_PREFIX):
-        _check_form(policy)
+        _check_form(policy.max_audio_body_bytes)
+        return
+    if request.path == FILES_PATH:
+        _check_form(policy.max_file_body_bytes)
         return
     if request.mimetype != "application/json":
         raise RequestError(
@@ -160,15 +175,15 @@ def _check_body(policy: EdgePolicy) -> None:
         raise too_large(policy.max_body_bytes)
 
 
-def _check_form(policy: EdgePolicy) -> None:
+def _check_form(limit: int) -> None:
     if request.mimetype != "multipart/form-data":
         raise RequestError(
             kind=ErrorKind.UNSUPPORTED_MEDIA_TYPE,
             message="The request body must be a multipart form, sent with 'Content-Type: multipart/form-data'",
         )
     declared = request.content_length
-    if declared is not None and declared > policy.max_audio_body_bytes:
-        raise too_large(policy.max_audio_body_bytes)
+    if declared is not None and declared > limit:
+        raise too_large(limit)
 
 
 def too_large(limit: int) -> RequestError:

@@ -18,6 +18,7 @@ from quart import Quart
 from edge import fields
 from edge.aliases import served_as
 from edge.choice import current_engine
+from edge.owners import caller, visible
 from edge.store import store_call
 from edge.streaming import Persist
 from pipeline.errors import ErrorKind, RequestError
@@ -38,6 +39,8 @@ class ResponsesTurn:
     history: tuple[JsonObject, ...]
     instructions: str | None
     app: Quart
+    # The caller's key fingerprint (edge/owners.py), kept with the stored response.
+    owner: str | None = None
 
     @property
     def replay(self) -> tuple[JsonObject, ...]:
@@ -77,6 +80,7 @@ class ResponsesTurn:
             body=body,
             input_items=self.replay,
             instructions=self.instructions,
+            owner=self.owner,
         )
         await store_call(self.app, lambda store: store.put(record))
 
@@ -94,12 +98,19 @@ async def prepare_turn(app: Quart, raw: JsonValue, *, trace_id: str | None) -> R
     if decoded.skipped_tools:
         # Hosted tools run on OpenAI's side; this server offers the model the others.
         log.info("request.hosted_tools_skipped", trace_id=trace_id or request_id, tools=list(decoded.skipped_tools))
-    return ResponsesTurn(request_id=request_id, decoded=decoded, history=history, instructions=instructions, app=app)
+    return ResponsesTurn(
+        request_id=request_id,
+        decoded=decoded,
+        history=history,
+        instructions=instructions,
+        app=app,
+        owner=caller(),
+    )
 
 
 async def stored_response(app: Quart, response_id: str, *, param: str | None = None) -> StoredResponse:
     stored = await store_call(app, lambda store: store.get(response_id))
-    if stored is None:
+    if stored is None or not visible(stored):
         raise response_not_found(response_id, param=param)
     return stored
 

@@ -179,6 +179,9 @@ async def _snapshot() -> JsonObject:
     """The one model's `/stats`: its figures and the Responses store's."""
     report = await _model_snapshot(_engine())
     report["response_store"] = await _store_statistics()
+    if (batches := current_app.extensions.get("batch_runner")) is not None:
+        # The batches running beneath live traffic (edge/batch_runner.py).
+        report["batches"] = cast(JsonObject, attrs.asdict(batches.statistics()))
     return report
 
 

@@ -163,6 +163,9 @@ class Settings:
     max_body_bytes: int = attrs.field(default=8 * 2**20, validator=_positive)
     # Unknown request fields are a 400 naming them, instead of served and reported (wire/field_policy.py).
     strict_fields: bool = False
+    # URL prefixes of the remote MCP servers a request's `mcp` tools may name, comma-separated; unset: none
+    # (edge/mcp_tools.py). The server calls them for the client, so nothing is allowed by default.
+    mcp_allow: str | None = None
     # Seconds a request body may take to arrive before a 408.
     body_timeout: float = attrs.field(default=60.0, validator=attrs.validators.gt(0.0))
 
@@ -245,6 +248,18 @@ class Settings:
     web: bool = True
     # Seconds a Responses WebSocket may sit with no turn and no frame before the server closes it (1000).
     socket_idle_timeout: float = attrs.field(default=900.0, validator=attrs.validators.gt(0.0))
+    # Files and batches (docs/apis.md, "Files and batches"): the folder of uploads and batch state (unset: `files/`
+    # beside a sqlite:// Responses store, else a temporary folder that lives as long as the server, as the memory
+    # store does), an upload's byte cap and the files held at most.
+    files_dir: str | None = None
+    files_max_bytes: int = attrs.field(default=200 * 2**20, validator=_positive)
+    files_max_count: int = attrs.field(default=1000, validator=_positive)
+    # Batch lines are sent only while fewer than `batch_live_limit` live requests run or wait, and at most
+    # `batch_rows` at a time, so a live request finds room in the batch beside them.
+    batch_live_limit: int = attrs.field(default=2, validator=_positive)
+    batch_rows: int = attrs.field(default=2, validator=_positive)
+    # Seconds a batch's "24h" completion window lasts; a test shortens it (0: every batch is past its window).
+    batch_window: float = attrs.field(default=24 * 3600.0, validator=attrs.validators.ge(0.0))
 
     @property
     def model_in_process(self) -> bool:

@@ -24,6 +24,14 @@ Every store keeps the same policy, so one test table covers them all
   it would after an eviction; the response already sent is unaffected.
 - `get` returns a fresh copy decoded from JSON, so a caller that mutates
   it changes nothing stored, in memory as on disk.
+- A background response's stream events (`add_events`, `events_after`)
+  live exactly as long as its record: storing the record again keeps
+  them, and whatever drops the record (TTL, byte cap, `delete`) drops
+  them. They are not counted in `max_bytes`: they are at most one
+  response's stream, and kept only for background responses.
+- `fail_unfinished` marks every record still `queued` or `in_progress`
+  `failed` with a reason: what a server starting up calls, since no
+  process that ran them is left (docs/apis.md, "Background responses").
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal, Protocol
 
 import attrs
@@ -41,6 +49,10 @@ import attrs
 from pipeline.requests import JsonObject
 
 Clock = Callable[[], float]
+# One stream event of a background response: its `sequence_number` and its SSE frame as text.
+StoredEvent = tuple[int, str]
+# The statuses of a response whose work has not ended.
+UNFINISHED = ("queued", "in_progress")
 
 
 class StoreError(Exception):
@@ -59,6 +71,8 @@ class StoredResponse:
     input_items: tuple[JsonObject, ...]
     # Carried forward when a follow-up omits them.
     instructions: str | None
+    # A fingerprint of the API key that made it (edge/guard.py's `caller`); None without keys.
+    owner: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -90,6 +104,12 @@ class ResponseStore(Protocol):
 
     def close(self) -> None: ...
 
+    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> None: ...
+
+    def events_after(self, response_id: str, after: int) -> list[StoredEvent]: ...
+
+    def fail_unfinished(self, message: str) -> int: ...
+
 
 @attrs.frozen(kw_only=True)
 class EncodedResponse:
@@ -101,6 +121,7 @@ class EncodedResponse:
     body: str
     input_items: str
     size: int
+    owner: str | None = None
 
     @classmethod
     def encode(cls, record: StoredResponse) -> EncodedResponse:
@@ -119,6 +140,7 @@ class EncodedResponse:
             body=body,
             input_items=items,
             size=size,
+            owner=record.owner,
         )
 
     def decode(self) -> StoredResponse:
@@ -128,8 +150,24 @@ class EncodedResponse:
         if not isinstance(body, dict) or not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise StoreError(f"stored response {self.id!r} is corrupt: unexpected JSON shape")
         return StoredResponse(
-            id=self.id, created_at=self.created_at, body=body, input_items=tuple(items), instructions=self.instructions
+            id=self.id,
+            created_at=self.created_at,
+            body=body,
+            input_items=tuple(items),
+            instructions=self.instructions,
+            owner=self.owner,
         )
+
+
+def failed(record: StoredResponse, message: str) -> StoredResponse:
+    """`record` with its response `failed`, the reason in its `error` as OpenAI words a server's failure."""
+    error: JsonObject = {"code": "server_error", "message": message}
+    body: JsonObject = {**record.body, "status": "failed", "error": error}
+    return attrs.evolve(record, body=body)
+
+
+def unfinished(record: StoredResponse) -> bool:
+    return record.body.get("status") in UNFINISHED
 
 
 def _dumps(value: object) -> str:
@@ -229,6 +267,7 @@ class MemoryResponseStore:
     _clock: Clock = attrs.field(default=time.time, alias="clock")
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _entries: collections.OrderedDict[str, _Entry] = attrs.field(factory=collections.OrderedDict, init=False)
+    _events: dict[str, list[StoredEvent]] = attrs.field(factory=dict, init=False)
     _bytes: int = attrs.field(default=0, init=False)
     _closed: bool = attrs.field(default=False, init=False)
     _counts: StoreCounters = attrs.field(init=False)
@@ -243,10 +282,14 @@ class MemoryResponseStore:
             self._check_open()
             now = self._clock()
             self._sweep(now)
+            # Storing a record again (a background response's new status) keeps its events.
+            events = self._events.get(record.id)
             self._remove(record.id)
             if encoded.size > self._max_bytes:
                 self._counts.stored(oversized=True)
                 return
+            if events is not None:
+                self._events[record.id] = events
             self._entries[record.id] = _Entry(encoded, now)
             self._bytes += encoded.size
             while self._bytes > self._max_bytes:
@@ -275,6 +318,29 @@ class MemoryResponseStore:
             entry = self._remove(response_id)
             return entry is not None and not self._expired(entry, self._clock())
 
+    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> None:
+        with self._lock:
+            self._check_open()
+            if response_id in self._entries:
+                self._events.setdefault(response_id, []).extend(events)
+
+    def events_after(self, response_id: str, after: int) -> list[StoredEvent]:
+        with self._lock:
+            self._check_open()
+            return [event for event in self._events.get(response_id, ()) if event[0] > after]
+
+    def fail_unfinished(self, message: str) -> int:
+        with self._lock:
+            self._check_open()
+            records = [entry.record.decode() for entry in self._entries.values()]
+            changed = [failed(record, message) for record in records if unfinished(record)]
+            for record in changed:
+                entry = self._entries[record.id]
+                encoded = EncodedResponse.encode(record)
+                self._bytes += encoded.size - entry.record.size
+                entry.record = encoded
+            return len(changed)
+
     def statistics(self) -> ResponseStoreStatistics:
         with self._lock:
             return self._counts.statistics(kind="memory", location=None, entries=len(self._entries), size=self._bytes)
@@ -282,6 +348,7 @@ class MemoryResponseStore:
     def close(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._events.clear()
             self._bytes = 0
             self._closed = True
 
@@ -303,6 +370,7 @@ class MemoryResponseStore:
 
     def _remove(self, response_id: str) -> _Entry | None:
         entry = self._entries.pop(response_id, None)
+        self._events.pop(response_id, None)
         if entry is not None:
             self._bytes -= entry.record.size
         return entry

@@ -19,33 +19,37 @@ processes (replicas' clocks should agree to well within the TTL).
 The schema's version is the one row of `mlx_relay_response_store`; a
 newer or unknown schema is refused with StoreError when the store opens,
 and creating it is done under the advisory lock, so replicas starting
-together make it once. The `psycopg` package is the `postgres` extra.
+together make it once. Schema 1 is upgraded in place to 2 (the `owner`
+column and the table of background responses' stream events). The `psycopg` package is the `postgres` extra.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import attrs
 
 from store.policy import (
+    UNFINISHED,
     Clock,
     EncodedResponse,
     ResponseStoreStatistics,
     StoreCounters,
+    StoredEvent,
     StoredResponse,
     StoreError,
+    failed,
 )
 
 if TYPE_CHECKING:
     from psycopg import Connection
     from psycopg_pool import ConnectionPool
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Connections per replica: a store call is one short transaction.
 POOL_SIZE = 4
 # Seconds start-up waits for the database where the URL names no `connect_timeout`.
@@ -54,6 +58,15 @@ _TABLE = "mlx_relay_responses"
 _META = "mlx_relay_response_store"
 # Any fixed 64-bit key: the advisory lock every writer takes.
 _WRITE_LOCK = 0x6D6C7872656C6179
+_EVENTS_TABLE = "mlx_relay_response_events"
+_EVENTS = (
+    f"""CREATE TABLE {_EVENTS_TABLE} (
+        response_id TEXT NOT NULL,
+        sequence BIGINT NOT NULL,
+        frame TEXT NOT NULL,
+        PRIMARY KEY (response_id, sequence)
+    )""",
+)
 _SCHEMA = (
     f"""CREATE TABLE {_TABLE} (
         id TEXT PRIMARY KEY,
@@ -63,15 +76,19 @@ _SCHEMA = (
         size BIGINT NOT NULL,
         instructions TEXT,
         body TEXT NOT NULL,
-        input_items TEXT NOT NULL
+        input_items TEXT NOT NULL,
+        owner TEXT
     )""",
+    *_EVENTS,
     f"CREATE INDEX {_TABLE}_by_use ON {_TABLE} (last_used_at)",
     f"CREATE INDEX {_TABLE}_by_recency ON {_TABLE} (recency)",
     f"CREATE SEQUENCE {_TABLE}_recency",
     f"INSERT INTO {_META} (version) VALUES ({SCHEMA_VERSION})",
 )
-_COLUMNS = ("id", "created_at", "last_used_at", "recency", "size", "instructions", "body", "input_items")
-_READ = "id, created_at, size, instructions, body, input_items"
+_COLUMNS = ("id", "created_at", "last_used_at", "recency", "size", "instructions", "body", "input_items", "owner")
+_READ = "id, created_at, size, instructions, body, input_items, owner"
+# Events whose response is gone (expired, evicted, replaced by an oversized record).
+_ORPHANS = f"DELETE FROM {_EVENTS_TABLE} WHERE response_id NOT IN (SELECT id FROM {_TABLE})"
 _NEXT_RECENCY = f"nextval('{_TABLE}_recency')"
 
 
@@ -165,6 +182,8 @@ class PostgresResponseStore:
             db.execute(f"DELETE FROM {_TABLE} WHERE id = %s", (encoded.id,))
             oversized = encoded.size > self._max_bytes
             evicted = 0 if oversized else self._insert(db, encoded, now)
+            if expired or evicted or oversized:
+                db.execute(_ORPHANS)
         self._counts.stored(expired=expired, evicted=evicted, oversized=oversized)
 
     def get(self, response_id: str) -> StoredResponse | None:
@@ -173,6 +192,8 @@ class PostgresResponseStore:
             expired = db.execute(
                 f"DELETE FROM {_TABLE} WHERE id = %s AND last_used_at <= %s", (response_id, now - self._ttl)
             ).rowcount
+            if expired:
+                db.execute(f"DELETE FROM {_EVENTS_TABLE} WHERE response_id = %s", (response_id,))
             row = db.execute(
                 f"UPDATE {_TABLE} SET last_used_at = %s, recency = {_NEXT_RECENCY} WHERE id = %s RETURNING {_READ}",
                 (now, response_id),
@@ -186,7 +207,40 @@ class PostgresResponseStore:
                 f"DELETE FROM {_TABLE} WHERE id = %s RETURNING last_used_at > %s",
                 (response_id, self._clock() - self._ttl),
             ).fetchone()
+            db.execute(f"DELETE FROM {_EVENTS_TABLE} WHERE response_id = %s", (response_id,))
         return row is not None and bool(row[0])
+
+    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> None:
+        rows = [(response_id, sequence, frame, response_id) for sequence, frame in events]
+        with self._failures("add_events"), self._transaction() as db, db.cursor() as cursor:
+            # Only for a stored response: events never outlive their record.
+            cursor.executemany(
+                f"""INSERT INTO {_EVENTS_TABLE} SELECT %s, %s, %s WHERE EXISTS (SELECT 1 FROM {_TABLE} WHERE id = %s)
+                ON CONFLICT (response_id, sequence) DO UPDATE SET frame = EXCLUDED.frame""",
+                rows,
+            )
+
+    def events_after(self, response_id: str, after: int) -> list[StoredEvent]:
+        with self._failures("events_after"), self._transaction() as db:
+            rows = db.execute(
+                f"SELECT sequence, frame FROM {_EVENTS_TABLE} WHERE response_id = %s AND sequence > %s "
+                "ORDER BY sequence",
+                (response_id, after),
+            ).fetchall()
+        return [(int(sequence), str(frame)) for sequence, frame in rows]
+
+    def fail_unfinished(self, message: str) -> int:
+        with self._failures("fail_unfinished"), self._transaction() as db:
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
+            rows = db.execute(
+                f"SELECT {_READ} FROM {_TABLE} WHERE (body::jsonb ->> 'status') = ANY(%s)", (list(UNFINISHED),)
+            ).fetchall()
+            for row in rows:
+                encoded = EncodedResponse.encode(failed(_encoded(row).decode(), message))
+                db.execute(
+                    f"UPDATE {_TABLE} SET body = %s, size = %s WHERE id = %s", (encoded.body, encoded.size, encoded.id)
+                )
+        return len(rows)
 
     def statistics(self) -> ResponseStoreStatistics:
         with self._failures("statistics"), self._transaction() as db:
@@ -201,7 +255,7 @@ class PostgresResponseStore:
 
     def _insert(self, db: Connection[Any], encoded: EncodedResponse, now: float) -> int:
         db.execute(
-            f"INSERT INTO {_TABLE} ({', '.join(_COLUMNS)}) VALUES (%s, %s, %s, {_NEXT_RECENCY}, %s, %s, %s, %s)",
+            f"INSERT INTO {_TABLE} ({', '.join(_COLUMNS)}) VALUES (%s, %s, %s, {_NEXT_RECENCY}, %s, %s, %s, %s, %s)",
             (
                 encoded.id,
                 encoded.created_at,
@@ -210,6 +264,7 @@ class PostgresResponseStore:
                 encoded.instructions,
                 encoded.body,
                 encoded.input_items,
+                encoded.owner,
             ),
         )
         # The least recently used go first until the rest fit: the newest rows whose running total fits stay.
@@ -251,7 +306,7 @@ def _migrate(db: Connection[Any], where: str) -> None:
         for statement in _SCHEMA:
             db.execute(statement)
         return
-    if len(versions) != 1 or versions[0] != SCHEMA_VERSION:
+    if len(versions) != 1 or versions[0] not in (1, SCHEMA_VERSION):
         newer = len(versions) == 1 and versions[0] > SCHEMA_VERSION
         detail = f"newer than this server's {SCHEMA_VERSION}" if newer else "not one this server knows"
         raise StoreError(f"{where} holds response store schema {versions}, {detail}")
@@ -262,6 +317,11 @@ def _migrate(db: Connection[Any], where: str) -> None:
             (_TABLE,),
         ).fetchall()
     )
+    if versions[0] == 1 and columns == _COLUMNS[:-1]:
+        # Schema 1 lacks what background responses keep; adding it loses nothing.
+        for statement in (f"ALTER TABLE {_TABLE} ADD COLUMN owner TEXT", *_EVENTS, f"UPDATE {_META} SET version = 2"):
+            db.execute(statement)
+        return
     if columns != _COLUMNS:
         raise StoreError(
             f"{where} is not a response store this server knows (table {_TABLE} has columns {list(columns)})"
@@ -269,7 +329,7 @@ def _migrate(db: Connection[Any], where: str) -> None:
 
 
 def _encoded(row: tuple[Any, ...]) -> EncodedResponse:
-    response_id, created_at, size, instructions, body, input_items = row
+    response_id, created_at, size, instructions, body, input_items, owner = row
     return EncodedResponse(
         id=str(response_id),
         created_at=float(created_at),
@@ -277,4 +337,5 @@ def _encoded(row: tuple[Any, ...]) -> EncodedResponse:
         body=body,
         input_items=input_items,
         size=int(size),
+        owner=owner,
     )

@@ -26,7 +26,9 @@ Each row holds the record's JSON texts, its `size`, the time it was last
 used, and `recency`, a counter across the file that gives the exact LRU
 order even when two uses share a clock tick. `PRAGMA user_version` names
 the schema. A newer or unknown schema, or a file that is not a database,
-is refused with StoreError when the store opens.
+is refused with StoreError when the store opens; a file of schema 1 is
+upgraded in place (schema 2 adds the `owner` column and the
+`response_events` table of background responses' stream events).
 """
 
 from __future__ import annotations
@@ -36,21 +38,32 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import attrs
 
 from store.policy import (
+    UNFINISHED,
     Clock,
     EncodedResponse,
     ResponseStoreStatistics,
     StoreCounters,
+    StoredEvent,
     StoredResponse,
     StoreError,
+    failed,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+_EVENTS = (
+    """CREATE TABLE response_events (
+        response_id TEXT NOT NULL,
+        sequence INTEGER NOT NULL,
+        frame TEXT NOT NULL,
+        PRIMARY KEY (response_id, sequence)
+    )""",
+)
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS responses (
         id TEXT PRIMARY KEY,
@@ -60,12 +73,16 @@ _SCHEMA = (
         size INTEGER NOT NULL,
         instructions TEXT,
         body TEXT NOT NULL,
-        input_items TEXT NOT NULL
+        input_items TEXT NOT NULL,
+        owner TEXT
     )""",
     "CREATE INDEX IF NOT EXISTS responses_by_use ON responses (last_used_at)",
     "CREATE INDEX IF NOT EXISTS responses_by_recency ON responses (recency, size)",
+    *_EVENTS,
 )
-_COLUMNS = ("id", "created_at", "last_used_at", "recency", "size", "instructions", "body", "input_items")
+_COLUMNS = ("id", "created_at", "last_used_at", "recency", "size", "instructions", "body", "input_items", "owner")
+# Events whose response is gone (expired, evicted, replaced by an oversized record).
+_ORPHANS = "DELETE FROM response_events WHERE response_id NOT IN (SELECT id FROM responses)"
 _NEXT_RECENCY = "(SELECT COALESCE(MAX(recency), 0) + 1 FROM responses)"
 # Opening a file that other processes are creating and writing can fail
 # with SQLITE_BUSY at once, without SQLite's busy handler waiting (once in
@@ -122,6 +139,8 @@ class SqliteResponseStore:
                 db.execute("DELETE FROM responses WHERE id = ?", (encoded.id,))
                 oversized = encoded.size > self._max_bytes
                 evicted = 0 if oversized else self._insert(db, encoded, now)
+                if expired or evicted or oversized:
+                    db.execute(_ORPHANS)
             self._counts.stored(expired=expired, evicted=evicted, oversized=oversized)
 
     def get(self, response_id: str) -> StoredResponse | None:
@@ -135,6 +154,7 @@ class SqliteResponseStore:
                 expired = row is not None and bool(row[-1])
                 if expired:
                     db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+                    db.execute("DELETE FROM response_events WHERE response_id = ?", (response_id,))
                 elif row is not None:
                     db.execute(
                         f"UPDATE responses SET last_used_at = ?, recency = {_NEXT_RECENCY} WHERE id = ?",
@@ -151,7 +171,37 @@ class SqliteResponseStore:
                 "SELECT 1 FROM responses WHERE id = ? AND last_used_at > ?", (response_id, self._clock() - self._ttl)
             ).fetchone()
             db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+            db.execute("DELETE FROM response_events WHERE response_id = ?", (response_id,))
             return live is not None
+
+    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> None:
+        with self._failures("add_events"), self._lock, self._transaction() as db:
+            # Only for a stored response: events never outlive their record.
+            if db.execute("SELECT 1 FROM responses WHERE id = ?", (response_id,)).fetchone() is not None:
+                rows = [(response_id, sequence, frame) for sequence, frame in events]
+                db.executemany("INSERT OR REPLACE INTO response_events VALUES (?, ?, ?)", rows)
+
+    def events_after(self, response_id: str, after: int) -> list[StoredEvent]:
+        with self._failures("events_after"), self._lock:
+            rows = self._connection().execute(
+                "SELECT sequence, frame FROM response_events WHERE response_id = ? AND sequence > ? ORDER BY sequence",
+                (response_id, after),
+            )
+            return [(int(sequence), str(frame)) for sequence, frame in rows]
+
+    def fail_unfinished(self, message: str) -> int:
+        with self._failures("fail_unfinished"), self._lock, self._transaction() as db:
+            marks = ", ".join("?" * len(UNFINISHED))
+            rows = db.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM responses WHERE json_extract(body, '$.status') IN ({marks})",
+                UNFINISHED,
+            ).fetchall()
+            for row in rows:
+                encoded = EncodedResponse.encode(failed(_encoded(row).decode(), message))
+                db.execute(
+                    "UPDATE responses SET body = ?, size = ? WHERE id = ?", (encoded.body, encoded.size, encoded.id)
+                )
+            return len(rows)
 
     def statistics(self) -> ResponseStoreStatistics:
         with self._failures("statistics"), self._lock:
@@ -166,7 +216,7 @@ class SqliteResponseStore:
 
     def _insert(self, db: sqlite3.Connection, encoded: EncodedResponse, now: float) -> int:
         db.execute(
-            f"INSERT INTO responses ({', '.join(_COLUMNS)}) VALUES (?, ?, ?, {_NEXT_RECENCY}, ?, ?, ?, ?)",
+            f"INSERT INTO responses ({', '.join(_COLUMNS)}) VALUES (?, ?, ?, {_NEXT_RECENCY}, ?, ?, ?, ?, ?)",
             (
                 encoded.id,
                 encoded.created_at,
@@ -175,6 +225,7 @@ class SqliteResponseStore:
                 encoded.instructions,
                 encoded.body,
                 encoded.input_items,
+                encoded.owner,
             ),
         )
         return self._evict(db, keep=encoded.id)
@@ -254,6 +305,13 @@ def _migrate(db: sqlite3.Connection, path: Path) -> None:
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         return
     columns = tuple(str(row[1]) for row in db.execute("PRAGMA table_info(responses)"))
+    if version == 1 and columns == _COLUMNS[:-1]:
+        # Schema 1 lacks what background responses keep; adding it loses nothing.
+        db.execute("ALTER TABLE responses ADD COLUMN owner TEXT")
+        for statement in _EVENTS:
+            db.execute(statement)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return
     if version != SCHEMA_VERSION or columns != _COLUMNS:
         raise StoreError(
             f"{path} is not a response store this server knows (schema {version}, tables {sorted(tables)})"
@@ -261,7 +319,7 @@ def _migrate(db: sqlite3.Connection, path: Path) -> None:
 
 
 def _encoded(row: tuple[object, ...]) -> EncodedResponse:
-    response_id, created_at, _, _, size, instructions, body, input_items = row
+    response_id, created_at, _, _, size, instructions, body, input_items, owner = row
     if not (
         isinstance(response_id, str)
         and isinstance(created_at, (int, float))
@@ -269,6 +327,7 @@ def _encoded(row: tuple[object, ...]) -> EncodedResponse:
         and (instructions is None or isinstance(instructions, str))
         and isinstance(body, str)
         and isinstance(input_items, str)
+        and (owner is None or isinstance(owner, str))
     ):
         raise StoreError(f"stored response {response_id!r} is corrupt: a column has the wrong type")
     return EncodedResponse(
@@ -278,4 +337,5 @@ def _encoded(row: tuple[object, ...]) -> EncodedResponse:
         body=body,
         input_items=input_items,
         size=size,
+        owner=owner,
     )

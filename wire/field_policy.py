@@ -36,9 +36,9 @@ INERT: dict[str, frozenset[str]] = {
     # `verbosity` is a hint OpenAI's models were trained to follow; a local model was not.
     "chat": frozenset((*_COMMON, *_CACHING, "verbosity", "moderation")),
     "completions": frozenset((*_COMMON, "prompt_cache_key", "session_id")),
-    # `include` asks for fields of output items this server does not make; hosted tools (and so
-    # `max_tool_calls`) are OpenAI's to run.
-    "responses": frozenset((*_COMMON, *_CACHING, "moderation", "include", "max_tool_calls", "stream_options")),
+    # `include` asks for fields of output items this server does not make. (`max_tool_calls` is read: it bounds
+    # the rounds of remote MCP calls, edge/mcp_loop.py.)
+    "responses": frozenset((*_COMMON, *_CACHING, "moderation", "include", "stream_options")),
     "messages": frozenset((*_COMMON, "speed", "cache_control", "inference_geo", "workspace_id", "user_profile_id")),
     "embeddings": frozenset(("model", "user")),
     # Ollama's: `keep_alive` is the route's (edge/ollama_routes.py); `shift` and `truncate` steer only a

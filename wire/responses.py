@@ -165,6 +165,8 @@ class ResponsesStream:
     # Custom and namespaced tools by offered name; the forced grammar-bound custom tool.
     tool_specs: Specs = attrs.field(factory=dict)
     grammar_call: str | None = None
+    # `background: true`: the stream starts `queued` and says `in_progress` when `running()` is called.
+    background: bool = False
     final: JsonObject | None = attrs.field(default=None, init=False)
     _sequence: int = attrs.field(default=0, init=False)
     _items: list[_Item] = attrs.field(factory=list, init=False)
@@ -173,10 +175,27 @@ class ResponsesStream:
     _text_frames: dict[tuple[int, bool], Splice] = attrs.field(factory=dict, init=False)
 
     def start(self) -> bytes:
-        snapshot = self._response("in_progress", output=[])
-        return self._event("response.created", response=snapshot) + self._event(
-            "response.in_progress", response=snapshot
+        if self.background:
+            queued = self._response("queued", output=[])
+            return self._event("response.created", response=queued) + self._event("response.queued", response=queued)
+        return self._event("response.created", response=self.snapshot()) + self.running()
+
+    def snapshot(self, status: str = "in_progress") -> JsonObject:
+        """The response object as it stands, before any output: what `response.created` carries."""
+        return self._response(status, output=[])
+
+    def running(self) -> bytes:
+        """`response.in_progress`: a background response's row has started."""
+        return self._event("response.in_progress", response=self.snapshot())
+
+    def cancel(self) -> bytes:
+        """Ends the stream where it stands: the open item closed as cut, `final` the `cancelled` response."""
+        closing = self._close(len(self._items) - 1, cut=True) if self._items else b""
+        last = len(self._items) - 1
+        self.final = self._response(
+            "cancelled", output=[item.done(cut=i == last) for i, item in enumerate(self._items)]
         )
+        return closing
 
     def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
         return b"".join(self._on_run(run) for run in stream_runs(events, join=False))
@@ -195,6 +214,7 @@ class ResponsesStream:
     def error(self, error: RequestError) -> bytes:
         failed = self._response("failed", output=[])
         failed["error"] = {"code": "server_error", "message": error.message}
+        self.final = failed
         return self._event("response.failed", response=failed)
 
     def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
@@ -228,6 +248,7 @@ class ResponsesStream:
             "previous_response_id": self.previous_response_id,
             "reasoning": {"effort": None, "summary": None},
             "store": self.store,
+            "background": self.background,
             "text": {"format": {"type": "text"}},
             # No `usage` until there is some (OpenAI's schema has it an object, and leaves it out of
             # response.created / in_progress).

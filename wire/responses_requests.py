@@ -44,12 +44,16 @@ from wire.fields import (
     read_str,
 )
 from wire.images import image_from_url
+from wire.responses_mcp import McpChoice, McpServer, call_result_text, echoed_tool, read_mcp_choice, read_mcp_servers
 from wire.responses_tools import ResponsesTools, ToolSpec, call_arguments, qualified, read_tool_choice, read_tools
 from wire.structured import responses_constraint
 
 _RESPONSE_ID = re.compile(r"^resp_[A-Za-z0-9_-]{1,128}$")
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT, "system": Role.SYSTEM, "developer": Role.DEVELOPER}
 _TEXT_PARTS = ("input_text", "output_text", "text")
+# Items the model does not read: earlier reasoning (chat templates drop it too), and MCP bookkeeping
+# (listings, approvals; edge/mcp_loop.py acts on them).
+_UNSEEN = ("reasoning", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response")
 
 
 @attrs.frozen(kw_only=True)
@@ -76,6 +80,12 @@ class ResponsesRequest:
     skipped_tools: tuple[str, ...] = ()
     # A forced custom tool whose grammar holds the whole output: the output is its input.
     grammar_call: str | None = None
+    # Remote MCP servers the edge lists and calls (wire/responses_mcp.py), the one forced, the bound on calls.
+    mcp_servers: tuple[McpServer, ...] = ()
+    mcp_choice: McpChoice | None = None
+    max_tool_calls: int | None = None
+    # Runs after the request has been answered (edge/background.py); only with `store`.
+    background: bool = False
 
 
 def decode_responses(value: JsonValue) -> ResponsesRequest:
@@ -85,7 +95,8 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
     # Validate the items now: a bad item is a 400 before any store lookup.
     _to_messages(items)
     tools = read_tools(body.get("tools"))
-    choice = read_tool_choice(body.get("tool_choice"), tools)
+    mcp_servers = read_mcp_servers(body.get("tools"))
+    choice = read_tool_choice(body.get("tool_choice"), tools, mcp=bool(mcp_servers))
     constraint = responses_constraint(body)
     if choice.grammar_call is not None:
         # The forced call's input is the whole output; a text format governs text, and there is none.
@@ -115,9 +126,11 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
         parallel_tool_calls=read_bool(body, "parallel_tool_calls") is not False,
         store=read_bool(body, "store") is not False,
         stream=bool(read_bool(body, "stream")),
+        background=bool(read_bool(body, "background")),
         truncate=truncation == "auto",
         echo={
             "max_output_tokens": max_tokens,
+            "max_tool_calls": read_int(body, "max_tool_calls", minimum=1),
             "temperature": temperature,
             "top_p": top_p,
             "metadata": read_object_or_empty(body, "metadata"),
@@ -133,6 +146,9 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
         tool_specs=tools.specs,
         skipped_tools=tools.skipped,
         grammar_call=choice.grammar_call,
+        mcp_servers=mcp_servers,
+        mcp_choice=read_mcp_choice(body.get("tool_choice")) if mcp_servers else None,
+        max_tool_calls=read_int(body, "max_tool_calls", minimum=1),
     )
 
 
@@ -196,8 +212,10 @@ def _to_messages(items: Sequence[JsonObject]) -> tuple[Message, ...]:
             messages.append(
                 Message(role=Role.TOOL, content=text, tool_call_id=as_str(item.get("call_id"), f"{param}.call_id"))
             )
-        elif kind != "reasoning":
-            # Earlier reasoning is not replayed, as chat templates drop it too.
+        elif kind == "mcp_call":
+            _add_call(messages, {**item, "call_id": as_str(item.get("id"), f"{param}.id")}, param)
+            messages.append(Message(role=Role.TOOL, content=call_result_text(item), tool_call_id=str(item["id"])))
+        elif kind not in _UNSEEN:
             raise invalid(f"Invalid '{param}.type': {quote(kind)} items are not supported.", param=f"{param}.type")
     return tuple(messages)
 
@@ -282,14 +300,15 @@ def _echo_tools(body: Body, tools: ResponsesTools) -> JsonValue:
                 }
             )
         else:
-            echoed.append(item)
+            echoed.append(echoed_tool(item) if item.get("type") == "mcp" else item)
     return echoed
 
 
 def _refuse_unserved(body: Body) -> None:
     """Fields that would change the output; their neutral values are fine."""
-    if read_bool(body, "background"):
-        raise unsupported("background")
+    if read_bool(body, "background") and read_bool(body, "store") is False:
+        # OpenAI's own refusal: a background response is read back from the store.
+        raise invalid("Background responses require 'store' to be true", param="background")
     if read_int(body, "top_logprobs", minimum=0, maximum=20):
         raise unsupported("top_logprobs")
     for key in ("conversation", "prompt"):

@@ -6,10 +6,11 @@ Codex's `apply_patch`) is offered as a function with one string argument,
 `custom_tool_call` items. A `namespace` tool is expanded into its member
 tools under qualified names (`namespace.member`); calls to them carry the
 namespace again. Hosted tools (web search, file search, code interpreter,
-computer use, image generation, remote MCP) run on OpenAI's side, which
-this server cannot do: they are not offered to the model, and the app logs
-them; a `tool_choice` that forces one is a 400 naming it. Any other tool
-type is refused by name.
+computer use, image generation) run on OpenAI's side, which this server
+cannot do: they are not offered to the model, and the app logs them; a
+`tool_choice` that forces one is a 400 naming it. Remote MCP tools
+(`mcp`) are read by `wire.responses_mcp` and run by the edge. Any other
+tool type is refused by name.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ HOSTED = frozenset(
         "computer_use",
         "computer_use_preview",
         "image_generation",
-        "mcp",
     }
 )
 # The argument a custom tool's input travels in, inside the model's tool-call markup.
@@ -77,6 +77,8 @@ def read_tools(raw: JsonValue) -> ResponsesTools:
         param = f"tools[{index}]"
         item = as_object(value, param)
         kind = item.get("type")
+        if kind == "mcp":
+            continue  # wire/responses_mcp.py reads it
         if kind in HOSTED:
             skipped.append(str(kind))
         elif kind == "namespace":
@@ -149,8 +151,10 @@ class Choice:
     grammar_call: str | None = None
 
 
-def read_tool_choice(raw: JsonValue, tools: ResponsesTools) -> Choice:
-    if raw is None or raw == "auto":
+def read_tool_choice(raw: JsonValue, tools: ResponsesTools, *, mcp: bool = False) -> Choice:
+    """`mcp`: the request has `mcp` tools, whose names are known once listed (edge/mcp_loop.py checks them)."""
+    if raw is None or raw == "auto" or (isinstance(raw, dict) and raw.get("type") == "mcp" and mcp):
+        # A forced MCP tool is chosen by the loop once its server is listed.
         return Choice(choice=ToolChoice())
     if raw == "none":
         return Choice(choice=ToolChoice(mode=ToolChoiceMode.NONE))
@@ -159,7 +163,7 @@ def read_tool_choice(raw: JsonValue, tools: ResponsesTools) -> Choice:
         raise invalid(
             f"Invalid 'tool_choice': the hosted tool {kind!r} cannot run on this server.", param="tool_choice.type"
         )
-    if not tools.tools:
+    if not tools.tools and not (mcp and raw == "required"):
         raise invalid("Invalid 'tool_choice': there are no function tools to choose from.", param="tool_choice")
     if raw == "required":
         return Choice(choice=ToolChoice(mode=ToolChoiceMode.REQUIRED))

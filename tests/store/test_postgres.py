@@ -70,7 +70,7 @@ def test_writers_on_several_replicas_never_pass_the_cap(postgres: PostgresServer
                 "CREATE TABLE mlx_relay_response_store (version INTEGER NOT NULL)",
                 "INSERT INTO mlx_relay_response_store VALUES (99)",
             ],
-            "newer than this server's 1",
+            "newer than this server's 2",
         ),
         (
             [

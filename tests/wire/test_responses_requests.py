@@ -63,6 +63,7 @@ def body(**fields: JsonValue) -> dict[str, JsonValue]:
 def echo(**fields: JsonValue) -> JsonObject:
     defaults: JsonObject = {
         "max_output_tokens": None,
+        "max_tool_calls": None,
         "temperature": None,
         "top_p": None,
         "metadata": {},

@@ -123,7 +123,7 @@ BAD = [
     bad(body(store="yes"), "store", "must be a boolean", id="store-string"),
     bad(body(stream=1), "stream", "must be a boolean", id="stream-number"),
     bad(body(metadata="x"), "metadata", "must be a JSON object", id="metadata-string"),
-    refused(body(background=True), "background", id="background"),
+    bad(body(background=True, store=False), "background", "require 'store'", id="background-without-store"),
     refused(body(conversation="conv_1"), "conversation", id="conversation"),
     refused(body(prompt={"id": "pmpt_1"}), "prompt", id="prompt-template"),
     refused(body(top_logprobs=5), "top_logprobs", id="top_logprobs"),

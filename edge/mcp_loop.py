@@ -1,0 +1,225 @@
+"""A Responses turn with `mcp` tools: list the servers, then rounds of generation and MCP calls at the edge.
+
+Each round is one generation through the engine with the conversation so far (the prompt cache
+keeps the KV of the earlier part, so a round prefills only what the last one added). A round that
+ends in calls to MCP tools has them run here and goes on; one that ends in text, in a call to the
+client's own tools, or in a call that needs the client's approval ends the turn. `max_tool_calls`
+(else `MAX_CALLS`) bounds the calls: past it the model is offered no tools and must answer.
+
+`steps` yields each output item as it opens ("added") and as it ends ("done"), so the route can
+stream them or collect the finished items (edge/mcp_route.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Literal
+
+import attrs
+
+from edge.aliases import with_model
+from edge.choice import chosen, current_defaults, model_named
+from edge.disconnect import current_client
+from edge.mcp_tools import call_tool, list_tools
+from fleet.defaults import with_defaults
+from pipeline.channels import ReplyClosed
+from pipeline.errors import invalid
+from pipeline.events import CompletionEvent, FinishReason, Summary, Usage
+from pipeline.requests import Accepted, JsonObject, JsonValue, Tool, ToolChoice, ToolChoiceMode
+from stages.messages import ReadBody
+from wire.responses import output_items
+from wire.responses_mcp import (
+    McpServer,
+    approval_item,
+    approval_responses,
+    call_item,
+    finished_call,
+    offered,
+)
+from wire.responses_requests import ResponsesRequest, to_chat
+
+# Calls one response may make when the request sets no `max_tool_calls`.
+MAX_CALLS = 8
+_DECLINED: JsonObject = {"type": "mcp_tool_execution_error", "content": "The user declined this call."}
+
+_GOES_ON = ("mcp_call", "reasoning")
+Phase = Literal["added", "done"]
+Step = tuple[Phase, JsonObject]
+
+
+@attrs.define(kw_only=True)
+class McpLoop:
+    """One turn's rounds; after `steps` is spent, `output`, `usage` and `summary` hold the response's."""
+
+    decoded: ResponsesRequest
+    history: tuple[JsonObject, ...]
+    instructions: str | None
+    raw: JsonValue
+    request_id: str
+    trace_id: str
+    output: list[JsonObject] = attrs.field(factory=list)
+    # What the model reads besides `output`: declined calls, which are not output items.
+    _seen: list[JsonObject] = attrs.field(factory=list)
+    usage: Usage = attrs.field(factory=lambda: Usage(prompt_tokens=0, completion_tokens=0))
+    summary: Summary | None = None
+    accepted: Accepted | None = None
+    _tools: dict[str, tuple[McpServer, Tool]] = attrs.field(factory=dict)
+    _calls: int = 0
+
+    async def steps(self) -> AsyncIterator[Step]:
+        listings = _earlier_listings(self.history)
+        for server in self.decoded.mcp_servers:
+            if server.label not in listings:
+                listing = await self._emit_list(server)
+                yield "added", {**listing, "tools": []}
+                self.output.append(listing)
+                yield "done", listing
+                if "error" not in listing:
+                    listings[server.label] = listing
+        self._tools = offered(self.decoded.mcp_servers, listings)
+        async for step in self._approved():
+            yield step
+        choice = self._first_choice()
+        while True:
+            items = await self._round(choice)
+            calls, before = self._calls, len(self.output)
+            for item in items:
+                async for step in self._on_item(item):
+                    yield step
+            # Text, a call of the client's or an approval request ends the turn; only MCP calls go on.
+            ends = any(item.get("type") not in _GOES_ON for item in self.output[before:])
+            if ends or self._calls == calls or self._cut:
+                return
+            choice = ToolChoice(mode=ToolChoiceMode.NONE if self._calls >= self._bound else ToolChoiceMode.AUTO)
+
+    async def _emit_list(self, server: McpServer) -> JsonObject:
+        listing = await list_tools(server)
+        tools = listing.get("tools")
+        kept = [t for t in tools if isinstance(t, dict) and server.keeps(t)] if isinstance(tools, list) else []
+        return {**listing, "tools": list[JsonValue](kept)}
+
+    @property
+    def _bound(self) -> int:
+        return self.decoded.max_tool_calls or MAX_CALLS
+
+    @property
+    def _cut(self) -> bool:
+        return self.summary is not None and self.summary.finish_reason is FinishReason.LENGTH
+
+    def _first_choice(self) -> ToolChoice:
+        forced = self.decoded.mcp_choice
+        if forced is None:
+            return self.decoded.tool_choice
+        names = [name for name, (server, _t) in self._tools.items() if server.label == forced.label]
+        if forced.name is not None and forced.name not in names:
+            raise invalid(
+                f"Invalid 'tool_choice.name': {forced.name!r} is not a listed tool of {forced.label!r}.",
+                param="tool_choice.name",
+            )
+        if forced.name is None and not names:
+            raise invalid(f"Invalid 'tool_choice': {forced.label!r} lists no tools.", param="tool_choice")
+        mode = ToolChoiceMode.NAMED if forced.name is not None or len(names) == 1 else ToolChoiceMode.REQUIRED
+        return ToolChoice(mode=mode, name=forced.name or (names[0] if len(names) == 1 else None))
+
+    async def _on_item(self, item: JsonObject) -> AsyncIterator[Step]:
+        """One item of a round: an MCP call runs here (or asks for approval); any other is output as it is."""
+        entry = self._tools.get(str(item.get("name"))) if item.get("type") == "function_call" else None
+        # A call cut short by max_output_tokens is not run: its arguments are not whole.
+        if entry is None or str(item.get("name")) in self.decoded.tool_specs or item.get("status") == "incomplete":
+            yield "added", item
+            self._out(item)
+            yield "done", item
+            return
+        server = entry[0]
+        arguments, name = str(item.get("arguments", "")), str(item["name"])
+        if server.needs_approval(name):
+            request = approval_item(server.label, name, arguments)
+            yield "added", request
+            self._out(request)
+            yield "done", request
+            return
+        async for step in self._call(server, call_item(server.label, name, arguments)):
+            yield step
+
+    async def _call(self, server: McpServer, call: JsonObject) -> AsyncIterator[Step]:
+        yield "added", call
+        done = await call_tool(server, call)
+        self._calls += 1
+        self._out(done)
+        yield "done", done
+
+    async def _approved(self) -> AsyncIterator[Step]:
+        """Runs, or reports declined to the model, each call this request's `mcp_approval_response`s answer."""
+        requests = {str(item.get("id")): item for item in self.history if item.get("type") == "mcp_approval_request"}
+        for request_id, approve in approval_responses(self.decoded.input).items():
+            request = requests.get(request_id)
+            if request is None:
+                raise invalid(
+                    f"Invalid 'approval_request_id': no approval request {request_id!r} in the earlier response.",
+                    param="input",
+                )
+            entry = self._tools.get(str(request.get("name")))
+            call = call_item(
+                str(request.get("server_label")),
+                str(request.get("name")),
+                str(request.get("arguments")),
+                approval_request_id=request_id,
+            )
+            if approve and entry is not None:
+                async for step in self._call(entry[0], call):
+                    yield step
+            else:
+                self._seen.append(finished_call(call, output=None, error=_DECLINED))
+
+    def _out(self, item: JsonObject) -> None:
+        self.output.append(item)
+        self._seen.append(item)
+
+    async def _round(self, choice: ToolChoice) -> list[JsonObject]:
+        mcp_tools = tuple(tool for name, (_s, tool) in self._tools.items() if name not in self.decoded.tool_specs)
+        tools = self.decoded.tools + mcp_tools
+        if not tools:
+            choice = ToolChoice()
+        request = attrs.evolve(self.decoded, input=(*self.decoded.input, *self._seen), tools=tools, tool_choice=choice)
+        chat = to_chat(request, self.history, self.instructions)
+        events, summary = await self._generate(lambda _body: chat)
+        self.summary = summary
+        self.usage = _added(self.usage, summary.usage)
+        return output_items(events, cut=summary.finish_reason is FinishReason.LENGTH, specs=self.decoded.tool_specs)
+
+    async def _generate(self, decode: Callable[[JsonValue], object]) -> tuple[list[CompletionEvent], Summary]:
+        client = current_client()
+        model, body = model_named(ReadBody(self.raw))
+        async with chosen(model) as engine:
+            decoder = with_defaults(with_model(decode), current_defaults())  # type: ignore[arg-type]
+            reply = await engine.submit(request_id=self.request_id, trace_id=self.trace_id, body=body, decode=decoder)
+        client.on_gone(reply.close)
+        with reply:
+            self.accepted = await reply.accepted()
+            events = [event async for batch in reply for event in batch]
+        if reply.closed:
+            raise ReplyClosed("the client has gone")
+        return events, reply.summary
+
+
+def _earlier_listings(history: tuple[JsonObject, ...]) -> dict[str, JsonObject]:
+    """The chain's listings by server label (OpenAI lists a server once per conversation)."""
+    return {
+        str(item.get("server_label")): item
+        for item in history
+        if item.get("type") == "mcp_list_tools" and item.get("error") is None
+    }
+
+
+def _added(total: Usage, more: Usage) -> Usage:
+    return Usage(
+        prompt_tokens=total.prompt_tokens + more.prompt_tokens,
+        completion_tokens=total.completion_tokens + more.completion_tokens,
+        cached_tokens=total.cached_tokens + more.cached_tokens,
+        reasoning_tokens=total.reasoning_tokens + more.reasoning_tokens,
+    )
+
+
+def allowed_setting(extensions: Mapping[str, object]) -> str | None:
+    value = extensions.get("mcp_allow")
+    return value if isinstance(value, str) else None
