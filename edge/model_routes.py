@@ -18,7 +18,7 @@ from edge.aliases import work_served_as
 from edge.choice import chosen, current_engine, fleet
 from edge.disconnect import ends_with_client
 from edge.fields import watched
-from edge.model_cards import card, fleet_cards
+from edge.model_cards import card, fleet_cards, input_modalities
 from edge.status_routes import model_state
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
@@ -144,12 +144,13 @@ def _model_card(model_id: str) -> JsonObject:
         "owned_by": "mlx-relay",
         "context_window": info.context_window,
         "max_model_len": info.context_window,
+        "input_modalities": input_modalities(engine.work.vision is not None),
     }
     if model_id == info.name:
         return {**card, "state": model_state(engine)["state"]}
     if engine.embedder is not None and model_id == engine.embedder.name:
         window = engine.embedder.context_window
-        return {**card, "context_window": window, "max_model_len": window}
+        return {**card, "context_window": window, "max_model_len": window, "input_modalities": input_modalities(False)}
     # As vLLM's cards do, an alias names the model it stands for and an adapter itself; `parent` is the base model.
     return {**card, "root": engine.served.aliases.get(model_id, model_id), "parent": info.name}
 

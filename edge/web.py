@@ -24,9 +24,14 @@ routes = Blueprint("web", __name__)
 ASSET_PREFIX = "/assets/"
 _ASSETS = {
     "chat.js": "text/javascript",
+    "store.js": "text/javascript",
+    "media.js": "text/javascript",
     "chat.css": "text/css",
     "vendor/marked.min.js": "text/javascript",
     "vendor/purify.min.js": "text/javascript",
+    "vendor/highlight.min.js": "text/javascript",
+    "vendor/github.min.css": "text/css",
+    "vendor/github-dark.min.css": "text/css",
 }
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; "

@@ -25,13 +25,48 @@ from wire.transcriptions import audio_form
 _USER: list[JsonValue] = [{"role": "user", "content": "Hello"}]
 
 
+# (method, path, summary) of the routes whose bodies are files, lines or another API's own shapes.
+_WORK_LATER = (
+    ("get", "/v1/files", "OpenAI Files: the uploaded files"),
+    ("post", "/v1/files", "OpenAI Files: upload a JSONL file for a batch (multipart)"),
+    ("get", "/v1/files/{file_id}", "OpenAI Files: a file"),
+    ("delete", "/v1/files/{file_id}", "OpenAI Files: delete a file"),
+    ("get", "/v1/files/{file_id}/content", "OpenAI Files: a file's content"),
+    ("get", "/v1/batches", "OpenAI Batch: the batches, a page"),
+    ("post", "/v1/batches", "OpenAI Batch: run a file of requests beneath live traffic"),
+    ("get", "/v1/batches/{batch_id}", "OpenAI Batch: a batch"),
+    ("post", "/v1/batches/{batch_id}/cancel", "OpenAI Batch: cancel a batch"),
+)
+_MESSAGE_BATCHES = (
+    ("get", "/v1/messages/batches", "Anthropic Message Batches: a page"),
+    ("post", "/v1/messages/batches", "Anthropic Message Batches: create"),
+    ("get", "/v1/messages/batches/{batch_id}", "Anthropic Message Batches: a batch"),
+    ("delete", "/v1/messages/batches/{batch_id}", "Anthropic Message Batches: delete a finished batch"),
+    ("get", "/v1/messages/batches/{batch_id}/results", "Anthropic Message Batches: results as JSONL"),
+    ("post", "/v1/messages/batches/{batch_id}/cancel", "Anthropic Message Batches: cancel"),
+)
+_OLLAMA = (
+    ("post", "/api/chat", "Ollama chat (NDJSON stream)"),
+    ("post", "/api/generate", "Ollama generate (NDJSON stream)"),
+    ("post", "/api/embed", "Ollama embeddings"),
+    ("post", "/api/embeddings", "Ollama embeddings, the older route"),
+    ("get", "/api/tags", "Ollama: the models"),
+    ("post", "/api/show", "Ollama: a model's template, parameters and capabilities"),
+    ("get", "/api/ps", "Ollama: the loaded models"),
+    ("get", "/api/version", "Ollama: the version"),
+    ("post", "/api/pull", "Ollama: fetch a model into the cache, its progress as NDJSON"),
+    ("delete", "/api/delete", "Ollama: remove a model from the cache"),
+)
+
+
 @attrs.frozen(kw_only=True)
 class Operation:
     method: str
     path: str
     summary: str
-    # Anthropic routes answer errors in Anthropic's shape.
+    # Anthropic routes answer errors in Anthropic's shape, Ollama's in its own.
     anthropic: bool = False
+    ollama: bool = False
     decode: Decoder | None = None
     example: JsonObject | None = None
     # True when `stream: true` turns the answer into server-sent events.
@@ -183,6 +218,14 @@ OPERATIONS = (
             ("drain", "Unload a model once its requests in flight finish"),
         )
     ),
+    Operation(method="post", path="/v1/responses/{response_id}/cancel", summary="Cancel a background response"),
+    Operation(method="post", path="/v1/models/pull", summary="Fetch a model into the cache, its progress as SSE"),
+    *(Operation(method=method, path=path, summary=summary) for method, path, summary in _WORK_LATER),
+    *(
+        Operation(method=method, path=path, summary=summary, anthropic=True)
+        for method, path, summary in _MESSAGE_BATCHES
+    ),
+    *(Operation(method=method, path=path, summary=summary, ollama=True) for method, path, summary in _OLLAMA),
 )
 
 
@@ -199,7 +242,7 @@ def document(version: str = "0.1.0") -> JsonObject:
         "info": {"title": "mlx-relay", "version": version},
         "paths": paths,
         "components": {
-            "schemas": {"OpenAIError": _OPENAI_ERROR, "AnthropicError": _ANTHROPIC_ERROR},
+            "schemas": {"OpenAIError": _OPENAI_ERROR, "AnthropicError": _ANTHROPIC_ERROR, "OllamaError": _OLLAMA_ERROR},
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer"},
                 "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
@@ -211,7 +254,8 @@ def document(version: str = "0.1.0") -> JsonObject:
 
 
 def _operation(operation: Operation) -> JsonObject:
-    error: JsonObject = {"$ref": "#/components/schemas/" + ("AnthropicError" if operation.anthropic else "OpenAIError")}
+    shape = "AnthropicError" if operation.anthropic else "OllamaError" if operation.ollama else "OpenAIError"
+    error: JsonObject = {"$ref": "#/components/schemas/" + shape}
     error_response: JsonObject = {"description": "An error", "content": {"application/json": {"schema": error}}}
     json_body = operation.content_type == "application/json"
     ok: JsonObject = {operation.content_type: {"schema": {"type": "object" if json_body else "string"}}}
@@ -278,3 +322,4 @@ _ANTHROPIC_ERROR: JsonObject = {
         },
     },
 }
+_OLLAMA_ERROR: JsonObject = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}

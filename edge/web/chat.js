@@ -1,16 +1,17 @@
 // The chat page: talks to this server's own API from the browser; the server renders nothing of the chat.
-// Model output is untrusted: it becomes HTML only through marked then DOMPurify, and the page's CSP
-// forbids inline script besides.
+// Model output is untrusted: it becomes HTML only through marked then DOMPurify (code then highlighted by
+// highlight.js, which escapes what it reads), and the page's CSP forbids inline script besides.
 "use strict";
 
 const KEY_STORAGE = "mlx-relay.api-key";
-const conversation = [];  // {role, content} in the browser only; "New chat" forgets it.
+let chat = null;  // The conversation shown: {id, title, created, updated, model, messages}.
+let cards = [];  // /v1/models' cards.
 let running = null;  // The AbortController of the reply being streamed.
 
 const $ = (id) => document.getElementById(id);
 
-function headers() {
-  const found = { "content-type": "application/json" };
+function headers(json = true) {
+  const found = json ? { "content-type": "application/json" } : {};
   const key = sessionStorage.getItem(KEY_STORAGE);
   if (key) found.authorization = `Bearer ${key}`;
   return found;
@@ -31,6 +32,9 @@ function askForKey(message) {
   $("key").focus();
 }
 
+const isSpeech = (card) => card.type === "speech-to-text";
+const reads = (card, what) => Boolean(card && (card.input_modalities || []).includes(what));
+
 async function loadModels() {
   const response = await fetch("/v1/models", { headers: headers() });
   if (response.status === 401) {
@@ -43,15 +47,25 @@ async function loadModels() {
     return;
   }
   $("key-prompt").hidden = true;
+  cards = (await response.json()).data;
   const select = $("model");
   select.replaceChildren();
-  for (const model of (await response.json()).data) {
+  for (const card of cards.filter((card) => !isSpeech(card))) {
     const option = document.createElement("option");
-    option.value = model.id;
-    option.textContent = model.id;
+    option.value = card.id;
+    option.textContent = card.id;
     select.append(option);
   }
+  $("mic").hidden = !cards.some(isSpeech);
+  modelChosen();
   setStatus(`${select.options.length} model(s)`);
+}
+
+function modelChosen() {
+  const card = cards.find((card) => card.id === $("model").value);
+  // A fleet's card says what its model reads only once it is loaded: until then images are offered, and the
+  // server refuses them by name if the model has no vision.
+  $("attach").hidden = !card || (card.input_modalities !== undefined && !reads(card, "image"));
 }
 
 function setStatus(text, isError = false) {
@@ -59,12 +73,37 @@ function setStatus(text, isError = false) {
   $("status").classList.toggle("error", isError);
 }
 
-function renderMarkdown(element, text) {
+function copyButton(label, text) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = "copy";
+  button.textContent = label;
+  button.setAttribute("aria-label", label === "Copy" ? "Copy message" : label);  // a name kept while it says "Copied"
+  button.addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(text());
+      button.textContent = "Copied";
+    } catch (error) {
+      button.textContent = "Copy failed";
+      setStatus(`The clipboard refused the copy: ${error.message || error}`, true);
+    }
+    setTimeout(() => { button.textContent = label; }, 1500);
+  });
+  return button;
+}
+
+function renderMarkdown(element, text, final) {
   const html = marked.parse(text, { gfm: true, breaks: false });
   element.innerHTML = DOMPurify.sanitize(html, {
     FORBID_TAGS: ["img", "style", "form", "input", "button", "iframe", "svg", "math"],
     FORBID_ATTR: ["style"],
   });
+  if (!final) return;
+  for (const code of element.querySelectorAll("pre code")) {
+    hljs.highlightElement(code);
+    const source = code.textContent.replace(/\n$/, "");  // marked ends a block with a newline of its own.
+    code.parentElement.before(copyButton("Copy code", () => source));
+  }
 }
 
 function addMessage(role) {
@@ -89,15 +128,93 @@ function assistantBox() {
   content.className = "content";
   const meta = document.createElement("div");
   meta.className = "meta";
-  box.append(reasoning, content, meta);
-  return { box, reasoning, reasoningBody, content, meta };
+  const actions = document.createElement("div");
+  actions.className = "actions";
+  box.append(reasoning, content, meta, actions);
+  return { box, reasoning, reasoningBody, content, meta, actions };
+}
+
+function actionButton(label, onClick) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.textContent = label;
+  button.addEventListener("click", onClick);
+  return button;
+}
+
+function showUser(message, index) {
+  const box = addMessage("user");
+  const text = document.createElement("div");
+  text.className = "content";
+  text.textContent = Store.text(message.content);
+  box.append(text);
+  if (typeof message.content !== "string") {
+    const images = message.content.filter((part) => part.type === "image_url").map((part) => part.image_url.url);
+    if (images.length) {
+      const row = document.createElement("div");
+      row.className = "thumbs";
+      row.append(...images.map((url) => Media.thumbnail(url, null)));
+      box.append(row);
+    }
+  }
+  const actions = document.createElement("div");
+  actions.className = "actions";
+  actions.append(copyButton("Copy", () => Store.text(message.content)), actionButton("Edit", () => edit(index, box)));
+  box.append(actions);
+}
+
+function showAssistant(message, index) {
+  const view = assistantBox();
+  renderMarkdown(view.content, message.content, true);
+  view.reasoningBody.textContent = message.reasoning || "";
+  view.reasoning.hidden = !message.reasoning;
+  view.meta.textContent = message.meta || "";
+  view.actions.append(copyButton("Copy", () => message.content));
+  if (index === chat.messages.length - 1) view.actions.append(actionButton("Regenerate", regenerate));
+}
+
+function showChat() {
+  $("conversation").replaceChildren();
+  chat.messages.forEach((message, index) => (message.role === "user" ? showUser : showAssistant)(message, index));
+}
+
+// Edit a user turn in place; sending it drops every later turn and asks again from there.
+function edit(index, box) {
+  if (running) return;
+  const message = chat.messages[index];
+  const field = document.createElement("textarea");
+  field.className = "edit";
+  field.setAttribute("aria-label", "Edit message");
+  field.value = Store.text(message.content);
+  const save = actionButton("Send", () => {
+    const text = field.value.trim();
+    if (!text) return;
+    const images = typeof message.content === "string" ? [] : message.content.filter((p) => p.type !== "text");
+    chat.messages.splice(index);
+    chat.messages.push({ role: "user", content: images.length ? [{ type: "text", text }, ...images] : text });
+    showChat();
+    generate();
+  });
+  const cancel = actionButton("Cancel", showChat);
+  field.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") showChat();
+  });
+  box.replaceChildren(field, save, cancel);
+  field.focus();
+}
+
+function regenerate() {
+  if (running || chat.messages.at(-1)?.role !== "assistant") return;
+  chat.messages.pop();
+  showChat();
+  generate();
 }
 
 function requestBody() {
   const messages = [];
   const system = $("system").value.trim();
   if (system) messages.push({ role: "system", content: system });
-  messages.push(...conversation);
+  messages.push(...chat.messages.map(({ role, content }) => ({ role, content })));
   const body = { model: $("model").value, messages, stream: true, stream_options: { include_usage: true } };
   const temperature = parseFloat($("temperature").value);
   if (!Number.isNaN(temperature)) body.temperature = temperature;
@@ -125,9 +242,18 @@ async function* ssePayloads(response) {
   }
 }
 
-async function send(text) {
-  conversation.push({ role: "user", content: text });
-  addMessage("user").textContent = text;
+function send(text) {
+  const images = Media.take();
+  const content = images.length
+    ? [{ type: "text", text }, ...images.map((url) => ({ type: "image_url", image_url: { url } }))]
+    : text;
+  chat.messages.push({ role: "user", content });
+  if (chat.messages.length === 1) chat.title = text.slice(0, 60);
+  showUser(chat.messages.at(-1), chat.messages.length - 1);
+  generate();
+}
+
+async function generate() {
   const view = assistantBox();
   running = new AbortController();
   $("send").disabled = true;
@@ -139,9 +265,10 @@ async function send(text) {
   let reasoning = "";
   let usage = null;
   let pending = false;
-  const paint = () => {
+  let failed = false;
+  const paint = (final = false) => {
     pending = false;
-    renderMarkdown(view.content, answer);
+    renderMarkdown(view.content, answer, final);
     view.reasoningBody.textContent = reasoning;
     view.reasoning.hidden = reasoning === "";
   };
@@ -166,7 +293,7 @@ async function send(text) {
         reasoning += thought;
         if (!pending) {
           pending = true;
-          requestAnimationFrame(paint);
+          requestAnimationFrame(() => paint());
         }
       }
     }
@@ -175,18 +302,24 @@ async function send(text) {
     if (error.name === "AbortError") {
       view.meta.textContent = `stopped. ${figures(started, firstToken, chunks)}`;
     } else {
+      failed = true;
       const line = document.createElement("p");
       line.className = "error";
       line.textContent = String(error.message || error);
       view.box.append(line);
     }
   } finally {
-    paint();
-    if (answer) conversation.push({ role: "assistant", content: answer });
+    paint(true);
     running = null;
     $("send").disabled = false;
     $("stop").disabled = true;
   }
+  if (answer || reasoning) {
+    chat.messages.push({ role: "assistant", content: answer, reasoning, meta: view.meta.textContent });
+  }
+  await saveChat();
+  // Redrawn with the reply's actions; a failed or empty reply keeps its box, saying why, until the next turn.
+  if (!failed && (answer || reasoning)) showChat();
 }
 
 function figures(started, firstToken, tokens) {
@@ -196,13 +329,104 @@ function figures(started, firstToken, tokens) {
   return `${tokens} tokens · TTFT ${Math.round(firstToken - started)} ms · ${rate} tok/s`;
 }
 
-function init() {
-  DOMPurify.addHook("afterSanitizeAttributes", (node) => {
-    if (node.tagName === "A") {
-      node.setAttribute("rel", "noopener noreferrer nofollow");
-      node.setAttribute("target", "_blank");
-    }
+function newChat() {
+  const now = Date.now();
+  return { id: crypto.randomUUID(), title: "New chat", created: now, updated: now, messages: [] };
+}
+
+async function saveChat() {
+  if (!chat.messages.length) return;
+  chat.updated = Date.now();
+  chat.model = $("model").value;
+  await Store.put(chat);
+  await listChats();
+}
+
+async function listChats() {
+  const list = $("chats");
+  const items = (await Store.all()).map((saved) => {
+    const item = document.createElement("li");
+    item.classList.toggle("current", saved.id === chat.id);
+    const open = actionButton(saved.title, () => openChat(saved));
+    open.className = "open";
+    open.setAttribute("aria-current", String(saved.id === chat.id));
+    const rename = actionButton("Rename", async () => {
+      const title = prompt("Rename the conversation", saved.title);
+      if (!title || !title.trim()) return;
+      saved.title = title.trim();
+      if (saved.id === chat.id) chat.title = saved.title;
+      await Store.put(saved);
+      await listChats();
+    });
+    const remove = actionButton("Delete", async () => {
+      if (!confirm(`Delete "${saved.title}"?`)) return;
+      await Store.remove(saved.id);
+      if (saved.id === chat.id) startChat();
+      await listChats();
+    });
+    rename.setAttribute("aria-label", `Rename ${saved.title}`);
+    remove.setAttribute("aria-label", `Delete ${saved.title}`);
+    item.append(open, rename, remove);
+    return item;
   });
+  list.replaceChildren(...items);
+}
+
+function openChat(saved) {
+  if (running) running.abort();
+  chat = saved;
+  if ([...$("model").options].some((option) => option.value === saved.model)) $("model").value = saved.model;
+  modelChosen();
+  showChat();
+  listChats();
+}
+
+function startChat() {
+  if (running) running.abort();
+  chat = newChat();
+  Media.take();
+  $("conversation").replaceChildren();
+  listChats();
+}
+
+async function dictate() {
+  const mic = $("mic");
+  if (mic.getAttribute("aria-pressed") === "true") {
+    Media.stopRecording();
+    return;
+  }
+  const speech = cards.find(isSpeech);
+  try {
+    const recorded = Media.startRecording();
+    mic.setAttribute("aria-pressed", "true");
+    mic.textContent = "Stop mic";
+    setStatus("Recording… press the button again to stop.");
+    const audio = await Media.wav(await recorded);
+    mic.setAttribute("aria-pressed", "false");
+    mic.textContent = "Mic";
+    setStatus("Transcribing…");
+    const form = new FormData();
+    form.append("file", audio, "speech.wav");
+    form.append("model", speech.id);
+    const response = await fetch("/v1/audio/transcriptions", { method: "POST", headers: headers(false), body: form });
+    if (!response.ok) throw new Error(await errorText(response));
+    const text = (await response.json()).text.trim();
+    $("prompt").value = [$("prompt").value.trim(), text].filter(Boolean).join(" ");
+    setStatus(`Transcribed ${audio.size} bytes of audio.`);
+    $("prompt").focus();
+  } catch (error) {
+    mic.setAttribute("aria-pressed", "false");
+    mic.textContent = "Mic";
+    setStatus(String(error.message || error), true);
+  }
+}
+
+function imagesFrom(transfer) {
+  const files = [...(transfer ? transfer.files : [])].filter((file) => file.type.startsWith("image/"));
+  return $("attach").hidden ? [] : files;
+}
+
+function wireComposer() {
   $("composer").addEventListener("submit", (event) => {
     event.preventDefault();
     const text = $("prompt").value.trim();
@@ -216,18 +440,49 @@ function init() {
       $("composer").requestSubmit();
     }
   });
-  $("stop").addEventListener("click", () => running && running.abort());
-  $("new-chat").addEventListener("click", () => {
-    if (running) running.abort();
-    conversation.length = 0;
-    $("conversation").replaceChildren();
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && running) running.abort();
   });
+  $("stop").addEventListener("click", () => running && running.abort());
+  $("attach").addEventListener("click", () => $("image-input").click());
+  $("image-input").addEventListener("change", async () => {
+    await Media.add($("image-input").files);
+    $("image-input").value = "";
+  });
+  $("prompt").addEventListener("paste", (event) => {
+    const files = imagesFrom(event.clipboardData);
+    if (files.length) {
+      event.preventDefault();
+      Media.add(files);
+    }
+  });
+  document.addEventListener("dragover", (event) => event.preventDefault());
+  document.addEventListener("drop", (event) => {
+    event.preventDefault();
+    Media.add(imagesFrom(event.dataTransfer));
+  });
+  $("mic").addEventListener("click", dictate);
+  $("model").addEventListener("change", modelChosen);
+}
+
+function init() {
+  DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+    if (node.tagName === "A") {
+      node.setAttribute("rel", "noopener noreferrer nofollow");
+      node.setAttribute("target", "_blank");
+    }
+  });
+  wireComposer();
+  $("new-chat").addEventListener("click", startChat);
+  $("export-md").addEventListener("click", () => Store.exportAs(chat, "md"));
+  $("export-json").addEventListener("click", () => Store.exportAs(chat, "json"));
   $("key-form").addEventListener("submit", (event) => {
     event.preventDefault();
     sessionStorage.setItem(KEY_STORAGE, $("key").value.trim());
     $("key").value = "";
     loadModels();
   });
+  startChat();
   loadModels();
 }
 

@@ -32,11 +32,16 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # A microphone that plays a tone and needs no permission prompt, for the voice button's test.
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
 ]
 KEY = "sk-page-test"
 LONG = 2000
 NOTICE = 30.0
 WAIT_MS = 60_000
+# Each open page's script errors and CSP refusals, by id(page); the `page` fixture fails a test that leaves any.
+FAULTS: dict[int, list[str]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +63,16 @@ def browser() -> Iterator[Browser]:
 def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context()
     opened = context.new_page()
+    # Any script error, or anything the page tried that its CSP refused, fails the test that caused it.
+    faults = FAULTS.setdefault(id(opened), [])
+    opened.on("pageerror", lambda error: faults.append(f"script error: {error}"))
+    opened.on(
+        "console", lambda message: faults.append(message.text) if "Content Security Policy" in message.text else None
+    )
     yield opened
     context.close()
+    del FAULTS[id(opened)]
+    assert faults == [], faults
 
 
 def open_page(page: Page, server: Server) -> None:
@@ -169,6 +182,11 @@ def test_hostile_markdown_is_rendered_inert_and_reasoning_folds(page: Page, serv
     hrefs = content.evaluate("c => [...c.querySelectorAll('a')].map(a => a.getAttribute('href'))")
     assert not any(href and href.strip().lower().startswith("javascript:") for href in hrefs), hrefs
     assert page.title() != "pwned"
+    # DOMPurify parses the hostile HTML before it drops the handlers, and Chromium's CSP refuses them there:
+    # the policy doing its work, the only refusals a page may meet.
+    refused = FAULTS[id(page)]
+    assert all("inline event handler" in fault for fault in refused), refused
+    refused.clear()
     reasoning = page.locator(".message.assistant details.reasoning")
     expect(reasoning).to_be_visible()
     assert reasoning.get_attribute("open") is None
