@@ -23,8 +23,9 @@ from pipeline.channels import Channel, open_channel
 from pipeline.errors import ErrorKind, RequestError, invalid
 from pipeline.requests import JsonObject, JsonValue
 from pipeline.settings import Settings
-from stages.models.pull import Fitted, Listed, Progress, Pulled, PullError, PullEvent, Verifying, pull
+from stages.models.pull import Converting, Fitted, Listed, Progress, Pulled, PullError, PullEvent, Verifying
 from stages.models.pull_cache import remove_model
+from stages.models.pull_gguf import pull_model
 from stages.models.sku import planning_of
 from stages.prompt.parse import load_json
 from wire.sse import dumps
@@ -40,7 +41,7 @@ _HUB_PREFIXES = ("hf.co/", "huggingface.co/")
 async def pull_sse() -> Response:
     """`{"model": "owner/name[:revision]", "force": false}` → SSE: manifest, fit, progress, verifying, success."""
     body = await _body()
-    reference, force = _reference(body), body.get("force") is True
+    reference, force = _reference(body, keep_prefix=True), body.get("force") is True
     return Response(_sse(_events(reference, force)), content_type="text/event-stream")
 
 
@@ -48,7 +49,7 @@ async def pull_sse() -> Response:
 async def pull_ollama() -> Response:
     """Ollama's pull: NDJSON status lines, or with `"stream": false` the last line alone."""
     body = await _body()
-    frames = _ndjson(_events(_reference(body), False))
+    frames = _ndjson(_events(_reference(body, keep_prefix=True), False))
     if body.get("stream") is False:
         last = b""
         async for frame in frames:
@@ -75,10 +76,13 @@ async def _body() -> JsonObject:
     return value
 
 
-def _reference(body: JsonObject) -> str:
+def _reference(body: JsonObject, *, keep_prefix: bool = False) -> str:
+    """The model named; a pull keeps Ollama's `hf.co/` prefix, under which a tag names a GGUF quantization."""
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         raise invalid("'model' must name a Hugging Face repository: 'owner/name[:revision]'", param="model")
+    if keep_prefix:
+        return name
     for prefix in _HUB_PREFIXES:
         name = name.removeprefix(prefix)
     return name
@@ -95,7 +99,7 @@ async def _events(reference: str, force: bool) -> AsyncIterator[PullEvent | Pull
 
     def work() -> None:
         try:
-            pull(reference, on_event=send, planning=planning, force=force)
+            pull_model(reference, on_event=send, planning=planning, force=force)
         except PullError as error:
             send(error)
         finally:
@@ -136,6 +140,8 @@ def _openai_frame(item: PullEvent | PullError) -> JsonValue:
         }
     if isinstance(item, Verifying):
         return {"status": "verifying", "file": item.file.name, "digest": item.file.digest}
+    if isinstance(item, Converting):
+        return {"status": "converting", "file": item.file.name}
     return {"status": "success", "model": item.manifest.repo, "commit": item.manifest.commit}
 
 
@@ -158,6 +164,8 @@ def _ollama_frame(item: PullEvent | PullError) -> JsonValue | None:
         return {"status": status, "digest": digest, "total": item.file.size, "completed": item.completed}
     if isinstance(item, Verifying):
         return {"status": "verifying sha256 digest"}
+    if isinstance(item, Converting):
+        return {"status": f"converting {item.file.name}"}
     if isinstance(item, Pulled):
         return {"status": "success"}
     return None

@@ -31,6 +31,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.imports import circles, imported, resolved
+from tests.repo_files import BENCH_OUT
 
 DESIGN = REPO / "docs" / "DESIGN.md"
 MLX = {"mlx", "mlx_lm"}
@@ -143,9 +144,14 @@ def row_of(relative: str, rules: Mapping[str, Rule]) -> Rule | None:
     return rules[max(holding, key=len)] if holding else None
 
 
+def _under(root: str, pattern: str) -> list[Path]:
+    """The files under a code root named by `pattern`, leaving out what the benches write (git ignores it)."""
+    return [path for path in (REPO / root).rglob(pattern) if BENCH_OUT not in path.parents]
+
+
 def sources() -> list[Path]:
     found = sorted(
-        path for root in CODE_ROOTS for path in ([REPO / root] if root.endswith(".py") else (REPO / root).rglob("*.py"))
+        path for root in CODE_ROOTS for path in ([REPO / root] if root.endswith(".py") else _under(root, "*.py"))
     )
     assert found, "no sources found"
     return found
@@ -195,7 +201,7 @@ def test_the_table_names_every_folder_and_only_real_paths() -> None:
         f"{init.parent.relative_to(REPO).as_posix()}/"
         for root in CODE_ROOTS
         if not root.endswith(".py")
-        for init in (REPO / root).rglob("__init__.py")
+        for init in _under(root, "__init__.py")
     }
     assert packages - set(RULES) == set()
     named = {entry for rule in RULES.values() for entry in rule.allowed} | {path for path in RULES if path != "docs/"}
@@ -337,7 +343,7 @@ def test_every_package_is_installed_type_checked_and_first_party() -> None:
         init.parent.relative_to(REPO).as_posix().replace("/", ".")
         for root in CODE_ROOTS
         if not root.endswith(".py") and root not in ("bench", "deploy")
-        for init in (REPO / root).rglob("__init__.py")
+        for init in _under(root, "__init__.py")
     }
     tops = {name.split(".")[0] for name in shipped}
     modules = {root.removesuffix(".py") for root in CODE_ROOTS if root.endswith(".py")}

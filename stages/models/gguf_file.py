@@ -10,13 +10,16 @@ data), and hands each tensor's blocks over as a read-only memory map, for
 
 Takes a path; gives `GGUFFile` (metadata as Python values, tensors in
 numpy's row-major shape). Owns nothing past the call but the memory map.
+`read_header` reads the header alone from anything that reads bytes in
+order: a pull plans from the first bytes of a download
+(`stages/models/gguf_header.py`).
 """
 
 from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
@@ -79,6 +82,22 @@ class GGUFFile:
     tensors: dict[str, GGUFTensor]
 
 
+@attrs.frozen
+class GGUFHeader:
+    """What precedes a GGUF file's tensor data: its metadata and tensor records, and where the data starts."""
+
+    metadata: dict[str, Any]
+    # (name, ggml type, dimensions innermost first, offset from the data's start) per tensor.
+    records: list[tuple[str, int, tuple[int, ...], int]]
+    data_start: int
+
+
+class Readable(Protocol):
+    def read(self, size: int, /) -> bytes: ...
+
+    def tell(self) -> int: ...
+
+
 def read_gguf_file(path: Path) -> GGUFFile:
     """The metadata and tensors of GGUF file `path`.
 
@@ -87,16 +106,29 @@ def read_gguf_file(path: Path) -> GGUFFile:
             whose block size is not known here.
     """
     with path.open("rb") as handle:
+        header = read_header(handle, str(path))
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    start = header.data_start
+    tensors = {name: _tensor(mapped, name, kind, dims, start + at) for name, kind, dims, at in header.records}
+    return GGUFFile(metadata=header.metadata, tensors=tensors)
+
+
+def read_header(handle: Readable, source: str) -> GGUFHeader:
+    """The header of the GGUF file `handle` reads from its first byte (a file, or the start of a download).
+
+    Raises:
+        GGUFError: not a GGUF file of version 2 or 3, or it ends inside its header.
+    """
+    try:
         magic, version, tensor_count, kv_count = struct.unpack("<4sIQQ", handle.read(24))
         if magic != b"GGUF" or version not in (2, 3):
-            raise GGUFError(f"{path} is not a GGUF file of version 2 or 3")
+            raise GGUFError(f"{source} is not a GGUF file of version 2 or 3")
         metadata = {_string(handle): _value(handle, _u32(handle)) for _ in range(kv_count)}
         records = [_tensor_record(handle) for _ in range(tensor_count)]
-        alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        start = -(-handle.tell() // alignment) * alignment
-    mapped = np.memmap(path, dtype=np.uint8, mode="r")
-    tensors = {name: _tensor(mapped, name, kind, dims, start + offset) for name, kind, dims, offset in records}
-    return GGUFFile(metadata=metadata, tensors=tensors)
+    except struct.error:
+        raise GGUFError(f"{source} ends inside its GGUF header") from None
+    alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    return GGUFHeader(metadata=metadata, records=records, data_start=-(-handle.tell() // alignment) * alignment)
 
 
 def _tensor(mapped: np.memmap[Any, Any], name: str, kind: int, dims: tuple[int, ...], at: int) -> GGUFTensor:
@@ -108,7 +140,7 @@ def _tensor(mapped: np.memmap[Any, Any], name: str, kind: int, dims: tuple[int, 
     return GGUFTensor(name, kind, tuple(reversed(dims)), mapped[at : at + count // values * size])
 
 
-def _tensor_record(handle: BinaryIO) -> tuple[str, int, tuple[int, ...], int]:
+def _tensor_record(handle: Readable) -> tuple[str, int, tuple[int, ...], int]:
     name = _string(handle)
     rank = _u32(handle)
     dims = struct.unpack(f"<{rank}Q", handle.read(8 * rank))
@@ -116,7 +148,7 @@ def _tensor_record(handle: BinaryIO) -> tuple[str, int, tuple[int, ...], int]:
     return name, kind, dims, offset
 
 
-def _value(handle: BinaryIO, kind: int) -> Any:
+def _value(handle: Readable, kind: int) -> Any:
     if kind == _STRING:
         return _string(handle)
     if kind == _ARRAY:
@@ -131,11 +163,11 @@ def _value(handle: BinaryIO, kind: int) -> Any:
     return struct.unpack(f"<{fmt}", handle.read(struct.calcsize(fmt)))[0]
 
 
-def _string(handle: BinaryIO) -> str:
+def _string(handle: Readable) -> str:
     (length,) = struct.unpack("<Q", handle.read(8))
     return handle.read(length).decode("utf-8", errors="replace")
 
 
-def _u32(handle: BinaryIO) -> int:
+def _u32(handle: Readable) -> int:
     value: int = struct.unpack("<I", handle.read(4))[0]
     return value

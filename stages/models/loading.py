@@ -19,6 +19,7 @@ from pipeline.requests import JsonValue
 from stages.models.builtin import BUILTIN_MODELS, DEFAULT_MODEL, builtin_model_path
 from stages.models.load_progress import CONVERTING, FETCHING, READING_TOKENIZER, READING_WEIGHTS, record
 from stages.models.mlx_internals import byte_decoder, keep_leading_space, local_model_path
+from stages.models.pull_gguf import converted_gguf
 
 # `MLX_RELAY_MODEL=shaped:<name>` serves a shape-true random-weight model (stages/models/shaped.py).
 SHAPED = "shaped:"
@@ -123,7 +124,8 @@ def resolve_model(model: str | None, *, demo: str = DEFAULT_MODEL, name: str | N
 
     Args:
         model: a built-in model's name (`BUILTIN_MODELS`), a local directory,
-            a Hugging Face repo id, or `shaped:<name>` (a shape-true
+            a Hugging Face repo id (a GGUF repository pulled with `mlx-relay pull`
+            is served as its conversion), or `shaped:<name>` (a shape-true
             random-weight model, built once and cached); None serves
             built-in model `demo`. A built-in name wins over a directory of
             that name (`./tiny`).
@@ -149,6 +151,9 @@ def resolve_model(model: str | None, *, demo: str = DEFAULT_MODEL, name: str | N
         from stages.models.shaped import ensure_shaped_model
 
         path, served = ensure_shaped_model(model.removeprefix(SHAPED)), f"mlx-relay/{model}"
+    elif (converted := converted_gguf(model)) is not None:
+        # A GGUF repository pulled into the Hugging Face cache: its mlx-lm conversion, with no network.
+        path, served = converted, model
     else:
         path, served = local_model_path(model), model
     config = load_config(path)

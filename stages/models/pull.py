@@ -29,7 +29,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".npz")
 
 
 class PullError(Exception):
-    """A pull that failed, told in one line; `kind` is not_found, too_big, checksum or network."""
+    """A pull that failed, told in one line; `kind` is not_found, too_big, checksum, network, or for a GGUF
+    repository ambiguous (several files, none named) or unsupported (an architecture or type not converted)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -80,12 +81,21 @@ class Verifying:
 
 
 @attrs.frozen(kw_only=True)
+class Converting:
+    """A GGUF file, pulled and checked, being converted into an mlx-lm directory (stages/models/pull_gguf.py)."""
+
+    file: RemoteFile
+
+
+@attrs.frozen(kw_only=True)
 class Pulled:
+    """The end of a pull: the snapshot, or a GGUF repository's converted directory."""
+
     path: Path
     manifest: Manifest
 
 
-PullEvent = Listed | Fitted | Progress | Verifying | Pulled
+PullEvent = Listed | Fitted | Progress | Verifying | Converting | Pulled
 
 
 def split_reference(reference: str) -> tuple[str, str]:
@@ -185,18 +195,29 @@ def pull(
     on_event(Listed(manifest=manifest))
     fitted = check_fit(manifest, hub, planning or Planning())
     on_event(fitted)
+    snapshot = fetch_manifest(manifest, fitted, hub, on_event, force=force)
+    on_event(Pulled(path=snapshot, manifest=manifest))
+    return snapshot
+
+
+def fetch_manifest(
+    manifest: Manifest, fitted: Fitted, hub: Hub, on_event: Callable[[PullEvent], None], *, force: bool
+) -> Path:
+    """The manifest's files into the cache, each checked, its ref written last; the snapshot directory.
+
+    Raises:
+        PullError: `too_big` where `fitted` says it does not fit (unless `force`), `checksum` or `network`.
+    """
     if fitted.verdict is not None and not fitted.verdict.fits and not force:
-        raise PullError("too_big", f"{repo} {fitted.summary}; nothing was downloaded")
+        raise PullError("too_big", f"{manifest.repo} {fitted.summary}; nothing was downloaded")
     undo = _Undo.before(hub.cache(), manifest)
     try:
         _fetch_all(manifest, hub, on_event)
     except BaseException:
         undo.run()
         raise
-    snapshot = undo.storage / "snapshots" / manifest.commit
-    _write_ref(undo.storage, revision, manifest.commit)
-    on_event(Pulled(path=snapshot, manifest=manifest))
-    return snapshot
+    _write_ref(undo.storage, manifest.revision, manifest.commit)
+    return undo.storage / "snapshots" / manifest.commit
 
 
 def _fetch_all(manifest: Manifest, hub: Hub, on_event: Callable[[PullEvent], None]) -> None:

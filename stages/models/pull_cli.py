@@ -18,8 +18,9 @@ from typing import TextIO
 import attrs
 
 from pipeline.settings import Settings
-from stages.models.pull import Fitted, Listed, Progress, Pulled, PullError, PullEvent, pull
+from stages.models.pull import Converting, Fitted, Listed, Progress, Pulled, PullError, PullEvent
 from stages.models.pull_cache import cached_models, remove_model
+from stages.models.pull_gguf import pull_model
 from stages.models.sku import APPLE_MEMORY_GB, Planning, Verdict, describe, planning_of
 
 USAGE_ERROR = 2
@@ -35,7 +36,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Download REPO[:REVISION] through huggingface_hub (HF_ENDPOINT, HF_HUB_CACHE, HF_TOKEN apply), "
         "after checking it fits this machine; each file is checked against the Hub's digest.",
     )
-    fetch.add_argument("reference", metavar="REPO[:REVISION]")
+    fetch.add_argument("reference", metavar="REPO[:REVISION]", help="also REPO:FILE.gguf, or hf.co/REPO:QUANT")
+    fetch.add_argument("--file", help="the GGUF file to take from a repository of several (it is then converted)")
     fetch.add_argument("--force", action="store_true", help="download even a model that does not fit this machine")
     listing = commands.add_parser("models", help="list the models in the Hugging Face cache: size and fit")
     listing.add_argument("--fit", action="store_true", help="whether each fits the common Apple machines (8-512 GB)")
@@ -47,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the chosen subcommand; its exit status (2 with one line on stderr for a failure a user can fix)."""
     try:
         if args.command == "pull":
-            return _pull(args.reference, force=args.force)
+            return _pull(args.reference, force=args.force, file=args.file)
         if args.command == "models":
             return _models(fit=args.fit)
         remove_model(args.repo)
@@ -62,9 +64,9 @@ def planning() -> Planning:
     return planning_of(Settings.from_env())
 
 
-def _pull(reference: str, *, force: bool) -> int:
+def _pull(reference: str, *, force: bool, file: str | None) -> int:
     display = ProgressLine(sys.stderr)
-    path = pull(reference, on_event=display.show, planning=planning(), force=force)
+    path = pull_model(reference, on_event=display.show, planning=planning(), force=force, file=file)
     print(path)
     return 0
 
@@ -87,6 +89,9 @@ class ProgressLine:
             self._say(f"this machine: {event.summary}")
         elif isinstance(event, Progress):
             self._progress(event)
+        elif isinstance(event, Converting):
+            self._end_line()
+            self._say(f"converting {event.file.name} to an mlx-lm directory (once)")
         elif isinstance(event, Pulled):
             self._end_line()
             self._say(f"pulled and checked in {time.monotonic() - self.started:.1f} s")
