@@ -169,6 +169,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="refuse request fields this server does not know with a 400 naming them (MLX_RELAY_STRICT_FIELDS)",
     )
+    serve.add_argument(
+        "--mcp-allow",
+        metavar="PREFIXES",
+        help="URL prefixes, comma-separated, of the remote MCP servers a request may have this server call "
+        "(MLX_RELAY_MCP_ALLOW; default none; docs/apis.md)",
+    )
     serve.add_argument("--loop", choices=("asyncio", "uvloop"), help="the event loop (MLX_RELAY_LOOP; default asyncio)")
     serve.add_argument("--no-web", action="store_true", help="no chat page at / (MLX_RELAY_WEB=0)")
     serve.add_argument(
@@ -236,6 +242,7 @@ def _export(args: argparse.Namespace) -> None:
         "reset_store": "1" if args.reset_store else None,
         "shard": args.shard,
         "strict_fields": "1" if args.strict_fields else None,
+        "mcp_allow": args.mcp_allow,
         "loop": args.loop,
         "embedding_model": args.embedding_model,
         "adapters": args.adapters,

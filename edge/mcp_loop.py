@@ -4,18 +4,21 @@ Each round is one generation through the engine with the conversation so far (th
 keeps the KV of the earlier part, so a round prefills only what the last one added). A round that
 ends in calls to MCP tools has them run here and goes on; one that ends in text, in a call to the
 client's own tools, or in a call that needs the client's approval ends the turn. `max_tool_calls`
-(else `MAX_CALLS`) bounds the calls: past it the model is offered no tools and must answer.
+(else `MAX_CALLS`) bounds the calls: past it, as OpenAI documents, a call the model makes is ignored.
+The tools stay in every round's prompt, so that each round's prompt extends the last one's and
+reuses its KV (a round offered no tools would render another system prompt and prefill it all).
 
-`steps` yields each output item as it opens ("added") and as it ends ("done"), so the route can
-stream them or collect the finished items (edge/mcp_route.py).
+`steps` yields each output item as it opens ("added") and as it ends ("done"), and a message's or
+reasoning's text in pieces as the model writes it ("delta", wire/responses_mcp_round.py), so the
+route can stream them or collect the finished items (edge/mcp_route.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Literal
 
 import attrs
+import structlog
 
 from edge.aliases import with_model
 from edge.choice import chosen, current_defaults, model_named
@@ -27,7 +30,6 @@ from pipeline.errors import invalid
 from pipeline.events import CompletionEvent, FinishReason, Summary, Usage
 from pipeline.requests import Accepted, JsonObject, JsonValue, Tool, ToolChoice, ToolChoiceMode
 from stages.messages import ReadBody
-from wire.responses import output_items
 from wire.responses_mcp import (
     McpServer,
     approval_item,
@@ -36,15 +38,16 @@ from wire.responses_mcp import (
     finished_call,
     offered,
 )
+from wire.responses_mcp_round import RoundItems, Step
 from wire.responses_requests import ResponsesRequest, to_chat
+
+log = structlog.get_logger(stage="mcp")
 
 # Calls one response may make when the request sets no `max_tool_calls`.
 MAX_CALLS = 8
 _DECLINED: JsonObject = {"type": "mcp_tool_execution_error", "content": "The user declined this call."}
 
 _GOES_ON = ("mcp_call", "reasoning")
-Phase = Literal["added", "done"]
-Step = tuple[Phase, JsonObject]
 
 
 @attrs.define(kw_only=True)
@@ -81,16 +84,14 @@ class McpLoop:
             yield step
         choice = self._first_choice()
         while True:
-            items = await self._round(choice)
             calls, before = self._calls, len(self.output)
-            for item in items:
-                async for step in self._on_item(item):
-                    yield step
+            async for step in self._round(choice):
+                yield step
             # Text, a call of the client's or an approval request ends the turn; only MCP calls go on.
             ends = any(item.get("type") not in _GOES_ON for item in self.output[before:])
             if ends or self._calls == calls or self._cut:
                 return
-            choice = ToolChoice(mode=ToolChoiceMode.NONE if self._calls >= self._bound else ToolChoiceMode.AUTO)
+            choice = ToolChoice(mode=ToolChoiceMode.AUTO)
 
     async def _emit_list(self, server: McpServer) -> JsonObject:
         listing = await list_tools(server)
@@ -129,6 +130,9 @@ class McpLoop:
             yield "added", item
             self._out(item)
             yield "done", item
+            return
+        if self._calls >= self._bound:
+            log.info("mcp.call_ignored", tool=item.get("name"), max_tool_calls=self._bound)
             return
         server = entry[0]
         arguments, name = str(item.get("arguments", "")), str(item["name"])
@@ -175,19 +179,33 @@ class McpLoop:
         self.output.append(item)
         self._seen.append(item)
 
-    async def _round(self, choice: ToolChoice) -> list[JsonObject]:
+    async def _round(self, choice: ToolChoice) -> AsyncIterator[Step]:
+        """One generation: its text as it comes, then each call it made, run or held for approval."""
         mcp_tools = tuple(tool for name, (_s, tool) in self._tools.items() if name not in self.decoded.tool_specs)
         tools = self.decoded.tools + mcp_tools
         if not tools:
             choice = ToolChoice()
         request = attrs.evolve(self.decoded, input=(*self.decoded.input, *self._seen), tools=tools, tool_choice=choice)
         chat = to_chat(request, self.history, self.instructions)
-        events, summary = await self._generate(lambda _body: chat)
-        self.summary = summary
-        self.usage = _added(self.usage, summary.usage)
-        return output_items(events, cut=summary.finish_reason is FinishReason.LENGTH, specs=self.decoded.tool_specs)
+        items = RoundItems(specs=self.decoded.tool_specs)
+        async for event in self._generate(lambda _body: chat):
+            for step in items.feed(event):
+                yield self._kept(step)
+        assert self.summary is not None
+        closing, calls = items.end(cut=self._cut)
+        for step in closing:
+            yield self._kept(step)
+        for item in calls:
+            async for step in self._on_item(item):
+                yield step
 
-    async def _generate(self, decode: Callable[[JsonValue], object]) -> tuple[list[CompletionEvent], Summary]:
+    def _kept(self, step: Step) -> Step:
+        if step[0] == "done":
+            self._out(step[1])
+        return step
+
+    async def _generate(self, decode: Callable[[JsonValue], object]) -> AsyncIterator[CompletionEvent]:
+        """The round's events as the engine sends them; then `summary` and `usage` hold its end."""
         client = current_client()
         model, body = model_named(ReadBody(self.raw))
         async with chosen(model) as engine:
@@ -196,10 +214,13 @@ class McpLoop:
         client.on_gone(reply.close)
         with reply:
             self.accepted = await reply.accepted()
-            events = [event async for batch in reply for event in batch]
+            async for batch in reply:
+                for event in batch:
+                    yield event
         if reply.closed:
             raise ReplyClosed("the client has gone")
-        return events, reply.summary
+        self.summary = reply.summary
+        self.usage = _added(self.usage, reply.summary.usage)
 
 
 def _earlier_listings(history: tuple[JsonObject, ...]) -> dict[str, JsonObject]:

@@ -2,7 +2,7 @@
 
 The allow-list is checked before anything is called (a server it does not list is a 400 naming the
 tool). Unstreamed, the finished items make one response object; streamed, each item's events go out
-as it opens and ends (wire/responses_mcp_stream.py), under one run of sequence numbers. Either way
+as it opens, grows and ends (wire/responses_mcp_stream.py), under one run of sequence numbers. Either way
 the finished response is stored, as any Responses turn is, before the client is told it finished.
 """
 
@@ -68,7 +68,10 @@ async def _stream(turn: ResponsesTurn, loop: McpLoop, raw: JsonValue) -> AsyncIt
     yield events.opening(snapshot)
     try:
         async for phase, item in loop.steps():
-            yield events.added(item) if phase == "added" else events.done(item)
+            if phase == "delta":
+                yield events.delta(item)
+            else:
+                yield events.added(item) if phase == "added" else events.done(item)
         body = _final(turn, loop)
         if turn.decoded.store:
             await turn.save(body)

@@ -5,7 +5,8 @@ opens and when it is done. The events are OpenAI's, in its order, with one run o
 numbers: an `mcp_list_tools` item's `response.mcp_list_tools.in_progress` then `.completed` (or
 `.failed`), an `mcp_call`'s `response.mcp_call_arguments.delta|done` and
 `response.mcp_call.in_progress` when it opens, `response.mcp_call.completed|failed` when its server
-answers; a message's text comes in one `response.output_text.delta` once its round is done.
+answers; a message's or reasoning's text as it comes, one `response.output_text.delta` (or
+`response.reasoning_text.delta`) a piece (wire/responses_mcp_round.py), between its part's added and done.
 """
 
 from __future__ import annotations
@@ -44,7 +45,15 @@ class McpEvents:
         frames = self._event("response.output_item.added", output_index=at, item=_opened(item))
         if kind == "mcp_list_tools":
             frames += self._event("response.mcp_list_tools.in_progress", item_id=_id(item), output_index=at)
+        elif kind in ("message", "reasoning"):
+            frames += self._event("response.content_part.added", **self._where(item), part=_part(kind, ""))
         return frames
+
+    def delta(self, piece: JsonObject) -> bytes:
+        """A piece of the open message's or reasoning's text: `piece` is `{"id", "type", "delta"}`."""
+        if piece.get("type") == "message":
+            return self._event("response.output_text.delta", **self._where(piece), delta=piece["delta"], logprobs=[])
+        return self._event("response.reasoning_text.delta", **self._where(piece), delta=piece["delta"])
 
     def done(self, item: JsonObject) -> bytes:
         kind, at, item_id = item.get("type"), self._index, _id(item)
@@ -78,22 +87,19 @@ class McpEvents:
         return self._event("response.failed", response=response)
 
     def _text(self, item: JsonObject) -> bytes:
-        """A message's or reasoning's parts: each one's delta, done and part done."""
-        message = item.get("type") == "message"
-        frames = b""
+        """The end of a message's or reasoning's one part, whose pieces have gone out as deltas."""
         content = item.get("content")
-        for part_index, part in enumerate(content if isinstance(content, list) else []):
-            assert isinstance(part, dict)
-            text = part.get("text", "")
-            empty: JsonObject = {**part, "text": ""}
-            where: JsonObject = {"item_id": _id(item), "output_index": self._index, "content_index": part_index}
-            extra: JsonObject = {"logprobs": []} if message else {}
-            prefix = "response.output_text" if message else "response.reasoning_text"
-            frames += self._event("response.content_part.added", **where, part=empty)
-            frames += self._event(f"{prefix}.delta", **where, delta=text, **extra)
-            frames += self._event(f"{prefix}.done", **where, text=text, **extra)
-            frames += self._event("response.content_part.done", **where, part=part)
-        return frames
+        part = content[0] if isinstance(content, list) and content else _part(str(item.get("type")), "")
+        assert isinstance(part, dict)
+        text = part.get("text", "")
+        if item.get("type") == "message":
+            frames = self._event("response.output_text.done", **self._where(item), text=text, logprobs=[])
+        else:
+            frames = self._event("response.reasoning_text.done", **self._where(item), text=text)
+        return frames + self._event("response.content_part.done", **self._where(item), part=part)
+
+    def _where(self, item: JsonObject) -> JsonObject:
+        return {"item_id": _id(item), "output_index": self._index, "content_index": 0}
 
     def _event(self, event_type: str, **data: JsonValue) -> bytes:
         payload: JsonObject = {"type": event_type, "sequence_number": self._sequence, **data}
@@ -103,6 +109,12 @@ class McpEvents:
 
 def _id(item: JsonObject) -> str:
     return str(item.get("id"))
+
+
+def _part(kind: str, text: str) -> JsonObject:
+    if kind == "message":
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "reasoning_text", "text": text}
 
 
 def _opened(item: JsonObject) -> JsonObject:

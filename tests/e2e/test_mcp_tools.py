@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import openai
 import pytest
@@ -38,6 +38,11 @@ def _mcp_app() -> Starlette:
     def echo(text: str) -> str:
         """Say the text back."""
         return f"echo:{text}"
+
+    @tools.tool()
+    def flip(side: Literal["heads", "tails"]) -> str:
+        """Call a coin's side."""
+        return f"called:{side}"
 
     http, sse = tools.streamable_http_app(), tools.sse_app()
     return Starlette(routes=[*http.routes, *sse.routes], lifespan=http.router.lifespan_context)
@@ -96,7 +101,7 @@ def test_lists_calls_and_answers(relay: Server, mcp_url: str) -> None:
         tools=[tool],
         max_tool_calls=1,
         tool_choice=_forced("add"),
-        max_output_tokens=100,
+        max_output_tokens=1008,
     )
     assert not [item for item in follow.output if item.type == "mcp_list_tools"]
     assert follow.output[0].type == "mcp_call"
@@ -112,7 +117,7 @@ def test_streamed_events_in_order(relay: Server, mcp_url: str) -> None:
             tools=[_tool(f"{mcp_url}/sse")],
             tool_choice=_forced("add"),
             max_tool_calls=1,
-            max_output_tokens=100,
+            max_output_tokens=1008,
             stream=True,
         )
     )
@@ -147,7 +152,7 @@ def test_approval_round_trip(relay: Server, mcp_url: str) -> None:
     client = relay.client()
     tool = _tool(f"{mcp_url}/mcp", require_approval={"never": {"tool_names": ["echo"]}})
     asked = client.responses.create(
-        model="tiny", input="add", tools=[tool], tool_choice=_forced("add"), max_output_tokens=100
+        model="tiny", input="add", tools=[tool], tool_choice=_forced("add"), max_output_tokens=1008
     )
     request = asked.output[-1]
     assert isinstance(request, McpApprovalRequest) and request.name == "add"
@@ -159,10 +164,39 @@ def test_approval_round_trip(relay: Server, mcp_url: str) -> None:
             previous_response_id=asked.id,
             tools=[tool],
             max_tool_calls=1,
-            max_output_tokens=100,
+            max_output_tokens=1008,
         )
         calls = [item for item in done.output if isinstance(item, McpCall)]
         if approve:
             assert calls[0].approval_request_id == request.id and calls[0].output.startswith("sum=")  # type: ignore[union-attr]
         else:
             assert not [c for c in calls if c.approval_request_id == request.id]
+
+
+def test_streamed_text_arrives_token_by_token(relay: Server, mcp_url: str) -> None:
+    """The answer after the call streams as the model writes it, in several deltas; round two reuses round one's KV."""
+    stream = relay.client().responses.create(
+        model="tiny",
+        input="flip, then say the side",
+        # No other test offers `flip`, so round one's prompt is new to the cache past its first tokens; its
+        # argument is an enum, so the forced call ends well inside max_output_tokens whatever the model samples.
+        tools=[_tool(f"{mcp_url}/mcp", allowed_tools=["flip"])],
+        tool_choice=_forced("flip"),  # round one only; round two is free to answer
+        max_tool_calls=1,
+        max_output_tokens=400,
+        stream=True,
+    )
+    parsed = [TypeAdapter(ResponseStreamEvent).validate_python(e.model_dump()) for e in stream]
+    assert [e.sequence_number for e in parsed] == list(range(len(parsed)))
+    kinds = [event.type for event in parsed]
+    after = parsed[kinds.index("response.mcp_call.completed") + 1 :]
+    deltas = [e for e in after if e.type in ("response.output_text.delta", "response.reasoning_text.delta")]
+    assert len(deltas) > 1
+    final = parsed[-1].response  # type: ignore[union-attr]
+    # Round two's prompt extends round one's (~300 tokens, the tools kept in it) and reuses its KV; without
+    # that only the first tokens other tests share with round one (under 100) would be cached.
+    assert final.usage is not None and final.usage.input_tokens_details.cached_tokens >= 200
+    # Each streamed item's pieces join to the text its finished item holds.
+    for item in final.output[2:]:
+        pieces = "".join(e.delta for e in deltas if e.item_id == item.id)
+        assert pieces == "".join(part.text for part in item.content)  # type: ignore[union-attr]
