@@ -34,6 +34,7 @@ from edge.audio_routes import routes as audio_routes  # noqa: E402
 from edge.background import BackgroundRuns  # noqa: E402
 from edge.background_routes import routes as background_routes  # noqa: E402
 from edge.background_routes import start_background  # noqa: E402
+from edge.batch_calls import with_line_priority  # noqa: E402
 from edge.batch_routes import routes as batch_routes  # noqa: E402
 from edge.batch_runner import start_batches  # noqa: E402
 from edge.choice import chosen, current_defaults, current_engine, model_field, model_named  # noqa: E402
@@ -231,7 +232,7 @@ async def _generate(
     session = session_key(request.headers.get)
     if session:
         decode = _with_session(decode, session)
-    decode = with_model(decode)
+    decode = with_line_priority(with_model(decode))
     if client.gone:
         return gone_response()
     model, body = model_named(body)

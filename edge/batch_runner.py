@@ -50,9 +50,15 @@ class BatchProgress:
 
 @attrs.frozen(kw_only=True)
 class BatchStatistics:
+    """The runner's figures for `/stats` and `/metrics` (wire/metrics.py: the `lines_*` are counters)."""
+
     running: tuple[BatchProgress, ...]
+    # Batches not yet ended: validating, in progress, finalizing or cancelling.
+    in_progress: int
     rows_in_flight: int
-    lines_finished: int
+    # Lines written since this process started: to the output (completed) and to the errors (failed).
+    lines_completed: int
+    lines_failed: int
     live_limit: int
     max_rows: int
 
@@ -81,7 +87,8 @@ class BatchRunner:
     _wake: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _scope: anyio.CancelScope = attrs.field(factory=anyio.CancelScope, init=False)
     _rows: int = attrs.field(default=0, init=False)
-    _finished: int = attrs.field(default=0, init=False)
+    _completed: int = attrs.field(default=0, init=False)
+    _failed: int = attrs.field(default=0, init=False)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -161,8 +168,10 @@ class BatchRunner:
         )
         return BatchStatistics(
             running=running,
+            in_progress=len(running),
             rows_in_flight=self._rows,
-            lines_finished=self._finished,
+            lines_completed=self._completed,
+            lines_failed=self._failed,
             live_limit=self.live_limit,
             max_rows=self.max_rows,
         )
@@ -278,9 +287,10 @@ class BatchRunner:
         record = run.record
         if name == OUTPUT:
             run.record = attrs.evolve(record, completed=record.completed + 1)
+            self._completed += 1
         else:
             run.record = attrs.evolve(record, failed=record.failed + 1, expired=record.expired + int(expired))
-        self._finished += 1
+            self._failed += 1
 
     async def _save(self, run: _Running, **changes: str | int | None) -> None:
         run.record = attrs.evolve(run.record, **changes)  # type: ignore[arg-type]

@@ -5,17 +5,19 @@ As vLLM's cards do, an alias or an adapter names what it stands for
 model's state (unloaded, loading, ready, unloading, failed), as LM
 Studio's model list does, while it loads how far (`loading`: its phase and
 seconds, fleet/host.py's `progress`), the defaults a request gets (the models
-file's over the model's generation_config.json, once loaded), and, once
-loaded, what it reads (`input_modalities`: text, image, audio).
+file's over the model's generation_config.json, once loaded), once loaded
+with a `ttl`, the seconds before it unloads unless used (`ttl_left`), and,
+once loaded, what it reads (`input_modalities`: text, image, audio).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 from fleet.fleet import Fleet
-from fleet.host import ModelHost
+from fleet.host import ModelHost, State
 from pipeline.requests import JsonObject, JsonValue
 from stages.engine.speech import SpeechEngine
 from stages.models.builtin import BUILTIN_MODELS
@@ -44,6 +46,9 @@ def _status(host: ModelHost) -> JsonObject:
         "ttl": host.spec.ttl,
         "defaults": host.defaults.shown(),
     }
+    if host.state is State.READY and host.spec.ttl and not host.spec.pinned:
+        # As fleet/policy.py's `expired` counts it: from the last use (a busy model is never unloaded).
+        status["ttl_left"] = round(max(0.0, host.spec.ttl - (time.monotonic() - host.last_used)), 1)
     if host.error:
         status["error"] = host.error
     if (progress := host.progress()) is not None:

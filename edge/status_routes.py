@@ -119,6 +119,7 @@ async def stats() -> Response:
         report.update(
             blas=blas, worker_blas_threads=BLAS_SHARE.describe(), response_store=cast(JsonObject, attrs.asdict(store))
         )
+        report.update(_batches())
         return _json(without_paths(report))
     if isinstance(speech := fleet().default.engine, SpeechEngine):
         return _json(without_paths({"model": speech.info.name, **attrs.asdict(speech.statistics())}))
@@ -132,7 +133,7 @@ async def metrics() -> Response:
         return Response(_metrics().render({fleet().default.name: snapshot}), content_type=METRICS_CONTENT_TYPE)
     # Each model's own series; the Responses store is the server's, so it is told once, not under every model.
     snapshots = {name: await _model_snapshot(engine) for name, engine in _loaded().items()}
-    shared: JsonObject = {"response_store": await _store_statistics()}
+    shared: JsonObject = {"response_store": await _store_statistics(), **_batches()}
     return Response(_metrics().render(snapshots, shared), content_type=METRICS_CONTENT_TYPE)
 
 
@@ -179,10 +180,15 @@ async def _snapshot() -> JsonObject:
     """The one model's `/stats`: its figures and the Responses store's."""
     report = await _model_snapshot(_engine())
     report["response_store"] = await _store_statistics()
-    if (batches := current_app.extensions.get("batch_runner")) is not None:
-        # The batches running beneath live traffic (edge/batch_runner.py).
-        report["batches"] = cast(JsonObject, attrs.asdict(batches.statistics()))
+    report.update(_batches())
     return report
+
+
+def _batches() -> JsonObject:
+    """The batches running beneath live traffic (edge/batch_runner.py), the server's and no one model's."""
+    if (batches := current_app.extensions.get("batch_runner")) is None:
+        return {}
+    return {"batches": cast(JsonObject, attrs.asdict(batches.statistics()))}
 
 
 async def _model_snapshot(current: Engine) -> JsonObject:

@@ -26,6 +26,8 @@ _ASSETS = {
     "chat.js": "text/javascript",
     "store.js": "text/javascript",
     "media.js": "text/javascript",
+    "live.js": "text/javascript",
+    "views.js": "text/javascript",
     "chat.css": "text/css",
     "vendor/marked.min.js": "text/javascript",
     "vendor/purify.min.js": "text/javascript",

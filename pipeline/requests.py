@@ -174,6 +174,9 @@ class GenerationParams:
     skip_special_tokens: bool = True
     # The LoRA adapter the request's `model` named (None: the base model).
     adapter: str | None = None
+    # A Batch API line, run at idle priority: no decoder sets it, only the route a batch line runs through
+    # (edge/batch_calls.py); the KV scheduler preempts such rows first (stages/kv/scheduler.py).
+    idle: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -287,6 +290,11 @@ def with_adapter(request: GenerationRequest, adapter: str | None) -> GenerationR
     if adapter == request.params.adapter:
         return request
     return attrs.evolve(request, params=attrs.evolve(request.params, adapter=adapter))
+
+
+def at_idle_priority(request: GenerationRequest) -> GenerationRequest:
+    """`request` as a Batch API line: it yields its place in the batch to live requests."""
+    return attrs.evolve(request, params=attrs.evolve(request.params, idle=True))
 
 
 @attrs.frozen(kw_only=True)

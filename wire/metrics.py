@@ -49,6 +49,9 @@ COUNTERS = frozenset(
         "response_store.evictions",
         "response_store.expirations",
         "response_store.oversized",
+        # Batch API lines written since the server started (edge/batch_runner.py); `batches.in_progress` is a gauge.
+        "batches.lines_completed",
+        "batches.lines_failed",
     }
 )
 

@@ -126,12 +126,45 @@ function assistantBox() {
   reasoning.append(summary, reasoningBody);
   const content = document.createElement("div");
   content.className = "content";
+  const calls = document.createElement("div");
+  calls.className = "tool-calls";
   const meta = document.createElement("div");
   meta.className = "meta";
   const actions = document.createElement("div");
   actions.className = "actions";
-  box.append(reasoning, content, meta, actions);
-  return { box, reasoning, reasoningBody, content, meta, actions };
+  box.append(reasoning, content, calls, meta, actions);
+  return { box, reasoning, reasoningBody, content, calls, meta, actions };
+}
+
+// The tool calls a reply asks for, shown as text: name and arguments (as JSON, indented where it parses).
+// The page runs none of them.
+function showToolCalls(element, calls) {
+  element.replaceChildren(...calls.map((call) => {
+    const box = document.createElement("div");
+    box.className = "tool-call";
+    const name = document.createElement("div");
+    name.className = "name";
+    name.textContent = `Tool call: ${call.name}`;
+    const args = document.createElement("pre");
+    args.className = "arguments";
+    try {
+      args.textContent = JSON.stringify(JSON.parse(call.arguments), null, 2);
+    } catch {
+      args.textContent = call.arguments;  // still streaming, or not JSON: as sent
+    }
+    box.append(name, args);
+    return box;
+  }));
+}
+
+// A streamed `tool_calls` delta folded into the calls so far: the head names it, later pieces add arguments.
+function addToolCallDelta(calls, deltas) {
+  for (const piece of deltas) {
+    const index = piece.index ?? calls.length;
+    calls[index] = calls[index] || { name: "", arguments: "" };
+    if (piece.function && piece.function.name) calls[index].name = piece.function.name;
+    if (piece.function && piece.function.arguments) calls[index].arguments += piece.function.arguments;
+  }
 }
 
 function actionButton(label, onClick) {
@@ -168,6 +201,7 @@ function showAssistant(message, index) {
   renderMarkdown(view.content, message.content, true);
   view.reasoningBody.textContent = message.reasoning || "";
   view.reasoning.hidden = !message.reasoning;
+  showToolCalls(view.calls, message.tool_calls || []);
   view.meta.textContent = message.meta || "";
   view.actions.append(copyButton("Copy", () => message.content));
   if (index === chat.messages.length - 1) view.actions.append(actionButton("Regenerate", regenerate));
@@ -263,6 +297,7 @@ async function generate() {
   let chunks = 0;
   let answer = "";
   let reasoning = "";
+  const calls = [];
   let usage = null;
   let pending = false;
   let failed = false;
@@ -271,6 +306,7 @@ async function generate() {
     renderMarkdown(view.content, answer, final);
     view.reasoningBody.textContent = reasoning;
     view.reasoning.hidden = reasoning === "";
+    showToolCalls(view.calls, calls);
   };
   try {
     const response = await fetch("/v1/chat/completions", {
@@ -286,7 +322,8 @@ async function generate() {
       const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
       if (!delta) continue;
       const thought = delta.reasoning_content || delta.reasoning || "";
-      if (delta.content || thought) {
+      if (delta.tool_calls) addToolCallDelta(calls, delta.tool_calls);
+      if (delta.content || thought || delta.tool_calls) {
         if (firstToken === null) firstToken = performance.now();
         chunks += 1;
         answer += delta.content || "";
@@ -314,12 +351,15 @@ async function generate() {
     $("send").disabled = false;
     $("stop").disabled = true;
   }
-  if (answer || reasoning) {
-    chat.messages.push({ role: "assistant", content: answer, reasoning, meta: view.meta.textContent });
+  const said = answer || reasoning || calls.length;
+  if (said) {
+    const message = { role: "assistant", content: answer, reasoning, meta: view.meta.textContent };
+    if (calls.length) message.tool_calls = calls.filter(Boolean);
+    chat.messages.push(message);
   }
   await saveChat();
   // Redrawn with the reply's actions; a failed or empty reply keeps its box, saying why, until the next turn.
-  if (!failed && (answer || reasoning)) showChat();
+  if (!failed && said) showChat();
 }
 
 function figures(started, firstToken, tokens) {
@@ -473,6 +513,7 @@ function init() {
     }
   });
   wireComposer();
+  Views.init();
   $("new-chat").addEventListener("click", startChat);
   $("export-md").addEventListener("click", () => Store.exportAs(chat, "md"));
   $("export-json").addEventListener("click", () => Store.exportAs(chat, "json"));
@@ -481,6 +522,7 @@ function init() {
     sessionStorage.setItem(KEY_STORAGE, $("key").value.trim());
     $("key").value = "";
     loadModels();
+    Views.keyGiven();
   });
   startChat();
   loadModels();

@@ -5,7 +5,8 @@ the rows; `BatchRows` keeps what the gateway knows of each: the request it
 answers, its place in the KV account (`stages/kv/scheduler.py`), its
 sampler and processors, and the tokens it has generated. It admits the
 waiting rows whose KV fits, preempts under memory pressure (the victims go
-back to the head of the queue, rewound), removes aborted rows, and turns a
+back to the head of the queue, rewound; idle rows, a Batch API's lines, go
+first, and wait behind every live row), removes aborted rows, and turns a
 step's responses into token deltas. What a row holds when it leaves the
 batch (finished, aborted or preempted) goes to the prompt cache.
 Everything here runs on the model thread.
@@ -69,8 +70,10 @@ class BatchRows:
         admitted = []
         # First come, first served: a large row is not overtaken by smaller ones for ever.
         # A row alone always runs: the preparation stage refused any that cannot fit alone.
+        self._order_waiting()
         while self.waiting:
-            if self.rows and not self._kv.can_admit(len(self.waiting[0].tokens)):
+            fits = not self.rows or self._kv.can_admit(len(self.waiting[0].tokens))
+            if not fits and not self._make_room(generator, self.waiting[0]):
                 break
             ready = self._images_ready(self.waiting[0])
             if ready is False:
@@ -135,17 +138,26 @@ class BatchRows:
         self.rows[uid] = Row(prepared=row, cached=cached, replaces=resume.replaces, resume=resume)
         self.rows[uid].generated.extend(resume.generated)
         self._uids[row.request_id] = uid
-        self._kv.admit(uid, len(tokens), resume.arrival)
+        self._kv.admit(uid, len(tokens), resume.arrival, idle=params.idle)
         if waiting.resume is not None:
             self._kv.resumed += 1
             log.info("gateway.resume", request_id=row.request_id, tokens=len(tokens), cached=cached)
         return cached
 
     def preempt(self, generator: BatchGenerator) -> None:
+        if victims := self._kv.victims():
+            self._requeue(generator, victims)
+
+    def _make_room(self, generator: BatchGenerator, waiting: Waiting) -> bool:
+        """Preempt idle rows so that a live row waiting for memory starts now; whether it may."""
+        if waiting.prepared.params.idle or not (victims := self._kv.room_for(len(waiting.tokens))):
+            return False
+        self._requeue(generator, victims)
+        return True
+
+    def _requeue(self, generator: BatchGenerator, victims: list[int]) -> None:
         from stages.model_thread.sampling import rewind_row
 
-        if not (victims := self._kv.victims()):
-            return
         # Latest arrival first: each goes in front of the one before, so the earliest leads the queue.
         for row in self._take_out(generator, victims):
             rewind_row(row.resume.sampler, row.resume.processors, len(row.generated))
@@ -153,7 +165,12 @@ class BatchRows:
             resume = attrs.evolve(row.resume, generated=tuple(row.generated), replaces=None)
             self.waiting.insert(0, Waiting(prepared=row.prepared, resume=resume))
             self._kv.preemptions += 1
+        self._order_waiting()
         log.info("gateway.preempt", rows=len(victims), held_bytes=self._kv.held_bytes)
+
+    def _order_waiting(self) -> None:
+        # Live rows before idle ones (a stable sort: each keeps its order, preempted rows at their head).
+        self.waiting.sort(key=lambda waiting: waiting.prepared.params.idle)
 
     def remove(self, generator: BatchGenerator, aborts: tuple[Abort, ...]) -> tuple[str, ...]:
         """Drop aborted rows, keeping their KV; the ids of the rows that were in the batch."""

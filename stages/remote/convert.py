@@ -69,6 +69,7 @@ def row_in(row: Prepared) -> RowIn:
         grammar=grammar.text if grammar is not None else None,
         grammar_param=grammar.param if grammar is not None else "",
         images=[image_in(image) for image in row.images],
+        idle=params.idle,
     )
 
 
@@ -129,6 +130,7 @@ def prepared_of(row: RowIn, reply: Reply, constraint: CompiledConstraint | None)
         ignore_eos=row.ignore_eos,
         stop_token_ids=tuple(row.stop_token_ids),
         adapter=row.adapter,
+        idle=row.idle,
     )
     tokens = tuple(row.prompt_tokens)
     # The model side reads only tokens and parameters; the request's text stays in the front.

@@ -89,6 +89,8 @@ class RowIn(msgspec.Struct, frozen=True, array_like=True, tag="row"):
     grammar: str | None = None
     grammar_param: str = ""
     images: list[ImageIn] = []
+    # A Batch API line's row, preempted first (stages/kv/scheduler.py).
+    idle: bool = False
 
 
 class AbortIn(msgspec.Struct, frozen=True, array_like=True, tag="abort"):

@@ -71,6 +71,18 @@ def test_a_batch_runs_to_completed_with_openai_s_output_lines(server: Server) ->
     assert error["response"]["body"]["error"]["param"] == "messages"
     assert batch.id in [b.id for b in client.batches.list()]
     assert client.files.delete(uploaded.id).deleted
+    # The server's counters since it started: this batch's lines at least (other tests share the server).
+    metrics = _metrics(server)
+    assert metrics["mlx_relay:batches_lines_completed_total"] >= 2
+    assert metrics["mlx_relay:batches_lines_failed_total"] >= 1
+    assert "mlx_relay:batches_in_progress" in metrics
+
+
+def _metrics(server: Server) -> dict[str, float]:
+    """`/metrics` as name -> value (each name here has one series: one model)."""
+    text = httpx.get(f"{server.base_url}/metrics").text
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    return {name.split("{", 1)[0]: float(value) for name, value in samples}
 
 
 def test_a_malformed_jsonl_line_is_refused_at_upload(server: Server) -> None:

@@ -82,7 +82,7 @@ def test_lists_calls_and_answers(relay: Server, mcp_url: str) -> None:
     client = relay.client()
     tool = _tool(f"{mcp_url}/mcp", allowed_tools=["add"], headers={"X-Secret": "s3cret"})
     response = client.responses.create(
-        model="tiny", input="add", tools=[tool], tool_choice=_forced("add"), max_tool_calls=1, max_output_tokens=1008
+        model="tiny", input="add", tools=[tool], tool_choice=_forced("add"), max_tool_calls=1, max_output_tokens=400
     )
     listing, call = response.output[0], response.output[1]
     assert isinstance(listing, McpListTools) and listing.error is None
@@ -101,7 +101,7 @@ def test_lists_calls_and_answers(relay: Server, mcp_url: str) -> None:
         tools=[tool],
         max_tool_calls=1,
         tool_choice=_forced("add"),
-        max_output_tokens=1008,
+        max_output_tokens=400,
     )
     assert not [item for item in follow.output if item.type == "mcp_list_tools"]
     assert follow.output[0].type == "mcp_call"
@@ -117,7 +117,7 @@ def test_streamed_events_in_order(relay: Server, mcp_url: str) -> None:
             tools=[_tool(f"{mcp_url}/sse")],
             tool_choice=_forced("add"),
             max_tool_calls=1,
-            max_output_tokens=1008,
+            max_output_tokens=400,
             stream=True,
         )
     )
@@ -152,7 +152,7 @@ def test_approval_round_trip(relay: Server, mcp_url: str) -> None:
     client = relay.client()
     tool = _tool(f"{mcp_url}/mcp", require_approval={"never": {"tool_names": ["echo"]}})
     asked = client.responses.create(
-        model="tiny", input="add", tools=[tool], tool_choice=_forced("add"), max_output_tokens=1008
+        model="tiny", input="add", tools=[tool], tool_choice=_forced("add"), max_output_tokens=400
     )
     request = asked.output[-1]
     assert isinstance(request, McpApprovalRequest) and request.name == "add"
@@ -164,7 +164,7 @@ def test_approval_round_trip(relay: Server, mcp_url: str) -> None:
             previous_response_id=asked.id,
             tools=[tool],
             max_tool_calls=1,
-            max_output_tokens=1008,
+            max_output_tokens=400,
         )
         calls = [item for item in done.output if isinstance(item, McpCall)]
         if approve:

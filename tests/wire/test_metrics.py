@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
+from edge.batch_runner import BatchProgress, BatchStatistics
 from pipeline.requests import JsonObject
 from wire.metrics import Figure, snapshot_metrics
 
@@ -64,3 +66,22 @@ def test_the_vllm_load_gauges_come_from_the_gateway_and_admission() -> None:
 def test_an_empty_snapshot_reports_an_idle_server() -> None:
     vllm = {figure.name: figure.value for figure in snapshot_metrics({}) if figure.name in _VLLM}
     assert vllm == dict.fromkeys(_VLLM, 0)
+
+
+def test_batch_progress_counts_lines_and_gauges_the_batches_in_progress() -> None:
+    """The runner's own statistics, as /stats carries them: lines written are counters, batches a gauge."""
+    progress = BatchProgress(id="batch_1", status="in_progress", total=9, completed=7, failed=1)
+    statistics = BatchStatistics(
+        running=(progress,),
+        in_progress=1,
+        rows_in_flight=1,
+        lines_completed=7,
+        lines_failed=1,
+        live_limit=2,
+        max_rows=2,
+    )
+    figures = {figure.name: (figure.value, figure.counter) for figure in ours({"batches": attrs.asdict(statistics)})}
+    assert figures["mlx_relay:batches_lines_completed"] == (7.0, True)
+    assert figures["mlx_relay:batches_lines_failed"] == (1.0, True)
+    assert figures["mlx_relay:batches_in_progress"] == (1.0, False)
+    assert figures["mlx_relay:batches_rows_in_flight"] == (1.0, False)

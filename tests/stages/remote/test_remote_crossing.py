@@ -184,6 +184,15 @@ def test_every_sampling_field_crosses_both_ways() -> None:
     assert prepared_of(sent, Reply("r1"), None).params.sampling == sampling
 
 
+def test_a_batch_lines_row_crosses_at_idle_priority() -> None:
+    """The worker's KV scheduler preempts idle rows first: the mark must reach it (stages/kv/scheduler.py)."""
+    for idle in (True, False):
+        row = attrs.evolve(prepared(), params=attrs.evolve(prepared().params, idle=idle))
+        sent = msgspec.msgpack.decode(msgspec.msgpack.encode(row_in(row)), type=ToWorker)
+        assert isinstance(sent, RowIn)
+        assert prepared_of(sent, Reply("r1"), None).params.idle is idle
+
+
 def test_a_step_crosses_back_to_the_rows_the_front_holds() -> None:
     """Admitted rows get the front's own Prepared (its reply); finish, logprobs and removed rows survive."""
     row = prepared()
