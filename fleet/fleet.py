@@ -214,7 +214,7 @@ class Fleet:
         log.info("fleet.ready", model=host.name)
 
     async def _engine_for(self, settings: Settings, name: str) -> Engine | SpeechEngine:
-        """A speech model's engine (stages/speech/), else a language model's."""
+        """A speech model's engine (stages/engine/speech.py), else a language model's."""
         find = partial(speech_info_for, settings.model, demo=settings.demo_model, name=settings.model_name)
         speech = await anyio.to_thread.run_sync(find)
         if speech is not None:

@@ -68,7 +68,7 @@ def read_footprint(spec: ModelSpec, path: Path, context_window: int, machine: Ma
     """`footprint` of a model directory; blocking (reads its config and weight sizes)."""
     shape = read_model_shape(path, context_window)
     if vision_config(path) is not None:
-        # A vision-language model's engine plans its encoder cache beside the weights (stages/engine.py).
+        # A vision-language model's gateway holds its encoder cache beside the weights (stages/engine/model_side.py).
         shape = attrs.evolve(shape, weights_bytes=shape.weights_bytes + settings.encoder_cache_bytes)
     return footprint(spec, shape, machine, settings)
 

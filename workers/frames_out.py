@@ -8,13 +8,13 @@ One lock keeps whole frames apart; the thread holds it only while its
 frame is written, and a loop task that finds it taken tries again after a
 short sleep rather than block the loop. The thread's write waits while
 the socket is full: a front that stops reading holds the model thread
-back, the crossing's back-pressure.
+back, the crossing's back-pressure. Each frame is made by
+`stages/remote/frames.py`'s `encode_frame`, the one framing both sides read.
 """
 
 from __future__ import annotations
 
 import select
-import struct
 import threading
 
 import anyio
@@ -22,7 +22,8 @@ import anyio.from_thread
 import msgspec
 from anyio.abc import ByteStream, SocketAttribute
 
-_HEADER = struct.Struct(">I")
+from stages.remote.frames import encode_frame
+
 # A loop task's wait for a frame the thread is writing (a few microseconds unless the socket is full).
 _RETRY_S = 0.0005
 # How often a thread waiting on a full socket looks for its host's cancellation.
@@ -46,7 +47,7 @@ class FramesOut:
         return self._lock.locked()
 
     async def send(self, message: object) -> None:
-        frame = _frame(self._loop_encoder, message)
+        frame = encode_frame(self._loop_encoder, message)
         while not self._lock.acquire(blocking=False):
             await anyio.sleep(_RETRY_S)
         try:
@@ -59,7 +60,7 @@ class FramesOut:
 
     def send_from_thread(self, message: object) -> None:
         """Write one frame from a thread the event loop started (the model thread); waits while the socket is full."""
-        frame = memoryview(_frame(self._thread_encoder, message))
+        frame = memoryview(encode_frame(self._thread_encoder, message))
         with self._lock:
             while frame and not self.front_gone:
                 try:
@@ -69,11 +70,3 @@ class FramesOut:
                     anyio.from_thread.check_cancelled()
                 except OSError:
                     self.front_gone = True
-
-
-def _frame(encoder: msgspec.msgpack.Encoder, message: object) -> bytes:
-    """The 4-byte length and the message, as `stages/remote/frames.py`'s reader takes them."""
-    buffer = bytearray(4)
-    encoder.encode_into(message, buffer, 4)
-    _HEADER.pack_into(buffer, 0, len(buffer) - 4)
-    return bytes(buffer)

@@ -11,7 +11,7 @@ as a decode step's budget asks, even inside one long input.
 An embedding is the last layer's hidden states pooled over the input
 (mean, or the last token's), L2-normalized. A score is the probability
 the model gives "yes" over "yes" + "no" as the first token of its answer
-to a judgement prompt (`stages/scoring.py` writes it), read off the last
+to a judgement prompt (`stages/engine/work_service.py` writes it), read off the last
 prompt position only, so the head never runs over the whole batch.
 """
 

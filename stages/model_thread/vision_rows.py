@@ -1,6 +1,6 @@
 """A row with images, made ready for the text batch on the model thread.
 
-Before a row with images is inserted (`stages/batch_rows.py`, at admission,
+Before a row with images is inserted (`stages/model_thread/batch_rows.py`, at admission,
 between two steps), its images are encoded (vision tower and connector, or
 the encoder-output cache) and its prompt is prefilled from embeddings up to
 its last image token: each `<image>` token's embedding is the next row of its

@@ -7,7 +7,7 @@ Idefics3's processor writes (a row/column marker and `image_seq_len`
 `<image>` tokens per tile, then the global image), so usage, the context
 check and `count_tokens` count image tokens as the model reads them. OpenAI's
 `detail: "low"` reads the image as the one global tile.
-Runs in the preparation threads (`stages/prepare.py` calls `render`).
+Runs in the preparation threads (`stages/prompt/prepare.py` calls `render`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,20 @@ _HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
 
 
+def encode_frame(encoder: msgspec.msgpack.Encoder, message: object, buffer: bytearray | None = None) -> bytes:
+    """One frame: the 4-byte length and the message; a caller's `buffer` is reused rather than grown anew.
+
+    The one writer of the framing, for the front's `FrameWriter` and the worker's
+    `workers/frames_out.py` alike, so `FrameReader` on either side reads what both write.
+    """
+    out = bytearray() if buffer is None else buffer
+    out.clear()
+    out.extend(b"\0\0\0\0")
+    encoder.encode_into(message, out, _HEADER.size)
+    _HEADER.pack_into(out, 0, len(out) - _HEADER.size)
+    return bytes(out)
+
+
 class FrameError(Exception):
     """The peer broke the framing (a frame past the bound, or a message that does not decode)."""
 
@@ -33,11 +47,7 @@ class FrameWriter:
         self._buffer = bytearray()
 
     async def send(self, message: object) -> None:
-        self._buffer.clear()
-        self._buffer.extend(b"\0\0\0\0")
-        self._encoder.encode_into(message, self._buffer, 4)
-        _HEADER.pack_into(self._buffer, 0, len(self._buffer) - 4)
-        await self._stream.send(bytes(self._buffer))
+        await self._stream.send(encode_frame(self._encoder, message, self._buffer))
 
 
 class FrameReader(Generic[T]):

@@ -153,23 +153,28 @@ def test_past_its_window_a_batch_expires_and_another_key_s_batch_is_refused(serv
     assert {line["error"]["code"] for line in errors} == {"batch_expired"}
 
 
+LINES = 60
+
+
 @pytest.mark.slow
 def test_a_batch_killed_mid_way_finishes_after_a_restart(server_factory: ServerFactory, tmp_path: object) -> None:
     """kill -9 while lines run; the restarted server keeps the lines done and runs the rest, each once."""
     settings = {"files_dir": str(tmp_path), "batch_rows": "1"}
     first = server_factory(private=True, **settings)
     client = first.client()
-    lines = [_chat_line(f"r{i}", max_tokens=48, ignore_eos=True) for i in range(30)]
+    # Lines long enough (a tenth of a second or more each, one at a time) that the poll sees the batch part-way
+    # whatever the machine's load: a short batch could finish between two polls.
+    lines = [_chat_line(f"r{i}", max_tokens=128, ignore_eos=True) for i in range(LINES)]
     uploaded = client.files.create(file=("in.jsonl", _jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     running = _until(lambda: client.batches.retrieve(batch.id), lambda b: _counts(b).completed >= 2)
     first.kill()
-    assert 2 <= _counts(running).completed < 30 and running.status == "in_progress"
+    assert 2 <= _counts(running).completed < LINES and running.status == "in_progress"
     second = server_factory(private=True, **settings)
     client = second.client()
     batch = _until(lambda: client.batches.retrieve(batch.id), lambda b: b.status == "completed")
-    assert batch.status == "completed" and _counts(batch).completed == 30
+    assert batch.status == "completed" and _counts(batch).completed == LINES
     output = _lines(client, batch.output_file_id)
-    assert sorted(line["custom_id"] for line in output) == sorted(f"r{i}" for i in range(30))
+    assert sorted(line["custom_id"] for line in output) == sorted(f"r{i}" for i in range(LINES))
     assert "batch.resumed" in second.logs()
     second.kill()

@@ -13,7 +13,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import anthropic
 import openai
@@ -21,7 +20,7 @@ import pytest
 
 from tests import loopback
 from tests.conftest import Server, ServerFactory
-from tests.e2e.workers import front_pid, model_state, parent_pid, process_name, wait_ready
+from tests.e2e.workers import front_pid, model_state, parent_pid, process_name, rss_kib, wait_ready
 
 pytestmark = pytest.mark.slow
 
@@ -47,13 +46,6 @@ def answers(server: Server) -> None:
     client = server.client()
     completion = client.chat.completions.create(model="m", messages=HELLO, max_tokens=3, temperature=0)  # type: ignore[arg-type]
     assert completion.usage is not None and completion.usage.completion_tokens == 3
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 class Outcome:

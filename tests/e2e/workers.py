@@ -41,3 +41,11 @@ def front_pid(worker_pid: int) -> int:
     """The front a worker serves: its parent, or its zygote's parent where the zygote forked it."""
     parent = parent_pid(worker_pid)
     return parent_pid(parent) if process_name(parent) == "relay-zygote" else parent
+
+
+def rss_kib(pid: int) -> int:
+    """A process's resident set, in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")

@@ -1,4 +1,4 @@
-"""mlx-whisper's result as a transcript (stages/speech/work.py): times inside the audio and in order."""
+"""mlx-whisper's result as a transcript (stages/model_thread/transcribe.py): times inside the audio and in order."""
 
 from __future__ import annotations
 

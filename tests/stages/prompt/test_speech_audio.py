@@ -1,4 +1,4 @@
-"""Audio bytes to Whisper's samples in-process (stages/speech/audio.py): formats, resampling, and refusals."""
+"""Audio bytes to Whisper's samples in-process (stages/prompt/audio.py): formats, resampling, and refusals."""
 
 from __future__ import annotations
 

@@ -1,0 +1,126 @@
+"""One model's worker killed in a two-model fleet: the other model's streams go on as if nothing happened.
+
+A private `tiny,demo` server with the prompt cache off, so a stream run twice is computed the same way twice
+(no cached prefix the second time). The surviving model's stream runs alone in its worker's batch: its tokens never
+depend on when another row joined it. The reference is the same requests on the same server before the kill,
+so no BLAS's exact tokens are assumed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import attrs
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests import loopback
+from tests.conftest import Server, ServerFactory
+
+pytestmark = pytest.mark.slow
+
+VICTIM, SURVIVOR = "tiny", "demo"
+# `demo` streams 20-75 tokens a second on a loaded 2-core machine: 120 of them outlast the kill by a second or more.
+SURVIVOR_TOKENS = 120
+# `tiny` is ten times faster, and admits 1,792 tokens a request beside `demo`: its streams must still be running
+# when they are cut.
+VICTIM_TOKENS = 1700
+# Every stream runs to its length, never cut short by an EOS (wire/openai_extensions.py).
+NO_EOS = {"ignore_eos": True}
+
+
+@attrs.define
+class Stream:
+    """One streamed chat completion as its client saw it."""
+
+    model: str
+    max_tokens: int
+    started: threading.Event = attrs.field(factory=threading.Event)
+    text: str = ""
+    finish: str | None = None
+    error: openai.APIError | None = None
+    # When each content chunk arrived (time.monotonic()).
+    arrivals: list[float] = attrs.field(factory=list)
+
+    def run(self, server: Server) -> None:
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+        try:
+            chunks = server.client().chat.completions.create(
+                model=self.model,
+                messages=messages,
+                max_tokens=self.max_tokens,
+                stream=True,
+                temperature=0,
+                extra_body=NO_EOS,
+            )
+            for chunk in chunks:
+                if not chunk.choices:
+                    continue
+                choice = chunk.choices[0]
+                if choice.delta.content:
+                    self.text += choice.delta.content
+                    self.arrivals.append(time.monotonic())
+                    self.started.set()
+                self.finish = choice.finish_reason or self.finish
+        except openai.APIError as error:
+            self.error = error
+        finally:
+            self.started.set()
+
+
+def run_all(server: Server, streams: list[Stream]) -> None:
+    threads = [threading.Thread(target=stream.run, args=(server,), daemon=True) for stream in streams]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+        assert not thread.is_alive(), "a stream did not end"
+
+
+def health_of(server: Server, model: str) -> dict[str, object]:
+    report = loopback.get(f"{server.base_url}/health", timeout=10).json()["models"][f"mlx-relay/{model}"]
+    assert isinstance(report, dict)
+    return report
+
+
+def test_kill_9_of_one_models_worker_leaves_the_other_models_streams_unchanged(server_factory: ServerFactory) -> None:
+    """kill -9 of `tiny`'s worker while `tiny` and `demo` stream: `demo`'s stream finishes with the text it had
+    before the kill, `tiny`'s streams fail with 503 `worker_lost`, and `tiny`'s next request is served by a new
+    worker."""
+    server = server_factory(
+        private=True, model=f"{VICTIM},{SURVIVOR}", worker_restart_backoff="0.05", prompt_cache_bytes="0"
+    )
+    # The reference, both models loaded and streaming: the survivor's stream runs to its end.
+    before = Stream(SURVIVOR, SURVIVOR_TOKENS)
+    run_all(server, [before, Stream(VICTIM, 8)])
+    assert before.error is None and before.finish == "length" and before.text, before
+    victim_pid, survivor_pid = health_of(server, VICTIM)["pid"], health_of(server, SURVIVOR)["pid"]
+    assert isinstance(victim_pid, int) and victim_pid != survivor_pid
+
+    survivor = Stream(SURVIVOR, SURVIVOR_TOKENS)
+    victims = [Stream(VICTIM, VICTIM_TOKENS) for _ in range(2)]
+    streaming = threading.Thread(target=run_all, args=(server, [survivor, *victims]), daemon=True)
+    streaming.start()
+    assert all(stream.started.wait(60) for stream in [survivor, *victims])
+    assert all(stream.arrivals for stream in [survivor, *victims]), [s.error for s in [survivor, *victims]]
+    killed_at = time.monotonic()
+    os.kill(victim_pid, signal.SIGKILL)
+    streaming.join(150)
+    assert not streaming.is_alive(), "the streams did not end"
+
+    assert survivor.error is None, survivor.error
+    assert [t for t in survivor.arrivals if t > killed_at], "the survivor's stream was still running at the kill"
+    assert survivor.text == before.text and survivor.finish == "length"
+    for victim in victims:
+        assert victim.error is not None and victim.error.code == "worker_lost", (victim.error, victim.finish)
+    assert health_of(server, SURVIVOR)["pid"] == survivor_pid and health_of(server, SURVIVOR)["restarts"] == 0
+
+    after = Stream(VICTIM, 8)
+    run_all(server, [after])
+    assert after.error is None and after.finish == "length" and after.text
+    report = health_of(server, VICTIM)
+    assert report["state"] == "ready" and report["pid"] not in (victim_pid, None) and report["restarts"] == 1, report
