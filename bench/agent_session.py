@@ -15,8 +15,16 @@ server and then the other, the order alternating from round to round. The
 report gives each round's session time and each turn's time to first
 token, and the medians over rounds of relay / mlx_lm.server for both.
 mlx_lm.server serves a float32 copy of the weights (mlx_lm's own
-`convert --dequantize`), which is what mlx-relay serves on a Linux CPU, so
+`convert --dequantize --dtype float32`), which is what mlx-relay serves on a Linux CPU, so
 the two compare as servers, not as weight formats.
+
+llama.cpp's `llama-server` joins as a third contender on a built-in model
+that comes from a GGUF file (smollm2, gemma3), served from that very file
+(bench/llama_server.py; built once, skipped with the reason where it cannot
+be): one slot, prompt caching on as its users run it, and its n-gram
+speculation with `--llama-speculate`. The rounds then rotate the three, and
+the report adds relay / llama-server beside relay / mlx_lm.server.
+`--no-llama-server` leaves it out.
 
 Writes agent_session.json under --out.
 """
@@ -28,8 +36,6 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -38,7 +44,8 @@ from typing import Any
 
 import httpx
 
-from bench.servers import REPO, Server, free_port, mlx_lm_command, relay_command, relay_env, started
+from bench.llama_server import llama_contender, llama_env
+from bench.servers import REPO, Server, float32_copy, free_port, mlx_lm_command, relay_command, relay_env, started
 
 OUT = Path(__file__).resolve().parent / "out"
 _TIMEOUT = httpx.Timeout(900.0, connect=10.0)
@@ -54,27 +61,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turn-tokens", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--llama-server",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also llama.cpp's llama-server on the model's GGUF file, where it builds (default: on)",
+    )
+    parser.add_argument("--llama-speculate", action="store_true", help="llama-server with n-gram speculation")
     args = parser.parse_args(argv)
-    from stages.models.loading import resolve_model
-
-    path = resolve_model(args.model).path
-    peer_path = _float32_copy(path, args.out / "float32" / path.name)
     sources = _sources()
     rounds: list[dict[str, Any]] = []
     with ExitStack() as stack:
-        relay_port, peer_port = free_port(), free_port()
-        logs = args.out / "logs"
-        relay_environment = relay_env(args.model, frozenset())
-        relay = stack.enter_context(started("relay", relay_command(relay_port), relay_port, relay_environment, logs))
-        peer = stack.enter_context(
-            started("mlx_lm", mlx_lm_command(str(peer_path), peer_port), peer_port, os.environ, logs)
-        )
-        servers = {"relay": relay, "mlx_lm": peer}
+        servers = _servers(stack, args)
+        names = list(servers)
         for server in servers.values():
             _session(server, [sources[-1][:2000]], 4)
         for index in range(args.rounds):
             files = list(itertools.islice(_files(sources, index, args), args.turns))
-            order = ["relay", "mlx_lm"] if index % 2 == 0 else ["mlx_lm", "relay"]
+            # Each server first, middle and last in turn: with two, the order alternates.
+            order = names[index % len(names) :] + names[: index % len(names)]
             figures = {name: _session(servers[name], files, args.max_tokens) for name in order}
             rounds.append(figures)
             print(f"round {index + 1}: " + _line(figures), flush=True)
@@ -84,13 +89,27 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(summary, indent=2))
 
 
-def _float32_copy(path: Path, dest: Path) -> Path:
-    """`path`'s weights dequantized by mlx_lm's converter, made once."""
-    if not (dest / "config.json").exists():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(path), "--mlx-path", str(dest), "-d"]
-        subprocess.run(command, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-    return dest
+def _servers(stack: ExitStack, args: argparse.Namespace) -> dict[str, Server]:
+    """The contenders, started and healthy for the life of `stack`: relay, mlx_lm and, where it builds, llama."""
+    from stages.models.loading import resolve_model
+
+    path = resolve_model(args.model).path
+    peer_path = float32_copy(path, args.out / "float32")
+    logs = args.out / "logs"
+    relay_port, peer_port, llama_port = free_port(), free_port(), free_port()
+    relay_environment = relay_env(args.model, frozenset())
+    servers = {
+        "relay": stack.enter_context(started("relay", relay_command(relay_port), relay_port, relay_environment, logs)),
+        "mlx_lm": stack.enter_context(
+            started("mlx_lm", mlx_lm_command(str(peer_path), peer_port), peer_port, os.environ, logs)
+        ),
+    }
+    if args.llama_server:
+        # One slot, as one agent drives it, holding the whole conversation.
+        command = llama_contender(args.model, llama_port, parallel=1, slot_context=8192, speculate=args.llama_speculate)
+        if command is not None:
+            servers["llama"] = stack.enter_context(started("llama", command, llama_port, llama_env(), logs))
+    return servers
 
 
 def _sources() -> list[str]:
@@ -144,13 +163,23 @@ def _line(figures: dict[str, dict[str, Any]]) -> str:
 
 
 def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    session = [r["relay"]["session_s"] / r["mlx_lm"]["session_s"] for r in rounds]
+    """Medians over rounds of relay / each peer: the session's time and each turn's TTFT."""
+    summary: dict[str, Any] = {}
     turns = len(rounds[0]["relay"]["ttft_s"])
-    per_turn = [[r["relay"]["ttft_s"][t] / r["mlx_lm"]["ttft_s"][t] for r in rounds] for t in range(turns)]
-    return {
-        "relay / mlx_lm.server session": {"median": statistics.median(session), "range": [min(session), max(session)]},
-        "relay / mlx_lm.server TTFT per turn (medians)": [statistics.median(t) for t in per_turn],
+    for peer, label in (("mlx_lm", "mlx_lm.server"), ("llama", "llama-server")):
+        if peer not in rounds[0]:
+            continue
+        session = [r["relay"]["session_s"] / r[peer]["session_s"] for r in rounds]
+        per_turn = [[r["relay"]["ttft_s"][t] / r[peer]["ttft_s"][t] for r in rounds] for t in range(turns)]
+        summary[f"relay / {label} session"] = {
+            "median": statistics.median(session),
+            "range": [min(session), max(session)],
+        }
+        summary[f"relay / {label} TTFT per turn (medians)"] = [statistics.median(t) for t in per_turn]
+    summary["session s (medians)"] = {
+        name: statistics.median(r[name]["session_s"] for r in rounds) for name in rounds[0]
     }
+    return summary
 
 
 if __name__ == "__main__":

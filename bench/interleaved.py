@@ -1,6 +1,7 @@
-"""Raw mlx-lm, mlx-relay and mlx_lm.server in alternating waves: #23's ratios, each a median of per-round ratios.
+"""Raw mlx-lm, mlx-relay, mlx_lm.server (and llama-server) in alternating waves: ratios, each a median of rounds'.
 
     python -m bench.interleaved [--model tiny] [--concurrency 1,4,8,16] [--rounds 5] [--max-tokens 64]
+                                [--no-llama-server] [--llama-speculate]
 
 `bench.serving` runs its contenders one after another, minutes apart. On a
 small shared machine whose load drifts, two of its runs disagree by more
@@ -9,14 +10,22 @@ next"). Here all three stay started, raw mlx-lm as a child process that
 measures on request (`bench.baselines --serve`). Each round runs one wave
 of each, in an order that rotates from round to round, on that round's own
 prompts. Every ratio is taken within a round, and the report gives its
-median over the rounds (and the range), so drift weighs on the three alike:
+median over the rounds (and the range), so drift weighs on them all alike:
 
 - worker / raw: the model worker's CPU per token against `BatchGenerator`'s
   (`stream_generate`'s too at N=1, whose wave runs beside the batch one);
 - front + worker / mlx_lm.server: the two processes' CPU per token;
 - relay / mlx_lm.server and relay / raw: tokens per second;
 - relay / ceiling: against what the cores leave a server costing raw's CPU
-  per token while the client reads the streams (bench/report.py's ceiling).
+  per token while the client reads the streams (bench/report.py's ceiling);
+- relay / llama-server tok/s and front + worker / llama-server CPU, on a
+  built-in model that comes from a GGUF file (smollm2, gemma3): llama.cpp's
+  server on that very file (bench/llama_server.py), one slot per client,
+  prompt caching on; skipped, saying why, where it does not build.
+
+A built-in model is served by mlx-relay under its name; raw mlx-lm and
+mlx_lm.server get a float32 copy of its directory, the form mlx-relay serves
+on a Linux CPU (bench/servers.py `float32_copy`).
 
 Writes interleaved.json under --out. Linux only (/proc).
 """
@@ -32,15 +41,19 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench import report
 from bench.baselines import MARK
 from bench.cpu import tree_cpu_seconds, tree_cpu_split
+from bench.llama_server import llama_contender, llama_env
 from bench.load import run_wave, summarize, warm_up
-from bench.servers import REPO, Server, free_port, mlx_lm_command, relay_command, relay_env, started
+from bench.servers import REPO, Server, float32_copy, free_port, mlx_lm_command, relay_command, relay_env, started
 from bench.workload import WARMUP_PROMPT, Workload
+from stages.models.builtin import BUILTIN_MODELS, builtin_model_path
+from stages.models.demo import DEMO_MODELS
 
 OUT = Path(__file__).resolve().parent / "out"
 Figures = dict[str, float]
@@ -52,21 +65,31 @@ RATIOS: dict[str, Callable[[dict[str, Figures]], float | None]] = {
     "relay / mlx_lm.server tok/s": lambda r: r["relay"]["tok_s"] / r["mlx_lm"]["tok_s"],
     "relay / raw tok/s": lambda r: r["relay"]["tok_s"] / r["raw"]["tok_s"],
     "relay / ceiling": lambda r: r["relay"]["tok_s"] / r["raw"]["ceiling"],
+    "front+worker / llama-server CPU": lambda r: r["relay"]["cpu"] / r["llama"]["cpu"] if "llama" in r else None,
+    "relay / llama-server tok/s": lambda r: r["relay"]["tok_s"] / r["llama"]["tok_s"] if "llama" in r else None,
 }
+CONTENDERS = ("raw", "stream", "relay", "mlx_lm", "llama")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.interleaved", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="tiny", help="demo, tiny (built locally), a model directory or a repo id")
+    parser.add_argument(
+        "--model", default="tiny", help="a built-in name (demo, tiny, smollm2...), a directory or repo id"
+    )
     parser.add_argument("--concurrency", default="1,4,8,16")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--llama-server",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also llama.cpp's llama-server on a built-in model's GGUF file, where it builds (default: on)",
+    )
+    parser.add_argument("--llama-speculate", action="store_true", help="llama-server with n-gram speculation")
     args = parser.parse_args(argv)
-    from stages.models.demo import DEMO_MODELS, ensure_demo_model
-
-    path = str(ensure_demo_model(args.model)) if args.model in DEMO_MODELS else args.model
+    path = _model_path(args.model, args.out)
     levels = [int(level) for level in args.concurrency.split(",")]
     workload = Workload(
         concurrency=tuple(levels), max_tokens=args.max_tokens, requests_per_client=args.requests_per_client
@@ -75,17 +98,18 @@ def main(argv: list[str] | None = None) -> None:
     with ExitStack() as stack:
         raw = stack.enter_context(_raw_child(path, workload))
         relay_port, peer_port = free_port(), free_port()
-        relay_environment = relay_env(args.model if args.model in DEMO_MODELS else path, frozenset(DEMO_MODELS))
+        relay_environment = relay_env(args.model if args.model in BUILTIN_MODELS else path, frozenset(DEMO_MODELS))
         logs = args.out / "logs"
         relay = stack.enter_context(started("relay", relay_command(relay_port), relay_port, relay_environment, logs))
         peer = stack.enter_context(started("mlx_lm", mlx_lm_command(path, peer_port), peer_port, os.environ, logs))
-        for server in (relay, peer):
+        servers = {"relay": relay, "mlx_lm": peer}
+        if args.llama_server and (llama := _llama(stack, args, max(levels), logs)) is not None:
+            servers["llama"] = llama
+        for server in servers.values():
             asyncio.run(warm_up(server.url, WARMUP_PROMPT, args.max_tokens))
-        contenders: dict[str, Callable[[int, int], Figures]] = {
-            "raw": lambda level, wave: raw("batch", level, wave),
-            "relay": lambda level, wave: _server_wave(relay, level, wave, workload, split=True),
-            "mlx_lm": lambda level, wave: _server_wave(peer, level, wave, workload, split=False),
-        }
+        contenders: dict[str, Callable[[int, int], Figures]] = {"raw": lambda level, wave: raw("batch", level, wave)}
+        for name, server in servers.items():
+            contenders[name] = partial(_server_wave, server, workload=workload, split=name == "relay")
         names = list(contenders)
         for index in range(args.rounds):
             for level in levels:
@@ -108,7 +132,25 @@ def main(argv: list[str] | None = None) -> None:
     _print(summaries, args.rounds)
 
 
-def _server_wave(server: Server, level: int, wave: int, workload: Workload, *, split: bool) -> Figures:
+def _model_path(model: str, out: Path) -> str:
+    """The directory raw mlx-lm and mlx_lm.server load: a built-in's float32 copy, or `model` itself."""
+    built = builtin_model_path(model)
+    if built is None:
+        return model
+    if model in DEMO_MODELS:
+        return str(built)
+    return str(float32_copy(built, out / "float32"))
+
+
+def _llama(stack: ExitStack, args: argparse.Namespace, slots: int, logs: Path) -> Server | None:
+    """llama-server on the model's GGUF file, a slot per client, started for the life of `stack`; None if skipped."""
+    port = free_port()
+    # A slot holds one prompt and its answer: the workload's prompts are a few dozen tokens.
+    command = llama_contender(args.model, port, parallel=slots, slot_context=512, speculate=args.llama_speculate)
+    return None if command is None else stack.enter_context(started("llama", command, port, llama_env(), logs))
+
+
+def _server_wave(server: Server, level: int, wave: int, *, workload: Workload, split: bool) -> Figures:
     assert server.process is not None  # started here
     pid = server.process.pid
     before_tree, before_split = tree_cpu_seconds(pid), tree_cpu_split(pid)
@@ -164,7 +206,7 @@ def _summary(per_round: list[dict[str, Figures]]) -> dict[str, Any]:
         values = [value for figures in per_round if (value := ratio(figures)) is not None]
         if values:
             summary[name] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
-    for contender in ("raw", "stream", "relay", "mlx_lm"):
+    for contender in CONTENDERS:
         rounds = [figures[contender] for figures in per_round if contender in figures]
         if rounds:
             summary[contender] = {key: statistics.median(f[key] for f in rounds) for key in rounds[0]}
@@ -184,7 +226,7 @@ def _print(report: dict[str, dict[str, Any]], rounds: int) -> None:
     print("\n| N | contender | tok/s | CPU s/1k tok | front | worker | client |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for level, summary in report.items():
-        for contender in ("raw", "stream", "relay", "mlx_lm"):
+        for contender in CONTENDERS:
             if (f := summary.get(contender)) is not None:
                 parts = [f"{f[key]:.3f}" if key in f else "-" for key in ("front_cpu", "worker_cpu", "client_cpu")]
                 print(f"| {level} | {contender} | {f['tok_s']:.0f} | {f['cpu']:.3f} | " + " | ".join(parts) + " |")

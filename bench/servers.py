@@ -59,6 +59,21 @@ def mlx_lm_command(model_path: str, port: int) -> list[str]:
     return [sys.executable, "-c", _MLX_LM_LAUNCHER, "--model", model_path, "--host", "127.0.0.1", "--port", str(port)]
 
 
+def float32_copy(path: Path, folder: Path) -> Path:
+    """`path`'s weights dequantized to float32 by mlx_lm's converter, made once under `folder`.
+
+    Float32 is what mlx-relay serves on a Linux CPU (stages/models/weights.py), so mlx_lm.server and raw
+    mlx-lm compare with it as servers, not weight forms. `--dtype float32` matters: `-d` alone keeps the
+    model's own 16-bit type (the directories without the `-float32` suffix, made before, are 16-bit).
+    """
+    dest = folder / f"{path.name}-float32"
+    if not (dest / "config.json").exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(path), "--mlx-path", str(dest)]
+        subprocess.run([*command, "-d", "--dtype", "float32"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    return dest
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
