@@ -63,6 +63,12 @@ class BatchStatistics:
     max_rows: int
 
 
+# Statuses of a line that admission turned away while the server was busy with live work, and how long the
+# batch then rests before sending again.
+_BUSY = frozenset({429, 503})
+_REST_S = 1.0
+
+
 @attrs.define(eq=False)
 class _Running:
     record: BatchRecord
@@ -72,6 +78,8 @@ class _Running:
     in_flight: dict[str, anyio.Event] = attrs.field(factory=dict)
     # Lines sent and then cut short (cancel, window): an expired batch reports them with the unsent ones.
     cut: list[BatchLine] = attrs.field(factory=list)
+    # time.time() before which no line is sent: the server refused one as busy (429, 503) and live work comes first.
+    resting_until: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -256,22 +264,29 @@ class BatchRunner:
         abort = run.in_flight[line.custom_id]
         line_id = _line_id()
         try:
-            result: LineResult | None = await run_line(self.app, line.url, line.body, abort, line_id)
-        # The line fails alone (docs/STYLE.md, "Failures are values, crashes are fatal").
-        except Exception as error:  # noqa: BLE001
-            log.warning("batch.line_failed", batch_id=run.record.id, custom_id=line.custom_id, reason=repr(error))
-            result = None
+            try:
+                result: LineResult | None = await run_line(self.app, line.url, line.body, abort, line_id)
+            # The line fails alone (docs/STYLE.md, "Failures are values, crashes are fatal").
+            except Exception as error:  # noqa: BLE001
+                log.warning("batch.line_failed", batch_id=run.record.id, custom_id=line.custom_id, reason=repr(error))
+                result = None
+            if abort.is_set():
+                # Cut by a cancel, the window or a stop: not done, so not written here.
+                run.cut.append(line)
+                return
+            await self._write(run, line, line_id, result)
         finally:
+            # In flight until written: a batch whose last line is still being written is not yet finished.
             del run.in_flight[line.custom_id]
             self._rows -= 1
             self._wake.set()
-        if abort.is_set():
-            # Cut by a cancel, the window or a stop: not done, so not written here.
-            run.cut.append(line)
-            return
-        await self._write(run, line, line_id, result)
 
     async def _write(self, run: _Running, line: BatchLine, line_id: str, result: LineResult | None) -> None:
+        if result is not None and result.status in _BUSY:
+            # Admission refused it for live work's sake, not for what it asks: it runs again later.
+            run.lines.append(line)
+            run.resting_until = time.time() + _REST_S
+            return
         if result is None:
             error: JsonObject = {"code": "internal_error", "message": "The server failed this request"}
             await self._record_line(run, ERRORS, failed_line(line_id=line_id, custom_id=line.custom_id, error=error))
@@ -308,7 +323,12 @@ class BatchRunner:
 
 def _sending(run: _Running, now: float) -> bool:
     """Whether the batch has a line to send now: running, inside its window, lines left."""
-    return run.record.status == "in_progress" and now < run.record.expires_at and run.next < len(run.lines)
+    return (
+        run.record.status == "in_progress"
+        and now < run.record.expires_at
+        and run.next < len(run.lines)
+        and now >= run.resting_until
+    )
 
 
 def _line(raw: JsonObject) -> BatchLine:

@@ -105,7 +105,7 @@ def test_rerank_with_the_embedding_model_is_cosine_similarity(client: openai.Ope
     vectors = _vectors(client.embeddings.create(model=EMBEDDER, input=["ocean", *TEXTS[:3]]))
     expected = vectors[1:] @ vectors[0]
     ranked = loopback.post(
-        f"{server.v1}/rerank", json={"model": EMBEDDER, "query": "ocean", "documents": TEXTS[:3]}
+        f"{server.v1}/rerank", json={"model": EMBEDDER, "query": "ocean", "documents": TEXTS[:3]}, timeout=60
     ).json()
     assert ranked["model"] == EMBEDDER
     assert {r["index"]: r["relevance_score"] for r in ranked["results"]} == pytest.approx(
