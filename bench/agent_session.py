@@ -44,6 +44,7 @@ from typing import Any
 
 import httpx
 
+from bench.llama_server import add_arguments as add_llama_arguments
 from bench.llama_server import llama_contender, llama_env
 from bench.servers import REPO, Server, float32_copy, free_port, mlx_lm_command, relay_command, relay_env, started
 
@@ -61,13 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turn-tokens", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument(
-        "--llama-server",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also llama.cpp's llama-server on the model's GGUF file, where it builds (default: on)",
-    )
-    parser.add_argument("--llama-speculate", action="store_true", help="llama-server with n-gram speculation")
+    add_llama_arguments(parser)
     args = parser.parse_args(argv)
     sources = _sources()
     rounds: list[dict[str, Any]] = []

@@ -48,6 +48,7 @@ from typing import Any
 from bench import report
 from bench.baselines import MARK
 from bench.cpu import tree_cpu_seconds, tree_cpu_split
+from bench.llama_server import add_arguments as add_llama_arguments
 from bench.llama_server import llama_contender, llama_env
 from bench.load import run_wave, summarize, warm_up
 from bench.servers import REPO, Server, float32_copy, free_port, mlx_lm_command, relay_command, relay_env, started
@@ -81,13 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument(
-        "--llama-server",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also llama.cpp's llama-server on a built-in model's GGUF file, where it builds (default: on)",
-    )
-    parser.add_argument("--llama-speculate", action="store_true", help="llama-server with n-gram speculation")
+    add_llama_arguments(parser)
     args = parser.parse_args(argv)
     path = _model_path(args.model, args.out)
     levels = [int(level) for level in args.concurrency.split(",")]

@@ -18,6 +18,7 @@ folder to retry.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import shutil
@@ -49,6 +50,17 @@ _CMAKE_FLAGS = (
 _SPECULATE = ("--spec-type", "ngram-simple", "--spec-draft-n-max", "64")
 # The built-in models that come from a GGUF file, and the module that finds it (`gguf_path()`).
 GGUF_MODELS = {"smollm2": "stages.models.smollm2", "gemma3": "stages.models.gemma3"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags every bench that runs llama-server as a contender takes."""
+    parser.add_argument(
+        "--llama-server",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also llama.cpp's llama-server on a built-in model's GGUF file, where it builds (default: on)",
+    )
+    parser.add_argument("--llama-speculate", action="store_true", help="llama-server with n-gram speculation")
 
 
 def ensure_llama_server(folder: Path = FOLDER) -> tuple[Path | None, str]:

@@ -95,8 +95,26 @@ class Harness:
         inbox: Channel[Prepared] = open_channel(16, name="gateway")
         control: Channel[Abort] = open_channel(self.max_batch, name="control")
         steps: Channel[StepOutputs] = open_channel(64, name="steps")
+        gateway = self.gateway(inbox, control, steps)
+        run = Run()
+        with anyio.fail_after(self.timeout), steps.receive:
+            async with anyio.create_task_group() as group:
+                await group.start(gateway.run)
+                for wave in waves:
+                    # Without a checkpoint between them: the gateway takes the whole wave in one exchange.
+                    for item in wave:
+                        inbox.send.send_nowait(item)
+                    await _until_done(steps, run, {r.request_id for r in wave}, control, abort_after or {})
+                inbox.send.close()
+        self.gateway_statistics = gateway.statistics()
+        return run
+
+    def gateway(
+        self, inbox: Channel[Prepared], control: Channel[Abort], steps: Channel[StepOutputs]
+    ) -> GenerationGateway:
+        """The gateway every run here drives: this harness's model, scheduler, cache and speculation."""
         spills: Channel[SpillJob] = open_channel(4, name="spills")
-        gateway = GenerationGateway(
+        return GenerationGateway(
             inbox=inbox.receive,
             control=control.receive,
             aborts=control.send,
@@ -111,18 +129,6 @@ class Harness:
             cache=self.cache,
             speculation=self.speculation,
         )
-        run = Run()
-        with anyio.fail_after(self.timeout), steps.receive:
-            async with anyio.create_task_group() as group:
-                await group.start(gateway.run)
-                for wave in waves:
-                    # Without a checkpoint between them: the gateway takes the whole wave in one exchange.
-                    for item in wave:
-                        inbox.send.send_nowait(item)
-                    await _until_done(steps, run, {r.request_id for r in wave}, control, abort_after or {})
-                inbox.send.close()
-        self.gateway_statistics = gateway.statistics()
-        return run
 
     def _scheduler(self) -> KvScheduler:
         if self.scheduler is None:

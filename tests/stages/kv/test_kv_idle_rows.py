@@ -7,7 +7,6 @@ would preempt it.
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 import anyio
@@ -15,13 +14,11 @@ import attrs
 import pytest
 
 from pipeline.channels import Channel, open_channel
-from stages.cache.disk import SpillJob
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import BLOCK, read_model_shape
 from stages.messages import Abort, Prepared, StepOutputs
-from stages.model_thread.gateway import GenerationGateway
-from stages.models.loading import ModelInfo, load_weights, resolve_model
-from tests.stages.cache.test_prompt_cache_gateway import EOS, TOKEN_BYTES, Harness, Run
+from stages.models.loading import ModelInfo, resolve_model
+from tests.stages.cache.test_prompt_cache_gateway import TOKEN_BYTES, Harness, Run
 from tests.stages.kv.test_kv_plan import shape
 from tests.stages.kv.test_kv_preemption import PRESSED, SAMPLINGS, wave
 
@@ -95,21 +92,7 @@ async def run_late(harness: Harness, early: list[Prepared], late: Prepared, afte
     inbox: Channel[Prepared] = open_channel(16, name="gateway")
     control: Channel[Abort] = open_channel(harness.max_batch, name="control")
     steps: Channel[StepOutputs] = open_channel(64, name="steps")
-    spills: Channel[SpillJob] = open_channel(4, name="spills")
-    gateway = GenerationGateway(
-        inbox=inbox.receive,
-        control=control.receive,
-        aborts=control.send,
-        out=steps.send,
-        spills_out=spills.send,
-        spills_in=spills.receive,
-        load=partial(load_weights, harness.model_info),
-        eos_ids=EOS,
-        max_batch=harness.max_batch,
-        prefill_step_size=64,
-        scheduler=harness.scheduler,
-        cache=None,
-    )
+    gateway = harness.gateway(inbox, control, steps)
     run, left = Run(), {row.request_id for row in [*early, late]}
     with anyio.fail_after(harness.timeout), steps.receive:
         async with anyio.create_task_group() as group:
