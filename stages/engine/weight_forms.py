@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
 
 import attrs
 
@@ -77,16 +76,21 @@ def plan_weights(
         raise WeightsError(f"MLX_RELAY_WEIGHTS={setting} cannot be served with --shard: choose float32 or stored")
     device = backend()
     forms = ("float32", "stored") if cluster is not None else ("float32", *SIXTEEN_BIT, "stored")
-    plans = {form: _plan(fit, form, info, quantized) for form in forms}
+    # Every form's size is the float32 weights' scaled: their headers are read once.
+    float32_size = float32_bytes(info.path, quantized)
+    plans = {form: _plan(fit, form, float32_size) for form in forms}
     options = tuple(_option(form, plans[form], info.context_window, device) for form in forms)
     if setting == "auto":
         setting, why = _auto(plans, info.context_window, device)
+        stored_why = why
+    elif settings.keep_quantized:
+        why, stored_why = "as MLX_RELAY_KEEP_QUANTIZED is set", "MLX_RELAY_KEEP_QUANTIZED is set"
     else:
-        why = "as MLX_RELAY_KEEP_QUANTIZED is set" if settings.keep_quantized else "as MLX_RELAY_WEIGHTS names"
-    planned = plans[setting] or _plan(fit, setting, info, quantized, strict=True)
+        why, stored_why = "as MLX_RELAY_WEIGHTS names", "MLX_RELAY_WEIGHTS=stored"
+    planned = plans[setting] or _plan(fit, setting, float32_size, strict=True)
     assert planned is not None
     if setting == "stored":
-        return planned, stored(_stored_reason(settings, why), options)
+        return planned, stored(stored_why, options)
     held = planned.model.weights_bytes
     form = dequantized(
         int(quantized["bits"]), held, sliced=cluster is not None, dtype=setting, why=why, options=options
@@ -94,14 +98,12 @@ def plan_weights(
     return planned, form
 
 
-def _plan(
-    fit: Callable[..., Fit], form: str, info: ModelInfo, quantized: dict[str, Any], *, strict: bool = False
-) -> Fit | None:
+def _plan(fit: Callable[..., Fit], form: str, float32_size: int, *, strict: bool = False) -> Fit | None:
     """`form`'s plan; None where the budget cannot hold it, unless `strict` (then its BudgetError)."""
     try:
         if form == "stored":
             return fit()
-        size = float32_bytes(info.path, quantized) * _BYTES[form] // 4
+        size = float32_size * _BYTES[form] // 4
         return fit(form=partial(served_as, weights_bytes=size, dtype_bytes=_BYTES[form]))
     except BudgetError:
         if strict:
@@ -143,9 +145,3 @@ def _auto(plans: Mapping[str, Fit | None], window: int, device: str) -> tuple[st
         return chosen, f"for the CPU backend: its plan admits the {window}-token window"
     lost = "do not fit the memory budget" if "float32" not in safe else f"would cut the window to {safe['float32']}"
     return chosen, f"for the CPU backend: float32 weights {lost}"
-
-
-def _stored_reason(settings: Settings, why: str) -> str:
-    if settings.keep_quantized:
-        return "MLX_RELAY_KEEP_QUANTIZED is set"
-    return "MLX_RELAY_WEIGHTS=stored" if why == "as MLX_RELAY_WEIGHTS names" else why
