@@ -26,8 +26,6 @@ from pipeline.requests import (
     Role,
     Sampling,
     TextRequest,
-    Tool,
-    ToolCallRecord,
 )
 from wire.fields import (
     Body,
@@ -36,9 +34,7 @@ from wire.fields import (
     as_object,
     as_str,
     effort_kwargs,
-    read_arguments,
     read_bool,
-    read_function,
     read_int,
     read_number,
     read_object,
@@ -46,7 +42,7 @@ from wire.fields import (
     read_str,
 )
 from wire.images import image_from_base64
-from wire.openai_requests import SEED_MAX, SEED_MIN
+from wire.openai_requests import SEED_MAX, SEED_MIN, read_call_records, read_function_tools
 
 _ROLES = {role.value: role for role in (Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.TOOL)}
 # Options that only place the model on the hardware: they cannot change a token.
@@ -75,7 +71,7 @@ DEFAULTED = {
 
 def decode_ollama_chat(value: JsonValue) -> ChatRequest:
     body = as_body(value)
-    tools = _read_tools(body)
+    tools = read_function_tools(body)
     items = as_list(body.get("messages") if body.get("messages") is not None else [], "messages")
     messages = tuple(_read_message(item, f"messages[{index}]") for index, item in enumerate(items))
     if not messages:
@@ -132,7 +128,7 @@ def read_params(body: Body) -> GenerationParams:
     if read_bool(body, "logprobs") or body.get("top_logprobs"):
         raise unsupported("logprobs")
     predict = _option_int(options, "num_predict", minimum=-2)
-    limit = num_ctx(body)
+    limit = _option_int(options, "num_ctx", minimum=1)
     max_tokens = predict if predict is not None and predict > 0 else None
     if limit is not None:
         max_tokens = min(max_tokens or limit, limit)
@@ -237,19 +233,6 @@ def _read_think(body: Body) -> dict[str, JsonValue]:
     raise invalid(f"'think' must be a boolean or one of {list(_THINK_LEVELS)}, got {quote(think)}", param="think")
 
 
-def _read_tools(body: Body) -> tuple[Tool, ...]:
-    raw = body.get("tools")
-    tools = []
-    for index, value in enumerate(as_list(raw, "tools") if raw is not None else []):
-        param = f"tools[{index}]"
-        item = as_object(value, param)
-        if item.get("type", "function") != "function":
-            raise unsupported(f"{param}.type")
-        function = as_object(item.get("function"), f"{param}.function")
-        tools.append(read_function(function, f"{param}.function", schema_key="parameters"))
-    return tuple(tools)
-
-
 def _read_message(value: JsonValue, param: str) -> Message:
     item = as_object(value, param)
     role_name = as_str(item.get("role"), f"{param}.role")
@@ -262,22 +245,10 @@ def _read_message(value: JsonValue, param: str) -> Message:
         content=content,
         name=read_str(item, "tool_name", param=f"{param}.tool_name"),
         tool_call_id=read_str(item, "tool_call_id", param=f"{param}.tool_call_id"),
-        tool_calls=_read_calls(item.get("tool_calls"), f"{param}.tool_calls"),
+        tool_calls=read_call_records(item.get("tool_calls"), f"{param}.tool_calls"),
         reasoning=read_str(item, "thinking", param=f"{param}.thinking") or None,
         images=_read_images(item.get("images"), f"{param}.images"),
     )
-
-
-def _read_calls(value: JsonValue, param: str) -> tuple[ToolCallRecord, ...]:
-    calls = []
-    for index, raw in enumerate(as_list(value, param) if value is not None else []):
-        call = as_object(raw, f"{param}[{index}]")
-        function = as_object(call.get("function"), f"{param}[{index}].function")
-        arguments = read_arguments(function.get("arguments", {}), f"{param}[{index}].function.arguments")
-        name = as_str(function.get("name"), f"{param}[{index}].function.name")
-        call_id = read_str(call, "id", param=f"{param}[{index}].id") or f"call_{index}"
-        calls.append(ToolCallRecord(id=call_id, name=name, arguments=arguments))
-    return tuple(calls)
 
 
 def _read_images(value: JsonValue, param: str) -> tuple[ImagePart, ...]:

@@ -70,7 +70,7 @@ def decode_chat(value: JsonValue) -> ChatRequest:
         _check_effort(effort)
         for key, value in effort_kwargs(effort).items():
             kwargs.setdefault(key, value)
-    tools = _read_tools(body)
+    tools = read_function_tools(body)
     messages = _read_messages(body)
     if continue_final and messages[-1].role is not Role.ASSISTANT:
         raise invalid(
@@ -171,13 +171,14 @@ def _read_message(value: JsonValue, param: str) -> Message:
         content=content,
         name=read_str(item, "name", param=f"{param}.name"),
         tool_call_id=read_str(item, "tool_call_id", param=f"{param}.tool_call_id"),
-        tool_calls=_read_message_calls(item.get("tool_calls"), f"{param}.tool_calls"),
+        tool_calls=read_call_records(item.get("tool_calls"), f"{param}.tool_calls"),
         reasoning=reasoning if reasoning is not None else read_str(item, "reasoning", param=f"{param}.reasoning"),
         images=images,
     )
 
 
-def _read_message_calls(value: JsonValue, param: str) -> tuple[ToolCallRecord, ...]:
+def read_call_records(value: JsonValue, param: str) -> tuple[ToolCallRecord, ...]:
+    """A message's `tool_calls` (OpenAI's, and Ollama's whose arguments are an object) as call records."""
     if value is None:
         return ()
     calls = []
@@ -195,7 +196,8 @@ def _read_message_calls(value: JsonValue, param: str) -> tuple[ToolCallRecord, .
     return tuple(calls)
 
 
-def _read_tools(body: Body) -> tuple[Tool, ...]:
+def read_function_tools(body: Body) -> tuple[Tool, ...]:
+    """`tools` as OpenAI Chat (and Ollama) write them: `{"type": "function", "function": {...}}`."""
     raw = body.get("tools")
     if raw is None:
         return ()

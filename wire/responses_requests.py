@@ -109,6 +109,7 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
     temperature = read_number(body, "temperature", minimum=0, maximum=2)
     top_p = read_number(body, "top_p", minimum=0, maximum=1)
     user = read_str(body, "user")
+    max_tool_calls = read_int(body, "max_tool_calls", minimum=1)
     return ResponsesRequest(
         input=items,
         instructions=read_str(body, "instructions"),
@@ -130,7 +131,7 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
         truncate=truncation == "auto",
         echo={
             "max_output_tokens": max_tokens,
-            "max_tool_calls": read_int(body, "max_tool_calls", minimum=1),
+            "max_tool_calls": max_tool_calls,
             "temperature": temperature,
             "top_p": top_p,
             "metadata": read_object_or_empty(body, "metadata"),
@@ -148,7 +149,7 @@ def decode_responses(value: JsonValue) -> ResponsesRequest:
         grammar_call=choice.grammar_call,
         mcp_servers=mcp_servers,
         mcp_choice=read_mcp_choice(body.get("tool_choice")) if mcp_servers else None,
-        max_tool_calls=read_int(body, "max_tool_calls", minimum=1),
+        max_tool_calls=max_tool_calls,
     )
 
 

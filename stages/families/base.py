@@ -233,3 +233,10 @@ def in_json_string(body: str) -> bool:
         elif char == '"':
             inside = not inside
     return inside
+
+
+def raw_lark(grammar: Constraint) -> str:
+    """A custom tool's grammar nested as it is (a regex as its one rule)."""
+    if grammar.kind is ConstraintKind.REGEX:
+        return "%lark {\nstart: /" + str(grammar.spec).replace("/", "\\/") + "/\n}"
+    return "%lark {\n" + str(grammar.spec) + "\n}"

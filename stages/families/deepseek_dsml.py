@@ -25,8 +25,17 @@ from typing import Any
 
 import attrs
 
-from pipeline.requests import Constraint, ConstraintKind, Tool
-from stages.families.base import JSON_OPTIONS, Family, MarkerRef, ParsedCall, arguments_schema, json_object, lark_text
+from pipeline.requests import Tool
+from stages.families.base import (
+    JSON_OPTIONS,
+    Family,
+    MarkerRef,
+    ParsedCall,
+    arguments_schema,
+    json_object,
+    lark_text,
+    raw_lark,
+)
 from stages.families.progress import CallProgress
 from stages.families.xml_params import INPUT, is_text
 from stages.reply.stops import partial_suffix
@@ -157,7 +166,7 @@ def _invoke(dialect: Dialect, tool: Tool, index: int, marker: MarkerRef) -> list
     if tool.input_grammar is not None:
         # A custom tool's input is one text argument, held to its grammar as written: no JSON string to escape it into.
         parts.append(_tag(dialect, marker, "parameter", _attributes(INPUT, True)))
-        parts.append(_raw_lark(tool.input_grammar))
+        parts.append(raw_lark(tool.input_grammar))
         parts.append(_tag(dialect, marker, "parameter", _NEWLINE_END, closing=True))
         properties = {}
     for number, (key, value_schema) in enumerate(properties.items()):
@@ -208,13 +217,6 @@ def _value(dialect: Dialect, marker: MarkerRef, rule: str, schema: object, rules
 def _regex_text(text: str) -> str:
     """`text` matched literally inside a Lark `/…/` regex."""
     return re.escape(text).replace("/", "\\/")
-
-
-def _raw_lark(grammar: Constraint) -> str:
-    """A custom tool's grammar nested as it is (a regex as its one rule)."""
-    if grammar.kind is ConstraintKind.REGEX:
-        return "%lark {\nstart: /" + str(grammar.spec).replace("/", "\\/") + "/\n}"
-    return "%lark {\n" + str(grammar.spec) + "\n}"
 
 
 def family(dialect: Dialect) -> Family:

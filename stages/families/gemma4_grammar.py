@@ -22,8 +22,8 @@ from typing import Any
 
 import attrs
 
-from pipeline.requests import Constraint, ConstraintKind, Tool
-from stages.families.base import MarkerRef, arguments_schema, lark_text
+from pipeline.requests import Tool
+from stages.families.base import MarkerRef, arguments_schema, lark_text, raw_lark
 from stages.families.gemma4_notation import QUOTE
 
 _INTEGER = r"/-?(0|[1-9][0-9]*)/"
@@ -165,15 +165,8 @@ def _call(tool: Tool, grammar: NotationGrammar) -> str:
     head = lark_text(f"call:{tool.name}")
     if tool.input_grammar is not None:
         quote = grammar.marker(QUOTE)
-        return f'{head} "{{input:" {quote} {_nested(tool.input_grammar)} {quote} "}}"'
+        return f'{head} "{{input:" {quote} {raw_lark(tool.input_grammar)} {quote} "}}"'
     schema = arguments_schema(tool)
     if schema.get("type", "object") != "object":
         return f"{head} {grammar.any()}"
     return f"{head} {grammar.mapping(schema)}"
-
-
-def _nested(grammar: Constraint) -> str:
-    """A custom tool's grammar nested as it is (a regex as its one rule)."""
-    if grammar.kind is ConstraintKind.REGEX:
-        return "%lark {\nstart: /" + str(grammar.spec).replace("/", "\\/") + "/\n}"
-    return "%lark {\n" + str(grammar.spec) + "\n}"

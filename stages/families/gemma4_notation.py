@@ -21,6 +21,7 @@ from collections.abc import Callable
 import attrs
 
 from stages.families.jsonscan import Scan, scan_value
+from stages.reply.stops import partial_suffix
 
 QUOTE = '<|"|>'
 _SPACE = " \t\n\r"
@@ -134,7 +135,7 @@ class _Reader:
             return
         text = self.source[start:]
         # What could still grow into the closing quote is held back.
-        held = next((size for size in range(len(QUOTE) - 1, 0, -1) if text.endswith(QUOTE[:size])), 0)
+        held = partial_suffix(text, (QUOTE,))
         # json.dumps escapes character by character: the text of a prefix is a prefix of the whole's.
         self.out.append(json.dumps(text[: len(text) - held], ensure_ascii=False)[:-1])
         raise _Unfinished

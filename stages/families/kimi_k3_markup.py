@@ -31,6 +31,7 @@ from pipeline.requests import Tool
 from stages.families.base import ParsedCall, in_json_string
 from stages.families.jsonscan import scan_value
 from stages.families.progress import CallProgress
+from stages.reply.stops import partial_suffix
 
 OPEN, CLOSE, SEP = "<|open|>", "<|close|>", "<|sep|>"
 # The vocabulary a K3 model has (mlx-lm's `_is_xtml_vocab` reads the same four).
@@ -92,7 +93,7 @@ def _value_end(body: str, start: int) -> tuple[int | None, int]:
             return None, hit
         at = hit + 1
     # Held back: what could still be the start of an argument's end.
-    held = next((size for size in range(len(ARGUMENT_CLOSE) - 1, 0, -1) if body.endswith(ARGUMENT_CLOSE[:size])), 0)
+    held = partial_suffix(body, (ARGUMENT_CLOSE,))
     return None, max(start, len(body) - held)
 
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import attrs
 
-from pipeline.requests import Constraint, ConstraintKind, Tool
-from stages.families.base import JSON_OPTIONS, Family, MarkerRef, ParsedCall, arguments_schema, lark_text
+from pipeline.requests import Tool
+from stages.families.base import JSON_OPTIONS, Family, MarkerRef, ParsedCall, arguments_schema, lark_text, raw_lark
 from stages.families.progress import CallProgress
 
 # The parameter a custom tool's input travels in, as `wire/responses_tools.py` names it.
@@ -265,7 +265,7 @@ def forced_call(markup: XmlMarkup, tool: Tool, index: int, marker: MarkerRef) ->
         # A custom tool's input is one text value, held to its grammar as written: no JSON string to escape it into.
         value = " ".join(marker(text) for text in (markup.value_open, markup.pad, "") if text)
         close = " ".join(marker(text) for text in (markup.pad, markup.value_end) if text)
-        parts.append(_element(markup, lark_text(INPUT), f"{value} {_raw_lark(tool.input_grammar)} {close}", literal))
+        parts.append(_element(markup, lark_text(INPUT), f"{value} {raw_lark(tool.input_grammar)} {close}", literal))
         properties = {}
     for number, (key, value_schema) in enumerate(properties.items()):
         element = _element(
@@ -330,13 +330,6 @@ def forced_calls(markup: XmlMarkup, tools: Sequence[Tool], marker: MarkerRef, st
     choice = " | ".join(f"c{i}" for i in range(len(tools)))
     gap = f" {marker(markup.start_gap)}" if markup.start_gap else ""
     return f"start: {marker(start)}{gap} ({choice}) {marker(end)}\n" + "\n".join(rules)
-
-
-def _raw_lark(grammar: Constraint) -> str:
-    """A custom tool's grammar nested as it is (a regex as its one rule)."""
-    if grammar.kind is ConstraintKind.REGEX:
-        return "%lark {\nstart: /" + str(grammar.spec).replace("/", "\\/") + "/\n}"
-    return "%lark {\n" + str(grammar.spec) + "\n}"
 
 
 def xml_family(
