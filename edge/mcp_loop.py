@@ -15,7 +15,7 @@ route can stream them or collect the finished items (edge/mcp_route.py).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 
 import attrs
 import structlog
@@ -239,8 +239,3 @@ def _added(total: Usage, more: Usage) -> Usage:
         cached_tokens=total.cached_tokens + more.cached_tokens,
         reasoning_tokens=total.reasoning_tokens + more.reasoning_tokens,
     )
-
-
-def allowed_setting(extensions: Mapping[str, object]) -> str | None:
-    value = extensions.get("mcp_allow")
-    return value if isinstance(value, str) else None

@@ -23,11 +23,12 @@ from quart import Blueprint, Response, current_app, request
 from edge import fields, guard
 from edge.choice import chosen, current_engine, fleet, model_field
 from edge.disconnect import ends_with_client
+from edge.errors import json_response
 from fleet.fleet import Fleet
 from fleet.host import ModelHost, State
 from pipeline.errors import invalid
 from pipeline.protocol import StreamProtocol
-from pipeline.requests import Accepted, JsonObject, JsonValue
+from pipeline.requests import Accepted
 from stages.engine.engine import Engine
 from stages.messages import Decoder, ReadBody, Reply
 from stages.prompt.parse import load_json
@@ -50,7 +51,6 @@ from wire.ollama_requests import (
     num_ctx,
     read_keep_alive,
 )
-from wire.sse import dumps
 
 NDJSON = "application/x-ndjson"
 
@@ -121,7 +121,7 @@ async def _load_only(model: str | None, keep_alive: float | None, *, chat: bool)
     if chat:
         reply = {key: value for key, value in reply.items() if key != "response"}
         reply["message"] = {"role": "assistant", "content": ""}
-    return _json(reply)
+    return json_response(reply)
 
 
 def _keep_alive(model: str | None, seconds: float | None) -> Callable[[], None]:
@@ -170,17 +170,17 @@ async def _embedding(*, legacy: bool) -> Response:
         result = await work.embed(decoded, request_id=request_id, trace_id=guard.trace_id(request_id))
     apply_keep_alive()
     if legacy:
-        return _json({"embedding": list(result.vectors[0])})
-    return _json(embed_body(result, model=decoded.model or work.name, total_ns=time.time_ns() - arrived))
+        return json_response({"embedding": list(result.vectors[0])})
+    return json_response(embed_body(result, model=decoded.model or work.name, total_ns=time.time_ns() - arrived))
 
 
 async def _tags() -> Response:
-    return _json(tags_body([_facts(host, name) for name, host in _names()]))
+    return json_response(tags_body([_facts(host, name) for name, host in _names()]))
 
 
 async def _ps() -> Response:
     loaded = [(name, host) for name, host in _names() if host.state is State.READY and name == host.name]
-    return _json(ps_body([_facts(host, name) for name, host in loaded]))
+    return json_response(ps_body([_facts(host, name) for name, host in loaded]))
 
 
 async def _show() -> Response:
@@ -190,11 +190,11 @@ async def _show() -> Response:
         raise invalid("'model' is required", param="model")
     async with chosen(name):
         host = fleet().host_named(name)
-        return _json(show_body(_facts(host, name)))
+        return json_response(show_body(_facts(host, name)))
 
 
 async def _version() -> Response:
-    return _json({"version": OLLAMA_VERSION})
+    return json_response({"version": OLLAMA_VERSION})
 
 
 _REPORTS: dict[str, Callable[[], Awaitable[Response]]] = {
@@ -245,7 +245,3 @@ def _capabilities(engine: Engine) -> tuple[str, ...]:
     if engine.embedder is not None:
         found.append("embedding")
     return tuple(found)
-
-
-def _json(body: JsonObject | JsonValue) -> Response:
-    return Response(dumps(body), content_type="application/json")
