@@ -14,7 +14,8 @@ import pytest
 
 from tests.conftest import Server, ServerFactory
 
-# Long enough that a cancel lands mid-run on the tiny model.
+# Long enough that a cancel lands mid-run on the tiny model; greedy, because a sampled run on the
+# random-weight model can draw its end-of-sequence token early and finish before the cancel.
 LONG = 1500
 DEADLINE = 60.0
 
@@ -45,7 +46,7 @@ def test_background_answers_queued_then_completes(client: openai.OpenAI) -> None
 
 
 def test_cancel_mid_run_keeps_the_partial_output(client: openai.OpenAI) -> None:
-    created = client.responses.create(model="m", input="Go on", background=True, max_output_tokens=LONG)
+    created = client.responses.create(model="m", input="Go on", background=True, max_output_tokens=LONG, temperature=0)
     running = _until(client, created.id, "in_progress", "completed", "incomplete")
     assert running.status == "in_progress"
     cancelled = client.responses.cancel(created.id)
@@ -94,7 +95,7 @@ def test_a_synchronous_response_cannot_be_cancelled(client: openai.OpenAI) -> No
 
 
 def test_delete_a_background_response(client: openai.OpenAI) -> None:
-    created = client.responses.create(model="m", input="Go on", background=True, max_output_tokens=LONG)
+    created = client.responses.create(model="m", input="Go on", background=True, max_output_tokens=LONG, temperature=0)
     client.responses.delete(created.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(created.id)
@@ -107,7 +108,7 @@ def test_delete_a_background_response(client: openai.OpenAI) -> None:
 def test_another_key_cannot_read_or_cancel(server_factory: ServerFactory) -> None:
     server = server_factory(api_key="key-one,key-two")
     one, two = (server.client().with_options(api_key=key) for key in ("key-one", "key-two"))
-    created = one.responses.create(model="m", input="Go on", background=True, max_output_tokens=LONG)
+    created = one.responses.create(model="m", input="Go on", background=True, max_output_tokens=LONG, temperature=0)
     with pytest.raises(openai.NotFoundError):
         two.responses.retrieve(created.id)
     with pytest.raises(openai.NotFoundError):
@@ -120,7 +121,7 @@ def test_a_restart_marks_running_work_failed(server_factory: ServerFactory, tmp_
     url = f"sqlite:///{tmp_path / 'responses.db'}"
     first: Server = server_factory(private=True, response_store=url)  # killed below
     client = first.client()
-    created = client.responses.create(model="m", input="Go on", background=True, max_output_tokens=LONG)
+    created = client.responses.create(model="m", input="Go on", background=True, max_output_tokens=LONG, temperature=0)
     assert _until(client, created.id, "in_progress").status == "in_progress"
     first.kill()
     second = server_factory(private=True, response_store=url)
