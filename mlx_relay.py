@@ -20,16 +20,23 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from edge.guard import EdgePolicy
-from edge.sockets import SocketInUse, bind_unix
-from fleet.spec import ModelsFileError, specs_from_settings
-from pipeline.settings import PREFIX, Settings, SettingsError
-from stages.adapters import AdapterError, read_adapters
-from stages.models.embedding import EmbeddingModelError, read_embedding_model
-from stages.models.pull_cli import MODEL_COMMANDS
-from stages.models.pull_cli import add_commands as add_model_commands
-from stages.models.pull_cli import run as run_model_command
-from store.startup import StartupError, open_response_store
+from stages.models.blas import preload_blas
+
+# Before anything imports mlx (the model commands' imports reach it): the BLAS is chosen when mlx first loads, and
+# the workers the server forks keep the front's. Chosen after mlx, it is the reference BLAS the Linux wheel links,
+# about 35x slower a matmul.
+preload_blas()
+
+from edge.guard import EdgePolicy  # noqa: E402
+from edge.sockets import SocketInUse, bind_unix  # noqa: E402
+from fleet.spec import ModelsFileError, specs_from_settings  # noqa: E402
+from pipeline.settings import PREFIX, Settings, SettingsError  # noqa: E402
+from stages.adapters import AdapterError, read_adapters  # noqa: E402
+from stages.models.embedding import EmbeddingModelError, read_embedding_model  # noqa: E402
+from stages.models.pull_cli import MODEL_COMMANDS  # noqa: E402
+from stages.models.pull_cli import add_commands as add_model_commands  # noqa: E402
+from stages.models.pull_cli import run as run_model_command  # noqa: E402
+from store.startup import StartupError, open_response_store  # noqa: E402
 
 USAGE_ERROR = 2
 
@@ -271,10 +278,6 @@ def _follower_rank() -> bool:
 
 def _follow(settings: Settings) -> int:
     """A follower rank: no HTTP, no store; the model loop until rank 0 stops it."""
-    from stages.models.blas import preload_blas
-
-    # Before anything imports mlx, as app.py does.
-    preload_blas()
     from stages.shard.rank import serve_follower
 
     return serve_follower(settings)

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from stages.models.blas import preload_blas
 from tests import loopback
 from tests.conftest import REPO, STARTUP_TIMEOUT, _free_port
 
@@ -192,6 +193,10 @@ def test_flags_override_the_environment_and_sigterm_drains() -> None:
     with _serving(["--port", str(port), "--api-key", "from-flag"], f"{base}/health", api_key="from-env") as process:
         assert loopback.get(f"{base}/v1/models", headers={"x-api-key": "from-flag"}, timeout=10).status_code == 200
         assert loopback.get(f"{base}/v1/models", headers={"x-api-key": "from-env"}, timeout=10).status_code == 401
+        # The command chose its BLAS before its imports reached mlx, so it runs on the one this process chose (the
+        # Linux wheel's reference BLAS, chosen by importing mlx first, made a request on a 2-layer model 3x slower).
+        stats = loopback.get(f"{base}/stats", headers={"x-api-key": "from-flag"}, timeout=10).json()
+        assert stats["blas"] == preload_blas()
         chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
         assert (
             loopback.post(
