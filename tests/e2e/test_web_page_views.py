@@ -1,5 +1,6 @@
 """The chat page's models view, live view and tool calls in Debian's Chromium, against real servers; each
-test also writes its view's screenshot into docs/screenshots/ (the README links one). Fixtures and the
+test also takes its view's screenshot, written into docs/screenshots/ (the README links one) only where
+`MLX_RELAY_WRITE_SCREENSHOTS=1` asks, so that a run leaves the checkout as it was. Fixtures and the
 browser come from `test_web_page.py`; like it, these skip, saying why, where Playwright or Chromium is not
 installed.
 """
@@ -7,6 +8,7 @@ installed.
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import TYPE_CHECKING
 
@@ -42,8 +44,11 @@ def pair(server_factory: ServerFactory) -> Server:
 
 
 def screenshot(page: Page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"))
+    image = page.screenshot()
+    assert image.startswith(b"\x89PNG")
+    if os.environ.get("MLX_RELAY_WRITE_SCREENSHOTS") == "1":
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        (SHOTS / f"{name}.png").write_bytes(image)
 
 
 def test_a_forced_tool_call_shows_its_name_and_arguments(page: Page, server: Server) -> None:
