@@ -43,6 +43,7 @@ from edge.errors import error_parts, json_response  # noqa: E402
 from edge.errors import install as install_error_handlers  # noqa: E402
 from edge.file_routes import routes as file_routes  # noqa: E402
 from edge.keepalive import Keepalives  # noqa: E402
+from edge.mcp_messages_route import mcp_message  # noqa: E402
 from edge.mcp_route import mcp_response  # noqa: E402
 from edge.message_batch_routes import routes as message_batch_routes  # noqa: E402
 from edge.metrics import Metrics  # noqa: E402
@@ -74,6 +75,7 @@ from stages.remote.zygote import start_zygote, stop_zygote  # noqa: E402
 from store.startup import StartupError, open_response_store  # noqa: E402
 from wire import anthropic, openai  # noqa: E402
 from wire.anthropic_context import applied_edits_body  # noqa: E402
+from wire.anthropic_mcp import connector_beta  # noqa: E402
 from wire.anthropic_requests import decode_count_tokens, decode_messages  # noqa: E402
 from wire.openai_requests import decode_chat, decode_completion  # noqa: E402
 from wire.openapi import document as openapi_document  # noqa: E402
@@ -302,6 +304,13 @@ def _include_usage(accepted: Accepted) -> bool:
 async def messages() -> Response:
     betas = request.headers.get("anthropic-beta", "")
     interleaved = "interleaved-thinking-2025-05-14" in (beta.strip() for beta in betas.split(","))
+    # Without the beta the decoder refuses `mcp_servers`, naming the header; with it, only a body holding these
+    # bytes can name the connector's servers, so no other is parsed here, before the engine.
+    if connector_beta(betas) and b"mcp_servers" in (body := cast(bytes, await request.get_data(as_text=False))):
+        raw = load_json(body)
+        if isinstance(raw, dict) and raw.get("mcp_servers") is not None:
+            # Tools the server calls: rounds of generation and MCP calls at the edge (edge/mcp_messages_route.py).
+            return await mcp_message(app, raw, interleaved_thinking=interleaved)
     decode = partial(decode_messages, interleaved_thinking=interleaved)
     return await generate(_request_id("msg_"), fields.watched("messages", decode), _messages_protocol)
 
@@ -343,7 +352,7 @@ async def responses() -> Response:
         return await start_background(turn, ReadBody(raw))
     if turn.decoded.mcp_servers:
         # Tools the server calls: rounds of generation and MCP calls at the edge (edge/mcp_route.py).
-        return await mcp_response(app, turn, raw, trace_id=request.headers.get("x-request-id"))
+        return await mcp_response(app, turn, raw)
     # Read once: the turn was decoded from `raw` before its store lookup, and the parse stage takes `raw` as read.
     return await generate(turn.request_id, turn.decode, turn.make_protocol, persist=turn.persist, read=ReadBody(raw))
 

@@ -3,8 +3,9 @@
 Each round is one generation through the engine with the conversation so far (the prompt cache
 keeps the KV of the earlier part, so a round prefills only what the last one added). A round that
 ends in calls to MCP tools has them run here and goes on; one that ends in text, in a call to the
-client's own tools, or in a call that needs the client's approval ends the turn. `max_tool_calls`
-(else `MAX_CALLS`) bounds the calls: past it, as OpenAI documents, a call the model makes is ignored.
+client's own tools, or in a call that needs the client's approval ends the turn. `max_tool_calls` (else
+edge/mcp_rounds.py's `MAX_CALLS`) bounds the calls: past it, as OpenAI documents, a call the model makes is
+ignored.
 The tools stay in every round's prompt, so that each round's prompt extends the last one's and
 reuses its KV (a round offered no tools would render another system prompt and prefill it all).
 
@@ -15,21 +16,13 @@ route can stream them or collect the finished items (edge/mcp_route.py).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import attrs
-import structlog
 
-from edge.aliases import with_model
-from edge.choice import chosen, current_defaults, model_named
-from edge.disconnect import current_client
-from edge.mcp_tools import call_tool, list_tools
-from fleet.defaults import with_defaults
-from pipeline.channels import ReplyClosed
+from edge.mcp_rounds import McpRounds
 from pipeline.errors import invalid
-from pipeline.events import CompletionEvent, FinishReason, Summary, Usage
-from pipeline.requests import Accepted, JsonObject, JsonValue, Tool, ToolChoice, ToolChoiceMode
-from stages.messages import ReadBody
+from pipeline.requests import JsonObject, ToolChoice, ToolChoiceMode
 from wire.responses_mcp import (
     McpServer,
     approval_item,
@@ -41,39 +34,27 @@ from wire.responses_mcp import (
 from wire.responses_mcp_round import RoundItems, Step
 from wire.responses_requests import ResponsesRequest, to_chat
 
-log = structlog.get_logger(stage="mcp")
-
-# Calls one response may make when the request sets no `max_tool_calls`.
-MAX_CALLS = 8
 _DECLINED: JsonObject = {"type": "mcp_tool_execution_error", "content": "The user declined this call."}
 
 _GOES_ON = ("mcp_call", "reasoning")
 
 
 @attrs.define(kw_only=True)
-class McpLoop:
+class McpLoop(McpRounds):
     """One turn's rounds; after `steps` is spent, `output`, `usage` and `summary` hold the response's."""
 
     decoded: ResponsesRequest
     history: tuple[JsonObject, ...]
     instructions: str | None
-    raw: JsonValue
-    request_id: str
-    trace_id: str
     output: list[JsonObject] = attrs.field(factory=list)
     # What the model reads besides `output`: declined calls, which are not output items.
     _seen: list[JsonObject] = attrs.field(factory=list)
-    usage: Usage = attrs.field(factory=lambda: Usage(prompt_tokens=0, completion_tokens=0))
-    summary: Summary | None = None
-    accepted: Accepted | None = None
-    _tools: dict[str, tuple[McpServer, Tool]] = attrs.field(factory=dict)
-    _calls: int = 0
 
     async def steps(self) -> AsyncIterator[Step]:
         listings = _earlier_listings(self.history)
         for server in self.decoded.mcp_servers:
             if server.label not in listings:
-                listing = await self._emit_list(server)
+                listing = await self.listing(server)
                 yield "added", {**listing, "tools": []}
                 self.output.append(listing)
                 yield "done", listing
@@ -82,30 +63,12 @@ class McpLoop:
         self._tools = offered(self.decoded.mcp_servers, listings)
         async for step in self._approved():
             yield step
-        choice = self._first_choice()
-        while True:
-            calls, before = self._calls, len(self.output)
-            async for step in self._round(choice):
-                yield step
-            # Text, a call of the client's or an approval request ends the turn; only MCP calls go on.
-            ends = any(item.get("type") not in _GOES_ON for item in self.output[before:])
-            if ends or self._calls == calls or self._cut:
-                return
-            choice = ToolChoice(mode=ToolChoiceMode.AUTO)
-
-    async def _emit_list(self, server: McpServer) -> JsonObject:
-        listing = await list_tools(server)
-        tools = listing.get("tools")
-        kept = [t for t in tools if isinstance(t, dict) and server.keeps(t)] if isinstance(tools, list) else []
-        return {**listing, "tools": list[JsonValue](kept)}
+        async for step in self.rounds(self._first_choice(), self._round):
+            yield step
 
     @property
-    def _bound(self) -> int:
-        return self.decoded.max_tool_calls or MAX_CALLS
-
-    @property
-    def _cut(self) -> bool:
-        return self.summary is not None and self.summary.finish_reason is FinishReason.LENGTH
+    def bound(self) -> int:
+        return self.decoded.max_tool_calls or super().bound
 
     def _first_choice(self) -> ToolChoice:
         forced = self.decoded.mcp_choice
@@ -131,8 +94,7 @@ class McpLoop:
             self._out(item)
             yield "done", item
             return
-        if self._calls >= self._bound:
-            log.info("mcp.call_ignored", tool=item.get("name"), max_tool_calls=self._bound)
+        if self.over_bound(str(item.get("name"))):
             return
         server = entry[0]
         arguments, name = str(item.get("arguments", "")), str(item["name"])
@@ -147,8 +109,7 @@ class McpLoop:
 
     async def _call(self, server: McpServer, call: JsonObject) -> AsyncIterator[Step]:
         yield "added", call
-        done = await call_tool(server, call)
-        self._calls += 1
+        done = await self.run_call(server, call)
         self._out(done)
         yield "done", done
 
@@ -181,6 +142,7 @@ class McpLoop:
 
     async def _round(self, choice: ToolChoice) -> AsyncIterator[Step]:
         """One generation: its text as it comes, then each call it made, run or held for approval."""
+        before = len(self.output)
         mcp_tools = tuple(tool for name, (_s, tool) in self._tools.items() if name not in self.decoded.tool_specs)
         tools = self.decoded.tools + mcp_tools
         if not tools:
@@ -188,39 +150,23 @@ class McpLoop:
         request = attrs.evolve(self.decoded, input=(*self.decoded.input, *self._seen), tools=tools, tool_choice=choice)
         chat = to_chat(request, self.history, self.instructions)
         items = RoundItems(specs=self.decoded.tool_specs)
-        async for event in self._generate(lambda _body: chat):
+        async for event in self.generate(lambda _body: chat):
             for step in items.feed(event):
                 yield self._kept(step)
         assert self.summary is not None
-        closing, calls = items.end(cut=self._cut)
+        closing, calls = items.end(cut=self.cut)
         for step in closing:
             yield self._kept(step)
         for item in calls:
             async for step in self._on_item(item):
                 yield step
+        # Text, a call of the client's or an approval request ends the turn; only MCP calls go on.
+        self.ended = any(item.get("type") not in _GOES_ON for item in self.output[before:])
 
     def _kept(self, step: Step) -> Step:
         if step[0] == "done":
             self._out(step[1])
         return step
-
-    async def _generate(self, decode: Callable[[JsonValue], object]) -> AsyncIterator[CompletionEvent]:
-        """The round's events as the engine sends them; then `summary` and `usage` hold its end."""
-        client = current_client()
-        model, body = model_named(ReadBody(self.raw))
-        async with chosen(model) as engine:
-            decoder = with_defaults(with_model(decode), current_defaults())  # type: ignore[arg-type]
-            reply = await engine.submit(request_id=self.request_id, trace_id=self.trace_id, body=body, decode=decoder)
-        client.on_gone(reply.close)
-        with reply:
-            self.accepted = await reply.accepted()
-            async for batch in reply:
-                for event in batch:
-                    yield event
-        if reply.closed:
-            raise ReplyClosed("the client has gone")
-        self.summary = reply.summary
-        self.usage = _added(self.usage, reply.summary.usage)
 
 
 def _earlier_listings(history: tuple[JsonObject, ...]) -> dict[str, JsonObject]:
@@ -230,12 +176,3 @@ def _earlier_listings(history: tuple[JsonObject, ...]) -> dict[str, JsonObject]:
         for item in history
         if item.get("type") == "mcp_list_tools" and item.get("error") is None
     }
-
-
-def _added(total: Usage, more: Usage) -> Usage:
-    return Usage(
-        prompt_tokens=total.prompt_tokens + more.prompt_tokens,
-        completion_tokens=total.completion_tokens + more.completion_tokens,
-        cached_tokens=total.cached_tokens + more.cached_tokens,
-        reasoning_tokens=total.reasoning_tokens + more.reasoning_tokens,
-    )

@@ -14,10 +14,11 @@ from typing import cast
 
 from quart import Quart, Response, stream_with_context
 
+from edge import guard
 from edge.disconnect import current_client, gone_response
 from edge.errors import json_response
 from edge.mcp_loop import McpLoop
-from edge.mcp_tools import allow_list, check_allowed
+from edge.mcp_rounds import app_meter, check_servers
 from edge.responses_turn import ResponsesTurn
 from pipeline.channels import ReplyClosed
 from pipeline.errors import RequestError
@@ -28,11 +29,11 @@ from wire import responses as responses_wire
 from wire.responses_mcp_stream import McpEvents
 
 
-async def mcp_response(app: Quart, turn: ResponsesTurn, raw: JsonValue, *, trace_id: str | None) -> Response:
+async def mcp_response(app: Quart, turn: ResponsesTurn, raw: JsonValue) -> Response:
     """Raises: RequestError (400) for a server the allow-list does not name, or a bad forced tool."""
-    setting = app.extensions.get("mcp_allow")
-    check_allowed(turn.decoded.mcp_servers, allow_list(setting if isinstance(setting, str) else None))
-    trace = trace_id or turn.request_id
+    check_servers(app, turn.decoded.mcp_servers, param="tools")
+    # A sent `x-request-id` only where the guard finds it plain, as every route takes it.
+    trace = guard.trace_id(turn.request_id)
     loop = McpLoop(
         decoded=turn.decoded,
         history=turn.history,
@@ -40,6 +41,7 @@ async def mcp_response(app: Quart, turn: ResponsesTurn, raw: JsonValue, *, trace
         raw=raw,
         request_id=turn.request_id,
         trace_id=trace,
+        meter=app_meter(app),
     )
     headers = {"x-request-id": trace}
     if turn.decoded.stream:

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from edge.mcp_metrics import McpMeter
 from pipeline.observe import RequestObserver, RequestRecord
 from pipeline.requests import JsonObject
 from wire.loads import LoadInputs, loads_body
@@ -171,6 +172,8 @@ class Metrics:
     # Each model's inter-token histogram, labelled once: `labels()` locks and looks up on every call, and this
     # one is observed for every streamed token.
     _token_gaps: dict[str, Histogram] = attrs.field(factory=dict, init=False)
+    # Remote MCP servers' requests (edge/mcp_metrics.py): no model's, and made now, as a request may come first.
+    mcp: McpMeter = attrs.field(init=False, default=attrs.Factory(lambda self: McpMeter(self.registry), True))
 
     def configure(self, *, model_names: Sequence[str], context_window: int) -> None:
         """Builds the metrics; the token histograms' buckets run up to `context_window` (the largest served)."""

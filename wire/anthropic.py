@@ -6,11 +6,14 @@ Anthropic's event grammar: `message_start`, then per content block
 then `message_delta` (stop reason, output tokens) and `message_stop`.
 Answer text is a `text` block, reasoning a `thinking` block, each tool
 call a `tool_use` block whose input arrives as `input_json_delta`. A
-stream that fails after it began ends with an `error` event.
+stream that fails after it began ends with an `error` event. A block the
+edge made whole (the MCP connector's `mcp_tool_use` and `mcp_tool_result`,
+wire/anthropic_mcp.py) goes out with `block`, its input in one delta.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -136,8 +139,17 @@ class MessagesStream:
         message = self._message(content=[], stop=None, usage=usage)
         return _event("message_start", {"message": message}) + _event("ping", {})
 
-    def finish(self, summary: Summary) -> bytes:
-        delta: JsonObject = {"stop_reason": stop_reason(summary), "stop_sequence": summary.stop_sequence}
+    def block(self, block: JsonObject) -> bytes:
+        """A whole block the edge made: opened, its `input` (if any) in one `input_json_delta`, closed."""
+        head = self._message_start(waiting=False) + self._close()
+        if "input" not in block:
+            return head + self._start(block) + self._close()
+        pieces: JsonObject = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        return head + self._start({**block, "input": {}}) + self._delta(pieces) + self._close()
+
+    def finish(self, summary: Summary, reason: str | None = None) -> bytes:
+        """The stream's end; `reason` is a stop reason the summary cannot say (the connector's `pause_turn`)."""
+        delta: JsonObject = {"stop_reason": reason or stop_reason(summary), "stop_sequence": summary.stop_sequence}
         closing: JsonObject = {"delta": delta, "usage": usage_body(summary.usage)}
         if self.context_management is not None:
             closing["context_management"] = self.context_management
@@ -152,10 +164,15 @@ class MessagesStream:
         return frame(error_body(error), event="error")
 
     def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
-        content = content_blocks(events)
-        if self.omit_thinking:
-            content = [_without_thinking(block) for block in content]
-        return self._message(content=content, stop=summary, usage=usage_body(summary.usage))
+        return self.whole(content_blocks(events), summary)
+
+    def whole(self, content: Sequence[JsonValue], summary: Summary, reason: str | None = None) -> JsonObject:
+        """The message of `content` blocks; `reason` as `finish` takes it."""
+        shown = [_without_thinking(block) for block in content] if self.omit_thinking else list(content)
+        message = self._message(content=shown, stop=summary, usage=usage_body(summary.usage))
+        if reason is not None:
+            message["stop_reason"] = reason
+        return message
 
     def _message(self, *, content: list[JsonValue], stop: Summary | None, usage: JsonObject) -> JsonObject:
         message: JsonObject = {

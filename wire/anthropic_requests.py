@@ -8,6 +8,9 @@ Fields that cannot change the output (`metadata`, `service_tier`,
 `cache_control`, `speed`) are ignored; ones that would and are not served
 are refused by name. `output_config.effort` sets the template's reasoning
 level (gpt-oss's low/medium/high), as `reasoning_effort` does for OpenAI.
+`mcp_servers` is the MCP connector's, read with its beta (wire/anthropic_mcp.py) and refused naming the
+header without it; its `mcp_tool_use` and `mcp_tool_result` blocks, sent back in an assistant turn, are
+a call and its result, as `tool_use` and `tool_result` are.
 """
 
 from __future__ import annotations
@@ -47,21 +50,26 @@ from wire.images import image_from_base64, image_from_url
 from wire.structured import anthropic_constraint
 
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
-_REFUSED_FIELDS = ("container", "mcp_servers")
+_REFUSED_FIELDS = ("container",)
+# The MCP connector's betas; without one, `mcp_servers` is refused naming the header (wire/anthropic_mcp.py).
+MCP_BETAS = ("mcp-client-2025-04-04", "mcp-client-2025-11-20")
 _DISPLAYS = ("summarized", "omitted")
 _MIN_THINKING_BUDGET = 1024
 
 
-def decode_messages(value: JsonValue, *, interleaved_thinking: bool = False) -> ChatRequest:
+def decode_messages(value: JsonValue, *, interleaved_thinking: bool = False, connector: bool = False) -> ChatRequest:
     """A `POST /v1/messages` body; `interleaved_thinking` (its beta asked in `anthropic-beta`) lets the
-    thinking budget pass `max_tokens`, as Anthropic's does: the budget then spans the turn's thinking blocks."""
+    thinking budget pass `max_tokens`, as Anthropic's does: the budget then spans the turn's thinking blocks.
+
+    With `connector` (the MCP connector's beta asked), `mcp_servers`, the `mcp_toolset` tools and
+    `tool_choice` are left to wire/anthropic_mcp.py, which reads them against the servers' tools."""
     body = as_body(value)
     max_tokens = _read_max_tokens(body)
     budget = _thinking_budget(body)
     if budget is not None and budget >= max_tokens and not interleaved_thinking:
         # Anthropic's words; thinking counts toward max_tokens, so the answer needs room after it.
         raise invalid("`max_tokens` must be greater than `thinking.budget_tokens`", param="max_tokens")
-    return _decode(body, max_tokens=max_tokens)
+    return _decode(body, max_tokens=max_tokens, connector=connector)
 
 
 def decode_count_tokens(value: JsonValue) -> ChatRequest:
@@ -69,13 +77,19 @@ def decode_count_tokens(value: JsonValue) -> ChatRequest:
     return _decode(as_body(value), max_tokens=1)
 
 
-def _decode(body: Body, *, max_tokens: int) -> ChatRequest:
+def _decode(body: Body, *, max_tokens: int, connector: bool = False) -> ChatRequest:
     for key in _REFUSED_FIELDS:
         if body.get(key) is not None:
             raise unsupported(key)
+    if not connector and body.get("mcp_servers") is not None:
+        raise invalid(
+            f"mcp_servers: the MCP connector is a beta; send the header `anthropic-beta: {MCP_BETAS[0]}` "
+            f"(or `{MCP_BETAS[1]}`) to use it",
+            param="mcp_servers",
+        )
     model = as_str(body.get("model"), "model")
     system, messages = _read_messages(body)
-    tools = _read_tools(body)
+    tools = _read_tools(body, connector=connector)
     return ChatRequest(
         messages=_read_system(body, system) + messages,
         params=GenerationParams(
@@ -89,7 +103,8 @@ def _decode(body: Body, *, max_tokens: int) -> ChatRequest:
         ),
         template_kwargs={**_read_thinking(body), **_read_effort(body)},
         tools=tools,
-        tool_choice=_read_tool_choice(body, tools),
+        # The connector's first round reads the choice once the servers' tools are known.
+        tool_choice=ToolChoice() if connector else read_tool_choice(body, tools),
         parallel_tool_calls=not _disables_parallel(body),
         continue_final=messages[-1].role is Role.ASSISTANT,
         stream=bool(read_bool(body, "stream")),
@@ -156,17 +171,27 @@ def _read_message(item: JsonObject, param: str) -> list[Message]:
         return [Message(role=role, content=content)]
     blocks = [as_object(block, f"{param}.content.{i}") for i, block in enumerate(as_list(content, f"{param}.content"))]
     if role is Role.ASSISTANT:
-        return [_assistant_turn(blocks, f"{param}.content")]
+        return assistant_turns(blocks, f"{param}.content")
     return _user_turns(blocks, f"{param}.content")
 
 
-def _assistant_turn(blocks: list[JsonObject], param: str) -> Message:
-    texts, calls, reasoning = [], [], []
+def assistant_turns(blocks: list[JsonObject], param: str) -> list[Message]:
+    """An assistant message's blocks; each `mcp_tool_result` (the MCP connector's, in the assistant's own
+    content) ends the assistant turn before it and becomes a tool message, as a client's `tool_result` does."""
+    turns: list[Message] = []
+    texts: list[str] = []
+    calls: list[ToolCallRecord] = []
+    reasoning: list[str] = []
     for index, block in enumerate(blocks):
         kind, where = block.get("type"), f"{param}.{index}"
-        if kind == "text":
+        if kind == "mcp_tool_result":
+            if texts or calls or reasoning:
+                turns.append(_assistant(texts, calls, reasoning))
+                texts, calls, reasoning = [], [], []
+            turns.append(_tool_result(block, where))
+        elif kind == "text":
             texts.append(as_str(block.get("text"), f"{where}.text"))
-        elif kind == "tool_use":
+        elif kind in ("tool_use", "mcp_tool_use"):
             arguments = as_object(block.get("input", {}), f"{where}.input")
             call_id = as_str(block.get("id"), f"{where}.id")
             calls.append(
@@ -178,6 +203,12 @@ def _assistant_turn(blocks: list[JsonObject], param: str) -> Message:
             reasoning.append(as_str(block.get("thinking"), f"{where}.thinking"))
         elif kind != "redacted_thinking":
             raise _unsupported_block(kind, where)
+    if texts or calls or reasoning or not turns:
+        turns.append(_assistant(texts, calls, reasoning))
+    return turns
+
+
+def _assistant(texts: list[str], calls: list[ToolCallRecord], reasoning: list[str]) -> Message:
     return Message(
         role=Role.ASSISTANT, content="".join(texts), tool_calls=tuple(calls), reasoning="".join(reasoning) or None
     )
@@ -256,20 +287,22 @@ def _or(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
-def _read_tools(body: Body) -> tuple[Tool, ...]:
+def _read_tools(body: Body, *, connector: bool) -> tuple[Tool, ...]:
     raw = body.get("tools")
     if raw is None:
         return ()
     tools = []
     for index, value in enumerate(as_list(raw, "tools")):
         item = as_object(value, f"tools.{index}")
+        if connector and item.get("type") == "mcp_toolset":
+            continue
         if item.get("type", "custom") != "custom":
             raise unsupported(f"tools.{index}.type")
         tools.append(read_function(item, f"tools.{index}", schema_key="input_schema"))
     return tuple(tools)
 
 
-def _read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
+def read_tool_choice(body: Body, tools: tuple[Tool, ...]) -> ToolChoice:
     raw = body.get("tool_choice")
     if raw is None:
         return ToolChoice()

@@ -33,6 +33,8 @@ class McpServer:
     description: str | None = None
     # Tool names the listing keeps (None: all); with `read_only`, only tools annotated read-only.
     allowed: frozenset[str] | None = None
+    # Tool names the listing drops whatever `allowed` says (a Messages toolset's tools turned off).
+    denied: frozenset[str] = frozenset()
     read_only: bool = False
     # Tool names that run without an approval, and those that always need one; `approve_rest` for the others.
     never: frozenset[str] = frozenset()
@@ -46,7 +48,8 @@ class McpServer:
 
     def keeps(self, tool: JsonObject) -> bool:
         """Whether a listed tool passes `allowed_tools`."""
-        if self.allowed is not None and tool.get("name") not in self.allowed:
+        name = tool.get("name")
+        if (self.allowed is not None and name not in self.allowed) or name in self.denied:
             return False
         annotations = tool.get("annotations")
         return not self.read_only or (isinstance(annotations, dict) and annotations.get("readOnlyHint") is True)

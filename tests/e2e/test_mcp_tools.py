@@ -1,4 +1,4 @@
-"""Remote MCP tools in Responses: a real FastMCP server on loopback, the tiny model forced to call it.
+"""Remote MCP tools in Responses and Messages: a real FastMCP server on loopback, the tiny model forced to call it.
 
 The random model's words are not asserted, only the items' shapes and the loop's course: the forced
 call reaches the real server, whose deterministic answer comes back in the `mcp_call` item.
@@ -12,9 +12,11 @@ import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
+import anthropic
 import openai
 import pytest
 import uvicorn
+from anthropic.types.beta import BetaMCPToolResultBlock, BetaMCPToolUseBlock
 from mcp.server.fastmcp import FastMCP
 from openai.types.responses import ResponseStreamEvent
 from openai.types.responses.response_output_item import McpApprovalRequest, McpCall, McpListTools
@@ -22,6 +24,7 @@ from pydantic import TypeAdapter
 from starlette.applications import Starlette
 
 from tests.conftest import Server, ServerFactory
+from tests.e2e.test_metrics import scrape
 
 pytestmark = pytest.mark.slow
 
@@ -136,7 +139,16 @@ def test_streamed_events_in_order(relay: Server, mcp_url: str) -> None:
 
 def test_listing_failure_is_an_error_item(relay: Server) -> None:
     dead = "http://127.0.0.1:9/mcp"  # the discard port: nothing listens
-    response = relay.client().responses.create(model="tiny", input="hi", tools=[_tool(dead)], max_output_tokens=100)
+    raw = relay.client().responses.with_raw_response.create(
+        model="tiny",
+        input="hi",
+        tools=[_tool(dead)],
+        max_output_tokens=100,
+        extra_headers={"x-request-id": "not plain"},
+    )
+    response = raw.parse()
+    # A trace id the guard does not take is not echoed: the response's id stands for it, as on every route.
+    assert raw.headers["x-request-id"] == response.id
     listing = response.output[0]
     assert isinstance(listing, McpListTools) and listing.error and listing.tools == []
     assert response.status in ("completed", "incomplete")
@@ -200,3 +212,83 @@ def test_streamed_text_arrives_token_by_token(relay: Server, mcp_url: str) -> No
     for item in final.output[2:]:
         pieces = "".join(e.delta for e in deltas if e.item_id == item.id)
         assert pieces == "".join(part.text for part in item.content)  # type: ignore[union-attr]
+
+
+def _connector(url: str, **extra: Any) -> Any:
+    """A connector request's arguments, forcing `flip` (an enum argument: the call ends well inside max_tokens)."""
+    server = {"type": "url", "url": url, "name": "calc", "authorization_token": "s3cret"}
+    server["tool_configuration"] = {"enabled": True, "allowed_tools": ["flip"]}
+    return {
+        "model": "tiny",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "flip"}],
+        "mcp_servers": [server],
+        "tool_choice": {"type": "tool", "name": "flip"},
+        "betas": ["mcp-client-2025-04-04"],
+        **extra,
+    }
+
+
+def _flipped(content: list[Any]) -> None:
+    """The first call is the forced `flip`, its result right after its use, answered by the real server."""
+    use = next(block for block in content if isinstance(block, BetaMCPToolUseBlock))
+    result = content[content.index(use) + 1]
+    assert use.name == "flip" and use.server_name == "calc" and use.input["side"] in ("heads", "tails")
+    assert isinstance(result, BetaMCPToolResultBlock) and result.tool_use_id == use.id and not result.is_error
+    assert [part.text for part in result.content] == [f"called:{use.input['side']}"]  # type: ignore[union-attr]
+
+
+def test_messages_connector_calls_and_answers(relay: Server, mcp_url: str) -> None:
+    message = relay.anthropic_client().beta.messages.create(**_connector(f"{mcp_url}/mcp"))
+    _flipped(message.content)
+    assert message.stop_reason in ("end_turn", "max_tokens", "pause_turn")
+    assert message.usage.output_tokens > 0 and "s3cret" not in message.model_dump_json()
+    assert "s3cret" not in relay.logs()
+
+
+def test_messages_connector_streams_its_blocks(relay: Server, mcp_url: str) -> None:
+    with relay.anthropic_client().beta.messages.stream(**_connector(f"{mcp_url}/sse")) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    assert events[0].type == "message_start" and events[-1].type == "message_stop"
+    starts = [event for event in events if event.type == "content_block_start"]
+    assert [event.index for event in starts] == list(range(len(starts))) == list(range(len(final.content)))
+    kinds = [event.content_block.type for event in starts]
+    assert kinds.index("mcp_tool_use") + 1 == kinds.index("mcp_tool_result")
+    # The SDK's accumulator builds the blocks from the events: the call's input from its input_json_delta.
+    _flipped(final.content)
+
+
+def test_messages_connector_needs_its_beta(relay: Server, mcp_url: str) -> None:
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        relay.anthropic_client().messages.create(
+            model="tiny",
+            max_tokens=8,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={"mcp_servers": [{"type": "url", "url": f"{mcp_url}/mcp", "name": "calc"}]},
+        )
+    error = refused.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "invalid_request_error" and "anthropic-beta: mcp-client-2025-04-04" in error["message"]
+
+
+def test_messages_connector_refuses_an_origin_not_allowed(relay: Server) -> None:
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        relay.anthropic_client().beta.messages.create(**_connector("http://10.1.2.3/mcp"))
+    assert "MLX_RELAY_MCP_ALLOW" in refused.value.message and "s3cret" not in refused.value.message
+
+
+def test_mcp_metrics_by_server(relay: Server, mcp_url: str) -> None:
+    client = relay.anthropic_client()
+    before = scrape(relay)
+    client.beta.messages.create(**_connector(f"{mcp_url}/mcp"))
+    with pytest.raises(anthropic.BadRequestError, match="could not be listed"):
+        client.beta.messages.create(**_connector("http://127.0.0.1:9/mcp"))  # the discard port: nothing listens
+    after = scrape(relay)
+
+    def moved(name: str, method: str) -> float:
+        key = f"mlx_relay:{name}{{method={method},server_label=calc}}"
+        return after[key] - before.get(key, 0.0)
+
+    assert moved("mcp_requests_total", "tools/list") >= 2 and moved("mcp_requests_total", "tools/call") >= 1
+    assert moved("mcp_request_errors_total", "tools/list") == 1
+    assert moved("mcp_request_seconds_count", "tools/call") >= 1

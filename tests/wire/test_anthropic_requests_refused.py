@@ -230,7 +230,12 @@ BAD_MESSAGES = [
     ),
     bad(body(stream="yes"), "stream", "must be a boolean", id="stream-string"),
     refused(body(container="cntr_1"), "container", id="container"),
-    refused(body(mcp_servers=[{"type": "url", "url": "https://x", "name": "x"}]), "mcp_servers", id="mcp_servers"),
+    bad(
+        body(mcp_servers=[{"type": "url", "url": "https://x", "name": "x"}]),
+        "mcp_servers",
+        "anthropic-beta: mcp-client-2025-04-04",
+        id="mcp_servers-without-the-beta",
+    ),
     refused(
         body(context_management={"edits": [{"type": "compact_20260112"}]}),
         "context_management.edits.0.type",
