@@ -35,7 +35,8 @@ def _watch(base_url: str, done: threading.Event) -> list[tuple[str, dict[str, An
 
 
 def test_a_loading_model_reports_its_phase(server_factory: ServerFactory) -> None:
-    fleet = server_factory(model="tiny,shaped:qwen3-0.6b", private=True)
+    # Kept 4-bit: dequantizing to float32 (this backend's default form) would add seconds and no phase.
+    fleet = server_factory(model="tiny,shaped:qwen3-0.6b", private=True, weights="stored")
     before = loopback.get(f"{fleet.base_url}/health", timeout=10.0).json()["models"][BIG]
     assert before["state"] == "unloaded" and "loading" not in before
     # An unloaded model's /fit has the Apple machines' table too, from its files alone.

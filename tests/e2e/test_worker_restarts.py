@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 # stages/remote/gateway.py: restarts in a row that serve nothing, after which the model is failed.
 MAX_RESTARTS = 8
-BACKOFF_S = 0.025
+BACKOFF_S = 0.01
 # Forced restarts the front's memory is measured over, and the growth allowed over the last ten of them.
 RESTARTS = 50
 RSS_BOUND_KIB = 32 * 1024
