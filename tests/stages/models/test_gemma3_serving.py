@@ -37,7 +37,9 @@ DIARY = " ".join(f"Day {day}: the weather in Lyon was mild and the market was bu
 
 @pytest.fixture(scope="module")
 def gemma3_server(gemma3_model: Path, server_factory: ServerFactory) -> Server:
-    return server_factory(model="gemma3")
+    # In the HTTP process: a worker would load the 262k-token tokenizer a second time (4 s here), and the worker
+    # path is the same for every model (tests/e2e/test_workers.py).
+    return server_factory(model="gemma3", in_process="1")
 
 
 @pytest.fixture
