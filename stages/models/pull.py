@@ -119,6 +119,12 @@ class Hub:
 
         return self.cache_dir or Path(constants.HF_HUB_CACHE)
 
+    def storage(self, repo: str) -> Path:
+        """Model repository `repo`'s folder in the cache, named as `huggingface_hub` names it."""
+        from huggingface_hub.file_download import repo_folder_name
+
+        return self.cache() / repo_folder_name(repo_id=repo, repo_type="model")
+
 
 def read_manifest(repo: str, revision: str, hub: Hub) -> Manifest:
     """The revision's commit and files with their sizes and digests.
@@ -210,7 +216,7 @@ def fetch_manifest(
     """
     if fitted.verdict is not None and not fitted.verdict.fits and not force:
         raise PullError("too_big", f"{manifest.repo} {fitted.summary}; nothing was downloaded")
-    undo = _Undo.before(hub.cache(), manifest)
+    undo = _Undo.before(hub, manifest)
     try:
         _fetch_all(manifest, hub, on_event)
     except BaseException:
@@ -271,8 +277,8 @@ class _Undo:
     blobs: frozenset[str]
 
     @classmethod
-    def before(cls, cache: Path, manifest: Manifest) -> _Undo:
-        storage = cache / ("models--" + manifest.repo.replace("/", "--"))
+    def before(cls, hub: Hub, manifest: Manifest) -> _Undo:
+        storage = hub.storage(manifest.repo)
         blobs = storage / "blobs"
         return cls(
             storage=storage,

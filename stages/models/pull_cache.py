@@ -56,7 +56,7 @@ def cached_models(planning: Planning, hub: Hub | None = None) -> list[CachedMode
 def model_folder(repo: str, hub: Hub | None = None) -> Path:
     """The cache folder of `repo` (owner/name), whether or not it exists."""
     repo_id, _ = split_reference(repo)
-    return (hub or Hub()).cache() / (_PREFIX + repo_id.replace("/", "--"))
+    return (hub or Hub()).storage(repo_id)
 
 
 def remove_model(repo: str, hub: Hub | None = None) -> Path:

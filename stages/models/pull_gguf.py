@@ -141,12 +141,12 @@ def converted_gguf(model: str, *, hub: Hub | None = None, cache_root: Path | Non
 
 
 def _snapshot(hub: Hub, repo: str, commit: str) -> Path:
-    return hub.cache() / ("models--" + repo.replace("/", "--")) / "snapshots" / commit
+    return hub.storage(repo) / "snapshots" / commit
 
 
 def _cached_snapshot(hub: Hub, wanted: Wanted) -> Path | None:
     """The snapshot `refs/<revision>` names (or the revision as a commit), where the cache has it."""
-    ref = hub.cache() / ("models--" + wanted.repo.replace("/", "--")) / "refs" / wanted.revision
+    ref = hub.storage(wanted.repo) / "refs" / wanted.revision
     commit = ref.read_text().strip() if ref.is_file() else wanted.revision
     snapshot = _snapshot(hub, wanted.repo, commit)
     return snapshot if snapshot.is_dir() else None
