@@ -9,16 +9,13 @@ client leaving: its `http.disconnect` ends the route as a dropped connection doe
 
 from __future__ import annotations
 
-import hashlib
 from typing import cast
 
 import anyio
 import attrs
 from quart import Quart, request
 
-from edge import guard
 from edge.guard import INTERNAL
-from edge.keys import presented_key
 from pipeline.requests import GenerationRequest, JsonValue, at_idle_priority
 from stages.messages import Decoder
 from wire.sse import dumps
@@ -89,11 +86,3 @@ def with_line_priority(decode: Decoder) -> Decoder:
         return at_idle_priority(decode(value))
 
     return decode_idle
-
-
-def caller() -> str | None:
-    """Who is asking: a digest of the key presented, None on a server without keys (every caller the same)."""
-    if not guard.policy().keys:
-        return None
-    key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key")) or ""
-    return hashlib.sha256(key.encode()).hexdigest()

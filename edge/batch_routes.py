@@ -12,10 +12,10 @@ from typing import cast
 import anyio
 from quart import Blueprint, Response, current_app, request
 
-from edge.batch_calls import caller
 from edge.batch_runner import BatchRunner
 from edge.errors import json_response
 from edge.file_routes import file_not_found, files, owned_file
+from edge.owners import caller
 from pipeline.errors import ErrorKind, RequestError
 from stages.prompt.parse import load_json
 from store.batches import BatchRecord

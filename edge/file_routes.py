@@ -12,8 +12,8 @@ from typing import cast
 import anyio
 from quart import Blueprint, Response, current_app, request
 
-from edge.batch_calls import caller
 from edge.errors import json_response
+from edge.owners import caller
 from pipeline.errors import ErrorKind, RequestError, invalid
 from store.files import FileLimitError, FileStore, StoredFile
 from wire.batches import file_object, list_page, page_limit, read_jsonl

@@ -11,9 +11,9 @@ from typing import cast
 import anyio
 from quart import Blueprint, Response, request
 
-from edge.batch_calls import caller
 from edge.batch_routes import owned_batch, owned_batches, runner
 from edge.errors import json_response
+from edge.owners import caller
 from pipeline.errors import invalid
 from pipeline.requests import JsonObject
 from stages.prompt.parse import load_json
