@@ -13,7 +13,6 @@ once loaded, what it reads (`input_modalities`: text, image, audio).
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 
 from fleet.fleet import Fleet
@@ -47,8 +46,7 @@ def _status(host: ModelHost) -> JsonObject:
         "defaults": host.defaults.shown(),
     }
     if host.state is State.READY and host.spec.ttl and not host.spec.pinned:
-        # As fleet/policy.py's `expired` counts it: from the last use (a busy model is never unloaded).
-        status["ttl_left"] = round(max(0.0, host.spec.ttl - (time.monotonic() - host.last_used)), 1)
+        status["ttl_left"] = round(host.ttl_left(host.spec.ttl), 1)
     if host.error:
         status["error"] = host.error
     if (progress := host.progress()) is not None:

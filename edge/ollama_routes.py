@@ -232,8 +232,7 @@ def _facts(host: ModelHost, name: str) -> ModelFacts:
 
 
 def _expiry_ns(host: ModelHost, ttl: float) -> int:
-    idle = time.monotonic() - host.last_used
-    return time.time_ns() + int(max(0.0, ttl - idle) * 1e9)
+    return time.time_ns() + int(host.ttl_left(ttl) * 1e9)
 
 
 def _capabilities(engine: Engine) -> tuple[str, ...]:

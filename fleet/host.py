@@ -91,6 +91,11 @@ class ModelHost:
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
+    def ttl_left(self, ttl: float) -> float:
+        """Seconds before an idle unload under `ttl`, counted from the last use as fleet/policy.py's `expired`
+        counts them (a busy model is never unloaded)."""
+        return max(0.0, ttl - (time.monotonic() - self.last_used))
+
     def starting(self) -> None:
         self.state, self.error = State.LOADING, None
         self.started, self.stopped = anyio.Event(), anyio.Event()
