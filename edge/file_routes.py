@@ -45,9 +45,15 @@ async def upload() -> Response:
     upload = uploads.get("file")
     if upload is None:
         raise invalid("'file' is required", param="file")
-    data = upload.read()
-    # Parsing a large file is CPU work: off the event loop (docs/STYLE.md, "CPU work off the loop").
-    await anyio.to_thread.run_sync(read_jsonl, data)
+
+    def read_checked() -> bytes:
+        data = upload.read()
+        read_jsonl(data)
+        return data
+
+    # Reading a large file (spooled to disk past its size) and parsing it are blocking work: off the event loop
+    # (docs/STYLE.md, "CPU work off the loop").
+    data = await anyio.to_thread.run_sync(read_checked)
     add = files().add
     try:
         stored = await anyio.to_thread.run_sync(
