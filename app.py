@@ -37,7 +37,7 @@ from edge.background_routes import start_background  # noqa: E402
 from edge.batch_calls import with_line_priority  # noqa: E402
 from edge.batch_routes import routes as batch_routes  # noqa: E402
 from edge.batch_runner import start_batches  # noqa: E402
-from edge.choice import chosen, current_defaults, current_engine, model_field, model_named  # noqa: E402
+from edge.choice import chosen, current_engine, model_field, submit_chosen  # noqa: E402
 from edge.disconnect import Client, LastWords, WatchClients, current_client, gone_response  # noqa: E402
 from edge.errors import error_parts, json_response  # noqa: E402
 from edge.errors import install as install_error_handlers  # noqa: E402
@@ -59,7 +59,6 @@ from edge.status_routes import routes as status_routes  # noqa: E402
 from edge.streaming import Persist, sse_body  # noqa: E402
 from edge.telemetry import Tracing, configure_tracing  # noqa: E402
 from edge.web import routes as web_routes  # noqa: E402
-from fleet.defaults import with_defaults  # noqa: E402
 from fleet.fleet import Fleet  # noqa: E402
 from fleet.spec import specs_from_settings  # noqa: E402
 from pipeline.channels import ReplyClosed  # noqa: E402
@@ -237,10 +236,7 @@ async def _generate(
     decode = with_line_priority(with_model(decode))
     if client.gone:
         return gone_response()
-    model, body = model_named(body)
-    async with chosen(model) as chosen_engine:
-        decode = with_defaults(decode, current_defaults())
-        reply = await chosen_engine.submit(request_id=request_id, trace_id=trace_id, body=body, decode=decode)
+    reply = await submit_chosen(body, request_id=request_id, trace_id=trace_id, decode=decode)
     client.on_gone(reply.close)
     tracing = cast(Tracing | None, app.extensions["tracing"])
     if tracing is not None:

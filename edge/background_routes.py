@@ -16,11 +16,10 @@ from quart import Blueprint, Response, current_app, request
 from edge import guard
 from edge.aliases import with_model
 from edge.background import BackgroundRuns, Run
-from edge.choice import chosen, current_defaults, model_named
+from edge.choice import submit_chosen
 from edge.errors import json_response
 from edge.responses_turn import ResponsesTurn, response_not_found, stored_response
 from edge.store import store_call
-from fleet.defaults import with_defaults
 from pipeline.errors import invalid, unsupported
 from stages.messages import ReadBody
 from store.policy import StoredResponse, unfinished
@@ -43,11 +42,8 @@ async def start_background(turn: ResponsesTurn, read: ReadBody) -> Response:
     """
     if turn.decoded.mcp_servers:
         raise unsupported("background")  # MCP rounds run inside the request (edge/mcp_route.py)
-    model, body = model_named(read)
-    async with chosen(model) as engine:
-        decode = with_defaults(with_model(turn.decode), current_defaults())
-        trace_id = guard.trace_id(turn.request_id)
-        reply = await engine.submit(request_id=turn.request_id, trace_id=trace_id, body=body, decode=decode)
+    trace_id = guard.trace_id(turn.request_id)
+    reply = await submit_chosen(read, request_id=turn.request_id, trace_id=trace_id, decode=with_model(turn.decode))
     try:
         accepted = await reply.accepted()
     except BaseException:

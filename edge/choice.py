@@ -15,6 +15,7 @@ from typing import cast
 
 from quart import current_app, g
 
+from fleet.defaults import with_defaults
 from fleet.fleet import Fleet
 from fleet.host import unavailable
 from fleet.spec import Defaults
@@ -22,7 +23,7 @@ from pipeline.errors import invalid
 from pipeline.requests import JsonValue
 from stages.engine.engine import Engine
 from stages.engine.speech import SpeechEngine
-from stages.messages import ReadBody
+from stages.messages import Decoder, ReadBody, Reply
 from stages.prompt.parse import load_json
 
 
@@ -89,6 +90,20 @@ async def chosen_speech(model: str | None) -> AsyncIterator[SpeechEngine]:
             message = f"The model '{engine.info.name}' is not a speech-to-text model: name one (see /v1/models)"
             raise invalid(message, param="model", code="model_not_supported")
         yield engine
+
+
+async def submit_chosen(body: bytes | ReadBody, *, request_id: str, trace_id: str, decode: Decoder) -> Reply:
+    """Hands a request to the model its body names, with that model's defaults: the one way a route submits
+    (app.py's routes, background responses, each MCP round).
+
+    Raises:
+        RequestError: as `chosen` and `model_named`, and as the engine's admission refuses.
+    """
+    model, body = model_named(body)
+    async with chosen(model) as engine:
+        return await engine.submit(
+            request_id=request_id, trace_id=trace_id, body=body, decode=with_defaults(decode, current_defaults())
+        )
 
 
 def model_named(body: bytes | ReadBody) -> tuple[str | None, bytes | ReadBody]:

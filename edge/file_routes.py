@@ -47,7 +47,7 @@ async def upload() -> Response:
         raise invalid("'file' is required", param="file")
 
     def read_checked() -> bytes:
-        data = upload.read()
+        data = cast(bytes, upload.read())
         read_jsonl(data)
         return data
 

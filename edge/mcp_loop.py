@@ -88,16 +88,24 @@ class McpLoop(McpRounds):
     async def _on_item(self, item: JsonObject) -> AsyncIterator[Step]:
         """One item of a round: an MCP call runs here (or asks for approval); any other is output as it is."""
         entry = self._tools.get(str(item.get("name"))) if item.get("type") == "function_call" else None
-        # A call cut short by max_output_tokens is not run: its arguments are not whole.
-        if entry is None or str(item.get("name")) in self.decoded.tool_specs or item.get("status") == "incomplete":
+        if entry is None or str(item.get("name")) in self.decoded.tool_specs:
             yield "added", item
             self._out(item)
             yield "done", item
             return
+        # Past the bound a call is ignored, whole or not (as OpenAI documents `max_tool_calls`).
         if self.over_bound(str(item.get("name"))):
             return
         server = entry[0]
         arguments, name = str(item.get("arguments", "")), str(item["name"])
+        if item.get("status") == "incomplete":
+            # Cut short by max_output_tokens: an MCP call still (never the client's function), not run, since its
+            # arguments are not whole.
+            cut = {**call_item(server.label, name, arguments), "status": "incomplete"}
+            yield "added", cut
+            self._out(cut)
+            yield "done", cut
+            return
         if server.needs_approval(name):
             request = approval_item(server.label, name, arguments)
             yield "added", request

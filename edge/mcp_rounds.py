@@ -19,12 +19,11 @@ import structlog
 from quart import Quart
 
 from edge.aliases import with_model
-from edge.choice import chosen, current_defaults, model_named
+from edge.choice import submit_chosen
 from edge.disconnect import current_client
 from edge.mcp_metrics import McpMeter
 from edge.mcp_tools import allow_list, call_tool, check_allowed, list_tools
 from edge.metrics import Metrics
-from fleet.defaults import with_defaults
 from pipeline.channels import ReplyClosed
 from pipeline.events import CompletionEvent, FinishReason, Summary, Usage
 from pipeline.requests import Accepted, JsonObject, JsonValue, Tool, ToolChoice, ToolChoiceMode
@@ -116,10 +115,12 @@ class McpRounds:
     async def generate(self, decode: Callable[[JsonValue], object]) -> AsyncIterator[CompletionEvent]:
         """The round's events as the engine sends them; then `summary` and `usage` hold its end."""
         client = current_client()
-        model, body = model_named(ReadBody(self.raw))
-        async with chosen(model) as engine:
-            decoder = with_defaults(with_model(decode), current_defaults())  # type: ignore[arg-type]
-            reply = await engine.submit(request_id=self.request_id, trace_id=self.trace_id, body=body, decode=decoder)
+        reply = await submit_chosen(
+            ReadBody(self.raw),
+            request_id=self.request_id,
+            trace_id=self.trace_id,
+            decode=with_model(decode),  # type: ignore[arg-type]
+        )
         client.on_gone(reply.close)
         with reply:
             accepted = await reply.accepted()

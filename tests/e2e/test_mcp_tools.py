@@ -137,6 +137,18 @@ def test_streamed_events_in_order(relay: Server, mcp_url: str) -> None:
     assert call.output is not None and call.output.startswith("sum=")
 
 
+def test_a_call_cut_by_max_output_tokens_is_an_incomplete_mcp_call_not_run(relay: Server, mcp_url: str) -> None:
+    tool = _tool(f"{mcp_url}/mcp", allowed_tools=["add"])
+    response = relay.client().responses.create(
+        model="tiny", input="add", tools=[tool], tool_choice=_forced("add"), max_output_tokens=3
+    )
+    call = response.output[-1]
+    # The server's tool, never a function of the client's; its arguments are not whole, so it is not run.
+    assert isinstance(call, McpCall) and call.name == "add" and call.server_label == tool["server_label"]
+    assert call.status == "incomplete" and call.output is None and call.error is None
+    assert response.status == "incomplete"
+
+
 def test_listing_failure_is_an_error_item(relay: Server) -> None:
     dead = "http://127.0.0.1:9/mcp"  # the discard port: nothing listens
     raw = relay.client().responses.with_raw_response.create(
