@@ -160,8 +160,9 @@ class BackgroundRuns:
             return
         while True:
             # The status first: a finished record's frames were all saved before it (the module's docstring).
-            stored = await store_call(self.app, lambda store: store.get(response_id))
-            events = await store_call(self.app, partial(_events_after, response_id=response_id, after=after))
+            stored, events = await store_call(
+                self.app, partial(_status_then_events, response_id=response_id, after=after)
+            )
             for number, text in events:
                 after = number
                 yield text.encode()
@@ -231,5 +232,8 @@ class BackgroundRuns:
         await store_call(self.app, write)
 
 
-def _events_after(store: ResponseStore, *, response_id: str, after: int) -> list[StoredEvent]:
-    return store.events_after(response_id, after)
+def _status_then_events(
+    store: ResponseStore, *, response_id: str, after: int
+) -> tuple[StoredResponse | None, list[StoredEvent]]:
+    """One trip to the store's thread: the record, then the frames numbered above `after`."""
+    return store.get(response_id), store.events_after(response_id, after)
