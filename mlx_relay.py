@@ -278,7 +278,7 @@ def _follower_rank() -> bool:
 
 def _follow(settings: Settings) -> int:
     """A follower rank: no HTTP, no store; the model loop until rank 0 stops it."""
-    from stages.shard.rank import serve_follower
+    from stages.engine.follower_process import serve_follower
 
     return serve_follower(settings)
 

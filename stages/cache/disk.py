@@ -45,9 +45,10 @@ import attrs
 import structlog
 from mlx_lm.models.cache import PromptTrie
 
-from stages.cache.kv_file import BASE_SPACE, SUFFIX, Restored, Tensor, header, indexed, parse
+from stages.cache.kv_file import BASE_SPACE, SUFFIX, Restored, header, indexed, parse
 from stages.cache.tier import DiskStatistics, Key, nearest
 from stages.kv.shape import FULL, KvScheme
+from stages.kv.tensors import Tensor
 
 log = structlog.get_logger(stage="gateway")
 

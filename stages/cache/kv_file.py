@@ -21,6 +21,8 @@ from typing import Any
 
 import attrs
 
+from stages.kv.tensors import Tensor
+
 FORMAT = "mlx-relay/kv-1"
 SUFFIX = ".safetensors"
 # The base model's space: its files carry no `adapter` metadata, as before adapters had files.
@@ -36,14 +38,6 @@ FULL_SCHEME = "full"
 # Enough of each weight file to tell two models of the same shape apart
 # without reading gigabytes at every start.
 _FINGERPRINT_SAMPLE = 1 << 20
-
-
-@attrs.frozen
-class Tensor:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    data: memoryview
 
 
 @attrs.frozen(kw_only=True)

@@ -18,8 +18,9 @@ import attrs
 import structlog
 
 from stages.cache.disk import DiskTier, SpillJob
-from stages.cache.kv_file import Tensor, tensor, token_tensor
+from stages.cache.kv_file import tensor, token_tensor
 from stages.cache.tier import DiskStatistics, Entry, Key
+from stages.kv.tensors import Tensor
 from stages.models.mlx_internals import layer_tensors
 
 log = structlog.get_logger(stage="gateway")

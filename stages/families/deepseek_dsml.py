@@ -38,7 +38,7 @@ from stages.families.base import (
 )
 from stages.families.progress import CallProgress
 from stages.families.xml_params import INPUT, is_text
-from stages.reply.stops import partial_suffix
+from stages.stops import partial_suffix
 
 DSML = "｜DSML｜"
 

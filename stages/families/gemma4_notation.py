@@ -21,7 +21,7 @@ from collections.abc import Callable
 import attrs
 
 from stages.families.jsonscan import Scan, scan_value
-from stages.reply.stops import partial_suffix
+from stages.stops import partial_suffix
 
 QUOTE = '<|"|>'
 _SPACE = " \t\n\r"

@@ -34,7 +34,7 @@ from pipeline.requests import Tool
 from stages.families.base import in_json_string, json_object
 from stages.families.call_stream import CallStream, final_arguments
 from stages.families.progress import CallProgress, named_arguments
-from stages.reply.stops import earliest, hold_back
+from stages.stops import earliest, hold_back
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 CONSTRAIN, CALL, RETURN = "<|constrain|>", "<|call|>", "<|return|>"

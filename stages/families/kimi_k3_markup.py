@@ -31,7 +31,7 @@ from pipeline.requests import Tool
 from stages.families.base import ParsedCall, in_json_string
 from stages.families.jsonscan import scan_value
 from stages.families.progress import CallProgress
-from stages.reply.stops import partial_suffix
+from stages.stops import partial_suffix
 
 OPEN, CLOSE, SEP = "<|open|>", "<|close|>", "<|sep|>"
 # The vocabulary a K3 model has (mlx-lm's `_is_xtml_vocab` reads the same four).

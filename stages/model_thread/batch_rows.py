@@ -27,10 +27,10 @@ from pipeline.errors import RequestError
 from pipeline.events import FinishReason
 from stages.cache.prompt import PromptCache
 from stages.cache.tier import Entry
-from stages.kv.rows import Failed, Resume, Row, Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Admitted, Prepared, TokenDelta
 from stages.model_thread.adapter_batches import adapter_kwargs
+from stages.model_thread.rows import Failed, Resume, Row, Waiting
 from stages.model_thread.vision_rows import VisionRows, keyed
 
 if TYPE_CHECKING:

@@ -45,7 +45,6 @@ from stages.cache.disk import DiskTier, SpillJob
 from stages.cache.link import DiskLink
 from stages.cache.prompt import PromptCache, PromptCacheStatistics
 from stages.cache.spiller import Spiller
-from stages.kv.rows import Waiting
 from stages.kv.scheduler import KvScheduler
 from stages.kv.shape import FULL, KvScheme
 from stages.messages import Abort, Prepared, StepOutputs, TokenDelta, send_abort
@@ -56,6 +55,7 @@ from stages.model_thread.encoder_cache import EncoderCacheStatistics
 from stages.model_thread.exclusive import ExclusiveQueue, Job
 from stages.model_thread.handoff import Handoff, HandoffStatistics, Parcel
 from stages.model_thread.jump_forward import JumpForwardStatistics
+from stages.model_thread.rows import Waiting
 from stages.model_thread.single_row import single_row
 from stages.model_thread.speculative_batch import speculating
 from stages.model_thread.step_budget import StepBudget

@@ -31,9 +31,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from pipeline.channels import drain_nowait
 from stages.cache.disk import SpillJob
-from stages.kv.rows import Failed, Intake
 from stages.messages import Abort, Prepared, StepOutputs
 from stages.model_thread.exclusive import Job
+from stages.model_thread.rows import Failed, Intake
 
 # A waiting model thread looks for its host's cancellation at least this often. The host's cancellation also wakes
 # it at once (`_wake_on_cancel`), so this is a backstop: ten looks a second were about a third of an idle worker's CPU.

@@ -141,7 +141,7 @@ class ConstraintProcessor:
     llguidance never raises on a limit met mid-generation (a parser row too
     long, the lexer's fuel spent): the matcher enters an error state and
     its masks allow nothing but an end. `fault` keeps its reason, which the
-    gateway hands to the sink with the step's token (`stages/kv/rows.py`), so the row ends with
+    gateway hands to the sink with the step's token (`stages/model_thread/rows.py`), so the row ends with
     an error rather than with `stop` and text that breaks the grammar.
     """
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stages.cache.kv_file import Tensor
+    from stages.kv.tensors import Tensor
 
 # -- tokenizers ---------------------------------------------------------------
 

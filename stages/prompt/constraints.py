@@ -15,7 +15,8 @@ under `LLParserLimits` tighter than llguidance's defaults; a grammar past
 never holds the slot the cheap ones use.
 On error: an invalid or oversized schema, regex or grammar is a
 `RequestError` (400) that names the field and gives llguidance's reason
-in a bounded excerpt, never a Rust panic or backtrace. llguidance builds
+in a bounded excerpt (`stages/grammar_faults.py`, which the sink words a
+fault mid-generation with too), never a Rust panic or backtrace. llguidance builds
 much of a grammar lazily, on the first masks, so a compile also walks a
 few tokens down the grammar (`_walk_fault`): a grammar that matches
 nothing or hits a parser or lexer limit there is refused at once rather
@@ -37,10 +38,11 @@ from typing import TYPE_CHECKING
 import attrs
 import structlog
 
-from pipeline.errors import RequestError, excerpt, invalid
+from pipeline.errors import invalid
 from pipeline.requests import Constraint, ConstraintKind, GenerationRequest
 from stages.families import choose_family
 from stages.families.base import Family
+from stages.grammar_faults import LEXER_FUEL, plain_reason
 from stages.messages import CompiledConstraint, Grammar
 from stages.models.mlx_internals import hf_tokenizer
 from stages.prompt.constraint_choice import MAX_GRAMMAR_CHARS, constraint_of, within_budget
@@ -57,8 +59,6 @@ log = structlog.get_logger(stage="constraints")
 _CACHE_ENTRIES = 128
 # Tokens a compile walks down the grammar: the limits the issue's cases hit show on the first.
 _WALK_TOKENS = 4
-# Lexer fuel: llguidance's default is 1M; bounded repeats (`a{1000000}`) spend it all.
-_LEXER_FUEL = 500_000
 
 
 # JSON as clients expect to read it, with no room for runs of whitespace:
@@ -105,11 +105,15 @@ class ConstraintCompiler:
         # Building the matcher is the compile; an invalid grammar leaves it in error.
         matcher = LLMatcher(self._llguidance_tokenizer(), grammar.text, log_level=0, limits=_limits())
         if warnings := matcher.get_grammar_warnings():
-            log.warning("constraint.grammar_warnings", param=grammar.param, warnings=[_reason(w) for w in warnings[:8]])
+            log.warning(
+                "constraint.grammar_warnings", param=grammar.param, warnings=[plain_reason(w) for w in warnings[:8]]
+            )
         fault = matcher.get_error() if matcher.is_error() else _walk_fault(matcher, self._tokenizer.eos_token_ids)
         if fault:
-            log.info("constraint.refused", param=grammar.param, reason=_reason(fault))
-            raise invalid(f"Invalid '{grammar.param}': {_reason(fault)}", param=grammar.param, code="invalid_grammar")
+            log.info("constraint.refused", param=grammar.param, reason=plain_reason(fault))
+            raise invalid(
+                f"Invalid '{grammar.param}': {plain_reason(fault)}", param=grammar.param, code="invalid_grammar"
+            )
         compiled = CompiledConstraint(prototype=matcher, param=grammar.param, grammar=grammar)
         with self._lock:
             self._compiled[grammar.text] = compiled
@@ -138,7 +142,7 @@ def _limits() -> LLParserLimits:
     # MAX_GRAMMAR_CHARS that clients write, and a fast error for one that
     # explodes. Errors name no parser state or grammar internals.
     return LLParserLimits(
-        initial_lexer_fuel=_LEXER_FUEL, max_grammar_size=100_000, max_lexer_states=50_000, verbose_errors=False
+        initial_lexer_fuel=LEXER_FUEL, max_grammar_size=100_000, max_lexer_states=50_000, verbose_errors=False
     )
 
 
@@ -187,37 +191,10 @@ def grammar_of(constraint: Constraint) -> Grammar:
         else:
             text = LLMatcher.grammar_from_lark(str(spec))
     except (ValueError, TypeError) as error:
-        raise invalid(f"Invalid {param}: {_reason(str(error))}", param=param) from None
+        raise invalid(f"Invalid {param}: {plain_reason(str(error))}", param=param) from None
     if len(text) > MAX_GRAMMAR_CHARS:
         raise invalid(
             f"'{param}' makes a grammar of {len(text)} characters; this server compiles at most {MAX_GRAMMAR_CHARS}",
             param=param,
         )
     return Grammar(str(text), param)
-
-
-# llguidance's terse errors, said with the limit they hit.
-_PLAIN_REASONS = {
-    "too many expressions constructed": f"the lexer ran out of fuel (limit {_LEXER_FUEL:,} expressions): "
-    "the regex (or a repeat in it, like a{1000000}) is too large",
-    "NoExtensionBias": "the grammar matches no text (a rule that can only refer to itself never ends)",
-}
-
-
-def _reason(message: str) -> str:
-    """llguidance's reason, without a Rust panic's backtrace or anything past a short excerpt."""
-    head = message.split("<backtrace>", 1)[0].replace("<non-verbose/>", "").strip()
-    if head.startswith("panic"):
-        return "the grammar is too large or too complex to compile"
-    plain = next((f"{text} ({head})" for known, text in _PLAIN_REASONS.items() if known in head), None)
-    return excerpt(plain or " ".join(head.split()) or "the grammar does not compile", 300)
-
-
-def grammar_fault(reason: str, param: str) -> RequestError:
-    """A row's grammar failed mid-generation (a limit llguidance met): the error that ends the row."""
-    return invalid(
-        f"The constraint in '{param}' hit a limit of the grammar engine while generating, so the output cannot "
-        f"be held to it: {_reason(reason)}",
-        param=param,
-        code="invalid_grammar",
-    )

@@ -22,7 +22,7 @@ from pipeline.events import CompletionEvent, ReasoningDelta, TextDelta, append_t
 from pipeline.requests import Tool
 from stages.families.base import Family, Splitter, in_json_string
 from stages.families.call_stream import CallStream, final_arguments
-from stages.reply.stops import hold_back
+from stages.stops import hold_back
 
 
 class Section(enum.Enum):

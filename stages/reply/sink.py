@@ -34,13 +34,13 @@ from pipeline.requests import ChatRequest, ToolChoiceMode
 from pipeline.tracing import Mark, Timeline
 from stages.families import choose_family
 from stages.families.base import Family, Splitter
+from stages.grammar_faults import grammar_fault
 from stages.messages import Abort, Admitted, Prepared, StepOutputs, TokenDelta, TokenScores, send_abort
 from stages.models.loading import StreamingDetokenizer, Tokenizer, completion_detokenizer, token_text
 from stages.models.mlx_internals import special_token_ids
-from stages.prompt.constraints import grammar_fault
 from stages.reply.forced import ForcedCall
 from stages.reply.markup import Markers, MarkupSplitter, Section, markers_for, splitter_for
-from stages.reply.stops import StopMatcher, StopResult
+from stages.stops import StopMatcher, StopResult
 
 log = structlog.get_logger(stage="sink")
 

@@ -16,10 +16,10 @@ import anyio.to_thread
 import pytest
 
 from pipeline.channels import Channel, open_channel
-from stages.kv.rows import Intake
 from stages.messages import Abort, Prepared, StepOutputs
 from stages.model_thread import handoff as handoff_module
 from stages.model_thread.handoff import Handoff, Parcel
+from stages.model_thread.rows import Intake
 from tests.stages.cache.test_prompt_cache_gateway import row
 
 

@@ -1,4 +1,4 @@
-"""stages/reply/stops.py: stop strings matched across arbitrary chunk boundaries.
+"""stages/stops.py: stop strings matched across arbitrary chunk boundaries.
 
 Each case is fed split at every possible boundary (every two- and
 three-piece split, and one character at a time). Whatever the split, the
@@ -14,7 +14,7 @@ from itertools import combinations
 
 import pytest
 
-from stages.reply.stops import StopMatcher, StopResult, hold_back
+from stages.stops import StopMatcher, StopResult, hold_back
 
 
 def splits(text: str) -> Iterator[list[str]]:

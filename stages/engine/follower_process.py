@@ -2,7 +2,11 @@
 
 `mlx-relay serve --shard …` runs this instead of the HTTP server on every
 rank but 0 (mlx_relay.py). It reads the same settings (the model, the
-shard mode); everything that shapes the batch comes from rank 0.
+shard mode); everything that shapes the batch comes from rank 0. It lives
+in the engine's room, beside the start-up decisions it shares with rank 0
+(`decisions.py`'s disk tier for this rank's slice), and above the replay in
+`stages/shard/`: the engine imports that room, so that room imports nothing
+of the engine's.
 """
 
 from __future__ import annotations

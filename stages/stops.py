@@ -2,9 +2,11 @@
 
 The matcher holds back only text that could still become a stop string
 (the longest suffix that is a prefix of one), so no part of a stop string
-is ever streamed and ordinary text is not delayed. The markup splitter and
-the harmony splitter hold back their markers with the same functions
-(`hold_back`). Pure; no I/O.
+is ever streamed and ordinary text is not delayed. The markup splitter
+(`stages/reply/markup.py`) and the families' splitters and readers
+(`stages/families/`) hold back their markers with the same functions
+(`hold_back`, `partial_suffix`), so this lives at the root of `stages/`,
+below both rooms: neither imports the other for it. Pure; no I/O.
 """
 
 from __future__ import annotations
