@@ -336,6 +336,7 @@ class GenerationGateway:
     def _step(self, generator: BatchGenerator) -> tuple[TokenDelta, ...]:
         anyio.from_thread.check_cancelled()
         budget = self._budget
+        other_work = False
         if budget is not None:
             # The rows with no token yet prefill, as many at once as the batch takes.
             prefilling = self._batch.prefilling
@@ -346,7 +347,7 @@ class GenerationGateway:
         began = time.perf_counter()
         prefilled, generated = generator.next()
         if budget is not None:
-            budget.record(time.perf_counter() - began, prefilled, decoding=len(generated))
+            budget.record(time.perf_counter() - began, prefilled, decoding=len(generated), other_work=other_work)
         if self._cache_kind != PLAIN:
             self._batch.checkpoint(generator, prefilled)
         deltas = self._batch.deltas(generated)

@@ -74,11 +74,13 @@ class StepBudget:
         self.last_chunk = max(self.min_chunk, min(self.max_chunk, size))
         return self.last_chunk
 
-    def record(self, seconds: float, prefilled: Sequence[Any], *, decoding: int) -> None:
-        """One step took `seconds`, with `decoding` rows decoding and the batch's prefill responses `prefilled`."""
+    def record(self, seconds: float, prefilled: Sequence[Any], *, decoding: int, other_work: bool = False) -> None:
+        """One step took `seconds`, with `decoding` rows decoding and the batch's prefill responses `prefilled`;
+        `other_work` as `chunk` was told it."""
         tokens = self._prefilled_tokens(prefilled)
-        # A step that kept nobody waiting (a prompt prefilling alone, in full chunks) had no target to meet.
-        if seconds > self.target_s and (decoding or not tokens):
+        # A step that kept nobody waiting (a prompt prefilling alone, in full chunks) had no target to meet; one that
+        # kept rows or exclusive work waiting had, as `chunk` sized it.
+        if seconds > self.target_s and (decoding or other_work or not tokens):
             self.over_target += 1
         if tokens == 0:
             if decoding:

@@ -53,6 +53,9 @@ def test_a_prompt_that_keeps_nobody_waiting_prefills_in_full_chunks() -> None:
     assert budget.chunk(prefilling=2, decoding=0) == 512
     budget.record(5.12, [_prefilling(0, 562)], decoding=0)
     assert budget.over_target == 1
+    # Beside queued exclusive work the target held, and a step past it counts.
+    budget.record(5.12, [_prefilling(0, 1074)], decoding=0, other_work=True)
+    assert budget.over_target == 2
 
 
 def test_decoding_rows_take_their_share_of_the_step_first() -> None:
