@@ -29,6 +29,7 @@ from pipeline.tracing import Timeline
 from stages.adapters import AdapterError, ServedModels, not_found, read_adapters
 from stages.cache.disk import DiskTier
 from stages.engine.decisions import choose_markup, disk_tier, plan_memory, served_model, vision_prompt
+from stages.engine.gateway_face import Gateway
 from stages.engine.model_side import ModelSide, make_gateway
 from stages.engine.reports import AdmissionReport, EngineStatistics, TokenCount
 from stages.engine.work_service import ModelWork, chat_model_work, open_embedder
@@ -36,7 +37,6 @@ from stages.families.base import Family
 from stages.kv.plan import Fit
 from stages.messages import Abort, Decoder, Prepared, PrepareJob, PrepKind, ReadBody, Reply, StepOutputs, Submission
 from stages.model_thread.exclusive import ExclusiveQueue
-from stages.model_thread.gateway import GenerationGateway
 from stages.models.loading import ModelInfo, Tokenizer, load_tokenizer
 from stages.models.weights import WeightForm
 from stages.prompt.chat import ChatJobs, render_edited
@@ -73,7 +73,7 @@ class Engine:
     _stopped: anyio.Event = attrs.field(factory=anyio.Event, init=False)
     _parse_inbox: Channel[Submission] = attrs.field(init=False)
     _supervisor: Supervisor = attrs.field(init=False)
-    _gateway: GenerationGateway | RemoteGateway = attrs.field(init=False)
+    _gateway: Gateway = attrs.field(init=False)
     _sink: CompletionSink = attrs.field(init=False)
     fit: Fit = attrs.field(init=False)
     # As stored, or dequantized to float32 for the CPU backend; named in /stats.
@@ -107,7 +107,7 @@ class Engine:
         self._exclusive = (ExclusiveQueue if settings.model_in_process else RemoteExclusiveQueue).of(settings)
 
     def worker(self) -> WorkerStatus | None:
-        return self._gateway.status() if isinstance(self._gateway, RemoteGateway) else None
+        return self._gateway.status()
 
     @property
     def dead(self) -> bool:
@@ -257,8 +257,7 @@ class Engine:
             log.warning("engine.drain_timeout", open_requests=len(self._open))
 
     async def fresh_statistics(self) -> EngineStatistics:
-        if isinstance(self._gateway, RemoteGateway):
-            await self._gateway.refresh()
+        await self._gateway.refresh()
         return self.statistics()
 
     def statistics(self) -> EngineStatistics:
@@ -319,7 +318,7 @@ class Engine:
         control: Channel[Abort],
         out: MemoryObjectSendStream[StepOutputs],
         disk: DiskTier | None,
-    ) -> GenerationGateway | RemoteGateway:
+    ) -> Gateway:
         settings, machine = self._settings, self.fit.machine
         if isinstance(self._exclusive, RemoteExclusiveQueue):
             return RemoteGateway(

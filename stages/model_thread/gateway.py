@@ -217,6 +217,13 @@ class GenerationGateway:
         (a worker's frames to its front); set before `run`."""
         self._handoff.direct = write
 
+    def status(self) -> None:
+        """No worker: the model runs in this process."""
+        return None
+
+    async def refresh(self) -> None:
+        """`statistics` is read from this process's own counters, current already."""
+
     def cache_statistics(self) -> PromptCacheStatistics | None:
         return self._cache.statistics() if self._cache is not None else None
 
