@@ -163,6 +163,9 @@ class GenerationParams:
     # ends at the limit) rather than refused: Anthropic clients always ask
     # for their own model's maximum.
     clamp_max_tokens: bool = False
+    # The tokens prompt and reply may take together, below the model's window (Ollama's `num_ctx`): the reply is
+    # cut to what the prompt leaves of it (a prompt past it is the API's to refuse, naming its own field).
+    context_limit: int | None = None
     # vLLM's extensions: no end-of-sequence or stop token (nor stop string)
     # before `min_tokens`; EOS does not end the row with `ignore_eos`;
     # `stop_token_ids` end it as EOS does, and like EOS are not in the text.

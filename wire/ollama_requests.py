@@ -136,6 +136,7 @@ def read_params(body: Body) -> GenerationParams:
         max_tokens=max_tokens,
         # Cut to what the window leaves, as Ollama's own -1 ("until the context is full") is.
         clamp_max_tokens=True,
+        context_limit=limit,
         sampling=_read_sampling(options),
         stop=read_stops(options.get("options.stop"), "options.stop", allow_string=True),
         constraint=_read_format(body.get("format")),

@@ -195,6 +195,8 @@ class PrepareStage:
         safe = min(window, self._max_safe_context or window)
         if wanted is not None and job.params.clamp_max_tokens and prompt < safe:
             wanted = min(wanted, safe - prompt)
+        if wanted is not None and (limit := job.params.context_limit) is not None and prompt < limit:
+            wanted = min(wanted, limit - prompt)
         if prompt == 0:
             raise invalid("The prompt is empty after tokenization", param="prompt")
         # An id past the logits row would crash the model thread, not fail the request.

@@ -101,6 +101,16 @@ def test_prompt_past_num_ctx_is_refused(server: Server, api: ollama.Client) -> N
     assert raised.value.status_code == 400 and "num_ctx" in raised.value.error
 
 
+def test_num_ctx_holds_prompt_and_reply_together(api: ollama.Client) -> None:
+    prompt = "word " * 10
+    alone = api.generate(model="tiny", prompt=prompt, options={"num_predict": 1})
+    limit = alone.prompt_eval_count + 5
+    # Asked for 40 tokens, given the 5 the prompt leaves of num_ctx; Ollama's "length" is the reply's cut.
+    held = api.generate(model="tiny", prompt=prompt, options={"num_ctx": limit, "num_predict": 40, "temperature": 0})
+    assert held.prompt_eval_count + held.eval_count <= limit and held.eval_count == 5
+    assert held.done_reason == "length"
+
+
 def test_format_schema_gives_matching_json(server: Server, api: ollama.Client) -> None:
     schema = {
         "type": "object",
