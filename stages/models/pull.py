@@ -181,31 +181,6 @@ def _remote_config(manifest: Manifest, hub: Hub) -> dict[str, Any]:
         return cast(dict[str, Any], json.loads(Path(path).read_text()))
 
 
-def pull(
-    reference: str,
-    *,
-    on_event: Callable[[PullEvent], None],
-    hub: Hub | None = None,
-    planning: Planning | None = None,
-    force: bool = False,
-) -> Path:
-    """Download `REPO[:REVISION]` into the Hugging Face cache; blocking (run it off the event loop).
-
-    Raises:
-        PullError: `not_found`, `too_big` (refused before any weight is fetched, unless `force`), `checksum`
-            (a file is not what the Hub lists; nothing of the pull is left) or `network`.
-    """
-    hub = hub or Hub()
-    repo, revision = split_reference(reference)
-    manifest = read_manifest(repo, revision, hub)
-    on_event(Listed(manifest=manifest))
-    fitted = check_fit(manifest, hub, planning or Planning())
-    on_event(fitted)
-    snapshot = fetch_manifest(manifest, fitted, hub, on_event, force=force)
-    on_event(Pulled(path=snapshot, manifest=manifest))
-    return snapshot
-
-
 def fetch_manifest(
     manifest: Manifest, fitted: Fitted, hub: Hub, on_event: Callable[[PullEvent], None], *, force: bool
 ) -> Path:

@@ -51,8 +51,10 @@ def pull_model(
     GGUF repository the converted mlx-lm directory (`Pulled.path` too).
 
     Raises:
-        PullError: as `pull`, and `ambiguous` or `unsupported` for a GGUF repository (before any weight byte, but
-            for a feature only its converter refuses: then the download stays, nothing of the conversion).
+        PullError: `not_found`; `too_big` (refused before any weight is fetched, unless `force`); `checksum` (a file
+            is not what the Hub lists; nothing of the pull is left); `network`; and `ambiguous` or `unsupported` for
+            a GGUF repository (before any weight byte, but for a feature only its converter refuses: then the
+            download stays, nothing of the conversion).
     """
     hub = hub or Hub()
     wanted = parse_reference(reference, file)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stages.models.pull import Fitted, Hub, Listed, Progress, Pulled, PullError, PullEvent, pull
+from stages.models.pull import Fitted, Hub, Listed, Progress, Pulled, PullError, PullEvent
 from stages.models.pull_cache import cached_models, remove_model
+from stages.models.pull_gguf import pull_model
 from stages.models.sku import Planning
 from tests.hub import Hub as LoopbackHub
 from tests.hub import served_files
@@ -43,7 +44,7 @@ def hub(tiny_model: Path, tmp_path: Path) -> Iterator[LoopbackHub]:
 
 def _pull(hub: LoopbackHub, cache: Path, reference: str, events: list[PullEvent] | None = None) -> Path:
     sink = events if events is not None else []
-    return pull(reference, on_event=sink.append, hub=Hub(endpoint=hub.url, cache_dir=cache), planning=Planning())
+    return pull_model(reference, on_event=sink.append, hub=Hub(endpoint=hub.url, cache_dir=cache), planning=Planning())
 
 
 def test_pull_fills_the_hugging_face_cache_with_progress(hub: LoopbackHub, tiny_model: Path, tmp_path: Path) -> None:
