@@ -6,35 +6,18 @@ and the loop's wait on the thread's frame: every frame still arrives whole and e
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import anyio
 import anyio.to_thread
-import pytest
 from anyio.abc import ByteStream
 
 from stages.remote.frames import FrameReader
 from stages.remote.messages import JobOut, ReadyOut, ToFront
+from tests.stages.remote.test_remote_crossing import anyio_backend, pair  # noqa: F401  (fixtures: a connected socket pair, both backends)
 from workers.frames_out import FramesOut
 
 # Each side's frames; the thread's carry 8,000 floats (about 70 KB), past a Unix socket's buffer together.
 FRAMES = 60
 SCORES = 8000
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[tuple[ByteStream, ByteStream]]:
-    async with await anyio.create_unix_listener(tmp_path / "s.sock", mode=0o600) as listener:
-        front = await anyio.connect_unix(tmp_path / "s.sock")
-        worker = await listener.accept()
-        async with front, worker:
-            yield front, worker
 
 
 async def test_frames_from_the_loop_and_the_thread_arrive_whole_and_in_order(
