@@ -29,7 +29,7 @@ from quart import Quart
 from edge.store import store_call
 from pipeline.errors import ErrorKind, RequestError
 from stages.messages import Reply
-from store.policy import ResponseStore, StoredEvent, StoredResponse, unfinished
+from store.response_store import ResponseStore, StoredEvent, StoredResponse, unfinished
 from wire.responses import ResponsesStream
 from wire.sse import comment
 

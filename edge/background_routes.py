@@ -22,7 +22,7 @@ from edge.responses_turn import ResponsesTurn, response_not_found, stored_respon
 from edge.store import store_call
 from pipeline.errors import invalid, unsupported
 from stages.messages import ReadBody
-from store.policy import StoredResponse, unfinished
+from store.response_store import StoredResponse, unfinished
 from wire.responses import ResponsesStream
 
 routes = Blueprint("background", __name__)

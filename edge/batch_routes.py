@@ -18,7 +18,7 @@ from edge.file_routes import file_not_found, files, owned_file
 from edge.owners import caller
 from pipeline.errors import ErrorKind, RequestError
 from stages.prompt.parse import load_json
-from store.batches import BatchRecord
+from store.batch_folders import BatchRecord
 from wire.batches import batch_object, decode_create, list_page, page_limit, read_jsonl
 
 routes = Blueprint("batches", __name__)

@@ -27,7 +27,7 @@ from edge.batch_calls import LineResult, run_line
 from pipeline.requests import JsonObject, JsonValue
 from pipeline.settings import Settings
 from stages.engine.engine import Engine
-from store.batches import ENDED, ERRORS, OUTPUT, BatchRecord, BatchStore
+from store.batch_folders import ENDED, ERRORS, OUTPUT, BatchRecord, BatchStore
 from store.files import FileStore
 from store.opening import store_path
 from wire.batches import BatchLine, expired_error, failed_line, line_refusal, output_line
@@ -50,7 +50,7 @@ class BatchProgress:
 
 @attrs.frozen(kw_only=True)
 class BatchStatistics:
-    """The runner's figures for `/stats` and `/metrics` (wire/metrics.py: the `lines_*` are counters)."""
+    """The runner's figures for `/stats` and `/metrics` (wire/metric_figures.py: the `lines_*` are counters)."""
 
     running: tuple[BatchProgress, ...]
     # Batches not yet ended: validating, in progress, finalizing or cancelling.

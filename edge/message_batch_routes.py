@@ -17,7 +17,7 @@ from edge.owners import caller
 from pipeline.errors import invalid
 from pipeline.requests import JsonObject
 from stages.prompt.parse import load_json
-from store.batches import ENDED, ERRORS, OUTPUT, BatchRecord
+from store.batch_folders import ENDED, ERRORS, OUTPUT, BatchRecord
 from wire.batches import MESSAGES, canceled_result, decode_message_batch, message_batch_object, message_result
 from wire.sse import dumps
 

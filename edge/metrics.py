@@ -6,7 +6,7 @@ Routers and dashboards already read vLLM's names: smg scrapes
 same gauges; vLLM's Grafana dashboards read the histograms. So the names,
 types, label (`model_name`) and buckets follow vLLM v1's
 (`vllm/v1/metrics/loggers.py`); figures vLLM has no name for are
-`mlx_relay:` metrics (`wire/metrics.py` names them).
+`mlx_relay:` metrics (`wire/metric_figures.py` names them).
 
 Two sources: the per-request histograms and counters are fed by each
 model's sink through `pipeline/observe.py` as requests finish; the gauges
@@ -29,7 +29,7 @@ from edge.mcp_metrics import McpMeter
 from pipeline.observe import RequestObserver, RequestRecord
 from pipeline.requests import JsonObject
 from wire.loads import LoadInputs, loads_body
-from wire.metrics import server_metrics, snapshot_metrics
+from wire.metric_figures import server_metrics, snapshot_metrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABEL = ("model_name",)

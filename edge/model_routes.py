@@ -29,7 +29,7 @@ from stages.prompt.parse import load_json
 from wire.embeddings import decode_embeddings, embeddings_body
 from wire.scoring import decode_rerank, decode_score, rerank_body, score_body
 from wire.sse import dumps
-from wire.tokenize import decode_detokenize, decode_tokenize, tokenize_body
+from wire.vllm_tokenize import decode_detokenize, decode_tokenize, tokenize_body
 
 routes = Blueprint("model_work", __name__)
 

@@ -33,7 +33,7 @@ from stages.engine.engine import Engine
 from stages.messages import Decoder, ReadBody, Reply
 from stages.prompt.parse import load_json
 from wire import ollama
-from wire.fields import as_body
+from wire.field_reads import as_body
 from wire.ollama_models import (
     OLLAMA_VERSION,
     ModelFacts,

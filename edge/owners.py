@@ -12,7 +12,7 @@ from quart import has_websocket_context, request, websocket
 
 from edge.guard import policy
 from edge.keys import presented_key
-from store.policy import StoredResponse
+from store.response_store import StoredResponse
 
 
 def caller() -> str | None:

@@ -25,7 +25,7 @@ from pipeline.errors import ErrorKind, RequestError
 from pipeline.protocol import StreamProtocol
 from pipeline.requests import Accepted, ChatRequest, JsonObject, JsonValue
 from stages.messages import Reply
-from store.policy import StoredResponse
+from store.response_store import StoredResponse
 from wire import responses as responses_wire
 from wire.responses_requests import ResponsesRequest, continued_input, decode_responses, to_chat
 

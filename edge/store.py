@@ -14,7 +14,7 @@ import structlog
 from quart import Quart
 
 from pipeline.errors import ErrorKind, RequestError
-from store.policy import ResponseStore, StoreError
+from store.response_store import ResponseStore, StoreError
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """Which Responses store a `MLX_RELAY_RESPONSE_STORE` URL names, opened.
 
-Apart from `store/policy.py` so the backends import the records and the policy from below, and this module
+Apart from `store/response_store.py` so the backends import the records and the policy from below, and this module
 imports every backend from above: no circle between a store and its backends.
 """
 
@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from store.policy import Clock, MemoryResponseStore, ResponseStore, StoreError
 from store.postgres import PostgresResponseStore, is_postgres_url
+from store.response_store import Clock, MemoryResponseStore, ResponseStore, StoreError
 from store.sqlite import SqliteResponseStore
 
 

@@ -1,6 +1,6 @@
 """The shared Responses store: one PostgreSQL database, for replicas on several hosts.
 
-Same policy as the memory and SQLite stores (see `store/policy.py`),
+Same policy as the memory and SQLite stores (see `store/response_store.py`),
 so a `previous_response_id` resolves on whichever replica a router picks.
 SQLite's WAL needs shared memory between its processes, so it serves one
 host only; this store is for more than one.
@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import attrs
 
-from store.policy import (
+from store.response_store import (
     UNFINISHED,
     Clock,
     EncodedResponse,

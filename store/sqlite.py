@@ -1,6 +1,6 @@
 """The durable Responses store: one SQLite file, shared by threads and processes.
 
-Same policy as the memory store (see `store/policy.py`); the
+Same policy as the memory store (see `store/response_store.py`); the
 records outlive the server.
 
 Threads: one connection per store object, used only under the store's
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import attrs
 
-from store.policy import (
+from store.response_store import (
     UNFINISHED,
     Clock,
     EncodedResponse,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pipeline.settings import Settings
 from store.opening import open_store, store_path
-from store.policy import ResponseStore, StoreError
 from store.postgres import redacted
+from store.response_store import ResponseStore, StoreError
 
 # SQLite keeps these beside the file in WAL mode; they move with it.
 _COMPANIONS = ("", "-wal", "-shm")

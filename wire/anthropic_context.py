@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pipeline.errors import invalid, unsupported
 from pipeline.requests import AppliedEdit, ClearThinking, ClearToolUses, ContextEdit, JsonObject, JsonValue
-from wire.fields import Body, as_list, as_object, as_str
+from wire.field_reads import Body, as_list, as_object, as_str
 
 _CLEAR_THINKING = "clear_thinking_20251015"
 _CLEAR_TOOL_USES = "clear_tool_uses_20250919"

@@ -18,7 +18,7 @@ from pipeline.errors import invalid, quote, unsupported
 from pipeline.events import ToolCall
 from pipeline.requests import ChatRequest, JsonObject, JsonValue, Message, Tool, ToolChoice
 from wire.anthropic_requests import MCP_BETAS, assistant_turns, decode_messages, read_tool_choice
-from wire.fields import as_body, as_list, as_object, as_str, read_str
+from wire.field_reads import as_body, as_list, as_object, as_str, read_str
 from wire.partial_json import arguments_object
 from wire.responses_mcp import McpServer
 

@@ -33,7 +33,7 @@ from pipeline.requests import (
     ToolChoiceMode,
 )
 from wire.anthropic_context import read_context_management
-from wire.fields import (
+from wire.field_reads import (
     Body,
     as_body,
     as_list,
@@ -46,7 +46,7 @@ from wire.fields import (
     read_number,
     read_stops,
 )
-from wire.images import image_from_base64, image_from_url
+from wire.image_parts import image_from_base64, image_from_url
 from wire.structured import anthropic_constraint
 
 _ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}

@@ -15,7 +15,7 @@ import struct
 from pipeline.errors import invalid, quote, unsupported
 from pipeline.requests import JsonObject, JsonValue
 from pipeline.work_requests import EmbeddingRequest, Embeddings, EncodingFormat, Input
-from wire.fields import as_body, read_int, read_str
+from wire.field_reads import as_body, read_int, read_str
 
 # OpenAI's bound on inputs in one request.
 MAX_INPUTS = 2048

@@ -6,7 +6,7 @@ data-parallel rank (we have one). The field names and meanings are
 SGLang's (`LoadSnapshot`); ours map onto them:
 
 - `num_running_reqs`: rows in the batch; `num_waiting_reqs`: admitted and
-  not yet running (`wire/metrics.py`, the same figures as the vLLM gauges).
+  not yet running (`wire/metric_figures.py`, the same figures as the vLLM gauges).
 - `num_used_tokens` / `max_total_num_tokens`: the KV the running rows hold
   and the KV budget, in tokens of this model's KV; `token_usage` is their
   ratio. `num_total_tokens` adds the waiting rows' prompts, which we do
@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import attrs
 
 from pipeline.requests import JsonObject, JsonValue
-from wire.metrics import KV_BUDGET, KV_HELD, kv_usage, number_at, running, waiting
+from wire.metric_figures import KV_BUDGET, KV_HELD, kv_usage, number_at, running, waiting
 
 
 @attrs.frozen(kw_only=True)

@@ -15,7 +15,7 @@ import attrs
 from pipeline.errors import invalid
 from pipeline.requests import JsonObject, JsonValue
 from pipeline.work_requests import EmbeddingRequest, Embeddings, EncodingFormat
-from wire.fields import as_body, as_list, as_str, read_bool, read_int, read_str
+from wire.field_reads import as_body, as_list, as_str, read_bool, read_int, read_str
 from wire.ollama_requests import read_keep_alive, read_params
 
 # The Ollama release whose API this server follows; clients that check a minimum read it.

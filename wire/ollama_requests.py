@@ -27,7 +27,7 @@ from pipeline.requests import (
     Sampling,
     TextRequest,
 )
-from wire.fields import (
+from wire.field_reads import (
     Body,
     as_body,
     as_list,
@@ -41,7 +41,7 @@ from wire.fields import (
     read_stops,
     read_str,
 )
-from wire.images import image_from_base64
+from wire.image_parts import image_from_base64
 from wire.openai_requests import SEED_MAX, SEED_MIN, read_call_records, read_function_tools
 
 _ROLES = {role.value: role for role in (Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.TOOL)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pipeline.errors import invalid, unsupported
 from pipeline.requests import JsonValue
-from wire.fields import Body, as_list, read_bool, read_int, read_number
+from wire.field_reads import Body, as_list, read_bool, read_int, read_number
 
 # A generous bound on stop ids; a longer list is a mistake, not a request.
 _MAX_STOP_TOKEN_IDS = 256

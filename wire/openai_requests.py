@@ -24,7 +24,7 @@ from pipeline.requests import (
     ToolChoice,
     ToolChoiceMode,
 )
-from wire.fields import (
+from wire.field_reads import (
     Body,
     as_body,
     as_list,
@@ -41,7 +41,7 @@ from wire.fields import (
     read_stops,
     read_str,
 )
-from wire.images import image_from_url
+from wire.image_parts import image_from_url
 from wire.openai_extensions import (
     read_ignore_eos,
     read_min_tokens,

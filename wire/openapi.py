@@ -19,8 +19,8 @@ from wire.openai_requests import decode_chat, decode_completion
 from wire.responses_requests import decode_responses
 from wire.schema_probe import Decoder, body_schema
 from wire.scoring import decode_rerank, decode_score
-from wire.tokenize import decode_detokenize, decode_tokenize
 from wire.transcriptions import audio_form
+from wire.vllm_tokenize import decode_detokenize, decode_tokenize
 
 _USER: list[JsonValue] = [{"role": "user", "content": "Hello"}]
 

@@ -16,7 +16,7 @@ import attrs
 
 from pipeline.errors import invalid, quote, unsupported
 from pipeline.requests import JsonObject, JsonValue, Tool
-from wire.fields import as_list, as_object, as_str, read_str
+from wire.field_reads import as_list, as_object, as_str, read_str
 
 # Fields of an `mcp` tool that name a hosted connector rather than a URL this server could call.
 _HOSTED_ONLY = ("connector_id", "tunnel_id", "defer_loading")

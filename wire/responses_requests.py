@@ -31,7 +31,7 @@ from pipeline.requests import (
     ToolCallRecord,
     ToolChoice,
 )
-from wire.fields import (
+from wire.field_reads import (
     Body,
     as_body,
     as_list,
@@ -43,7 +43,7 @@ from wire.fields import (
     read_number,
     read_str,
 )
-from wire.images import image_from_url
+from wire.image_parts import image_from_url
 from wire.responses_mcp import McpChoice, McpServer, call_result_text, echoed_tool, read_mcp_choice, read_mcp_servers
 from wire.responses_tools import ResponsesTools, ToolSpec, call_arguments, qualified, read_tool_choice, read_tools
 from wire.structured import responses_constraint

@@ -23,7 +23,7 @@ import attrs
 
 from pipeline.errors import invalid, unsupported
 from pipeline.requests import Constraint, ConstraintKind, JsonObject, JsonValue, Tool, ToolChoice, ToolChoiceMode
-from wire.fields import as_list, as_object, as_str, named_tool, read_arguments, read_function, read_str
+from wire.field_reads import as_list, as_object, as_str, named_tool, read_arguments, read_function, read_str
 
 HOSTED = frozenset(
     {

@@ -1,7 +1,7 @@
 """Request schemas read off the decoders themselves, so the description cannot drift from them.
 
 The decoders in `wire/*_requests.py` are the field tables: each reads its
-fields by name through `wire.fields`, and refuses a wrong value with a 400
+fields by name through `wire.field_reads`, and refuses a wrong value with a 400
 whose `param` names the field. The probe runs a decoder on a small valid
 body whose objects record every key read (the object's properties), then
 puts one value of each JSON type at a field and keeps the types the

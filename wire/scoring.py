@@ -11,7 +11,7 @@ from __future__ import annotations
 from pipeline.errors import invalid
 from pipeline.requests import JsonObject, JsonValue
 from pipeline.work_requests import ScoreRequest, Scores
-from wire.fields import as_body, as_str, read_bool, read_int, read_str
+from wire.field_reads import as_body, as_str, read_bool, read_int, read_str
 
 # Documents in one request, as for embeddings' inputs.
 MAX_DOCUMENTS = 2048

@@ -14,7 +14,7 @@ import json
 
 from pipeline.errors import invalid, quote
 from pipeline.requests import Constraint, ConstraintKind, JsonValue
-from wire.fields import Body, as_list, as_object, as_str
+from wire.field_reads import Body, as_list, as_object, as_str
 
 _ANY_OBJECT: JsonValue = {"type": "object"}
 _GUIDED = {

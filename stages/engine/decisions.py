@@ -33,7 +33,7 @@ from stages.models.weights import WeightForm
 from stages.prompt.vision_chat import VisionPrompt
 from stages.shard.caches import MirroredPromptCache
 from stages.shard.cluster import Cluster
-from stages.shard.plan import per_rank
+from stages.shard.rank_share import per_rank
 
 log = structlog.get_logger(stage="engine")
 

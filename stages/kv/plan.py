@@ -222,7 +222,7 @@ def assess(
     `form` gives the model as it will be served where that differs from its
     files (float32 weights dequantized from the stored ones: stages/models/weights.py).
     `share` gives this process's part of the model when it is sharded over
-    several (stages/shard/plan.py): the plan is per rank.
+    several (stages/shard/rank_share.py): the plan is per rank.
     `measured_bandwidth`: the machine's copy figure, where another process has measured it.
 
     Raises:

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests import loopback
 from tests.conftest import Server, ServerFactory
-from wire.metrics import COUNTERS, READ_PATHS
+from wire.metric_figures import COUNTERS, READ_PATHS
 
 HELLO = [{"role": "user", "content": "Hello"}]
 

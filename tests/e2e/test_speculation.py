@@ -20,7 +20,7 @@ import pytest
 from tests import loopback
 from tests.conftest import Server, ServerFactory, start_server
 from tests.e2e.conftest import stats
-from wire.metrics import SPEC_DECODE_PATHS
+from wire.metric_figures import SPEC_DECODE_PATHS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import attrs
 
 from store.opening import open_store
-from store.policy import StoredResponse
-from tests.store.test_policy import FakeClock, StoreFactory, clock, kind, make_store, record  # noqa: F401
+from store.response_store import StoredResponse
+from tests.store.test_response_store import FakeClock, StoreFactory, clock, kind, make_store, record  # noqa: F401
 
 EVENTS = [(0, "event: response.created\ndata: {}\n\n"), (1, "event: response.queued\ndata: {}\n\n")]
 

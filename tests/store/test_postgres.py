@@ -1,7 +1,7 @@
 """store/postgres.py against a real PostgreSQL server: what the shared policy table cannot show.
 
 The policy itself (TTL, LRU byte cap, oversized records, copies, closing)
-runs for every store in test_policy.py; these are PostgreSQL's
+runs for every store in test_response_store.py; these are PostgreSQL's
 own cases: replicas sharing one database, the schema, reaching the server.
 """
 
@@ -11,10 +11,10 @@ import psycopg
 import pytest
 
 from store.opening import open_store
-from store.policy import StoreError
 from store.postgres import DEFAULT_CONNECT_TIMEOUT, PostgresResponseStore, connect_timeout_of, redacted
+from store.response_store import StoreError
 from tests.pg import PostgresServer
-from tests.store.test_policy import SIZE, record, run_threads
+from tests.store.test_response_store import SIZE, record, run_threads
 
 pytestmark = pytest.mark.slow
 

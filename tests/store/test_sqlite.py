@@ -1,7 +1,7 @@
 """The SQLite response store on real files: durability, several store objects and processes on one file, damaged
 files and unknown schemas.
 
-The behaviour both stores share is tested in test_policy.py.
+The behaviour both stores share is tested in test_response_store.py.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from store.policy import StoreError
+from store.response_store import StoreError
 from store.sqlite import SqliteResponseStore
 from tests.conftest import REPO
-from tests.store.test_policy import (
+from tests.store.test_response_store import (
     SIZE,
     ids,
     record,

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.errors import invalid
 from pipeline.requests import JsonValue
-from wire.fields import as_body, as_list, as_object, as_str, read_bool, read_int
+from wire.field_reads import as_body, as_list, as_object, as_str, read_bool, read_int
 from wire.openapi import OPERATIONS, document
 from wire.schema_probe import body_schema
 

@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.requests import Constraint, ConstraintKind, JsonValue
-from wire.fields import Body
+from wire.field_reads import Body
 from wire.structured import anthropic_constraint, openai_constraint, responses_constraint
 
 SCHEMA: dict[str, JsonValue] = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}

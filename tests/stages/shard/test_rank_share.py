@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stages.kv.shape import ModelShape
-from stages.shard.plan import per_rank
+from stages.shard.rank_share import per_rank
 
 SHAPE = ModelShape(
     weights_bytes=1_000_000_000,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pipeline.errors import invalid, unsupported
 from pipeline.requests import JsonObject, JsonValue
 from pipeline.work_requests import DetokenizeRequest, TokenizeRequest
-from wire.fields import as_body, read_bool, read_str
+from wire.field_reads import as_body, read_bool, read_str
 from wire.openai_requests import decode_chat
 
 _PROMPT_KNOWN = frozenset({"model", "prompt", "add_special_tokens", "return_token_strs"})

@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from store.opening import open_store, store_path
-from store.policy import (
+from store.response_store import (
     EncodedResponse,
     MemoryResponseStore,
     ResponseStore,

@@ -7,7 +7,7 @@ import pytest
 
 from edge.batch_runner import BatchProgress, BatchStatistics
 from pipeline.requests import JsonObject
-from wire.metrics import Figure, snapshot_metrics
+from wire.metric_figures import Figure, snapshot_metrics
 
 _VLLM = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions"}
 
