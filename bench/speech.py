@@ -2,8 +2,8 @@
 
     python -m bench.speech [--chat demo] [--streams 4] [--rounds 3] [--seconds 10] [--in-process]
 
-One server serves both models (MLX_RELAY_MODEL=<chat>,tiny-whisper; the
-chat model in its worker process unless `--in-process`). First the
+One server serves both models (MLX_RELAY_MODEL=<chat>,tiny-whisper; each
+in its worker process unless `--in-process`). First the
 real-time factor: wall seconds per second of audio for a clip of
 `--seconds` (speech-like, made with numpy), transcribed alone. Then rounds
 of `--streams` streaming chats, each round once alone and once while
@@ -27,7 +27,8 @@ from typing import Any
 
 import httpx
 
-from bench.fleet import _arrivals, _gaps, _quantiles
+from bench.fleet import _gaps, _quantiles
+from bench.load import chunk_arrivals
 from bench.servers import free_port, relay_command, started
 from tests.speech_clips import clip
 
@@ -42,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each alone then beside transcriptions")
     parser.add_argument("--seconds", type=float, default=10.0, help="the clip's length")
     parser.add_argument("--repeats", type=int, default=3, help="transcriptions timed for the real-time factor")
-    parser.add_argument("--in-process", action="store_true", help="the chat model in the HTTP process too")
+    parser.add_argument("--in-process", action="store_true", help="both models in the HTTP process")
     parser.add_argument("--out", type=Path, default=OUT)
     return parser
 
@@ -72,7 +73,9 @@ def _round(url: str, args: argparse.Namespace, audio: bytes, *, beside: bool) ->
         thread.start()
         time.sleep(0.5)  # the first transcription is running when the streams start
     with ThreadPoolExecutor(args.streams) as pool:
-        futures = [pool.submit(_arrivals, url, args.chat, i, args.max_tokens) for i in range(args.streams)]
+        futures = [
+            pool.submit(chunk_arrivals, url, args.chat, i, args.max_tokens, {"seed": i}) for i in range(args.streams)
+        ]
         streams = [future.result() for future in futures]
     stop.set()
     if thread is not None:

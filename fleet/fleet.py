@@ -25,7 +25,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from fleet.defaults import generation_config
 from fleet.footprint import Footprint, fleet_budget, read_footprint, speech_footprint
-from fleet.host import ModelHost, State, cannot_place, load_failed, unavailable
+from fleet.model_host import ModelHost, State, cannot_place, load_failed, unavailable
 from fleet.policy import Refuse, expired, place
 from fleet.spec import ModelSpec, served_name
 from pipeline.errors import ErrorKind, RequestError, shutting_down
@@ -33,7 +33,7 @@ from pipeline.observe import NullObserver, RequestObserver
 from pipeline.settings import Settings
 from pipeline.yielding import yielding_gil
 from stages.adapters import not_found
-from stages.engine.engine import Engine
+from stages.engine.engine import Engine, EngineStart
 from stages.engine.speech import SpeechEngine
 from stages.kv.machine import Machine, read_machine
 from stages.models.loading import release_unloaded, resolve_model
@@ -201,25 +201,26 @@ class Fleet:
             settings = engine_settings(settings, host.spec, host.footprint)
         host.starting()
         log.info("fleet.loading", model=host.name)
-        engine = await self._engine_for(settings, host.name)
-        self._group.start_soon(host.serve, engine)
+        start = await self._engine_for(settings, host.name)
+        self._group.start_soon(host.serve, start)
         await host.started.wait()
         if host.engine is None:
             log.error("fleet.load_failed", model=host.name, error=host.error)
             return
-        shipped = await anyio.to_thread.run_sync(generation_config, engine.info.path)
+        shipped = await anyio.to_thread.run_sync(generation_config, host.engine.info.path)
         host.defaults = host.spec.defaults.over(shipped)
         host.state = State.READY
         host.touch()
         log.info("fleet.ready", model=host.name)
 
-    async def _engine_for(self, settings: Settings, name: str) -> Engine | SpeechEngine:
-        """A speech model's engine (stages/engine/speech.py), else a language model's."""
+    async def _engine_for(self, settings: Settings, name: str) -> EngineStart | SpeechEngine:
+        """A speech model's engine (stages/engine/speech.py), else a language model's start (its `Engine` is built
+        once its start-up decisions are made)."""
         find = partial(speech_info_for, settings.model, demo=settings.demo_model, name=settings.model_name)
         speech = await anyio.to_thread.run_sync(find)
         if speech is not None:
             return SpeechEngine(settings=settings, info=speech)
-        return Engine(settings=settings, observer=self._observer_for(name))
+        return EngineStart(settings=settings, observer=self._observer_for(name))
 
     async def footprint_of(self, host: ModelHost) -> Footprint:
         """What `host` takes of the budget (measured once, without loading it)."""

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+if TYPE_CHECKING:
+    JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+else:
+    # A row's `GenerationParams` crosses to a model worker as it is (stages/remote/crossing.py), and msgspec reads
+    # these annotations to decode it; it cannot follow a recursive alias, so at run time a JSON value is any value.
+    JsonValue = Any
 JsonObject = dict[str, JsonValue]
 
 
@@ -103,7 +109,9 @@ class Sampling:
     """Per-row sampler and logits-processor settings.
 
     `seed` gives the row its own random key, so its output does not depend
-    on what else shares the batch. Penalties of None are off.
+    on what else shares the batch. Penalties of None are off. It crosses
+    to a model worker as it is (msgspec encodes attrs classes by field
+    name): a new field needs no code on the crossing.
     """
 
     temperature: float = 1.0
@@ -250,6 +258,8 @@ class ChatRequest:
     omit_reasoning: bool = False
     # Responses' `truncation: "auto"`: a conversation past the window loses its oldest exchanges until it fits.
     truncate_to_fit: bool = False
+    # The body's top-level fields the decoder left unread (wire/field_policy.py), for the route to name.
+    unread_fields: tuple[str, ...] = ()
 
     @property
     def forced_tool(self) -> str | None:
@@ -276,6 +286,8 @@ class TextRequest:
     include_usage: bool = False
     # The model name the client asked for, echoed where it is an alias.
     model: str | None = None
+    # The body's top-level fields the decoder left unread (wire/field_policy.py), for the route to name.
+    unread_fields: tuple[str, ...] = ()
 
 
 GenerationRequest = ChatRequest | TextRequest

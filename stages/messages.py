@@ -3,7 +3,9 @@
 Each message is frozen; a stage that changes one makes a copy with
 `attrs.evolve`. Every message carries the request's `ReplySlot`, so a
 stage can skip a request whose client has gone (`reply.closed`) and fail
-one with a value (`reply.fail`) without stopping.
+one with a value (`reply.fail`) without stopping. `TokenDelta` alone is a
+msgspec Struct: it crosses from a model worker in every step's frame as
+it is (stages/remote/crossing.py), compact and without a copy on either side.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
+import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
 from pipeline.channels import ReplySlot
@@ -164,12 +167,14 @@ class Prepared:
     """A request ready for the gateway: tokens, limits and sampling."""
 
     request_id: str
-    request: GenerationRequest
     prompt_tokens: tuple[int, ...]
     max_tokens: int
     params: GenerationParams
     reply: Reply
     timeline: Timeline
+    # What the client asked, which the sink reads (tools, parallel calls); None in a model worker, whose model side
+    # reads the tokens and parameters alone: the request and its text stay in the front.
+    request: GenerationRequest | None = None
     # The row's grammar, when its output is constrained.
     constraint: CompiledConstraint | None = None
     # Its images, in prompt order (a vision-language model's row).
@@ -185,8 +190,9 @@ class Abort:
     request_id: str
 
 
-@attrs.frozen(kw_only=True)
-class TokenDelta:
+class TokenDelta(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """A row's new tokens in one step; `msgspec.structs.replace` copies one with a change."""
+
     request_id: str
     new_token_ids: tuple[int, ...]
     finish: FinishReason | None = None

@@ -19,10 +19,9 @@ import threading
 
 import anyio
 import anyio.from_thread
-import msgspec
 from anyio.abc import ByteStream, SocketAttribute
 
-from stages.remote.frames import encode_frame
+from stages.remote.frames import encode_frame, encoder
 
 # A loop task's wait for a frame the thread is writing (a few microseconds unless the socket is full).
 _RETRY_S = 0.0005
@@ -36,8 +35,8 @@ class FramesOut:
         self._socket = stream.extra(SocketAttribute.raw_socket)
         self._lock = threading.Lock()
         # One encoder per side: an encoder's buffer is not shared between threads.
-        self._loop_encoder = msgspec.msgpack.Encoder()
-        self._thread_encoder = msgspec.msgpack.Encoder()
+        self._loop_encoder = encoder()
+        self._thread_encoder = encoder()
         # The front stopped reading (its socket broke): frames are dropped, the reader ends the worker.
         self.front_gone = False
 

@@ -38,8 +38,7 @@ from stages.messages import Abort, CompiledConstraint, Grammar, Prepared, StepOu
 from stages.model_thread.embed import EmbedWork, ScoreWork
 from stages.model_thread.gateway import GenerationGateway
 from stages.remote.convert import error_out, prepared_of, step_out
-from stages.remote.frames import FrameReader
-from stages.remote.messages import (
+from stages.remote.crossing import (
     AbortIn,
     BeatOut,
     CancelIn,
@@ -50,10 +49,12 @@ from stages.remote.messages import (
     ReadyOut,
     RefusedOut,
     RowIn,
+    StartIn,
     StatsIn,
     ToFront,
     ToWorker,
 )
+from stages.remote.frames import FrameReader
 from workers.frames_out import FramesOut
 from workers.model import WorkerModel, open_model
 from workers.priority import restore
@@ -78,7 +79,7 @@ class StartTimes:
     connect_s: float
     # Waiting for the front's settings: a spare's idle time (stages/remote/spare.py), else about nothing.
     waited_s: float = 0.0
-    # The tokenizer, markup family, adapters and memory plan (`workers/model.py`).
+    # The tokenizer, the disk tier and a dedicated embedding model (`workers/model.py`); the plan is the front's.
     open_s: float = 0.0
     # The weights onto the model thread, the prompt cache, and the generator made (the gateway's start).
     load_s: float = 0.0
@@ -104,11 +105,11 @@ class _WorkerReply(ReplySlot[Accepted]):
 class WorkerHost:
     settings: Settings
     beat_interval: float
+    # What the front decided at its start (stages/remote/crossing.py): the model side is built from it.
+    start: StartIn
     # The nice value to serve at once loaded (workers/priority.py); None: it was never changed.
     base_nice: int | None = None
     times: StartTimes = attrs.field(factory=lambda: StartTimes(imports_s=0.0, connect_s=0.0))
-    # The front's memory copy figure (stages/remote/messages.py, SettingsIn).
-    measured_bandwidth: float | None = None
     _frames: FramesOut | None = attrs.field(default=None, init=False)
     _failures: list[FailedOut] = attrs.field(factory=list, init=False)
     _failed: anyio.Event = attrs.field(factory=anyio.Event, init=False)
@@ -137,7 +138,7 @@ class WorkerHost:
                 # The heartbeats keep their turn beside the loading threads (pipeline/yielding.py says why).
                 with yielding_gil():
                     opened = time.perf_counter()
-                    model = self._model = await open_model(self.settings, measured_bandwidth=self.measured_bandwidth)
+                    model = self._model = await open_model(self.settings, self.start)
                     loaded = time.perf_counter()
                     self._gateway = make_gateway(model.side, inbox.receive, control, steps.send)
                     # Each step's frame goes out from the model thread (workers/frames_out.py); rows that fail

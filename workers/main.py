@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 from pipeline.collector import freeze_imports, pause_for_imports
 
@@ -46,9 +47,11 @@ import structlog  # noqa: E402
 
 from pipeline.logs import configure_child_logging  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
+from stages.remote.crossing import SettingsIn, ToWorker  # noqa: E402
 from stages.remote.frames import FrameReader  # noqa: E402
-from stages.remote.messages import SettingsIn, ToWorker  # noqa: E402
+from stages.remote.speech_crossing import SpeechSettingsIn, ToSpeechWorker  # noqa: E402
 from workers.host import StartTimes, WorkerHost  # noqa: E402
+from workers.speech_host import SpeechHost  # noqa: E402
 
 IMPORTED = time.perf_counter()
 freeze_imports()
@@ -59,13 +62,14 @@ log = structlog.get_logger(stage="worker")
 async def _main(socket: str) -> None:
     async with await anyio.connect_unix(socket) as stream:
         connected = time.perf_counter()
-        reader: FrameReader[ToWorker] = FrameReader(stream, ToWorker)
+        # The first frame says which kind of worker this is: a chat model's (`SettingsIn`) or a speech model's.
+        reader: FrameReader[Any] = FrameReader(stream, ToWorker | ToSpeechWorker)
         try:
             # A spare waits here, imported, until a start takes it (stages/remote/spare.py).
             first = await reader.receive()
         except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
             return  # a spare the front no longer needs
-        if not isinstance(first, SettingsIn):
+        if not isinstance(first, SettingsIn | SpeechSettingsIn):
             raise SystemExit(f"the front's first frame is {type(first).__name__}, not its settings")
         base_nice = LOADING_BASE_NICE
         if not first.yield_cpu:
@@ -79,12 +83,20 @@ async def _main(socket: str) -> None:
         times = StartTimes(
             imports_s=IMPORTED - STARTED, connect_s=connected - IMPORTED, waited_s=time.perf_counter() - connected
         )
+        if isinstance(first, SpeechSettingsIn):
+            beats = settings.worker_heartbeat_timeout / 8
+            speech = SpeechHost(
+                settings=settings, info=first.info, beat_interval=beats, base_nice=base_nice, times=times
+            )
+            await speech.serve(stream, reader)
+            log.info("worker.stopped")
+            return
         host = WorkerHost(
             settings=settings,
             beat_interval=settings.worker_heartbeat_timeout / 8,
             base_nice=base_nice,
             times=times,
-            measured_bandwidth=first.measured_bandwidth,
+            start=first.start,
         )
         await host.serve(stream, reader)
     log.info("worker.stopped")

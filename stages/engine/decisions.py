@@ -55,12 +55,12 @@ def vision_prompt(settings: Settings, info: ModelInfo, tokenizer: Tokenizer) -> 
     return VisionPrompt.load(info.path, tokenizer, settings)
 
 
-def think_ids(family: Family, tokenizer: Tokenizer) -> tuple[tuple[int, ...], int] | None:
-    """The think markers as token ids: the start's (one or more), and the end's, where it is
+def think_ids(think: tuple[str, str] | None, tokenizer: Tokenizer) -> tuple[tuple[int, ...], int] | None:
+    """The family's think markers as token ids: the start's (one or more), and the end's, where it is
     one token (a thinking budget forces it)."""
-    if family.think is None:
+    if think is None:
         return None
-    start, end = (tokenizer.encode(marker, add_special_tokens=False) for marker in family.think)
+    start, end = (tokenizer.encode(marker, add_special_tokens=False) for marker in think)
     return (tuple(start), end[0]) if start and len(end) == 1 else None
 
 

@@ -1,8 +1,9 @@
 """What the engine asks of a generation gateway, whichever side of a process boundary the model runs on.
 
 The in-process `GenerationGateway` (stages/model_thread/gateway.py) and the `RemoteGateway` that drives a model
-worker (stages/remote/gateway.py) both answer it, so the engine holds one `Gateway` and never asks which it has
-(issue #38). Structural: neither imports this module.
+worker (stages/remote/chat_gateway.py) both answer it, so the engine holds one `Gateway` and never asks which it has
+(issue #38); stages/engine/wiring.py chooses which, once, as it builds the engine's actors. Structural: neither
+imports this module.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from stages.adapters import Adapter
 from stages.cache.disk import DiskTier, SpillJob
 from stages.engine.decisions import model_loader, prompt_cache, think_ids
 from stages.engine.speculation import speculation_factory
-from stages.families.base import Family
 from stages.kv.plan import Fit
 from stages.kv.scheduler import KvScheduler
 from stages.messages import Abort, Prepared, StepOutputs
@@ -38,7 +37,8 @@ class ModelSide:
     settings: Settings
     info: ModelInfo
     tokenizer: Tokenizer
-    family: Family
+    # The markup family's think markers: all of the family the model side reads (a worker gets them in `StartIn`).
+    think: tuple[str, str] | None
     fit: Fit
     adapters: tuple[Adapter, ...]
     exclusive: ExclusiveQueue
@@ -69,10 +69,11 @@ def make_gateway(
             settings, side.tokenizer, sharded=cluster is not None, adapters=bool(side.adapters)
         ),
         eos_ids=frozenset(side.tokenizer.eos_token_ids),
-        think_ids=think_ids(side.family, side.tokenizer),
+        think_ids=think_ids(side.think, side.tokenizer),
         max_batch=settings.max_batch,
         prefill_step_size=settings.prefill_step_size,
         step_budget_s=settings.step_budget_ms / 1000,
+        step_budget_ratio=settings.step_budget_ratio,
         encoder_cache_bytes=settings.encoder_cache_bytes,
         image_share=settings.exclusive_share,
         scheduler=KvScheduler(side.fit.model, memory.usable_bytes),

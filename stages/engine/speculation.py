@@ -1,24 +1,29 @@
 """Speculative decoding as the settings ask for it, decided at start: which drafter, and what refuses it.
 
-`--prompt-lookup` proposes from the row's own tokens (stages/model_thread/drafters.py's
-`PromptLookup`); `--draft-model NAME|PATH` from a second model, which
-must share the target's vocabulary (refused at start otherwise). Each
-combination the batch cannot speculate under is refused at start, naming
-it: both drafters at once, a sharded model, LoRA adapters, and models
-whose cache layers cannot be cut back (sliding-window, recurrent).
-The draft model is checked and loads on the model thread, beside the
-target, before any row (a refusal there fails the start as the KV
-scheme's does). Jump-forward (`MLX_RELAY_JUMP_FORWARD`, on by default:
-a grammar's forced tokens proposed and verified the same way) needs no
-drafter and is never refused: where the batch cannot verify, rows take
-their forced tokens a step each.
+Prompt lookup (stages/model_thread/drafters.py's `PromptLookup`: proposals
+from the row's own tokens) is on by default (`MLX_RELAY_PROMPT_LOOKUP`
+unset or `auto`): the batch's measured gate speculates only at the batch
+sizes where it measures a gain, and where it cannot run at all (a sharded
+model, LoRA adapters, cache layers that cannot be cut back, a draft model
+named) it stays off quietly, the reason in `/stats` (`gateway.speculation_off`).
+Asked for (`--prompt-lookup`, `=1`), or `--draft-model NAME|PATH` (a second
+model, which must share the target's vocabulary), each combination the
+batch cannot speculate under is refused at start, naming it: both drafters
+at once, a sharded model, LoRA adapters, and models whose cache layers
+cannot be cut back (sliding-window, recurrent). The draft model is checked
+and loads on the model thread, beside the target, before any row (a
+refusal there fails the start as the KV scheme's does). Jump-forward
+(`MLX_RELAY_JUMP_FORWARD`, on by default: a grammar's forced tokens
+proposed and verified the same way) needs no drafter and is never refused:
+where the batch cannot verify, rows take their forced tokens a step each.
 docs/speculative-decoding.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from pipeline.settings import Settings
 from stages.model_thread.draft_model import DraftModel
@@ -37,12 +42,25 @@ class SpeculationError(ValueError):
 
 
 def speculation_refusal(settings: Settings, *, sharded: bool, adapters: bool) -> str | None:
-    """Why the settings' speculation cannot run in this set-up, or None (also None when it is off)."""
+    """Why the speculation the settings ask for cannot run in this set-up, or None (also None when none is asked
+    for: prompt lookup by default is never refused, `default_lookup_off` says where it stays off)."""
     if not (settings.prompt_lookup or settings.draft_model):
         return None
     named = "MLX_RELAY_PROMPT_LOOKUP=1" if settings.prompt_lookup else f"MLX_RELAY_DRAFT_MODEL={settings.draft_model}"
     if settings.prompt_lookup and settings.draft_model:
         return f"MLX_RELAY_PROMPT_LOOKUP=1 with MLX_RELAY_DRAFT_MODEL={settings.draft_model}: choose one drafter"
+    return _cannot_run(named, settings, sharded=sharded, adapters=adapters)
+
+
+def default_lookup_off(settings: Settings, *, sharded: bool, adapters: bool) -> str | None:
+    """Why prompt lookup by default (`MLX_RELAY_PROMPT_LOOKUP` unset) stays off in this set-up, or None where it
+    runs; None too when the settings decide (`=1`, `=0`, a draft model). The cache layers are judged at load."""
+    if settings.prompt_lookup is not None or settings.draft_model:
+        return None
+    return _cannot_run("prompt lookup", settings, sharded=sharded, adapters=adapters)
+
+
+def _cannot_run(named: str, settings: Settings, *, sharded: bool, adapters: bool) -> str | None:
     if sharded:
         return f"{named} cannot be served with MLX_RELAY_SHARD={settings.shard}: every rank would replay the proposals"
     if adapters:
@@ -65,34 +83,35 @@ def check_draft_tokenizer(name: str, target: Tokenizer) -> ModelInfo:
     return info
 
 
-def speculation_factory(
-    settings: Settings, target: Tokenizer, *, sharded: bool, adapters: bool
-) -> Callable[[Any], Speculation | None] | None:
-    """What the model thread calls with the loaded target to build the batch's speculation; None when it is off.
+@attrs.define
+class SpeculationBuilder:
+    """What the model thread calls with the loaded target to build the batch's speculation (None: none for this
+    model), and why prompt lookup by default stays off (`/stats`' `gateway.speculation_off`)."""
 
-    Jump-forward alone (`MLX_RELAY_JUMP_FORWARD`, no drafter) is never refused: where it cannot run (sharded,
-    LoRA adapters, a cache that cannot be cut back) rows decode their forced tokens a step each, and the
-    builder gives None for such a model.
+    settings: Settings
+    target: Tokenizer
+    # Proposals from a drafter (prompt lookup or a draft model), not only the grammars' forced spans.
+    drafting: bool
+    # Prompt lookup by default, not asked for: where the cache cannot be cut back it stays off rather than refuse.
+    default: bool
+    # The grammars' forced spans are verified in one pass (not under a sharded model or adapters).
+    jump_forward: bool
+    off: str | None = None
 
-    Raises:
-        SpeculationError: now, for a set-up it cannot serve; on the model thread, at load, for a draft
-            model of another vocabulary or a target whose cache cannot be cut back.
-    """
-    reason = speculation_refusal(settings, sharded=sharded, adapters=adapters)
-    if reason is not None:
-        raise SpeculationError(reason)
-    drafting = bool(settings.prompt_lookup or settings.draft_model)
-    if not drafting and not (settings.jump_forward and not sharded and not adapters):
-        return None
-
-    def build(model: Any) -> Speculation | None:
+    def __call__(self, model: Any) -> Speculation | None:
         from mlx_lm.models.cache import make_prompt_cache
 
         from stages.model_thread.jump_forward import JumpForward
         from stages.model_thread.speculative_batch import Speculation
         from stages.models.mlx_internals import PLAIN, cache_kind
 
+        settings, drafting = self.settings, self.drafting
+        if not drafting and not self.jump_forward:
+            return None
         kind = cache_kind(make_prompt_cache(model))
+        if kind != PLAIN and self.default:
+            self.off = f"prompt lookup: this model's cache has {kind} layers, which cannot be cut back"
+            return None
         if kind != PLAIN and not drafting:
             return None
         if kind != PLAIN:
@@ -103,10 +122,35 @@ def speculation_factory(
         policy = RowPolicy(
             max_k=settings.num_draft_tokens, min_acceptance=MIN_ACCEPTANCE, max_rows=settings.speculation_max_rows
         )
-        jump = JumpForward() if settings.jump_forward else None
-        return Speculation(drafter=_drafter(settings, target) if drafting else None, policy=policy, jump_forward=jump)
+        jump = JumpForward() if self.jump_forward else None
+        drafter = _drafter(settings, self.target) if drafting else None
+        return Speculation(drafter=drafter, policy=policy, jump_forward=jump)
 
-    return build
+
+def speculation_factory(
+    settings: Settings, target: Tokenizer, *, sharded: bool, adapters: bool
+) -> SpeculationBuilder | None:
+    """What the model thread calls with the loaded target to build the batch's speculation; None when it is off.
+
+    Jump-forward alone (`MLX_RELAY_JUMP_FORWARD`, no drafter) is never refused: where it cannot run (sharded,
+    LoRA adapters, a cache that cannot be cut back) rows decode their forced tokens a step each, and the
+    builder gives None for such a model. Nor is prompt lookup by default: it stays off there, saying why.
+
+    Raises:
+        SpeculationError: now, for a set-up it cannot serve; on the model thread, at load, for a draft
+            model of another vocabulary or a target whose cache cannot be cut back.
+    """
+    reason = speculation_refusal(settings, sharded=sharded, adapters=adapters)
+    if reason is not None:
+        raise SpeculationError(reason)
+    off = default_lookup_off(settings, sharded=sharded, adapters=adapters)
+    default = settings.prompt_lookup is None and not settings.draft_model and off is None
+    drafting = bool(settings.prompt_lookup or settings.draft_model or default)
+    jump = settings.jump_forward and not sharded and not adapters
+    if not drafting and not jump and off is None:
+        return None
+    # Where nothing runs (builds None), a builder still tells /stats why prompt lookup by default is off.
+    return SpeculationBuilder(settings, target, drafting=drafting, default=default, jump_forward=jump, off=off)
 
 
 def _drafter(settings: Settings, target: Tokenizer) -> Drafter:

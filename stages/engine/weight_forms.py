@@ -10,9 +10,10 @@ configured batch and prefill; otherwise the form that decodes fastest of
 those whose plan admits it, and where none does, the form with the longest
 window.
 
-"Decodes fastest" is a fixed table, not a timing at start: the front and a
-model worker each plan (workers/model.py) and must reach the same form,
-and a fair timing of MLX's 4-bit CPU kernels takes seconds. The figures
+"Decodes fastest" is a fixed table, not a timing at start: a fair timing
+of MLX's 4-bit CPU kernels takes seconds, and the same settings must reach
+the same form wherever they are planned (the front plans once; its model
+worker serves the form it was sent, workers/model.py). The figures
 are whole-model speeds measured once by `bench/weight_forms.py`
 (docs/memory.md, "The weights' form"): the 4-bit weights as stored decoded
 faster than bfloat16 ones and hold a quarter of their bytes, though

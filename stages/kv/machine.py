@@ -45,16 +45,15 @@ class Machine:
     backend: str = "cpu"
 
 
-def read_machine(*, measured_bandwidth: float | None = None) -> Machine:
-    """This machine; `measured_bandwidth`: a copy figure already measured on it (a worker's front measured it), used
-    instead of probing again."""
+def read_machine() -> Machine:
+    """This machine: its memory, chip and copy bandwidth (the chip's published figure, else measured once)."""
     chip = _chip()
     known = _APPLE_BANDWIDTH.get(chip.removeprefix("Apple ").strip()) if chip else None
     return Machine(
         ram_bytes=_ram_bytes(),
         chip=chip,
         cpus=os.cpu_count(),
-        bandwidth_bytes_per_s=known or measured_bandwidth or _measure_bandwidth(),
+        bandwidth_bytes_per_s=known or _measure_bandwidth(),
         bandwidth_source="published" if known else "memcpy",
         backend=backend(),
     )
@@ -99,8 +98,9 @@ def _chip() -> str | None:
     return names[0] if names else platform.processor() or None
 
 
-# Once a process: a front, its fleet and its worker each plan (twice where the weights' form is chosen), and the probe
-# is 0.11 s of CPU and 128 MiB touched each time for a figure that does not change while the process runs.
+# Once a process: the front plans each model it serves (twice where the weights' form is chosen) and checks each pull's
+# fit, and the probe is 0.11 s of CPU and 128 MiB touched each time for a figure that does not change while the process
+# runs. A model worker plans nothing: it takes its front's plan (stages/remote/crossing.py's `StartIn`).
 @functools.cache
 def _measure_bandwidth() -> float:
     source, target = bytearray(_PROBE_BYTES), bytearray(_PROBE_BYTES)

@@ -213,7 +213,6 @@ def assess(
     share: Callable[[ModelShape], ModelShape] | None = None,
     form: Callable[[ModelShape], ModelShape] | None = None,
     kv: KvScheme = FULL,
-    measured_bandwidth: float | None = None,
 ) -> Fit:
     """Read the machine and the model and plan the budget; blocking (run it off the event loop).
 
@@ -223,12 +222,11 @@ def assess(
     files (float32 weights dequantized from the stored ones: stages/models/weights.py).
     `share` gives this process's part of the model when it is sharded over
     several (stages/shard/rank_share.py): the plan is per rank.
-    `measured_bandwidth`: the machine's copy figure, where another process has measured it.
 
     Raises:
         BudgetError: the budget cannot hold the model.
     """
-    machine = read_machine(measured_bandwidth=measured_bandwidth)
+    machine = read_machine()
     shape = read_model_shape(path, context_window)
     if form is not None:
         shape = form(shape)

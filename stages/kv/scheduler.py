@@ -51,9 +51,6 @@ class KvScheduler:
         lengths = [self._rows[uid][1] for uid in uids] + [tokens]
         return self.batch_bytes(n + BLOCK for n in lengths) <= self.budget_bytes
 
-    def fits_alone(self, tokens: int) -> bool:
-        return self.shape.kv_bytes(tokens + 1) <= self.budget_bytes
-
     def arrive(self) -> int:
         """A new request's place in the arrival order."""
         self._arrivals += 1

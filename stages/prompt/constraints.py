@@ -121,8 +121,18 @@ class ConstraintCompiler:
                 self._compiled.popitem(last=False)
         return compiled
 
+    def warm(self) -> None:
+        """Build the llguidance tokenizer now, so the first constrained row does not wait for it; blocking.
+
+        A tokenizer llguidance cannot read is left unbuilt, for the first constrained row to fail on as before.
+        """
+        try:
+            self._llguidance_tokenizer()
+        except (ValueError, RuntimeError) as error:
+            log.warning("constraint.tokenizer_unbuilt", reason=str(error))
+
     def _llguidance_tokenizer(self) -> LLTokenizer:
-        # Built once, on first use: it walks the whole vocabulary (about a second for large ones).
+        # Built once, on first use or by `warm`: it walks the whole vocabulary (about a second for large ones).
         with self._lock:
             if self._ll_tokenizer is None:
                 from llguidance.hf import from_tokenizer

@@ -4,11 +4,14 @@ A frame is a 4-byte big-endian length and that many bytes of one message.
 Reading and writing are awaited, so a reader that stops reading holds the
 writer back once the socket's buffer is full: the crossing is bounded in
 both directions by the kernel's buffer and the channels on either side.
+Both sides make their encoders and decoders here (`encoder`, `decoder`):
+a path (a model's or an adapter's folder, in `StartIn`) crosses as text.
 """
 
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 import anyio
@@ -20,6 +23,28 @@ T = TypeVar("T")
 _HEADER = struct.Struct(">I")
 # One step's frame for a full batch is a few kilobytes; a job's embeddings can be more.
 MAX_FRAME = 64 * 1024 * 1024
+
+
+def _encode_path(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    raise NotImplementedError(f"{type(value).__name__} does not cross")
+
+
+def _decode_path(kind: type, value: Any) -> Any:
+    if kind is Path:
+        return Path(value)
+    raise NotImplementedError(f"{kind.__name__} does not cross")
+
+
+def encoder() -> msgspec.msgpack.Encoder:
+    """An encoder for the crossing's messages; one per thread (its buffer is its own)."""
+    return msgspec.msgpack.Encoder(enc_hook=_encode_path)
+
+
+def decoder(kind: Any) -> msgspec.msgpack.Decoder[Any]:
+    """A decoder of `kind`, a message or a union of them."""
+    return msgspec.msgpack.Decoder(kind, dec_hook=_decode_path)
 
 
 def encode_frame(encoder: msgspec.msgpack.Encoder, message: object, buffer: bytearray | None = None) -> bytes:
@@ -43,7 +68,7 @@ class FrameError(Exception):
 class FrameWriter:
     def __init__(self, stream: ByteStream) -> None:
         self._stream = stream
-        self._encoder = msgspec.msgpack.Encoder()
+        self._encoder = encoder()
         self._buffer = bytearray()
 
     async def send(self, message: object) -> None:
@@ -53,7 +78,7 @@ class FrameWriter:
 class FrameReader(Generic[T]):
     def __init__(self, stream: ByteStream, kind: Any) -> None:
         self._stream = stream
-        self._decoder = msgspec.msgpack.Decoder(kind)
+        self._decoder = decoder(kind)
         self._pending = bytearray()
 
     async def receive(self) -> T:

@@ -15,7 +15,7 @@ import msgspec
 
 from pipeline.errors import RequestError
 from stages.remote.convert import error_out
-from stages.remote.messages import CancelIn, JobIn, JobOut, ToWorker
+from stages.remote.crossing import CancelIn, JobIn, JobOut, ToWorker
 
 # How often a job that could not be queued (the worker's outbox full, or it was lost meanwhile) tries again.
 _RETRY_S = 0.05

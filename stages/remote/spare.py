@@ -127,6 +127,8 @@ class SparePool:
             await spare.end(0.0)
 
 
+# Process-wide, not per gateway: a spare is any model's worker, so every engine of this front (the fleet's models)
+# takes from and refills the one pool, and the fleet tells it when it serves several models.
 SPARES = SparePool()
 
 

@@ -96,11 +96,6 @@ class Cluster:
         steps = self.generator.steps if self.generator is not None else 0
         return self.heartbeats.ranks(steps)
 
-    def collective_seconds(self) -> tuple[float, int]:
-        """Time rank 0 spent sending step messages, and how many collectives that took."""
-        channel = self.generator.channel if self.generator is not None else None
-        return (channel.seconds, channel.calls) if channel is not None else (0.0, 0)
-
     def abort(self) -> None:
         """Fail whatever collective waits on a lost rank, now and from now on (ring only)."""
         for fd in self._backend_sockets:

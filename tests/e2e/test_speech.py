@@ -188,8 +188,16 @@ def test_no_file_and_json_bodies_are_refused(speech: Server) -> None:
 
 
 def test_caps_are_settings(server_factory: ServerFactory) -> None:
-    capped = server_factory(model="tiny-whisper", audio_max_seconds="1", audio_max_bytes="60000")
+    """In process, the one server here that is: the speech model on a thread of the HTTP process (`--in-process`)
+    decodes, refuses and transcribes as it does in its worker."""
+    capped = server_factory(model="tiny-whisper", audio_max_seconds="1", audio_max_bytes="60000", in_process="1")
     client = capped.client(timeout=60)
+    verbose = client.audio.transcriptions.create(
+        file=("short.wav", clip("WAV", seconds=0.5)), model=SPEECH, response_format="verbose_json", temperature=0.2
+    )
+    assert verbose.duration == pytest.approx(0.5)
+    stats = loopback.get(f"{capped.base_url}/stats", timeout=10).json()
+    assert stats["worker"] is None and stats["running"], stats
     error = _refused(client, "file", file=("long.wav", clip("WAV", seconds=1.5)))
     assert error.code == "audio_too_long"
     error = _refused(client, "file", file=("big.wav", clip("WAV", seconds=0.5) + bytes(60_000)))
@@ -203,6 +211,9 @@ def test_the_speech_model_alone_is_listed_and_refuses_chat(client: openai.OpenAI
         client.chat.completions.create(model=SPEECH, messages=[{"role": "user", "content": "hi"}])
     assert caught.value.code == "model_not_supported"
     assert loopback.get(f"{speech.base_url}/health", timeout=10).json()["status"] == "ok"
+    # By default the model runs in a worker process of its own, as a chat model does.
+    worker = loopback.get(f"{speech.base_url}/stats", timeout=10).json()["worker"]
+    assert worker["state"] == "ready" and worker["pid"] not in (None, speech.process.pid), worker
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from tests.e2e.workers import front_pid, model_state, rss_kib, wait_ready
 
 pytestmark = pytest.mark.slow
 
-# stages/remote/gateway.py: restarts in a row that serve nothing, after which the model is failed.
+# stages/remote/supervisor.py: restarts in a row that serve nothing, after which the model is failed.
 MAX_RESTARTS = 8
 BACKOFF_S = 0.01
 # Forced restarts the front's memory is measured over, and the growth allowed over the last ten of them.

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from fleet.fleet import Fleet
-from fleet.host import State
+from fleet.model_host import State
 from fleet.spec import KvSpec, ModelSpec
 from pipeline.errors import RequestError
 from pipeline.settings import Settings

@@ -10,8 +10,8 @@ import anyio
 import anyio.to_thread
 from anyio.abc import ByteStream
 
+from stages.remote.crossing import JobOut, ReadyOut, ToFront
 from stages.remote.frames import FrameReader
-from stages.remote.messages import JobOut, ReadyOut, ToFront
 from tests.stages.remote.test_remote_crossing import anyio_backend, pair  # noqa: F401  (fixtures: a connected socket pair, both backends)
 from workers.frames_out import FramesOut
 

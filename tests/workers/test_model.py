@@ -1,13 +1,19 @@
-"""workers/model.py: the worker's model side plans on the memory figure its front measured, without probing again."""
+"""workers/model.py: the worker builds its model side from the decisions its front sent, deciding none again."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipeline.settings import Settings
-from stages.kv import machine
+from stages.engine import decisions, weight_forms
+from stages.engine.decisions import choose_markup, plan_memory, served_model
+from stages.kv import machine, plan
+from stages.models.loading import load_tokenizer
+from stages.remote.crossing import SettingsIn, StartIn, ToWorker
+from stages.remote.frames import decoder, encoder
 from workers.model import open_model
 
 
@@ -16,14 +22,37 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def test_the_plan_takes_the_fronts_figure_and_probes_nothing(
+def front_start(settings: Settings) -> StartIn:
+    """What the front decides at its start (stages/engine/startup.py does the same), as it crosses."""
+    info = served_model(settings)
+    family, _ = choose_markup(settings, load_tokenizer(info))
+    served, fit, _ = plan_memory(settings, info, adapter_bytes=0, cluster=None)
+    return StartIn(info=served, fit=fit, think=family.think)
+
+
+async def test_the_worker_takes_the_fronts_plan_and_decides_nothing_again(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def probe() -> float:
-        raise AssertionError("the worker measured the bandwidth again")
+    settings = Settings(demo_model="tiny")
+    start = front_start(settings)
+    first = SettingsIn(values={}, start=start)
+    crossed = decoder(ToWorker).decode(encoder().encode(first))
+    assert isinstance(crossed, SettingsIn) and crossed.start == start
 
-    monkeypatch.setattr(machine, "_measure_bandwidth", probe)
-    model = await open_model(Settings(demo_model="tiny"), measured_bandwidth=12.5e9)
-    assert model.side.fit.machine.bandwidth_bytes_per_s == 12.5e9
-    assert model.side.fit.machine.bandwidth_source == "memcpy"
-    assert model.side.fit.decode_tokens_per_s.empty_context > 0
+    def decided_again(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("the worker made a start-up decision its front had sent")
+
+    for module, name in (
+        (decisions, "assess"),
+        (decisions, "plan_weights"),
+        (decisions, "choose_family"),
+        (decisions, "resolve_model"),
+        (weight_forms, "float32_bytes"),
+        (plan, "read_machine"),
+        (machine, "_measure_bandwidth"),
+    ):
+        monkeypatch.setattr(module, name, decided_again)
+    model = await open_model(settings, crossed.start)
+    assert model.side.fit == start.fit and model.side.info == start.info
+    assert model.side.think == start.think == ("<think>", "</think>")
+    assert model.side.info.path == tiny_model

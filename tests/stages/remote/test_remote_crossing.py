@@ -20,11 +20,13 @@ from anyio.abc import ByteStream
 from pipeline.errors import ErrorKind, RequestError, invalid
 from pipeline.events import FinishReason
 from pipeline.requests import GenerationParams, Sampling, TextRequest
+from pipeline.settings import Settings
 from pipeline.tracing import Timeline
+from stages.adapters import Adapter
+from stages.engine.decisions import plan_memory, served_model
 from stages.messages import Admitted, CompiledConstraint, Grammar, Prepared, Reply, StepOutputs, TokenDelta
 from stages.remote.convert import error_out, prepared_of, request_error, row_in, step_out, step_outputs
-from stages.remote.frames import MAX_FRAME, FrameError, FrameReader, FrameWriter
-from stages.remote.messages import (
+from stages.remote.crossing import (
     AbortIn,
     BeatOut,
     CancelIn,
@@ -34,11 +36,13 @@ from stages.remote.messages import (
     ReadyOut,
     RowIn,
     SettingsIn,
+    StartIn,
     StatsIn,
     StepOut,
     ToFront,
     ToWorker,
 )
+from stages.remote.frames import MAX_FRAME, FrameError, FrameReader, FrameWriter
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -59,7 +63,9 @@ async def test_every_message_crosses_with_its_type(pair: tuple[ByteStream, ByteS
     """Both directions: each message decodes as the one sent, tagged unions and all."""
     front, worker = pair
     to_worker: list[ToWorker] = [
-        SettingsIn(values={"model": None, "max_batch": 16, "exclusive_share": 0.15, "single_row": True}),
+        SettingsIn(
+            values={"model": None, "max_batch": 16, "exclusive_share": 0.15, "single_row": True}, start=start_in()
+        ),
         AbortIn(request_id="a"),
         CancelIn(job_id=3),
         CloseIn(),
@@ -106,7 +112,7 @@ async def test_a_peer_that_stops_reading_holds_the_writer_back(pair: tuple[ByteS
     """Back-pressure: with nobody reading, writing blocks after a bounded number of bytes (the socket's buffers)."""
     front, _worker = pair
     writer = FrameWriter(front)
-    step = StepOut(admitted=[], deltas=[], removed=["x" * 1000], stepped_at=0.0)
+    step = StepOut(admitted=[], deltas=(), removed=["x" * 1000], stepped_at=0.0)
     size = len(msgspec.msgpack.encode(step)) + 4
     sent = 0
     with anyio.move_on_after(1.0) as scope:
@@ -115,6 +121,15 @@ async def test_a_peer_that_stops_reading_holds_the_writer_back(pair: tuple[ByteS
             sent += size
     assert scope.cancelled_caught, "the writer was never held back"
     assert sent < 16 * 1024 * 1024
+
+
+def start_in() -> StartIn:
+    """The front's start-up decisions for the tiny demo model, with an adapter: paths cross as paths."""
+    settings = Settings(demo_model="tiny")
+    info = served_model(settings)
+    served, fit, _ = plan_memory(settings, info, adapter_bytes=0, cluster=None)
+    lora = Adapter(name="lora", path=info.path / "lora", fine_tune_type="lora", num_layers=2, nbytes=10)
+    return StartIn(info=served, fit=fit, adapters=(lora,), think=("<think>", "</think>"))
 
 
 def prepared(constraint: CompiledConstraint | None = None) -> Prepared:
@@ -144,7 +159,7 @@ def prepared(constraint: CompiledConstraint | None = None) -> Prepared:
 
 
 def test_a_row_crosses_with_what_the_model_side_reads() -> None:
-    """Tokens, limits, sampling, session, adapter and grammar arrive; the stop strings (the sink's) stay in the
+    """Tokens, limits, the parameters as the front holds them and the grammar arrive; the request stays in the
     front."""
     grammar = Grammar(text='start: "a"', param="response_format")
     row = prepared(CompiledConstraint(prototype=None, grammar=grammar))  # type: ignore[arg-type]
@@ -153,12 +168,11 @@ def test_a_row_crosses_with_what_the_model_side_reads() -> None:
     assert (sent.grammar, sent.grammar_param, sent.trace_id) == (grammar.text, grammar.param, "trace")
     arrived = prepared_of(sent, Reply("r1"), None)
     assert arrived.prompt_tokens == row.prompt_tokens and arrived.max_tokens == row.max_tokens
-    assert arrived.params == attrs.evolve(row.params, stop=())
+    assert arrived.params == row.params and arrived.request is None
 
 
-# A value other than its default for every sampling field: a field added to `Sampling` fails the test below
-# until it is named here and carried both ways in stages/remote/convert.py.
-EVERY_SAMPLING_FIELD = {
+# A value other than its default for each sampling field.
+SAMPLING = {
     "temperature": 0.7,
     "top_p": 0.9,
     "top_k": 5,
@@ -172,12 +186,12 @@ EVERY_SAMPLING_FIELD = {
 }
 
 
-def test_every_sampling_field_crosses_both_ways() -> None:
-    fields = {field.name: field for field in attrs.fields(Sampling)}
-    assert set(EVERY_SAMPLING_FIELD) == set(fields), "name the new Sampling field here and carry it in convert.py"
-    sampling = Sampling(**EVERY_SAMPLING_FIELD)  # type: ignore[arg-type]
-    for name, value in EVERY_SAMPLING_FIELD.items():
-        assert value != getattr(Sampling(), name), f"{name}: a default value would cross unnoticed"
+def test_every_sampling_field_crosses_as_it_is() -> None:
+    """`Sampling` crosses as the attrs class it is: every field msgspec sees is one of attrs' (a new one crosses with
+    no code here), and the values, int-keyed logit bias included, arrive unchanged."""
+    crossing = {field.name for field in msgspec.inspect.type_info(Sampling).fields}  # type: ignore[attr-defined]
+    assert crossing == {field.name for field in attrs.fields(Sampling)}
+    sampling = Sampling(**SAMPLING)  # type: ignore[arg-type]
     row = attrs.evolve(prepared(), params=attrs.evolve(prepared().params, sampling=sampling))
     sent = msgspec.msgpack.decode(msgspec.msgpack.encode(row_in(row)), type=ToWorker)
     assert isinstance(sent, RowIn)

@@ -21,7 +21,7 @@ from fleet.policy import Resident
 from fleet.spec import Defaults, ModelSpec
 from pipeline.errors import ErrorKind, RequestError, first_error, reason_of
 from pipeline.requests import JsonObject
-from stages.engine.engine import Engine
+from stages.engine.engine import Engine, EngineStart
 from stages.engine.speech import SpeechEngine
 from stages.models import load_progress
 from stages.remote.process import WorkerRefused
@@ -103,12 +103,14 @@ class ModelHost:
         self.loading_since = time.monotonic()
         load_progress.forget(self.name)
 
-    async def serve(self, engine: Engine | SpeechEngine) -> None:
-        """Run `engine` until it stops or the fleet cancels it; never raises (a failure is this model's state)."""
+    async def serve(self, start: EngineStart | SpeechEngine) -> None:
+        """Run `start`'s engine until it stops or the fleet cancels it; never raises (a failure is this model's
+        state)."""
+        started = _Started(self)
         try:
             with anyio.CancelScope() as self.scope:
-                await engine.run(task_status=_Started(self))
-            if engine.dead and self.state is not State.UNLOADING:
+                await start.run(task_status=started)
+            if started.engine is not None and started.engine.dead and self.state is not State.UNLOADING:
                 self.error = "the engine stopped; see the server log"
         except Exception as error:  # noqa: BLE001 - a model that cannot load or crashes fails alone
             # A worker's refusal is already its reason, named by its own type.
@@ -117,7 +119,7 @@ class ModelHost:
         finally:
             # An engine that started and died is kept: it answers its requests with 503 `engine_dead`, and
             # /health reports it, until the fleet replaces it.
-            if not (self.error and self.engine is engine):
+            if not (self.error and started.engine is not None and self.engine is started.engine):
                 self.engine = None
             self.scope = None
             load_progress.forget(self.name)
@@ -151,9 +153,11 @@ class ModelHost:
 @attrs.define
 class _Started(TaskStatus[Any]):
     _host: ModelHost
+    # The engine this run reported ready, if it did.
+    engine: Engine | SpeechEngine | None = None
 
     def started(self, value: Engine | SpeechEngine | None = None) -> None:
-        self._host.engine = value
+        self.engine = self._host.engine = value
         self._host.started.set()
 
 

@@ -1,11 +1,15 @@
 """The catalogue of messages that cross between the front and a model worker process.
 
 Typed msgspec Structs, encoded as msgpack (`stages/remote/frames.py` adds
-the length prefix). Only what the model side needs crosses: a row's tokens,
-limits and sampling (never its stop strings, text or reply slot), its
-grammar as text (a compiled llguidance matcher is not picklable; the
-worker compiles it again, from its own cache), and back one frame per
-decode step for all rows.
+the length prefix). What both sides already share crosses as it is, with
+no copy field by field: a row's `GenerationParams` (sampling included),
+each step's `TokenDelta`s, and at start the front's decisions (`StartIn`).
+A row crosses with its tokens, limits and parameters (the stop strings
+and the constraint's spec with them, read by the front alone: 1 µs to
+encode, where copying the parameters without them cost 7), its grammar
+as text (a compiled llguidance matcher is not picklable; the worker
+compiles it again, from its own cache), never its request or reply slot;
+and back one frame per decode step for all rows.
 """
 
 from __future__ import annotations
@@ -14,25 +18,14 @@ from typing import Any, Literal
 
 import msgspec
 
+from pipeline.requests import GenerationParams
+from stages.adapters import Adapter
 from stages.cache.prompt import PromptCacheStatistics
+from stages.kv.plan import Fit
+from stages.messages import TokenDelta
 from stages.model_thread.exclusive import ExclusiveStatistics
 from stages.model_thread.gateway import GatewayStatistics
-
-# (its logprob, the top (id, logprob) pairs) of one token.
-Scores = tuple[float, tuple[tuple[int, float], ...]]
-
-
-class SamplingIn(msgspec.Struct, frozen=True, array_like=True):
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-    seed: int | None
-    presence_penalty: float | None
-    frequency_penalty: float | None
-    repetition_penalty: float | None
-    logit_bias: dict[int, float]
-    typical_p: float
+from stages.models.loading import ModelInfo
 
 
 class ErrorOut(msgspec.Struct, frozen=True, array_like=True):
@@ -48,18 +41,29 @@ class ErrorOut(msgspec.Struct, frozen=True, array_like=True):
 # -- front → worker ---------------------------------------------------------
 
 
+class StartIn(msgspec.Struct, frozen=True, array_like=True):
+    """What the front decided at its start (stages/engine/decisions.py), so the worker decides none of it again:
+    the model (its window as capped, and the weights' form in `float32_weights` / `sixteen_bit_weights`), the memory
+    plan (with the machine's figures the front measured), the adapters, and the think markers of the markup family
+    (all of the family the model side reads: a family holds parsers, which do not cross). The worker loads the
+    tokenizer and weights itself, from `info.path`."""
+
+    info: ModelInfo
+    fit: Fit
+    adapters: tuple[Adapter, ...] = ()
+    think: tuple[str, str] | None = None
+
+
 class SettingsIn(msgspec.Struct, frozen=True, array_like=True, tag="settings"):
-    """The first frame: the engine's settings (`pipeline/settings.py`, as JSON values; no API keys). The
-    worker serves what its engine was built with, not what the environment says (several engines, several
-    models)."""
+    """The first frame: the engine's settings (`pipeline/settings.py`, as JSON values; no API keys), and its start-up
+    decisions. The worker serves what its engine was built with, not what the environment says (several engines,
+    several models)."""
 
     values: dict[str, Any]
+    start: StartIn
     # Load nicer until ready (other models' workers serve beside it; workers/priority.py). A spare was started
     # nicer for its imports either way: False sets it back before it loads.
     yield_cpu: bool = False
-    # The memory copy figure the front measured for its own plan (stages/kv/machine.py): the worker plans with it
-    # rather than probing again (0.11 s of CPU and 128 MiB touched at every start and restart).
-    measured_bandwidth: float | None = None
 
 
 class ImageIn(msgspec.Struct, frozen=True, array_like=True):
@@ -77,20 +81,12 @@ class RowIn(msgspec.Struct, frozen=True, array_like=True, tag="row"):
     trace_id: str
     prompt_tokens: list[int]
     max_tokens: int
-    sampling: SamplingIn
-    cache_key: str | None
-    logprobs: int | None
-    thinking_budget: int | None
-    min_tokens: int
-    ignore_eos: bool
-    stop_token_ids: list[int]
-    adapter: str | None
+    # As the front holds them.
+    params: GenerationParams
     # The row's llguidance grammar and the request field it came from; None: unconstrained.
     grammar: str | None = None
     grammar_param: str = ""
     images: list[ImageIn] = []
-    # A Batch API line's row, preempted first (stages/kv/scheduler.py).
-    idle: bool = False
 
 
 class AbortIn(msgspec.Struct, frozen=True, array_like=True, tag="abort"):
@@ -138,19 +134,6 @@ class AdmittedOut(msgspec.Struct, frozen=True, array_like=True):
     cached_tokens: int
 
 
-class DeltaOut(msgspec.Struct, frozen=True, array_like=True):
-    # Tuples, as `TokenDelta` holds them: both sides use what msgspec hands over without copying it again.
-    request_id: str
-    tokens: tuple[int, ...]
-    # pipeline.events.FinishReason's value.
-    finish: str | None = None
-    logprobs: tuple[Scores, ...] | None = None
-    # Why the row's grammar matcher failed mid-generation: the front's sink fails the row with it.
-    grammar_fault: str | None = None
-    # Speculative decoding: the row's accepted and proposed tokens, on its last delta.
-    speculated: tuple[int, int] | None = None
-
-
 class FailedOut(msgspec.Struct, frozen=True, array_like=True):
     request_id: str
     error: ErrorOut
@@ -160,7 +143,8 @@ class StepOut(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     """One decode step, for every row at once; `monotonic` times are the machine's clock, shared by both processes."""
 
     admitted: list[AdmittedOut]
-    deltas: list[DeltaOut]
+    # As the model thread made them; a tuple, as `StepOutputs` holds them, so neither side copies them.
+    deltas: tuple[TokenDelta, ...]
     removed: list[str]
     stepped_at: float
     failed: list[FailedOut] = []

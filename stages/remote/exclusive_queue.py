@@ -17,8 +17,8 @@ import numpy as np
 from stages.model_thread.embed import EmbedWork, ScoreWork
 from stages.model_thread.exclusive import ExclusiveQueue, ExclusiveStatistics, Work
 from stages.remote.convert import request_error
+from stages.remote.crossing import JobIn, JobOut
 from stages.remote.jobs import JobBook
-from stages.remote.messages import JobIn, JobOut
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ import pytest
 
 from edge.redact import without_paths
 from pipeline.settings import Settings
-from store.startup import StartupError, open_response_store
+from store.store_startup import StartupError, open_response_store
 
 GARBAGE = b"not a database at all " * 200
 
