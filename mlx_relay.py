@@ -27,7 +27,7 @@ from stages.models.blas import preload_blas
 # about 35x slower a matmul.
 preload_blas()
 
-from edge.guard import EdgePolicy  # noqa: E402
+from edge.edge_policy import EdgePolicy  # noqa: E402
 from edge.sockets import SocketInUse, bind_unix  # noqa: E402
 from fleet.spec import ModelsFileError, specs_from_settings  # noqa: E402
 from pipeline.settings import PREFIX, Settings, SettingsError  # noqa: E402
@@ -36,7 +36,7 @@ from stages.models.embedding import EmbeddingModelError, read_embedding_model  #
 from stages.models.pull_cli import MODEL_COMMANDS  # noqa: E402
 from stages.models.pull_cli import add_commands as add_model_commands  # noqa: E402
 from stages.models.pull_cli import run as run_model_command  # noqa: E402
-from store.startup import StartupError, open_response_store  # noqa: E402
+from store.store_startup import StartupError, open_response_store  # noqa: E402
 
 USAGE_ERROR = 2
 
@@ -157,8 +157,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--prompt-lookup",
-        action="store_true",
-        help="speculate with n-gram proposals from each row's own prompt and output (MLX_RELAY_PROMPT_LOOKUP)",
+        action=argparse.BooleanOptionalAction,
+        help="speculate with n-gram proposals from each row's own prompt and output; by default on where it can run "
+        "and the measured gate finds a gain, --prompt-lookup asks for it (refused at start where it cannot run), "
+        "--no-prompt-lookup turns it off (MLX_RELAY_PROMPT_LOOKUP: auto, 1, 0)",
     )
     serve.add_argument(
         "--draft-model",
@@ -257,7 +259,7 @@ def _export(args: argparse.Namespace) -> None:
         "weights": args.weights,
         "kv_group_size": args.kv_group_size,
         "quantized_kv_start": args.quantized_kv_start,
-        "prompt_lookup": "1" if args.prompt_lookup else None,
+        "prompt_lookup": None if args.prompt_lookup is None else ("1" if args.prompt_lookup else "0"),
         "draft_model": args.draft_model,
         "num_draft_tokens": args.num_draft_tokens,
         "web": "0" if args.no_web else None,

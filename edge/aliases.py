@@ -17,7 +17,7 @@ from pipeline.errors import invalid
 from pipeline.requests import GenerationRequest, JsonValue
 from stages.adapters import ServedModels, not_found
 from stages.messages import Decoder
-from store.startup import StartupError
+from store.store_startup import StartupError
 
 log = structlog.get_logger()
 

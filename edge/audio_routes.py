@@ -1,9 +1,9 @@
 """OpenAI's speech-to-text routes: `/v1/audio/transcriptions` and `/v1/audio/translations` (docs/speech.md).
 
-A blueprint `app.py` registers. Each route reads the multipart form,
+A blueprint `edge/application.py` registers. Each route reads the multipart form,
 decodes it (`wire/transcriptions.py`), asks the speech model the body names
 (`edge/choice.py`'s `chosen_speech`) and renders the transcript in the
-format asked for; errors render through `app.py`'s handlers in OpenAI's shape.
+format asked for; errors render through `edge/error_responses.py`'s handlers in OpenAI's shape.
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ import anyio
 import attrs
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
-from quart import Quart
 
 from edge.store import store_call
 from pipeline.errors import ErrorKind, RequestError
@@ -115,7 +114,7 @@ class Run:
 class BackgroundRuns:
     """The background runs of this process, in a task group of the app's lifespan."""
 
-    app: Quart
+    store: ResponseStore
     keepalive: float
     _group: TaskGroup | None = attrs.field(default=None, init=False)
     _runs: dict[str, Run] = attrs.field(factory=dict, init=False)
@@ -123,7 +122,7 @@ class BackgroundRuns:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Marks what a previous server left unfinished `failed`, then holds the runs until cancelled."""
         try:
-            swept = await store_call(self.app, lambda store: store.fail_unfinished(STOPPED))
+            swept = await store_call(self.store, lambda store: store.fail_unfinished(STOPPED))
         except RequestError:
             swept = 0  # logged by store_call; the server still serves
         if swept:
@@ -161,7 +160,7 @@ class BackgroundRuns:
         while True:
             # The status first: a finished record's frames were all saved before it (the module's docstring).
             stored, events = await store_call(
-                self.app, partial(_status_then_events, response_id=response_id, after=after)
+                self.store, partial(_status_then_events, response_id=response_id, after=after)
             )
             for number, text in events:
                 after = number
@@ -229,7 +228,7 @@ class BackgroundRuns:
             if record and not first:
                 store.put(current)
 
-        await store_call(self.app, write)
+        await store_call(self.store, write)
 
 
 def _status_then_events(

@@ -8,7 +8,6 @@ response is read only under the key that made it (edge/owners.py). docs/apis.md,
 from __future__ import annotations
 
 import time
-from typing import cast
 
 import anyio
 from quart import Blueprint, Response, current_app, request
@@ -17,8 +16,9 @@ from edge import guard
 from edge.aliases import with_model
 from edge.background import BackgroundRuns, Run
 from edge.choice import submit_chosen
-from edge.errors import json_response
+from edge.error_responses import json_response
 from edge.responses_turn import ResponsesTurn, response_not_found, stored_response
+from edge.state import app_state
 from edge.store import store_call
 from pipeline.errors import invalid, unsupported
 from stages.messages import ReadBody
@@ -31,7 +31,7 @@ CANCEL_WAIT_SECONDS = 10.0
 
 
 def runs() -> BackgroundRuns:
-    return cast(BackgroundRuns, current_app.extensions["background_runs"])
+    return app_state().running.background_runs
 
 
 async def start_background(turn: ResponsesTurn, read: ReadBody) -> Response:
@@ -104,7 +104,7 @@ async def delete_response(response_id: str) -> Response:
     run = runs().running(response_id)
     if run is not None:
         run.cancel(delete=True)
-    if not await store_call(current_app, lambda store: store.delete(response_id)):
+    if not await store_call(app_state().running.response_store, lambda store: store.delete(response_id)):
         raise response_not_found(response_id, param=None)
     return json_response({"id": response_id, "object": "response", "deleted": True})
 

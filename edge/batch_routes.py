@@ -1,8 +1,8 @@
 """OpenAI's Batch API: create, retrieve, list and cancel (docs/apis.md, "Files and batches").
 
-A blueprint `app.py` registers. A batch's lines come from an uploaded file and run in `edge/batch_runner.py`
-beneath live traffic; a batch is visible only to the key that created it when keys are set (another key's is
-a 404, as OpenAI answers for another organisation's).
+A blueprint `edge/application.py` registers. A batch's lines come from an uploaded file and run in
+`edge/batch_runner.py` beneath live traffic; a batch is visible only to the key that created it when keys are
+set (another key's is a 404, as OpenAI answers for another organisation's).
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import cast
 
 import anyio
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, request
 
 from edge.batch_runner import BatchRunner
-from edge.errors import json_response
+from edge.error_responses import json_response
 from edge.file_routes import file_not_found, files, owned_file
 from edge.owners import caller
+from edge.state import app_state
 from pipeline.errors import ErrorKind, RequestError
 from stages.prompt.parse import load_json
 from store.batch_folders import BatchRecord
@@ -25,7 +26,7 @@ routes = Blueprint("batches", __name__)
 
 
 def runner() -> BatchRunner:
-    return cast(BatchRunner, current_app.extensions["batch_runner"])
+    return app_state().running.batch_runner
 
 
 async def owned_batch(batch_id: str, api: str) -> BatchRecord:

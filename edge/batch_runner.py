@@ -24,6 +24,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from quart import Quart
 
 from edge.batch_calls import LineResult, run_line
+from fleet.fleet import Fleet
 from pipeline.requests import JsonObject, JsonValue
 from pipeline.settings import Settings
 from stages.engine.engine import Engine
@@ -85,6 +86,8 @@ class _Running:
 @attrs.define(eq=False)
 class BatchRunner:
     app: Quart
+    # Whose engines' live requests the runner yields to.
+    fleet: Fleet
     files: FileStore
     batches: BatchStore
     live_limit: int
@@ -313,8 +316,7 @@ class BatchRunner:
 
     def _live(self) -> int:
         """Live requests admitted now: every engine's admitted requests, less this runner's own lines."""
-        fleet = self.app.extensions.get("fleet")
-        hosts = fleet.hosts.values() if fleet is not None else ()
+        hosts = self.fleet.hosts.values()
         admitted = sum(
             host.engine.statistics().admission.in_flight for host in hosts if isinstance(host.engine, Engine)
         )
@@ -361,8 +363,8 @@ def files_folder(settings: Settings) -> tuple[Path, bool]:
     return Path(tempfile.mkdtemp(prefix="mlx-relay-files-")), True
 
 
-async def start_batches(app: Quart, settings: Settings, group: TaskGroup) -> BatchRunner:
-    """Open the file and batch stores and start the runner in `group`; both are put in `app.extensions`."""
+async def open_batches(app: Quart, settings: Settings, fleet: Fleet) -> BatchRunner:
+    """Open the file and batch stores, and the runner over them; the lifespan starts its `run`."""
     root, temporary = files_folder(settings)
     files = await anyio.to_thread.run_sync(
         lambda: FileStore(root / "uploads", settings.files_max_bytes, settings.files_max_count)
@@ -370,6 +372,7 @@ async def start_batches(app: Quart, settings: Settings, group: TaskGroup) -> Bat
     batches = await anyio.to_thread.run_sync(BatchStore, root / "batches")
     runner = BatchRunner(
         app=app,
+        fleet=fleet,
         files=files,
         batches=batches,
         live_limit=settings.batch_live_limit,
@@ -377,7 +380,4 @@ async def start_batches(app: Quart, settings: Settings, group: TaskGroup) -> Bat
         window=settings.batch_window,
         temporary=temporary,
     )
-    app.extensions["files"] = files
-    app.extensions["batch_runner"] = runner
-    await group.start(runner.run)
     return runner

@@ -13,11 +13,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import cast
 
-from quart import current_app, g
+from quart import g
 
+from edge.state import app_state
 from fleet.defaults import with_defaults
 from fleet.fleet import Fleet
-from fleet.host import unavailable
+from fleet.model_host import unavailable
 from fleet.spec import Defaults
 from pipeline.errors import invalid
 from pipeline.requests import JsonValue
@@ -28,7 +29,7 @@ from stages.prompt.parse import load_json
 
 
 def fleet() -> Fleet:
-    return cast(Fleet, current_app.extensions["fleet"])
+    return app_state().running.fleet
 
 
 def current_engine() -> Engine:
@@ -94,7 +95,7 @@ async def chosen_speech(model: str | None) -> AsyncIterator[SpeechEngine]:
 
 async def submit_chosen(body: bytes | ReadBody, *, request_id: str, trace_id: str, decode: Decoder) -> Reply:
     """Hands a request to the model its body names, with that model's defaults: the one way a route submits
-    (app.py's routes, background responses, each MCP round).
+    (the generation entry, edge/generation.py; background responses; each MCP round).
 
     Raises:
         RequestError: as `chosen` and `model_named`, and as the engine's admission refuses.

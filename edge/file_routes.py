@@ -1,6 +1,6 @@
 """OpenAI's Files API for batch input: upload, list, retrieve, content, delete (docs/apis.md, "Files and batches").
 
-A blueprint `app.py` registers. An upload is a multipart form (`file`, `purpose: "batch"`) whose JSONL is
+A blueprint `edge/application.py` registers. An upload is a multipart form (`file`, `purpose: "batch"`) whose JSONL is
 checked line by line before it is stored (`wire/batches.py`); files live in `store/files.py`'s folder, each
 visible only to the key that uploaded it when keys are set.
 """
@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import cast
 
 import anyio
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, request
 
-from edge.errors import json_response
+from edge.error_responses import json_response
 from edge.owners import caller
+from edge.state import app_state
 from pipeline.errors import ErrorKind, RequestError, invalid
 from store.files import FileLimitError, FileStore, StoredFile
 from wire.batches import file_object, list_page, page_limit, read_jsonl
@@ -22,7 +23,7 @@ routes = Blueprint("files", __name__)
 
 
 def files() -> FileStore:
-    return cast(FileStore, current_app.extensions["files"])
+    return app_state().running.files
 
 
 def file_not_found(file_id: str) -> RequestError:

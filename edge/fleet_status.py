@@ -17,7 +17,7 @@ import attrs
 
 from edge.redact import without_paths
 from fleet.fleet import Fleet
-from fleet.host import ModelHost
+from fleet.model_host import ModelHost
 from pipeline.requests import JsonObject, JsonValue
 from pipeline.settings import Settings
 from stages.adapters import not_found
@@ -34,7 +34,7 @@ def fleet_health(fleet: Fleet) -> tuple[JsonObject, bool]:
         report = host.report()
         if host.engine is not None:
             report["ready"] = host.engine.ready
-            if isinstance(host.engine, Engine) and (worker := host.engine.worker()) is not None:
+            if (worker := host.engine.worker()) is not None:
                 report.update(pid=worker.pid, restarts=worker.restarts, spare=worker.spare, forked=worker.forked)
         models[name] = report
     ok = not fleet.draining

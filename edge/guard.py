@@ -16,10 +16,12 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-import attrs
-from quart import Quart, Request, Response, current_app, request
+from quart import Quart, Request, Response, request
 
-from edge.keys import key_matches, load_keys, load_origins, presented_key
+from edge.batch_calls import INTERNAL
+from edge.edge_policy import EdgePolicy
+from edge.keys import key_matches, presented_key
+from edge.state import app_state
 from pipeline.errors import ErrorKind, RequestError
 from pipeline.settings import Settings
 
@@ -41,39 +43,14 @@ _ALLOWED_HEADERS = (
 AUDIO_PREFIX = "/v1/audio/"
 # OpenAI's file upload, a multipart form too, capped by the files' own setting (edge/file_routes.py).
 FILES_PATH = "/v1/files"
-# The ASGI scope's mark of a batch line run in process (edge/batch_calls.py); a client cannot set a scope key,
-# and the batch's owner was checked when it was created.
-INTERNAL = "mlx_relay.batch_line"
-# Room for a form's other fields and its part headers beside the audio file.
-_FORM_ROOM = 2**20
 # A client's trace id is echoed only when it is short and plain; otherwise the server's own id is used.
 _TRACE_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 
 
-@attrs.frozen(kw_only=True)
-class EdgePolicy:
-    keys: tuple[bytes, ...] = ()
-    origins: frozenset[str] = frozenset()
-    max_body_bytes: int = 8 * 2**20
-    max_audio_body_bytes: int = 25 * 2**20 + _FORM_ROOM
-    max_file_body_bytes: int = 200 * 2**20 + _FORM_ROOM
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> EdgePolicy:
-        """Raises: SettingsError for an unreadable key file or a malformed origin."""
-        return cls(
-            keys=load_keys(settings.api_key),
-            origins=load_origins(settings.cors_origins),
-            max_body_bytes=settings.max_body_bytes,
-            max_audio_body_bytes=settings.audio_max_bytes + _FORM_ROOM,
-            max_file_body_bytes=settings.files_max_bytes + _FORM_ROOM,
-        )
-
-
 def configure(app: Quart, settings: Settings) -> EdgePolicy:
-    """Apply the settings to the running app: policy for the hooks, Quart's own body limits."""
+    """Apply the settings to the running app: Quart's own body limits; the policy the hooks read is returned, for
+    the lifespan to keep in the app's state (edge/state.py)."""
     policy = EdgePolicy.from_settings(settings)
-    app.extensions["edge"] = policy
     # Quart enforces these while reading a body whose length was not declared up front (the audio forms: their own).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.request_class = _request_class(policy.max_audio_body_bytes, policy.max_file_body_bytes)
@@ -116,8 +93,12 @@ def trace_id(fallback: str) -> str:
 
 
 def policy() -> EdgePolicy:
-    configured = current_app.extensions.get("edge")
-    return configured if isinstance(configured, EdgePolicy) else EdgePolicy()
+    """The running app's policy.
+
+    Raises:
+        NotStarted: before the lifespan has started the app (no request is served before then).
+    """
+    return app_state().running.policy
 
 
 async def _guard() -> Response | None:

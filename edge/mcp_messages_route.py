@@ -18,7 +18,7 @@ from quart import Quart, Response, stream_with_context
 
 from edge import fields, guard
 from edge.disconnect import current_client, gone_response
-from edge.errors import json_response
+from edge.error_responses import json_response
 from edge.mcp_messages_loop import MessagesMcpLoop
 from edge.mcp_rounds import app_meter, check_servers
 from pipeline.channels import ReplyClosed
@@ -32,7 +32,7 @@ from wire.anthropic_mcp import decode_mcp_messages
 async def mcp_message(app: Quart, raw: JsonValue, *, interleaved_thinking: bool) -> Response:
     """Raises: RequestError (400) for a body the connector refuses, a server not allowed or not listed."""
     decode = partial(decode_mcp_messages, interleaved_thinking=interleaved_thinking)
-    decoded = fields.watched("messages", decode)(raw)
+    decoded = fields.decode_here("messages", decode, raw)
     check_servers(app, decoded.servers, param="mcp_servers")
     request_id = f"msg_{uuid.uuid4().hex}"
     trace = guard.trace_id(request_id)

@@ -23,7 +23,7 @@ from edge.choice import submit_chosen
 from edge.disconnect import current_client
 from edge.mcp_metrics import McpMeter
 from edge.mcp_tools import allow_list, call_tool, check_allowed, list_tools
-from edge.metrics import Metrics
+from edge.state import state_of
 from pipeline.channels import ReplyClosed
 from pipeline.events import CompletionEvent, FinishReason, Summary, Usage
 from pipeline.requests import Accepted, JsonObject, JsonValue, Tool, ToolChoice, ToolChoiceMode
@@ -40,14 +40,13 @@ T = TypeVar("T")
 
 def check_servers(app: Quart, servers: Sequence[McpServer], *, param: str) -> None:
     """Raises: RequestError (400) naming the first server the app's allow-list (`--mcp-allow`) does not name."""
-    setting = app.extensions.get("mcp_allow")
-    check_allowed(servers, allow_list(setting if isinstance(setting, str) else None), tools_param=param)
+    setting = state_of(app).running.settings.mcp_allow
+    check_allowed(servers, allow_list(setting), tools_param=param)
 
 
 def app_meter(app: Quart) -> McpMeter | None:
-    """The app's MCP series in `/metrics` (none before its lifespan has made them)."""
-    metrics = app.extensions.get("metrics")
-    return metrics.mcp if isinstance(metrics, Metrics) else None
+    """The app's MCP series in `/metrics`."""
+    return state_of(app).running.metrics.mcp
 
 
 @attrs.define(kw_only=True)

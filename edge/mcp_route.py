@@ -16,7 +16,7 @@ from quart import Quart, Response, stream_with_context
 
 from edge import guard
 from edge.disconnect import current_client, gone_response
-from edge.errors import json_response
+from edge.error_responses import json_response
 from edge.mcp_loop import McpLoop
 from edge.mcp_rounds import app_meter, check_servers
 from edge.responses_turn import ResponsesTurn

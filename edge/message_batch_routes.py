@@ -1,6 +1,6 @@
 """Anthropic's Message Batches: create, retrieve, list, results, cancel, delete (docs/apis.md).
 
-A blueprint `app.py` registers; the batches run on the same runner as OpenAI's (`edge/batch_runner.py`),
+A blueprint `edge/application.py` registers; the batches run on the same runner as OpenAI's (`edge/batch_runner.py`),
 each request as a line to `/v1/messages`, and are shown in Anthropic's shapes (`wire/batches.py`).
 """
 
@@ -12,7 +12,7 @@ import anyio
 from quart import Blueprint, Response, request
 
 from edge.batch_routes import owned_batch, owned_batches, runner
-from edge.errors import json_response
+from edge.error_responses import json_response
 from edge.owners import caller
 from pipeline.errors import invalid
 from pipeline.requests import JsonObject

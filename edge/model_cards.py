@@ -4,7 +4,7 @@ As vLLM's cards do, an alias or an adapter names what it stands for
 (`root`) and the model it runs on (`parent`). Each card also carries the
 model's state (unloaded, loading, ready, unloading, failed), as LM
 Studio's model list does, while it loads how far (`loading`: its phase and
-seconds, fleet/host.py's `progress`), the defaults a request gets (the models
+seconds, fleet/model_host.py's `progress`), the defaults a request gets (the models
 file's over the model's generation_config.json, once loaded), once loaded
 with a `ttl`, the seconds before it unloads unless used (`ttl_left`), and,
 once loaded, what it reads (`input_modalities`: text, image, audio).
@@ -16,7 +16,7 @@ import functools
 from pathlib import Path
 
 from fleet.fleet import Fleet
-from fleet.host import ModelHost, State
+from fleet.model_host import ModelHost, State
 from pipeline.requests import JsonObject, JsonValue
 from stages.engine.speech import SpeechEngine
 from stages.models.builtin import BUILTIN_MODELS

@@ -1,6 +1,6 @@
 """Routes for model work besides generation: embeddings, rerank and score, tokenize and detokenize; the model list.
 
-A blueprint `app.py` registers; its errors render through `edge/errors.py`'s
+A blueprint `edge/application.py` registers; its errors render through `edge/error_responses.py`'s
 handlers like every other route's. Each route reads its body with the
 API's decoder, asks the engine's `ModelWork`, and shapes the answer.
 """
@@ -17,7 +17,7 @@ from edge import guard
 from edge.aliases import work_served_as
 from edge.choice import chosen, current_engine, fleet
 from edge.disconnect import ends_with_client
-from edge.fields import watched
+from edge.fields import decode_here
 from edge.model_cards import card, fleet_cards, input_modalities
 from edge.status_routes import model_state
 from pipeline.requests import JsonObject, JsonValue
@@ -50,7 +50,7 @@ def _json(body: JsonValue, trace_id: str | None = None) -> Response:
 @routes.post("/v1/embeddings")
 @ends_with_client
 async def embeddings() -> Response:
-    decoded = watched("embeddings", decode_embeddings)(await _body())
+    decoded = decode_here("embeddings", decode_embeddings, await _body())
     request_id = f"embd-{uuid.uuid4().hex}"
     trace_id = guard.trace_id(request_id)
     async with chosen(decoded.model):

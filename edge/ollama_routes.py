@@ -1,12 +1,12 @@
 """Ollama's API under `/api/`: chat and generate through the same generation entry as the other APIs,
 embeddings through the same model work, and the model reports (tags, show, ps, version) from the fleet.
 
-`app.py` builds the blueprint with its generation entry (`ollama_routes(generate)`), since no edge
-module may import `app.py`. Errors render in Ollama's shape through `app.py`'s handlers (the path
-says which API). `keep_alive` is applied to the fleet after the request is handed over: `0` drains
-and unloads the model once its requests finish, a duration unloads it once it has been idle that
-long, and `-1` (any negative) keeps it: a no-op for a model the fleet never unloads on its own, and a
-400 naming `keep_alive` for one the models file gives a `ttl`, which this request cannot lift.
+Generation goes through the one entry, edge/generation.py's `generate`. Errors render in Ollama's shape
+through the app's error handlers (edge/error_responses.py: the path says which API). `keep_alive` is applied to the
+fleet after the request is handed over: `0` drains and unloads the model once its requests finish, a duration
+unloads it once it has been idle that long, and `-1` (any negative) keeps it: a no-op for a model the fleet
+never unloads on its own, and a 400 naming `keep_alive` for one the models file gives a `ttl`, which this
+request cannot lift.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Protocol, cast
+from typing import cast
 
 import anyio
 from quart import Blueprint, Response, current_app, request
@@ -23,14 +23,15 @@ from quart import Blueprint, Response, current_app, request
 from edge import fields, guard
 from edge.choice import chosen, current_engine, fleet, model_field
 from edge.disconnect import ends_with_client
-from edge.errors import json_response
+from edge.error_responses import json_response
+from edge.generation import generate
 from fleet.fleet import Fleet
-from fleet.host import ModelHost, State
+from fleet.model_host import ModelHost, State
 from pipeline.errors import invalid
 from pipeline.protocol import StreamProtocol
 from pipeline.requests import Accepted
 from stages.engine.engine import Engine
-from stages.messages import Decoder, ReadBody, Reply
+from stages.messages import ReadBody, Reply
 from stages.prompt.parse import load_json
 from wire import ollama
 from wire.field_reads import as_body
@@ -55,35 +56,23 @@ from wire.ollama_requests import (
 NDJSON = "application/x-ndjson"
 
 
-class ProtocolFactory(Protocol):
-    def __call__(self, accepted: Accepted, request_id: str, reply: Reply, /) -> StreamProtocol: ...
-
-
-class Generate(Protocol):
-    """`app.py`'s generation entry."""
-
-    def __call__(
-        self, request_id: str, decode: Decoder, make_protocol: ProtocolFactory, *, read: ReadBody
-    ) -> Awaitable[Response]: ...
-
-
-def ollama_routes(generate: Generate) -> Blueprint:
+def ollama_routes() -> Blueprint:
     routes = Blueprint("ollama", __name__)
 
     @routes.post("/api/chat")
     async def chat() -> Response:
-        return await _generation(generate, chat=True)
+        return await _generation(chat=True)
 
     @routes.post("/api/generate")
     async def generate_route() -> Response:
-        return await _generation(generate, chat=False)
+        return await _generation(chat=False)
 
     for path, handler in _REPORTS.items():
         routes.route(path, methods=["POST"] if path in _POSTED else ["GET"])(handler)
     return routes
 
 
-async def _generation(generate: Generate, *, chat: bool) -> Response:
+async def _generation(*, chat: bool) -> Response:
     arrived = time.time_ns()
     raw = as_body(load_json(cast(bytes, await request.get_data(as_text=False))))
     keep_alive = read_keep_alive(raw)
@@ -162,7 +151,7 @@ async def _embeddings() -> Response:
 async def _embedding(*, legacy: bool) -> Response:
     arrived = time.time_ns()
     raw = as_body(load_json(cast(bytes, await request.get_data(as_text=False))))
-    decoded = fields.watched("ollama_embed", decode_ollama_embed)(raw)
+    decoded = fields.decode_here("ollama_embed", decode_ollama_embed, raw)
     apply_keep_alive = _keep_alive(decoded.model, read_keep_alive(raw))
     request_id = f"embd-{uuid.uuid4().hex}"
     async with chosen(decoded.model) as engine:

@@ -2,11 +2,13 @@
 
 One `{"type": "response.create", ...body...}` text frame starts a turn;
 each Responses stream event comes back as one text frame holding exactly
-the `data:` payload the HTTP route streams (with its `sequence_number`).
+its data, the JSON the HTTP route streams as the event's `data:` line
+(with its `sequence_number`).
 A connection serves turns one after another, as Codex sends them: a
 second `response.create` while one is running is refused in-band. The
-turn goes through the same preparation (`edge/responses_turn.py`), engine
-entry and stream body (`edge/streaming.py`) as the HTTP route.
+turn goes through the same preparation (`edge/responses_turn.py`), decoder
+chain and submission (`edge/generation.py`) and stream loop
+(`edge/streaming.py`) as the HTTP route.
 
 `generate: false` pre-warms: the conversation is prefilled into the prompt
 cache (one token is sampled and dropped) and the turn completes with no
@@ -26,7 +28,8 @@ for `MLX_RELAY_SOCKET_IDLE_TIMEOUT` seconds is closed with 1000.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 from typing import cast
 
 import anyio
@@ -35,27 +38,26 @@ import structlog
 from quart import Blueprint, Quart, Response, current_app, websocket
 
 from edge import guard
-from edge.aliases import with_model
-from edge.choice import chosen, current_defaults, model_named
+from edge.choice import submit_chosen
+from edge.generation import entry_decoder
 from edge.keys import key_matches, presented_key
 from edge.responses_turn import ResponsesTurn, prepare_turn
-from edge.sessions import session_key
-from edge.streaming import Persist, sse_body
-from fleet.defaults import with_defaults
+from edge.state import Stoppable, app_state, state_of
+from edge.streaming import stream_frames
 from pipeline.errors import ErrorKind, RequestError, invalid, shutting_down
-from pipeline.events import FinishReason, Summary
-from pipeline.protocol import StreamProtocol
-from pipeline.requests import GenerationRequest, JsonObject, JsonValue, with_cache_key
-from stages.messages import Decoder, ReadBody, Reply
+from pipeline.events import CompletionEvent, FinishReason, Summary
+from pipeline.protocol import StreamEvent
+from pipeline.requests import JsonObject
+from stages.messages import ReadBody, Reply
 from stages.prompt.parse import load_json
 from wire import openai
+from wire.responses import ResponsesStream
 from wire.sse import dumps
 
 log = structlog.get_logger(stage="socket")
 
 routes = Blueprint("responses_socket", __name__)
 
-_SESSIONS = "responses_sockets"
 # RFC 6455: a normal closure (an idle socket), and an endpoint going away (a server shutting down).
 NORMAL = 1000
 GOING_AWAY = 1001
@@ -90,8 +92,8 @@ async def responses_without_upgrade() -> Response:
     return response
 
 
-def sessions(app: Quart) -> set[Session]:
-    return cast(set["Session"], app.extensions.setdefault(_SESSIONS, set()))
+def sessions(app: Quart) -> set[Stoppable]:
+    return state_of(app).sockets
 
 
 def close_all(app: Quart) -> None:
@@ -119,7 +121,7 @@ def _refusal() -> RequestError | None:
     # Browsers send an Origin on every upgrade and no CORS check guards a socket: a foreign page is refused here.
     if origin is not None and origin.rstrip("/") not in policy.origins and not _same_origin(origin):
         return RequestError(kind=ErrorKind.FORBIDDEN, message=f"Origin {origin!r} is not allowed")
-    if "fleet" not in current_app.extensions:
+    if app_state().serving is None:
         return shutting_down()
     return None
 
@@ -139,16 +141,6 @@ def error_frame(error: RequestError) -> str:
     return dumps({"type": "error", "status": error.status, "error": body["error"]})
 
 
-def data_payloads(chunk: bytes) -> list[str]:
-    """The `data:` payloads of the SSE frames in `chunk`; comments (keepalives) carry none."""
-    payloads = []
-    for event in chunk.decode().split("\n\n"):
-        lines = [line[5:].removeprefix(" ") for line in event.split("\n") if line.startswith("data:")]
-        if lines:
-            payloads.append("\n".join(lines))
-    return payloads
-
-
 @attrs.define(eq=False)
 class Session:
     """One socket: its turns one at a time, and what ends them."""
@@ -156,7 +148,7 @@ class Session:
     app: Quart
     turns: int = 0
     _busy: bool = False
-    _protocol: StreamProtocol | None = None
+    _protocol: ResponsesStream | None = None
     _send_lock: anyio.Lock = attrs.field(factory=anyio.Lock)
     _stopping: anyio.Event = attrs.field(factory=anyio.Event)
 
@@ -181,7 +173,7 @@ class Session:
 
     async def _next_frame(self) -> str | bytes | None:
         """The next frame; None once the socket has been idle (no turn, no frame) for the idle timeout."""
-        idle = cast(float, self.app.extensions.get("socket_idle_timeout", 900.0))
+        idle = state_of(self.app).running.settings.socket_idle_timeout
         while True:
             with anyio.move_on_after(idle):
                 return await websocket.receive()
@@ -232,23 +224,25 @@ class Session:
         turn = await prepare_turn(self.app, body, trace_id=websocket.headers.get("x-request-id"))
         if not generate:
             turn = _warm_only(turn)
-        # The generation entry's steps, as the HTTP route takes them (app.py `_generate`): the model the body names,
-        # its defaults, then admission; the parse stage takes the frame's body as read here, not read again.
-        model, read = model_named(ReadBody(body))
-        async with chosen(model) as engine:
-            decode = with_defaults(with_model(_in_session(turn.decode)), current_defaults())
-            reply = await engine.submit(request_id=turn.request_id, trace_id=turn.request_id, body=read, decode=decode)
+        # The generation entry's decoder chain and submission, as the HTTP route takes them (edge/generation.py);
+        # the parse stage takes the frame's body as read here, not read again.
+        decode = entry_decoder(turn.decode, websocket.headers.get)
+        reply = await submit_chosen(ReadBody(body), request_id=turn.request_id, trace_id=turn.request_id, decode=decode)
         with reply:
             accepted = await reply.accepted()
-            protocol = self._protocol = turn.make_protocol(accepted, turn.request_id, reply)
+            protocol = turn.make_protocol(accepted, turn.request_id, reply)
+            assert isinstance(protocol, ResponsesStream)
+            self._protocol = protocol
             log.info("socket.turn", request_id=turn.request_id, generate=generate)
+            persist = partial(turn.persist, protocol) if turn.persist is not None else None
             if generate:
-                frames = sse_body(reply, protocol, turn.persist, self.app.extensions["keepalives"])
+                keepalives = state_of(self.app).running.keepalives
+                frames = stream_frames(reply, SocketEvents(protocol), persist, keepalives)
             else:
-                frames = _warmed(reply, protocol, turn.persist)
-            async for chunk in frames:
-                for payload in data_payloads(chunk):
-                    await self.send(payload)
+                frames = _warmed(reply, protocol, persist)
+            async for events in frames:
+                for event in events:
+                    await self.send(event.data)
 
     async def _close_when_stopped(self, scope: anyio.CancelScope) -> None:
         await self._stopping.wait()
@@ -256,21 +250,32 @@ class Session:
         scope.cancel()
         with anyio.CancelScope(shield=True):
             if protocol is not None:
-                for payload in data_payloads(protocol.error(shutting_down())):
-                    await self.send(payload)
+                for event in protocol.error_events(shutting_down()):
+                    await self.send(event.data)
             await websocket.close(GOING_AWAY, "server shutting down")
 
 
-def _in_session(decode: Decoder) -> Decoder:
-    """`decode`, keyed to the session the upgrade's headers name (`edge/sessions.py`), as an HTTP request is."""
-    session = session_key(websocket.headers.get)
-    if not session:
-        return decode
+@attrs.frozen
+class SocketEvents:
+    """A turn's Responses stream as the socket sends it (pipeline/protocol.py's `Framing`): its events, each
+    sent as one text frame of its data. No keepalive: the socket has its pings."""
 
-    def decode_in_session(value: JsonValue) -> GenerationRequest:
-        return with_cache_key(decode(value), session)
+    stream: ResponsesStream
 
-    return decode_in_session
+    def start(self) -> list[StreamEvent]:
+        return self.stream.start_events()
+
+    def add_events(self, events: Sequence[CompletionEvent]) -> list[StreamEvent]:
+        return self.stream.output_events(events)
+
+    def finish(self, summary: Summary) -> list[StreamEvent]:
+        return self.stream.finish_events(summary)
+
+    def keepalive(self) -> list[StreamEvent]:
+        return []
+
+    def error(self, error: RequestError) -> list[StreamEvent]:
+        return self.stream.error_events(error)
 
 
 def _warm_only(turn: ResponsesTurn) -> ResponsesTurn:
@@ -279,19 +284,21 @@ def _warm_only(turn: ResponsesTurn) -> ResponsesTurn:
     return attrs.evolve(turn, decoded=attrs.evolve(turn.decoded, params=params))
 
 
-async def _warmed(reply: Reply, protocol: StreamProtocol, persist: Persist | None) -> AsyncIterator[bytes]:
-    """A pre-warm's frames: created, then completed with no output; the sampled token is dropped unseen."""
-    yield protocol.start()
+async def _warmed(
+    reply: Reply, protocol: ResponsesStream, persist: Callable[[], Awaitable[None]] | None
+) -> AsyncIterator[list[StreamEvent]]:
+    """A pre-warm's events: created, then completed with no output; the sampled token is dropped unseen."""
+    yield protocol.start_events()
     try:
         async for _ in reply:
             pass
         if reply.closed:
             return
         usage = attrs.evolve(reply.summary.usage, completion_tokens=0, reasoning_tokens=0)
-        tail = protocol.finish(Summary(finish_reason=FinishReason.STOP, usage=usage))
+        tail = protocol.finish_events(Summary(finish_reason=FinishReason.STOP, usage=usage))
         if persist is not None:
-            await persist(protocol)
+            await persist()
     except RequestError as error:
-        yield protocol.error(error)
+        yield protocol.error_events(error)
         return
     yield tail

@@ -19,6 +19,7 @@ from edge import fields
 from edge.aliases import served_as
 from edge.choice import current_engine
 from edge.owners import caller, visible
+from edge.state import state_of
 from edge.store import store_call
 from edge.streaming import Persist
 from pipeline.errors import ErrorKind, RequestError
@@ -82,12 +83,12 @@ class ResponsesTurn:
             instructions=self.instructions,
             owner=self.owner,
         )
-        await store_call(self.app, lambda store: store.put(record))
+        await store_call(state_of(self.app).running.response_store, lambda store: store.put(record))
 
 
 async def prepare_turn(app: Quart, raw: JsonValue, *, trace_id: str | None) -> ResponsesTurn:
     """Raises: RequestError for a bad body or a `previous_response_id` the store does not hold."""
-    decoded = fields.watched("responses", decode_responses)(raw)
+    decoded = fields.decode_here("responses", decode_responses, raw)
     history: tuple[JsonObject, ...] = ()
     instructions = decoded.instructions
     if decoded.previous_response_id is not None:
@@ -109,7 +110,7 @@ async def prepare_turn(app: Quart, raw: JsonValue, *, trace_id: str | None) -> R
 
 
 async def stored_response(app: Quart, response_id: str, *, param: str | None = None) -> StoredResponse:
-    stored = await store_call(app, lambda store: store.get(response_id))
+    stored = await store_call(state_of(app).running.response_store, lambda store: store.get(response_id))
     if stored is None or not visible(stored):
         raise response_not_found(response_id, param=param)
     return stored

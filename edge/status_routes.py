@@ -1,6 +1,6 @@
 """Routes that report on the server rather than run the model: health, fit, stats, metrics and loads.
 
-A blueprint `app.py` registers. `/stats` is the one snapshot the others
+A blueprint `edge/application.py` registers. `/stats` is the one snapshot the others
 are read from: `/metrics` renders it under vLLM's names and ours, and
 `/v1/loads` as SGLang's load report, which smg polls. With several models
 (fleet/), `/health`, `/fit` and `/stats` report each model
@@ -15,15 +15,16 @@ import time
 from typing import cast
 
 import attrs
-from quart import Blueprint, Response, current_app, request
+from quart import Blueprint, Response, request
 
 from edge.choice import fleet
 from edge.fleet_status import apple_table, fleet_fit, fleet_health, fleet_stats, model_fit
 from edge.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from edge.metrics import Metrics, ModelLoad
 from edge.redact import without_paths
+from edge.state import app_state
 from edge.store import store_call
-from fleet.host import unavailable
+from fleet.model_host import unavailable
 from pipeline.requests import JsonObject, JsonValue
 from stages.adapters import not_found
 from stages.engine.engine import Engine
@@ -113,9 +114,9 @@ async def fit() -> Response:
 @routes.get("/stats")
 async def stats() -> Response:
     if fleet().several:
-        store = await store_call(current_app, lambda store: store.statistics())
+        store = await store_call(app_state().running.response_store, lambda store: store.statistics())
         report = fleet_stats(fleet())
-        blas = cast(str, current_app.extensions["blas"])
+        blas = app_state().blas
         report.update(
             blas=blas, worker_blas_threads=BLAS_SHARE.describe(), response_store=cast(JsonObject, attrs.asdict(store))
         )
@@ -154,7 +155,7 @@ async def loads() -> Response:
             snapshot=await _model_snapshot(engine),
             kv_bytes_per_token=engine.fit.memory.kv_bytes_per_token,
             # A model's own batch (its `kv.max_batch` in the models file), else the server's.
-            max_batch=fleet().hosts[name].spec.kv.max_batch or cast(int, current_app.extensions["max_batch"]),
+            max_batch=fleet().hosts[name].spec.kv.max_batch or app_state().running.settings.max_batch,
         )
         for name, engine in engines.items()
     ]
@@ -162,7 +163,7 @@ async def loads() -> Response:
 
 
 def _metrics() -> Metrics:
-    return cast(Metrics, current_app.extensions["metrics"])
+    return app_state().running.metrics
 
 
 def _loaded() -> dict[str, Engine]:
@@ -171,7 +172,7 @@ def _loaded() -> dict[str, Engine]:
 
 
 async def _store_statistics() -> JsonObject:
-    store = await store_call(current_app, lambda store: store.statistics())
+    store = await store_call(app_state().running.response_store, lambda store: store.statistics())
     # The store's file is a path like the model's: cut to its name (edge/redact.py).
     return cast(JsonObject, without_paths(attrs.asdict(store)))
 
@@ -186,14 +187,12 @@ async def _snapshot() -> JsonObject:
 
 def _batches() -> JsonObject:
     """The batches running beneath live traffic (edge/batch_runner.py), the server's and no one model's."""
-    if (batches := current_app.extensions.get("batch_runner")) is None:
-        return {}
-    return {"batches": cast(JsonObject, attrs.asdict(batches.statistics()))}
+    return {"batches": cast(JsonObject, attrs.asdict(app_state().running.batch_runner.statistics()))}
 
 
 async def _model_snapshot(current: Engine) -> JsonObject:
     snapshot = attrs.asdict(await current.fresh_statistics())
-    blas = cast(str, current_app.extensions["blas"])
+    blas = app_state().blas
     report: JsonObject = {
         "model": current.info.name,
         "blas": blas,

@@ -7,11 +7,10 @@ logged and answered 500 with nothing of the store's own text.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import anyio
 import structlog
-from quart import Quart
 
 from pipeline.errors import ErrorKind, RequestError
 from store.response_store import ResponseStore, StoreError
@@ -21,9 +20,12 @@ T = TypeVar("T")
 log = structlog.get_logger(stage="http")
 
 
-async def store_call(app: Quart, call: Callable[[ResponseStore], T]) -> T:
-    # The app is passed, not read from `current_app`: a stream's persist hook runs outside any app context.
-    store = cast(ResponseStore, app.extensions["response_store"])
+async def store_call(store: ResponseStore, call: Callable[[ResponseStore], T]) -> T:
+    """`call(store)` on a worker thread.
+
+    Raises:
+        RequestError: 500, when the store fails (`StoreError`).
+    """
     try:
         return await anyio.to_thread.run_sync(call, store)
     except StoreError as error:

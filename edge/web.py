@@ -16,8 +16,10 @@ import hashlib
 from importlib import resources
 
 import attrs
-from quart import Blueprint, Response, current_app
+from quart import Blueprint, Response
 from werkzeug.exceptions import NotFound
+
+from edge.state import app_state
 
 routes = Blueprint("web", __name__)
 
@@ -71,7 +73,7 @@ def site() -> Site:
 
 
 def _enabled() -> None:
-    if not current_app.extensions.get("web", True):
+    if not app_state().running.settings.web:
         raise NotFound()
 
 

@@ -2,7 +2,7 @@
 
 A `RequestError` is a failure that belongs to one request: it is raised at
 the boundary (decoders, stages) or delivered as a value on the request's
-reply, and `edge/errors.py` renders it in the error shape of the API in use. The
+reply, and `edge/error_responses.py` renders it in the error shape of the API in use. The
 engine keeps serving after any of them.
 """
 

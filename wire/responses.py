@@ -31,9 +31,10 @@ from pipeline.events import (
     Usage,
     stream_runs,
 )
+from pipeline.protocol import StreamEvent
 from pipeline.requests import JsonObject, JsonValue
 from wire.responses_tools import ToolSpec, custom_input, custom_input_so_far
-from wire.sse import Splice, comment, frame
+from wire.sse import DataSplice, comment, dumps, sse
 
 Specs = Mapping[str, ToolSpec]
 
@@ -170,15 +171,27 @@ class ResponsesStream:
     final: JsonObject | None = attrs.field(default=None, init=False)
     _sequence: int = attrs.field(default=0, init=False)
     _items: list[_Item] = attrs.field(factory=list, init=False)
-    # The open item's text-delta frame, built on its first delta (wire/sse.Splice): per token only the
+    # The open item's text-delta data, built on its first delta (wire/sse.DataSplice): per token only the
     # sequence number and the text change.
-    _text_frames: dict[tuple[int, bool], Splice] = attrs.field(factory=dict, init=False)
+    _text_frames: dict[tuple[int, bool], DataSplice] = attrs.field(factory=dict, init=False)
 
     def start(self) -> bytes:
+        return sse(self.start_events())
+
+    def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
+        return sse(self.output_events(events))
+
+    def finish(self, summary: Summary) -> bytes:
+        return sse(self.finish_events(summary))
+
+    def error(self, error: RequestError) -> bytes:
+        return sse(self.error_events(error))
+
+    def start_events(self) -> list[StreamEvent]:
         if self.background:
             queued = self._response("queued", output=[])
-            return self._event("response.created", response=queued) + self._event("response.queued", response=queued)
-        return self._event("response.created", response=self.snapshot()) + self.running()
+            return [self._event("response.created", response=queued), self._event("response.queued", response=queued)]
+        return [self._event("response.created", response=self.snapshot()), self._running()]
 
     def snapshot(self, status: str = "in_progress") -> JsonObject:
         """The response object as it stands, before any output: what `response.created` carries."""
@@ -186,36 +199,39 @@ class ResponsesStream:
 
     def running(self) -> bytes:
         """`response.in_progress`: a background response's row has started."""
+        return sse([self._running()])
+
+    def _running(self) -> StreamEvent:
         return self._event("response.in_progress", response=self.snapshot())
 
     def cancel(self) -> bytes:
         """Ends the stream where it stands: the open item closed as cut, `final` the `cancelled` response."""
-        closing = self._close(len(self._items) - 1, cut=True) if self._items else b""
+        closing = self._close(len(self._items) - 1, cut=True) if self._items else []
         last = len(self._items) - 1
         self.final = self._response(
             "cancelled", output=[item.done(cut=i == last) for i, item in enumerate(self._items)]
         )
-        return closing
+        return sse(closing)
 
-    def add_events(self, events: Sequence[CompletionEvent]) -> bytes:
-        return b"".join(self._on_run(run) for run in stream_runs(events, join=False))
+    def output_events(self, events: Sequence[CompletionEvent]) -> list[StreamEvent]:
+        return [event for run in stream_runs(events, join=False) for event in self._on_run(run)]
 
-    def finish(self, summary: Summary) -> bytes:
+    def finish_events(self, summary: Summary) -> list[StreamEvent]:
         cut = summary.finish_reason is FinishReason.LENGTH
-        closing = self._close(len(self._items) - 1, cut=cut) if self._items else b""
+        closing = self._close(len(self._items) - 1, cut=cut) if self._items else []
         last = len(self._items) - 1
         self.final = self._finished(summary, [item.done(cut=cut and i == last) for i, item in enumerate(self._items)])
         name = "response.completed" if self.final["status"] == "completed" else "response.incomplete"
-        return closing + self._event(name, response=self.final)
+        return [*closing, self._event(name, response=self.final)]
 
     def keepalive(self) -> bytes:
         return comment("keepalive")
 
-    def error(self, error: RequestError) -> bytes:
+    def error_events(self, error: RequestError) -> list[StreamEvent]:
         failed = self._response("failed", output=[])
         failed["error"] = {"code": "server_error", "message": error.message}
         self.final = failed
-        return self._event("response.failed", response=failed)
+        return [self._event("response.failed", response=failed)]
 
     def body(self, events: Sequence[CompletionEvent], summary: Summary) -> JsonObject:
         cut = summary.finish_reason is FinishReason.LENGTH
@@ -255,7 +271,7 @@ class ResponsesStream:
             **self.echo,
         }
 
-    def _on_run(self, run: StreamRun) -> bytes:
+    def _on_run(self, run: StreamRun) -> list[StreamEvent]:
         last = self._items[-1] if self._items else None
         started = last is not None and last.call is not None and last.call.id == getattr(run, "id", None)
         if isinstance(run, ToolCallStart):
@@ -265,9 +281,9 @@ class ResponsesStream:
         if isinstance(run, ToolCall) and started and last is not None:
             # The call streamed: it ends when the next item opens or the response does.
             return self._arguments_delta(last, run.arguments)
-        return b"" if isinstance(run, ToolCallDelta) else self._on_event(run)
+        return [] if isinstance(run, ToolCallDelta) else self._on_event(run)
 
-    def _arguments_delta(self, item: _Item, arguments: str) -> bytes:
+    def _arguments_delta(self, item: _Item, arguments: str) -> list[StreamEvent]:
         """The piece that `arguments` adds to the open call: of the input, for a custom tool."""
         assert item.call is not None
         before, item.call = item.call, attrs.evolve(item.call, arguments=arguments)
@@ -277,19 +293,19 @@ class ResponsesStream:
             name = "response.custom_tool_call_input.delta"
         else:
             piece, name = arguments[len(before.arguments) :], "response.function_call_arguments.delta"
-        return self._event(name, item_id=item.id, output_index=index, delta=piece) if piece else b""
+        return [self._event(name, item_id=item.id, output_index=index, delta=piece)] if piece else []
 
-    def _on_event(self, event: TextDelta | ReasoningDelta | ToolCall) -> bytes:
-        frames = b""
+    def _on_event(self, event: TextDelta | ReasoningDelta | ToolCall) -> list[StreamEvent]:
+        frames: list[StreamEvent] = []
         if _add(self._items, event, self.tool_specs, self.grammar_call):
-            frames += self._close(len(self._items) - 2) if len(self._items) > 1 else b""
+            frames += self._close(len(self._items) - 2) if len(self._items) > 1 else []
             frames += self._open(len(self._items) - 1)
         index = len(self._items) - 1
         item = self._items[index]
         item_id = item.id
         if isinstance(event, ToolCall) and not event.arguments:
-            delta = b""  # a call that streams: its arguments follow in pieces
-        elif item.custom:
+            return frames  # a call that streams: its arguments follow in pieces
+        if item.custom:
             text = item.input() if isinstance(event, ToolCall) else event.text
             delta = self._event(
                 "response.custom_tool_call_input.delta", item_id=item_id, output_index=index, delta=text
@@ -300,9 +316,10 @@ class ResponsesStream:
             )
         else:
             delta = self._text_delta(item_id, index, event)
-        return frames + delta
+        frames.append(delta)
+        return frames
 
-    def _text_delta(self, item_id: str, index: int, event: TextDelta | ReasoningDelta) -> bytes:
+    def _text_delta(self, item_id: str, index: int, event: TextDelta | ReasoningDelta) -> StreamEvent:
         reasoning = isinstance(event, ReasoningDelta)
         if (template := self._text_frames.get((index, reasoning))) is None:
             name = "response.reasoning_text.delta" if reasoning else "response.output_text.delta"
@@ -319,50 +336,48 @@ class ResponsesStream:
                     **extra,
                 }
 
-            template = self._text_frames[index, reasoning] = Splice.of(build, holes=2, event=name)
+            template = self._text_frames[index, reasoning] = DataSplice.of(build, holes=2)
         self._sequence += 1
-        return template.fill(self._sequence - 1, event.text)
+        name = "response.reasoning_text.delta" if reasoning else "response.output_text.delta"
+        return StreamEvent(name, template.fill(self._sequence - 1, event.text))
 
-    def _open(self, index: int) -> bytes:
+    def _open(self, index: int) -> list[StreamEvent]:
         item = self._items[index]
         self._text_frames.clear()
-        frames = self._event("response.output_item.added", output_index=index, item=item.shown("in_progress"))
+        frames = [self._event("response.output_item.added", output_index=index, item=item.shown("in_progress"))]
         if not item.is_call:
             empty = _Item(kind=item.kind, id=item.id).part()
-            frames += self._event(
-                "response.content_part.added", item_id=item.id, output_index=index, content_index=0, part=empty
+            frames.append(
+                self._event(
+                    "response.content_part.added", item_id=item.id, output_index=index, content_index=0, part=empty
+                )
             )
         return frames
 
-    def _close(self, index: int, *, cut: bool = False) -> bytes:
+    def _close(self, index: int, *, cut: bool = False) -> list[StreamEvent]:
         item = self._items[index]
+        at: JsonObject = {"item_id": item.id, "output_index": index}
         if item.custom:
-            frames = self._event(
-                "response.custom_tool_call_input.done", item_id=item.id, output_index=index, input=item.input()
-            )
+            frames = [self._event("response.custom_tool_call_input.done", **at, input=item.input())]
         elif item.call is not None:
-            frames = self._event(
-                "response.function_call_arguments.done",
-                item_id=item.id,
-                output_index=index,
-                name=item.spec.name if item.spec is not None else item.call.name,
-                arguments=item.call.arguments,
-            )
+            name = item.spec.name if item.spec is not None else item.call.name
+            frames = [
+                self._event("response.function_call_arguments.done", **at, name=name, arguments=item.call.arguments)
+            ]
         else:
             done_type = "response.output_text.done" if item.kind == "message" else "response.reasoning_text.done"
             extra: JsonObject = {"logprobs": []} if item.kind == "message" else {}
-            frames = self._event(
-                done_type, item_id=item.id, output_index=index, content_index=0, text=item.text, **extra
-            )
-            frames += self._event(
-                "response.content_part.done", item_id=item.id, output_index=index, content_index=0, part=item.part()
-            )
-        return frames + self._event("response.output_item.done", output_index=index, item=item.done(cut=cut))
+            frames = [
+                self._event(done_type, **at, content_index=0, text=item.text, **extra),
+                self._event("response.content_part.done", **at, content_index=0, part=item.part()),
+            ]
+        frames.append(self._event("response.output_item.done", output_index=index, item=item.done(cut=cut)))
+        return frames
 
-    def _event(self, event_type: str, **data: JsonValue) -> bytes:
+    def _event(self, event_type: str, **data: JsonValue) -> StreamEvent:
         payload: JsonObject = {"type": event_type, "sequence_number": self._sequence, **data}
         self._sequence += 1
-        return frame(payload, event=event_type)
+        return StreamEvent(event_type, dumps(payload))
 
 
 def _content(events: Sequence[CompletionEvent]) -> list[TextDelta | ReasoningDelta | ToolCall]:
@@ -372,24 +387,3 @@ def _content(events: Sequence[CompletionEvent]) -> list[TextDelta | ReasoningDel
 
 def _text_part(text: str) -> JsonObject:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def input_item_resources(items: Sequence[JsonObject]) -> list[JsonObject]:
-    """The stored input as `GET /v1/responses/{id}/input_items` lists it, each item with an id, a
-    message's text as a list of parts (`input_text`; `output_text` for the assistant's)."""
-    return [{"id": f"item_{i}", **_as_resource(item)} for i, item in enumerate(items)]
-
-
-def _as_resource(item: JsonObject) -> JsonObject:
-    if item.get("type", "message") != "message":
-        return item
-    content = item.get("content")
-    parts: JsonValue = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
-    if item.get("role") != "assistant":
-        return {**item, "type": "message", "content": parts}
-    # The assistant's turn reads back as an output message: its parts are output text, and it is complete.
-    outputs: list[JsonValue] = [
-        {"annotations": [], "logprobs": [], **part, "type": "output_text"} if isinstance(part, dict) else part
-        for part in (parts if isinstance(parts, list) else [])
-    ]
-    return {"status": "completed", **item, "type": "message", "content": outputs}

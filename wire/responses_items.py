@@ -1,4 +1,5 @@
-"""`GET /v1/responses/{id}/input_items`: one page of a stored response's input items, in OpenAI's list shape.
+"""`GET /v1/responses/{id}/input_items`: one page of a stored response's input items, in OpenAI's list shape,
+each item as a resource (`input_item_resources`).
 
 The query is OpenAI's: `limit` (1 to 100, default 20), `order` (`asc` or `desc`, default `desc`: newest
 first) and `after` (an item id: the page starts past it, in the order asked). A bad value is a 400 naming
@@ -71,3 +72,24 @@ def _limit(raw: str | None) -> int:
 
 def _id(item: JsonValue) -> JsonValue:
     return item.get("id") if isinstance(item, dict) else None
+
+
+def input_item_resources(items: Sequence[JsonObject]) -> list[JsonObject]:
+    """The stored input as `GET /v1/responses/{id}/input_items` lists it, each item with an id, a
+    message's text as a list of parts (`input_text`; `output_text` for the assistant's)."""
+    return [{"id": f"item_{i}", **_as_resource(item)} for i, item in enumerate(items)]
+
+
+def _as_resource(item: JsonObject) -> JsonObject:
+    if item.get("type", "message") != "message":
+        return item
+    content = item.get("content")
+    parts: JsonValue = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
+    if item.get("role") != "assistant":
+        return {**item, "type": "message", "content": parts}
+    # The assistant's turn reads back as an output message: its parts are output text, and it is complete.
+    outputs: list[JsonValue] = [
+        {"annotations": [], "logprobs": [], **part, "type": "output_text"} if isinstance(part, dict) else part
+        for part in (parts if isinstance(parts, list) else [])
+    ]
+    return {"status": "completed", **item, "type": "message", "content": outputs}

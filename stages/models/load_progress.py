@@ -1,7 +1,7 @@
 """How far a model's load has got in this process: its phase, and since when, by the name it is served under.
 
 Loading a model is a few steps of very different lengths, and `/v1/models` and `/health` say which one
-a loading model is in rather than only "loading" (fleet/host.py reads it). The steps record themselves
+a loading model is in rather than only "loading" (fleet/model_host.py reads it). The steps record themselves
 here from the functions that do them (`stages/models/loading.py`), on whatever thread runs them; until
 the first of them, a load is `starting` (placed, its engine being made):
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from edge.model_cards import _status
-from fleet.host import ModelHost, State
+from fleet.model_host import ModelHost, State
 from fleet.spec import ModelSpec
 
 
