@@ -64,27 +64,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     add_llama_arguments(parser)
     args = parser.parse_args(argv)
-    sources = _sources()
+    sources = repo_sources()
     rounds: list[dict[str, Any]] = []
     with ExitStack() as stack:
-        servers = _servers(stack, args)
+        servers = start_servers(stack, args)
         names = list(servers)
         for server in servers.values():
             _session(server, [sources[-1][:2000]], 4)
         for index in range(args.rounds):
             files = list(itertools.islice(_files(sources, index, args), args.turns))
-            # Each server first, middle and last in turn: with two, the order alternates.
-            order = names[index % len(names) :] + names[: index % len(names)]
+            order = rotated(names, index)
             figures = {name: _session(servers[name], files, args.max_tokens) for name in order}
             rounds.append(figures)
-            print(f"round {index + 1}: " + _line(figures), flush=True)
-    summary = _summary(rounds)
+            print(f"round {index + 1}: " + round_line(figures), flush=True)
+    summary = ratio_summary(rounds)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "agent_session.json").write_text(json.dumps({"model": args.model, "rounds": rounds, **summary}))
     print(json.dumps(summary, indent=2))
 
 
-def _servers(stack: ExitStack, args: argparse.Namespace) -> dict[str, Server]:
+def start_servers(stack: ExitStack, args: argparse.Namespace) -> dict[str, Server]:
     """The contenders, started and healthy for the life of `stack`: relay, mlx_lm and, where it builds, llama."""
     from stages.models.loading import resolve_model
 
@@ -107,7 +106,12 @@ def _servers(stack: ExitStack, args: argparse.Namespace) -> dict[str, Server]:
     return servers
 
 
-def _sources() -> list[str]:
+def rotated(names: list[str], index: int) -> list[str]:
+    """Round `index`'s order: each contender first, middle and last in turn (with two, they alternate)."""
+    return names[index % len(names) :] + names[: index % len(names)]
+
+
+def repo_sources() -> list[str]:
     """This repository's Python modules, largest first: real code, the same on every machine at a commit."""
     files = sorted((REPO / "stages").rglob("*.py"), key=lambda p: (-p.stat().st_size, str(p)))
     return [f"# {p.relative_to(REPO)}\n{p.read_text(encoding='utf-8')}" for p in files]
@@ -150,14 +154,14 @@ def _turn(client: httpx.Client, url: str, messages: list[dict[str, str]], max_to
     return "".join(text), (first or time.perf_counter()) - sent
 
 
-def _line(figures: dict[str, dict[str, Any]]) -> str:
+def round_line(figures: dict[str, dict[str, Any]]) -> str:
     return "  ".join(
         f"{name} {f['session_s']:.1f} s (TTFT {' / '.join(f'{t:.1f}' for t in f['ttft_s'])})"
         for name, f in figures.items()
     )
 
 
-def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+def ratio_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over rounds of relay / each peer: the session's time and each turn's TTFT."""
     summary: dict[str, Any] = {}
     turns = len(rounds[0]["relay"]["ttft_s"])

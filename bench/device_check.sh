@@ -61,7 +61,7 @@ for model in smollm2 gemma3; do
     step "chat-$model" 120 "$PY" -m bench.interleaved --model "$model" --concurrency 1,4,16 --rounds 3 \
         --max-tokens 64 --no-llama-server --out "$OUT/chat-$model"
 done
-step agent-replay 120 "$PY" -m bench.agent_replay --model smollm2 --rounds 2 --no-llama-server --out "$OUT/agent-replay"
+step agent-replay 120 "$PY" -m bench.agent_replay --model smollm2 --rounds 2 --turns 3 --no-llama-server --out "$OUT/agent-replay"
 step kv8 60 env MLX_RELAY_KV_BITS=8 "$PY" -m bench.interleaved --model smollm2 --concurrency 16 --rounds 3 \
     --max-tokens 64 --no-llama-server --out "$OUT/kv8"
 step speculation 60 "$PY" -m bench.speculation --model smollm2 --workload edit --rows 1,4 --rounds 2

@@ -135,7 +135,10 @@ def _generator(model: Any, tokenizer: Any, *, jump: bool) -> tuple[Any, Any]:
     def batch() -> BatchGenerator:
         return BatchGenerator(model, stop_tokens=stops, completion_batch_size=8, prefill_batch_size=8)
 
-    factory = speculation_factory(Settings(jump_forward=jump), tokenizer, sharded=False, adapters=False)
+    # Prompt lookup (on by default) off: the steps jump-forward saves, alone.
+    factory = speculation_factory(
+        Settings(jump_forward=jump, prompt_lookup=False), tokenizer, sharded=False, adapters=False
+    )
     speculation = factory(model) if factory is not None else None
     make: Callable[[], Any] = speculating(batch, speculation) if speculation is not None else batch
     solo = single_row(

@@ -40,7 +40,19 @@ class Server:
 
 
 def relay_command(port: int) -> list[str]:
-    return [sys.executable, "-m", "hypercorn", "app:app", "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "30"]
+    # The model loads in the app's lifespan; hypercorn's 60 s for it ran out loading Gemma 3 at load average 14.
+    config = ["--config", f"file:{Path(__file__).resolve().parent / 'relay_hypercorn.py'}"]
+    return [
+        sys.executable,
+        "-m",
+        "hypercorn",
+        *config,
+        "app:app",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--graceful-timeout",
+        "30",
+    ]
 
 
 def relay_env(model: str, demo_names: frozenset[str]) -> dict[str, str]:

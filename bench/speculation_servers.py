@@ -1,7 +1,7 @@
 """Speculation against mlx_lm.server, over HTTP: the issue's peer comparisons, ratios within one run.
 
     python -m bench.speculation_servers [--model demo] [--draft demo] [--tokens 64] [--rounds 3]
-                                        [--draft-rows 1] [--lookup-rows 4,16]
+                                        [--draft-rows 1] [--lookup-rows 4,16] [--workload copy|edit]
 
 Every server is started once, on the same model directory and BLAS
 (bench/servers.py), and all stay up: each round sends one wave to each in
@@ -14,15 +14,18 @@ the wave's wall time), and a ratio compares medians of one run.
   both), each beside its own server without a draft.
 - `--lookup-rows` (default N=4 and 16): mlx-relay `--prompt-lookup` against
   `mlx_lm.server` without a draft (with a draft it does not batch), and
-  mlx-relay without speculation.
+  mlx-relay without speculation (`MLX_RELAY_PROMPT_LOOKUP=0`: prompt lookup
+  is on by default).
 
-The workload is copy-heavy (bench/speculation.py's `copy` prompt), greedy,
-as a raw completion so both servers see the same tokens. Every request
+The workload is copy-heavy, greedy, as a raw completion so both servers see
+the same tokens: bench/speculation.py's `copy` prompt, or with `--workload
+edit` the copy-heavy edit (bench/speculation_edit.py's completion prompt:
+rewrite a 1,200-token file with one function renamed). Every request
 sends the same prompt, which the warm-up request puts in each server's
 prompt cache: on this project's CPU machine a prompt's prefill costs
 seconds a row, and would otherwise be most of what is measured. The rows
-of a wave are still N rows of the batch. mlx-relay's acceptance is read
-from `/stats` at the end.
+of a wave are still N rows of the batch. mlx-relay's acceptance and
+tokens per verifying pass are read from `/stats` at the end.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import httpx
 
 from bench.servers import Server, free_port, mlx_lm_command, relay_command, relay_env, started
 from bench.speculation import PROMPTS
+from bench.speculation_edit import completion_text
 
 OUT = Path(__file__).resolve().parent / "out"
 # mlx-relay's default k (MLX_RELAY_NUM_DRAFT_TOKENS); mlx_lm.server is given the same.
@@ -56,13 +60,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--draft-rows", default="1", help="concurrency levels of the draft-model comparison")
     parser.add_argument("--lookup-rows", default="4,16", help="concurrency levels of the prompt-lookup comparison")
+    parser.add_argument("--workload", choices=("copy", "edit"), default="copy")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
+    prompt = PROMPTS["copy"] if args.workload == "copy" else completion_text()
     draft_rows = [int(n) for n in args.draft_rows.split(",") if n]
     lookup_rows = [int(n) for n in args.lookup_rows.split(",") if n]
     model, draft = _path(args.model), _path(args.draft)
     wanted = {
-        "relay": (draft_rows + lookup_rows, {}),
+        "relay": (draft_rows + lookup_rows, {"MLX_RELAY_PROMPT_LOOKUP": "0"}),
         "relay --draft-model": (draft_rows, {"MLX_RELAY_DRAFT_MODEL": args.draft}),
         "relay --prompt-lookup": (lookup_rows, {"MLX_RELAY_PROMPT_LOOKUP": "1"}),
         "mlx_lm.server": (draft_rows + lookup_rows, None),
@@ -75,12 +81,12 @@ def main(argv: list[str] | None = None) -> None:
             if levels
         }
         print(
-            f"{args.model} (draft {args.draft}), copy-heavy greedy completions of {args.tokens} tokens, "
+            f"{args.model} (draft {args.draft}), {args.workload} greedy completions of {args.tokens} tokens, "
             f"{args.rounds} rounds; the machine is shared: ratios within one run only"
         )
         for server in servers.values():
-            asyncio.run(_wave(server, 1, args.tokens, 0))
-        rates = _measure(servers, wanted, args)
+            asyncio.run(_wave(server, 1, args.tokens, prompt))
+        rates = _measure(servers, wanted, args, prompt)
         acceptance = {name: _acceptance(server) for name, server in servers.items() if name.startswith("relay --")}
     _report(rates, draft_rows, lookup_rows, acceptance)
 
@@ -111,7 +117,9 @@ def _start(name: str, args: Any, model: str, draft: str, settings: dict[str, str
         yield server
 
 
-def _measure(servers: dict[str, Server], wanted: dict[str, Any], args: Any) -> dict[tuple[str, int], float]:
+def _measure(
+    servers: dict[str, Server], wanted: dict[str, Any], args: Any, prompt: str
+) -> dict[tuple[str, int], float]:
     walls: dict[tuple[str, int], list[float]] = {}
     levels = sorted({level for levels, _ in wanted.values() for level in levels})
     for round_index in range(args.rounds):
@@ -119,24 +127,24 @@ def _measure(servers: dict[str, Server], wanted: dict[str, Any], args: Any) -> d
             names = [name for name in servers if level in wanted[name][0]]
             shift = round_index % len(names)
             for name in names[shift:] + names[:shift]:
-                rate = asyncio.run(_wave(servers[name], level, args.tokens, round_index))
+                rate = asyncio.run(_wave(servers[name], level, args.tokens, prompt))
                 walls.setdefault((name, level), []).append(rate)
                 print(f"  round {round_index + 1} N={level} {name}: {rate:.1f} tok/s", flush=True)
     return {key: statistics.median(values) for key, values in walls.items()}
 
 
-async def _wave(server: Server, level: int, tokens: int, wave: int) -> float:
+async def _wave(server: Server, level: int, tokens: int, prompt: str) -> float:
     """`level` requests at once; completion tokens a second over the wave."""
     limits = httpx.Limits(max_connections=level, max_keepalive_connections=level)
     async with httpx.AsyncClient(timeout=_TIMEOUT, limits=limits) as client:
         began = time.perf_counter()
-        counts = await asyncio.gather(*(_complete(client, server, row, tokens, wave) for row in range(level)))
+        counts = await asyncio.gather(*(_complete(client, server, tokens, prompt) for _ in range(level)))
         return sum(counts) / (time.perf_counter() - began)
 
 
-async def _complete(client: httpx.AsyncClient, server: Server, row: int, tokens: int, wave: int) -> int:
+async def _complete(client: httpx.AsyncClient, server: Server, tokens: int, prompt: str) -> int:
     body: dict[str, Any] = {
-        "prompt": PROMPTS["copy"],
+        "prompt": prompt,
         "max_tokens": tokens,
         "temperature": 0.0,
     }
@@ -152,7 +160,10 @@ def _acceptance(server: Server) -> str:
     found = _find(httpx.get(f"{server.url}/stats", timeout=10).json(), "speculation")
     if not found:
         return "no /stats speculation"
-    return f"{found['accepted_tokens']}/{found['proposed_tokens']} accepted ({found['acceptance_rate']:.0%})"
+    return (
+        f"{found['accepted_tokens']}/{found['proposed_tokens']} accepted ({found['acceptance_rate']:.0%}), "
+        f"{found['tokens_per_pass']:.2f} tokens per verifying pass"
+    )
 
 
 def _find(tree: Any, key: str) -> Any:

@@ -46,6 +46,20 @@ TOOL_PARSER_NAMES = (
 REASONING_PARSER_NAMES = ("none", "think", "mistral", "harmony", "kimi_k3", "gemma4")
 
 
+def _lookup_mode(value: bool | str | None) -> bool | None:
+    """`MLX_RELAY_PROMPT_LOOKUP`: unset or `auto` None (on where it can run), else a boolean."""
+    if value is None or isinstance(value, bool):
+        return value
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        return _boolean(value)
+    except ValueError:
+        raise ValueError(
+            f"MLX_RELAY_PROMPT_LOOKUP={value!r} is not one of auto, 1, 0 (or true, false, on, off)"
+        ) from None
+
+
 @attrs.frozen(kw_only=True)
 class Settings:
     """Every knob of the server; the defaults suit the built-in models on a laptop."""
@@ -90,6 +104,9 @@ class Settings:
     # The time one step of the model thread aims at: a prefill chunk is sized from the measured prefill speed
     # to fit it beside the decoding rows, and exclusive work on an idle server runs in turns of this length.
     step_budget_ms: float = attrs.field(default=200.0, validator=attrs.validators.gt(0.0))
+    # Beside decoding rows, a step aims at this multiple of their decode-only step, never below step_budget_ms;
+    # 0 makes step_budget_ms a fixed target, and so does setting MLX_RELAY_STEP_BUDGET_MS without this.
+    step_budget_ratio: float = attrs.field(default=2.0, validator=_non_negative)
     # A row alone decodes as mlx-lm's generate_step does, without the batch's per-step costs, and joins
     # the batch when a second row comes (stages/model_thread/single_row.py); off runs every row in the batch.
     single_row: bool = True
@@ -123,8 +140,11 @@ class Settings:
     kv_group_size: int = attrs.field(default=64, validator=attrs.validators.in_((32, 64, 128)))
     quantized_kv_start: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     # Speculative decoding inside the batch (stages/engine/speculation.py, docs/speculative-decoding.md): proposals from
-    # the row's own prompt and output (`prompt_lookup`) or from a smaller model with the same vocabulary.
-    prompt_lookup: bool = False
+    # the row's own prompt and output (`prompt_lookup`) or from a smaller model with the same vocabulary. Prompt
+    # lookup is on by default (None, `auto`): the measured gate speculates only where it is faster, and a set-up it
+    # cannot run in (sharded, adapters, rotating cache layers, a draft model) keeps it off quietly; True (`1`,
+    # `--prompt-lookup`) asks for it, and a set-up it cannot run in is refused at start; False (`0`) turns it off.
+    prompt_lookup: bool | None = attrs.field(default=None, converter=_lookup_mode)
     draft_model: str | None = attrs.field(
         default=None, validator=lambda settings, _, value: _one_drafter(settings, value)
     )
@@ -225,8 +245,10 @@ class Settings:
     shard_timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
     # The model runs in this process, as before model workers (debugging); sharded serving always does.
     in_process: bool = False
-    # Seconds a model worker may send nothing while the front waits on it before it counts as hung (then killed).
-    worker_heartbeat_timeout: float = attrs.field(default=2.0, validator=attrs.validators.gt(0.0))
+    # Seconds a model worker may send nothing while the front waits on it before it counts as hung (then killed). 10,
+    # not 2: a false verdict kills every row the worker holds and its prompt cache, and at a load average of 25-32 on
+    # two cores a healthy worker was starved past 2 s (docs/benchmarks.md, "Agent replay"); a real hang is rarer.
+    worker_heartbeat_timeout: float = attrs.field(default=10.0, validator=attrs.validators.gt(0.0))
     # Seconds before the first restart of a lost worker; doubled for each restart in a row that serves nothing.
     worker_restart_backoff: float = attrs.field(default=0.5, validator=_non_negative)
     # A spare worker, started and imported before it is needed, which a restart or a model's load takes:
@@ -283,6 +305,8 @@ class Settings:
                 continue
             if raw is not None:
                 values[field.name] = _convert(field.name, raw, _parser(field.default))
+        # An explicit step budget is the target itself, unless a ratio is asked for too.
+        values.setdefault("step_budget_ratio", 0.0 if "step_budget_ms" in values else 2.0)
         try:
             return cls(**values)  # type: ignore[arg-type]
         except ValueError as error:

@@ -100,6 +100,9 @@ class GatewayStatistics:
     # Speculative decoding's proposals and what the target accepted (stages/model_thread/drafters.py); None when it
     # is off.
     speculation: SpeculationStatistics | None = None
+    # Why prompt lookup, on by default, stays off for this model (sharded, adapters, cache layers that cannot be cut
+    # back: stages/engine/speculation.py); None where it runs or the settings turned it off.
+    speculation_off: str | None = None
     # Grammar-forced spans taken in one verifying pass (stages/model_thread/jump_forward.py); None when it is off.
     jump_forward: JumpForwardStatistics | None = None
     # A vision-language model's encoder-output cache and its encodes.
@@ -154,6 +157,9 @@ class GenerationGateway:
     # Seconds a step aims at: prefill chunks are sized to fit it (stages/model_thread/step_budget.py); None: fixed
     # chunks.
     _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
+    # Beside decoding rows a step aims at this multiple of their decode-only step, at least `step_budget_s`; 0: a
+    # fixed target.
+    _step_budget_ratio: float = attrs.field(default=0.0, alias="step_budget_ratio")
     # Builds the batch's speculation from the loaded model (stages/engine/speculation.py), or None for a model it
     # cannot serve (jump-forward alone, on cache layers that cannot be cut back); None: no speculative
     # decoding.
@@ -208,6 +214,8 @@ class GenerationGateway:
             prefill_chunk=self._budget.last_chunk if self._budget is not None else 0,
             steps_over_budget=self._budget.over_target if self._budget is not None else 0,
             speculation=self._speculation.statistics() if self._speculation is not None else None,
+            # The builder's (stages/engine/speculation.py's `SpeculationBuilder`), known once the model loaded.
+            speculation_off=getattr(self._speculate, "off", None),
             jump_forward=self._speculation.jump_forward_statistics() if self._speculation is not None else None,
             encoder_cache=self._batch.vision.statistics() if self._batch.vision is not None else None,
         )
@@ -276,7 +284,9 @@ class GenerationGateway:
         generator = make_generator(model, self._adapters, solo)
         # Not under a sharded generator: every rank would have to replay each step's chunk size.
         if self._step_budget_s is not None and self._make_generator is None:
-            self._budget = StepBudget(target_s=self._step_budget_s, max_chunk=self._prefill_step_size)
+            self._budget = StepBudget(
+                target_s=self._step_budget_s, max_chunk=self._prefill_step_size, decode_ratio=self._step_budget_ratio
+            )
         anyio.from_thread.run_sync(started)
         try:
             self._serve(generator)

@@ -55,14 +55,21 @@ class LoneSpeculation:
         # Never past max_tokens: the row's last token comes from the target.
         room = solo.max_tokens - solo.generated - 1
         grammar = grammar_of(solo.processors) if self.speculation.jump_forward is not None else None
-        drafting = self.speculation.drafter is not None and self.speculation.lone_gate.speculate(1)
-        if room <= 0 or (grammar is None and not drafting):
+        # A row under a grammar takes its forced span only (stages/model_thread/speculative_batch.py `_drafted`).
+        drafting = (
+            self.speculation.drafter is not None
+            and grammar_of(solo.processors) is None
+            and self.speculation.lone_gate.speculate(1)
+        )
+        # Asked before the pending token is read: a row turned off (fresh text) must not wait for it each step.
+        budget = self.speculation.policy.budget(_key(solo.uid), 1) if drafting else 0
+        if room <= 0 or (grammar is None and budget <= 0):
             # Not even the pending token is read: the plain step stays double-buffered.
             return None
         pending, pending_logprobs = solo.pending
         first = cast(int, pending.item())
         forced = grammar.forced_after(first, min(room, forced_limit(1))) if grammar is not None else []
-        drafted = self._drafted(solo, first, forced, room - len(forced)) if drafting else []
+        drafted = self._drafted(solo, first, forced, min(budget, room - len(forced))) if budget > 0 else []
         proposal = [*forced, *drafted]
         if not proposal:
             return None
@@ -75,11 +82,10 @@ class LoneSpeculation:
         if self.speculation.drafter is not None:
             self.speculation.lone_gate.record(1, False, 1, time.perf_counter() - self._began)
 
-    def _drafted(self, solo: Any, first: int, forced: list[int], room: int) -> list[int]:
-        """The drafter's tokens after the row's tokens, its pending one `first` and its forced span."""
+    def _drafted(self, solo: Any, first: int, forced: list[int], size: int) -> list[int]:
+        """Up to `size` drafter's tokens after the row's tokens, its pending one `first` and its forced span."""
         drafter = self.speculation.drafter
         assert drafter is not None  # step() asked the gate only with a drafter
-        size = min(self.speculation.policy.budget(_key(solo.uid), 1), room)
         # A span cut at its limit goes on in the grammar, where a drafter's guess would be wasted.
         if size <= 0 or len(forced) >= forced_limit(1):
             return []

@@ -90,6 +90,7 @@ class Speculation:
             accepted_tokens=counts.accepted,
             accepted_per_position=tuple(counts.accepted_per_position),
             acceptance_rate=counts.accepted / counts.proposed if counts.proposed else 0.0,
+            tokens_per_pass=(counts.drafts + counts.accepted) / counts.drafts if counts.drafts else 0.0,
         )
 
     def jump_forward_statistics(self) -> JumpForwardStatistics | None:
@@ -194,7 +195,9 @@ class SpeculativeBatch(GenerationBatch):
         for index, (uid, budget) in enumerate(zip(self.uids, budgets)):
             span = spans[index]
             size = min(budget, self._room(index) - len(span))
-            if size > 0 and len(span) < limit:
+            # A row under a grammar takes its forced span only: a drafter's free guesses beside the grammar's state
+            # let the matcher consume a token its mask forbade (the Qwen3-Coder family's forced calls, e2e).
+            if size > 0 and len(span) < limit and grammar_of(self.logits_processors[index]) is None:
                 requests[index] = (uid, [*self.tokens[index], pending[index], *span], size)
         return dict(zip(requests, drafter.propose_many(list(requests.values())))) if requests else {}
 

@@ -28,6 +28,17 @@ and the estimate follows). The first chunk, before any prefill was
 measured, is `first_chunk` tokens: small, so the first measurement cannot
 overrun the target by much.
 
+With `decode_ratio` (the default, `MLX_RELAY_STEP_BUDGET_RATIO`, 2) a step
+beside decoding rows aims at that multiple of their decode-only step, and
+never below `target_s`. A fixed target starves a prompt exactly when the
+machine is busiest: once the decoding rows alone take the target, each step
+prefills `min_chunk` tokens, and on a compute-bound CPU the prompt's time
+to its first token grows as 1 / (the step's prefill share) while the
+streams' gap grows only as 1 / (1 - that share). Aiming at twice the
+decode-only step splits each step evenly: the streams' gap stays near twice
+its idle value, and the prompt gets half the machine however many rows
+decode (docs/step-budget.md, "Sized to the decode step").
+
 Pure arithmetic, no MLX: tests drive it by hand.
 """
 
@@ -46,6 +57,9 @@ _SMOOTHING = 0.3
 class StepBudget:
     target_s: float
     max_chunk: int
+    # Beside decoding rows, the step aims at this multiple of their decode-only step (at least `target_s`); 0: a
+    # fixed `target_s`.
+    decode_ratio: float = 0.0
     min_chunk: int = 16
     first_chunk: int = 64
     # A step's length with rows decoding and nothing prefilling; seconds per prompt token beside them.
@@ -69,7 +83,7 @@ class StepBudget:
             size = self.first_chunk
         else:
             decode = self._decode_s if decoding and self._decode_s is not None else 0.0
-            size = int((self.target_s - decode) / self._token_s / prefilling)
+            size = int((self.target(decoding=decoding) - decode) / self._token_s / prefilling)
         self.chunks += 1
         self.last_chunk = max(self.min_chunk, min(self.max_chunk, size))
         return self.last_chunk
@@ -78,16 +92,22 @@ class StepBudget:
         """One step took `seconds`, with `decoding` rows decoding and the batch's prefill responses `prefilled`;
         `other_work` as `chunk` was told it."""
         tokens = self._prefilled_tokens(prefilled)
+        if tokens == 0 and decoding:
+            self._decode_s = _smoothed(self._decode_s, seconds)
+        elif tokens:
+            decode = self._decode_s if decoding and self._decode_s is not None else 0.0
+            self._token_s = _smoothed(self._token_s, max(seconds - decode, 0.0) / tokens)
         # A step that kept nobody waiting (a prompt prefilling alone, in full chunks) had no target to meet; one that
-        # kept rows or exclusive work waiting had, as `chunk` sized it.
-        if seconds > self.target_s and (decoding or other_work or not tokens):
+        # kept rows or exclusive work waiting had, as `chunk` sized it (a decode-only step's own length counts in a
+        # target that follows it).
+        if seconds > self.target(decoding=decoding) and (decoding or other_work or not tokens):
             self.over_target += 1
-        if tokens == 0:
-            if decoding:
-                self._decode_s = _smoothed(self._decode_s, seconds)
-            return
-        decode = self._decode_s if decoding and self._decode_s is not None else 0.0
-        self._token_s = _smoothed(self._token_s, max(seconds - decode, 0.0) / tokens)
+
+    def target(self, *, decoding: int) -> float:
+        """The seconds a step beside `decoding` rows aims at."""
+        if decoding and self.decode_ratio and self._decode_s is not None:
+            return max(self.target_s, self.decode_ratio * self._decode_s)
+        return self.target_s
 
     def _prefilled_tokens(self, prefilled: Sequence[Any]) -> int:
         # `progress` is (prompt tokens sent to the model so far, the prompt's length) for each row still prefilling;

@@ -49,7 +49,8 @@ ASK: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def servers(server_factory: ServerFactory) -> dict[bool, Server]:
-    return {True: server_factory(), False: server_factory(jump_forward="0")}
+    # Prompt lookup (on by default) off: jump-forward's figures alone, `gateway.speculation` null.
+    return {True: server_factory(prompt_lookup="0"), False: server_factory(jump_forward="0", prompt_lookup="0")}
 
 
 def forced_call(server: Server) -> Any:

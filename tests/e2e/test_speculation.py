@@ -37,7 +37,9 @@ SCHEMA = {
 @pytest.fixture(scope="module")
 def servers(server_factory: ServerFactory) -> dict[str, Server]:
     return {
-        "plain": server_factory(),
+        "plain": server_factory(prompt_lookup="0"),
+        # Prompt lookup by default: the measured gate decides; asked for (`1`), as here, it is refused where it
+        # cannot run.
         "lookup": server_factory(prompt_lookup="1"),
         "lookup_in_process": server_factory(prompt_lookup="1", in_process="1"),
         "draft": server_factory(draft_model="tiny"),
@@ -116,6 +118,10 @@ def test_stats_and_metrics_count_proposed_and_accepted_tokens(servers: dict[str,
         speculation = figures["speculation"]
         assert speculation["drafter"] == drafter
         assert speculation["proposed_tokens"] >= speculation["accepted_tokens"] > 0
+        # Tokens a row emits per verifying pass: its pending token and what it accepted.
+        per_pass = (speculation["drafts"] + speculation["accepted_tokens"]) / speculation["drafts"]
+        assert speculation["tokens_per_pass"] == pytest.approx(per_pass) and per_pass > 1
+        assert figures["speculation_off"] is None
         metrics = loopback.get(f"{servers[name].base_url}/metrics", timeout=10).text
         accepted = next(
             line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_accepted_tokens_total")
@@ -125,8 +131,10 @@ def test_stats_and_metrics_count_proposed_and_accepted_tokens(servers: dict[str,
         # Each path the metrics read by name is a number here (a renamed field would read as 0).
         assert all(isinstance(_at(figures, path[1:]), int) for path in SPEC_DECODE_PATHS)
         assert "mlx_relay:gateway_speculation_accepted_tokens_total" in metrics
+        assert "mlx_relay:gateway_speculation_tokens_per_pass" in metrics
     plain: Any = stats(servers["plain"])["gateway"]
-    assert plain["speculation"] is None
+    # Turned off by the settings: nothing to say why.
+    assert plain["speculation"] is None and plain["speculation_off"] is None
     assert "vllm:spec_decode" not in loopback.get(f"{servers['plain'].base_url}/metrics", timeout=10).text
 
 

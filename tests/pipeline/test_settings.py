@@ -38,6 +38,16 @@ def test_defaults_with_an_empty_environment() -> None:
             id="other-variables-ignored",
         ),
         pytest.param({"MLX_RELAY_SESSION_CACHE": "off"}, {"session_cache": False}, id="boolean-off"),
+        # An explicit step budget is a fixed target, unless a ratio to the decode step is set with it.
+        pytest.param(
+            {"MLX_RELAY_STEP_BUDGET_MS": "50"}, {"step_budget_ms": 50.0, "step_budget_ratio": 0.0}, id="budget-fixed"
+        ),
+        pytest.param({"MLX_RELAY_STEP_BUDGET_RATIO": "3"}, {"step_budget_ratio": 3.0}, id="budget-ratio"),
+        pytest.param(
+            {"MLX_RELAY_STEP_BUDGET_MS": "50", "MLX_RELAY_STEP_BUDGET_RATIO": "2.5"},
+            {"step_budget_ms": 50.0, "step_budget_ratio": 2.5},
+            id="budget-both",
+        ),
         pytest.param({"MLX_RELAY_SESSION_CACHE": " True "}, {"session_cache": True}, id="boolean-true"),
     ],
 )
@@ -65,6 +75,7 @@ def test_from_env_reads_each_variable(environ: dict[str, str], expected: dict[st
         pytest.param("MLX_RELAY_DRAIN_TIMEOUT", "-5", id="drain_timeout-negative"),
         pytest.param("MLX_RELAY_PREFILL_STEP_SIZE", "0", id="prefill_step_size-zero"),
         pytest.param("MLX_RELAY_PREPARE_CONCURRENCY", "0", id="prepare_concurrency-zero"),
+        pytest.param("MLX_RELAY_STEP_BUDGET_RATIO", "-1", id="step_budget_ratio-negative"),
         # configure_logging looks the level up by name; an unknown one must fail here, clearly.
         pytest.param("MLX_RELAY_LOG_LEVEL", "verbose", id="log_level-unknown"),
         # A typo must not silently read as false.

@@ -55,7 +55,8 @@ def items(model_info: ModelInfo) -> CompiledConstraint:
 
 
 def speculation(model_info: ModelInfo, *, jump: bool) -> Callable[[Any], Any] | None:
-    settings = Settings(jump_forward=jump)
+    # Prompt lookup (on by default) off: the steps jump-forward saves, alone.
+    settings = Settings(jump_forward=jump, prompt_lookup=False)
     return speculation_factory(settings, load_tokenizer(model_info), sharded=False, adapters=False)
 
 
@@ -72,8 +73,9 @@ def test_without_jump_forward_the_engine_builds_no_speculation(model_info: Model
     assert speculation(model_info, jump=False) is None
     # Never refused: where the batch cannot verify (sharded, adapters), forced tokens are decoded a step each.
     tokenizer = load_tokenizer(model_info)
-    assert speculation_factory(Settings(), tokenizer, sharded=True, adapters=False) is None
-    assert speculation_factory(Settings(), tokenizer, sharded=False, adapters=True) is None
+    alone = Settings(prompt_lookup=False)
+    assert speculation_factory(alone, tokenizer, sharded=True, adapters=False) is None
+    assert speculation_factory(alone, tokenizer, sharded=False, adapters=True) is None
 
 
 async def test_a_row_from_the_prompt_cache(model_info: ModelInfo, items: CompiledConstraint) -> None:

@@ -202,6 +202,15 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match() -> None:
     assert lookup.propose(0, [7, 8, 7], 2) == [8, 7]
 
 
+def test_prompt_lookup_follows_the_longest_match_not_the_latest_short_one() -> None:
+    """In code a short n-gram recurs: the earlier occurrence that matches more of the tail is the one being copied."""
+    lookup = PromptLookup()
+    # The tail's last five tokens (5 6 7 8 9) match at the start; only its last three (7 8 9) match later.
+    history = [5, 6, 7, 8, 9, 10, 11, 0, 7, 8, 9, 20, 21, 0, 5, 6, 7, 8, 9]
+    assert lookup.propose(0, history, 2) == [10, 11]
+    assert PromptLookup(max_ngram=3).propose(0, history, 2) == [20, 21]
+
+
 def test_prompt_lookup_goes_on_copying_a_loop_past_its_end() -> None:
     """A match just behind the tail has fewer than k tokens after it: the copy overlaps itself, as a loop does."""
     lookup = PromptLookup()
@@ -213,7 +222,12 @@ def test_prompt_lookup_goes_on_copying_a_loop_past_its_end() -> None:
 
 def test_the_policy_adapts_k_and_turns_a_row_off() -> None:
     policy = RowPolicy(max_k=8, min_acceptance=0.3, max_rows=4)
-    assert policy.budget(1, 1) == 8 and policy.budget(1, 5) == 0
+    # A row starts small (fresh text's first proposal is rejected) and doubles while its proposals are accepted.
+    assert policy.budget(1, 1) == 2 and policy.budget(1, 5) == 0
+    policy.record(1, 2, 2)
+    assert policy.budget(1, 1) == 4
+    policy.record(1, 4, 4)
+    assert policy.budget(1, 1) == 8
     # A miss shrinks k to what was accepted and one more; each whole acceptance doubles it back, up to max_k.
     policy.record(1, 8, 0)
     assert policy.budget(1, 1) == 1
@@ -229,19 +243,33 @@ def test_the_policy_adapts_k_and_turns_a_row_off() -> None:
     assert policy.budget(1, 1) == 0
 
 
-def test_the_gate_takes_the_faster_way_and_probes_the_other() -> None:
+def test_the_gate_learns_both_ways_then_takes_the_faster_and_probes_the_other() -> None:
     gate = CostGate()
-    assert gate.speculate(2)
-    gate.record(2, True, 10, 1.0)
-    assert not gate.speculate(2)
-    gate.record(2, False, 2, 1.0)
+    # A few steps of each way, in turns, before it chooses: the first step alone decides nothing.
+    for _ in range(4):
+        assert gate.speculate(2)
+        gate.record(2, True, 10, 1.0)
+        assert not gate.speculate(2)
+        gate.record(2, False, 2, 1.0)
     # Speculating measured faster: it stays on, but a plain step is probed now and then.
     choices = [gate.speculate(2) for _ in range(100)]
-    assert choices.count(False) in (2, 3) and choices.count(True) > 90
-    gate.record(1, True, 1, 1.0)
-    gate.record(1, False, 5, 1.0)
+    assert choices.count(False) in (3, 4) and choices.count(True) > 90
+    for _ in range(4):
+        gate.record(1, True, 1, 1.0)
+        gate.record(1, False, 5, 1.0)
     choices = [gate.speculate(1) for _ in range(100)]
-    assert choices.count(True) in (2, 3)
+    assert choices.count(True) in (3, 4)
+
+
+def test_the_gate_weighs_a_way_by_its_tokens_over_its_seconds() -> None:
+    """A copy's steps accept unevenly: a speed is the tokens over the seconds, not a mean of each step's speed."""
+    gate = CostGate()
+    # Speculating: 1 token in 0.1 s then 17 in 0.9 s, 18 tokens a second; a mean of the steps' speeds reads 14.4.
+    # Plain: 15 tokens a second. So speculating is the faster way.
+    for tokens, seconds in ((1, 0.1), (17, 0.9)) * 2:
+        gate.record(1, True, tokens, seconds)
+        gate.record(1, False, 3, 0.2)
+    assert gate.speculate(1)
 
 
 def test_quantized_kv_rows_speculate_with_the_same_tokens() -> None:
@@ -288,6 +316,44 @@ def test_set_ups_that_cannot_speculate_are_named() -> None:
         speculation_factory(attrs.evolve(lookup, shard="tensor"), None, sharded=True, adapters=False)  # type: ignore[arg-type]
     with pytest.raises(SpeculationError, match="MLX_RELAY_ADAPTERS"):
         speculation_factory(lookup, None, sharded=False, adapters=True)  # type: ignore[arg-type]
-    assert speculation_factory(Settings(), None, sharded=True, adapters=True) is None  # type: ignore[arg-type]
+    off = Settings(prompt_lookup=False)
+    assert speculation_factory(off, None, sharded=True, adapters=True) is None  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="choose one drafter"):
         Settings(prompt_lookup=True, draft_model="tiny")
+
+
+def test_prompt_lookup_by_default_stays_off_quietly_where_it_cannot_run() -> None:
+    """On by default, never refused: sharded, adapters and rotating cache layers keep it off, saying why."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    from pipeline.settings import Settings
+    from stages.engine.speculation import SpeculationError, speculation_factory
+
+    default = Settings()
+    assert (
+        default.prompt_lookup is None and Settings.from_env({"MLX_RELAY_PROMPT_LOOKUP": "auto"}).prompt_lookup is None
+    )
+    sharded = speculation_factory(attrs.evolve(default, shard="tensor"), None, sharded=True, adapters=False)  # type: ignore[arg-type]
+    assert sharded is not None and sharded(None) is None
+    assert sharded.off is not None and "MLX_RELAY_SHARD=tensor" in sharded.off
+    adapters = speculation_factory(default, None, sharded=False, adapters=True)  # type: ignore[arg-type]
+    assert adapters is not None and adapters(None) is None
+    assert adapters.off is not None and "MLX_RELAY_ADAPTERS" in adapters.off
+
+    class Sliding:
+        """A model whose cache has a sliding-window layer, as Gemma 3's has (mlx-lm reads `make_cache`)."""
+
+        def make_cache(self) -> list[Any]:
+            return [RotatingKVCache(max_size=8), KVCache()]
+
+    builder = speculation_factory(default, None, sharded=False, adapters=False)  # type: ignore[arg-type]
+    assert builder is not None and builder.off is None
+    assert builder(Sliding()) is None
+    assert builder.off is not None and "rotating" in builder.off
+    asked = speculation_factory(Settings(prompt_lookup=True), None, sharded=False, adapters=False)
+    assert asked is not None
+    with pytest.raises(SpeculationError, match="rotating"):
+        asked(Sliding())
+    # A draft model named takes the place of prompt lookup by default, and says nothing of it.
+    draft = speculation_factory(Settings(draft_model="tiny"), None, sharded=False, adapters=False)
+    assert draft is not None and draft.default is False and draft.off is None

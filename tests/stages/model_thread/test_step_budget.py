@@ -68,6 +68,27 @@ def test_decoding_rows_take_their_share_of_the_step_first() -> None:
     assert budget.chunk(prefilling=1, decoding=0, other_work=True) == 200
 
 
+def test_with_a_ratio_the_step_aims_at_a_multiple_of_the_decode_step() -> None:
+    """The decoding rows keep half of each step however long their own step is; the fixed target is the floor."""
+    budget = StepBudget(target_s=0.2, max_chunk=4096, decode_ratio=2.0)
+    # Decoding alone takes 500 ms, more than the fixed 200 ms: a fixed target would leave the prompt 16 tokens.
+    budget.record(0.5, [], decoding=8)
+    budget.record(0.564, [_prefilling(0, 64)], decoding=8)
+    assert budget.target(decoding=8) == 1.0
+    # 1 ms a prompt token: the step's other 500 ms take 500 tokens.
+    assert budget.chunk(prefilling=1, decoding=8) == 500
+    # The step that fits the target is not over it; nothing decoding, or a short decode step, leaves the floor.
+    budget.record(1.0, [_prefilling(0, 564)], decoding=8)
+    assert budget.over_target == 0
+    assert budget.target(decoding=0) == 0.2
+    fast = StepBudget(target_s=0.2, max_chunk=4096, decode_ratio=2.0)
+    fast.record(0.02, [], decoding=8)
+    assert fast.target(decoding=8) == 0.2
+    fixed = StepBudget(target_s=0.2, max_chunk=4096)
+    fixed.record(0.5, [], decoding=8)
+    assert fixed.target(decoding=8) == 0.2
+
+
 def test_the_chunk_stays_between_its_bounds() -> None:
     budget = StepBudget(target_s=0.2, max_chunk=128, min_chunk=16)
     budget.record(0.064, [_prefilling(0, 64)], decoding=0)

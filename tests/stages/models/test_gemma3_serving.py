@@ -64,3 +64,13 @@ def test_a_second_turn_past_the_window_is_served_from_the_first(gemma: openai.Op
     assert second.usage is not None and second.usage.prompt_tokens_details is not None
     cached = second.usage.prompt_tokens_details.cached_tokens or 0
     assert first.usage.prompt_tokens <= cached < second.usage.prompt_tokens
+
+
+def test_prompt_lookup_by_default_stays_off_for_its_sliding_window(gemma3_server: Server) -> None:
+    """Prompt lookup is on by default, but Gemma 3's rotating layers cannot be cut back to the accepted tokens: the
+    server started, and /stats says why it does not speculate."""
+    from tests import loopback
+
+    gateway = loopback.get(f"{gemma3_server.base_url}/stats", timeout=10).json()["gateway"]
+    assert gateway["speculation"] is None
+    assert "rotating" in gateway["speculation_off"]

@@ -98,7 +98,7 @@ def test_an_image_crosses_to_the_worker_as_uint8_tiles() -> None:
     import msgspec
 
     from stages.remote.convert import image_in, prompt_image
-    from stages.remote.messages import ImageIn
+    from stages.remote.crossing import ImageIn
 
     tiles = np.random.default_rng(0).integers(0, 256, size=(5, 3, 128, 128), dtype=np.uint8)
     sent = PromptImage(digest=b"d" * 32, tokens=80, pixels=tiles)
