@@ -208,6 +208,8 @@ def test_streamed_text_arrives_token_by_token(relay: Server, mcp_url: str) -> No
         tool_choice=_forced("flip"),  # round one only; round two is free to answer
         max_tool_calls=1,
         max_output_tokens=400,
+        # Greedy: a sampled round two could end at its first token, leaving no text to stream.
+        temperature=0,
         stream=True,
     )
     parsed = [TypeAdapter(ResponseStreamEvent).validate_python(e.model_dump()) for e in stream]
