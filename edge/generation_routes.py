@@ -49,8 +49,10 @@ async def completions() -> Response:
     return await generate(request_id("cmpl-"), fields.watched("completions", decode_completion), _text_protocol)
 
 
-def _chat_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
-    return openai.ChatStream(
+def _openai_protocol(
+    stream: type[openai.ChatStream] | type[openai.TextStream], accepted: Accepted, request_id: str, _reply: Reply
+) -> StreamProtocol:
+    return stream(
         id=request_id,
         created=int(time.time()),
         model=served_as(current_engine().served, accepted.request),
@@ -58,13 +60,8 @@ def _chat_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> Stream
     )
 
 
-def _text_protocol(accepted: Accepted, request_id: str, _reply: Reply) -> StreamProtocol:
-    return openai.TextStream(
-        id=request_id,
-        created=int(time.time()),
-        model=served_as(current_engine().served, accepted.request),
-        include_usage=accepted.request.include_usage,
-    )
+_chat_protocol = partial(_openai_protocol, openai.ChatStream)
+_text_protocol = partial(_openai_protocol, openai.TextStream)
 
 
 @routes.post("/v1/messages")

@@ -74,13 +74,7 @@ class WorkerConnection:
 
     def send(self, message: Any) -> bool:
         """Queue `message` for a ready worker; False when it is not ready, gone, or its outbox is full."""
-        if self._outbox is None or not self.ready:
-            return False
-        try:
-            self._outbox.send.send_nowait(message)
-        except _SEND_FAILED:
-            return False
-        return True
+        return self.ready and self._queue(message)
 
     def _queue(self, message: Any) -> bool:
         """Queue `message` whether or not the worker is ready yet (an abort of a row already sent)."""

@@ -8,12 +8,9 @@ settings from the chat messages, so one process, a spare taken idle included, ca
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
-import pytest
 from anyio.abc import ByteStream
 
 from pipeline.errors import invalid
@@ -30,20 +27,7 @@ from stages.remote.speech_crossing import (
     TranscribeIn,
     TranscriptOut,
 )
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[tuple[ByteStream, ByteStream]]:
-    async with await anyio.create_unix_listener(tmp_path / "s.sock", mode=0o600) as listener:
-        client = await anyio.connect_unix(tmp_path / "s.sock")
-        server = await listener.accept()
-        async with client, server:
-            yield client, server
+from tests.stages.remote.test_remote_crossing import anyio_backend, pair  # noqa: F401  (fixtures: a connected socket pair, both backends)
 
 
 def _transcript() -> Transcript:
