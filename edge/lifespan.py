@@ -31,6 +31,7 @@ from fleet.spec import specs_from_settings
 from pipeline.observe import Observers, RequestObserver
 from pipeline.settings import Settings
 from stages.engine.engine import Engine
+from stages.models.whisper import import_speech, names_speech_model
 from stages.remote.zygote import start_zygote, stop_zygote
 from store.store_startup import StartupError, open_response_store
 
@@ -44,9 +45,12 @@ async def lifespan(app: Quart) -> AsyncGenerator[None, None]:
     settings = Settings.from_env()
     configure_server_logs(settings.log_level, settings.log_format)
     log.info("server.starting", blas=state.blas, max_batch=settings.max_batch, max_pending=settings.max_pending)
+    specs = specs_from_settings(settings)
     if not settings.model_in_process:
-        # Before anything starts a thread (stages/remote/zygote.py).
-        start_zygote(settings.worker_fork)
+        # Before anything starts a thread (stages/remote/zygote.py); speech's imports in the zygote only where a
+        # speech model is served (a second's CPU no chat-only fleet needs).
+        speech = any(names_speech_model(spec.source, demo=settings.demo_model) for spec in specs)
+        start_zygote(settings.worker_fork, preimport=import_speech if speech else None)
     policy = guard.configure(app, settings)
     try:
         store = await anyio.to_thread.run_sync(open_response_store, settings)
@@ -57,7 +61,6 @@ async def lifespan(app: Quart) -> AsyncGenerator[None, None]:
     keepalives = Keepalives(settings.keepalive_interval)
     metrics = Metrics()
     tracing = configure_tracing()
-    specs = specs_from_settings(settings)
     several = len(specs) > 1 or settings.models_file is not None
     try:
         async with anyio.create_task_group() as outer:

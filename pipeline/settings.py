@@ -257,6 +257,8 @@ class Settings:
     # Workers forked from a copy of the front, its imports done, where that is safe (Linux, the CPU backend):
     # "auto", or "off" to spawn each one (stages/remote/zygote.py).
     worker_fork: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "off")))
+    # A worker builds llguidance's tokenizer before it is ready (first constrained TTFT under 1 s); off: at first need.
+    warm_grammar: bool = True
 
     # The event loop `mlx-relay serve` runs on: "asyncio", or "uvloop" (the `uvloop` extra), which
     # spends less of the loop's time per streamed token. `hypercorn app:app` takes `-k uvloop` instead.

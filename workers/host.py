@@ -15,6 +15,7 @@ A front that goes away (end of stream) ends the worker.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import weakref
@@ -55,6 +56,7 @@ from stages.remote.crossing import (
     ToWorker,
 )
 from stages.remote.frames import FrameReader
+from workers.beats import Beats
 from workers.frames_out import FramesOut
 from workers.model import WorkerModel, open_model
 from workers.priority import restore
@@ -63,10 +65,6 @@ log = structlog.get_logger(stage="worker")
 
 # Steps handed over and not yet framed (the in-process engine's step buffer).
 _STEP_BUFFER = 4
-# Beats this many intervals apart while the worker holds no row and no job: nothing is in flight for the front to
-# wait on (a row or job that arrives wakes the beats at once). At the working cadence, an idle worker's beats (their
-# statistics built, framed and read) were about half of its CPU and a quarter of its front's.
-_IDLE_BEATS_APART = 4
 
 
 @attrs.frozen(kw_only=True)
@@ -123,13 +121,15 @@ class WorkerHost:
     _model: WorkerModel | None = attrs.field(default=None, init=False)
     # The heartbeat and the failure flush: they end once the last step is framed.
     _helpers: list[anyio.CancelScope] = attrs.field(factory=list, init=False)
-    # Set when a row or job arrives: the beats go back to the working cadence.
-    _work_came: anyio.Event = attrs.field(factory=anyio.Event, init=False)
+    _beats: Beats = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._beats = Beats(interval=self.beat_interval, holding=self._holding, beat=self._heartbeat)
 
     async def serve(self, stream: ByteStream, reader: FrameReader[ToWorker]) -> None:
         async with anyio.create_task_group() as group:
             frames = self._frames = FramesOut(stream)
-            group.start_soon(self._helper, self._beat)
+            group.start_soon(self._helper, functools.partial(self._beats.run, frames))
             settings, in_flight = self.settings, self.settings.max_batch + self.settings.max_pending
             inbox: Channel[Prepared] = open_channel(in_flight, name="gateway")
             control: Channel[Abort] = open_channel(settings.max_batch, name="control")
@@ -182,7 +182,7 @@ class WorkerHost:
                 await control.send.send(Abort(request_id=message.request_id))
             elif isinstance(message, JobIn):
                 scope = self._jobs[message.job_id] = anyio.CancelScope()
-                self._work_came.set()
+                self._beats.wake()
                 group.start_soon(self._run_job, message, scope)
             elif isinstance(message, CancelIn):
                 if (running := self._jobs.get(message.job_id)) is not None:
@@ -197,7 +197,7 @@ class WorkerHost:
         assert self._model is not None
         reply = _WorkerReply(row.request_id, row.trace_id, failures=self._failures, failed=self._failed)
         self._replies[row.request_id] = reply
-        self._work_came.set()
+        self._beats.wake()
         constraint: CompiledConstraint | None = None
         if row.grammar is not None:
             grammar = Grammar(text=row.grammar, param=row.grammar_param)
@@ -265,19 +265,6 @@ class WorkerHost:
             prompt_cache=gateway.cache_statistics() if gateway is not None else None,
             exclusive=model.side.exclusive.statistics() if model is not None else None,
         )
-
-    async def _beat(self) -> None:
-        assert self._frames is not None
-        while not self._frames.front_gone:
-            # A frame on its way means the front hears from this worker anyway.
-            if not self._frames.busy:
-                await self._send(self._heartbeat())
-            if self._holding():
-                await anyio.sleep(self.beat_interval)
-                continue
-            with anyio.move_on_after(self.beat_interval * _IDLE_BEATS_APART):
-                await self._work_came.wait()
-            self._work_came = anyio.Event()
 
     def _holding(self) -> bool:
         """Loading, or a row or job in hand: the front may be waiting on this worker."""

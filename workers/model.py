@@ -67,5 +67,7 @@ async def open_model(settings: Settings, start: StartIn) -> WorkerModel:
     compiler = ConstraintCompiler(tokenizer=tokenizer, vocab_size=info.vocab_size)
     # Before ready, not at the first constrained row after every start (0.4 s of CPU on SmolLM2). Not on a thread
     # beside the weights' load: llguidance builds it in native code holding the GIL, so the load waits as long.
-    await anyio.to_thread.run_sync(compiler.warm)
+    # `MLX_RELAY_WARM_GRAMMAR=0` spares a model that never sees a constraint the cost, at its first one's expense.
+    if settings.warm_grammar:
+        await anyio.to_thread.run_sync(compiler.warm)
     return WorkerModel(side=side, compiler=compiler, embedder=embedder)

@@ -6,7 +6,7 @@ under `--in-process` (stages/engine/speech_thread.py): loaded on its own thread,
 at a time, each file's audio decoded here by libsndfile before its job queues, so a decoder or a model that
 crashes takes down this process alone and the front restarts it. This host only translates: a `TranscribeIn`
 becomes a call of the thread's `transcribe` in a cancel scope (a `CancelIn` cancels it: a queued job is dropped
-unrun), and its transcript or error goes back as a `TranscriptOut`. Beats as a chat worker's (workers/host.py):
+unrun), and its transcript or error goes back as a `TranscriptOut`. Beats as a chat worker's (workers/beats.py):
 every `beat_interval` while it loads or holds a job, every fourth while idle, at once when a job arrives. A model
 thread that failed (the engine dead) ends the worker, so the front starts a fresh one rather than keep a worker
 that answers every job with 503. A front that goes away (end of stream) ends the worker.
@@ -32,14 +32,12 @@ from stages.remote.convert import error_out
 from stages.remote.crossing import BeatOut, CancelIn, RefusedOut, StatsIn
 from stages.remote.frames import FrameReader
 from stages.remote.speech_crossing import SpeechReadyOut, ToSpeechFront, TranscribeIn, TranscriptOut
+from workers.beats import Beats
 from workers.frames_out import FramesOut
 from workers.host import StartTimes
 from workers.priority import restore
 
 log = structlog.get_logger(stage="worker")
-
-# Beats this many intervals apart while the worker holds no job (workers/host.py says why).
-_IDLE_BEATS_APART = 4
 
 
 class SpeechThreadFailed(RuntimeError):
@@ -58,18 +56,19 @@ class SpeechHost:
     _frames: FramesOut | None = attrs.field(default=None, init=False)
     _jobs: dict[int, anyio.CancelScope] = attrs.field(factory=dict, init=False)
     _loaded: bool = attrs.field(default=False, init=False)
-    _work_came: anyio.Event = attrs.field(factory=anyio.Event, init=False)
+    _beats: Beats = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         # The front's admission bounds what it sends; a job it cancels frees the front's ticket before this queue
         # hears of it, so this queue's bound has room for those too and never refuses what the front admitted.
         settings = attrs.evolve(self.settings, exclusive_pending=2 * self.settings.exclusive_pending)
         self._engine = SpeechThread.of(settings, self.info)
+        self._beats = Beats(interval=self.beat_interval, holding=self._holding, beat=self._checked_heartbeat)
 
     async def serve(self, stream: ByteStream, reader: FrameReader[Any]) -> None:
         async with anyio.create_task_group() as group:
-            self._frames = FramesOut(stream)
-            group.start_soon(self._beat)
+            frames = self._frames = FramesOut(stream)
+            group.start_soon(self._beats.run, frames)
             try:
                 # The heartbeats keep their turn beside the loading thread (pipeline/yielding.py says why).
                 with yielding_gil():
@@ -101,7 +100,7 @@ class SpeechHost:
             match message:
                 case TranscribeIn():
                     scope = self._jobs[message.job_id] = anyio.CancelScope()
-                    self._work_came.set()
+                    self._beats.wake()
                     group.start_soon(self._run_job, message, scope)
                 case CancelIn():
                     if (running := self._jobs.get(message.job_id)) is not None:
@@ -129,20 +128,16 @@ class SpeechHost:
     def _heartbeat(self) -> BeatOut:
         return BeatOut(exclusive=self._engine.statistics())
 
-    async def _beat(self) -> None:
-        assert self._frames is not None
-        while not self._frames.front_gone:
-            if self._engine.dead:
-                raise SpeechThreadFailed(f"the model thread of {self.info.name} failed; see the log above")
-            # A frame on its way means the front hears from this worker anyway.
-            if not self._frames.busy:
-                await self._send(self._heartbeat())
-            if not self._loaded or self._jobs:
-                await anyio.sleep(self.beat_interval)
-                continue
-            with anyio.move_on_after(self.beat_interval * _IDLE_BEATS_APART):
-                await self._work_came.wait()
-            self._work_came = anyio.Event()
+    def _checked_heartbeat(self) -> BeatOut:
+        """The beat, or `SpeechThreadFailed` once the model thread is dead: raised in the beats' task, it ends
+        the worker."""
+        if self._engine.dead:
+            raise SpeechThreadFailed(f"the model thread of {self.info.name} failed; see the log above")
+        return self._heartbeat()
+
+    def _holding(self) -> bool:
+        """Loading, or a job in hand: the front may be waiting on this worker."""
+        return not self._loaded or bool(self._jobs)
 
     async def _send(self, message: ToSpeechFront) -> None:
         assert self._frames is not None

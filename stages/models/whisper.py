@@ -15,6 +15,7 @@ timestamps are arbitrary.
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 from pathlib import Path
@@ -123,6 +124,23 @@ def language_codes() -> dict[str, str]:
     from mlx_whisper.tokenizer import LANGUAGES
 
     return dict(LANGUAGES)
+
+
+def names_speech_model(source: str | None, *, demo: str) -> bool:
+    """Whether `speech_info_for` finds a speech model in `source`; reads at most a config, builds nothing."""
+    chosen = source or demo
+    return chosen == TINY_WHISPER or is_speech_model(Path(chosen).expanduser())
+
+
+def import_speech() -> None:
+    """Imports what a speech worker loads and transcribes with (mlx-whisper, scipy and numba through it, and the
+    audio decoder's libsndfile binding), so a worker forked after it starts with them done (stages/remote/zygote.py).
+
+    Raises:
+        ImportError: the `audio` extra is not installed.
+    """
+    for module in ("mlx_whisper.load_models", "mlx_whisper.tokenizer", "mlx_whisper.transcribe", "soundfile"):
+        importlib.import_module(module)
 
 
 def speech_info_for(source: str | None, *, demo: str, name: str | None) -> SpeechInfo | None:

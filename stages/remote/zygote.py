@@ -33,8 +33,9 @@ import socket
 import struct
 import sys
 import threading
+import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -173,8 +174,10 @@ def fork_suits(mode: str) -> str | None:
     return None
 
 
-def start_zygote(mode: str) -> None:
-    """Forks the zygote when it suits (the lifespan calls it before anything starts a thread)."""
+def start_zygote(mode: str, *, preimport: Callable[[], None] | None = None) -> None:
+    """Forks the zygote when it suits (the lifespan calls it before anything starts a thread). `preimport`, run in
+    the zygote alone before it forks any worker, imports what only some workers need (a speech model's), so the
+    front and a fleet that needs none of it never pay for it."""
     global _ZYGOTE
     if _ZYGOTE is not None:
         return
@@ -187,7 +190,7 @@ def start_zygote(mode: str) -> None:
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _zygote_main(zygote_end)
+        _zygote_main(zygote_end, preimport)
     zygote_end.close()
     _ZYGOTE = Zygote(pid=pid, control=front_end, environment=dict(os.environ))
     log.info("worker.zygote", pid=pid)
@@ -200,18 +203,31 @@ def stop_zygote() -> None:
         _ZYGOTE = None
 
 
-def _zygote_main(control: socket.socket) -> None:
+def _zygote_main(control: socket.socket, preimport: Callable[[], None] | None) -> None:
     """The zygote's whole life; it never returns into the front's code."""
     code = 0
     try:
         name_process(_ZYGOTE_NAME)
         _quiet_inherited(keep_open={0, 1, 2, control.fileno()})
+        if preimport is not None:
+            _preimport(preimport)
         _serve(control)
     except BaseException:  # noqa: BLE001 -- printed, then the process exits; it never unwinds into the front's code
         traceback.print_exc()
         code = 1
     finally:
         os._exit(code)
+
+
+def _preimport(preimport: Callable[[], None]) -> None:
+    # A worker that needed it imports it itself, and fails there with the reason, as a spawned one would.
+    started = time.perf_counter()
+    try:
+        preimport()
+    except ImportError as error:
+        log.warning("worker.zygote_preimport_failed", reason=str(error))
+        return
+    log.info("worker.zygote_preimported", seconds=round(time.perf_counter() - started, 3))
 
 
 def name_process(name: str) -> None:

@@ -90,3 +90,32 @@ def test_a_lost_zygote_costs_only_the_fork(server_factory: ServerFactory) -> Non
     assert not Path(f"/proc/{zygote}").exists(), "the front reaps its zygote"
     completion = client.completions.create(model="m", prompt="Hi", max_tokens=2, temperature=0)
     assert completion.usage is not None and completion.usage.completion_tokens == 2
+
+
+def zygote_of(server: Server) -> int:
+    """The zygote under the server's process (its child, or its grandchild under hypercorn's CLI)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and not gone(pid := int(entry.name)):
+            try:
+                if process_name(pid) == "relay-zygote" and server.process.pid in (
+                    parent_pid(pid),
+                    parent_pid(parent_pid(pid)),
+                ):
+                    return pid
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    raise AssertionError("the server has no zygote")
+
+
+def test_the_zygote_imports_speech_only_for_a_fleet_that_serves_a_speech_model(server_factory: ServerFactory) -> None:
+    """A speech worker forked with mlx-whisper and libsndfile imported already; a chat-only front's zygote never
+    loads them."""
+    for settings, speech in (({}, False), ({"model": "tiny,tiny-whisper"}, True)):
+        server = server_factory(**settings)
+        deadline = time.monotonic() + 60
+        while speech and '"worker.zygote_preimported"' not in server.logs():
+            assert time.monotonic() < deadline, "the zygote never finished its speech imports"
+            time.sleep(0.05)
+        maps = Path(f"/proc/{zygote_of(server)}/maps").read_text()
+        assert ("libsndfile" in maps) == speech, settings
+        assert ('"worker.zygote_preimported"' in server.logs()) == speech

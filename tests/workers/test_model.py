@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import llguidance.hf
 import pytest
+from llguidance import LLMatcher
 
 from pipeline.settings import Settings
 from stages.engine import decisions, weight_forms
 from stages.engine.decisions import choose_markup, plan_memory, served_model
 from stages.kv import machine, plan
+from stages.messages import Grammar
 from stages.models.loading import load_tokenizer
 from stages.remote.crossing import SettingsIn, StartIn, ToWorker
 from stages.remote.frames import decoder, encoder
@@ -56,3 +59,24 @@ async def test_the_worker_takes_the_fronts_plan_and_decides_nothing_again(
     assert model.side.fit == start.fit and model.side.info == start.info
     assert model.side.think == start.think == ("<think>", "</think>")
     assert model.side.info.path == tiny_model
+
+
+@pytest.mark.parametrize("warm", [True, False])
+async def test_the_llguidance_tokenizer_is_built_before_ready_only_when_warming(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, warm: bool
+) -> None:
+    built: list[int] = []
+    real = llguidance.hf.from_tokenizer
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(llguidance.hf, "from_tokenizer", counted)
+    settings = Settings(demo_model="tiny", warm_grammar=warm)
+    model = await open_model(settings, front_start(settings))
+    assert len(built) == (1 if warm else 0)
+    # Unwarmed, the first constrained row builds it; warmed, it is not built again.
+    grammar = Grammar(text=LLMatcher.grammar_from_lark('start: "yes" | "no"'), param="response_format")
+    assert model.compiler.compile_grammar(grammar).grammar == grammar
+    assert len(built) == 1
