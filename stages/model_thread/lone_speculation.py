@@ -55,12 +55,7 @@ class LoneSpeculation:
         # Never past max_tokens: the row's last token comes from the target.
         room = solo.max_tokens - solo.generated - 1
         grammar = grammar_of(solo.processors) if self.speculation.jump_forward is not None else None
-        # A row under a grammar takes its forced span only (stages/model_thread/speculative_batch.py `_drafted`).
-        drafting = (
-            self.speculation.drafter is not None
-            and grammar_of(solo.processors) is None
-            and self.speculation.lone_gate.speculate(1)
-        )
+        drafting = self.speculation.drafter is not None and self.speculation.lone_gate.speculate(1)
         # Asked before the pending token is read: a row turned off (fresh text) must not wait for it each step.
         budget = self.speculation.policy.budget(_key(solo.uid), 1) if drafting else 0
         if room <= 0 or (grammar is None and budget <= 0):

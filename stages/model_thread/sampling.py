@@ -143,16 +143,24 @@ class ConstraintProcessor:
     its masks allow nothing but an end. `fault` keeps its reason, which the
     gateway hands to the sink with the step's token (`stages/model_thread/rows.py`), so the row ends with
     an error rather than with `stop` and text that breaks the grammar.
+
+    The matcher is never rolled back over the token a call will bring: llguidance's rollback (1.9) is not
+    exact after a token the grammar names by id (`<[N]>`: the XML call markups' `>` and newline), and
+    the matcher then refuses that very token. So a token taken early (`forced_after`, `rewind`) is held,
+    and the call that brings it takes nothing more.
     """
 
     def __init__(self, matcher: LLMatcher) -> None:
         self._matcher = matcher
         self._calls = 0
         self.fault: str | None = None
+        # The token the matcher took last, and whether the next call brings it (taken ahead of that call).
+        self._last: int | None = None
+        self._held = False
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._calls:
-            self._matcher.consume_token(cast(int, tokens[-1].item()))
+            self._take(cast(int, tokens[-1].item()))
         self._calls += 1
         words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         if self.fault is None and self._matcher.is_error():
@@ -160,28 +168,46 @@ class ConstraintProcessor:
         allowed = np.unpackbits(words, bitorder="little")[: logits.shape[-1]].astype(np.bool_)
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
+    def _take(self, token: int) -> None:
+        """The matcher takes `token`, the one sampled at the last call, unless it took it ahead."""
+        if self._held:
+            self._held = False
+            if token == self._last:
+                return
+            # Not the token taken ahead (no caller does this): the inexact rollback is all that is left.
+            self._matcher.rollback(1)
+        self._matcher.consume_token(token)
+        self._last = token
+
     def forced_after(self, pending: int, limit: int) -> list[int]:
         """Up to `limit` tokens the grammar forces after `pending`, the token sampled at the last call (jump-forward,
-        stages/model_thread/jump_forward.py); the matcher is left as it was.
+        stages/model_thread/jump_forward.py).
 
+        The matcher takes `pending` now and holds it for the next call, which brings it (the verifying pass's
+        first position, or the plain step's token): the masks are those of a step a token.
         Empty before the first call (no token was sampled under this mask), once the matcher is in error, and
         where `pending` does not fit the grammar (`try_consume_tokens` takes nothing then, and leaves no error).
         """
         if not self._calls or limit <= 0 or self._matcher.is_error():
             return []
-        if not self._matcher.try_consume_tokens([pending]):
-            return []
-        try:
-            forced = self._matcher.compute_ff_tokens()
-        finally:
-            self._matcher.rollback(1)
-        return list(forced[:limit])
+        if not (self._held and pending == self._last):
+            if self._held or not self._matcher.try_consume_tokens([pending]):
+                return []
+            self._last, self._held = pending, True
+        return list(self._matcher.compute_ff_tokens()[:limit])
 
     def rewind(self, calls: int) -> None:
-        """Back to the grammar state after `calls` calls (a preempted row resumes)."""
-        consumed, kept = max(0, self._calls - 1), max(0, calls - 1)
-        if consumed > kept:
+        """Back to the grammar state after `calls` calls (a preempted row resumes).
+
+        The resumed row brings its last token again: rewound by one call, the matcher holds that token rather
+        than roll it back.
+        """
+        consumed, kept = max(0, self._calls - 1) + self._held, max(0, calls - 1)
+        if consumed == kept + 1:
+            self._held = True
+        elif consumed > kept:
             self._matcher.rollback(consumed - kept)
+            self._held = False
         self._calls = calls
 
 

@@ -195,10 +195,7 @@ class SpeculativeBatch(GenerationBatch):
         for index, (uid, budget) in enumerate(zip(self.uids, budgets)):
             span = spans[index]
             size = min(budget, self._room(index) - len(span))
-            # A row under a grammar takes its forced span only: a drafter's free guesses beside the grammar's state
-            # let the matcher consume a token its mask forbade (the Qwen3-Coder family's forced calls, e2e).
-            processors = self.logits_processors[index] if self.logits_processors else None
-            if size > 0 and len(span) < limit and grammar_of(processors) is None:
+            if size > 0 and len(span) < limit:
                 requests[index] = (uid, [*self.tokens[index], pending[index], *span], size)
         return dict(zip(requests, drafter.propose_many(list(requests.values())))) if requests else {}
 

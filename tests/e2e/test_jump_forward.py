@@ -7,6 +7,9 @@ again from the prompt cache, and all of them at once beside a free reply in
 the batch. The replies must be identical, the grammar rows must take fewer
 decode steps (`/stats`' `gateway.steps`), and `gateway.jump_forward` must
 count the forced tokens taken, so a server that never jumped cannot pass.
+The Qwen3-Coder family's forced calls, whose grammar names `>` and the
+newline by id, answer the same with prompt lookup's guesses beside the
+grammar as without them (issue #37's leftover).
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import Server, ServerFactory
 from tests.e2e.conftest import stats
+from tests.families import CASES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -137,3 +142,36 @@ def test_stats_name_jump_forward_only_where_it_is_on(servers: dict[bool, Server]
     assert off["jump_forward"] is None and on["speculation"] is None
     figures = on["jump_forward"]
     assert figures["forced_tokens"] >= figures["accepted_tokens"] > 0 and figures["spans"] > 0
+
+
+@pytest.fixture(scope="module")
+def qwen3_coder(
+    server_factory: ServerFactory, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[bool, Server]:
+    """The Qwen3-Coder family's model with prompt lookup asked for (`True`) and off."""
+    case = next(case for case in CASES if case.name == "qwen3_coder")
+    model = str(case.build(tiny_model, tmp_path_factory.mktemp("qwen3_coder")))
+    return {
+        looking: server_factory(model=model, model_name="qwen3_coder", prompt_lookup="1" if looking else "0")
+        for looking in (True, False)
+    }
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_a_forced_call_is_the_same_beside_prompt_lookup(qwen3_coder: dict[bool, Server], choice: Any) -> None:
+    """The drafter copies the tools' markup from the prompt; its guesses are judged under the grammar's mask."""
+
+    def call(server: Server) -> Any:
+        completion = server.client().chat.completions.create(
+            model="m", messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=96, temperature=0
+        )
+        calls = completion.choices[0].message.tool_calls or []
+        return completion.choices[0].finish_reason, [(c.function.name, c.function.arguments) for c in calls]
+
+    looked, plain = call(qwen3_coder[True]), call(qwen3_coder[False])
+    assert looked == plain and plain[0] == "tool_calls" and plain[1], plain
+    # The drafter's guesses were taken (a worker's figures reach /stats with its heartbeat).
+    deadline = time.monotonic() + 20
+    while not (speculation := _gateway(qwen3_coder[True])["speculation"])["accepted_tokens"]:
+        assert time.monotonic() < deadline, speculation
+        time.sleep(0.1)

@@ -6,15 +6,17 @@ token) and through the gateway's generator with jump-forward on: a forced
 call (`tool_choice` naming a function) in every family's markup, rendered
 by the family's real template (tests/families.py); a JSON-schema reply
 beside rows without a grammar, greedy and seeded, with and without a
-drafter; on the single-row path and in the batch. Every row's tokens,
-finish and final cache must agree, the grammar rows must take fewer steps,
-and forced tokens must have been taken, so a jump-forward that never ran
-cannot pass.
+drafter; a forced call beside a drafter whose guesses the grammar's
+state must judge; on the single-row path and in the batch. Every row's
+tokens, finish and final cache must agree, the grammar rows must take fewer
+steps, and forced tokens must have been taken, so a jump-forward that never
+ran cannot pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -37,7 +39,7 @@ from pipeline.requests import (
 )
 from stages.families import choose_family
 from stages.model_thread.drafters import CostGate, PromptLookup, RowPolicy
-from stages.model_thread.jump_forward import JumpForward, forced_limit, grammar_of
+from stages.model_thread.jump_forward import MAX_FORCED, JumpForward, forced_limit, grammar_of
 from stages.model_thread.sampling import RowStops, make_row_processors, make_row_sampler
 from stages.model_thread.single_row import SingleRow, single_row
 from stages.model_thread.speculative_batch import Speculation, speculating
@@ -216,6 +218,75 @@ def test_a_forced_call_takes_fewer_steps_and_the_same_tokens(family: Family, alo
     assert speculation.statistics() is None and speculation.counts.proposed == 0
 
 
+@attrs.define
+class Oracle:
+    """A drafter that knows each row's step-by-step tokens and proposes them with the last one wrong, 2, 3, 4
+    then 1 in turn: a row under a grammar takes a guess at a free place (a value, a name) and the target's own
+    token lands after it, at every kind of place the grammar has (a token it names by id, `<[N]>`, among them)."""
+
+    rows: list[list[int]]
+    name: str = "oracle"
+    caught_up: int = 0
+    _sizes: Iterator[int] = attrs.field(factory=lambda: itertools.cycle((2, 3, 4, 1)), init=False)
+
+    def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]:
+        size = min(k, next(self._sizes))
+        for row in self.rows:
+            if len(row) > len(history) and row[: len(history)] == list(history):
+                right = row[len(history) : len(history) + size]
+                return [*right[:-1], right[-1] + 1]
+        return []
+
+    def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]]) -> list[list[int]]:
+        return [self.propose(*request) for request in requests]
+
+    def forget(self, uids: Sequence[int]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["single_row", "batch"])
+def test_a_forced_call_takes_a_drafters_guesses_with_the_same_tokens(family: Family, alone: bool) -> None:
+    """Issue #37's leftover: a drafter beside a forced call (Qwen3-Coder's failed mid-call with "token '>' doesn't
+    satisfy the grammar"). Each guessed position is masked by the grammar's state after the accepted prefix."""
+    call = Arrival("call", family.prompt, max_tokens=64, compiled=family.compiled, stops=family.eos)
+    arrivals = [call] if alone else [call, Arrival("free", COPY, max_tokens=24, at=1)]
+    plain = drive(_plain(family.model), arrivals)
+    drafter = Oracle([[*arrival.prompt, *plain[arrival.name]["tokens"]] for arrival in arrivals])
+    generator, speculation = _jumping(family.model, drafter=drafter)
+    _same(plain, drive(generator, arrivals))
+    assert speculation.jump_forward is not None and speculation.jump_forward.accepted > 0
+    # The call row took the drafter's guesses too: not its forced spans alone.
+    assert speculation.counts.accepted > 0 and speculation.counts.accepted < speculation.counts.proposed
+
+
+def _walked(compiled: Any, tokens: Sequence[int], *, vocabulary: int, ahead: bool) -> list[mx.array]:
+    """The masks a row's grammar gives along `tokens`; `ahead`: each token is first read by `forced_after` (the
+    verifying pass's pending token), then preempted and resumed (`rewind`) after its call."""
+    processor = grammar_of(make_row_processors(GREEDY, 64, compiled.matcher()))
+    assert processor is not None
+    logits = mx.zeros((1, vocabulary))
+    masks = [processor(mx.array([0]), logits)]
+    for calls, token in enumerate(tokens, start=1):
+        if ahead:
+            processor.forced_after(token, MAX_FORCED)
+        masks.append(processor(mx.array([token]), logits))
+        if ahead:
+            processor.rewind(calls)
+            assert mx.array_equal(processor(mx.array([token]), logits), masks[-1]).item()
+    assert processor.fault is None, processor.fault
+    return masks
+
+
+def test_a_grammar_reads_a_token_ahead_and_rewinds_without_rolling_back(family: Family) -> None:
+    """The masks along a forced call are a step a token's, whatever was read ahead or rewound: llguidance's
+    rollback is not exact after a token the grammar names by id (Qwen3-Coder's `>` and newline)."""
+    tokens = drive(_plain(family.model), [Arrival("call", family.prompt, compiled=family.compiled)])["call"]["tokens"]
+    vocabulary = len(family.tokenizer.get_vocab())  # type: ignore[attr-defined]
+    plain = _walked(family.compiled, tokens[:-1], vocabulary=vocabulary, ahead=False)
+    ahead = _walked(family.compiled, tokens[:-1], vocabulary=vocabulary, ahead=True)
+    assert all(mx.array_equal(want, have).item() for want, have in zip(plain, ahead, strict=True))
+
+
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("drafter", [None, "prompt_lookup"])
 def test_json_schema_rows_beside_free_rows(model: Any, schema: Any, sampling: Sampling, drafter: str | None) -> None:
@@ -254,8 +325,8 @@ def test_max_tokens_ends_a_row_inside_a_forced_span(family: Family, max_tokens: 
         assert jumped["call"]["finish"] == "length" and len(jumped["call"]["tokens"]) == max_tokens
 
 
-def test_forced_after_leaves_the_matcher_as_it_was(schema: Any) -> None:
-    """The grammar's forced span after the pending token, read without consuming it."""
+def test_forced_after_holds_the_pending_token_for_the_next_call(schema: Any) -> None:
+    """The grammar's forced span after the pending token, which the matcher takes and the next call brings."""
     processor = grammar_of(make_row_processors(GREEDY, 60, schema.matcher()))
     assert processor is not None
     logits = mx.zeros((1, 1024))
@@ -268,7 +339,7 @@ def test_forced_after_leaves_the_matcher_as_it_was(schema: Any) -> None:
     brace = cast(int, mx.argmax(first[0]).item())
     spans = [processor.forced_after(brace, limit) for limit in (1, 8, 32)]
     assert forced == [] and len(spans[0]) == 1 and spans[1][:1] == spans[0] and len(spans[2]) >= len(spans[1]) > 1
-    # The matcher is where it was: the next call consumes `brace` and masks as a fresh matcher would.
+    # The next call brings `brace`, taken once: it masks as a fresh matcher would.
     fresh = grammar_of(make_row_processors(GREEDY, 60, schema.matcher()))
     assert fresh is not None
     fresh(mx.array([7]), logits)

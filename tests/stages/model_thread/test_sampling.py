@@ -184,6 +184,23 @@ def test_a_rewound_grammar_sees_the_resumed_tokens_as_before(tokenizer: Tokenize
     assert mx.array_equal(processor(mx.array([0]), logits), masks[0])
 
 
+def test_a_grammar_that_read_a_token_ahead_takes_another_in_its_place(
+    tokenizer: Tokenizer, model_info: ModelInfo
+) -> None:
+    """`forced_after` read one token, the call brings another: the matcher gives it up and takes the one brought."""
+    compiler = ConstraintCompiler(tokenizer=tokenizer, vocab_size=model_info.vocab_size)
+    compiled = compiler.compile(Constraint(kind=ConstraintKind.REGEX, spec="[a-z] [a-z]+!", param="test"))
+    ahead, plain = ConstraintProcessor(compiled.matcher()), ConstraintProcessor(compiled.matcher())
+    logits = mx.zeros((1, model_info.vocab_size))
+    first = ahead(mx.array([0]), logits)
+    plain(mx.array([0]), logits)
+    read, brought = (int(token) for token in mx.argsort(-first[0])[:2].tolist())
+    assert read != brought and math.isfinite(first[0, brought].item())
+    ahead.forced_after(read, 4)
+    assert mx.array_equal(ahead(mx.array([brought]), logits), plain(mx.array([brought]), logits)).item()
+    assert ahead.fault is None
+
+
 def test_typical_p_keeps_the_tokens_nearest_the_entropy_until_the_mass() -> None:
     from stages.model_thread.sampling import apply_typical_p
 
