@@ -28,6 +28,7 @@ import attrs
 from anyio.abc import ByteStream, Process, SocketListener
 
 from stages.remote.blas_share import BLAS_SHARE
+from stages.remote.loop_stream import loop_stream
 from stages.remote.stderr_tail import StderrTail
 from stages.remote.zygote import ForkedProcess, Zygote, current_zygote
 
@@ -129,7 +130,7 @@ async def start_worker(
             if spawned is not None:
                 spawned(process.pid)
             try:
-                stream = await _accept(listener, process, connect_timeout, stderr)
+                stream = await loop_stream(await _accept(listener, process, connect_timeout, stderr))
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await _end(process, 0.0)

@@ -123,7 +123,12 @@ class WorkerSession(WorkerConnection):
         for request_id in outputs.removed:
             self._rows.pop(request_id, None)
         if outputs.admitted or outputs.deltas or outputs.removed:
-            await self._out.send(outputs)
+            try:
+                # The sink usually waits for it: handed over without `send`'s checkpoint, a turn of the loop per step
+                # (the channel's bound still holds the reader back when the sink is behind).
+                self._out.send_nowait(outputs)
+            except anyio.WouldBlock:
+                await self._out.send(outputs)
 
     async def _feed(self) -> None:
         """Rows from the pipeline to the worker; once the pipeline closes, the worker is drained."""

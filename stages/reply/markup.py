@@ -58,9 +58,12 @@ class MarkupSplitter:
     # after one, and held back until the next text shows none follows.
     _trim_next: bool = attrs.field(init=False)
     _space: str = attrs.field(default="", init=False)
+    _plain: bool = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._trim_next = self._section is not Section.ANSWER
+        # Nothing to look for (a raw completion's text): each token's text goes straight to `_emit`, per token.
+        self._plain = self._markers.think is None and self._markers.family is None and self._section is Section.ANSWER
 
     @property
     def reasoning(self) -> bool:
@@ -75,6 +78,12 @@ class MarkupSplitter:
         """The events that `text` completes; with `final`, nothing is held back;
         with `cut`, the output ended at max tokens rather than where the model ended it."""
         events: list[CompletionEvent] = []
+        if self._plain:
+            # What the loop below does with no markers: nothing is held, every section stays the answer.
+            self._emit(text, events)
+            if final:
+                self._flush(events, cut=cut)
+            return events
         buffer, self._held = self._held + text, ""
         while buffer:
             if self._section is Section.ANSWER and self._boundary and self._leading():

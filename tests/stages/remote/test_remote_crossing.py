@@ -43,6 +43,7 @@ from stages.remote.crossing import (
     ToWorker,
 )
 from stages.remote.frames import MAX_FRAME, FrameError, FrameReader, FrameWriter
+from stages.remote.loop_stream import loop_stream
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -53,7 +54,8 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[tuple[ByteStream, ByteStream]]:
     async with await anyio.create_unix_listener(tmp_path / "s.sock", mode=0o600) as listener:
-        client = await anyio.connect_unix(tmp_path / "s.sock")
+        # The front's end as the front holds it (stages/remote/process.py): on asyncio, the loop's own stream.
+        client = await loop_stream(await anyio.connect_unix(tmp_path / "s.sock"))
         server = await listener.accept()
         async with client, server:
             yield client, server

@@ -144,6 +144,16 @@ def test_no_markers_is_plain_text() -> None:
     assert merged(splitter.feed(text[:7]) + splitter.feed(text[7:], final=True)) == [("text", text)]
 
 
+def test_no_markers_splits_its_events_as_markers_that_never_come() -> None:
+    """The plain splitter's short path gives the same events, piece by piece (whitespace held until text follows, each
+    piece's text at once), as the full loop does for text that holds none of its markers."""
+    pieces = ["Hello", " ", "world ", "\n", "", " again", "  end \t"]
+    plain, marked = MarkupSplitter(Markers()), MarkupSplitter(Markers(think=("<think>", "</think>")))
+    for index, piece in enumerate(pieces):
+        final = index == len(pieces) - 1
+        assert plain.feed(piece, final=final) == marked.feed(piece, final=final), piece
+
+
 @pytest.mark.parametrize("per_step", [1, 2, 3])
 def test_real_tokens_through_the_detokenizer(tokenizer: Tokenizer, per_step: int) -> None:
     """The path the sink takes: model tokens → mlx-lm's streaming detokenizer → splitter."""
