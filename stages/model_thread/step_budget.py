@@ -37,7 +37,12 @@ to its first token grows as 1 / (the step's prefill share) while the
 streams' gap grows only as 1 / (1 - that share). Aiming at twice the
 decode-only step splits each step evenly: the streams' gap stays near twice
 its idle value, and the prompt gets half the machine however many rows
-decode (docs/step-budget.md, "Sized to the decode step").
+decode (docs/step-budget.md, "Sized to the decode step"). Where more rows
+wait for their first token than decode (a burst of requests beside a few
+streams), the prompts' share is theirs by count instead: each waiting row,
+prompt or stream, gets an equal share of the step. Holding 14 new prompts
+to 16-token chunks for the sake of one stream stretched 14 TTFTs, took a
+decode pass a chunk, and kept that one stream's gap past its target anyway.
 
 Pure arithmetic, no MLX: tests drive it by hand.
 """
@@ -67,6 +72,8 @@ class StepBudget:
     _token_s: float | None = attrs.field(default=None, init=False)
     # Each prefilling row's progress at the last step (the batch's own count), to tell what one step prefilled.
     _progress: dict[int, int] = attrs.field(factory=dict, init=False)
+    # The rows the last `chunk` was asked for: `record` judges the step against the target they were given.
+    _prefilling: int = attrs.field(default=0, init=False)
     # The chunks asked for, and the steps that went past the target, for /stats.
     chunks: int = attrs.field(default=0, init=False)
     last_chunk: int = attrs.field(default=0, init=False)
@@ -75,6 +82,7 @@ class StepBudget:
     def chunk(self, *, prefilling: int, decoding: int, other_work: bool = False) -> int:
         """Prompt tokens each of `prefilling` rows may take in the next step, beside `decoding` rows and,
         with `other_work`, exclusive work waiting for the step to end."""
+        self._prefilling = max(prefilling, 0)
         if prefilling <= 0:
             return self.max_chunk
         if not decoding and not other_work:
@@ -83,7 +91,8 @@ class StepBudget:
             size = self.first_chunk
         else:
             decode = self._decode_s if decoding and self._decode_s is not None else 0.0
-            size = int((self.target(decoding=decoding) - decode) / self._token_s / prefilling)
+            target = self.target(decoding=decoding, prefilling=prefilling)
+            size = int((target - decode) / self._token_s / prefilling)
         self.chunks += 1
         self.last_chunk = max(self.min_chunk, min(self.max_chunk, size))
         return self.last_chunk
@@ -100,13 +109,17 @@ class StepBudget:
         # A step that kept nobody waiting (a prompt prefilling alone, in full chunks) had no target to meet; one that
         # kept rows or exclusive work waiting had, as `chunk` sized it (a decode-only step's own length counts in a
         # target that follows it).
-        if seconds > self.target(decoding=decoding) and (decoding or other_work or not tokens):
+        if seconds > self.target(decoding=decoding, prefilling=self._prefilling) and (
+            decoding or other_work or not tokens
+        ):
             self.over_target += 1
 
-    def target(self, *, decoding: int) -> float:
-        """The seconds a step beside `decoding` rows aims at."""
+    def target(self, *, decoding: int, prefilling: int = 1) -> float:
+        """The seconds a step beside `decoding` rows aims at, with `prefilling` rows taking a chunk in it."""
         if decoding and self.decode_ratio and self._decode_s is not None:
-            return max(self.target_s, self.decode_ratio * self._decode_s)
+            # Where the prompts outnumber the streams each waiting row gets an equal share: the streams' part of the
+            # step is decoding / (prefilling + decoding) of it.
+            return max(self.target_s, self._decode_s * max(self.decode_ratio, (prefilling + decoding) / decoding))
         return self.target_s
 
     def _prefilled_tokens(self, prefilled: Sequence[Any]) -> int:

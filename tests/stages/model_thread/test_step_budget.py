@@ -89,6 +89,26 @@ def test_with_a_ratio_the_step_aims_at_a_multiple_of_the_decode_step() -> None:
     assert fixed.target(decoding=8) == 0.2
 
 
+def test_prompts_that_outnumber_the_streams_take_their_share_by_count() -> None:
+    """A burst of new requests beside one stream: each waiting row gets an equal share of the step, not the half the
+    ratio leaves one prompt (which cut 14 prompts to 16 tokens each for one stream's sake)."""
+    budget = StepBudget(target_s=0.2, max_chunk=4096, decode_ratio=2.0)
+    budget.record(0.5, [], decoding=1)
+    budget.record(0.564, [_prefilling(0, 64)], decoding=1)
+    # 14 prompts and 1 stream: the stream's part is 1/15 of the step; 1 ms a prompt token.
+    assert budget.target(decoding=1, prefilling=14) == pytest.approx(7.5)
+    assert budget.chunk(prefilling=14, decoding=1) == 500
+    # One prompt beside 8 streams keeps the ratio's half, and so does a prompt beside as many streams.
+    assert budget.target(decoding=8, prefilling=1) == 1.0
+    assert budget.target(decoding=4, prefilling=4) == 1.0
+    # A step of that length beside the burst is on target; the same step beside one prompt is over it.
+    budget.record(7.5, [_prefilling(0, 564)], decoding=1)
+    assert budget.over_target == 0
+    budget.chunk(prefilling=1, decoding=1)
+    budget.record(7.5, [_prefilling(0, 1064)], decoding=1)
+    assert budget.over_target == 1
+
+
 def test_the_chunk_stays_between_its_bounds() -> None:
     budget = StepBudget(target_s=0.2, max_chunk=128, min_chunk=16)
     budget.record(0.064, [_prefilling(0, 64)], decoding=0)
