@@ -299,6 +299,7 @@ SHARED_SERVER_GROUPS = {
         "tests/e2e/test_agent_sessions.py",
         "tests/e2e/test_client_replays.py",
         "tests/e2e/test_families.py",
+        "tests/e2e/test_forced_cut.py",
     ),
     "fleet": ("tests/e2e/test_fleet.py", "tests/e2e/test_fleet_reports.py"),
     "images": ("tests/e2e/test_images.py", "tests/e2e/test_image_errors.py"),

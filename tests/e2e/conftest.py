@@ -78,22 +78,63 @@ def agent_server(server_factory: Callable[..., Server]) -> Server:
 
 
 @pytest.fixture(scope="session")
-def family_servers(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., Server]
-) -> Callable[[str], Server]:
-    """A family's server by name (tests/families.py), its model built once: every module asking gets the same one."""
+def family_models(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """A family's test model (tests/families.py) by name, built once a session."""
     from tests.families import CASES
 
     root = tmp_path_factory.mktemp("families")
     built: dict[str, Path] = {}
 
+    def model(name: str) -> Path:
+        if name not in built:
+            case = next(case for case in CASES if case.name == name)
+            built[name] = case.build(tiny_model, root / name)
+        return built[name]
+
+    return model
+
+
+@pytest.fixture(scope="session")
+def family_servers(
+    family_models: Callable[[str], Path], server_factory: Callable[..., Server]
+) -> Callable[[str], Server]:
+    """A family's server by name (tests/families.py), serving that model alone under any model name: every module
+    asking gets the same one."""
+    from tests.families import CASES
+
     def serve(name: str) -> Server:
         case = next(case for case in CASES if case.name == name)
-        if name not in built:
-            built[name] = case.build(tiny_model, root / name)
-        settings = {"model": str(built[name]), "model_name": name}
+        settings = {"model": str(family_models(name)), "model_name": name}
         if case.tool_parser is not None:
             settings["tool_parser"] = case.tool_parser
         return server_factory(**settings, pinned=True)
+
+    return serve
+
+
+@pytest.fixture(scope="session")
+def family_fleet(
+    family_models: Callable[[str], Path],
+    family_servers: Callable[[str], Server],
+    tmp_path_factory: pytest.TempPathFactory,
+    server_factory: Callable[..., Server],
+) -> Callable[[str], Server]:
+    """A server answering requests whose `model` is the family's name (tests/families.py).
+
+    Every family whose call markup is found from its model shares one server of several models (docs/models.md),
+    each its own worker: fourteen servers took 1.6 s each to start, mostly the front's, where a model of the fleet
+    loads in a fraction of that. A family that needs a server-wide setting (`tool_parser`) gets its own server,
+    which answers any model name.
+    """
+    from tests.families import CASES
+
+    shared = [case.name for case in CASES if case.tool_parser is None]
+    models_file = tmp_path_factory.mktemp("family-fleet") / "models.toml"
+    models_file.write_text("".join(f'[models.{name}]\nmodel = "{family_models(name)}"\n' for name in shared))
+
+    def serve(name: str) -> Server:
+        if name not in shared:
+            return family_servers(name)
+        return server_factory(models_file=str(models_file), pinned=True)
 
     return serve

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from tests.conftest import Server
-from tests.e2e.conftest import stream_chunks
+from tests.e2e.conftest import stats, stream_chunks
 from tests.families import CASES, FamilyCase
 
 pytestmark = pytest.mark.slow
@@ -39,16 +39,20 @@ CHAT_TOOLS: list[Any] = [
 ASK: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
 
 
+# A served family: its server, and the model name a request gives to reach the family's model on it.
+Served = tuple[Server, str]
+
+
 @pytest.fixture(scope="module", params=CASES, ids=[case.name for case in CASES])
-def family_server(request: pytest.FixtureRequest, family_servers: Callable[[str], Server]) -> Server:
+def family(request: pytest.FixtureRequest, family_fleet: Callable[[str], Server]) -> Served:
     case: FamilyCase = request.param
-    return family_servers(case.name)
+    return family_fleet(case.name), case.name
 
 
 @pytest.fixture(scope="module")
-def deepseek_server(family_servers: Callable[[str], Server]) -> Server:
+def deepseek(family_fleet: Callable[[str], Server]) -> Served:
     """The one family whose template opens a think section on request, with single-token markers."""
-    return family_servers("deepseek")
+    return family_fleet("deepseek"), "deepseek"
 
 
 def valid(arguments: str | dict[str, Any]) -> dict[str, Any]:
@@ -57,9 +61,31 @@ def valid(arguments: str | dict[str, Any]) -> dict[str, Any]:
     return parsed
 
 
-def test_chat_named_call(family_server: Server) -> None:
+def submitted(server: Server, model: str) -> dict[str, int]:
+    """Requests each model's engine took: the server's several models, or the one it serves alone (as `model`)."""
+    body = stats(server)
+    if "models" not in body:
+        return {model: int(body["submitted"])}  # type: ignore[call-overload]
+    reports: dict[str, Any] = body["models"]  # type: ignore[assignment]
+    return {name: int(report.get("engine", {}).get("submitted", 0)) for name, report in reports.items()}
+
+
+def test_a_request_runs_on_its_family_s_own_model(family: Served) -> None:
+    """Most families share one server of several models: a request naming a family reaches that family's
+    model and no other, so every test here runs on its family's template, tokens and markup."""
+    family_server, model = family
+    before = submitted(family_server, model)
+    family_server.client().chat.completions.create(model=model, messages=ASK, max_tokens=1, temperature=0)
+    after = submitted(family_server, model)
+    assert {name: count - before.get(name, 0) for name, count in after.items()} == {
+        name: int(name == model) for name in after
+    }
+
+
+def test_chat_named_call(family: Served) -> None:
+    family_server, model = family
     completion = family_server.client().chat.completions.create(
-        model="m",
+        model=model,
         messages=ASK,
         tools=CHAT_TOOLS,
         max_tokens=96,
@@ -73,10 +99,11 @@ def test_chat_named_call(family_server: Server) -> None:
     valid(call.function.arguments)
 
 
-def test_chat_required_call_streamed(family_server: Server) -> None:
+def test_chat_required_call_streamed(family: Served) -> None:
+    family_server, model = family
     # One call: a family without call markup would otherwise write a JSON list, which a random model may not close.
     body = {
-        "model": "m",
+        "model": model,
         "messages": ASK,
         "tools": CHAT_TOOLS,
         "tool_choice": "required",
@@ -100,13 +127,14 @@ def test_chat_required_call_streamed(family_server: Server) -> None:
         {"type": "any", "disable_parallel_tool_use": True},
     ],
 )
-def test_messages_forced_call(family_server: Server, choice: dict[str, str]) -> None:
+def test_messages_forced_call(family: Served, choice: dict[str, str]) -> None:
+    family_server, model = family
     tools: list[Any] = [
         {"name": t["function"]["name"], "description": t["function"]["description"], "input_schema": PARAMETERS}
         for t in CHAT_TOOLS
     ]
     message = family_server.anthropic_client().messages.create(
-        model="m",
+        model=model,
         max_tokens=96,
         messages=ASK,
         tools=tools,
@@ -120,7 +148,8 @@ def test_messages_forced_call(family_server: Server, choice: dict[str, str]) -> 
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
-def test_responses_forced_call(family_server: Server, choice: Any) -> None:
+def test_responses_forced_call(family: Served, choice: Any) -> None:
+    family_server, model = family
     tools: list[Any] = [
         {
             "type": "function",
@@ -132,7 +161,7 @@ def test_responses_forced_call(family_server: Server, choice: Any) -> None:
         for t in CHAT_TOOLS
     ]
     response = family_server.client().responses.create(
-        model="m",
+        model=model,
         input="Weather in Paris?",
         tools=tools,
         tool_choice=choice,
@@ -147,7 +176,8 @@ def test_responses_forced_call(family_server: Server, choice: Any) -> None:
     valid(calls[0].arguments)
 
 
-def test_tool_result_round_trip(family_server: Server) -> None:
+def test_tool_result_round_trip(family: Served) -> None:
+    family_server, model = family
     messages: list[Any] = [
         *ASK,
         {
@@ -165,22 +195,22 @@ def test_tool_result_round_trip(family_server: Server) -> None:
     ]
     client = family_server.client()
     with_result = client.chat.completions.create(
-        model="m", messages=messages, tools=CHAT_TOOLS, max_tokens=4, temperature=0
+        model=model, messages=messages, tools=CHAT_TOOLS, max_tokens=4, temperature=0
     )
-    without = client.chat.completions.create(model="m", messages=ASK, tools=CHAT_TOOLS, max_tokens=4, temperature=0)
+    without = client.chat.completions.create(model=model, messages=ASK, tools=CHAT_TOOLS, max_tokens=4, temperature=0)
     assert with_result.usage is not None and without.usage is not None
     # The call and its result are in the prompt the template rendered.
     assert with_result.usage.prompt_tokens > without.usage.prompt_tokens + 8
 
 
-def test_reasoning_split_in_every_api(deepseek_server: Server) -> None:
-    family_server = deepseek_server
+def test_reasoning_split_in_every_api(deepseek: Served) -> None:
+    family_server, model = deepseek
     chat = family_server.client().chat.completions.create(
-        model="m", messages=ASK, max_tokens=12, temperature=0, extra_body={"chat_template_kwargs": {"thinking": True}}
+        model=model, messages=ASK, max_tokens=12, temperature=0, extra_body={"chat_template_kwargs": {"thinking": True}}
     )
     assert (chat.choices[0].message.model_extra or {}).get("reasoning_content") and not chat.choices[0].message.content
     message = family_server.anthropic_client().messages.create(
-        model="m",
+        model=model,
         max_tokens=12,
         messages=ASK,
         # Greedy, as the other two: sampled, a random model may write the think section's end within 12 tokens.
@@ -189,7 +219,7 @@ def test_reasoning_split_in_every_api(deepseek_server: Server) -> None:
     )
     assert [block.type for block in message.content] == ["thinking"]
     response = family_server.client().responses.create(
-        model="m",
+        model=model,
         input="Weather in Paris?",
         max_output_tokens=12,
         temperature=0,
@@ -202,13 +232,13 @@ def test_reasoning_split_in_every_api(deepseek_server: Server) -> None:
 BUDGET = 1024
 
 
-def test_thinking_budget_closes_the_think_section(deepseek_server: Server) -> None:
-    family_server = deepseek_server
+def test_thinking_budget_closes_the_think_section(deepseek: Served) -> None:
+    family_server, model = deepseek
     client = family_server.anthropic_client()
     greedy: dict[str, Any] = {"temperature": 0}  # this SDK's create() takes no temperature argument
     # Anthropic's floor for a budget is 1024 tokens, and the answer needs room after it.
     unbounded = client.messages.create(
-        model="m",
+        model=model,
         max_tokens=BUDGET + 16,
         messages=ASK,
         thinking={"type": "adaptive"},
@@ -217,7 +247,7 @@ def test_thinking_budget_closes_the_think_section(deepseek_server: Server) -> No
     if unbounded.content[0].type != "thinking" or len(unbounded.content) > 1:
         pytest.skip("this random model closes its think section by itself before the budget")
     bounded = client.messages.create(
-        model="m",
+        model=model,
         max_tokens=BUDGET + 16,
         messages=ASK,
         thinking={"type": "enabled", "budget_tokens": BUDGET},
@@ -239,7 +269,6 @@ RESPONSES_WEATHER: Any = {
     "strict": True,
 }
 RESPONSES_ASK: dict[str, Any] = {
-    "model": "m",
     "input": "Weather in Paris?",
     "tools": [RESPONSES_WEATHER],
     "tool_choice": {"type": "function", "name": "get_weather"},
@@ -248,11 +277,12 @@ RESPONSES_ASK: dict[str, Any] = {
 }
 
 
-def test_forced_call_streams_in_every_api(family_server: Server) -> None:
+def test_forced_call_streams_in_every_api(family: Served) -> None:
+    family_server, model = family
     """The call's head, then its arguments in pieces, joining to the unstreamed call's, in all three APIs."""
     client = family_server.client()
     ask: dict[str, Any] = {
-        "model": "m",
+        "model": model,
         "messages": ASK,
         "tools": CHAT_TOOLS,
         "tool_choice": NAMED,
@@ -265,7 +295,7 @@ def test_forced_call_streams_in_every_api(family_server: Server) -> None:
     assert calls[0]["function"] == {"name": "get_weather", "arguments": ""}, calls
     assert "".join(call["function"]["arguments"] for call in calls) == whole.function.arguments  # type: ignore[union-attr]
     with family_server.anthropic_client().messages.stream(
-        model="m",
+        model=model,
         max_tokens=96,
         messages=ASK,
         # The tools Chat offered, so the prompt is Chat's and so is the greedy call it compares with.
@@ -285,18 +315,19 @@ def test_forced_call_streams_in_every_api(family_server: Server) -> None:
     assert len(pieces) >= 2 and json.loads("".join(pieces)) == final.content[-1].input == valid(
         whole.function.arguments
     )  # type: ignore[union-attr]
-    with client.responses.stream(**RESPONSES_ASK, max_output_tokens=96) as responses:
+    with client.responses.stream(**RESPONSES_ASK, model=model, max_output_tokens=96) as responses:
         deltas = [e.delta for e in responses if e.type == "response.function_call_arguments.delta"]  # type: ignore[union-attr]
         output = responses.get_final_response().output
     assert len(deltas) >= 2 and "".join(deltas) == output[-1].arguments  # type: ignore[union-attr]
     valid(output[-1].arguments)  # type: ignore[union-attr]
 
 
-def test_forced_call_cut_by_max_tokens_is_a_call(family_server: Server) -> None:
+def test_forced_call_cut_by_max_tokens_is_a_call(family: Served) -> None:
+    family_server, model = family
     """Every budget short of the whole call ends `length` with no markup as text, and a call once its name is
     whole, with a prefix of the whole call's arguments; Messages and Responses say the same in their terms."""
     client = family_server.client()
-    ask: dict[str, Any] = {"model": "m", "messages": ASK, "tools": CHAT_TOOLS, "tool_choice": NAMED, "temperature": 0}
+    ask: dict[str, Any] = {"model": model, "messages": ASK, "tools": CHAT_TOOLS, "tool_choice": NAMED, "temperature": 0}
     whole = client.chat.completions.create(**ask, max_tokens=96)
     arguments = (whole.choices[0].message.tool_calls or [])[0].function.arguments  # type: ignore[union-attr]
     assert whole.usage is not None
@@ -311,7 +342,7 @@ def test_forced_call_cut_by_max_tokens_is_a_call(family_server: Server) -> None:
         cut = calls[0].function.arguments  # type: ignore[union-attr]
         assert arguments.startswith(cut), (cut, arguments)
     message = family_server.anthropic_client().messages.create(
-        model="m",
+        model=model,
         max_tokens=budget,
         messages=ASK,
         tools=[MESSAGES_WEATHER],
@@ -319,7 +350,7 @@ def test_forced_call_cut_by_max_tokens_is_a_call(family_server: Server) -> None:
         extra_body={"temperature": 0},
     )
     assert message.stop_reason == "max_tokens" and [block.type for block in message.content] == ["tool_use"]
-    response = client.responses.create(**RESPONSES_ASK, max_output_tokens=budget)
+    response = client.responses.create(**RESPONSES_ASK, model=model, max_output_tokens=budget)
     assert response.status == "incomplete" and response.incomplete_details is not None
     assert response.incomplete_details.reason == "max_output_tokens"
     assert [(item.type, item.status) for item in response.output] == [("function_call", "incomplete")]

@@ -155,23 +155,29 @@ def test_responses(server: Server, before_name: int, last: bool, choice: Any) ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
-def test_every_family_at_one_token(family_servers: Callable[[str], Server], case: FamilyCase) -> None:
+def test_every_family_at_one_token(family_fleet: Callable[[str], Server], case: FamilyCase) -> None:
     """One token of a forced call is markup in every family's grammar: each API still returns the call."""
-    server = family_servers(case.name)
-    completion = server.client().chat.completions.create(**chat_body(1))
+    server, model = family_fleet(case.name), case.name
+    completion = server.client().chat.completions.create(**chat_body(1, model=model))
     (call,) = completion.choices[0].message.tool_calls or []
     assert completion.choices[0].finish_reason == "length" and not completion.choices[0].message.content
     assert (call.function.name, call.function.arguments) == ("get_weather", "")
-    chunks = [c for c in stream_chunks(server, "/chat/completions", chat_body(1)) if isinstance(c, dict)]
+    chunks = [c for c in stream_chunks(server, "/chat/completions", chat_body(1, model=model)) if isinstance(c, dict)]
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]  # type: ignore[index]
     heads = [head for delta in deltas for head in delta.get("tool_calls") or []]
     assert [head["function"] for head in heads] == [{"name": "get_weather", "arguments": ""}]
     message = server.anthropic_client().messages.create(
-        model="m", max_tokens=1, messages=ASK, tools=MESSAGES_TOOLS, tool_choice={"type": "tool", "name": "get_weather"}
+        model=model,
+        max_tokens=1,
+        messages=ASK,
+        tools=MESSAGES_TOOLS,
+        tool_choice={"type": "tool", "name": "get_weather"},
     )
     assert message.stop_reason == "max_tokens"
     assert [(block.type, getattr(block, "input", None)) for block in message.content] == [("tool_use", {})]
-    response = server.client().responses.create(**responses_ask(1, {"type": "function", "name": "get_weather"}))
+    response = server.client().responses.create(
+        **responses_ask(1, {"type": "function", "name": "get_weather"}) | {"model": model}
+    )
     assert response.status == "incomplete"
     assert [(item.type, item.status, getattr(item, "arguments", None)) for item in response.output] == [
         ("function_call", "incomplete", "")

@@ -83,16 +83,21 @@ def run_all(server: Server, max_tokens: int | None, *, stream: bool = True) -> t
     return results, seen[0]
 
 
-def test_sixteen_streams_without_max_tokens_run_together_where_they_fit(
-    server_factory: ServerFactory, tiny_model: Path
-) -> None:
-    """Room for sixteen rows at the full window: all sixteen start at once (then the clients leave)."""
+@pytest.fixture(scope="module")
+def ample(server_factory: ServerFactory, tiny_model: Path) -> Server:
+    """The tiny model with room for sixteen rows at its full window: none waits for memory or is preempted.
+
+    One server for both tests that need the room (a start is about 4 s here)."""
     info = resolve_model(str(tiny_model))
     shape = read_model_shape(info.path, info.context_window)
-    ample = server_factory(
+    return server_factory(
         memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(info.context_window + 256))),
         prompt_cache_bytes=str(PROMPT_CACHE),
     )
+
+
+def test_sixteen_streams_without_max_tokens_run_together_where_they_fit(ample: Server) -> None:
+    """Room for sixteen rows at the full window: all sixteen start at once (then the clients leave)."""
     assert_sixteen_start_together(ample)
 
 
@@ -136,7 +141,7 @@ def assert_sixteen_start_together(server: Server) -> None:
 
 
 def test_a_budget_too_small_for_sixteen_growing_rows_preempts_and_resumes_them(
-    server_factory: ServerFactory, tiny_model: Path
+    server_factory: ServerFactory, tiny_model: Path, ample: Server
 ) -> None:
     """Sixteen rows fit while they are under 400 tokens: past it, the latest arrivals yield and come back.
 
@@ -153,8 +158,8 @@ def test_a_budget_too_small_for_sixteen_growing_rows_preempts_and_resumes_them(
     """
     info = resolve_model(str(tiny_model))
     shape = read_model_shape(info.path, info.context_window)
-    ample = server_factory(prompt_cache_bytes=str(PROMPT_CACHE))
     free, _ = run_all(ample, ROW_TOKENS, stream=False)
+    assert stats(ample)["gateway"]["preemptions"] == 0  # type: ignore[index]
     tight = server_factory(
         memory_budget=str(budget_for(shape, ROWS * shape.kv_bytes(400))), prompt_cache_bytes=str(PROMPT_CACHE)
     )

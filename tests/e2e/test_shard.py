@@ -12,24 +12,20 @@ gives the same. The disk tier per rank is in test_shard_tiers.py.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
 from tests import loopback
-from tests.conftest import REPO, Server, _free_port, start_server
+from tests.conftest import Server, start_server
 from tests.e2e.shard_harness import Sharded, start_sharded
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -301,48 +297,6 @@ def test_stopping_rank_zero_stops_every_rank(lone: Sharded) -> None:
     assert reply.choices[0].message.content
     assert lone.server.stop() == 0
     assert lone.followers[0].wait(timeout=30) == 0
-
-
-def test_mlx_launch_starts_a_sharded_server(tmp_path: Path) -> None:
-    """The documented way: `mlx.launch --backend ring -n 2 -- mlx-relay serve --shard tensor`."""
-    port = _free_port()
-    launcher = Path(sys.executable).parent / "mlx.launch"
-    command = [
-        str(launcher),
-        "--backend",
-        "ring",
-        "-n",
-        "2",
-        "--python",
-        sys.executable,
-        "--",
-        "-m",
-        "mlx_relay",
-        "serve",
-        "--model",
-        "tiny",
-        "--shard",
-        "tensor",
-        "--port",
-        str(port),
-    ]
-    log_path = tmp_path / "launch.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    server = Server(f"http://127.0.0.1:{port}", process, log_path)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None:
-            with contextlib.suppress(httpx.TransportError):
-                if loopback.get(f"{server.base_url}/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.3)
-        health = loopback.get(f"{server.base_url}/health", timeout=5).json()
-        assert [rank["alive"] for rank in health["ranks"]] == [True, True], server.logs()
-        reply = server.client().chat.completions.create(model="m", messages=USER, max_tokens=4, temperature=0)  # type: ignore[arg-type]
-        assert reply.choices[0].message.content
-    finally:
-        server.kill()
 
 
 def test_three_ranks_give_one_process_output(tmp_path: Path) -> None:

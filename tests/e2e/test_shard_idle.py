@@ -1,5 +1,7 @@
 """A sharded server at rest costs no CPU, and its ranks stop when their launcher is gone (issue 22 item 9).
 
+The launcher's test is also the one of starting a sharded server the documented way, with `mlx.launch`.
+
 Measured before: an idle 2-rank tensor group on `tiny` spent 0.43 of a
 core on the follower, which waited for rank 0's next step inside a
 collective (the ring backend polls); and ranks whose `mlx.launch` was
@@ -76,7 +78,11 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_ranks_stop_when_their_launcher_is_gone(tmp_path: Path, sent: signal.Signals) -> None:
+def test_mlx_launch_starts_a_sharded_server_whose_ranks_stop_when_it_is_gone(
+    tmp_path: Path, sent: signal.Signals
+) -> None:
+    """The documented way, `mlx.launch --backend ring -n 2 -- mlx-relay serve --shard tensor`, serves from every
+    rank; ended by a signal, the launcher takes its ranks with it."""
     port = _free_port()
     launcher = Path(sys.executable).parent / "mlx.launch"
     launch = [str(launcher), "--backend", "ring", "-n", "2", "--python", sys.executable, "--"]
@@ -100,6 +106,10 @@ def test_ranks_stop_when_their_launcher_is_gone(tmp_path: Path, sent: signal.Sig
                 if loopback.get(f"{server.base_url}/health", timeout=2).status_code == 200:
                     break
             time.sleep(0.3)
+        health = loopback.get(f"{server.base_url}/health", timeout=5).json()
+        assert [rank["alive"] for rank in health["ranks"]] == [True, True], server.logs()
+        reply = server.client().chat.completions.create(model="m", messages=USER, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+        assert reply.choices[0].message.content
         ranks = _children(process.pid)
         assert len(ranks) == 2, server.logs()
         os.kill(process.pid, sent)
