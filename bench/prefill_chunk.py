@@ -1,0 +1,77 @@
+"""A lone prompt's prefill at several chunk sizes, in one process, rounds alternating: wall and CPU seconds.
+
+    python -m bench.prefill_chunk [--model smollm2] [--tokens 2048] [--chunks 256,512,2048] [--rounds 3]
+
+mlx-relay prefills a prompt with nothing beside it in `prefill_step_size`
+chunks (512 by default; stages/model_thread/step_budget.py), mlx-lm's
+`stream_generate` and `mlx_lm.server` in 2,048. A chunk's attention scores
+are chunk x context, so a larger chunk does fewer passes over the weights
+but more work per token in attention, whose softmax runs on one core on
+the CPU backend. This runs the model's forward pass over one fresh prompt
+of `--tokens` tokens, chunk by chunk as the batch does, for each size in
+turn (the order rotating each round), and prints each one's wall and
+process CPU seconds, each round and the median. Linux or macOS; a built-in
+name is served as mlx-relay serves it (its float32 copy on a CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from bench.interleaved import _model_path
+
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.prefill_chunk", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--chunks", default="256,512,2048")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    chunks = [int(size) for size in args.chunks.split(",")]
+    path = _model_path(args.model, args.out)
+
+    from stages.models.blas import preload_blas
+
+    preload_blas()
+    import mlx.core as mx  # only now: mlx binds its BLAS when it is first imported
+    import mlx_lm
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = mlx_lm.load(path)[0]
+    # Ids past the special tokens, never a repeat that a cache could shortcut: the prompt's content does not move
+    # a forward pass's cost.
+    prompt = mx.array([1, *range(100, 100 + args.tokens - 1)])
+
+    def prefill(chunk: int) -> tuple[float, float]:
+        cache = make_prompt_cache(model)
+        wall, cpu = time.perf_counter(), time.process_time()
+        for start in range(0, args.tokens, chunk):
+            model(prompt[None, start : start + chunk], cache=cache)
+            mx.eval([layer.state for layer in cache])
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    prefill(min(chunks))  # warm-up: first calls pay one-time setup
+    results: dict[int, list[tuple[float, float]]] = {size: [] for size in chunks}
+    for index in range(args.rounds):
+        order = chunks[index % len(chunks) :] + chunks[: index % len(chunks)]
+        for size in order:
+            results[size].append(prefill(size))
+        line = "  ".join(
+            f"{size}: {results[size][-1][0]:.2f} s wall {results[size][-1][1]:.2f} s CPU" for size in chunks
+        )
+        print(f"round {index + 1}: {line}", flush=True)
+    print(f"\n{args.tokens} tokens, median of {args.rounds} rounds:")
+    for size in chunks:
+        walls, cpus = zip(*results[size], strict=True)
+        print(f"  chunk {size}: {statistics.median(walls):.2f} s wall, {statistics.median(cpus):.2f} s CPU")
+
+
+if __name__ == "__main__":
+    main()
