@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.servers import REPO
-from bench.workload import WARMUP_PROMPT, Workload, wave_prompts
+from bench.workload import WARMUP_PROMPT, Workload, prompt, wave_prompts
 
 # mlx.nn.Module and mlx_lm's TokenizerWrapper: mlx ships no types mypy can
 # use, and naming them here would import mlx before the BLAS preload.
@@ -109,6 +109,8 @@ def _serve(model: Model, tokenizer: Tokenizer, workload: Workload) -> None:
         level, wave = int(asked["level"]), int(asked["wave"])
         if asked["kind"] == "stream":
             _emit({"kind": "stream", **_measure_stream(model, tokenizer, wave, workload)})
+        elif asked["kind"] == "clients":
+            _emit({"kind": "clients", **_measure_clients(model, tokenizer, level, wave, workload)})
         else:
             _emit({"kind": "batch", **_measure_batch(model, tokenizer, level, wave, workload)})
 
@@ -183,6 +185,51 @@ def _batch_once(
     wall = time.perf_counter() - start
     generator.close()
     return [counts[uid] for uid in uids], wall, list(firsts.values())
+
+
+def _measure_clients(model: Model, tokenizer: Tokenizer, level: int, wave: int, workload: Workload) -> Record:
+    """`BatchGenerator` fed as the servers' clients feed a server: `level` clients, each sending its next request
+    the moment its last reply ends (bench/load.py's `run_wave`), so rows arrive, prefill beside decoding rows and
+    finish at their own times. `_measure_batch` hands each round's prompts over at once instead: the difference
+    between the two is what the arrival shape costs, with no server at all."""
+    from mlx_lm.generate import BatchGenerator
+
+    first = wave * workload.requests_per_client
+    queues = [
+        [
+            tokenizer.encode(prompt(level, client, request))
+            for request in range(first, first + workload.requests_per_client)
+        ]
+        for client in range(level)
+    ]
+    generator = BatchGenerator(
+        model,
+        stop_tokens=[[token] for token in sorted(tokenizer.eos_token_ids)],
+        completion_batch_size=level,
+        prefill_batch_size=level,
+    )
+    cpu_start, start = time.process_time(), time.perf_counter()
+    owner: dict[int, int] = {}
+    for client, queue in enumerate(queues):
+        owner[generator.insert([queue.pop(0)], max_tokens=[workload.max_tokens])[0]] = client
+    tokens = 0
+    while owner:
+        for response in generator.next()[1]:
+            tokens += response.finish_reason != "stop"
+            if response.finish_reason is None:
+                continue
+            client = owner.pop(response.uid)
+            if queues[client]:
+                owner[generator.insert([queues[client].pop(0)], max_tokens=[workload.max_tokens])[0]] = client
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    generator.close()
+    return {
+        "concurrency": level,
+        "completion_tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "cpu_s_per_1k_tokens": cpu / tokens * 1000 if tokens else None,
+    }
 
 
 def _measure_stream(model: Model, tokenizer: Tokenizer, wave: int, workload: Workload) -> Record:

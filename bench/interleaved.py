@@ -14,6 +14,10 @@ median over the rounds (and the range), so drift weighs on them all alike:
 
 - worker / raw: the model worker's CPU per token against `BatchGenerator`'s
   (`stream_generate`'s too at N=1, whose wave runs beside the batch one);
+  raw is handed each round's prompts at once, an ideal no server sees;
+- worker / raw-as-clients and relay / raw-as-clients: against `BatchGenerator`
+  fed as the clients feed the servers (each client's next request the moment
+  its last reply ends), so what the arrival shape costs is left out;
 - front + worker / mlx_lm.server: the two processes' CPU per token;
 - relay / mlx_lm.server and relay / raw: tokens per second;
 - relay / ceiling: against what the cores leave a server costing raw's CPU
@@ -62,6 +66,8 @@ Figures = dict[str, float]
 RATIOS: dict[str, Callable[[dict[str, Figures]], float | None]] = {
     "worker / raw CPU": lambda r: r["relay"]["worker_cpu"] / r["raw"]["cpu"],
     "worker / stream_generate CPU": lambda r: r["relay"]["worker_cpu"] / r["stream"]["cpu"] if "stream" in r else None,
+    "worker / raw-as-clients CPU": lambda r: r["relay"]["worker_cpu"] / r["clients"]["cpu"] if "clients" in r else None,
+    "relay / raw-as-clients tok/s": lambda r: r["relay"]["tok_s"] / r["clients"]["tok_s"] if "clients" in r else None,
     "front+worker / mlx_lm.server CPU": lambda r: r["relay"]["cpu"] / r["mlx_lm"]["cpu"],
     "relay / mlx_lm.server tok/s": lambda r: r["relay"]["tok_s"] / r["mlx_lm"]["tok_s"],
     "relay / raw tok/s": lambda r: r["relay"]["tok_s"] / r["raw"]["tok_s"],
@@ -69,7 +75,7 @@ RATIOS: dict[str, Callable[[dict[str, Figures]], float | None]] = {
     "front+worker / llama-server CPU": lambda r: r["relay"]["cpu"] / r["llama"]["cpu"] if "llama" in r else None,
     "relay / llama-server tok/s": lambda r: r["relay"]["tok_s"] / r["llama"]["tok_s"] if "llama" in r else None,
 }
-CONTENDERS = ("raw", "stream", "relay", "mlx_lm", "llama")
+CONTENDERS = ("raw", "clients", "stream", "relay", "mlx_lm", "llama")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,7 +108,10 @@ def main(argv: list[str] | None = None) -> None:
             servers["llama"] = llama
         for server in servers.values():
             asyncio.run(warm_up(server.url, WARMUP_PROMPT, args.max_tokens))
-        contenders: dict[str, Callable[[int, int], Figures]] = {"raw": lambda level, wave: raw("batch", level, wave)}
+        contenders: dict[str, Callable[[int, int], Figures]] = {
+            "raw": lambda level, wave: raw("batch", level, wave),
+            "clients": lambda level, wave: raw("clients", level, wave),
+        }
         for name, server in servers.items():
             contenders[name] = partial(_server_wave, server, workload=workload, split=name == "relay")
         names = list(contenders)
