@@ -360,7 +360,10 @@ class GenerationGateway:
             rows = min(prefilling, self._prefill_rows or self._max_batch)
             decoding = len(self._batch.rows) - prefilling
             other_work = self._exclusive is not None and self._exclusive.pending
-            generator.prefill_step_size = budget.chunk(prefilling=rows, decoding=decoding, other_work=other_work)
+            longest = self._batch.longest_prefill
+            generator.prefill_step_size = budget.chunk(
+                prefilling=rows, decoding=decoding, other_work=other_work, longest=longest
+            )
         began = time.perf_counter()
         prefilled, generated = generator.next()
         if budget is not None:

@@ -79,9 +79,10 @@ class StepBudget:
     last_chunk: int = attrs.field(default=0, init=False)
     over_target: int = attrs.field(default=0, init=False)
 
-    def chunk(self, *, prefilling: int, decoding: int, other_work: bool = False) -> int:
+    def chunk(self, *, prefilling: int, decoding: int, other_work: bool = False, longest: int = 0) -> int:
         """Prompt tokens each of `prefilling` rows may take in the next step, beside `decoding` rows and,
-        with `other_work`, exclusive work waiting for the step to end."""
+        with `other_work`, exclusive work waiting for the step to end; `longest`, where known, the most prompt
+        tokens any of those rows has left to prefill (at most: a row part-way through may have fewer)."""
         self._prefilling = max(prefilling, 0)
         if prefilling <= 0:
             return self.max_chunk
@@ -95,6 +96,11 @@ class StepBudget:
             size = int((target - decode) / self._token_s / prefilling)
         self.chunks += 1
         self.last_chunk = max(self.min_chunk, min(self.max_chunk, size))
+        # Prompts that end within two chunks end in this step: each pass over the weights costs what many prompt
+        # tokens do, and a short tail chunk would pay for one (SmolLM2's 25-token chat prompts, cut 16 + 8, cost the
+        # relay 12% more CPU a token at N=16 than whole prompts did).
+        if 0 < longest <= 2 * self.last_chunk:
+            self.last_chunk = min(self.max_chunk, max(self.last_chunk, longest))
         return self.last_chunk
 
     def record(self, seconds: float, prefilled: Sequence[Any], *, decoding: int, other_work: bool = False) -> None:

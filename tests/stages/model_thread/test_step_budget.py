@@ -109,6 +109,22 @@ def test_prompts_that_outnumber_the_streams_take_their_share_by_count() -> None:
     assert budget.over_target == 1
 
 
+def test_prompts_that_end_within_two_chunks_end_in_this_step() -> None:
+    """A pass over the weights costs what many prompt tokens do: a 25-token prompt is not cut 16 + 8."""
+    budget = StepBudget(target_s=0.2, max_chunk=512, min_chunk=16)
+    budget.record(0.5, [], decoding=16)
+    budget.record(0.51, [_prefilling(0, 10)], decoding=16)
+    assert budget.chunk(prefilling=1, decoding=16) == 16
+    assert budget.chunk(prefilling=1, decoding=16, longest=24) == 24
+    assert budget.chunk(prefilling=1, decoding=16, longest=32) == 32
+    # A longer prompt keeps the budget's chunk, and a short one never shrinks it.
+    assert budget.chunk(prefilling=1, decoding=16, longest=33) == 16
+    assert budget.chunk(prefilling=1, decoding=16, longest=8) == 16
+    # Never past the largest chunk.
+    roomy = StepBudget(target_s=0.2, max_chunk=512)
+    assert roomy.chunk(prefilling=1, decoding=0, longest=1000) == 512
+
+
 def test_the_chunk_stays_between_its_bounds() -> None:
     budget = StepBudget(target_s=0.2, max_chunk=128, min_chunk=16)
     budget.record(0.064, [_prefilling(0, 64)], decoding=0)
