@@ -144,14 +144,17 @@ def _measure_batch(model: Model, tokenizer: Tokenizer, level: int, wave: int, wo
         tokens, wall, first = tokens + sum(counts), wall + elapsed, first + ttfts
         short += sum(1 for count in counts if count != workload.max_tokens)
     first.sort()
+    return {**_figures(level, tokens, wall, cpu), "short": short, "first_token_p50_ms": first[len(first) // 2] * 1000}
+
+
+def _figures(level: int, tokens: int, wall: float, cpu: float) -> Record:
+    """What every measurement reports: its tokens, wall time and the process's CPU per 1,000 tokens."""
     return {
         "concurrency": level,
         "completion_tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": tokens / wall,
         "cpu_s_per_1k_tokens": cpu / tokens * 1000 if tokens else None,
-        "short": short,
-        "first_token_p50_ms": first[len(first) // 2] * 1000,
     }
 
 
@@ -223,13 +226,7 @@ def _measure_clients(model: Model, tokenizer: Tokenizer, level: int, wave: int, 
                 owner[generator.insert([queues[client].pop(0)], max_tokens=[workload.max_tokens])[0]] = client
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     generator.close()
-    return {
-        "concurrency": level,
-        "completion_tokens": tokens,
-        "wall_s": wall,
-        "tokens_per_s": tokens / wall,
-        "cpu_s_per_1k_tokens": cpu / tokens * 1000 if tokens else None,
-    }
+    return _figures(level, tokens, wall, cpu)
 
 
 def _measure_stream(model: Model, tokenizer: Tokenizer, wave: int, workload: Workload) -> Record:
@@ -241,13 +238,7 @@ def _measure_stream(model: Model, tokenizer: Tokenizer, wave: int, workload: Wor
         count, elapsed = _stream_once(model, tokenizer, wave_prompts(1, request)[0], workload.max_tokens)
         cpu += time.process_time() - cpu_start
         tokens, wall = tokens + count, wall + elapsed
-    return {
-        "concurrency": 1,
-        "completion_tokens": tokens,
-        "wall_s": wall,
-        "tokens_per_s": tokens / wall,
-        "cpu_s_per_1k_tokens": cpu / tokens * 1000 if tokens else None,
-    }
+    return _figures(1, tokens, wall, cpu)
 
 
 def _stream_once(model: Model, tokenizer: Tokenizer, text: str, max_tokens: int) -> tuple[int, float]:
