@@ -33,6 +33,9 @@ class StopMatcher:
         After a stop is found, the text after it is discarded. With
         `final`, nothing is held back.
         """
+        if not self._stops:
+            # Nothing to find or hold back (most requests): the text as it came.
+            return StopResult(text=text)
         buffer = self._held + text
         found = earliest(buffer, self._stops)
         if found is not None:

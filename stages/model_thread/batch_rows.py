@@ -61,17 +61,9 @@ class BatchRows:
         """Rows in the batch or waiting for it."""
         return len(self.rows) + len(self.waiting)
 
-    @property
-    def prefilling(self) -> int:
+    def prefilling(self) -> list[Row]:
         """Rows in the batch that have not given a token since they were inserted (a resumed row prefills again)."""
-        return sum(1 for row in self.rows.values() if len(row.generated) == len(row.resume.generated))
-
-    @property
-    def longest_prefill(self) -> int:
-        """The most tokens a prefilling row has to run past its cached prefix (a resumed row's output so far
-        included): an upper bound on what any of them has left (the batch's own progress is not read here)."""
-        prefilling = [row for row in self.rows.values() if len(row.generated) == len(row.resume.generated)]
-        return max((row.prompt_len + len(row.resume.generated) - row.cached for row in prefilling), default=0)
+        return [row for row in self.rows.values() if len(row.generated) == len(row.resume.generated)]
 
     def admit(self, generator: BatchGenerator) -> tuple[Admitted, ...]:
         admitted = []

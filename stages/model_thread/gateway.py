@@ -356,11 +356,13 @@ class GenerationGateway:
         other_work = False
         if budget is not None:
             # The rows with no token yet prefill, as many at once as the batch takes.
-            prefilling = self._batch.prefilling
-            rows = min(prefilling, self._prefill_rows or self._max_batch)
-            decoding = len(self._batch.rows) - prefilling
+            prefilling = self._batch.prefilling()
+            rows = min(len(prefilling), self._prefill_rows or self._max_batch)
+            decoding = len(self._batch.rows) - len(prefilling)
             other_work = self._exclusive is not None and self._exclusive.pending
-            longest = self._batch.longest_prefill
+            # The most any of them has past its cached prefix (a resumed row's output so far included): an upper
+            # bound on what each has left, the batch's own progress not read here.
+            longest = max((row.prompt_len + len(row.resume.generated) - row.cached for row in prefilling), default=0)
             generator.prefill_step_size = budget.chunk(
                 prefilling=rows, decoding=decoding, other_work=other_work, longest=longest
             )

@@ -49,8 +49,7 @@ log = structlog.get_logger(stage="sink")
 class RowText:
     admitted: Admitted
     detokenizer: StreamingDetokenizer
-    # None without stop strings: a matcher of none would copy each token's text through, for nothing.
-    stops: StopMatcher | None
+    stops: StopMatcher
     markup: Splitter
     timeline: Timeline
     # The client wants at most one tool call (`parallel_tool_calls: false`).
@@ -126,7 +125,7 @@ class CompletionSink:
         self._rows[prepared.request_id] = RowText(
             admitted=admitted,
             detokenizer=completion_detokenizer(self._tokenizer),
-            stops=StopMatcher(prepared.params.stop) if prepared.params.stop else None,
+            stops=StopMatcher(prepared.params.stop),
             markup=self._markup_for(prepared),
             timeline=timeline,
             single_call=isinstance(prepared.request, ChatRequest) and not prepared.request.parallel_tool_calls,
@@ -155,7 +154,7 @@ class CompletionSink:
         row.speculated = delta.speculated or row.speculated
         row.completion_tokens += len(delta.new_token_ids)
         text = self._detokenize(row, delta)
-        if row.stops is not None and row.completion_tokens > row.min_tokens:
+        if row.completion_tokens > row.min_tokens:
             result = row.stops.feed(text, final=delta.finish is not None)
         else:
             result = StopResult(text=text)
