@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
             "clients": lambda level, wave: raw("clients", level, wave),
         }
         for name, server in servers.items():
-            contenders[name] = partial(_server_wave, server, workload=workload, split=name == "relay")
+            contenders[name] = partial(server_wave, server, workload=workload, split=name == "relay")
         names = list(contenders)
         for index in range(args.rounds):
             for level in levels:
@@ -154,7 +154,7 @@ def _llama(stack: ExitStack, args: argparse.Namespace, slots: int, logs: Path) -
     return None if command is None else stack.enter_context(started("llama", command, port, llama_env(), logs))
 
 
-def _server_wave(server: Server, level: int, wave: int, *, workload: Workload, split: bool) -> Figures:
+def server_wave(server: Server, level: int, wave: int, *, workload: Workload, split: bool) -> Figures:
     assert server.process is not None  # started here
     pid = server.process.pid
     before_tree, before_split = tree_cpu_seconds(pid), tree_cpu_split(pid)

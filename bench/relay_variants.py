@@ -23,10 +23,9 @@ import statistics
 from contextlib import ExitStack
 from pathlib import Path
 
-import bench.servers as servers
-from bench.cpu import tree_cpu_seconds
-from bench.load import run_wave, summarize, warm_up
-from bench.servers import Server, free_port, mlx_lm_command, relay_command, relay_env, started
+from bench.interleaved import server_wave
+from bench.load import warm_up
+from bench.servers import REPO, Server, free_port, mlx_lm_command, relay_command, relay_env, started
 from bench.workload import WARMUP_PROMPT, Workload
 from stages.models.demo import DEMO_MODELS
 
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
                 order = names[index % len(names) :] + names[: index % len(names)]
                 line = []
                 for name in order:
-                    wave = _wave(started_servers[name], level, 1 + index, workload)
+                    wave = server_wave(started_servers[name], level, 1 + index, workload=workload, split=False)
                     figures.setdefault((level, name), []).append(wave)
                     line.append(f"{name} {wave['tok_s']:.1f} tok/s {wave['cpu']:.2f} s/1k")
                 print(f"round {index + 1} N={level}: " + "  ".join(line), flush=True)
@@ -83,28 +82,10 @@ def _variant(text: str) -> tuple[str, dict[str, str]]:
 
 def _relay(stack: ExitStack, args: argparse.Namespace, name: str, extra: dict[str, str]) -> Server:
     environment = relay_env(args.model, frozenset(DEMO_MODELS))
-    tree = extra.get("_tree")
     environment.update({key: value for key, value in extra.items() if key != "_tree"})
     port = free_port()
-    # `started` runs the app from servers.REPO when it is entered: another checkout's app for `_tree`.
-    saved = servers.REPO
-    servers.REPO = Path(tree) if tree else saved
-    try:
-        return stack.enter_context(started(name, relay_command(port), port, environment, args.out))
-    finally:
-        servers.REPO = saved
-
-
-def _wave(server: Server, level: int, wave: int, workload: Workload) -> dict[str, float]:
-    assert server.process is not None  # started here
-    before = tree_cpu_seconds(server.process.pid)
-    measured = asyncio.run(run_wave(server.url, level, workload, wave=wave))
-    after = tree_cpu_seconds(server.process.pid)
-    summary = summarize(measured, workload.max_tokens)
-    tokens = int(summary["completion_tokens"])  # type: ignore[call-overload]  # summarize's values are objects
-    if summary["errors"] or not tokens or before is None or after is None:
-        raise SystemExit(f"{server.name}: a wave failed or /proc is missing: {summary['errors']}")
-    return {"tok_s": float(summary["tokens_per_s"]), "cpu": (after - before) * 1000 / tokens}  # type: ignore[arg-type]
+    tree = Path(extra["_tree"]) if "_tree" in extra else REPO
+    return stack.enter_context(started(name, relay_command(port), port, environment, args.out, cwd=tree))
 
 
 if __name__ == "__main__":

@@ -93,12 +93,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def started(name: str, command: list[str], port: int, env: Mapping[str, str], log_dir: Path) -> Iterator[Server]:
-    """A healthy server for the duration of the block, stopped on the way out."""
+def started(
+    name: str, command: list[str], port: int, env: Mapping[str, str], log_dir: Path, *, cwd: Path = REPO
+) -> Iterator[Server]:
+    """A healthy server for the duration of the block, stopped on the way out; `cwd`: the checkout whose app runs."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     with log_path.open("wb") as log_file:
-        process = subprocess.Popen(command, cwd=REPO, env=dict(env), stdout=log_file, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=cwd, env=dict(env), stdout=log_file, stderr=subprocess.STDOUT)
     server = Server(name, f"http://127.0.0.1:{port}", process, log_path)
     try:
         wait_healthy(server)
