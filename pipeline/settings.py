@@ -19,7 +19,10 @@ from pipeline.logs import LOG_FORMATS, RENDERING_VARIABLE
 
 PREFIX = "MLX_RELAY_"
 # Variables of this prefix that other modules read, outside the settings.
-OTHER_VARIABLES = frozenset({"MLX_RELAY_DEMO_CACHE", "MLX_RELAY_SHARD_COORDINATOR", RENDERING_VARIABLE})
+# MLX_RELAY_CPU_ATTENTION: read where the model loads (stages/models/cpu_attention.py), in every model worker.
+OTHER_VARIABLES = frozenset(
+    {"MLX_RELAY_DEMO_CACHE", "MLX_RELAY_SHARD_COORDINATOR", "MLX_RELAY_CPU_ATTENTION", RENDERING_VARIABLE}
+)
 T = TypeVar("T")
 
 

@@ -62,6 +62,8 @@ MLX_CORE_ALLOWED = {
     "stages/models/demo_adapter.py",
     # Quantized layers made dense at load, with MLX's own arithmetic so the bits are its dequantize's (issue #37).
     "stages/models/dequantize.py",
+    # A prefill's attention on the CPU backend, in numpy, in place of MLX's own (called inside the model's pass).
+    "stages/models/cpu_attention.py",
     # The quantized KV cache the batch holds (its layers and the generator that makes them).
     "stages/models/quantized_kv.py",
     # A row alone, decoded on the model thread as mlx-lm's generate_step does.

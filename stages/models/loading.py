@@ -192,9 +192,11 @@ def load_weights(info: ModelInfo) -> object:
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model, load_model
 
+    from stages.models.cpu_attention import install as install_cpu_attention
     from stages.models.dequantize import dequantize_layers
     from stages.models.vlm import load_vision_language, vision_config
 
+    install_cpu_attention()
     if (config := vision_config(info.path)) is not None:
         return load_vision_language(info.path, config)
     model, _ = load_model(info.path)

@@ -1,0 +1,197 @@
+"""A prefill chunk's attention on MLX's CPU backend, computed in numpy.
+
+On the CPU backend `mx.fast.scaled_dot_product_attention` falls back to plain ops: the scores, a softmax and a
+second matmul. The matmuls go to the BLAS, but the softmax's exponentials run one at a time on one core (the
+Linux wheel's kernels are not vectorised): at a 512-token chunk over a 4k-token context they are most of
+the chunk's time, and they are why an agent's turn takes longer the longer its conversation grows. numpy's
+`exp` is vectorised, and its ufuncs and matmuls let go of the interpreter lock, so blocks of query rows
+run on every core the model's BLAS may use. Measured in process, SmolLM2 in float32, a 4,096-token
+prompt in 512-token chunks: 57.8 s through MLX, 25.1 s here (docs/benchmarks.md, "A prefill chunk's
+attention in numpy").
+
+Each block computes only the keys its rows can see: under the causal mask a chunk's later keys are hidden
+from its earlier rows, and the unfused fallback computed (and exponentiated) that hidden half of the
+chunk's own square too. A block holds at most `_BLOCK_SCORES` scores, so the memory stays bounded at any
+context length (MLX's fallback holds every score of the chunk at once).
+
+Only what is the same computation is taken here: float32 queries, keys and values, no attention sinks,
+a mask that is absent, "causal", or an array, and enough query rows that the work dwarfs the pass's sync
+(a decode step stays lazy in MLX). Everything else goes to MLX's own function, unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+# Below this many query rows a pass is a decode step or a verifying pass, and below this many scores a
+# chunk is small: either way the per-layer sync costs more than the exponentials it saves (measured break-even
+# about 30k scores; at 65k numpy took half MLX's time, at 2.4M a quarter).
+_MIN_QUERY_ROWS = 16
+_MIN_SCORES = 1 << 16
+# Scores a block holds (16 MiB of float32): bounded memory at a 128k window, and small enough that
+# every core gets blocks.
+_BLOCK_SCORES = 1 << 22
+
+CHOICE_VARIABLE = "MLX_RELAY_CPU_ATTENTION"
+_mlx_attention: Callable[..., mx.array] | None = None
+_pool: ThreadPoolExecutor | None = None
+
+
+def install() -> bool:
+    """Routes prefill attention on the CPU backend through `attention`; True if it is in place.
+
+    Idempotent. Off on Metal and CUDA (their fused kernels skip masked blocks already), and where
+    `MLX_RELAY_CPU_ATTENTION=mlx` asks for MLX's own.
+    """
+    global _mlx_attention, _pool
+    chosen = os.environ.get(CHOICE_VARIABLE, "numpy")
+    if chosen not in ("numpy", "mlx"):
+        raise ValueError(f"{CHOICE_VARIABLE}={chosen!r} is not one of numpy, mlx")
+    if _mlx_attention is not None:
+        return True
+    if mx.default_device() != mx.cpu or chosen == "mlx":
+        return False
+    _single_threaded_numpy_blas()
+    _pool = ThreadPoolExecutor(_threads(), thread_name_prefix="cpu-attention")
+    _mlx_attention = mx.fast.scaled_dot_product_attention
+    mx.fast.scaled_dot_product_attention = attention  # type: ignore[assignment]
+    return True
+
+
+def mlx_attention() -> Callable[..., mx.array]:
+    """MLX's own function, which `install` replaced (bench.prefill_chunk runs both)."""
+    return _mlx_attention or mx.fast.scaled_dot_product_attention
+
+
+def attention(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    *,
+    scale: float,
+    mask: mx.array | str | None = None,
+    sinks: mx.array | None = None,
+    **options: Any,
+) -> mx.array:
+    """`mx.fast.scaled_dot_product_attention`'s contract; numpy for a prefill's float32 attention."""
+    assert _mlx_attention is not None, "install() first"
+    if not _taken(queries, keys, values, mask, sinks, options):
+        return _mlx_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks, **options)
+    arrays = [queries, keys, values] + ([mask] if isinstance(mask, mx.array) else [])
+    mx.eval(*arrays)
+    numpy_mask = np.asarray(mask) if isinstance(mask, mx.array) else mask
+    return mx.array(_attend(np.asarray(queries), np.asarray(keys), np.asarray(values), scale, numpy_mask))
+
+
+def _taken(
+    queries: mx.array, keys: mx.array, values: mx.array, mask: object, sinks: object, options: dict[str, Any]
+) -> bool:
+    if sinks is not None or options or queries.ndim != 4 or queries.shape[2] < _MIN_QUERY_ROWS:
+        return False
+    if queries.size // queries.shape[-1] * keys.shape[2] < _MIN_SCORES:
+        return False
+    if any(array.dtype != mx.float32 for array in (queries, keys, values)):
+        return False
+    if queries.shape[1] % keys.shape[1] or (isinstance(mask, str) and mask != "causal"):
+        return False
+    return mask is None or isinstance(mask, str) or (isinstance(mask, mx.array) and mask.ndim <= 4)
+
+
+def _attend(queries: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, mask: Any) -> np.ndarray:
+    batch, heads, rows, _ = queries.shape
+    kv_heads, context = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    out = np.empty((batch, heads, rows, values.shape[-1]), dtype=np.float32)
+    block_rows = max(1, _BLOCK_SCORES // (group * context))
+    blocks = [
+        (b, h, start, min(rows, start + block_rows))
+        for b in range(batch)
+        for h in range(kv_heads)
+        for start in range(0, rows, block_rows)
+    ]
+
+    def run(block: tuple[int, int, int, int]) -> None:
+        b, h, start, stop = block
+        heads_of_h = slice(h * group, (h + 1) * group)
+        block_mask = _block_mask(mask, b, heads_of_h, start, stop, group)
+        out[b, heads_of_h, start:stop] = _attend_block(
+            queries[b, heads_of_h, start:stop], keys[b, h], values[b, h], scale, block_mask, rows - start, context
+        )
+
+    assert _pool is not None
+    list(_pool.map(run, blocks))
+    return out
+
+
+def _attend_block(
+    queries: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    scale: float,
+    mask: np.ndarray | str | None,
+    rows_from_start: int,
+    context: int,
+) -> np.ndarray:
+    """One KV head's group of query heads over a slice of rows: (group, block rows, head dim)."""
+    group, block_rows, dim = queries.shape
+    causal = isinstance(mask, str)
+    seen = context
+    if causal:
+        # Row i of the chunk sees keys up to context - rows + i: this block's last row sees no further.
+        seen = context - rows_from_start + block_rows
+    scores = (queries.reshape(group * block_rows, dim) * np.float32(scale)) @ keys[:seen].T
+    scores3 = scores.reshape(group, block_rows, seen)
+    if causal:
+        hidden = np.triu(np.ones((block_rows, block_rows), dtype=bool), 1)
+        np.copyto(scores3[:, :, seen - block_rows :], np.float32(-np.inf), where=hidden)
+    elif isinstance(mask, np.ndarray) and mask.dtype == np.bool_:
+        # The finite floor, as mlx-lm's own masked softmax uses: a row whose keys are all hidden (left padding)
+        # gets uniform weights, not NaNs that would reach the real rows through its values.
+        np.copyto(scores3, np.finfo(np.float32).min, where=~mask)
+    elif isinstance(mask, np.ndarray):
+        scores3 += mask
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    weights = scores.sum(axis=-1, keepdims=True)
+    attended = scores @ values[:seen]
+    attended /= weights
+    block: np.ndarray = attended.reshape(group, block_rows, dim)
+    return block
+
+
+def _block_mask(
+    mask: np.ndarray | str | None, b: int, heads: slice, start: int, stop: int, group: int
+) -> np.ndarray | str | None:
+    """The block's part of a mask that broadcasts to (batch, heads, rows, context), as (group, rows, context)."""
+    if not isinstance(mask, np.ndarray):
+        return mask
+    full = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    picked = full[b if full.shape[0] > 1 else 0, heads if full.shape[1] > 1 else slice(0, 1)]
+    picked = picked[:, start:stop] if picked.shape[1] > 1 else picked
+    return np.broadcast_to(picked, (group, stop - start, picked.shape[-1])) if picked.shape[0] == 1 else picked
+
+
+def _threads() -> int:
+    """The model's BLAS threads: the worker's share of the cores where the front set one (blas_share.py)."""
+    for name in ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        if (value := os.environ.get(name, "")).isdigit() and int(value) > 0:
+            return int(value)
+    return len(os.sched_getaffinity(0)) if sys.platform == "linux" else os.cpu_count() or 1
+
+
+def _single_threaded_numpy_blas() -> None:
+    """numpy's own OpenBLAS to one thread: the blocks are the parallelism, and its spinning threads would
+    take cores from MLX's BLAS between the chunk's matmuls."""
+    from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
+
+    numpy_home = os.path.dirname(os.path.dirname(np.__file__))
+    for library in ThreadpoolController().lib_controllers:
+        if library.filepath.startswith(numpy_home) and "numpy" in library.filepath:
+            library.set_num_threads(1)
