@@ -156,8 +156,14 @@ class Settings:
     # with a real BLAS); SmolLM2 repeating a paragraph to its end of turn: 2.82x at 8, 2.26x at 4; demo copying code
     # the same at either (docs/speculative-decoding.md).
     num_draft_tokens: int = attrs.field(default=8, validator=attrs.validators.in_(range(1, 17)))
-    # Rows in the batch above which no row speculates: verifying then costs more than it saves (measured on demo).
-    speculation_max_rows: int = attrs.field(default=4, validator=attrs.validators.ge(0))
+    # Rows in the batch above which no row speculates: verifying then costs more than it saves. Unset: 4 on Metal and
+    # CUDA (measured on demo), 1 on the CPU backend, where a verifying pass is compute-bound (SmolLM2's chat at N=4:
+    # 1.12x the tok/s on 0.89x the CPU with 1; stages/engine/speculation.py).
+    speculation_max_rows: int | None = attrs.field(
+        default=None,
+        converter=attrs.converters.optional(int),
+        validator=attrs.validators.optional(attrs.validators.ge(0)),
+    )
     # Jump-forward: where a row's grammar forces its next tokens (a forced call's markup, a schema's keys), they are
     # verified in one pass rather than decoded a step each; the output is the same
     # (stages/model_thread/jump_forward.py).

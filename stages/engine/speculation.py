@@ -27,6 +27,7 @@ import attrs
 
 from pipeline.settings import Settings
 from stages.model_thread.draft_model import DraftModel
+from stages.kv.machine import backend
 from stages.model_thread.drafters import Drafter, PromptLookup, RowPolicy
 
 if TYPE_CHECKING:
@@ -120,11 +121,21 @@ class SpeculationBuilder:
                 "to the accepted tokens; serve it without MLX_RELAY_PROMPT_LOOKUP / MLX_RELAY_DRAFT_MODEL"
             )
         policy = RowPolicy(
-            max_k=settings.num_draft_tokens, min_acceptance=MIN_ACCEPTANCE, max_rows=settings.speculation_max_rows
+            max_k=settings.num_draft_tokens, min_acceptance=MIN_ACCEPTANCE, max_rows=speculation_rows(settings)
         )
         jump = JumpForward() if self.jump_forward else None
         drafter = _drafter(settings, self.target) if drafting else None
         return Speculation(drafter=drafter, policy=policy, jump_forward=jump)
+
+
+def speculation_rows(settings: Settings) -> int:
+    """Rows in the batch above which none speculates: the setting, else by backend. On a CPU a verifying pass of
+    1 + k positions a row is compute-bound, and beside other rows it cost more than it saved: SmolLM2's chat at N=4
+    (bench.relay_variants, 3 rounds) gave 1.12x the tok/s on 0.89x the CPU speculating alone only, against up to 4
+    rows. On Metal and CUDA the pass is memory-bound, and 4 rows gained on demo (docs/speculative-decoding.md)."""
+    if settings.speculation_max_rows is not None:
+        return settings.speculation_max_rows
+    return 1 if backend() == "cpu" else 4
 
 
 def speculation_factory(

@@ -15,8 +15,10 @@ chunk's own square too. A block holds at most `_BLOCK_SCORES` scores, so the mem
 context length (MLX's fallback holds every score of the chunk at once).
 
 Only what is the same computation is taken here: float32 queries, keys and values, no attention sinks,
-a mask that is absent, "causal", or an array, and enough query rows that the work dwarfs the pass's sync
-(a decode step stays lazy in MLX). Everything else goes to MLX's own function, unchanged.
+a mask that is absent, "causal", or an array, and enough query rows and scores that the work dwarfs the
+pass's sync (a decode step stays lazy in MLX). Everything else goes to MLX's own function, unchanged. A
+quantized KV cache (`MLX_RELAY_KV_BITS`) takes mlx-lm's own softmax over every score too: a prefill chunk's
+keys and values are dequantized for the chunk and attended here.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models import base
 
 # Below this many query rows a pass is a decode step or a verifying pass, and below this many scores a
 # chunk is small: either way the per-layer sync costs more than the exponentials it saves (measured break-even
@@ -41,6 +44,7 @@ _BLOCK_SCORES = 1 << 22
 
 CHOICE_VARIABLE = "MLX_RELAY_CPU_ATTENTION"
 _mlx_attention: Callable[..., mx.array] | None = None
+_mlx_quantized_attention: Callable[..., mx.array] | None = None
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -50,7 +54,7 @@ def install() -> bool:
     Idempotent. Off on Metal and CUDA (their fused kernels skip masked blocks already), and where
     `MLX_RELAY_CPU_ATTENTION=mlx` asks for MLX's own.
     """
-    global _mlx_attention, _pool
+    global _mlx_attention, _mlx_quantized_attention, _pool
     chosen = os.environ.get(CHOICE_VARIABLE, "numpy")
     if chosen not in ("numpy", "mlx"):
         raise ValueError(f"{CHOICE_VARIABLE}={chosen!r} is not one of numpy, mlx")
@@ -62,6 +66,8 @@ def install() -> bool:
     _pool = ThreadPoolExecutor(_threads(), thread_name_prefix="cpu-attention")
     _mlx_attention = mx.fast.scaled_dot_product_attention
     mx.fast.scaled_dot_product_attention = attention  # type: ignore[assignment]
+    _mlx_quantized_attention = base.quantized_scaled_dot_product_attention
+    base.quantized_scaled_dot_product_attention = quantized_attention
     return True
 
 
@@ -88,6 +94,26 @@ def attention(
     mx.eval(*arrays)
     numpy_mask = np.asarray(mask) if isinstance(mask, mx.array) else mask
     return mx.array(_attend(np.asarray(queries), np.asarray(keys), np.asarray(values), scale, numpy_mask))
+
+
+def quantized_attention(
+    queries: mx.array,
+    q_keys: tuple[mx.array, mx.array, mx.array],
+    q_values: tuple[mx.array, mx.array, mx.array],
+    scale: float,
+    mask: mx.array | str | None,
+    group_size: int = 64,
+    bits: int = 8,
+) -> mx.array:
+    """mlx-lm's attention over a quantized KV cache (`MLX_RELAY_KV_BITS`): for a prefill chunk the keys and
+    values are dequantized and attended in numpy, since mlx-lm's own runs the same one-core softmax over every
+    score; otherwise mlx-lm's function."""
+    assert _mlx_quantized_attention is not None, "install() first"
+    keys = mx.dequantize(*q_keys, group_size=group_size, bits=bits)
+    values = mx.dequantize(*q_values, group_size=group_size, bits=bits)
+    if not _taken(queries, keys, values, mask, None, {}):
+        return _mlx_quantized_attention(queries, q_keys, q_values, scale, mask, group_size, bits)
+    return attention(queries, keys, values, scale=scale, mask=mask)
 
 
 def _taken(

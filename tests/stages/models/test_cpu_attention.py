@@ -9,6 +9,7 @@ import attrs
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx_lm.models import base
 from mlx_lm.models.base import create_causal_mask
 
 from stages.models import cpu_attention
@@ -157,3 +158,42 @@ def test_a_choice_other_than_numpy_or_mlx_is_refused_by_name(monkeypatch: pytest
     monkeypatch.setenv(cpu_attention.CHOICE_VARIABLE, "off")
     with pytest.raises(ValueError, match="MLX_RELAY_CPU_ATTENTION='off' is not one of numpy, mlx"):
         cpu_attention.install()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_quantized_cache_s_prefill_gives_mlx_lm_s_answer(bits: int) -> None:
+    # MLX_RELAY_KV_BITS: mlx-lm's own quantized attention is the reference, for each mask it takes.
+    assert cpu_attention._mlx_quantized_attention is not None
+    queries, keys, values = shapes(1, 9, 3, 64, 400, 64)
+    quantized_keys = tuple(mx.quantize(keys, group_size=64, bits=bits))
+    quantized_values = tuple(mx.quantize(values, group_size=64, bits=bits))
+    padded = create_causal_mask(64, offset=336, left_padding=mx.array([5]))
+    for mask in ("causal", None, padded):
+        # mlx-lm's function scales its queries in place (`queries *= scale`): it gets a copy.
+        theirs = cpu_attention._mlx_quantized_attention(
+            queries * 1, quantized_keys, quantized_values, 0.125, mask, 64, bits
+        )
+        ours = cpu_attention.quantized_attention(queries, quantized_keys, quantized_values, 0.125, mask, 64, bits)
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), atol=5e-5, rtol=1e-4)
+
+
+def test_mlx_lm_s_models_reach_the_quantized_path_through_their_cache() -> None:
+    # The models call mlx-lm's `scaled_dot_product_attention`, which looks the quantized function up in its module
+    # at call time: a cache with `bits` must land here.
+    class QuantizedCache:
+        bits, group_size = 8, 64
+
+    queries, keys, values = shapes(1, 4, 2, 32, 600, 32)
+    quantized = [tuple(mx.quantize(array, group_size=32, bits=8)) for array in (keys, values)]
+    seen: list[int] = []
+    original = cpu_attention._attend
+
+    def counted(*args: object) -> np.ndarray:
+        seen.append(1)
+        return original(*args)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu_attention, "_attend", counted)
+        QuantizedCache.group_size = 32
+        base.scaled_dot_product_attention(queries, *quantized, QuantizedCache(), 0.1, "causal")
+    assert seen == [1]
