@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from pipeline.settings import Settings
-from stages.model_thread.draft_model import DraftModel
 from stages.kv.machine import backend
+from stages.model_thread.draft_model import DraftModel
 from stages.model_thread.drafters import Drafter, PromptLookup, RowPolicy
 
 if TYPE_CHECKING:
