@@ -30,7 +30,8 @@ preload_blas()
 from edge.edge_policy import EdgePolicy  # noqa: E402
 from edge.sockets import SocketInUse, bind_unix  # noqa: E402
 from fleet.spec import ModelsFileError, specs_from_settings  # noqa: E402
-from pipeline.settings import PREFIX, Settings, SettingsError  # noqa: E402
+from pipeline.env_values import PREFIX, SettingsError  # noqa: E402
+from pipeline.settings import Settings  # noqa: E402
 from stages.adapters import AdapterError, read_adapters  # noqa: E402
 from stages.models.embedding import EmbeddingModelError, read_embedding_model  # noqa: E402
 from stages.models.pull_cli import MODEL_COMMANDS  # noqa: E402

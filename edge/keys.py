@@ -13,7 +13,7 @@ import hmac
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pipeline.settings import SettingsError
+from pipeline.env_values import SettingsError
 
 _BEARER = "bearer "
 

@@ -8,26 +8,19 @@ the variable, and so does a `MLX_RELAY_*` variable that names no setting
 
 from __future__ import annotations
 
-import difflib
 import os
-from collections.abc import Callable, Mapping
-from typing import TypeVar
+from collections.abc import Mapping
 
 import attrs
 
+from pipeline.env_values import PREFIX, SettingsError, boolean, convert, parser, refuse_unknown
 from pipeline.logs import LOG_FORMATS, RENDERING_VARIABLE
 
-PREFIX = "MLX_RELAY_"
 # Variables of this prefix that other modules read, outside the settings.
 # MLX_RELAY_CPU_ATTENTION: read where the model loads (stages/models/cpu_attention.py), in every model worker.
 OTHER_VARIABLES = frozenset(
     {"MLX_RELAY_DEMO_CACHE", "MLX_RELAY_SHARD_COORDINATOR", "MLX_RELAY_CPU_ATTENTION", RENDERING_VARIABLE}
 )
-T = TypeVar("T")
-
-
-class SettingsError(ValueError):
-    pass
 
 
 _positive = attrs.validators.gt(0)
@@ -56,7 +49,7 @@ def _lookup_mode(value: bool | str | None) -> bool | None:
     if value.strip().lower() == "auto":
         return None
     try:
-        return _boolean(value)
+        return boolean(value)
     except ValueError:
         raise ValueError(
             f"MLX_RELAY_PROMPT_LOOKUP={value!r} is not one of auto, 1, 0 (or true, false, on, off)"
@@ -307,7 +300,7 @@ class Settings:
             SettingsError: a variable has a value of the wrong type or range.
         """
         env = os.environ if environ is None else environ
-        _refuse_unknown(env, {PREFIX + field.name.upper() for field in attrs.fields(cls)} | OTHER_VARIABLES)
+        refuse_unknown(env, {PREFIX + field.name.upper() for field in attrs.fields(cls)} | OTHER_VARIABLES)
         values: dict[str, object] = {}
         for field in attrs.fields(cls):
             raw = env.get(PREFIX + field.name.upper())
@@ -315,7 +308,7 @@ class Settings:
             if raw == "" and field.default is None:
                 continue
             if raw is not None:
-                values[field.name] = _convert(field.name, raw, _parser(field.default))
+                values[field.name] = convert(field.name, raw, parser(field.default))
         # An explicit step budget is the target itself, unless a ratio is asked for too.
         values.setdefault("step_budget_ratio", 0.0 if "step_budget_ms" in values else 2.0)
         try:
@@ -365,43 +358,3 @@ def parse_aliases(value: str | None) -> dict[str, str]:
             raise ValueError(f"model_aliases names {alias!r} twice")
         aliases[alias] = target
     return aliases
-
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-def _refuse_unknown(env: Mapping[str, str], known: set[str]) -> None:
-    unknown = sorted(name for name in env if name.startswith(PREFIX) and name not in known)
-    if not unknown:
-        return
-    name = unknown[0]
-    # Compared without the prefix, which every name shares.
-    close = difflib.get_close_matches(name.removeprefix(PREFIX), sorted(k.removeprefix(PREFIX) for k in known), n=1)
-    hint = f" (did you mean {PREFIX}{close[0]}?)" if close else f" (known: {', '.join(sorted(known))})"
-    raise SettingsError(f"{name} is not a setting of this server{hint}")
-
-
-def _boolean(raw: str) -> bool:
-    word = raw.strip().lower()
-    if word not in _TRUE | _FALSE:
-        raise ValueError(raw)
-    return word in _TRUE
-
-
-def _parser(default: object) -> Callable[[str], object]:
-    if isinstance(default, bool):
-        return _boolean
-    if isinstance(default, int):
-        return int
-    if isinstance(default, float):
-        return float
-    return str
-
-
-def _convert(name: str, raw: str, parse: Callable[[str], T]) -> T:
-    try:
-        return parse(raw)
-    except ValueError:
-        expected = " (expected one of: 1, true, yes, on, 0, false, no, off)" if parse is _boolean else ""
-        raise SettingsError(f"{PREFIX}{name.upper()}={raw!r} is not a valid value{expected}") from None

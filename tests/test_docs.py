@@ -8,7 +8,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from pipeline.settings import OTHER_VARIABLES, PREFIX, Settings
+from pipeline.env_values import PREFIX
+from pipeline.settings import OTHER_VARIABLES, Settings
 from tests.conftest import REPO
 from tests.repo_files import repo_files
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from edge.keys import key_matches, load_keys, load_origins, presented_key
-from pipeline.settings import SettingsError
+from pipeline.env_values import SettingsError
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
+from pipeline.env_values import SettingsError
 from pipeline.logs import (
     RENDERING_VARIABLE,
     Rendering,
@@ -24,7 +25,7 @@ from pipeline.logs import (
     configure_logging,
     console_line,
 )
-from pipeline.settings import Settings, SettingsError
+from pipeline.settings import Settings
 
 # A console line: local time to the millisecond, the level padded, the event.
 CONSOLE_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} (?P<level>\w+) +(?P<event>[\w.]+)(?: (?P<rest>.*))?$")

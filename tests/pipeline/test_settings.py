@@ -5,7 +5,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from pipeline.settings import Settings, SettingsError
+from pipeline.env_values import SettingsError
+from pipeline.settings import Settings
 
 
 def test_defaults_with_an_empty_environment() -> None:

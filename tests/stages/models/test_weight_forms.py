@@ -16,7 +16,8 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from pipeline.settings import Settings, SettingsError
+from pipeline.env_values import SettingsError
+from pipeline.settings import Settings
 from stages.engine.decisions import plan_memory, served_model
 from stages.engine.weight_forms import CPU_DECODE_SPEED, served_as
 from stages.kv.machine import backend
