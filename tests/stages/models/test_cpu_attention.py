@@ -103,9 +103,12 @@ def test_what_numpy_would_not_compute_the_same_goes_to_mlx(monkeypatch: pytest.M
     cpu_attention.attention(*prefill, scale=0.1, mask="causal", sinks=mx.zeros((4,)))
     small_chunk = shapes(1, 4, 2, 32, 64, 32)
     cpu_attention.attention(*small_chunk, scale=0.1, mask="causal")
-    assert calls == [(1, 4, 1, 32), (1, 4, 32, 32), (1, 4, 32, 32), (1, 4, 32, 32)]
+    # Sixteen short prompts prefilled together: many scores in all, but each sequence's block too small to dispatch.
+    short_prompts = shapes(16, 4, 2, 32, 64, 32)
+    cpu_attention.attention(*short_prompts, scale=0.1, mask="causal")
+    assert calls == [(1, 4, 1, 32), (1, 4, 32, 32), (1, 4, 32, 32), (1, 4, 32, 32), (16, 4, 32, 32)]
     cpu_attention.attention(*prefill, scale=0.1, mask="causal")
-    assert len(calls) == 4
+    assert len(calls) == 5
 
 
 def test_a_block_holds_at_most_its_share_of_scores_whatever_the_context(monkeypatch: pytest.MonkeyPatch) -> None:
