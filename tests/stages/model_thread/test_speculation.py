@@ -357,3 +357,15 @@ def test_prompt_lookup_by_default_stays_off_quietly_where_it_cannot_run() -> Non
     # A draft model named takes the place of prompt lookup by default, and says nothing of it.
     draft = speculation_factory(Settings(draft_model="tiny"), None, sharded=False, adapters=False)
     assert draft is not None and draft.default is False and draft.off is None
+
+
+def test_the_rows_that_speculate_follow_the_backend_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Unset, a CPU speculates only for a row alone (a verifying pass beside others is compute-bound there); Metal and
+    # CUDA up to 4 rows; a value the operator sets is taken as it is, on any backend.
+    from pipeline.settings import Settings
+    from stages.engine import speculation
+
+    unset, set_to_3 = Settings.from_env({}), Settings.from_env({"MLX_RELAY_SPECULATION_MAX_ROWS": "3"})
+    for device, rows in (("cpu", 1), ("metal", 4), ("cuda", 4)):
+        monkeypatch.setattr(speculation, "backend", lambda device=device: device)
+        assert (speculation.speculation_rows(unset), speculation.speculation_rows(set_to_3)) == (rows, 3)
