@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import attrs
 import openai
@@ -88,6 +89,34 @@ def health_of(server: Server, model: str) -> dict[str, object]:
     return report
 
 
+@attrs.define
+class Completion:
+    """One chat completion asked for whole: the client waits while the server generates all of it."""
+
+    finish: str | None = None
+    error: openai.APIError | None = None
+
+    def run(self, server: Server) -> None:
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+        try:
+            reply = server.client().chat.completions.create(
+                model=VICTIM, messages=messages, max_tokens=VICTIM_TOKENS, temperature=0, extra_body=NO_EOS
+            )
+            self.finish = reply.choices[0].finish_reason
+        except openai.APIError as error:
+            self.error = error
+
+
+def until_killed(server: Server, killed: threading.Event, make: type[Stream | Completion], runs: list[Any]) -> None:
+    """`tiny`'s requests one after another until the kill. `tiny` writes 1,700 tokens in under a second, faster than
+    a client reads a stream, so a lone stream once ended whole before its first token let the kill go; a client
+    waiting for whole completions keeps one in flight nearly all the time."""
+    while not killed.is_set():
+        run = Stream(VICTIM, VICTIM_TOKENS) if make is Stream else Completion()
+        runs.append(run)
+        run.run(server)
+
+
 def test_kill_9_of_one_models_worker_leaves_the_other_models_streams_unchanged(server_factory: ServerFactory) -> None:
     """kill -9 of `tiny`'s worker while `tiny` and `demo` stream: `demo`'s stream finishes with the text it had
     before the kill, `tiny`'s streams fail with 503 `worker_lost`, and `tiny`'s next request is served by a new
@@ -109,21 +138,36 @@ def test_kill_9_of_one_models_worker_leaves_the_other_models_streams_unchanged(s
     assert isinstance(victim_pid, int) and victim_pid != survivor_pid
 
     survivor = Stream(SURVIVOR, SURVIVOR_TOKENS)
-    victims = [Stream(VICTIM, VICTIM_TOKENS) for _ in range(2)]
-    streaming = threading.Thread(target=run_all, args=(server, [survivor, *victims]), daemon=True)
-    streaming.start()
-    assert all(stream.started.wait(60) for stream in [survivor, *victims])
-    assert all(stream.arrivals for stream in [survivor, *victims]), [s.error for s in [survivor, *victims]]
+    surviving = threading.Thread(target=run_all, args=(server, [survivor]), daemon=True)
+    surviving.start()
+    assert survivor.started.wait(60) and survivor.arrivals, survivor.error
+    killed = threading.Event()
+    streams: list[Stream] = []
+    completions: list[Completion] = []
+    victims = [
+        threading.Thread(target=until_killed, args=(server, killed, kind, runs), daemon=True)
+        for kind, runs in [(Stream, streams), (Completion, completions)]
+    ]
+    for thread in victims:
+        thread.start()
+    while not (streams and streams[0].arrivals and completions):
+        time.sleep(0.01)
+        assert surviving.is_alive() and all(t.is_alive() for t in victims), (survivor, streams, completions)
     killed_at = time.monotonic()
+    killed.set()
     os.kill(victim_pid, signal.SIGKILL)
-    streaming.join(150)
-    assert not streaming.is_alive(), "the streams did not end"
+    for thread in [*victims, surviving]:
+        thread.join(150)
+        assert not thread.is_alive(), "the streams did not end"
 
     assert survivor.error is None, survivor.error
     assert [t for t in survivor.arrivals if t > killed_at], "the survivor's stream was still running at the kill"
     assert survivor.text == before.text and survivor.finish == "length"
-    for victim in victims:
-        assert victim.error is not None and victim.error.code == "worker_lost", (victim.error, victim.finish)
+    # Each of `tiny`'s requests ended whole, before the kill, or failed with 503 `worker_lost`: none was cut short in
+    # silence. The waiting client's last completion was in flight at the kill.
+    runs: list[Stream | Completion] = [*streams, *completions]
+    assert all(r.finish == "length" if r.error is None else r.error.code == "worker_lost" for r in runs), runs
+    assert completions[-1].error is not None, completions
     assert health_of(server, SURVIVOR)["pid"] == survivor_pid and health_of(server, SURVIVOR)["restarts"] == 0
 
     after = Stream(VICTIM, 8)
