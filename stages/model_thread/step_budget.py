@@ -28,20 +28,6 @@ and the estimate follows). The first chunk, before any prefill was
 measured, is `first_chunk` tokens: small, so the first measurement cannot
 overrun the target by much.
 
-A chunk's pass costs a fixed part as well as a part per token: the pass
-reads every weight whatever its length, and on a CPU the prefill attention's
-setup grows with the context (SmolLM2 on two cores: about 45 ms a pass and
-2.2 ms a token at a short context, 127 ms and 3.9 ms at 3,600 tokens). A
-per-token average folds the fixed part into every token, so chunks came out
-smaller the longer the context grew, and each small chunk paid the fixed part
-again: a 4k prompt beside 8 streams was held to 16-token chunks whose passes
-were more than half fixed cost. The recent chunks' lengths and costs are fit
-to a line (`fixed + per token x tokens`) once they differ enough to tell the
-two apart; the chunk is then what the target leaves after the decoding rows
-and the fixed part, and never smaller than the length at which the pass is
-half fixed cost (where the target cannot be met at all, a pass that does
-some work is better than many that mostly pay to start).
-
 With `decode_ratio` (the default, `MLX_RELAY_STEP_BUDGET_RATIO`, 2) a step
 beside decoding rows aims at that multiple of their decode-only step, and
 never below `target_s`. A fixed target starves a prompt exactly when the
@@ -63,7 +49,6 @@ Pure arithmetic, no MLX: tests drive it by hand.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,10 +56,6 @@ import attrs
 
 # Each measurement's weight in the running estimates.
 _SMOOTHING = 0.3
-# The prefill steps the fixed and per-token costs are fit over, and how much their lengths must differ (longest over
-# shortest) before the fit can tell a fixed cost from a per-token one.
-_FIT_STEPS = 12
-_FIT_SPREAD = 1.5
 
 
 @attrs.define
@@ -89,10 +70,6 @@ class StepBudget:
     # A step's length with rows decoding and nothing prefilling; seconds per prompt token beside them.
     _decode_s: float | None = attrs.field(default=None, init=False)
     _token_s: float | None = attrs.field(default=None, init=False)
-    # A prefill pass's fixed cost (0 until the fit can tell it apart), and the recent steps' (prompt tokens, seconds
-    # past the decode share) it is fit from.
-    _pass_s: float = attrs.field(default=0.0, init=False)
-    _passes: deque[tuple[int, float]] = attrs.field(factory=lambda: deque(maxlen=_FIT_STEPS), init=False)
     # Each prefilling row's progress at the last step (the batch's own count), to tell what one step prefilled.
     _progress: dict[int, int] = attrs.field(factory=dict, init=False)
     # The rows the last `chunk` was asked for: `record` judges the step against the target they were given.
@@ -116,9 +93,7 @@ class StepBudget:
         else:
             decode = self._decode_s if decoding and self._decode_s is not None else 0.0
             target = self.target(decoding=decoding, prefilling=prefilling)
-            size = int((target - decode - self._pass_s) / self._token_s / prefilling)
-            # A pass at least half work: the fixed part paid once for as many tokens' worth of work.
-            size = max(size, int(self._pass_s / self._token_s / prefilling))
+            size = int((target - decode) / self._token_s / prefilling)
         self.chunks += 1
         self.last_chunk = max(self.min_chunk, min(self.max_chunk, size))
         # Prompts that end within two chunks end in this step: each pass over the weights costs what many prompt
@@ -136,7 +111,7 @@ class StepBudget:
             self._decode_s = _smoothed(self._decode_s, seconds)
         elif tokens:
             decode = self._decode_s if decoding and self._decode_s is not None else 0.0
-            self._learn_prefill(tokens, max(seconds - decode, 0.0))
+            self._token_s = _smoothed(self._token_s, max(seconds - decode, 0.0) / tokens)
         # A step that kept nobody waiting (a prompt prefilling alone, in full chunks) had no target to meet; one that
         # kept rows or exclusive work waiting had, as `chunk` sized it (a decode-only step's own length counts in a
         # target that follows it).
@@ -153,20 +128,6 @@ class StepBudget:
             return max(self.target_s, self._decode_s * max(self.decode_ratio, (prefilling + decoding) / decoding))
         return self.target_s
 
-    @property
-    def pass_s(self) -> float:
-        """A prefill pass's fixed cost, as fit so far (0: not told apart from the per-token cost yet)."""
-        return self._pass_s
-
-    def _learn_prefill(self, tokens: int, seconds: float) -> None:
-        self._passes.append((tokens, seconds))
-        fit = _line(self._passes)
-        if fit is not None:
-            self._pass_s, self._token_s = fit
-        else:
-            # Lengths too alike to fit: the per-token cost follows what is left after the fixed part last fit.
-            self._token_s = _smoothed(self._token_s, max(seconds - self._pass_s, 0.0) / tokens or seconds / tokens)
-
     def _prefilled_tokens(self, prefilled: Sequence[Any]) -> int:
         # `progress` is (prompt tokens sent to the model so far, the prompt's length) for each row still prefilling;
         # rebuilt every step, so a row that left (finished, aborted, preempted) leaves nothing behind.
@@ -178,20 +139,3 @@ class StepBudget:
 
 def _smoothed(estimate: float | None, measured: float) -> float:
     return measured if estimate is None else (1 - _SMOOTHING) * estimate + _SMOOTHING * measured
-
-
-def _line(passes: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
-    """Least squares `seconds = fixed + per_token x tokens` over the passes, as (fixed, per token); None where their
-    lengths are too alike to tell the two apart, or the fit has no positive per-token cost."""
-    lengths = [tokens for tokens, _ in passes]
-    if len(passes) < 3 or max(lengths) < _FIT_SPREAD * min(lengths):
-        return None
-    mean_x = sum(lengths) / len(passes)
-    mean_y = sum(seconds for _, seconds in passes) / len(passes)
-    spread = sum((tokens - mean_x) ** 2 for tokens in lengths)
-    slope = sum((tokens - mean_x) * (seconds - mean_y) for tokens, seconds in passes) / spread
-    if slope <= 0:
-        return None
-    fixed = mean_y - slope * mean_x
-    # Noise can put the line's start below zero: then it is a per-token cost alone, through the mean.
-    return (fixed, slope) if fixed >= 0 else (0.0, mean_y / mean_x)

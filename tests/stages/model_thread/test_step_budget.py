@@ -125,42 +125,6 @@ def test_prompts_that_end_within_two_chunks_end_in_this_step() -> None:
     assert roomy.chunk(prefilling=1, decoding=0, longest=1000) == 512
 
 
-def test_a_passs_fixed_cost_is_told_apart_from_its_per_token_cost() -> None:
-    """Chunks of different lengths fit `fixed + per token x tokens`: the chunk is what the target leaves after the
-    decoding rows and the pass's fixed part, at the per-token cost alone."""
-    budget = StepBudget(target_s=0.2, max_chunk=512, decode_ratio=2.0)
-    budget.record(0.1, [], decoding=8)
-    # Each pass costs 45 ms plus 2 ms a token (SmolLM2's shape on two cores), beside a 100 ms decode share.
-    done = 0
-    for tokens in [64, 16, 16, 40, 16, 64]:
-        done += tokens
-        budget.record(0.1 + 0.045 + 0.002 * tokens, [_prefilling(0, done)], decoding=8)
-    assert budget.pass_s == pytest.approx(0.045)
-    # The step aims at 200 ms: 100 for the decoding rows, 45 to start the pass, 55 ms of tokens at 2 ms.
-    assert budget.chunk(prefilling=1, decoding=8) == 27
-    # Lengths too alike tell nothing apart: a per-token average, as before any fit.
-    alike = StepBudget(target_s=0.2, max_chunk=512)
-    for done in range(1, 6):
-        alike.record(0.045 + 0.002 * 16, [_prefilling(0, 16 * done)], decoding=0)
-    assert alike.pass_s == 0.0
-    assert alike.chunk(prefilling=1, decoding=0, other_work=True) == int(0.2 / (0.077 / 16))
-
-
-def test_where_the_target_leaves_no_room_a_pass_is_still_half_work() -> None:
-    """A long context's pass costs more to start than the target leaves: the chunk is where the fixed part is half
-    the pass, not the smallest chunk, whose passes would be mostly fixed cost (a 4k prompt beside 8 streams)."""
-    budget = StepBudget(target_s=0.2, max_chunk=512, decode_ratio=2.0)
-    budget.record(0.09, [], decoding=8)
-    done = 0
-    for tokens in [64, 16, 16, 16]:
-        done += tokens
-        budget.record(0.09 + 0.127 + 0.0025 * tokens, [_prefilling(0, done)], decoding=8)
-    assert budget.pass_s == pytest.approx(0.127)
-    assert budget.chunk(prefilling=1, decoding=8) == int(0.127 / 0.0025)
-    # Shared by the rows that prefill together: the pass is paid once for all of them.
-    assert budget.chunk(prefilling=2, decoding=8) == int(0.127 / 0.0025 / 2)
-
-
 def test_the_chunk_stays_between_its_bounds() -> None:
     budget = StepBudget(target_s=0.2, max_chunk=128, min_chunk=16)
     budget.record(0.064, [_prefilling(0, 64)], decoding=0)
