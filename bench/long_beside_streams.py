@@ -23,7 +23,8 @@ twice the decode-only step, at least 200 ms), `relay-fixed` (a fixed
 `--budget-ms` target, `MLX_RELAY_STEP_BUDGET_MS` set: the behaviour before
 the ratio), `relay-512` (no time target: every chunk 512 tokens), and
 `mlx_lm` (mlx_lm.server on the same float32 weights, its defaults:
-2,048-token prefill chunks). Targets (issue #37): streams' gap p95 beside
+2,048-token prefill chunks); `--tree NAME=DIR` adds mlx-relay from another
+checkout, as `relay` runs, to weigh a change within the same rounds. Targets (issue #37): streams' gap p95 beside
 <= 2x idle, the prompt's TTFT beside <= 1.2x idle. On a compute-bound
 machine they cannot both hold (docs/step-budget.md, "Sized to the decode
 step"); `1/TTFT ratio + 1/gap ratio` (gap medians) is what the machine
@@ -48,7 +49,7 @@ import httpx
 
 from bench import report
 from bench.load import percentile
-from bench.servers import Server, float32_copy, free_port, mlx_lm_command, relay_command, relay_env, started
+from bench.servers import REPO, Server, float32_copy, free_port, mlx_lm_command, relay_command, relay_env, started
 from stages.models.builtin import builtin_model_path
 from stages.models.demo import DEMO_MODELS
 
@@ -68,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--contenders", default="relay,relay-fixed,mlx_lm")
     parser.add_argument("--budget-ms", default="200", help="relay-fixed's MLX_RELAY_STEP_BUDGET_MS")
+    parser.add_argument(
+        "--tree", action="append", default=[], help="NAME=DIR: a contender that is mlx-relay from another checkout"
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     return parser
 
@@ -235,7 +239,8 @@ def _median(values: list[float | None]) -> float | None:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    names = args.contenders.split(",")
+    trees = dict(text.split("=", 1) for text in args.tree)
+    names = args.contenders.split(",") + list(trees)
     path = _model_path(args.model, args.out)
     prompts = Prompts(path, args.prompt_tokens)
     logs = args.out / "logs"
@@ -248,7 +253,8 @@ def main(argv: list[str] | None = None) -> None:
                 command, env = mlx_lm_command(str(path), port), dict(os.environ)
             else:
                 command, env = relay_command(port), _relay_env(args.model, name, args.budget_ms)
-            servers[name] = stack.enter_context(started(f"{name}-{args.model}", command, port, env, logs))
+            tree = Path(trees[name]) if name in trees else REPO
+            servers[name] = stack.enter_context(started(f"{name}-{args.model}", command, port, env, logs, cwd=tree))
         for server in servers.values():  # warm-up: the first compilations, and a short prefill
             _ttft(server, prompts.next()[:200])
         for index in range(args.rounds):
