@@ -30,6 +30,8 @@ _active: str | None = None
 # The preloaded BLAS's function that sets its thread count, and the variables the BLAS reads that count from as it
 # loads, the most specific first (`follow_thread_environment`).
 _thread_setter: tuple[Callable[[int], None], tuple[str, ...]] | None = None
+# Where no BLAS was preloaded (macOS, CUDA builds, the reference BLAS): any BLAS's variable.
+_THREAD_VARIABLES = ("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
 
 
 def preload_blas() -> str:
@@ -75,13 +77,18 @@ def follow_thread_environment() -> None:
     environment was given the worker's share of the cores after the fork (stages/remote/blas_share.py).
     In a spawned worker this sets what the BLAS read anyway. The reference BLAS has no threads.
     """
-    if _thread_setter is None:
-        return
-    setter, variables = _thread_setter
+    if _thread_setter is not None and (threads := environment_threads()) is not None:
+        _thread_setter[0](threads)
+
+
+def environment_threads() -> int | None:
+    """The BLAS thread count this process's environment names, read as the preloaded BLAS reads it (its own
+    variable first, then OpenMP's); None where none is set."""
+    variables = _thread_setter[1] if _thread_setter is not None else _THREAD_VARIABLES
     for name in variables:
         if (value := os.environ.get(name, "")).isdigit() and int(value) > 0:
-            setter(int(value))
-            return
+            return int(value)
+    return None
 
 
 def _keep_setter(library: ctypes.CDLL, name: str, variables: tuple[str, ...]) -> None:

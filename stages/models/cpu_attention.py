@@ -34,6 +34,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models import base
 
+from stages.models.blas import environment_threads
+
 # Below this many query rows a pass is a decode step or a verifying pass, and below this many scores a
 # sequence's chunk is small: either way the per-layer sync costs more than the exponentials it saves
 # (measured break-even about 30k scores; at 65k numpy took half MLX's time, at 2.4M a quarter).
@@ -209,9 +211,9 @@ def _block_mask(
 
 def _threads() -> int:
     """The model's BLAS threads: the worker's share of the cores where the front set one (blas_share.py)."""
-    for name in ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        if (value := os.environ.get(name, "")).isdigit() and int(value) > 0:
-            return int(value)
+    named = environment_threads()
+    if named is not None:
+        return named
     return len(os.sched_getaffinity(0)) if sys.platform == "linux" else os.cpu_count() or 1
 
 

@@ -83,3 +83,20 @@ def test_a_thread_count_named_after_the_blas_loaded_reaches_it() -> None:
     assert done.returncode == 0, done.stderr
     name, before, after = done.stdout.splitlines()
     assert name.startswith("mkl") and (before, after) == ("2", "1")
+
+
+def test_the_environments_thread_count_is_read_as_the_blas_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What cpu_attention sizes its pool by: the preloaded BLAS's own variable before OpenMP's, and None unset."""
+    from stages.models import blas
+
+    for name in ("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(blas, "_thread_setter", (lambda threads: None, ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")))
+    assert blas.environment_threads() is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    assert blas.environment_threads() == 4
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    assert blas.environment_threads() == 2
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "0")
+    assert blas.environment_threads() == 4
