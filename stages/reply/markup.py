@@ -62,7 +62,7 @@ class MarkupSplitter:
 
     def __attrs_post_init__(self) -> None:
         self._trim_next = self._section is not Section.ANSWER
-        # Nothing to look for (a raw completion's text): each token's text goes straight to `_emit`, per token.
+        # Nothing to look for (a raw completion's text): each token's text goes straight out, per token.
         self._plain = self._markers.think is None and self._markers.family is None and self._section is Section.ANSWER
 
     @property
@@ -79,10 +79,10 @@ class MarkupSplitter:
         with `cut`, the output ended at max tokens rather than where the model ended it."""
         events: list[CompletionEvent] = []
         if self._plain:
-            # What the loop below does with no markers: nothing is held, every section stays the answer.
-            self._emit(text, events)
-            if final:
-                self._flush(events, cut=cut)
+            # No marker can follow, so no whitespace is layout: it goes out as it comes. Held until the next word, a
+            # completion that opens with "\n\n" (as SmolLM2's mostly do) gave its first text two decode steps late.
+            if text:
+                append_text(events, TextDelta(text=text))
             return events
         buffer, self._held = self._held + text, ""
         while buffer:
