@@ -252,10 +252,12 @@ class SingleRow:
         if verified is not None:
             return prefilled, self._emit_verified(solo, verified)
         token, logprobs = solo.pending
-        # The next token's graph, built on this one before it is read: the step's overlap.
-        solo.pending = self._forward(solo, token)
+        # The next token's graph, built on this one before it is read: the step's overlap. Not after the first token,
+        # which goes out at once and is fed next call as a prompt's last token is: on a CPU `async_eval` runs the pass
+        # before it returns, and held for it the first token came a decode step late (SmolLM2, two cores: 45 ms).
+        solo.pending = self._forward(solo, token) if solo.generated else None
         value = int(token.item())
-        solo.fed.append(value)
+        (solo.fed if solo.pending is not None else solo.remaining).append(value)
         emitted = self._emit(solo, value, logprobs)
         if self._speculation is not None:
             self._speculation.plain_step()

@@ -87,6 +87,31 @@ def test_a_second_row_takes_the_first_into_the_batch_unchanged(model: Any, sampl
     assert solo.solo_rows == 1 and solo.handovers == 1
 
 
+def test_the_first_token_goes_out_before_the_next_pass(model: Any) -> None:
+    """On a CPU `async_eval` runs its pass before it returns: the call that gives the first token must not also run
+    the pass that reads it, or the time to first token carries a decode step. Its cache holds the prompt alone."""
+    from stages.model_thread.sampling import RowStops, make_row_processors
+
+    solo = _solo(model)
+    (uid,) = solo.insert(
+        [PROMPT],
+        max_tokens=[8],
+        samplers=[make_row_sampler(GREEDY)],
+        logits_processors=[make_row_processors(GREEDY, 8)],
+        stop_sequences=[RowStops([[0]])],
+    )
+    generated: list[Any] = []
+    while not generated:
+        generated = solo.next()[1]
+    cache, tokens = solo.extract_cache([uid])[uid]
+    assert [response.uid for response in generated] == [uid]
+    assert tokens == PROMPT and cache[0].offset == len(PROMPT)
+    # The next call feeds it and gives the second, whose pass the double buffer has run already.
+    second = solo.next()[1]
+    cache, tokens = solo.extract_cache([uid])[uid]
+    assert tokens == [*PROMPT, generated[0].token, second[0].token] and cache[0].offset == len(tokens)
+
+
 def test_stop_tokens_end_a_row_alone_and_at_its_hand_over(model: Any) -> None:
     free = drive(_batch(model), {0: [("a", PROMPT, GREEDY, 30, [[0]])]})["a"]["tokens"]
     # A token the row produces (not its first): the row ends on it, wherever it runs.
