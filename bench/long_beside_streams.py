@@ -176,7 +176,9 @@ def turn(server: Server, prompts: Prompts, streams: int, idle_tokens: int) -> di
             time.sleep(0.01)
         prompt = prompts.next()
         poller = (
-            threading.Thread(target=_chunks, args=(server, chunks, stop)) if server.name.startswith("relay") else None
+            threading.Thread(target=_chunks, args=(server, chunks, stop))
+            if not server.name.startswith("mlx_lm")
+            else None
         )
         if poller is not None:
             poller.start()
