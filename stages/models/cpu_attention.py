@@ -112,11 +112,13 @@ def quantized_attention(
     values are dequantized and attended in numpy, since mlx-lm's own runs the same one-core softmax over every
     score; otherwise mlx-lm's function."""
     assert _mlx_quantized_attention is not None, "install() first"
-    keys = mx.dequantize(*q_keys, group_size=group_size, bits=bits)
-    values = mx.dequantize(*q_values, group_size=group_size, bits=bits)
-    if not _taken(queries, keys, values, mask, None, {}):
-        return _mlx_quantized_attention(queries, q_keys, q_values, scale, mask, group_size, bits)
-    return attention(queries, keys, values, scale=scale, mask=mask)
+    # A decode step's few rows never come here: no dequantize is built for them, in every layer of every step.
+    if queries.ndim == 4 and queries.shape[2] >= _MIN_QUERY_ROWS:
+        keys = mx.dequantize(*q_keys, group_size=group_size, bits=bits)
+        values = mx.dequantize(*q_values, group_size=group_size, bits=bits)
+        if _taken(queries, keys, values, mask, None, {}):
+            return attention(queries, keys, values, scale=scale, mask=mask)
+    return _mlx_quantized_attention(queries, q_keys, q_values, scale, mask, group_size, bits)
 
 
 def _taken(
