@@ -12,7 +12,9 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
 import attrs
 import openai
@@ -107,12 +109,15 @@ class Completion:
             self.error = error
 
 
-def until_killed(server: Server, killed: threading.Event, make: type[Stream | Completion], runs: list[Any]) -> None:
+Run = TypeVar("Run", Stream, Completion)
+
+
+def until_killed(server: Server, killed: threading.Event, make: Callable[[], Run], runs: list[Run]) -> None:
     """`tiny`'s requests one after another until the kill. `tiny` writes 1,700 tokens in under a second, faster than
     a client reads a stream, so a lone stream once ended whole before its first token let the kill go; a client
     waiting for whole completions keeps one in flight nearly all the time."""
     while not killed.is_set():
-        run = Stream(VICTIM, VICTIM_TOKENS) if make is Stream else Completion()
+        run = make()
         runs.append(run)
         run.run(server)
 
@@ -146,7 +151,7 @@ def test_kill_9_of_one_models_worker_leaves_the_other_models_streams_unchanged(s
     completions: list[Completion] = []
     victims = [
         threading.Thread(target=until_killed, args=(server, killed, kind, runs), daemon=True)
-        for kind, runs in [(Stream, streams), (Completion, completions)]
+        for kind, runs in [(partial(Stream, VICTIM, VICTIM_TOKENS), streams), (Completion, completions)]
     ]
     for thread in victims:
         thread.start()
