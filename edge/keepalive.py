@@ -36,10 +36,16 @@ class _Watch:
 class Keepalives:
     interval: float
     _streams: dict[Reply, _Watch] = attrs.field(factory=dict, init=False)
+    # What the clock waits on while it watches no stream, set when one opens: an idle front's every wake-up runs on
+    # cold caches, about a millisecond of CPU beside a busy model worker (docs/benchmarks.md).
+    _watched: anyio.Event | None = attrs.field(default=None, init=False)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
+            if not self._streams:
+                self._watched = anyio.Event()
+                await self._watched.wait()
             await anyio.sleep(self.interval / TICKS)
             self.tick()
 
@@ -57,6 +63,8 @@ class Keepalives:
     @contextmanager
     def watching(self, reply: Reply) -> Iterator[None]:
         self._streams[reply] = _Watch(taken=reply.taken)
+        if self._watched is not None:
+            self._watched.set()
         try:
             yield
         finally:

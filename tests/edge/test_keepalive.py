@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import attrs
 import pytest
 
 from edge.keepalive import TICKS, Keepalives
@@ -65,3 +66,28 @@ async def test_the_clock_wakes_a_waiting_reader_after_about_an_interval() -> Non
     # The first look comes up to a tick after the stream starts: a nudge after (TICKS - 1) to TICKS ticks (the
     # upper bound leaves a loaded machine's scheduling room; a clock that never nudged would hang here instead).
     assert 0.2 * (TICKS - 1) / TICKS <= waited < 1.0
+
+
+@attrs.define
+class CountingClock(Keepalives):
+    ticks: int = attrs.field(default=0, init=False)
+
+    def tick(self) -> None:
+        self.ticks += 1
+        super().tick()
+
+
+async def test_the_clock_sleeps_while_no_stream_is_open_and_wakes_for_one() -> None:
+    clock, reply = CountingClock(interval=0.04), Reply("r")
+    async with anyio.create_task_group() as group:
+        await group.start(clock.run)
+        await anyio.sleep(0.2)
+        assert clock.ticks == 0
+        with clock.watching(reply):
+            assert await reply.__anext__() == []
+        assert clock.ticks >= TICKS
+        # Its last stream closed, the clock goes back to sleep after at most the look it was waiting for.
+        closed_at = clock.ticks
+        await anyio.sleep(0.2)
+        assert clock.ticks <= closed_at + 1
+        group.cancel_scope.cancel()
