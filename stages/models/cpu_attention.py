@@ -17,9 +17,10 @@ context length (MLX's fallback holds every score of the chunk at once).
 
 Only what is the same computation is taken here: float32 queries, keys and values, no attention sinks,
 a mask that is absent, "causal", or an array, and enough query rows and scores that the work dwarfs the
-pass's sync (a decode step stays lazy in MLX). Everything else goes to MLX's own function, unchanged. A
-quantized KV cache (`MLX_RELAY_KV_BITS`) takes mlx-lm's own softmax over every score too: a prefill chunk's
-keys and values are dequantized for the chunk and attended here.
+pass's sync (a decode step stays lazy in MLX; a verifying pass over a long context is taken like a chunk).
+Everything else goes to MLX's own function, unchanged. A quantized KV cache (`MLX_RELAY_KV_BITS`) takes
+mlx-lm's own softmax over every score too: a prefill chunk's or a verifying pass's keys and values are
+dequantized for it and attended here.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ from mlx_lm.models import base
 
 from stages.models.blas import environment_threads
 
-# Below this many query rows a pass is a decode step or a verifying pass, and below this many scores a
-# sequence's chunk is small: either way the per-layer sync costs more than the exponentials it saves
-# (measured break-even about 30k scores; at 65k numpy took half MLX's time, at 2.4M a quarter).
-_MIN_QUERY_ROWS = 16
+# One query row a sequence is a decode step, which stays lazy in MLX; below this many scores a sequence's pass is
+# small, and the per-layer sync costs more than the exponentials it saves (measured break-even about 30k
+# scores; at 65k numpy took half MLX's time, at 2.4M a quarter). A verifying pass (the pending token and a
+# proposal, 2-9 rows) past that size is taken: SmolLM2's 9-row pass after 3,600 tokens 255 -> 162 ms, 749 ->
+# 219 ms over an 8-bit cache (docs/benchmarks.md, "The eighth stop").
+_MIN_QUERY_ROWS = 2
 _MIN_SCORES = 1 << 16
 # Scores a block holds (16 MiB of float32): bounded memory at a 128k window, and small enough that
 # every core gets blocks.
@@ -112,7 +115,7 @@ def quantized_attention(
     values are dequantized and attended in numpy, since mlx-lm's own runs the same one-core softmax over every
     score; otherwise mlx-lm's function."""
     assert _mlx_quantized_attention is not None, "install() first"
-    # A decode step's few rows never come here: no dequantize is built for them, in every layer of every step.
+    # A decode step's one row never comes here: no dequantize is built for it, in every layer of every step.
     if queries.ndim == 4 and queries.shape[2] >= _MIN_QUERY_ROWS:
         keys = mx.dequantize(*q_keys, group_size=group_size, bits=bits)
         values = mx.dequantize(*q_values, group_size=group_size, bits=bits)

@@ -46,8 +46,15 @@ def assert_same(queries: mx.array, keys: mx.array, values: mx.array, mask: objec
 
 @pytest.mark.parametrize(
     "shape",
-    [(1, 9, 3, 512, 1600, 64), (2, 4, 1, 40, 100, 256), (1, 8, 8, 17, 17, 32), (3, 6, 2, 64, 700, 64)],
-    ids=["smollm2-chunk", "gemma3-batch", "no-grouping-square", "three-rows"],
+    [
+        (1, 9, 3, 512, 1600, 64),
+        (2, 4, 1, 40, 100, 256),
+        (1, 8, 8, 17, 17, 32),
+        (3, 6, 2, 64, 700, 64),
+        (1, 9, 3, 9, 1209, 64),
+        (2, 9, 3, 3, 1300, 64),
+    ],
+    ids=["smollm2-chunk", "gemma3-batch", "no-grouping-square", "three-rows", "smollm2-verify", "verify-batch"],
 )
 def test_every_mask_mlx_lm_makes_gives_mlx_s_answer(shape: tuple[int, ...]) -> None:
     batch, _, _, rows, context, _ = shape
@@ -108,6 +115,9 @@ def test_what_numpy_would_not_compute_the_same_goes_to_mlx(monkeypatch: pytest.M
     cpu_attention.attention(*short_prompts, scale=0.1, mask="causal")
     assert calls == [(1, 4, 1, 32), (1, 4, 32, 32), (1, 4, 32, 32), (1, 4, 32, 32), (16, 4, 32, 32)]
     cpu_attention.attention(*prefill, scale=0.1, mask="causal")
+    # A verifying pass: SmolLM2's pending token and 8 proposed after 1,200 tokens, 98k scores.
+    verify = shapes(1, 9, 3, 9, 1_209, 64)
+    cpu_attention.attention(*verify, scale=0.1, mask="causal")
     assert len(calls) == 5
 
 
