@@ -112,11 +112,13 @@ def quantized_attention(
     bits: int = 8,
 ) -> mx.array:
     """mlx-lm's attention over a quantized KV cache (`MLX_RELAY_KV_BITS`): for a prefill chunk the keys and
-    values are dequantized and attended in numpy, since mlx-lm's own runs the same one-core softmax over every
-    score; otherwise mlx-lm's function."""
+    values are dequantized and attended in numpy (a verifying pass's too, once as large), since mlx-lm's own runs
+    the same one-core softmax over every score; otherwise mlx-lm's function."""
     assert _mlx_quantized_attention is not None, "install() first"
-    # A decode step's one row never comes here: no dequantize is built for it, in every layer of every step.
-    if queries.ndim == 4 and queries.shape[2] >= _MIN_QUERY_ROWS:
+    # A dequantize is built only for a pass large enough for `_taken`: never for a decode step (every layer of
+    # every step), nor for a short verifying pass.
+    rows = queries.shape[2] if queries.ndim == 4 else 0
+    if rows >= _MIN_QUERY_ROWS and queries.shape[1] * rows * q_keys[0].shape[-2] >= _MIN_SCORES:
         keys = mx.dequantize(*q_keys, group_size=group_size, bits=bits)
         values = mx.dequantize(*q_values, group_size=group_size, bits=bits)
         if _taken(queries, keys, values, mask, None, {}):
