@@ -140,7 +140,8 @@ def test_a_block_holds_at_most_its_share_of_scores_whatever_the_context(monkeypa
 
 def test_the_real_default_model_reads_a_prompt_the_same_either_way(smollm2_model: Path) -> None:
     # SmolLM2 as the server serves it (float32 on a CPU), a 300-token prompt in chunks of 128 over its cache: the
-    # last position's logits agree, and so do 16 greedy tokens after it.
+    # last position's logits agree, so do 16 greedy tokens after it, and so does a verifying pass's every position
+    # (the last token and 8 proposed, here the first 8 again).
     from mlx_lm.models.cache import make_prompt_cache
 
     from stages.models.loading import load_weights, resolve_model
@@ -148,7 +149,7 @@ def test_the_real_default_model_reads_a_prompt_the_same_either_way(smollm2_model
     model: Any = load_weights(attrs.evolve(resolve_model(str(smollm2_model)), float32_weights=True))
     prompt = mx.array([1, *range(200, 499)])
 
-    def read(attention: object) -> tuple[np.ndarray, list[int]]:
+    def read(attention: object) -> tuple[np.ndarray, list[int], np.ndarray]:
         mx.fast.scaled_dot_product_attention = attention
         try:
             cache = make_prompt_cache(model)
@@ -158,13 +159,16 @@ def test_the_real_default_model_reads_a_prompt_the_same_either_way(smollm2_model
             tokens = [int(logits.argmax())]
             for _ in range(15):
                 tokens.append(int(model(mx.array([[tokens[-1]]]), cache=cache)[0, -1].argmax()))
-            return first, tokens
+            verifying = model(mx.array([[tokens[-1], *tokens[:8]]]), cache=cache)[0]
+            return first, tokens, np.asarray(verifying)
         finally:
             mx.fast.scaled_dot_product_attention = cpu_attention.attention
 
     ours, theirs = read(cpu_attention.attention), read(mlx_attention)
     np.testing.assert_allclose(ours[0], theirs[0], atol=1e-3, rtol=1e-3)
     assert ours[1] == theirs[1]
+    assert ours[2].shape == (9, theirs[0].size)
+    np.testing.assert_allclose(ours[2], theirs[2], atol=1e-3, rtol=1e-3)
 
 
 def test_a_choice_other_than_numpy_or_mlx_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
