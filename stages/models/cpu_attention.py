@@ -117,8 +117,7 @@ def quantized_attention(
     assert _mlx_quantized_attention is not None, "install() first"
     # A dequantize is built only for a pass large enough for `_taken`: never for a decode step (every layer of
     # every step), nor for a short verifying pass.
-    rows = queries.shape[2] if queries.ndim == 4 else 0
-    if rows >= _MIN_QUERY_ROWS and queries.shape[1] * rows * q_keys[0].shape[-2] >= _MIN_SCORES:
+    if _large_enough(queries, q_keys[0].shape[-2]):
         keys = mx.dequantize(*q_keys, group_size=group_size, bits=bits)
         values = mx.dequantize(*q_values, group_size=group_size, bits=bits)
         if _taken(queries, keys, values, mask, None, {}):
@@ -129,17 +128,24 @@ def quantized_attention(
 def _taken(
     queries: mx.array, keys: mx.array, values: mx.array, mask: object, sinks: object, options: dict[str, Any]
 ) -> bool:
-    if sinks is not None or options or queries.ndim != 4 or queries.shape[2] < _MIN_QUERY_ROWS:
-        return False
-    # Per sequence, not per batch: each (sequence, KV head) is a block for the pool, and sixteen chat prompts of 25
-    # tokens are 48 blocks too small to pay for their dispatch (7.8 ms a layer against MLX's 1.8).
-    if queries.shape[1] * queries.shape[2] * keys.shape[2] < _MIN_SCORES:
+    if sinks is not None or options or not _large_enough(queries, keys.shape[2]):
         return False
     if any(array.dtype != mx.float32 for array in (queries, keys, values)):
         return False
     if queries.shape[1] % keys.shape[1] or (isinstance(mask, str) and mask != "causal"):
         return False
     return mask is None or isinstance(mask, str) or (isinstance(mask, mx.array) and mask.ndim <= 4)
+
+
+def _large_enough(queries: mx.array, key_count: int) -> bool:
+    """Enough query rows and scores a sequence over `key_count` keys that numpy's work dwarfs the pass's sync.
+
+    Per sequence, not per batch: each (sequence, KV head) is a block for the pool, and sixteen chat prompts of 25
+    tokens are 48 blocks too small to pay for their dispatch (7.8 ms a layer against MLX's 1.8).
+    """
+    if queries.ndim != 4 or queries.shape[2] < _MIN_QUERY_ROWS:
+        return False
+    return bool(queries.shape[1] * queries.shape[2] * key_count >= _MIN_SCORES)
 
 
 def _attend(queries: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, mask: Any) -> np.ndarray:
