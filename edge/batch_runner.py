@@ -81,6 +81,9 @@ class _Running:
     cut: list[BatchLine] = attrs.field(factory=list)
     # time.time() before which no line is sent: the server refused one as busy (429, 503) and live work comes first.
     resting_until: float = 0.0
+    # One save at a time, each writing the record as it is by then: a cancel's save and the runner's, both in
+    # threads, could otherwise land in either order and leave the file behind the record.
+    saving: anyio.Lock = attrs.field(factory=anyio.Lock)
 
 
 @attrs.define(eq=False)
@@ -163,9 +166,11 @@ class BatchRunner:
         run = self._running.get(batch_id)
         if run is None or run.record.status not in ("validating", "in_progress"):
             return self.record(batch_id) or await anyio.to_thread.run_sync(self.batches.get, batch_id)
-        await self._save(run, status="cancelling", cancelling_at=int(time.time()))
+        # What this call set: the runner may end the batch while the save is written, and the answer to a
+        # cancel is "cancelling" then (OpenAI's), not a later status.
+        cancelling = await self._save(run, status="cancelling", cancelling_at=int(time.time()))
         self._wake.set()
-        return run.record
+        return cancelling
 
     def record(self, batch_id: str) -> BatchRecord | None:
         """A running batch's current facts (fresher than its file), None when it is not running."""
@@ -310,9 +315,13 @@ class BatchRunner:
             run.record = attrs.evolve(record, failed=record.failed + 1, expired=record.expired + int(expired))
             self._failed += 1
 
-    async def _save(self, run: _Running, **changes: str | int | None) -> None:
-        run.record = attrs.evolve(run.record, **changes)  # type: ignore[arg-type]
-        await anyio.to_thread.run_sync(self.batches.save, run.record)
+    async def _save(self, run: _Running, **changes: str | int | None) -> BatchRecord:
+        """The record with `changes`, now the run's, and written (with whatever changed since) once earlier saves
+        are."""
+        changed = run.record = attrs.evolve(run.record, **changes)  # type: ignore[arg-type]
+        async with run.saving:
+            await anyio.to_thread.run_sync(self.batches.save, run.record)
+        return changed
 
     def _live(self) -> int:
         """Live requests admitted now: every engine's admitted requests, less this runner's own lines."""
