@@ -106,6 +106,9 @@ class Settings:
     # A row alone decodes as mlx-lm's generate_step does, without the batch's per-step costs, and joins
     # the batch when a second row comes (stages/model_thread/single_row.py); off runs every row in the batch.
     single_row: bool = True
+    # A step that prefills beside decoding rows runs as one forward pass over both, where the model's shape allows
+    # (stages/model_thread/mixed_steps.py); off runs mlx-lm's separate passes.
+    mixed_steps: bool = True
     prepare_concurrency: int = attrs.field(default=2, validator=_positive)
     # Structured-output grammars compiling at once (each can take a core).
     constraint_concurrency: int = attrs.field(default=1, validator=_positive)

@@ -65,6 +65,7 @@ def make_gateway(
         make_generator=None if cluster is None else cluster.make_generator,
         kv_scheme=side.fit.model.kv_scheme,
         single_row=settings.single_row,
+        mixed_steps=settings.mixed_steps,
         speculation=speculation_factory(
             settings, side.tokenizer, sharded=cluster is not None, adapters=bool(side.adapters)
         ),

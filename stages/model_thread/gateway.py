@@ -55,6 +55,7 @@ from stages.model_thread.encoder_cache import EncoderCacheStatistics
 from stages.model_thread.exclusive import ExclusiveQueue, Job
 from stages.model_thread.handoff import Handoff, HandoffStatistics, Parcel
 from stages.model_thread.jump_forward import JumpForwardStatistics
+from stages.model_thread.mixed_steps import MixedCounts, mixing
 from stages.model_thread.rows import Waiting
 from stages.model_thread.single_row import single_row
 from stages.model_thread.speculative_batch import speculating
@@ -97,6 +98,7 @@ class GatewayStatistics:
     # steps that ran past the target (a step's decoding rows alone, or a first chunk before the speed was known).
     prefill_chunk: int = 0
     steps_over_budget: int = 0
+    mixed_steps: int = 0  # steps that prefilled beside decoding rows in one pass (model_thread/mixed_steps.py)
     # Speculative decoding's proposals and what the target accepted (stages/model_thread/drafters.py); None when it
     # is off.
     speculation: SpeculationStatistics | None = None
@@ -152,20 +154,19 @@ class GenerationGateway:
     # Builds the batch generator: mlx-lm's `BatchGenerator`, or one every rank replays (stages/shard/).
     _make_generator: Callable[..., Any] | None = attrs.field(default=None, alias="make_generator")
     _single_row: bool = attrs.field(default=True, alias="single_row")
+    _mixed_steps: bool = attrs.field(default=True, alias="mixed_steps")
     # How the rows' KV is stored: quantized, every row starts with quantized layers (stages/models/quantized_kv.py).
     _kv_scheme: KvScheme = attrs.field(default=FULL, alias="kv_scheme")
-    # Seconds a step aims at: prefill chunks are sized to fit it (stages/model_thread/step_budget.py); None: fixed
-    # chunks.
+    # Seconds a step aims at, prefill chunks sized to fit it (stages/model_thread/step_budget.py); None: fixed ones.
     _step_budget_s: float | None = attrs.field(default=None, alias="step_budget_s")
-    # Beside decoding rows a step aims at this multiple of their decode-only step, at least `step_budget_s`; 0: a
-    # fixed target.
+    # Beside decoding rows a step aims at this multiple of their decode-only step (>= step_budget_s); 0: fixed.
     _step_budget_ratio: float = attrs.field(default=0.0, alias="step_budget_ratio")
     # Builds the batch's speculation from the loaded model (stages/engine/speculation.py), or None for a model it
-    # cannot serve (jump-forward alone, on cache layers that cannot be cut back); None: no speculative
-    # decoding.
+    # cannot serve (jump-forward alone, on cache layers that cannot be cut back); None: no speculative decoding.
     _speculate: Callable[[Any], Speculation | None] | None = attrs.field(default=None, alias="speculation")
     _speculation: Speculation | None = attrs.field(default=None, init=False)
     _budget: StepBudget | None = attrs.field(default=None, init=False)
+    _mixed: MixedCounts = attrs.field(factory=MixedCounts, init=False)
     # Bytes of vision-tower output kept per image (a vision-language model's; stages/model_thread/encoder_cache.py).
     _encoder_cache_bytes: int = attrs.field(default=0, alias="encoder_cache_bytes")
     # The share of decoding time image encodes may add while rows decode (MLX_RELAY_EXCLUSIVE_SHARE).
@@ -213,6 +214,7 @@ class GenerationGateway:
             handoff=self._handoff.statistics(),
             prefill_chunk=self._budget.last_chunk if self._budget is not None else 0,
             steps_over_budget=self._budget.over_target if self._budget is not None else 0,
+            mixed_steps=self._mixed.steps,
             speculation=self._speculation.statistics() if self._speculation is not None else None,
             # The builder's (stages/engine/speculation.py's `SpeculationBuilder`), known once the model loaded.
             speculation_off=getattr(self._speculate, "off", None),
@@ -269,6 +271,10 @@ class GenerationGateway:
         self._speculation = self._speculate(model) if self._speculate is not None else None
         if self._speculation is not None:
             batch = speculating(batch, self._speculation)
+        # One pass for a step that prefills beside decoding rows; not under a sharded generator (every rank would
+        # replay it), nor with quantized KV.
+        if self._mixed_steps and self._make_generator is None and not self._kv_scheme.quantized:
+            batch = mixing(batch, model, self._cache_kind, self._mixed)
         # A row alone runs as generate_step does (stages/model_thread/single_row.py), speculating there too; never
         # under a sharded generator, nor with quantized KV (its plain layers would join a quantized batch).
         alone = self._make_generator is None and not self._kv_scheme.quantized
