@@ -8,8 +8,10 @@ past its window. Each case also checks that steps were mixed, so a wrapper that 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import attrs
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
@@ -21,7 +23,7 @@ from pipeline.requests import Sampling
 from stages.model_thread.drafters import CostGate, PromptLookup, RowPolicy
 from stages.model_thread.mixed_steps import MixedSteps, mixing
 from stages.model_thread.speculative_batch import Speculation, speculating
-from stages.models.loading import ModelInfo, load_weights
+from stages.models.loading import ModelInfo, load_tokenizer, load_weights, resolve_model
 from stages.models.mixed_pass import ALL, LAST, NONE, Segment, mixable, mixed_forward
 from stages.models.mlx_internals import PLAIN, RECURRENT, ROTATING, cache_kind
 from tests.stages.model_thread.drive import drive
@@ -200,3 +202,20 @@ def test_only_models_whose_state_is_per_token_mix(model: Any, windowed: Any) -> 
 
     assert mixing(make, model, PLAIN) is not make
     assert mixing(make, model, RECURRENT) is make
+
+
+def test_the_real_default_model_gives_the_same_replies_mixed(smollm2_model: Path) -> None:
+    """SmolLM2 as the server serves it (float32 on a CPU; 9 query heads over 3 KV heads): rows of real text arrive
+    while others decode, greedy, and every row's reply and final cache are the same with steps mixed."""
+    real: Any = load_weights(attrs.evolve(resolve_model(str(smollm2_model)), float32_weights=True))
+    tokenizer = load_tokenizer(resolve_model(str(smollm2_model)))
+    texts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village by the sea,"]
+    prompts = [tokenizer.encode(text) for text in texts]
+    arrivals = {
+        0: [("a", prompts[0], GREEDY, 24, [[0]])],
+        2: [("b", prompts[1], GREEDY, 16, [[0]])],
+        3: [("c", prompts[2], GREEDY, 12, [[0]])],
+    }
+    generator, steps = _mixed(lambda: _batch(real, step=8), real)
+    _same(drive(_batch(real, step=8), arrivals), drive(generator, arrivals))
+    assert steps.counts.steps >= 3
