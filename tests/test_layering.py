@@ -68,6 +68,9 @@ MLX_CORE_ALLOWED = {
     "stages/models/quantized_kv.py",
     # A row alone, decoded on the model thread as mlx-lm's generate_step does.
     "stages/model_thread/single_row.py",
+    # One forward pass over several segments of rows, and the batch step that runs its passes as one.
+    "stages/models/mixed_pass.py",
+    "stages/model_thread/mixed_steps.py",
     # Speculative decoding: a draft model's forward passes, the batch that verifies proposals, and a lone row's.
     "stages/model_thread/draft_model.py",
     "stages/model_thread/speculative_batch.py",
