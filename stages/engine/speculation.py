@@ -104,18 +104,20 @@ class SpeculationBuilder:
 
         from stages.model_thread.jump_forward import JumpForward
         from stages.model_thread.speculative_batch import Speculation
-        from stages.models.mlx_internals import PLAIN, cache_kind
+        from stages.models.mlx_internals import PLAIN, ROTATING, cache_kind
 
         settings, drafting = self.settings, self.drafting
         if not drafting and not self.jump_forward:
             return None
         kind = cache_kind(make_prompt_cache(model))
-        if kind != PLAIN and self.default:
+        # A sliding-window layer is cut back after a verifying pass as a plain one is (mlx_internals.cut_batch_layer).
+        cuttable = kind in (PLAIN, ROTATING)
+        if not cuttable and self.default:
             self.off = f"prompt lookup: this model's cache has {kind} layers, which cannot be cut back"
             return None
-        if kind != PLAIN and not drafting:
+        if not cuttable and not drafting:
             return None
-        if kind != PLAIN:
+        if not cuttable:
             raise SpeculationError(
                 f"speculative decoding cannot serve this model: its cache has {kind} layers, which cannot be cut back "
                 "to the accepted tokens; serve it without MLX_RELAY_PROMPT_LOOKUP / MLX_RELAY_DRAFT_MODEL"

@@ -28,8 +28,9 @@ accepted proposal and the rows that accepted less are rolled right by the
 difference (their left padding grows), which is how mlx-lm's batch caches
 take right-padded prompts (`prepare(right_padding=...)`, `finalize`). A
 finishing row's cache is cut to the tokens it emitted before it goes to
-the prompt cache. Only plain `KVCache` (and quantized) layers; models with
-other layers are refused at start.
+the prompt cache. Plain `KVCache` (and quantized) layers, and sliding-window
+ones (`mlx_internals.cut_batch_layer`); models with other layers are refused
+at start.
 
 Like quantized_kv.py this module subclasses mlx-lm's batch and so reads
 its private fields. Model thread only.
@@ -57,7 +58,7 @@ from stages.model_thread.drafters import (
 )
 from stages.model_thread.jump_forward import JumpForward, JumpForwardStatistics, forced_limit, grammar_of
 from stages.model_thread.verification import matched, sample_in_order
-from stages.models.mlx_internals import cut_layer
+from stages.models.mlx_internals import cut_batch_layer, cut_layer
 
 
 @attrs.define
@@ -256,10 +257,7 @@ class SpeculativeBatch(GenerationBatch):
         longest = max(accepted)
         shifts = [longest - count for count in accepted]
         for layer in self.prompt_cache:
-            layer.trim(width - longest)
-            if any(shifts):
-                layer.prepare(right_padding=shifts)
-                layer.finalize()
+            cut_batch_layer(layer, width - longest, shifts)
 
     def _responses(self, emitted: list[list[int]], logprobs: list[list[mx.array]]) -> list[Any]:
         keep, responses = [], []
@@ -279,7 +277,9 @@ class SpeculativeBatch(GenerationBatch):
                     all_tokens = self.tokens[index][: len(self.tokens[index]) - extra]
                     if extra:
                         held = len(self.tokens[index])
-                        cache = [cut_layer(layer, held - extra, held) for layer in cache]
+                        cut = [cut_layer(layer, held - extra, held) for layer in cache]
+                        # A sliding-window layer past its window cannot be cut: the row's KV is not kept.
+                        cache = None if any(layer is None for layer in cut) else cut
                 uid = self.uids[index]
                 totals = self.speculation.per_row.pop(uid, None) if finish is not None else None
                 speculated = (totals[0], totals[1]) if totals is not None else None

@@ -140,6 +140,32 @@ def cut_layer(layer: Any, keep: int, held: int) -> Any | None:
     return view
 
 
+def cut_batch_layer(layer: Any, drop: int, shifts: Sequence[int]) -> None:
+    """A batch layer after a verifying pass: its last `drop` positions gone, and each row rolled right by its
+    shift (the positions it rejected beyond the others' become its left padding).
+
+    A batch rotating layer takes a multi-token pass by laying its buffer out in time order (`_update_concat`),
+    keeping its window's worth of older positions before the new ones, so dropping the newest is cutting the
+    buffer's end: what the window needs next is still there. Its own `trim` leaves the buffer whole, and its next
+    one-token update would keep the dropped positions in the ring; so the buffer is cut to its end here, and the
+    roll is its own `finalize`'s (as for right-padded prompts: `_lengths` is where each row's tokens end).
+    Leans on: `BatchRotatingKVCache.keys/values/_idx/_lengths/offset`, `BatchKVCache.prepare/finalize`.
+    """
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchRotatingKVCache
+
+    layer.trim(drop)
+    if isinstance(layer, BatchRotatingKVCache):
+        layer.keys, layer.values = layer.keys[..., : layer._idx, :], layer.values[..., : layer._idx, :]
+        if any(shifts):
+            layer._lengths = layer.offset - mx.array(shifts)
+            layer.finalize()
+        return
+    if any(shifts):
+        layer.prepare(right_padding=list(shifts))
+        layer.finalize()
+
+
 def plain_kv(layer: Any) -> tuple[Any, Any] | None:
     """A `KVCache` layer's keys and values, cut to what it holds; None for any other layer.
 

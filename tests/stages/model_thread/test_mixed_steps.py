@@ -16,7 +16,6 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models import gemma3_text
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from pipeline.requests import Sampling
@@ -27,6 +26,7 @@ from stages.models.loading import ModelInfo, load_tokenizer, load_weights, resol
 from stages.models.mixed_pass import ALL, LAST, NONE, Segment, mixable, mixed_forward
 from stages.models.mlx_internals import PLAIN, RECURRENT, ROTATING, cache_kind
 from tests.stages.model_thread.drive import drive
+from tests.stages.model_thread.windowed import windowed_model
 
 GREEDY = Sampling(temperature=0.0)
 SEEDED = Sampling(temperature=0.3, seed=5)
@@ -44,24 +44,7 @@ def model(model_info: ModelInfo) -> Any:
 
 @pytest.fixture(scope="module")
 def windowed() -> Any:
-    """A small Gemma 3 (mlx-lm's own class, random weights) with an 8-token sliding window on 2 of 3 layers."""
-    args = gemma3_text.ModelArgs(
-        model_type="gemma3_text",
-        hidden_size=64,
-        num_hidden_layers=3,
-        intermediate_size=128,
-        num_attention_heads=2,
-        head_dim=32,
-        vocab_size=256,
-        num_key_value_heads=1,
-        query_pre_attn_scalar=32,
-        sliding_window=8,
-        sliding_window_pattern=3,
-    )
-    mx.random.seed(3)
-    built = gemma3_text.Model(args)
-    mx.eval(built.parameters())
-    return built
+    return windowed_model()
 
 
 def _batch(model: Any, step: int = 16) -> BatchGenerator:

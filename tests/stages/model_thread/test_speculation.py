@@ -12,6 +12,7 @@ pass.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -26,6 +27,7 @@ from stages.model_thread.single_row import SingleRow, single_row
 from stages.model_thread.speculative_batch import Speculation, speculating
 from stages.models.loading import ModelInfo, load_weights
 from tests.stages.model_thread.drive import drive
+from tests.stages.model_thread.windowed import windowed_model
 
 GREEDY = Sampling(temperature=0.0)
 # Low enough that a random model's samples often repeat what a drafter proposes (still the sampled path).
@@ -67,6 +69,67 @@ def _same(expected: dict[str, dict[str, Any]], got: dict[str, dict[str, Any]]) -
         assert layer.offset == len(have["all_tokens"]), name
         expected_keys = want["cache"][0].keys[..., : want["cache"][0].offset, :]
         assert mx.allclose(layer.keys[..., : layer.offset, :], expected_keys, atol=1e-4).item(), name
+
+
+@attrs.define
+class Oracle:
+    """A drafter that knows each row's reply (from a run without speculation) and proposes it, its last token
+    wrong every third time (by row, and in every row at every third call): rows accept different counts, and the
+    batch cuts and rolls each by its own. Every other step it proposes nothing, so plain one-token steps follow
+    cut layers too."""
+
+    replies: list[list[int]]
+    name: str = "oracle"
+    caught_up: int = 0
+    calls: int = 0
+
+    def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]:
+        for reply in self.replies:
+            if reply[: len(history)] == list(history):
+                proposal = reply[len(history) : len(history) + k]
+                if proposal and ((len(history) + uid) % 3 == 0 or self.calls % 3 == 0):
+                    proposal[-1] = (proposal[-1] + 1) % 256
+                return proposal
+        return []
+
+    def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]]) -> list[list[int]]:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            return [[] for _ in requests]
+        return [self.propose(uid, history, k) for uid, history, k in requests]
+
+    def forget(self, uids: Sequence[int]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_a_sliding_window_model_speculates_past_its_window(sampling: Sampling) -> None:
+    """Gemma 3's sliding layers rotate past their window (8 tokens here); a verifying pass's rejected positions are
+    cut from them as from plain layers, and every row's replies stay the same, rows joining mid-generation."""
+    windowed = windowed_model()
+    arrivals = {
+        0: [("a", COPY, sampling, 40, [[0]])],
+        3: [("b", OTHER, sampling, 30, [[0]]), ("c", COPY[5:], sampling, 25, [[0]])],
+        9: [("d", OTHER[:20] + OTHER[:20], sampling, 20, [[0]])],
+    }
+    expected = drive(_batch(windowed), arrivals)
+    oracle = Oracle([row["prompt"] + row["tokens"] for row in expected.values()])
+    generator, speculation = _speculating(windowed, oracle)
+    got = drive(generator, arrivals)
+    assert expected.keys() == got.keys()
+    for name, want in expected.items():
+        have = got[name]
+        assert (have["tokens"], have["finish"], have["all_tokens"]) == (
+            want["tokens"],
+            want["finish"],
+            want["all_tokens"],
+        )
+        for a, b in zip(want["logprobs"], have["logprobs"]):
+            assert mx.allclose(a, b, atol=1e-4).item(), name
+        # A row that ended inside a verified span past its window keeps no KV; any it keeps holds its tokens.
+        assert have["cache"] is None or have["cache"][0].offset == len(have["all_tokens"])
+    counts = speculation.counts
+    assert counts.proposed > 0 and 0 < counts.accepted < counts.proposed
 
 
 def _drafters(model: Any) -> list[Any]:
@@ -323,8 +386,8 @@ def test_set_ups_that_cannot_speculate_are_named() -> None:
 
 
 def test_prompt_lookup_by_default_stays_off_quietly_where_it_cannot_run() -> None:
-    """On by default, never refused: sharded, adapters and rotating cache layers keep it off, saying why."""
-    from mlx_lm.models.cache import KVCache, RotatingKVCache
+    """On by default, never refused: sharded, adapters and recurrent cache layers keep it off, saying why."""
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
     from pipeline.settings import Settings
     from stages.engine.speculation import SpeculationError, speculation_factory
@@ -346,14 +409,23 @@ def test_prompt_lookup_by_default_stays_off_quietly_where_it_cannot_run() -> Non
         def make_cache(self) -> list[Any]:
             return [RotatingKVCache(max_size=8), KVCache()]
 
+    class Recurrent:
+        """A model whose cache has a recurrent layer (Qwen3.5's), whose state cannot be cut back."""
+
+        def make_cache(self) -> list[Any]:
+            return [ArraysCache(size=2), KVCache()]
+
     builder = speculation_factory(default, None, sharded=False, adapters=False)  # type: ignore[arg-type]
     assert builder is not None and builder.off is None
-    assert builder(Sliding()) is None
-    assert builder.off is not None and "rotating" in builder.off
+    assert builder(Recurrent()) is None
+    assert builder.off is not None and "recurrent" in builder.off
     asked = speculation_factory(Settings(prompt_lookup=True), None, sharded=False, adapters=False)
     assert asked is not None
-    with pytest.raises(SpeculationError, match="rotating"):
-        asked(Sliding())
+    with pytest.raises(SpeculationError, match="recurrent"):
+        asked(Recurrent())
+    # Sliding-window layers are cut back after a verifying pass: lookup runs for them, by default too.
+    sliding = speculation_factory(default, None, sharded=False, adapters=False)  # type: ignore[arg-type]
+    assert sliding is not None and sliding(Sliding()) is not None and sliding.off is None
     # A draft model named takes the place of prompt lookup by default, and says nothing of it.
     draft = speculation_factory(Settings(draft_model="tiny"), None, sharded=False, adapters=False)
     assert draft is not None and draft.default is False and draft.off is None

@@ -66,11 +66,16 @@ def test_a_second_turn_past_the_window_is_served_from_the_first(gemma: openai.Op
     assert first.usage.prompt_tokens <= cached < second.usage.prompt_tokens
 
 
-def test_prompt_lookup_by_default_stays_off_for_its_sliding_window(gemma3_server: Server) -> None:
-    """Prompt lookup is on by default, but Gemma 3's rotating layers cannot be cut back to the accepted tokens: the
-    server started, and /stats says why it does not speculate."""
+def test_prompt_lookup_copies_past_its_sliding_window(gemma3_server: Server, gemma: openai.OpenAI) -> None:
+    """Prompt lookup is on by default, and Gemma 3's rotating layers are cut back after each verifying pass: a
+    completion that repeats a list, past the 512-token window, has its proposals accepted, and says so in /stats."""
     from tests import loopback
 
+    listing = ", ".join(f"item {n} of the ledger" for n in range(1, 9))
+    prompt = f"{DIARY}\n{listing}; {listing}; {listing}; item 1 of"
+    reply = gemma.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=24)
+    assert reply.usage is not None and reply.usage.prompt_tokens > WINDOW
+    assert reply.choices[0].text.startswith(" the ledger, item 2 of the ledger")
     gateway = loopback.get(f"{gemma3_server.base_url}/stats", timeout=10).json()["gateway"]
-    assert gateway["speculation"] is None
-    assert "rotating" in gateway["speculation_off"]
+    assert gateway["speculation_off"] is None
+    assert gateway["speculation"]["accepted_tokens"] > 0
