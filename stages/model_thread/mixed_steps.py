@@ -176,6 +176,7 @@ class _Chunk:
     @classmethod
     def of(cls, batch: Any, chunk: list[list[int]]) -> _Chunk:
         import mlx.core as mx
+
         # The batch's tokens are the ones its cache holds once the pass has run.
         for held, taken in zip(batch.tokens, chunk):
             held += taken

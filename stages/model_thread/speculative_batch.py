@@ -58,7 +58,7 @@ from stages.model_thread.drafters import (
 )
 from stages.model_thread.jump_forward import JumpForward, JumpForwardStatistics, forced_limit, grammar_of
 from stages.model_thread.verification import matched, sample_in_order
-from stages.models.mlx_internals import cut_batch_layer, cut_layer
+from stages.models.mlx_internals import cut_batch_layer, cut_layer, in_time_order
 
 
 @attrs.define
@@ -204,6 +204,7 @@ class SpeculativeBatch(GenerationBatch):
         pending = cast(list[int], self._next_tokens.tolist())
         width = max(len(p) for p in proposals)
         rows = [[pending[i], *p, *[pending[i]] * (width - len(p))] for i, p in enumerate(proposals)]
+        in_time_order(self.prompt_cache)
         logits = self.model(mx.array(rows), cache=self.prompt_cache)
         emitted: list[list[int]] = []
         emitted_logprobs: list[list[mx.array]] = []

@@ -140,6 +140,21 @@ def cut_layer(layer: Any, keep: int, held: int) -> Any | None:
     return view
 
 
+def in_time_order(layers: Sequence[Any]) -> None:
+    """Batch rotating layers laid out in time order before a pass of several tokens a row.
+
+    Such a pass (`_update_concat`) orders the buffer itself, but the model makes its mask first, from the layer as
+    it is: on a ring that decode steps rotated, the mask reads the write index as the length and puts each row's
+    window one position off. mlx-lm never feeds a rotated ring more than one token (its generation batch decodes
+    one a step); a verifying pass does. Leans on: `BatchRotatingKVCache._temporal_order`.
+    """
+    from mlx_lm.models.cache import BatchRotatingKVCache
+
+    for layer in layers:
+        if isinstance(layer, BatchRotatingKVCache):
+            layer._temporal_order()
+
+
 def cut_batch_layer(layer: Any, drop: int, shifts: Sequence[int]) -> None:
     """A batch layer after a verifying pass: its last `drop` positions gone, and each row rolled right by its
     shift (the positions it rejected beyond the others' become its left padding).

@@ -3,7 +3,10 @@ speculation) call by call: what each test of those wrappers compares with the pl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import attrs
 
 from pipeline.requests import Sampling
 from stages.model_thread.sampling import RowStops, make_row_processors, make_row_sampler
@@ -40,3 +43,34 @@ def drive(generator: Any, arrivals: dict[int, list[Arrival]]) -> dict[str, dict[
         call += 1
         assert call < 500
     return {row["name"]: row for row in rows.values()}
+
+
+@attrs.define
+class Oracle:
+    """A drafter that knows each row's reply (from a run without speculation) and proposes it, its last token
+    wrong every third time (by row, and in every row at every third call): rows accept different counts, and the
+    batch cuts and rolls each by its own. Every other step it proposes nothing, so plain one-token steps follow
+    cut layers too."""
+
+    replies: list[list[int]]
+    name: str = "oracle"
+    caught_up: int = 0
+    calls: int = 0
+
+    def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]:
+        for reply in self.replies:
+            if reply[: len(history)] == list(history):
+                proposal = reply[len(history) : len(history) + k]
+                if proposal and ((len(history) + uid) % 3 == 0 or self.calls % 3 == 0):
+                    proposal[-1] = (proposal[-1] + 1) % 256
+                return proposal
+        return []
+
+    def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]]) -> list[list[int]]:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            return [[] for _ in requests]
+        return [self.propose(uid, history, k) for uid, history, k in requests]
+
+    def forget(self, uids: Sequence[int]) -> None:
+        pass

@@ -25,7 +25,7 @@ from stages.model_thread.speculative_batch import Speculation, speculating
 from stages.models.loading import ModelInfo, load_tokenizer, load_weights, resolve_model
 from stages.models.mixed_pass import ALL, LAST, NONE, Segment, mixable, mixed_forward
 from stages.models.mlx_internals import PLAIN, RECURRENT, ROTATING, cache_kind
-from tests.stages.model_thread.drive import drive
+from tests.stages.model_thread.drive import Oracle, drive
 from tests.stages.model_thread.windowed import windowed_model
 
 GREEDY = Sampling(temperature=0.0)
@@ -129,6 +129,26 @@ def test_sliding_window_layers_past_their_window_keep_their_tokens(windowed: Any
     generator, steps = _mixed(lambda: _batch(windowed, step=6), windowed)
     _same(drive(_batch(windowed, step=6), arrivals), drive(generator, arrivals))
     assert steps.counts.steps >= 3
+
+
+def test_verifying_passes_over_sliding_window_layers_mix_with_prompts(windowed: Any) -> None:
+    """Speculation's verifying passes over rotating layers, cut back after each, in mixed steps past the window."""
+    arrivals = {
+        0: [("a", COPY, GREEDY, 30, [[0]])],
+        5: [("b", OTHER, GREEDY, 20, [[0]])],
+        8: [("c", OTHER[:6], GREEDY, 12, [[0]])],
+    }
+    expected = drive(_batch(windowed, step=6), arrivals)
+    oracle = Oracle([row["prompt"] + row["tokens"] for row in expected.values()])
+    policy = RowPolicy(max_k=4, min_acceptance=0.0, max_rows=8)
+    speculation = Speculation(drafter=oracle, policy=policy, gate=CostGate(measured=False))
+    generator, steps = _mixed(speculating(lambda: _batch(windowed, step=6), speculation), windowed)
+    got = drive(generator, arrivals)
+    for name, want in expected.items():
+        assert got[name]["tokens"] == want["tokens"] and got[name]["finish"] == want["finish"], name
+        for a, b in zip(want["logprobs"], got[name]["logprobs"]):
+            assert mx.allclose(a, b, atol=1e-4).item(), name
+    assert steps.counts.steps >= 3 and 0 < speculation.counts.accepted < speculation.counts.proposed
 
 
 def _cache(model: Any, rows: int, context: int) -> list[Any]:

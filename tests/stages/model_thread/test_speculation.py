@@ -12,7 +12,6 @@ pass.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -26,7 +25,7 @@ from stages.model_thread.drafters import CostGate, PromptLookup, RowPolicy
 from stages.model_thread.single_row import SingleRow, single_row
 from stages.model_thread.speculative_batch import Speculation, speculating
 from stages.models.loading import ModelInfo, load_weights
-from tests.stages.model_thread.drive import drive
+from tests.stages.model_thread.drive import Oracle, drive
 from tests.stages.model_thread.windowed import windowed_model
 
 GREEDY = Sampling(temperature=0.0)
@@ -71,37 +70,6 @@ def _same(expected: dict[str, dict[str, Any]], got: dict[str, dict[str, Any]]) -
         assert mx.allclose(layer.keys[..., : layer.offset, :], expected_keys, atol=1e-4).item(), name
 
 
-@attrs.define
-class Oracle:
-    """A drafter that knows each row's reply (from a run without speculation) and proposes it, its last token
-    wrong every third time (by row, and in every row at every third call): rows accept different counts, and the
-    batch cuts and rolls each by its own. Every other step it proposes nothing, so plain one-token steps follow
-    cut layers too."""
-
-    replies: list[list[int]]
-    name: str = "oracle"
-    caught_up: int = 0
-    calls: int = 0
-
-    def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]:
-        for reply in self.replies:
-            if reply[: len(history)] == list(history):
-                proposal = reply[len(history) : len(history) + k]
-                if proposal and ((len(history) + uid) % 3 == 0 or self.calls % 3 == 0):
-                    proposal[-1] = (proposal[-1] + 1) % 256
-                return proposal
-        return []
-
-    def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]]) -> list[list[int]]:
-        self.calls += 1
-        if self.calls % 2 == 0:
-            return [[] for _ in requests]
-        return [self.propose(uid, history, k) for uid, history, k in requests]
-
-    def forget(self, uids: Sequence[int]) -> None:
-        pass
-
-
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_a_sliding_window_model_speculates_past_its_window(sampling: Sampling) -> None:
     """Gemma 3's sliding layers rotate past their window (8 tokens here); a verifying pass's rejected positions are
@@ -111,6 +79,8 @@ def test_a_sliding_window_model_speculates_past_its_window(sampling: Sampling) -
         0: [("a", COPY, sampling, 40, [[0]])],
         3: [("b", OTHER, sampling, 30, [[0]]), ("c", COPY[5:], sampling, 25, [[0]])],
         9: [("d", OTHER[:20] + OTHER[:20], sampling, 20, [[0]])],
+        # Shorter than the window, prefilled beside a long prompt: it joins on a ring decode steps rotated.
+        12: [("e", OTHER[:6], sampling, 12, [[0]])],
     }
     expected = drive(_batch(windowed), arrivals)
     oracle = Oracle([row["prompt"] + row["tokens"] for row in expected.values()])
