@@ -171,10 +171,14 @@ def cut_batch_layer(layer: Any, drop: int, shifts: Sequence[int]) -> None:
 
     layer.trim(drop)
     if isinstance(layer, BatchRotatingKVCache):
-        layer.keys, layer.values = layer.keys[..., : layer._idx, :], layer.values[..., : layer._idx, :]
+        rotating: Any = layer
+        rotating.keys, rotating.values = (
+            rotating.keys[..., : rotating._idx, :],
+            rotating.values[..., : rotating._idx, :],
+        )
         if any(shifts):
-            layer._lengths = layer.offset - mx.array(shifts)
-            layer.finalize()
+            rotating._lengths = rotating.offset - mx.array(list(shifts))
+            rotating.finalize()
         return
     if any(shifts):
         layer.prepare(right_padding=list(shifts))
