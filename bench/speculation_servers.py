@@ -121,28 +121,37 @@ def _measure(
     servers: dict[str, Server], wanted: dict[str, Any], args: Any, prompt: str
 ) -> dict[tuple[str, int], float]:
     walls: dict[tuple[str, int], list[float]] = {}
+    # Greedy replies to one prompt: speculation changes how fast, never what, so every server's should be one text.
+    replies: dict[str, set[str]] = {}
     levels = sorted({level for levels, _ in wanted.values() for level in levels})
     for round_index in range(args.rounds):
         for level in levels:
             names = [name for name in servers if level in wanted[name][0]]
             shift = round_index % len(names)
             for name in names[shift:] + names[:shift]:
-                rate = asyncio.run(_wave(servers[name], level, args.tokens, prompt))
+                rate, texts = asyncio.run(_wave(servers[name], level, args.tokens, prompt))
                 walls.setdefault((name, level), []).append(rate)
+                replies.setdefault(name, set()).update(texts)
                 print(f"  round {round_index + 1} N={level} {name}: {rate:.1f} tok/s", flush=True)
+    texts = {text for found in replies.values() for text in found}
+    print(
+        "the same reply from every server, every request"
+        if len(texts) == 1
+        else f"replies differ: {len(texts)} texts ({', '.join(f'{n}: {len(t)}' for n, t in replies.items())})"
+    )
     return {key: statistics.median(values) for key, values in walls.items()}
 
 
-async def _wave(server: Server, level: int, tokens: int, prompt: str) -> float:
-    """`level` requests at once; completion tokens a second over the wave."""
+async def _wave(server: Server, level: int, tokens: int, prompt: str) -> tuple[float, list[str]]:
+    """`level` requests at once; completion tokens a second over the wave, and each reply's text."""
     limits = httpx.Limits(max_connections=level, max_keepalive_connections=level)
     async with httpx.AsyncClient(timeout=_TIMEOUT, limits=limits) as client:
         began = time.perf_counter()
-        counts = await asyncio.gather(*(_complete(client, server, tokens, prompt) for _ in range(level)))
-        return sum(counts) / (time.perf_counter() - began)
+        done = await asyncio.gather(*(_complete(client, server, tokens, prompt) for _ in range(level)))
+        return sum(count for count, _ in done) / (time.perf_counter() - began), [text for _, text in done]
 
 
-async def _complete(client: httpx.AsyncClient, server: Server, tokens: int, prompt: str) -> int:
+async def _complete(client: httpx.AsyncClient, server: Server, tokens: int, prompt: str) -> tuple[int, str]:
     body: dict[str, Any] = {
         "prompt": prompt,
         "max_tokens": tokens,
@@ -153,7 +162,8 @@ async def _complete(client: httpx.AsyncClient, server: Server, tokens: int, prom
         body["model"] = "demo"
     response = await client.post(f"{server.url}/v1/completions", json=body)
     response.raise_for_status()
-    return int(response.json()["usage"]["completion_tokens"])
+    reply = response.json()
+    return int(reply["usage"]["completion_tokens"]), reply["choices"][0]["text"]
 
 
 def _acceptance(server: Server) -> str:
