@@ -215,9 +215,9 @@ def test_the_real_default_model_gives_the_same_replies_mixed(smollm2_model: Path
     texts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village by the sea,"]
     prompts = [tokenizer.encode(text) for text in texts]
     arrivals = {
-        0: [("a", prompts[0], GREEDY, 24, [[0]])],
-        2: [("b", prompts[1], GREEDY, 16, [[0]])],
-        3: [("c", prompts[2], GREEDY, 12, [[0]])],
+        0: [("a", prompts[0], GREEDY, 12, [[0]])],
+        2: [("b", prompts[1], GREEDY, 10, [[0]])],
+        3: [("c", prompts[2], GREEDY, 8, [[0]])],
     }
     generator, steps = _mixed(lambda: _batch(real, step=8), real)
     _same(drive(_batch(real, step=8), arrivals), drive(generator, arrivals))
