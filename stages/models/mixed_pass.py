@@ -4,15 +4,16 @@ mlx-lm's `BatchGenerator` runs a step as separate passes: the decoding rows' tok
 chunk ([B, L]) with its own batch cache. Each pass reads every weight; on a CPU, where a pass of a few dozen
 tokens costs about what one token does, a step that prefills beside decoding rows pays twice for what one pass
 could do. A mixed pass lays every segment's tokens end to end as one sequence ([1, T]), so the per-token work
-(embeddings, norms, the MLP, which holds most of the weights) runs once over all of them, and only attention runs
-per segment, each against its own cache and with the mask the model would have made for it alone.
+(embeddings, norms, the attention's projections and the MLP, which hold nearly all the weights) runs once over all
+of them, and only attention itself runs per segment, each against its own cache and with the mask the model would
+have made for it alone.
 
 The model's own loop runs unchanged: for the pass, each layer's cache is a `_Segments`, which hands the model a
 mask request instead of a mask, and each layer's attention is swapped (as the module's dict item, restored after)
 for one that cuts the sequence back into segments. The final norm is swapped for one that keeps only the
 positions whose logits are asked for, so the head never runs over a prompt chunk.
 
-Only models whose layers are attention plus per-token work can mix: `mixable` says which.
+Only the families it was checked on mix: `mixable` says which.
 """
 
 from __future__ import annotations
@@ -52,15 +53,20 @@ class _Segments:
         return _MaskRequest(return_array, window_size)
 
 
+# mlx-lm's text models whose attention takes its projections of the layer's input and ends in `o_proj`, and whose
+# layers are otherwise per token: each is checked against its separate passes in tests/stages/model_thread/
+# test_mixed_steps.py. `llama` is also Mistral's, SmolLM2's and Llama 3's.
+FAMILIES = frozenset({"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3", "mlx_lm.models.gemma3_text"})
+
+
 def mixable(model: Any) -> bool:
-    """Whether `model` has the shape a mixed pass relies on: one of mlx-lm's text models (a vision model's
-    language model takes embeddings, and its own arguments) with an inner model of `layers`, each with a
-    `self_attn`, and a final `norm`: llama, qwen, mistral, gemma 3 and their kin. Which caches its layers keep
-    is the caller's to judge: a recurrent layer's state is not per token."""
+    """Whether `model` is of a family a mixed pass was checked on (a vision model's language model takes
+    embeddings and arguments of its own, and is not), with the shape the pass relies on: an inner model of
+    `layers`, each with a `self_attn`, and a final `norm`. Which caches its layers keep is the caller's to judge."""
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None) or ()
     return (
-        type(model).__module__.startswith("mlx_lm.models.")
+        type(model).__module__ in FAMILIES
         and isinstance(inner, dict)
         and "norm" in inner
         and bool(layers)

@@ -23,7 +23,7 @@ from stages.model_thread.drafters import CostGate, PromptLookup, RowPolicy
 from stages.model_thread.mixed_steps import MixedSteps, mixing
 from stages.model_thread.speculative_batch import Speculation, speculating
 from stages.models.loading import ModelInfo, load_tokenizer, load_weights, resolve_model
-from stages.models.mixed_pass import ALL, LAST, NONE, Segment, mixable, mixed_forward
+from stages.models.mixed_pass import ALL, FAMILIES, LAST, NONE, Segment, mixable, mixed_forward
 from stages.models.mlx_internals import PLAIN, RECURRENT, ROTATING, cache_kind
 from tests.stages.model_thread.drive import Oracle, drive
 from tests.stages.model_thread.windowed import windowed_model
@@ -180,6 +180,49 @@ def test_one_pass_gives_each_segment_what_its_own_pass_gives(model: Any) -> None
             assert mx.allclose(a.keys[..., : a._idx, :], b.keys[..., : b._idx, :], atol=1e-4).item()
     # The model is its own again: the pass swapped modules only while it ran.
     assert [layer["self_attn"] for layer in model.model.layers] == attentions and model.model["norm"] is norm
+
+
+def _family(module: str) -> Any:
+    """A random-weight model of one of mlx-lm's families, small: 2 layers, 4 query heads over 2 KV heads."""
+    import importlib
+
+    family = importlib.import_module(module)
+    shape: dict[str, Any] = {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+        "rms_norm_eps": 1e-5,
+    }
+    extra = {
+        "mlx_lm.models.qwen3": {
+            "max_position_embeddings": 512,
+            "head_dim": 16,
+            "tie_word_embeddings": True,
+            "rope_theta": 1e6,
+        },
+        "mlx_lm.models.llama": {"tie_word_embeddings": False},
+    }.get(module, {})
+    args = family.ModelArgs(model_type=module.rsplit(".", 1)[1], **shape, **extra)
+    mx.random.seed(7)
+    built = family.Model(args)
+    mx.eval(built.parameters())
+    return built
+
+
+@pytest.mark.parametrize("module", sorted(FAMILIES - {"mlx_lm.models.gemma3_text"}))
+def test_every_family_that_mixes_gives_each_segment_its_own_pass(module: str) -> None:
+    """Each family `mixable` admits, checked as the real and demo models are (Gemma 3 has its own tests above)."""
+    built = _family(module)
+    assert mixable(built)
+    decoding, chunk = mx.array([[7], [9]]), mx.array([list(range(40, 52)), list(range(60, 72))])
+    alone, mixed = [_cache(built, 2, 6), _cache(built, 2, 0)], [_cache(built, 2, 6), _cache(built, 2, 0)]
+    expected = built(decoding, cache=alone[0])
+    after = built(chunk, cache=alone[1])[:, -1:]
+    got = mixed_forward(built, [Segment(decoding, mixed[0], LAST), Segment(chunk, mixed[1], LAST)])
+    assert mx.allclose(got[0], expected, atol=1e-4).item() and mx.allclose(got[1], after, atol=1e-4).item()
 
 
 def test_the_model_is_restored_when_the_pass_fails(model: Any) -> None:
