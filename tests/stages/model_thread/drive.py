@@ -7,9 +7,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import mlx.core as mx
 
 from pipeline.requests import Sampling
 from stages.model_thread.sampling import RowStops, make_row_processors, make_row_sampler
+
+GREEDY = Sampling(temperature=0.0)
+# Low enough that a random model's samples often repeat what a drafter proposes (still the sampled path).
+SEEDED = Sampling(temperature=0.3, seed=5)
+PENALISED = Sampling(
+    temperature=0.8, seed=11, repetition_penalty=1.3, presence_penalty=0.5, logit_bias={5: 3.0, 7: -100.0}
+)
+# A prompt that repeats itself: prompt lookup has something to copy.
+COPY = [*range(3, 30), *range(3, 30), *range(3, 12)]
+OTHER = list(range(50, 95))
 
 # A row: its name, prompt, sampling, max_tokens and stop sequences.
 Arrival = tuple[str, list[int], Sampling, int, list[list[int]]]
@@ -74,3 +85,15 @@ class Oracle:
 
     def forget(self, uids: Sequence[int]) -> None:
         pass
+
+
+def same_replies(expected: dict[str, dict[str, Any]], got: dict[str, dict[str, Any]]) -> None:
+    """Every row's tokens, finish reason, logprobs (1e-4) and the tokens its final cache names agree."""
+    assert expected.keys() == got.keys()
+    for name, want in expected.items():
+        have = got[name]
+        assert have["tokens"] == want["tokens"], name
+        assert have["finish"] == want["finish"], name
+        for a, b in zip(want["logprobs"], have["logprobs"]):
+            assert mx.allclose(a, b, atol=1e-4).item(), name
+        assert have.get("all_tokens") == want.get("all_tokens"), name

@@ -25,17 +25,7 @@ from stages.model_thread.drafters import CostGate, PromptLookup, RowPolicy
 from stages.model_thread.single_row import SingleRow, single_row
 from stages.model_thread.speculative_batch import Speculation, speculating
 from stages.models.loading import ModelInfo, load_weights
-from tests.stages.model_thread.drive import drive
-
-GREEDY = Sampling(temperature=0.0)
-# Low enough that a random model's samples often repeat what a drafter proposes (still the sampled path).
-SEEDED = Sampling(temperature=0.3, seed=5)
-PENALISED = Sampling(
-    temperature=0.8, seed=11, repetition_penalty=1.3, presence_penalty=0.5, logit_bias={5: 3.0, 7: -100.0}
-)
-# A prompt that repeats itself: prompt lookup has something to copy.
-COPY = [*range(3, 30), *range(3, 30), *range(3, 12)]
-OTHER = list(range(50, 95))
+from tests.stages.model_thread.drive import COPY, GREEDY, OTHER, PENALISED, SEEDED, drive
 
 
 @pytest.fixture(scope="module")

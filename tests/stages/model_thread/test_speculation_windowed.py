@@ -8,12 +8,11 @@ and one-token steps follow cut layers.
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
 
 from pipeline.requests import Sampling
-from tests.stages.model_thread.drive import Oracle, drive
-from tests.stages.model_thread.test_speculation import COPY, GREEDY, OTHER, SEEDED, _batch, _speculating
+from tests.stages.model_thread.drive import COPY, GREEDY, OTHER, SEEDED, Oracle, drive, same_replies
+from tests.stages.model_thread.test_speculation import _batch, _speculating
 from tests.stages.model_thread.windowed import windowed_model
 
 
@@ -33,16 +32,8 @@ def test_a_sliding_window_model_speculates_past_its_window(sampling: Sampling) -
     oracle = Oracle([row["prompt"] + row["tokens"] for row in expected.values()])
     generator, speculation = _speculating(windowed, oracle)
     got = drive(generator, arrivals)
-    assert expected.keys() == got.keys()
-    for name, want in expected.items():
-        have = got[name]
-        assert (have["tokens"], have["finish"], have["all_tokens"]) == (
-            want["tokens"],
-            want["finish"],
-            want["all_tokens"],
-        )
-        for a, b in zip(want["logprobs"], have["logprobs"]):
-            assert mx.allclose(a, b, atol=1e-4).item(), name
+    same_replies(expected, got)
+    for have in got.values():
         # A row that ended inside a verified span past its window keeps no KV; any it keeps holds its tokens.
         assert have["cache"] is None or have["cache"][0].offset == len(have["all_tokens"])
     counts = speculation.counts
