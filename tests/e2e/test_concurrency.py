@@ -69,6 +69,24 @@ def test_seeded_output_does_not_depend_on_the_batch(server: Server, client: open
     assert [text for text, _ in together[: len(seeded)]] == alone
 
 
+def test_prompts_arriving_beside_decoding_rows_share_their_pass_and_keep_their_text(
+    server: Server, no_eos: dict[str, int]
+) -> None:
+    """A prompt that arrives while other rows decode is prefilled in the same forward pass as their step
+    (stages/model_thread/mixed_steps.py); its reply is the one it gets alone, and /stats counts the mixed steps."""
+    seeded = [{"messages": HELLO, "max_tokens": 24, "temperature": 1.2, "seed": seed} for seed in range(4)]
+    alone = [stream_text(server, body)[0] for body in seeded]
+    before = stats(server)["gateway"]["mixed_steps"]  # type: ignore[index]
+    long = {"messages": HELLO, "max_tokens": 1500, "temperature": 1.0, "seed": 99, "logit_bias": no_eos}
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(stream_text, server, long)
+        # One at a time, each while the long row decodes.
+        beside = [stream_text(server, body)[0] for body in seeded]
+        running.result()
+    assert beside == alone
+    assert stats(server)["gateway"]["mixed_steps"] > before  # type: ignore[index]
+
+
 def test_disconnect_mid_stream_frees_the_row(server: Server, client: openai.OpenAI, no_eos: dict[str, int]) -> None:
     def gateway() -> dict[str, int]:
         value = stats(server)["gateway"]
