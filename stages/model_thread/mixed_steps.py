@@ -99,10 +99,10 @@ class MixedSteps:
         if n > 0:
             g._prompt_batch.extend(g._make_batch(n))
         processing = g._currently_processing
-        split = [i for i, seq in enumerate(processing) if len(seq[0]) == 1 and len(seq[0][0]) == 1]
-        kept = [i for i in range(len(processing)) if i not in split]
         if not processing:
             return self.plain()
+        split = [i for i, seq in enumerate(processing) if len(seq[0]) == 1 and len(seq[0][0]) == 1]
+        kept = [i for i in range(len(processing)) if i not in split]
         self.counts.steps += 1
         prompt_responses: list[Any] = []
         others: list[Segment] = []
@@ -167,8 +167,8 @@ class MixedSteps:
 @attrs.frozen
 class _Chunk:
     """The prompts' chunk as mlx-lm's `PromptProcessingBatch.prompt` lays it out for its one pass: right-padded
-    to the longest with zeros (its `_right_pad_prompts`), the caches told the padding before the pass and rolling
-    it to the left after."""
+    to the longest (its `_right_pad_prompts`), the caches told the padding before the pass and rolling it to the
+    left after."""
 
     tokens: Any
     padding: bool
@@ -176,6 +176,7 @@ class _Chunk:
     @classmethod
     def of(cls, batch: Any, chunk: list[list[int]]) -> _Chunk:
         import mlx.core as mx
+        from mlx_lm.generate import _right_pad_prompts
 
         # The batch's tokens are the ones its cache holds once the pass has run.
         for held, taken in zip(batch.tokens, chunk):
@@ -186,8 +187,7 @@ class _Chunk:
             return cls(mx.array(chunk), False)
         for layer in batch.prompt_cache:
             layer.prepare(lengths=lengths, right_padding=padding)
-        longest = max(lengths)
-        return cls(mx.array([p + [0] * (longest - len(p)) for p in chunk]), True)
+        return cls(_right_pad_prompts(chunk, max_length=max(lengths)), True)  # type: ignore[no-untyped-call]
 
     def finish(self, batch: Any) -> None:
         import mlx.core as mx
