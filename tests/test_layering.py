@@ -68,6 +68,8 @@ MLX_CORE_ALLOWED = {
     "stages/models/quantized_kv.py",
     # A row alone, decoded on the model thread as mlx-lm's generate_step does.
     "stages/model_thread/single_row.py",
+    # A decode step whose greedy rows skip the vocabulary's normalization.
+    "stages/model_thread/greedy_steps.py",
     # One forward pass over several segments of rows, and the batch step that runs its passes as one.
     "stages/models/mixed_pass.py",
     "stages/model_thread/mixed_steps.py",

@@ -269,10 +269,10 @@ class GenerationGateway:
             prefill_step_size=self._prefill_step_size,
         )
         self._speculation = self._speculate(model) if self._speculate is not None else None
-        if self._speculation is not None:
+        # Under a sharded generator every rank replays mlx-lm's own steps: neither greedy steps nor one pass a step
+        # (a step that prefills beside decoding rows as one forward pass, which quantized KV does not take either).
+        if self._make_generator is None:
             batch = speculating(batch, self._speculation)
-        # One pass for a step that prefills beside decoding rows; not under a sharded generator (every rank would
-        # replay it), nor with quantized KV.
         if self._mixed_steps and self._make_generator is None and not self._kv_scheme.quantized:
             batch = mixing(batch, model, self._cache_kind, self._mixed)
         # A row alone runs as generate_step does (stages/model_thread/single_row.py), speculating there too; never

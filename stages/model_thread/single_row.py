@@ -276,15 +276,17 @@ class SingleRow:
     def _forward(self, solo: _Solo, tokens: Any) -> tuple[Any, Any]:
         import mlx.core as mx
 
+        from stages.model_thread.greedy_steps import sample_rows
+
         logits = self._model(tokens[None], cache=solo.cache)[:, -1, :]
         if solo.context is not None:
             context = solo.context.update_and_fetch(tokens)
             for processor in solo.processors:
                 logits = processor(context, logits)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        sampled = solo.sampler(logprobs)
+        # A greedy row's log-probabilities stay lazy, computed only if its request reads them (greedy_steps.py).
+        sampled, logprobs = sample_rows(logits, [solo.sampler])
         start: Callable[..., None] = mx.async_eval  # untyped in mlx's stubs
-        start(sampled, logprobs)
+        start(sampled)
         return sampled, logprobs[0]
 
     def _emit(self, solo: _Solo, token: int, logprobs: Any) -> list[Any]:

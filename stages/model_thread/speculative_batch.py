@@ -56,6 +56,7 @@ from stages.model_thread.drafters import (
     SpeculationStatistics,
     only_stepped,
 )
+from stages.model_thread.greedy_steps import GreedyStepBatch, greedy_tokens, normalized
 from stages.model_thread.jump_forward import JumpForward, JumpForwardStatistics, forced_limit, grammar_of
 from stages.model_thread.verification import matched, sample_in_order
 from stages.models.mlx_internals import cut_batch_layer, cut_layer, in_time_order
@@ -120,7 +121,7 @@ class SpeculativeResponse(GenerationBatch.Response):
     speculated: tuple[int, int] | None = None
 
 
-class SpeculativeBatch(GenerationBatch):
+class SpeculativeBatch(GreedyStepBatch):
     """mlx-lm's GenerationBatch whose steps verify the rows' proposals; see the module's text."""
 
     speculation: Speculation
@@ -210,9 +211,10 @@ class SpeculativeBatch(GenerationBatch):
         emitted_logprobs: list[list[mx.array]] = []
         next_tokens: list[int] = []
         next_logprobs: list[mx.array] = []
-        # Greedy rows without processors have no state to keep in step: all their positions at once, in one read.
-        logprobs_all = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        chosen_all = cast(list[list[int]], mx.argmax(logprobs_all, axis=-1).tolist())
+        # Greedy rows without processors have no state to keep in step: all their positions at once, in one read, and
+        # their log-probabilities only where read (stages/model_thread/greedy_steps.py).
+        logprobs_all = normalized(logits)
+        chosen_all = cast(list[list[int]], greedy_tokens(logits).tolist())
         for index, proposal in enumerate(proposals):
             if self._plain_greedy(index):
                 accepted = matched(chosen_all[index], proposal)
@@ -305,11 +307,15 @@ def _told(response: Any, totals: dict[int, list[int]]) -> Any:
     return SpeculativeResponse(**fields, speculated=(accepted, proposed))
 
 
-def speculating(make: Callable[[], Any], speculation: Speculation) -> Callable[[], Any]:
-    """`make` (a BatchGenerator factory) whose generators' generation batch speculates."""
+def speculating(make: Callable[[], Any], speculation: Speculation | None) -> Callable[[], Any]:
+    """`make` (a BatchGenerator factory) whose generators' generation batch speculates, or where `speculation` is
+    None only takes greedy rows' tokens without normalizing them (stages/model_thread/greedy_steps.py)."""
 
     def build() -> Any:
         generator = make()
+        if speculation is None:
+            generator._generation_batch = GreedyStepBatch.empty(generator.model, generator.sampler)
+            return generator
         batch = SpeculativeBatch.empty(generator.model, generator.sampler)
         batch.speculation = speculation
         generator._generation_batch = batch

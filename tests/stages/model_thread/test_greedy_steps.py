@@ -1,0 +1,111 @@
+"""stages/model_thread/greedy_steps.py: greedy rows take their logits' argmax without normalizing them first, and
+every row still gets mlx-lm's tokens, and its log-probabilities where they are read.
+
+Each case runs the same rows through mlx-lm's `BatchGenerator` and through one whose generation batch is a
+`GreedyStepBatch` (as the gateway builds it without speculation): tokens, finish reasons, every token's
+log-probabilities (read from the responses, as a request asking for `logprobs` reads them) and final caches agree,
+for greedy rows alone, greedy rows with logits processors, sampled rows, and all of them sharing one batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.sample_utils import greedy_sampler
+
+from pipeline.requests import Sampling
+from stages.model_thread.drafters import CostGate, PromptLookup, RowPolicy
+from stages.model_thread.greedy_steps import GreedyStepBatch, sample_rows
+from stages.model_thread.speculative_batch import Speculation, SpeculativeBatch, speculating
+from stages.models.loading import ModelInfo, load_tokenizer, load_weights, resolve_model
+from tests.stages.model_thread.drive import COPY, GREEDY, OTHER, PENALISED, SEEDED, drive, same_replies
+
+# Greedy, with a repetition penalty and a logit bias: logits processors run before the argmax.
+GREEDY_PENALISED = Sampling(temperature=0.0, repetition_penalty=1.3, logit_bias={5: 3.0, 7: -100.0})
+
+
+@pytest.fixture(scope="module")
+def model(model_info: ModelInfo) -> Any:
+    return load_weights(model_info)
+
+
+def _batch(model: Any) -> BatchGenerator:
+    return BatchGenerator(model, stop_tokens=[[0]], completion_batch_size=4, prefill_batch_size=4)
+
+
+def _greedy_steps(model: Any) -> Any:
+    generator = speculating(lambda: _batch(model), None)()
+    assert type(generator._generation_batch) is GreedyStepBatch
+    return generator
+
+
+def _joining(*samplings: Sampling) -> dict[int, list[Any]]:
+    """Rows that join while others decode, the i-th with the i-th sampling (cycled)."""
+    rows = [("a", COPY, 40), ("b", OTHER, 30), ("c", COPY[5:], 25), ("d", OTHER[:20] + OTHER[:20], 20)]
+    calls = [0, 3, 4, 9]
+    return {
+        call: [(name, prompt, samplings[i % len(samplings)], tokens, [[0]])]
+        for i, (call, (name, prompt, tokens)) in enumerate(zip(calls, rows, strict=True))
+    }
+
+
+@pytest.mark.parametrize(
+    "samplings",
+    [(GREEDY,), (GREEDY_PENALISED,), (SEEDED,), (GREEDY, SEEDED, GREEDY_PENALISED, PENALISED)],
+    ids=["greedy", "greedy-processors", "seeded", "all-in-one-batch"],
+)
+def test_every_row_gets_mlx_lms_tokens_and_logprobs(model: Any, samplings: tuple[Sampling, ...]) -> None:
+    arrivals = _joining(*samplings)
+    expected = drive(_batch(model), arrivals)
+    got = drive(_greedy_steps(model), arrivals)
+    same_replies(expected, got)
+    for name, want in expected.items():
+        for mine, theirs in zip(got[name]["cache"], want["cache"], strict=True):
+            assert mine.offset == theirs.offset, name
+            assert mx.allclose(mine.state[0], theirs.state[0], atol=1e-4).item(), name
+
+
+def test_a_step_samples_greedy_rows_from_their_logits_and_the_rest_from_their_logprobs() -> None:
+    logits = mx.array([[0.5, 3.0, -1.0, 2.9], [1.0, 0.0, 4.0, 4.5], [0.1, 0.2, 0.3, 0.0]])
+    seen: list[mx.array] = []
+
+    def last(logprobs: mx.array) -> mx.array:
+        seen.append(logprobs)
+        return mx.array([3], dtype=mx.uint32)
+
+    tokens, logprobs = sample_rows(logits, [greedy_sampler, greedy_sampler, greedy_sampler])
+    assert tokens.tolist() == [1, 3, 2]
+    assert mx.allclose(logprobs, logits - mx.logsumexp(logits, axis=-1, keepdims=True)).item()
+    tokens, _ = sample_rows(logits, [greedy_sampler, last, greedy_sampler])
+    assert tokens.tolist() == [1, 3, 2]
+    # The sampled row is handed its normalized row, as mlx-lm hands it.
+    assert mx.allclose(mx.logsumexp(seen[0], axis=-1), mx.array([0.0]), atol=1e-6).item()
+
+
+def test_the_gateway_s_batches_take_greedy_steps_with_or_without_speculation(model: Any) -> None:
+    policy = RowPolicy(max_k=4, min_acceptance=0.0, max_rows=8)
+    speculation = Speculation(drafter=PromptLookup(), policy=policy, gate=CostGate(measured=False))
+    generator = speculating(lambda: _batch(model), speculation)()
+    assert isinstance(generator._generation_batch, SpeculativeBatch)
+    assert isinstance(generator._generation_batch, GreedyStepBatch)
+    assert type(_greedy_steps(model)._generation_batch) is GreedyStepBatch
+
+
+def test_the_real_default_model_gives_mlx_lms_greedy_replies(smollm2_model: Path) -> None:
+    """SmolLM2 as the server serves it (float32 on a CPU, its 49,152-token vocabulary): rows of real text, some
+    asking for nothing but the argmax, give mlx-lm's replies and log-probabilities."""
+    real: Any = load_weights(attrs.evolve(resolve_model(str(smollm2_model)), float32_weights=True))
+    tokenizer = load_tokenizer(resolve_model(str(smollm2_model)))
+    texts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village by the sea,"]
+    prompts = [tokenizer.encode(text) for text in texts]
+    arrivals = {
+        0: [("a", prompts[0], GREEDY, 12, [[0]])],
+        2: [("b", prompts[1], GREEDY, 10, [[0]])],
+        3: [("c", prompts[2], SEEDED, 8, [[0]])],
+    }
+    same_replies(drive(_batch(real), arrivals), drive(_greedy_steps(real), arrivals))
