@@ -11,8 +11,10 @@ vocabulary's normalization"). `mlx_lm.server` pays it in every step.
 logits, and the log-probabilities stay lazy, so they are computed only for a row whose request reads them
 (`logprobs`, stages/model_thread/batch_rows.py) or whose sampler needs them. A row that samples is sampled from
 the batch's log-probabilities exactly as before. `SpeculativeBatch` is one, and the single-row path and the
-verifying passes choose a greedy row's token the same way (`greedy_tokens`), so a greedy row gets the same tokens
-on every path. Like speculative_batch.py this subclasses mlx-lm's batch and so reads its private fields. Model
+verifying passes choose a greedy row's token the same way (`greedy_tokens`). A row's first token still comes from
+mlx-lm's own step where the row starts in the batch (`PromptProcessingBatch.generate`); the two argmaxes differ
+only where subtracting the constant rounds the two largest logits to one float, where mlx-lm's takes the lower
+token id. Like speculative_batch.py this subclasses mlx-lm's batch and so reads its private fields. Model
 thread only.
 """
 

@@ -283,7 +283,6 @@ class SingleRow:
             context = solo.context.update_and_fetch(tokens)
             for processor in solo.processors:
                 logits = processor(context, logits)
-        # A greedy row's log-probabilities stay lazy, computed only if its request reads them (greedy_steps.py).
         sampled, logprobs = sample_rows(logits, [solo.sampler])
         start: Callable[..., None] = mx.async_eval  # untyped in mlx's stubs
         start(sampled)
