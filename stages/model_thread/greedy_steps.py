@@ -8,9 +8,10 @@ a step and Gemma 3's 262,144 about five times that, beside a forward pass of 100
 vocabulary's normalization"). `mlx_lm.server` pays it in every step.
 
 `GreedyStepBatch._step` is mlx-lm 0.32.2's, but for two lines: greedy rows take the argmax of their (processed)
-logits, and the log-probabilities stay lazy, so they are computed only for a row whose request reads them
-(`logprobs`, stages/model_thread/batch_rows.py) or whose sampler needs them. A row that samples is sampled from
-the batch's log-probabilities exactly as before. `SpeculativeBatch` is one, and the single-row path and the
+logits, rows whose sampler looks only at differences between their values (temperature, min-p, top-k: the
+categorical draw is the softmax's) draw from the logits, and the log-probabilities stay lazy, so they are computed
+only for a row whose request reads them (`logprobs`, stages/model_thread/batch_rows.py) or whose sampler weighs
+probabilities (top-p, typical-p). `SpeculativeBatch` is one, and the single-row path and the
 verifying passes choose a greedy row's token the same way (`greedy_tokens`). A row's first token still comes from
 mlx-lm's own step where the row starts in the batch (`PromptProcessingBatch.generate`); the two argmaxes differ
 only where subtracting the constant rounds the two largest logits to one float, where mlx-lm's takes the lower
@@ -38,18 +39,21 @@ def greedy_tokens(logits: mx.array) -> mx.array:
     return mx.argmax(logits, axis=-1)
 
 
+def sampled_from(logits: mx.array, logprobs: mx.array, sampler: Callable[[mx.array], mx.array]) -> mx.array:
+    """`sampler`'s tokens for these rows: a greedy row's argmax, and a sampler that looks only at differences between a
+    row's values (`takes_logits`, stages/model_thread/sampling.py) drawing from the logits; others from `logprobs`."""
+    if sampler is greedy_sampler:
+        return greedy_tokens(logits)
+    return sampler(logits if getattr(sampler, "takes_logits", False) else logprobs)
+
+
 def sample_rows(logits: mx.array, samplers: Sequence[Callable[[mx.array], mx.array]]) -> tuple[mx.array, mx.array]:
     """A step's tokens for `logits` (one row each) and the rows' log-probabilities, lazy where nothing sampled
     from them."""
     logprobs = normalized(logits)
-    if all(sampler is greedy_sampler for sampler in samplers):
-        return greedy_tokens(logits), logprobs
     if all(sampler is samplers[0] for sampler in samplers):
-        return samplers[0](logprobs), logprobs
-    sampled = [
-        greedy_tokens(logits[e : e + 1]) if sampler is greedy_sampler else sampler(logprobs[e : e + 1])
-        for e, sampler in enumerate(samplers)
-    ]
+        return sampled_from(logits, logprobs, samplers[0]), logprobs
+    sampled = [sampled_from(logits[e : e + 1], logprobs[e : e + 1], sampler) for e, sampler in enumerate(samplers)]
     return mx.concatenate(sampled, axis=0), logprobs
 
 

@@ -39,6 +39,11 @@ class KeyedSampler:
         # The key before the latest call: mlx-lm samples one token ahead of what it returns.
         self._before: tuple[int, mx.array] | None = None
         self._inverse_temperature = 1.0 / sampling.temperature
+        # Temperature, min-p, top-k and the categorical draw look only at differences between a row's values, so
+        # they take its logits as they are: the normalization over the vocabulary costs more than the draw on a CPU
+        # (stages/model_thread/greedy_steps.py). Typical-p's entropy is the probabilities', and top-p's masses are
+        # exponentials that raw logits past 88 would overflow: those take log-probabilities.
+        self.takes_logits = sampling.typical_p >= 1.0 and not 0.0 < sampling.top_p < 1.0
         self._filters: list[Callable[[mx.array], mx.array]] = []
         if sampling.typical_p < 1.0:
             # First, like HF's warpers: the entropy is the whole distribution's.
@@ -52,6 +57,7 @@ class KeyedSampler:
             self._filters.append(lambda x: apply_top_k(x, sampling.top_k) if sampling.top_k < x.shape[-1] else x)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
+        """A token from `logprobs`, or from the row's logits where `takes_logits`."""
         self._before = (self._calls, self._key)
         self._calls += 1
         self._key, step_key = mx.random.split(self._key)

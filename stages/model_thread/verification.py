@@ -26,6 +26,8 @@ def sample_in_order(
     """
     import mlx.core as mx
 
+    from stages.model_thread.greedy_steps import normalized, sampled_from
+
     context_tokens = [first, *(mx.array([token]) for token in proposal)]
     looked: list[mx.array] = []
     for position in range(len(proposal) + 1):
@@ -34,8 +36,9 @@ def sample_in_order(
             fetched = context.update_and_fetch(context_tokens[position])
             for processor in processors:
                 row_logits = processor(fetched, row_logits)
-        logprobs = row_logits - mx.logsumexp(row_logits, axis=-1, keepdims=True)
-        token = cast(int, sampler(logprobs).item())
+        # Drawn as the batch's step draws (greedy_steps.py), the log-probabilities lazy unless the sampler needs them.
+        logprobs = normalized(row_logits)
+        token = cast(int, sampled_from(row_logits, logprobs, sampler).item())
         looked.append(logprobs[0])
         if position == len(proposal) or token != proposal[position]:
             return position, looked, token

@@ -9,6 +9,7 @@ for greedy rows alone, greedy rows with logits processors, sampled rows, and all
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,17 @@ from mlx_lm.sample_utils import greedy_sampler
 from pipeline.requests import Sampling
 from stages.model_thread.drafters import CostGate, PromptLookup, RowPolicy
 from stages.model_thread.greedy_steps import GreedyStepBatch, sample_rows
+from stages.model_thread.sampling import KeyedSampler
 from stages.model_thread.speculative_batch import Speculation, SpeculativeBatch, speculating
 from stages.models.loading import ModelInfo, load_tokenizer, load_weights, resolve_model
 from tests.stages.model_thread.drive import COPY, GREEDY, OTHER, PENALISED, SEEDED, drive, same_replies
 
 # Greedy, with a repetition penalty and a logit bias: logits processors run before the argmax.
 GREEDY_PENALISED = Sampling(temperature=0.0, repetition_penalty=1.3, logit_bias={5: 3.0, 7: -100.0})
+# Sampled with filters that look only at differences between a row's values: drawn from the logits.
+MIN_P_TOP_K = Sampling(temperature=0.7, seed=3, min_p=0.05, top_k=20)
+# Top-p weighs probabilities: drawn from the log-probabilities.
+TOP_P = Sampling(temperature=0.9, seed=4, top_p=0.9)
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +62,16 @@ def _joining(*samplings: Sampling) -> dict[int, list[Any]]:
 
 @pytest.mark.parametrize(
     "samplings",
-    [(GREEDY,), (GREEDY_PENALISED,), (SEEDED,), (GREEDY, SEEDED, GREEDY_PENALISED, PENALISED)],
-    ids=["greedy", "greedy-processors", "seeded", "all-in-one-batch"],
+    [
+        (GREEDY,),
+        (GREEDY_PENALISED,),
+        (SEEDED,),
+        (MIN_P_TOP_K,),
+        (TOP_P,),
+        (GREEDY, SEEDED, GREEDY_PENALISED, PENALISED),
+        (TOP_P, MIN_P_TOP_K, GREEDY, SEEDED),
+    ],
+    ids=["greedy", "greedy-processors", "seeded", "min-p-top-k", "top-p", "all-in-one-batch", "filters-in-one-batch"],
 )
 def test_every_row_gets_mlx_lms_tokens_and_logprobs(model: Any, samplings: tuple[Sampling, ...]) -> None:
     arrivals = _joining(*samplings)
@@ -83,8 +97,23 @@ def test_a_step_samples_greedy_rows_from_their_logits_and_the_rest_from_their_lo
     assert mx.allclose(logprobs, logits - mx.logsumexp(logits, axis=-1, keepdims=True)).item()
     tokens, _ = sample_rows(logits, [greedy_sampler, last, greedy_sampler])
     assert tokens.tolist() == [1, 3, 2]
-    # The sampled row is handed its normalized row, as mlx-lm hands it.
+    # A sampler that does not say it takes logits is handed its normalized row, as mlx-lm hands it ...
     assert mx.allclose(mx.logsumexp(seen[0], axis=-1), mx.array([0.0]), atol=1e-6).item()
+    # ... and one that does (a KeyedSampler without top-p or typical-p), the row's logits as they are.
+    last.takes_logits = True  # type: ignore[attr-defined]
+    sample_rows(logits, [greedy_sampler, last, greedy_sampler])
+    assert mx.array_equal(seen[1], logits[1:2]).item()
+
+
+def test_typical_p_still_weighs_the_row_s_probabilities() -> None:
+    """One token at 0.4 and sixty at 0.01: the row's entropy (3.13 nats) is nearer the small tokens' surprise (4.61)
+    than the large one's (0.92), so typical-p 0.3 keeps only small tokens. The entropy is the probabilities', which
+    the raw logits (each 40 above its log-probability) are not."""
+    row = [math.log(0.4), *[math.log(0.01)] * 60, *[-1000.0] * 3]
+    logits = mx.array([row]) + 40.0
+    sampler = KeyedSampler(Sampling(temperature=1.0, seed=2, typical_p=0.3))
+    drawn = {sample_rows(logits, [sampler])[0].item() for _ in range(32)}
+    assert 0 not in drawn and len(drawn) > 1
 
 
 def test_the_gateway_s_batches_take_greedy_steps_with_or_without_speculation(model: Any) -> None:

@@ -268,3 +268,26 @@ def test_a_matcher_that_fails_mid_generation_keeps_its_reason(tokenizer: Tokeniz
     assert first[0, forbidden].item() == -math.inf
     processor(mx.array([0, forbidden]), logits)
     assert processor.fault is not None and processor.fault.strip()
+
+
+@pytest.mark.parametrize(
+    ("sampling", "takes_logits"),
+    [
+        (Sampling(temperature=0.8, seed=1), True),
+        (Sampling(temperature=0.8, seed=1, min_p=0.1, top_k=5), True),
+        (Sampling(temperature=0.8, seed=1, top_p=0.9), False),
+        (Sampling(temperature=0.8, seed=1, typical_p=0.9), False),
+    ],
+    ids=["temperature", "min-p-top-k", "top-p", "typical-p"],
+)
+def test_a_sampler_that_weighs_no_probabilities_draws_the_same_from_logits_as_from_logprobs(
+    sampling: Sampling, takes_logits: bool
+) -> None:
+    """Temperature, min-p, top-k and the categorical draw look only at differences between a row's values, so the
+    batch hands such a sampler the logits and skips the normalization (stages/model_thread/greedy_steps.py)."""
+    assert KeyedSampler(sampling).takes_logits is takes_logits
+    if not takes_logits:
+        return
+    logits = mx.random.normal((1, 64), key=mx.random.key(7)) * 3 + 40
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    assert draws(KeyedSampler(sampling), logits, 32) == draws(KeyedSampler(sampling), logprobs, 32)

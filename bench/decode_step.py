@@ -1,11 +1,13 @@
-"""A greedy decode step in process: mlx-lm's `GenerationBatch` against the gateway's `GreedyStepBatch`.
+"""A decode step in process: mlx-lm's `GenerationBatch` against the gateway's `GreedyStepBatch`.
 
-    python -m bench.greedy_step [--model smollm2] [--rows 16,4] [--rounds 3]
+    python -m bench.decode_step [--model smollm2] [--rows 16,4] [--rounds 3] [--temperature 0]
 
-mlx-lm normalizes every row's logits over the vocabulary before its argmax; the gateway's batch takes the argmax
-of the logits and leaves the log-probabilities lazy (stages/model_thread/greedy_steps.py). Each round decodes the
-same greedy rows through both, alternating, and prints the wall and CPU milliseconds a step, steps 5 on (the
-prompts' prefill and the first steps left out). The model is served as the server serves it on a CPU: float32.
+mlx-lm normalizes every row's logits over the vocabulary before it samples; the gateway's batch takes a greedy
+row's argmax, and draws a row that samples with temperature (min-p, top-k) from its logits, and leaves the
+log-probabilities lazy (stages/model_thread/greedy_steps.py). Each round decodes the same rows (greedy, or each
+with its own seeded sampler at `--temperature`) through both, alternating, and prints the wall and CPU
+milliseconds a step, steps 5 on (the prompts' prefill and the first steps left out). The model is served as the
+server serves it on a CPU: float32.
 """
 
 from __future__ import annotations
@@ -23,15 +25,20 @@ preload_blas()
 import attrs  # noqa: E402
 from mlx_lm.generate import BatchGenerator  # noqa: E402
 
+from pipeline.requests import Sampling  # noqa: E402
+from stages.model_thread.sampling import make_row_sampler  # noqa: E402
 from stages.model_thread.speculative_batch import speculating  # noqa: E402
 from stages.models.loading import load_tokenizer, load_weights, resolve_model  # noqa: E402
 
 _SKIPPED = 5
 
 
-def _per_step(make: Callable[[], Any], prompts: list[list[int]], tokens: int) -> tuple[float, float]:
+def _per_step(
+    make: Callable[[], Any], prompts: list[list[int]], tokens: int, temperature: float
+) -> tuple[float, float]:
     generator = make()
-    generator.insert(prompts, max_tokens=[tokens] * len(prompts))
+    samplers = [make_row_sampler(Sampling(temperature=temperature, seed=row)) for row in range(len(prompts))]
+    generator.insert(prompts, max_tokens=[tokens] * len(prompts), samplers=samplers)
     steps, wall, cpu = 0, 0.0, 0.0
     while True:
         if not generator.next()[1]:
@@ -47,11 +54,12 @@ def _per_step(make: Callable[[], Any], prompts: list[list[int]], tokens: int) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.greedy_step", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.decode_step", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--rows", default="16,4")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=40)
+    parser.add_argument("--temperature", type=float, default=0.0)
     args = parser.parse_args()
     info = resolve_model(args.model)
     model = load_weights(attrs.evolve(info, float32_weights=True))
@@ -65,9 +73,9 @@ def main() -> None:
         for _ in range(args.rounds):
             line = []
             for name, make in (("mlx-lm", plain), ("greedy", speculating(plain, None))):
-                wall, cpu = _per_step(make, prompts, args.tokens)
+                wall, cpu = _per_step(make, prompts, args.tokens, args.temperature)
                 line.append(f"{name} {wall:.1f} ms ({cpu:.1f} ms CPU)")
-            print(f"{args.model} N={rows}: " + ", ".join(line), flush=True)
+            print(f"{args.model} N={rows} temperature {args.temperature}: " + ", ".join(line), flush=True)
 
 
 if __name__ == "__main__":
