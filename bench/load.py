@@ -107,8 +107,11 @@ def _decode_tps(tokens: int, first: float | None, last: float | None) -> float |
     return (tokens - 1) / (last - first)
 
 
-async def stream_completion(client: httpx.AsyncClient, url: str, text: str, max_tokens: int) -> RequestResult:
-    """One streaming completion at temperature 0; failures become results, not exceptions.
+async def stream_completion(
+    client: httpx.AsyncClient, url: str, text: str, max_tokens: int, temperature: float = 0.0
+) -> RequestResult:
+    """One streaming completion (greedy unless `temperature` says otherwise); failures become results, not
+    exceptions.
 
     A connection that fails before any response is retried at once, up to
     `RETRIES` times, as the OpenAI SDK retries by default; the clock keeps
@@ -119,7 +122,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, text: str, max_
     body = {
         "prompt": text,
         "max_tokens": max_tokens,
-        "temperature": 0.0,
+        "temperature": temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -180,7 +183,7 @@ async def _client(
     results = []
     for request in range(first, first + workload.requests_per_client):
         text = prompt(level, index, request)
-        results.append(await stream_completion(client, url, text, workload.max_tokens))
+        results.append(await stream_completion(client, url, text, workload.max_tokens, workload.temperature))
     return results
 
 

@@ -36,12 +36,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", default="16,4")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above it every server samples")
     parser.add_argument("--variant", action="append", required=True, help="NAME=JSON (environment; _tree: checkout)")
     parser.add_argument("--peer", help="mlx_lm.server on this model directory, beside the variants")
     parser.add_argument("--out", type=Path, default=Path("/tmp/relay_variants"))
     args = parser.parse_args(argv)
     levels = [int(level) for level in args.concurrency.split(",")]
-    workload = Workload(concurrency=tuple(levels), max_tokens=args.max_tokens, requests_per_client=2)
+    workload = Workload(
+        concurrency=tuple(levels), max_tokens=args.max_tokens, requests_per_client=2, temperature=args.temperature
+    )
     variants = dict(_variant(text) for text in args.variant)
     figures: dict[tuple[int, str], list[dict[str, float]]] = {}
     with ExitStack() as stack:

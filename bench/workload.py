@@ -37,6 +37,8 @@ class Workload:
     requests_per_client: int
     # Waves per level (each with prompts of its own); the median one is reported.
     waves: int = 1
+    # 0 is greedy; above it every server samples (no seed, no filters), as most chat clients ask.
+    temperature: float = 0.0
 
 
 def prompt(level: int, client: int, request: int) -> str:
