@@ -4,6 +4,7 @@ speculation) call by call: what each test of those wrappers compares with the pl
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -11,6 +12,7 @@ import mlx.core as mx
 
 from pipeline.requests import Sampling
 from stages.model_thread.sampling import RowStops, make_row_processors, make_row_sampler
+from stages.models.loading import load_tokenizer, load_weights, resolve_model
 
 GREEDY = Sampling(temperature=0.0)
 # Low enough that a random model's samples often repeat what a drafter proposes (still the sampled path).
@@ -24,6 +26,20 @@ OTHER = list(range(50, 95))
 
 # A row: its name, prompt, sampling, max_tokens and stop sequences.
 Arrival = tuple[str, list[int], Sampling, int, list[list[int]]]
+
+
+def real_text_rows(path: Path, samplings: Sequence[Sampling]) -> tuple[Any, dict[int, list[Arrival]]]:
+    """The real model at `path` as the server serves it on a CPU (float32), and three rows of real text that arrive
+    while the others decode, the i-th sampled as `samplings[i]`."""
+    info = resolve_model(str(path))
+    model = load_weights(attrs.evolve(info, float32_weights=True))
+    tokenizer = load_tokenizer(info)
+    texts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village by the sea,"]
+    calls, lengths = (0, 2, 3), (12, 10, 8)
+    rows = zip("abc", texts, samplings, calls, lengths, strict=True)
+    return model, {
+        call: [(name, tokenizer.encode(text), sampling, tokens, [[0]])] for name, text, sampling, call, tokens in rows
+    }
 
 
 def drive(generator: Any, arrivals: dict[int, list[Arrival]]) -> dict[str, dict[str, Any]]:

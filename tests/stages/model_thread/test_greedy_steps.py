@@ -13,7 +13,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import attrs
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import BatchGenerator
@@ -24,8 +23,17 @@ from stages.model_thread.drafters import CostGate, PromptLookup, RowPolicy
 from stages.model_thread.greedy_steps import GreedyStepBatch, sample_rows
 from stages.model_thread.sampling import KeyedSampler
 from stages.model_thread.speculative_batch import Speculation, SpeculativeBatch, speculating
-from stages.models.loading import ModelInfo, load_tokenizer, load_weights, resolve_model
-from tests.stages.model_thread.drive import COPY, GREEDY, OTHER, PENALISED, SEEDED, drive, same_replies
+from stages.models.loading import ModelInfo, load_weights
+from tests.stages.model_thread.drive import (
+    COPY,
+    GREEDY,
+    OTHER,
+    PENALISED,
+    SEEDED,
+    drive,
+    real_text_rows,
+    same_replies,
+)
 
 # Greedy, with a repetition penalty and a logit bias: logits processors run before the argmax.
 GREEDY_PENALISED = Sampling(temperature=0.0, repetition_penalty=1.3, logit_bias={5: 3.0, 7: -100.0})
@@ -128,13 +136,5 @@ def test_the_gateway_s_batches_take_greedy_steps_with_or_without_speculation(mod
 def test_the_real_default_model_gives_mlx_lms_greedy_replies(smollm2_model: Path) -> None:
     """SmolLM2 as the server serves it (float32 on a CPU, its 49,152-token vocabulary): rows of real text, some
     asking for nothing but the argmax, give mlx-lm's replies and log-probabilities."""
-    real: Any = load_weights(attrs.evolve(resolve_model(str(smollm2_model)), float32_weights=True))
-    tokenizer = load_tokenizer(resolve_model(str(smollm2_model)))
-    texts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village by the sea,"]
-    prompts = [tokenizer.encode(text) for text in texts]
-    arrivals = {
-        0: [("a", prompts[0], GREEDY, 12, [[0]])],
-        2: [("b", prompts[1], GREEDY, 10, [[0]])],
-        3: [("c", prompts[2], SEEDED, 8, [[0]])],
-    }
+    real, arrivals = real_text_rows(smollm2_model, [GREEDY, GREEDY, SEEDED])
     same_replies(drive(_batch(real), arrivals), drive(_greedy_steps(real), arrivals))

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import attrs
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
@@ -22,10 +21,20 @@ from pipeline.requests import Sampling
 from stages.model_thread.drafters import CostGate, PromptLookup, RowPolicy
 from stages.model_thread.mixed_steps import MixedSteps, mixing
 from stages.model_thread.speculative_batch import Speculation, speculating
-from stages.models.loading import ModelInfo, load_tokenizer, load_weights, resolve_model
+from stages.models.loading import ModelInfo, load_weights
 from stages.models.mixed_pass import ALL, FAMILIES, LAST, NONE, Segment, mixable, mixed_forward
 from stages.models.mlx_internals import PLAIN, RECURRENT, ROTATING, cache_kind
-from tests.stages.model_thread.drive import COPY, GREEDY, OTHER, PENALISED, SEEDED, Oracle, drive, same_replies
+from tests.stages.model_thread.drive import (
+    COPY,
+    GREEDY,
+    OTHER,
+    PENALISED,
+    SEEDED,
+    Oracle,
+    drive,
+    real_text_rows,
+    same_replies,
+)
 from tests.stages.model_thread.windowed import windowed_model
 
 
@@ -235,15 +244,7 @@ def test_only_models_whose_state_is_per_token_mix(model: Any, windowed: Any) -> 
 def test_the_real_default_model_gives_the_same_replies_mixed(smollm2_model: Path) -> None:
     """SmolLM2 as the server serves it (float32 on a CPU; 9 query heads over 3 KV heads): rows of real text arrive
     while others decode, greedy, and every row's reply and final cache are the same with steps mixed."""
-    real: Any = load_weights(attrs.evolve(resolve_model(str(smollm2_model)), float32_weights=True))
-    tokenizer = load_tokenizer(resolve_model(str(smollm2_model)))
-    texts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a small village by the sea,"]
-    prompts = [tokenizer.encode(text) for text in texts]
-    arrivals = {
-        0: [("a", prompts[0], GREEDY, 12, [[0]])],
-        2: [("b", prompts[1], GREEDY, 10, [[0]])],
-        3: [("c", prompts[2], GREEDY, 8, [[0]])],
-    }
+    real, arrivals = real_text_rows(smollm2_model, [GREEDY, GREEDY, GREEDY])
     generator, steps = _mixed(lambda: _batch(real, step=8), real)
     _same(drive(_batch(real, step=8), arrivals), drive(generator, arrivals))
     assert steps.counts.steps >= 3
