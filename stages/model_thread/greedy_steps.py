@@ -49,11 +49,13 @@ def sampled_from(logits: mx.array, logprobs: mx.array, sampler: Callable[[mx.arr
 
 def sample_rows(logits: mx.array, samplers: Sequence[Callable[[mx.array], mx.array]]) -> tuple[mx.array, mx.array]:
     """A step's tokens for `logits` (one row each) and the rows' log-probabilities, lazy where nothing sampled
-    from them."""
+    from them. Rows with samplers of their own are normalized one by one: a slice of the batch's lazy
+    log-probabilities would compute every row's for one top-p row."""
     logprobs = normalized(logits)
     if all(sampler is samplers[0] for sampler in samplers):
         return sampled_from(logits, logprobs, samplers[0]), logprobs
-    sampled = [sampled_from(logits[e : e + 1], logprobs[e : e + 1], sampler) for e, sampler in enumerate(samplers)]
+    rows = [logits[e : e + 1] for e in range(len(samplers))]
+    sampled = [sampled_from(row, normalized(row), sampler) for row, sampler in zip(rows, samplers, strict=True)]
     return mx.concatenate(sampled, axis=0), logprobs
 
 

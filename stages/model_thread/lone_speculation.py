@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 
 from stages.model_thread.drafters import only_stepped
+from stages.model_thread.greedy_steps import greedy_tokens, normalized
 from stages.model_thread.jump_forward import forced_limit, grammar_of
 from stages.model_thread.verification import matched, sample_in_order
 
@@ -93,9 +94,9 @@ class LoneSpeculation:
         pending = solo.pending[0]
         logits = model(mx.array([[first, *proposal]]), cache=solo.cache)[0]
         if not solo.processors and _greedy(solo.sampler):
-            chosen = cast(list[int], mx.argmax(logits, axis=-1).tolist())
+            chosen = cast(list[int], greedy_tokens(logits).tolist())
             accepted = matched(chosen, proposal)
-            looked = list(logits[: accepted + 1] - mx.logsumexp(logits[: accepted + 1], axis=-1, keepdims=True))
+            looked = list(normalized(logits[: accepted + 1]))
             sampled = chosen[accepted]
         else:
             accepted, looked, sampled = sample_in_order(

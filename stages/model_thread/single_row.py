@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from stages.model_thread.greedy_steps import sample_rows
 from stages.model_thread.lone_speculation import LoneSpeculation
 from stages.models.mlx_internals import kv_layer, plain_kv
 
@@ -275,8 +276,6 @@ class SingleRow:
 
     def _forward(self, solo: _Solo, tokens: Any) -> tuple[Any, Any]:
         import mlx.core as mx
-
-        from stages.model_thread.greedy_steps import sample_rows
 
         logits = self._model(tokens[None], cache=solo.cache)[:, -1, :]
         if solo.context is not None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from stages.model_thread.greedy_steps import normalized, sampled_from
+
 if TYPE_CHECKING:
     import mlx.core as mx
 
@@ -25,8 +27,6 @@ def sample_in_order(
     context (a `TokenBuffer`), fed the tokens whose logits are looked at.
     """
     import mlx.core as mx
-
-    from stages.model_thread.greedy_steps import normalized, sampled_from
 
     context_tokens = [first, *(mx.array([token]) for token in proposal)]
     looked: list[mx.array] = []
