@@ -36,6 +36,7 @@ import numpy as np
 from mlx_lm.models import base
 
 from stages.models.blas import environment_threads
+from stages.models.cpu_exp import lazy_attention
 
 # One query row a sequence is a decode step, which stays lazy in MLX; below this many scores a sequence's pass is
 # small, and the per-layer sync costs more than the exponentials it saves (measured break-even about 30k
@@ -47,6 +48,11 @@ _MIN_SCORES = 1 << 16
 # Scores a block holds (16 MiB of float32): bounded memory at a 128k window, and small enough that
 # every core gets blocks.
 _BLOCK_SCORES = 1 << 22
+# Below this many query rows times keys, over the batch, a decode step's or short pass's attention is MLX's own:
+# its softmax's exponentials cost less than the lazy path's extra kernels. Measured (`python -m bench.lazy_attention`)
+# on SmolLM2's and Gemma 3's heads: one row over 768 keys 0.93-1.07x, 1,024 keys 1.12-1.15x, 4 rows over 256 keys
+# 1.06-1.12x, a 9-row verifying pass over 128 keys 1.33-1.62x.
+_MIN_LAZY_ROW_KEYS = 1024
 
 CHOICE_VARIABLE = "MLX_RELAY_CPU_ATTENTION"
 _mlx_attention: Callable[..., mx.array] | None = None
@@ -95,6 +101,8 @@ def attention(
     """`mx.fast.scaled_dot_product_attention`'s contract; numpy for a prefill's float32 attention."""
     assert _mlx_attention is not None, "install() first"
     if not _taken(queries, keys, values, mask, sinks, options):
+        if _lazily_taken(queries, keys, values, mask, sinks, options):
+            return lazy_attention(queries, keys, values, scale, mask)
         return _mlx_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks, **options)
     arrays = [queries, keys, values] + ([mask] if isinstance(mask, mx.array) else [])
     mx.eval(*arrays)
@@ -135,6 +143,19 @@ def _taken(
     if queries.shape[1] % keys.shape[1] or (isinstance(mask, str) and mask != "causal"):
         return False
     return mask is None or isinstance(mask, str) or (isinstance(mask, mx.array) and mask.ndim <= 4)
+
+
+def _lazily_taken(
+    queries: mx.array, keys: mx.array, values: mx.array, mask: object, sinks: object, options: dict[str, Any]
+) -> bool:
+    """A decode step's or a short pass's attention over enough keys that its exponentials outweigh MLX's."""
+    if sinks is not None or options or queries.ndim != 4:
+        return False
+    if queries.shape[0] * queries.shape[2] * keys.shape[2] < _MIN_LAZY_ROW_KEYS:
+        return False
+    if any(array.dtype != mx.float32 for array in (queries, keys, values)) or queries.shape[1] % keys.shape[1]:
+        return False
+    return mask is None or mask == "causal" if not isinstance(mask, mx.array) else mask.ndim <= 4
 
 
 def _large_enough(queries: mx.array, key_count: int) -> bool:

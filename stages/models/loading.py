@@ -193,12 +193,15 @@ def load_weights(info: ModelInfo) -> object:
     from mlx_lm.utils import dequantize_model, load_model
 
     from stages.models.cpu_attention import install as install_cpu_attention
+    from stages.models.cpu_exp import install as install_cpu_exp
     from stages.models.dequantize import dequantize_layers
     from stages.models.vlm import load_vision_language, vision_config
 
     install_cpu_attention()
     if (config := vision_config(info.path)) is not None:
-        return load_vision_language(info.path, config)
+        vision_language = load_vision_language(info.path, config)
+        install_cpu_exp()
+        return vision_language
     model, _ = load_model(info.path)
     dtype = "float32" if info.float32_weights else info.sixteen_bit_weights
     if dtype is not None:
@@ -208,6 +211,7 @@ def load_weights(info: ModelInfo) -> object:
         model = dequantize_model(model)
         model.set_dtype(served)
         mx.eval(model.parameters())
+    install_cpu_exp()
     return model
 
 
