@@ -36,7 +36,7 @@ import numpy as np
 from mlx_lm.models import base
 
 from stages.models.blas import environment_threads
-from stages.models.cpu_exp import lazy_attention
+from stages.models.cpu_exp import CHOICE_VARIABLE, lazy_attention
 
 # One query row a sequence is a decode step, which stays lazy in MLX; below this many scores a sequence's pass is
 # small, and the per-layer sync costs more than the exponentials it saves (measured break-even about 30k
@@ -54,7 +54,6 @@ _BLOCK_SCORES = 1 << 22
 # 1.06-1.12x, a 9-row verifying pass over 128 keys 1.33-1.62x.
 _MIN_LAZY_ROW_KEYS = 1024
 
-CHOICE_VARIABLE = "MLX_RELAY_CPU_ATTENTION"
 _mlx_attention: Callable[..., mx.array] | None = None
 _mlx_quantized_attention: Callable[..., mx.array] | None = None
 _pool: ThreadPoolExecutor | None = None

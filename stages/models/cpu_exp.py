@@ -15,12 +15,13 @@ scores, and a sigmoid's `exp(-|x|)`.
 compiled shapeless, so one trace serves every shape, and these functions must not run inside another
 function's shapeless compile. That is why `install` rebinds only names called eagerly: mlx-lm's `swiglu`
 where a model module imported it, and a gated MLP's `__call__` where it is exactly the expression replaced.
-Off on Metal and CUDA, and for any dtype but float32 (the originals run).
+Off on Metal and CUDA, under `MLX_RELAY_CPU_ATTENTION=mlx`, and for any dtype but float32 (the originals run).
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -36,6 +37,9 @@ _ROUND = 12582912.0
 _FLOOR = -88.0
 # sqrt(2 / pi), doubled: gelu_approx's 0.5 * (1 + tanh(y)) is sigmoid(2y).
 _GELU_SCALE = 1.5957691216057308
+
+# The CPU's kernels' switch (docs/configuration.md): `mlx` keeps MLX's own attention (cpu_attention.py) and activations.
+CHOICE_VARIABLE = "MLX_RELAY_CPU_ATTENTION"
 
 mlx_silu: Callable[[mx.array], mx.array] = mlx_activations.silu
 mlx_gelu_approx: Callable[[mx.array], mx.array] = mlx_activations.gelu_approx
@@ -152,7 +156,7 @@ def install() -> bool:
     later call. `mlx_lm.models.activations` itself keeps mlx-lm's `swiglu`, for a module that calls it inside a
     shapeless compile of its own.
     """
-    if mx.default_device() != mx.cpu:
+    if mx.default_device() != mx.cpu or os.environ.get(CHOICE_VARIABLE, "numpy") == "mlx":
         return False
     from mlx_lm.models import activations
 

@@ -152,3 +152,8 @@ def test_a_gated_mlp_gives_the_same_output_through_the_replacement() -> None:
     x = mx.random.normal((2, 5, 64))
     expected = mlp.down_proj(nn.gelu_approx(mlp.gate_proj(x)) * mlp.up_proj(x))
     close(mlp(x), expected, tolerance=1e-4, floor=1e-6)
+
+
+def test_mlx_s_own_kernels_asked_for_keep_the_activations_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_exp.CHOICE_VARIABLE, "mlx")
+    assert not cpu_exp.install()
