@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import importlib
 import math
+from pathlib import Path
+from typing import Any
 
+import attrs
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx_lm.models import activations
 from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import make_prompt_cache
 
 from stages.models import cpu_attention, cpu_exp
+from stages.models.loading import load_tokenizer, load_weights, resolve_model
 
 pytestmark = pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the CPU backend's exponentials")
 
@@ -157,3 +162,42 @@ def test_a_gated_mlp_gives_the_same_output_through_the_replacement() -> None:
 def test_mlx_s_own_kernels_asked_for_keep_the_activations_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cpu_exp.CHOICE_VARIABLE, "mlx")
     assert not cpu_exp.install()
+
+
+def test_the_real_default_model_reads_and_writes_as_with_mlx_s_own(
+    smollm2_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SmolLM2 as the server serves it on a CPU: a 200-token prompt's logits, and 12 greedy tokens decoded one at a
+    # time over its cache, each step's attention taken lazily (the gate lowered to reach a 200-token context
+    # without a 1,000-token prefill), and every gate activation through ours.
+    info = resolve_model(str(smollm2_model))
+    model = load_weights(attrs.evolve(info, float32_weights=True))
+    text = "".join(f"def f{n}(x):\n    return x * {n} + {n * n}\n\n" for n in range(20))
+    prompt = mx.array(load_tokenizer(info).encode(text)[:200])[None]
+    assert prompt.shape[1] == 200
+    lazy_calls = []
+
+    def counting(*args: Any) -> mx.array:
+        lazy_calls.append(args[0].shape)
+        return cpu_exp.lazy_attention(*args)
+
+    monkeypatch.setattr(cpu_attention, "lazy_attention", counting)
+    read: dict[bool, tuple[np.ndarray, list[int]]] = {}
+    gate = 128
+    for ours in (False, True):
+        cpu_exp.use(ours=ours)
+        monkeypatch.setattr(cpu_attention, "_MIN_LAZY_ROW_KEYS", gate if ours else 1 << 62)
+        cache = make_prompt_cache(model)
+        logits = model(prompt, cache=cache)[:, -1]
+        first = np.asarray(logits)
+        tokens = []
+        for _ in range(12):
+            token = mx.argmax(logits, axis=-1)
+            tokens.append(token.item())
+            logits = model(token[:, None], cache=cache)[:, -1]
+        read[ours] = first, tokens
+    cpu_exp.use(ours=True)
+    # MLX's own attention in the first run; ours in every layer of the second's 12 steps.
+    assert len(lazy_calls) == 12 * 30
+    np.testing.assert_allclose(read[True][0], read[False][0], atol=2e-4, rtol=1e-4)
+    assert read[True][1] == read[False][1]
