@@ -13,6 +13,7 @@ from mlx_lm.models import base
 from mlx_lm.models.base import create_causal_mask
 
 from stages.models import cpu_attention
+from tests.stages.models.attention_shapes import shapes
 
 pytestmark = pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the CPU backend's attention")
 
@@ -25,14 +26,6 @@ SMALLEST_TAKEN = cpu_attention._MIN_SCORES
 def every_size_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     # The small shapes below would go to MLX's own function under the size gate; here they test numpy's answer.
     monkeypatch.setattr(cpu_attention, "_MIN_SCORES", 0)
-
-
-def shapes(batch: int, heads: int, kv_heads: int, rows: int, context: int, dim: int) -> tuple[mx.array, ...]:
-    queries = mx.random.normal((batch, heads, rows, dim))
-    # The cache hands attention a slice of its longer buffer, a strided view.
-    keys = mx.random.normal((batch, kv_heads, context + 64, dim))[:, :, :context]
-    values = mx.random.normal((batch, kv_heads, context + 64, dim))[:, :, :context]
-    return queries, keys, values
 
 
 def assert_same(queries: mx.array, keys: mx.array, values: mx.array, mask: object) -> None:

@@ -18,6 +18,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from stages.models import cpu_attention, cpu_exp
 from stages.models.loading import load_tokenizer, load_weights, resolve_model
+from tests.stages.models.attention_shapes import shapes
 
 pytestmark = pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the CPU backend's exponentials")
 
@@ -70,14 +71,6 @@ def test_other_dtypes_run_mlx_s_own(dtype: mx.Dtype) -> None:
     assert mx.array_equal(cpu_exp.silu(gate), nn.silu(gate))
     assert mx.array_equal(cpu_exp.gelu_approx(gate), nn.gelu_approx(gate))
     assert mx.array_equal(cpu_exp.swiglu(gate, up), nn.silu(gate) * up)
-
-
-def shapes(batch: int, heads: int, kv_heads: int, rows: int, context: int, dim: int) -> tuple[mx.array, ...]:
-    queries = mx.random.normal((batch, heads, rows, dim))
-    # The cache hands attention a slice of its longer buffer, a strided view.
-    keys = mx.random.normal((batch, kv_heads, context + 64, dim))[:, :, :context]
-    values = mx.random.normal((batch, kv_heads, context + 64, dim))[:, :, :context]
-    return queries, keys, values
 
 
 @pytest.mark.parametrize(
