@@ -4,7 +4,7 @@
 
 `elements`: ns an element of `mx.exp`, `nn.silu`, `nn.gelu_approx` and mlx-lm's `swiglu`, against ours.
 `attention`: MLX's unfused attention against `lazy_attention`, the speed-up over a grid of batch, query rows and
-keys on SmolLM2's and Gemma 3's heads; it is what sets `cpu_attention._MIN_LAZY_ROW_KEYS`.
+keys on SmolLM2's and Gemma 3's heads; it is what sets `cpu_attention._MIN_LAZY_SCORES`.
 `model`: the served model's forward pass (float32, as a CPU serves it), a 512-token prefill chunk and decode
 steps at several batch sizes and contexts, with MLX's own activations and attention against ours, in alternating
 rounds in one process; each line is the median ms and the ratio.
@@ -94,11 +94,11 @@ def model(name: str, rounds: int) -> None:
 
 def _use_ours(ours: bool) -> None:
     """Ours everywhere `install` put them, or MLX's own again, in this process."""
-    cpu_attention._MIN_LAZY_ROW_KEYS = _LAZY_GATE if ours else 1 << 62
+    cpu_attention._MIN_LAZY_SCORES = _LAZY_GATE if ours else 1 << 62
     cpu_exp.use(ours=ours)
 
 
-_LAZY_GATE = cpu_attention._MIN_LAZY_ROW_KEYS
+_LAZY_GATE = cpu_attention._MIN_LAZY_SCORES
 
 
 def _prefill(served: Any, tokens: int) -> Callable[[], None]:

@@ -48,11 +48,12 @@ _MIN_SCORES = 1 << 16
 # Scores a block holds (16 MiB of float32): bounded memory at a 128k window, and small enough that
 # every core gets blocks.
 _BLOCK_SCORES = 1 << 22
-# Below this many query rows times keys, over the batch, a decode step's or short pass's attention is MLX's own:
-# its softmax's exponentials cost less than the lazy path's extra kernels. Measured (`python -m bench.lazy_attention`)
-# on SmolLM2's and Gemma 3's heads: one row over 768 keys 0.93-1.07x, 1,024 keys 1.12-1.15x, 4 rows over 256 keys
-# 1.06-1.12x, a 9-row verifying pass over 128 keys 1.33-1.62x.
-_MIN_LAZY_ROW_KEYS = 1024
+# Below this many scores (query rows times heads times keys, over the batch) a decode step's or short pass's attention
+# is MLX's own: its softmax's exponentials cost less than the lazy path's extra kernels, about 20 us a call. Measured
+# (`python -m bench.cpu_exp --parts attention`) on SmolLM2's and Gemma 3's heads: one row over 512 keys (4,608 and
+# 2,048 scores) 0.95-0.97x, over 1,024 keys 1.12-1.15x, 4 rows over 256 keys 1.06-1.12x, a 9-row verifying pass over
+# 128 keys 1.33-1.62x.
+_MIN_LAZY_SCORES = 4096
 
 _mlx_attention: Callable[..., mx.array] | None = None
 _mlx_quantized_attention: Callable[..., mx.array] | None = None
@@ -150,7 +151,7 @@ def _lazily_taken(
     """A decode step's or a short pass's attention over enough keys that its exponentials outweigh MLX's."""
     if sinks is not None or options or queries.ndim != 4:
         return False
-    if queries.shape[0] * queries.shape[2] * keys.shape[2] < _MIN_LAZY_ROW_KEYS:
+    if queries.shape[0] * queries.shape[1] * queries.shape[2] * keys.shape[2] < _MIN_LAZY_SCORES:
         return False
     if any(array.dtype != mx.float32 for array in (queries, keys, values)) or queries.shape[1] % keys.shape[1]:
         return False

@@ -43,7 +43,7 @@ def test_exp_of_every_nonpositive_float_is_mlx_s_to_the_last_place() -> None:
     assert np.isnan(np.asarray(cpu_exp.exp_nonpositive(mx.array([math.nan])))).all()
 
 
-@pytest.mark.parametrize("shape", [(1, 1000, 64), (16, 1, 1536), (3, 7), (5,)])
+@pytest.mark.parametrize("shape", [(1, 1000, 64), (16, 1, 1536), (3, 4099), (8192,)])
 def test_activations_agree_with_mlx_s_at_every_shape_one_trace_serves(shape: tuple[int, ...]) -> None:
     gate = mx.random.normal(shape) * 6
     up = mx.random.normal(shape)
@@ -56,18 +56,27 @@ def test_activations_agree_with_mlx_s_at_every_shape_one_trace_serves(shape: tup
 
 
 def test_activations_keep_their_limits_and_nan() -> None:
-    edges = mx.array([-math.inf, -1e4, -100.0, -1e-30, 0.0, 1e-30, 100.0, 1e4, math.inf, math.nan])
+    limits = [-math.inf, -1e4, -100.0, -1e-30, 0.0, 1e-30, 100.0, 1e4, math.inf, math.nan]
+    # Enough elements that ours runs, not MLX's own (`_MIN_ELEMENTS`).
+    edges = mx.array(limits * 500)
     for ours, theirs in ((cpu_exp.silu, nn.silu), (cpu_exp.gelu_approx, nn.gelu_approx)):
-        values, expected = np.asarray(ours(edges)), np.asarray(theirs(edges))
-        finite = np.isfinite(edges)
+        values, expected = np.asarray(ours(edges))[:10], np.asarray(theirs(edges))[:10]
+        finite = np.isfinite(limits)
         np.testing.assert_allclose(values[finite], expected[finite], rtol=2e-6, atol=5e-7)
         assert values[-1] != values[-1] and values[-2] == math.inf
 
 
+def test_a_small_tensor_runs_mlx_s_own_fused_kernel() -> None:
+    gate, up = mx.random.normal((1, 1, 1536)) * 4, mx.random.normal((1, 1, 1536))
+    assert mx.array_equal(cpu_exp.silu(gate), nn.silu(gate))
+    assert mx.array_equal(cpu_exp.swiglu(gate, up), activations.swiglu(gate, up))
+    assert mx.array_equal(cpu_exp.gelu_approx(gate), nn.gelu_approx(gate))
+
+
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
 def test_other_dtypes_run_mlx_s_own(dtype: mx.Dtype) -> None:
-    gate = (mx.random.normal((4, 64)) * 3).astype(dtype)
-    up = mx.random.normal((4, 64)).astype(dtype)
+    gate = (mx.random.normal((4, 4096)) * 3).astype(dtype)
+    up = mx.random.normal((4, 4096)).astype(dtype)
     assert mx.array_equal(cpu_exp.silu(gate), nn.silu(gate))
     assert mx.array_equal(cpu_exp.gelu_approx(gate), nn.gelu_approx(gate))
     assert mx.array_equal(cpu_exp.swiglu(gate, up), nn.silu(gate) * up)
@@ -176,10 +185,10 @@ def test_the_real_default_model_reads_and_writes_as_with_mlx_s_own(
 
     monkeypatch.setattr(cpu_attention, "lazy_attention", counting)
     read: dict[bool, tuple[np.ndarray, list[int]]] = {}
-    gate = 128
+    gate = 1024
     for ours in (False, True):
         cpu_exp.use(ours=ours)
-        monkeypatch.setattr(cpu_attention, "_MIN_LAZY_ROW_KEYS", gate if ours else 1 << 62)
+        monkeypatch.setattr(cpu_attention, "_MIN_LAZY_SCORES", gate if ours else 1 << 62)
         cache = make_prompt_cache(model)
         logits = model(prompt, cache=cache)[:, -1]
         first = np.asarray(logits)
