@@ -2,7 +2,7 @@
 
     python -m bench.cpu_exp [--model smollm2] [--rounds 3] [--parts elements,attention,model]
 
-`elements`: ns an element of `mx.exp`, `nn.silu`, `nn.gelu_approx` and mlx-lm's `swiglu`, against ours.
+`elements`: ns an element of `mx.exp`, mlx-lm's `swiglu` and a GELU-gated product, against ours.
 `attention`: MLX's unfused attention against `lazy_attention`, the speed-up over a grid of batch, query rows and
 keys on SmolLM2's and Gemma 3's heads; it is what sets `cpu_attention._MIN_LAZY_SCORES`.
 `model`: the served model's forward pass (float32, as a CPU serves it), a 512-token prefill chunk and decode
@@ -49,9 +49,8 @@ def elements() -> None:
     per = 1e6 / gate.size
     pairs = {
         "exp": (lambda: mx.exp(below), lambda: cpu_exp.exp_nonpositive(below)),
-        "silu": (lambda: nn.silu(gate), lambda: cpu_exp.silu(gate)),
-        "gelu_approx": (lambda: nn.gelu_approx(gate), lambda: cpu_exp.gelu_approx(gate)),
         "swiglu": (lambda: activations.swiglu(gate, up), lambda: cpu_exp.swiglu(gate, up)),
+        "gelu_approx(gate) * up": (lambda: nn.gelu_approx(gate) * up, lambda: cpu_exp.geglu(gate, up)),
     }
     for name, (theirs, ours) in pairs.items():
         mlx_ns, our_ns = _ms(theirs, 20) * per, _ms(ours, 20) * per

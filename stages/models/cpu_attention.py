@@ -100,10 +100,12 @@ def attention(
 ) -> mx.array:
     """`mx.fast.scaled_dot_product_attention`'s contract; numpy for a prefill's float32 attention."""
     assert _mlx_attention is not None, "install() first"
-    if not _taken(queries, keys, values, mask, sinks, options):
-        if _lazily_taken(queries, keys, values, mask, sinks, options):
-            return lazy_attention(queries, keys, values, scale, mask)
+    if not _same_computation(queries, keys, values, mask, sinks, options):
         return _mlx_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks, **options)
+    if not _large_enough(queries, keys.shape[2]):
+        if queries.shape[0] * queries.shape[1] * queries.shape[2] * keys.shape[2] >= _MIN_LAZY_SCORES:
+            return lazy_attention(queries, keys, values, scale, mask)
+        return _mlx_attention(queries, keys, values, scale=scale, mask=mask)
     arrays = [queries, keys, values] + ([mask] if isinstance(mask, mx.array) else [])
     mx.eval(*arrays)
     numpy_mask = np.asarray(mask) if isinstance(mask, mx.array) else mask
@@ -136,22 +138,16 @@ def quantized_attention(
 def _taken(
     queries: mx.array, keys: mx.array, values: mx.array, mask: object, sinks: object, options: dict[str, Any]
 ) -> bool:
-    if sinks is not None or options or not _large_enough(queries, keys.shape[2]):
-        return False
-    if any(array.dtype != mx.float32 for array in (queries, keys, values)):
-        return False
-    if queries.shape[1] % keys.shape[1] or (isinstance(mask, str) and mask != "causal"):
-        return False
-    return mask is None or isinstance(mask, str) or (isinstance(mask, mx.array) and mask.ndim <= 4)
+    """numpy's: the same computation, and large enough to pay for the pass's sync."""
+    return _same_computation(queries, keys, values, mask, sinks, options) and _large_enough(queries, keys.shape[2])
 
 
-def _lazily_taken(
+def _same_computation(
     queries: mx.array, keys: mx.array, values: mx.array, mask: object, sinks: object, options: dict[str, Any]
 ) -> bool:
-    """A decode step's or a short pass's attention over enough keys that its exponentials outweigh MLX's."""
+    """What numpy's and the lazy path compute as MLX does: float32, no sinks, whole groups of heads, and a mask that
+    is absent, "causal" or an array."""
     if sinks is not None or options or queries.ndim != 4:
-        return False
-    if queries.shape[0] * queries.shape[1] * queries.shape[2] * keys.shape[2] < _MIN_LAZY_SCORES:
         return False
     if any(array.dtype != mx.float32 for array in (queries, keys, values)) or queries.shape[1] % keys.shape[1]:
         return False

@@ -29,6 +29,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx.nn.layers import activations as mlx_activations
+from mlx_lm.models import activations as mlx_lm_activations
 
 _LOG2_E = 1.4426950408889634
 # Adding and subtracting 1.5 * 2**23 rounds a float32 of magnitude under 2**22 to the nearest integer.
@@ -46,15 +47,8 @@ CHOICE_VARIABLE = "MLX_RELAY_CPU_ATTENTION"
 # gate at one row of SmolLM2 stays MLX's.
 _MIN_ELEMENTS = 4096
 
-mlx_silu: Callable[[mx.array], mx.array] = mlx_activations.silu
 mlx_gelu_approx: Callable[[mx.array], mx.array] = mlx_activations.gelu_approx
-
-
-def _mlx_swiglu(gate: mx.array, x: mx.array) -> mx.array:
-    from mlx_lm.models import activations
-
-    fused: mx.array = activations.swiglu(gate, x)
-    return fused
+mlx_swiglu: Callable[[mx.array, mx.array], mx.array] = mlx_lm_activations.swiglu
 
 
 @partial(mx.compile, shapeless=True)
@@ -90,18 +84,10 @@ def exp_nonpositive(x: mx.array) -> mx.array:
 
 
 @partial(mx.compile, shapeless=True)
-def _gated(x: mx.array, y: mx.array, polynomial: mx.array, power: mx.array) -> mx.array:
-    """x * sigmoid(y), given exp(-|y|) as two factors."""
-    z = polynomial * power
-    # sigmoid(y) is 1 / (1 + z) for y >= 0 and z / (1 + z) below; a float step, as `where` is not vectorised.
-    step = (y >= 0).astype(mx.float32)
-    return x * (step + z * (1.0 - step)) / (1.0 + z)
-
-
-@partial(mx.compile, shapeless=True)
-def _gated_times(x: mx.array, y: mx.array, polynomial: mx.array, power: mx.array, up: mx.array) -> mx.array:
+def _gated(x: mx.array, y: mx.array, polynomial: mx.array, power: mx.array, up: mx.array) -> mx.array:
     """x * sigmoid(y) * up, given exp(-|y|) as two factors."""
     z = polynomial * power
+    # sigmoid(y) is 1 / (1 + z) for y >= 0 and z / (1 + z) below; a float step, as `where` is not vectorised.
     step = (y >= 0).astype(mx.float32)
     return x * (step + z * (1.0 - step)) / (1.0 + z) * up
 
@@ -111,34 +97,20 @@ def _gelu_argument(x: mx.array) -> mx.array:
     return _GELU_SCALE * (x + 0.044715 * x * x * x)
 
 
-def silu(x: mx.array) -> mx.array:
-    """`nn.silu`: x * sigmoid(x)."""
-    if x.dtype != mx.float32 or x.size < _MIN_ELEMENTS:
-        return mlx_silu(x)
-    return _gated(x, x, *exp_parts(x))
-
-
-def gelu_approx(x: mx.array) -> mx.array:
-    """`nn.gelu_approx`: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as x * sigmoid(2 sqrt(2/pi) (...))."""
-    if x.dtype != mx.float32 or x.size < _MIN_ELEMENTS:
-        return mlx_gelu_approx(x)
-    y = _gelu_argument(x)
-    return _gated(x, y, *exp_parts(y))
-
-
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     """mlx-lm's `swiglu`: silu(gate) * x."""
     if gate.dtype != mx.float32 or x.dtype != mx.float32 or gate.size < _MIN_ELEMENTS:
-        return _mlx_swiglu(gate, x)
-    return _gated_times(gate, gate, *exp_parts(gate), x)
+        return mlx_swiglu(gate, x)
+    return _gated(gate, gate, *exp_parts(gate), x)
 
 
 def geglu(gate: mx.array, x: mx.array) -> mx.array:
-    """gelu_approx(gate) * x."""
+    """gelu_approx(gate) * x: 0.5 gate (1 + tanh(sqrt(2/pi) (gate + 0.044715 gate^3))), as gate * sigmoid(2 sqrt(2/pi)
+    (...)), times x."""
     if gate.dtype != mx.float32 or x.dtype != mx.float32 or gate.size < _MIN_ELEMENTS:
         return mlx_gelu_approx(gate) * x
     y = _gelu_argument(gate)
-    return _gated_times(gate, y, *exp_parts(y), x)
+    return _gated(gate, y, *exp_parts(y), x)
 
 
 def _gelu_mlp_call(self: Any, x: mx.array) -> mx.array:
@@ -170,13 +142,11 @@ def install() -> bool:
     """
     if mx.default_device() != mx.cpu or os.environ.get(CHOICE_VARIABLE, "numpy") == "mlx":
         return False
-    from mlx_lm.models import activations
-
     for name, module in list(sys.modules.items()):
-        if not name.startswith("mlx_lm.models.") or module is None or module is activations:
+        if not name.startswith("mlx_lm.models.") or module is None or module is mlx_lm_activations:
             continue
-        if getattr(module, "swiglu", None) is activations.swiglu:
-            _rebound.append((module, "swiglu", activations.swiglu, swiglu))
+        if getattr(module, "swiglu", None) is mlx_swiglu:
+            _rebound.append((module, "swiglu", mlx_swiglu, swiglu))
         mlp = getattr(module, "MLP", None)
         if isinstance(mlp, type) and (replacement := _MLP_BODIES.get(_body(mlp))) is not None:
             _rebound.append((mlp, "__call__", mlp.__dict__["__call__"], replacement))
@@ -233,7 +203,7 @@ def lazy_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: f
         shifted = _masked(scores, mask) if mask.dtype == mx.bool_ else _shifted(scores + mask)
     else:
         shifted = _shifted(scores)
-    weights = _product(*exp_parts(shifted))
+    weights = exp_nonpositive(shifted)
     totals = weights.sum(axis=-1, keepdims=True)
     attended = (weights.reshape(batch, kv_heads, group * rows, context) @ values).reshape(
         batch, kv_heads, group, rows, dim

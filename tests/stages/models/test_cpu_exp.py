@@ -12,6 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx.nn.layers import activations as mlx_activations
 from mlx_lm.models import activations
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import make_prompt_cache
@@ -49,8 +50,9 @@ def test_activations_agree_with_mlx_s_at_every_shape_one_trace_serves(shape: tup
     up = mx.random.normal(shape)
     # Absolute, near zero: MLX's gelu_approx takes 1 + tanh(y), which cancels for y far below zero (a tanh near -1
     # is good to 6e-8), and its silu rounds a gate far below zero to -0; ours keeps the small value.
-    close(cpu_exp.silu(gate), nn.silu(gate), tolerance=2e-6, floor=5e-7)
-    close(cpu_exp.gelu_approx(gate), nn.gelu_approx(gate), tolerance=2e-6, floor=5e-7)
+    ones = mx.ones(shape)
+    close(cpu_exp.swiglu(gate, ones), nn.silu(gate), tolerance=2e-6, floor=5e-7)
+    close(cpu_exp.geglu(gate, ones), nn.gelu_approx(gate), tolerance=2e-6, floor=5e-7)
     close(cpu_exp.swiglu(gate, up), activations.swiglu(gate, up), tolerance=2e-6, floor=5e-7)
     close(cpu_exp.geglu(gate, up), nn.gelu_approx(gate) * up, tolerance=2e-6, floor=5e-7)
 
@@ -59,8 +61,9 @@ def test_activations_keep_their_limits_and_nan() -> None:
     limits = [-math.inf, -1e4, -100.0, -1e-30, 0.0, 1e-30, 100.0, 1e4, math.inf, math.nan]
     # Enough elements that ours runs, not MLX's own (`_MIN_ELEMENTS`).
     edges = mx.array(limits * 500)
-    for ours, theirs in ((cpu_exp.silu, nn.silu), (cpu_exp.gelu_approx, nn.gelu_approx)):
-        values, expected = np.asarray(ours(edges))[:10], np.asarray(theirs(edges))[:10]
+    ones = mx.ones(edges.shape)
+    for ours, theirs in ((cpu_exp.swiglu, nn.silu), (cpu_exp.geglu, nn.gelu_approx)):
+        values, expected = np.asarray(ours(edges, ones))[:10], np.asarray(theirs(edges))[:10]
         finite = np.isfinite(limits)
         np.testing.assert_allclose(values[finite], expected[finite], rtol=2e-6, atol=5e-7)
         assert values[-1] != values[-1] and values[-2] == math.inf
@@ -68,17 +71,15 @@ def test_activations_keep_their_limits_and_nan() -> None:
 
 def test_a_small_tensor_runs_mlx_s_own_fused_kernel() -> None:
     gate, up = mx.random.normal((1, 1, 1536)) * 4, mx.random.normal((1, 1, 1536))
-    assert mx.array_equal(cpu_exp.silu(gate), nn.silu(gate))
     assert mx.array_equal(cpu_exp.swiglu(gate, up), activations.swiglu(gate, up))
-    assert mx.array_equal(cpu_exp.gelu_approx(gate), nn.gelu_approx(gate))
+    assert mx.array_equal(cpu_exp.geglu(gate, up), nn.gelu_approx(gate) * up)
 
 
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
 def test_other_dtypes_run_mlx_s_own(dtype: mx.Dtype) -> None:
     gate = (mx.random.normal((4, 4096)) * 3).astype(dtype)
     up = mx.random.normal((4, 4096)).astype(dtype)
-    assert mx.array_equal(cpu_exp.silu(gate), nn.silu(gate))
-    assert mx.array_equal(cpu_exp.gelu_approx(gate), nn.gelu_approx(gate))
+    assert mx.array_equal(cpu_exp.geglu(gate, up), nn.gelu_approx(gate) * up)
     assert mx.array_equal(cpu_exp.swiglu(gate, up), nn.silu(gate) * up)
 
 
@@ -149,7 +150,7 @@ def test_install_rebinds_the_eager_activations_and_leaves_the_rest() -> None:
     # expression replaced, are left as they are.
     assert activations.swiglu is not cpu_exp.swiglu
     assert gemma4_text.MLP.__call__ not in cpu_exp._MLP_BODIES.values()
-    assert nn.silu is not cpu_exp.silu and nn.gelu_approx is not cpu_exp.gelu_approx
+    assert nn.silu is mlx_activations.silu and nn.gelu_approx is mlx_activations.gelu_approx
 
 
 def test_a_gated_mlp_gives_the_same_output_through_the_replacement() -> None:
