@@ -65,6 +65,7 @@ MLX_CORE_ALLOWED = {
     # A prefill's attention on the CPU backend, in numpy, in place of MLX's own (called inside the model's pass).
     "stages/models/cpu_attention.py",
     "stages/models/cpu_exp.py",
+    "stages/models/cpu_matmul.py",
     # The quantized KV cache the batch holds (its layers and the generator that makes them).
     "stages/models/quantized_kv.py",
     # A row alone, decoded on the model thread as mlx-lm's generate_step does.

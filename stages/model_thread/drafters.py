@@ -71,9 +71,17 @@ class PromptLookup:
     caught_up: int = 0
 
     def propose(self, uid: int, history: Sequence[int], k: int) -> list[int]:
-        length = len(history)
-        if length < 2 or length - 1 < self.min_ngram:
+        size, distance = self.match(history)
+        if size < self.min_ngram:
             return []
+        return _copied_on(history, distance, k)
+
+    def match(self, history: Sequence[int]) -> tuple[int, int]:
+        """The longest n-gram ending the history found earlier in it, as (its length, how far back it ends);
+        (0, 0) when the last token occurs nowhere earlier."""
+        length = len(history)
+        if length < 2:
+            return 0, 0
         last, longest = history[-1], self.max_ngram
         best, best_end = 0, -1
         # One pass from the latest earlier token back: each occurrence of the last token is the end of a match,
@@ -88,9 +96,7 @@ class PromptLookup:
                 best, best_end = size, end
                 if size == longest:
                     break
-        if best < self.min_ngram:
-            return []
-        return _copied_on(history, length - 1 - best_end, k)
+        return (best, length - 1 - best_end) if best else (0, 0)
 
     def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]]) -> list[list[int]]:
         return [self.propose(uid, history, k) for uid, history, k in requests]

@@ -194,6 +194,7 @@ def load_weights(info: ModelInfo) -> object:
 
     from stages.models.cpu_attention import install as install_cpu_attention
     from stages.models.cpu_exp import install as install_cpu_exp
+    from stages.models.cpu_matmul import install as install_cpu_matmul
     from stages.models.dequantize import dequantize_layers
     from stages.models.vlm import load_vision_language, vision_config
 
@@ -201,6 +202,7 @@ def load_weights(info: ModelInfo) -> object:
     if (config := vision_config(info.path)) is not None:
         vision_language = load_vision_language(info.path, config)
         install_cpu_exp()
+        install_cpu_matmul(vision_language)
         return vision_language
     model, _ = load_model(info.path)
     dtype = "float32" if info.float32_weights else info.sixteen_bit_weights
@@ -212,6 +214,7 @@ def load_weights(info: ModelInfo) -> object:
         model.set_dtype(served)
         mx.eval(model.parameters())
     install_cpu_exp()
+    install_cpu_matmul(model)
     return model
 
 

@@ -1,0 +1,155 @@
+"""A model's float32 matmuls on a CPU in whichever orientation the BLAS runs faster, measured once at load.
+
+MLX computes a linear layer as `x @ W.T`: one BLAS sgemm whose M is the rows of `x` (the batch's tokens), with the
+weight as the transposed right-hand side. At a few rows MKL can pick a slow kernel for that shape: on this
+project's 2-core AMD machine, SmolLM2's 576 → 49,152 output projection took 17–19 ms at 3 to 8 rows against 6–7
+ms at 2, and its MLP's 576 → 1,536 20–30% more at 3 and 4 rows than the same product written `(W @ x.T).T`,
+which hands MKL the weight as the left-hand side and the rows as the small dimension. Which orientation wins
+depends on the BLAS, its version and the CPU, so it is measured here, not assumed: for each weight shape of the
+model and each row count up to `_MEASURED_ROWS`, both are timed over the model's own weights of that shape (as a
+decode step reads them: one after another, mostly out of cache), and the flipped one is kept only where it is
+clearly faster. The two compute the same product, in a different order of float32 additions.
+
+Only float32 linear layers on the CPU backend, in a model with enough weights for a step's matmuls to outweigh a
+Python call (`_LEAST_WEIGHT_BYTES`); `MLX_RELAY_CPU_ATTENTION=mlx` leaves MLX's own, as it does for attention and
+the activations (stages/models/cpu_exp.py). Model thread only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+
+import mlx.core as mx
+import structlog
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.embedding import Embedding
+from mlx.nn.layers.linear import Linear
+
+from stages.models.cpu_exp import CHOICE_VARIABLE
+
+log = structlog.get_logger(stage="models")
+
+# Row counts measured, from 2: one row is a matrix-vector product, whose kernel held in every measurement, and past
+# 8 rows MKL's choice held (within noise) for every shape of SmolLM2 and Gemma 3.
+_MEASURED_ROWS = 8
+# The flipped product is kept where it takes at most this share of MLX's time: a shared machine's noise is ±5%.
+_KEPT_BELOW = 0.85
+# Layers of one shape timed together: enough to read them mostly from memory, as a step does.
+_LAYERS_TIMED = 32
+# Below this, a model is a demo whose step is mostly Python: the measuring would cost more than it saves.
+_LEAST_WEIGHT_BYTES = 32 << 20
+_ROUNDS = 3
+# What this process measured, by weight shape: a model loaded again (or another of the same shapes) reuses it.
+_measured: dict[tuple[int, int], frozenset[int]] = {}
+_LONG_CALL = 0.02
+
+
+def flipped_product(x: mx.array, weight: mx.array) -> mx.array:
+    """`x @ weight.T`, computed as `(weight @ x.T).T` over x's rows."""
+    rows = x.size // x.shape[-1]
+    flat = x.reshape(rows, x.shape[-1])
+    return (weight @ flat.T).T.reshape(*x.shape[:-1], weight.shape[0])
+
+
+class OrientedLinear(Linear):
+    """A linear layer that takes the flipped product at the row counts in `flipped_rows`."""
+
+    flipped_rows: frozenset[int] = frozenset()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.size // x.shape[-1] not in self.flipped_rows:
+            return super().__call__(x)
+        product = flipped_product(x, self["weight"])
+        return product + self["bias"] if "bias" in self else product
+
+
+class OrientedEmbedding(Embedding):
+    """A tied embedding whose output projection (`as_linear`) takes the flipped product at `flipped_rows`."""
+
+    flipped_rows: frozenset[int] = frozenset()
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if x.size // x.shape[-1] not in self.flipped_rows:
+            product: mx.array = super().as_linear(x)  # type: ignore[no-untyped-call]  # mlx's, untyped
+            return product
+        return flipped_product(x, self.weight)
+
+
+def install(model: Module) -> dict[tuple[int, int], tuple[int, ...]]:
+    """Measures and sets each float32 linear layer's orientation; returns, per (outputs, inputs) shape, the row
+    counts flipped. Nothing on another backend, under `MLX_RELAY_CPU_ATTENTION=mlx`, or in a small model."""
+    if mx.default_device() != mx.cpu or os.environ.get(CHOICE_VARIABLE, "numpy") == "mlx":
+        return {}
+    groups = _by_shape(model)
+    if sum(weight_bytes(layers) for layers in groups.values()) < _LEAST_WEIGHT_BYTES:
+        return {}
+    started = time.perf_counter()
+    chosen = {}
+    for shape, layers in groups.items():
+        if (rows := _measured.get(shape)) is None:
+            rows = _measured[shape] = flipped_rows([_weight(layer) for layer in layers[:_LAYERS_TIMED]])
+        for layer in layers:
+            layer.__class__ = OrientedEmbedding if isinstance(layer, Embedding) else OrientedLinear
+            layer.flipped_rows = rows
+        chosen[shape] = tuple(sorted(rows))
+    flipped = {f"{outputs}x{inputs}": rows for (outputs, inputs), rows in chosen.items()}
+    log.info("cpu_matmul.measured", seconds=round(time.perf_counter() - started, 2), flipped=flipped)
+    return chosen
+
+
+def flipped_rows(weights: Sequence[mx.array]) -> frozenset[int]:
+    """The row counts at which `flipped_product` over `weights` takes under `_KEPT_BELOW` of `x @ w.T`'s time, in
+    the median of `_ROUNDS` rounds that time the two in turn (a burst of another process's work lands in one)."""
+    inputs = weights[0].shape[1]
+    kept = set()
+    for rows in range(2, _MEASURED_ROWS + 1):
+        x = mx.random.normal((rows, inputs))
+        mx.eval(x)
+
+        def theirs() -> list[mx.array]:
+            return [x @ w.T for w in weights]  # noqa: B023  # called within this iteration
+
+        def ours() -> list[mx.array]:
+            return [flipped_product(x, w) for w in weights]  # noqa: B023  # called within this iteration
+
+        # The first calls page in what the timed ones reuse, but a long call pages in what it reads itself.
+        long = _seconds(theirs) >= _LONG_CALL
+        if not long:
+            mx.eval(ours())
+        # Long calls are timed twice, and both must find the flipped product faster (the median of two is the larger).
+        ratios = sorted(_seconds(ours) / _seconds(theirs) for _ in range(2 if long else _ROUNDS))
+        if ratios[len(ratios) // 2] < _KEPT_BELOW:
+            kept.add(rows)
+    return frozenset(kept)
+
+
+def weight_bytes(layers: Iterable[Module]) -> int:
+    return sum(_weight(layer).nbytes for layer in layers)
+
+
+def _by_shape(model: Module) -> dict[tuple[int, int], list[Module]]:
+    """The model's float32 linear layers by weight shape; its embedding too where it is the output projection
+    (a model with no `lm_head` of its own ties them)."""
+    modules = model.named_modules()  # type: ignore[no-untyped-call]  # mlx's, untyped
+    tied = not any(name.split(".")[-1] == "lm_head" for name, _ in modules)
+    groups: dict[tuple[int, int], list[Module]] = defaultdict(list)
+    for _, module in modules:
+        if type(module) in (Linear, OrientedLinear) or (tied and type(module) in (Embedding, OrientedEmbedding)):
+            weight = _weight(module)
+            if weight.dtype == mx.float32 and weight.ndim == 2:
+                groups[(weight.shape[0], weight.shape[1])].append(module)
+    return groups
+
+
+def _weight(layer: Module) -> mx.array:
+    weight: mx.array = layer["weight"]
+    return weight
+
+
+def _seconds(run: Callable[[], list[mx.array]]) -> float:
+    began = time.perf_counter()
+    mx.eval(run())
+    return time.perf_counter() - began
