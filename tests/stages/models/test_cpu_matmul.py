@@ -4,7 +4,6 @@ and is kept only where the measuring found it faster."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import attrs
 import mlx.core as mx
@@ -150,13 +149,16 @@ def test_the_flipped_product_is_kept_only_where_the_rounds_find_it_clearly_faste
     assert cpu_matmul.flipped_rows([mx.zeros((64, 32))]) == frozenset(kept)
 
 
-def test_the_real_default_model_at_every_row_count_flipped_reads_as_with_mlx_s_products(smollm2_model: Path) -> None:
-    # SmolLM2 as the server serves it on a CPU, measured at load: then every linear layer and the tied output
-    # projection flipped at every row count, against none flipped, over a prompt and 3- and 4-row decode steps.
-    info = resolve_model(str(smollm2_model))
+@pytest.mark.parametrize("built_in", ["smollm2_model", "gemma3_model"])
+def test_a_real_model_with_every_product_flipped_reads_as_with_mlx_s_products(
+    built_in: str, request: pytest.FixtureRequest
+) -> None:
+    # A real model as the server serves it on a CPU, measured at load: then every linear layer and the tied output
+    # projection flipped at every row count, against none flipped, over 4 and 3 prompts and a decode step of each.
+    info = resolve_model(str(request.getfixturevalue(built_in)))
     model = load_weights(attrs.evolve(info, float32_weights=True))
     layers = [module for _, module in model.named_modules() if hasattr(module, "flipped_rows")]
-    assert len(layers) == 30 * 7 + 1
+    assert len(layers) == len(model.layers) * 7 + 1
     tokenizer = load_tokenizer(info)
     prompts = [
         tokenizer.encode(f"The {n} largest cities of France, by their people, are")[:8]
@@ -166,26 +168,15 @@ def test_the_real_default_model_at_every_row_count_flipped_reads_as_with_mlx_s_p
     for flipped in (frozenset(), frozenset(range(1, 40))):
         for layer in layers:
             layer.flipped_rows = flipped
-        cache = make_prompt_cache(model)
-        logits = [model(mx.array(prompts), cache=cache)[:, -1]]
+        logits = []
         for rows in (4, 3):
-            cache = [first_rows(layer_cache, rows) for layer_cache in cache]
-            logits.append(model(mx.argmax(logits[-1][:rows], axis=-1)[:, None], cache=cache)[:, -1])
+            cache = make_prompt_cache(model)
+            logits.append(model(mx.array(prompts[:rows]), cache=cache)[:, -1])
+            logits.append(model(mx.argmax(logits[-1], axis=-1)[:, None], cache=cache)[:, -1])
         read[bool(flipped)] = [np.asarray(step) for step in logits]
     for ours, theirs in zip(read[True], read[False], strict=True):
         np.testing.assert_allclose(ours, theirs, atol=2e-4, rtol=1e-4)
         assert (ours.argmax(-1) == theirs.argmax(-1)).all()
-
-
-def first_rows(layer_cache: object, rows: int) -> object:
-    """A KV cache's first `rows` rows, as a batch that lost a row keeps them."""
-    from mlx_lm.models.cache import KVCache
-
-    assert isinstance(layer_cache, KVCache)
-    kept = KVCache()
-    keys, values, offset = layer_cache.state
-    kept.state = (keys[:rows], values[:rows], offset)
-    return kept
 
 
 def counting_flips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
