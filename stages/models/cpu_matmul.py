@@ -8,7 +8,9 @@ which hands MKL the weight as the left-hand side and the rows as the small dimen
 depends on the BLAS, its version and the CPU, so it is measured here, not assumed: for each weight shape of the
 model and each row count up to `_MEASURED_ROWS`, both are timed over the model's own weights of that shape (as a
 decode step reads them: one after another, mostly out of cache), and the flipped one is kept only where it is
-clearly faster. The two compute the same product, in a different order of float32 additions.
+clearly faster. The two compute the same product, in a different order of float32 additions. What was measured is
+kept under the cache root for the machine (the BLAS, its threads, the CPU and MLX), so a later load of the same
+shapes measures nothing.
 
 Only float32 linear layers on the CPU backend, in a model with enough weights for a step's matmuls to outweigh a
 Python call (`_LEAST_WEIGHT_BYTES`); `MLX_RELAY_CPU_ATTENTION=mlx` leaves MLX's own, as it does for attention and
@@ -17,10 +19,15 @@ the activations (stages/models/cpu_exp.py). Model thread only.
 
 from __future__ import annotations
 
+import json
 import os
+import platform
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from importlib import metadata
+from pathlib import Path
 
 import mlx.core as mx
 import structlog
@@ -28,7 +35,9 @@ from mlx.nn.layers.base import Module
 from mlx.nn.layers.embedding import Embedding
 from mlx.nn.layers.linear import Linear
 
+from stages.models.blas import environment_threads, preload_blas
 from stages.models.cpu_exp import CHOICE_VARIABLE
+from stages.models.publish import default_cache_root
 
 log = structlog.get_logger(stage="models")
 
@@ -42,7 +51,8 @@ _LAYERS_TIMED = 32
 # Below this, a model is a demo whose step is mostly Python: the measuring would cost more than it saves.
 _LEAST_WEIGHT_BYTES = 32 << 20
 _ROUNDS = 3
-# What this process measured, by weight shape: a model loaded again (or another of the same shapes) reuses it.
+# What this machine measured, by weight shape: read from the cache root once, then a model loaded again (or another
+# of the same shapes, in this process or a later one) reuses it.
 _measured: dict[tuple[int, int], frozenset[int]] = {}
 _LONG_CALL = 0.02
 
@@ -86,7 +96,9 @@ def install(model: Module) -> dict[tuple[int, int], tuple[int, ...]]:
     groups = _by_shape(model)
     if sum(weight_bytes(layers) for layers in groups.values()) < _LEAST_WEIGHT_BYTES:
         return {}
-    started = time.perf_counter()
+    if not _measured:
+        _measured.update(_read_kept())
+    started, unmeasured = time.perf_counter(), [shape for shape in groups if shape not in _measured]
     chosen = {}
     for shape, layers in groups.items():
         if (rows := _measured.get(shape)) is None:
@@ -95,9 +107,63 @@ def install(model: Module) -> dict[tuple[int, int], tuple[int, ...]]:
             layer.__class__ = OrientedEmbedding if isinstance(layer, Embedding) else OrientedLinear
             layer.flipped_rows = rows
         chosen[shape] = tuple(sorted(rows))
+    if unmeasured:
+        _keep()
     flipped = {f"{outputs}x{inputs}": rows for (outputs, inputs), rows in chosen.items()}
-    log.info("cpu_matmul.measured", seconds=round(time.perf_counter() - started, 2), flipped=flipped)
+    seconds = round(time.perf_counter() - started, 2)
+    log.info("cpu_matmul.chosen", measured=len(unmeasured), seconds=seconds, flipped=flipped, kept_in=str(kept_path()))
     return chosen
+
+
+def kept_path() -> Path:
+    """Where the measurements are kept, for every process on this machine (delete it to measure again)."""
+    return default_cache_root() / "cpu_matmul.json"
+
+
+def machine() -> str:
+    """What the measurements hold for: the BLAS, its threads, the CPU and MLX."""
+    threads = environment_threads() or len(os.sched_getaffinity(0))
+    return f"{preload_blas()}; {threads} threads; {_cpu_model()}; mlx {metadata.version('mlx')}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _read_kept() -> dict[tuple[int, int], frozenset[int]]:
+    try:
+        entry = json.loads(kept_path().read_text()).get(machine(), {})
+        return {_shape(name): frozenset(rows) for name, rows in entry.items()}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def _keep() -> None:
+    """This machine's measurements written in place of its entry, atomically; other machines' entries kept."""
+    path = kept_path()
+    try:
+        kept = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        kept = {}
+    kept[machine()] = {f"{outputs}x{inputs}": sorted(rows) for (outputs, inputs), rows in sorted(_measured.items())}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as file:
+            json.dump(kept, file, indent=1)
+        os.replace(file.name, path)
+    except OSError as error:
+        log.warning("cpu_matmul.not_kept", path=str(path), error=str(error))
+
+
+def _shape(name: str) -> tuple[int, int]:
+    outputs, _, inputs = name.partition("x")
+    return int(outputs), int(inputs)
 
 
 def flipped_rows(weights: Sequence[mx.array]) -> frozenset[int]:

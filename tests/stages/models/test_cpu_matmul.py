@@ -3,7 +3,9 @@ and is kept only where the measuring found it faster."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 import mlx.core as mx
@@ -41,8 +43,11 @@ class Tied(nn.Module):
 
 
 @pytest.fixture(autouse=True)
-def nothing_measured_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+def nothing_measured_yet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    kept = tmp_path / "cpu_matmul.json"
     monkeypatch.setattr(cpu_matmul, "_measured", {})
+    monkeypatch.setattr(cpu_matmul, "kept_path", lambda: kept)
+    return kept
 
 
 @pytest.mark.parametrize("shape", [(1, 576), (3, 576), (2, 3, 576), (4, 1, 576), (8, 576)])
@@ -103,6 +108,31 @@ def test_a_large_model_is_measured_and_answers_as_before(monkeypatch: pytest.Mon
             np.testing.assert_allclose(np.asarray(model(tokens)), np.asarray(theirs[rows]), rtol=1e-4, atol=1e-4)
 
 
+def test_what_was_measured_is_kept_for_this_machine_and_read_by_the_next_process(
+    nothing_measured_yet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chosen = cpu_matmul.install(Tied(width=1024, vocabulary=8192, layers=4))
+    kept = json.loads(nothing_measured_yet.read_text())
+    assert kept == {cpu_matmul.machine(): {f"{o}x{i}": list(rows) for (o, i), rows in sorted(chosen.items())}}
+    # A later process (nothing measured in it) reads the file and measures nothing.
+    monkeypatch.setattr(cpu_matmul, "_measured", {})
+    monkeypatch.setattr(cpu_matmul, "flipped_rows", unexpected)
+    assert cpu_matmul.install(Tied(width=1024, vocabulary=8192, layers=4)) == chosen
+    # Another machine's entry (another BLAS, thread count, CPU or MLX) is not this one's: measured, and both kept.
+    monkeypatch.setattr(cpu_matmul, "_measured", {})
+    monkeypatch.setattr(cpu_matmul, "machine", lambda: "another machine")
+    monkeypatch.setattr(cpu_matmul, "flipped_rows", lambda weights: frozenset({2}))
+    assert set(cpu_matmul.install(Tied(width=1024, vocabulary=8192, layers=4)).values()) == {(2,)}
+    assert len(json.loads(nothing_measured_yet.read_text())) == 2
+
+
+def test_a_kept_file_that_does_not_read_is_measured_again(nothing_measured_yet: Path) -> None:
+    nothing_measured_yet.write_text("{not json")
+    chosen = cpu_matmul.install(Tied(width=1024, vocabulary=8192, layers=4))
+    assert set(chosen) == {(2048, 1024), (1024, 2048), (8192, 1024)}
+    assert cpu_matmul.machine() in json.loads(nothing_measured_yet.read_text())
+
+
 def test_an_untied_model_s_embedding_is_not_a_projection() -> None:
     model = Tied(width=1024, vocabulary=8192, layers=4)
     model.lm_head = nn.Linear(1024, 8192, bias=False)
@@ -151,10 +181,12 @@ def test_the_flipped_product_is_kept_only_where_the_rounds_find_it_clearly_faste
 
 @pytest.mark.parametrize("built_in", ["smollm2_model", "gemma3_model"])
 def test_a_real_model_with_every_product_flipped_reads_as_with_mlx_s_products(
-    built_in: str, request: pytest.FixtureRequest
+    built_in: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A real model as the server serves it on a CPU, measured at load: then every linear layer and the tied output
-    # projection flipped at every row count, against none flipped, over 4 and 3 prompts and a decode step of each.
+    # A real model as the server loads it on a CPU (the measuring itself skipped: the rows are set below), then every
+    # linear layer and the tied output projection flipped at every row count, against none flipped, over 4 and 3
+    # prompts and a decode step of each.
+    monkeypatch.setattr(cpu_matmul, "flipped_rows", lambda weights: frozenset())
     info = resolve_model(str(request.getfixturevalue(built_in)))
     model = load_weights(attrs.evolve(info, float32_weights=True))
     layers = [module for _, module in model.named_modules() if hasattr(module, "flipped_rows")]
