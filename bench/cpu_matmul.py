@@ -96,7 +96,20 @@ def _model(name: str, rounds: int) -> None:
     print(f"\n{name}: a forward pass over a 1,000-token cache, MLX's products / flipped where measured faster:")
     print("| rows | passes | MLX's | flipped | ratio |")
     print("| ---: | --- | ---: | ---: | ---: |")
-    for batch, positions in [(1, 1), (2, 1), (3, 1), (4, 1), (6, 1), (8, 1), (1, 3), (1, 5), (4, 2)]:
+    for batch, positions in [
+        (1, 1),
+        (2, 1),
+        (3, 1),
+        (4, 1),
+        (6, 1),
+        (8, 1),
+        (16, 1),
+        (1, 3),
+        (1, 5),
+        (4, 2),
+        (4, 4),
+        (4, 8),
+    ]:
         cache = make_prompt_cache(model)
         context = mx.array([[1000 + index % 500 for index in range(1000)]] * batch)
         for start in range(0, 1000, 250):
