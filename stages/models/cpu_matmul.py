@@ -123,9 +123,11 @@ def kept_path() -> Path:
 
 
 def machine() -> str:
-    """What the measurements hold for: the BLAS, its threads, the CPU and MLX."""
+    """What the measurements hold for: the BLAS, its threads, the CPU and MLX, and the row counts measured (a
+    measured count added later is measured again, not taken as MLX's)."""
     threads = environment_threads() or len(os.sched_getaffinity(0))
-    return f"{preload_blas()}; {threads} threads; {_cpu_model()}; mlx {metadata.version('mlx')}"
+    rows = ",".join(str(count) for count in _MEASURED_ROWS)
+    return f"{preload_blas()}; {threads} threads; {_cpu_model()}; mlx {metadata.version('mlx')}; rows {rows}"
 
 
 def _cpu_model() -> str:
