@@ -125,9 +125,16 @@ def kept_path() -> Path:
 def machine() -> str:
     """What the measurements hold for: the BLAS, its threads, the CPU and MLX, and the row counts measured (a
     measured count added later is measured again, not taken as MLX's)."""
-    threads = environment_threads() or len(os.sched_getaffinity(0))
+    threads = environment_threads() or _cores()
     rows = ",".join(str(count) for count in _MEASURED_ROWS)
     return f"{preload_blas()}; {threads} threads; {_cpu_model()}; mlx {metadata.version('mlx')}; rows {rows}"
+
+
+def _cores() -> int:
+    # macOS has no affinity call (its CPU backend, asked for, still measures).
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _cpu_model() -> str:

@@ -4,6 +4,7 @@ and is kept only where the measuring found it faster."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -124,6 +125,16 @@ def test_what_was_measured_is_kept_for_this_machine_and_read_by_the_next_process
     monkeypatch.setattr(cpu_matmul, "flipped_rows", lambda weights: frozenset({2}))
     assert set(cpu_matmul.install(Tied(width=1024, vocabulary=8192, layers=4)).values()) == {(2,)}
     assert len(json.loads(nothing_measured_yet.read_text())) == 2
+
+
+def test_the_machine_is_named_where_the_os_has_no_affinity_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    named = cpu_matmul.machine()
+    monkeypatch.delattr(cpu_matmul.os, "sched_getaffinity", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    assert f"; {os.cpu_count()} threads; " in cpu_matmul.machine()
+    assert named.split("; rows ")[1] == cpu_matmul.machine().split("; rows ")[1]
 
 
 def test_a_kept_file_that_does_not_read_is_measured_again(nothing_measured_yet: Path) -> None:
