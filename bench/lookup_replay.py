@@ -79,11 +79,8 @@ def ways() -> dict[str, Propose]:
     lookup = PromptLookup()
 
     def gated(least: int) -> Propose:
-        def propose(history: Sequence[int], k: int) -> list[int]:
-            size, distance = lookup.match(history)
-            return _copied_on(history, distance, k) if size >= least else []
-
-        return propose
+        stricter = PromptLookup(min_ngram=least)
+        return lambda history, k: stricter.propose(0, history, k)
 
     def capped(scale: int) -> Propose:
         def propose(history: Sequence[int], k: int) -> list[int]:

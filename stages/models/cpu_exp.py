@@ -39,7 +39,8 @@ _FLOOR = -88.0
 # sqrt(2 / pi), doubled: gelu_approx's 0.5 * (1 + tanh(y)) is sigmoid(2y).
 _GELU_SCALE = 1.5957691216057308
 
-# The CPU's kernels' switch (docs/configuration.md): `mlx` keeps MLX's own attention (cpu_attention.py) and activations.
+# The CPU's kernels' switch (docs/configuration.md): `mlx` keeps MLX's own attention (cpu_attention.py), activations
+# and matmuls (cpu_matmul.py).
 CHOICE_VARIABLE = "MLX_RELAY_CPU_ATTENTION"
 
 # Below this many elements MLX's one fused kernel costs less than our three and a `view` (about 40 us a call
@@ -133,6 +134,11 @@ _MLP_BODIES: dict[str, Callable[[Any, mx.array], mx.array]] = {
 _rebound: list[tuple[Any, str, Any, Any]] = []
 
 
+def ours_wanted() -> bool:
+    """Whether this process computes on the CPU backend and `CHOICE_VARIABLE` leaves the CPU's kernels to us."""
+    return mx.default_device() == mx.cpu and os.environ.get(CHOICE_VARIABLE, "numpy") != "mlx"
+
+
 def install() -> bool:
     """Rebinds, in every mlx-lm model module imported so far, the activations called eagerly; True on the CPU.
 
@@ -140,7 +146,7 @@ def install() -> bool:
     later call. `mlx_lm.models.activations` itself keeps mlx-lm's `swiglu`, for a module that calls it inside a
     shapeless compile of its own.
     """
-    if mx.default_device() != mx.cpu or os.environ.get(CHOICE_VARIABLE, "numpy") == "mlx":
+    if not ours_wanted():
         return False
     for name, module in list(sys.modules.items()):
         if not name.startswith("mlx_lm.models.") or module is None or module is mlx_lm_activations:

@@ -36,7 +36,7 @@ from mlx.nn.layers.embedding import Embedding
 from mlx.nn.layers.linear import Linear
 
 from stages.models.blas import environment_threads, preload_blas
-from stages.models.cpu_exp import CHOICE_VARIABLE
+from stages.models.cpu_exp import ours_wanted
 from stages.models.publish import default_cache_root
 
 log = structlog.get_logger(stage="models")
@@ -53,10 +53,12 @@ _LAYERS_TIMED = 64
 # Below this, a model is a demo whose step is mostly Python: the measuring would cost more than it saves.
 _LEAST_WEIGHT_BYTES = 32 << 20
 _ROUNDS = 3
+# A call this long (a large vocabulary's output projection) reads its weight from memory on its own and outlasts the
+# noise: it is not warmed first, and takes a round fewer.
+_LONG_CALL = 0.02
 # What this machine measured, by weight shape: read from the cache root once, then a model loaded again (or another
 # of the same shapes, in this process or a later one) reuses it.
 _measured: dict[tuple[int, int], frozenset[int]] = {}
-_LONG_CALL = 0.02
 
 
 def flipped_product(x: mx.array, weight: mx.array) -> mx.array:
@@ -93,7 +95,7 @@ class OrientedEmbedding(Embedding):
 def install(model: Module) -> dict[tuple[int, int], tuple[int, ...]]:
     """Measures and sets each float32 linear layer's orientation; returns, per (outputs, inputs) shape, the row
     counts flipped. Nothing on another backend, under `MLX_RELAY_CPU_ATTENTION=mlx`, or in a small model."""
-    if mx.default_device() != mx.cpu or os.environ.get(CHOICE_VARIABLE, "numpy") == "mlx":
+    if not ours_wanted():
         return {}
     groups = _by_shape(model)
     if sum(weight_bytes(layers) for layers in groups.values()) < _LEAST_WEIGHT_BYTES:
