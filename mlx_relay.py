@@ -28,7 +28,7 @@ from stages.models.blas import preload_blas
 preload_blas()
 
 from edge.edge_policy import EdgePolicy  # noqa: E402
-from edge.sockets import SocketInUse, bind_unix  # noqa: E402
+from edge.sockets import SocketInUse, bind_tcp, bind_unix  # noqa: E402
 from fleet.spec import ModelsFileError, specs_from_settings  # noqa: E402
 from pipeline.env_values import PREFIX, SettingsError  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
@@ -234,13 +234,13 @@ def serve(args: argparse.Namespace) -> int:
     specs_from_settings(settings)
     if settings.embedding_model:
         read_embedding_model(settings.embedding_model, fallback="last", matryoshka=settings.embedding_matryoshka)
-    listener = bind_unix(args.unix) if args.unix else None
+    listener = bind_unix(args.unix) if args.unix else bind_tcp(args.host, args.port)
     try:
         return _run(_config(args, listener), loop=settings.loop)
     finally:
-        if listener is not None:
-            # Hypercorn closed the descriptor when it stopped serving; only the file is left.
-            listener.detach()
+        # Hypercorn closed the descriptor when it stopped serving; only a Unix socket's file is left.
+        listener.detach()
+        if args.unix:
             _unlink(args.unix)
 
 
@@ -304,15 +304,11 @@ def is_loopback(host: str) -> bool:
         return False  # a host name other than localhost may resolve anywhere
 
 
-def _config(args: argparse.Namespace, listener: socket.socket | None) -> object:
+def _config(args: argparse.Namespace, listener: socket.socket) -> object:
     from hypercorn.config import Config
 
     config = Config()
-    if listener is not None:
-        config.bind = [f"fd://{listener.fileno()}"]
-    else:
-        host = f"[{args.host}]" if ":" in args.host else args.host
-        config.bind = [f"{host}:{args.port}"]
+    config.bind = [f"fd://{listener.fileno()}"]
     config.graceful_timeout = args.graceful_timeout
     # Pings keep an idle Responses socket open through proxies that cut silent connections.
     config.websocket_ping_interval = 20.0

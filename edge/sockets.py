@@ -1,4 +1,9 @@
-"""A Unix socket only its owner can use, made before hypercorn is handed it.
+"""The listening sockets `mlx-relay serve` makes before hypercorn is handed them.
+
+Made before any model loads, so an address in use is one line at once,
+not a traceback after minutes of loading.
+
+A Unix socket only its owner can use:
 
 Hypercorn's own `unix:` bind leaves the socket at the umask's mode (0755
 is typical: any local user may connect) and removes any socket file in
@@ -39,6 +44,26 @@ def bind_unix(path: str) -> socket.socket:
     finally:
         os.umask(previous)
     os.chmod(path, 0o600)
+    listener.listen(_BACKLOG)
+    return listener
+
+
+def bind_tcp(host: str, port: int) -> socket.socket:
+    """A listening TCP socket at `host`:`port`, with the options hypercorn's own bind sets.
+
+    Raises:
+        SocketInUse: the address is taken or cannot be bound here.
+    """
+    host = host.strip("[]")
+    # As hypercorn reads a bind: an IPv6 literal has a colon, anything else (a name too) is IPv4.
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
+        raise SocketInUse(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     listener.listen(_BACKLOG)
     return listener
 

@@ -46,6 +46,8 @@ preload_blas()
 HEALTH_POLL_S = 0.05
 # How long a fresh server may take to load the model and answer /health.
 STARTUP_TIMEOUT = 120.0
+# Starts of one server before a port taken under it fails the test.
+PORT_TRIES = 3
 
 
 @pytest.fixture(scope="session")
@@ -128,6 +130,19 @@ def _under_hypercorn(hypercorn: bool | None, settings: dict[str, str]) -> bool:
 def start_server(log_dir: Path, *, hypercorn: bool | None = None, **settings: str) -> Server:
     """A model server with these `MLX_RELAY_*` settings, answering /health. `hypercorn`: run it as
     `hypercorn app:app` rather than `mlx-relay serve`; by default, servers of the default settings do."""
+    for _ in range(PORT_TRIES - 1):
+        try:
+            return _start_on_a_free_port(log_dir, hypercorn, settings)
+        except PortTaken:
+            continue
+    return _start_on_a_free_port(log_dir, hypercorn, settings)
+
+
+class PortTaken(RuntimeError):
+    """Another process bound the port between `_free_port` and the server's own bind."""
+
+
+def _start_on_a_free_port(log_dir: Path, hypercorn: bool | None, settings: dict[str, str]) -> Server:
     port = _free_port()
     env = {**os.environ, "MLX_RELAY_DEMO_MODEL": "tiny", **{f"MLX_RELAY_{k.upper()}": v for k, v in settings.items()}}
     log_path = log_dir / f"server-{port}.log"
@@ -147,13 +162,20 @@ def start_server(log_dir: Path, *, hypercorn: bool | None = None, **settings: st
             command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    # Hypercorn names each address it listens on once bound. Until this server has, a 200 from the port is
+    # another test worker's server that took the port after `_free_port` let it go: a test reading that
+    # one's /fit saw another model's plan.
+    listening = f"Running on http://127.0.0.1:{port} "
     started = time.monotonic()
     deadline = started + STARTUP_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{server.logs()}")
+            logs = server.logs()
+            if "Address already in use" in logs:
+                raise PortTaken(f"port {port}")
+            raise RuntimeError(f"server exited with {process.returncode}:\n{logs}")
         try:
-            if loopback.get(f"{server.base_url}/health", timeout=1.0).status_code == 200:
+            if loopback.get(f"{server.base_url}/health", timeout=1.0).status_code == 200 and listening in server.logs():
                 record_start("server", settings, time.monotonic() - started)
                 return server
         except httpx.TransportError:

@@ -187,7 +187,7 @@ def test_a_store_from_a_newer_version_is_refused_with_advice(tmp_path: Path) -> 
 
 
 def test_flags_override_the_environment_and_sigterm_drains() -> None:
-    """--api-key wins over MLX_RELAY_API_KEY; SIGTERM ends the server cleanly with status 0."""
+    """--api-key wins over MLX_RELAY_API_KEY; a taken port is one line; SIGTERM ends the server with status 0."""
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     with _serving(["--port", str(port), "--api-key", "from-flag"], f"{base}/health", api_key="from-env") as process:
@@ -204,6 +204,12 @@ def test_flags_override_the_environment_and_sigterm_drains() -> None:
             ).status_code
             == 200
         )
+        # A second server on the same port is refused in one line before it loads anything; the first serves on.
+        second = _run("serve", "--port", str(port), "--api-key", "k")
+        assert second.returncode == 2
+        assert second.stderr == f"mlx-relay: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+        assert "fleet.loading" not in second.stdout
+        assert loopback.get(f"{base}/v1/models", headers={"x-api-key": "from-flag"}, timeout=10).status_code == 200
         status, output = _stop(process)
     assert status == 0, output
     assert "server.stopped" in output

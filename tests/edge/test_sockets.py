@@ -1,4 +1,4 @@
-"""The Unix socket `mlx-relay serve --unix` listens on."""
+"""The sockets `mlx-relay serve` listens on: TCP, or a Unix socket with `--unix`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.sockets import SocketInUse, bind_unix
+from edge.sockets import SocketInUse, bind_tcp, bind_unix
 
 
 def test_the_socket_is_owner_only_from_the_start(tmp_path: Path) -> None:
@@ -50,3 +50,25 @@ def test_a_regular_file_is_left_alone(tmp_path: Path) -> None:
     with pytest.raises(SocketInUse, match="not a socket"):
         bind_unix(str(path))
     assert path.read_text() == "mine"
+
+
+def test_a_tcp_socket_listens_where_asked_and_a_taken_port_is_refused() -> None:
+    with contextlib.closing(bind_tcp("127.0.0.1", 0)) as listener:
+        host, port = listener.getsockname()
+        assert host == "127.0.0.1" and port > 0
+        with contextlib.closing(socket.create_connection((host, port), timeout=5)) as client:
+            client.sendall(b"ping")
+            accepted, _ = listener.accept()
+            with contextlib.closing(accepted):
+                assert accepted.recv(4) == b"ping"
+        with pytest.raises(SocketInUse, match=f"cannot listen on 127.0.0.1:{port}: Address already in use"):
+            bind_tcp("127.0.0.1", port)
+
+
+def test_an_ipv6_literal_binds_an_ipv6_socket() -> None:
+    try:
+        listener = bind_tcp("[::1]", 0)
+    except SocketInUse as error:
+        pytest.skip(f"no IPv6 loopback here: {error}")
+    with contextlib.closing(listener):
+        assert listener.family == socket.AF_INET6 and listener.getsockname()[0] == "::1"
