@@ -28,6 +28,7 @@ from edge.state import Serving, state_of
 from edge.telemetry import Tracing, configure_tracing
 from fleet.fleet import Fleet
 from fleet.spec import specs_from_settings
+from pipeline.loop_library import named_async_library
 from pipeline.observe import Observers, RequestObserver
 from pipeline.settings import Settings
 from stages.engine.engine import Engine
@@ -41,67 +42,71 @@ _FLEET_WINDOW = 2**20
 
 
 async def lifespan(app: Quart) -> AsyncGenerator[None, None]:
-    state = state_of(app)
-    settings = Settings.from_env()
-    configure_server_logs(settings.log_level, settings.log_format)
-    log.info("server.starting", blas=state.blas, max_batch=settings.max_batch, max_pending=settings.max_pending)
-    specs = specs_from_settings(settings)
-    if not settings.model_in_process:
-        # Before anything starts a thread (stages/remote/zygote.py); speech's imports in the zygote only where a
-        # speech model is served (a second's CPU no chat-only fleet needs).
-        speech = any(names_speech_model(spec.source, demo=settings.demo_model) for spec in specs)
-        start_zygote(settings.worker_fork, preimport=import_speech if speech else None)
-    policy = guard.configure(app, settings)
-    try:
-        store = await anyio.to_thread.run_sync(open_response_store, settings)
-    except StartupError as error:
-        # Under `hypercorn app:app` the lifespan failure ends in hypercorn's own traceback; this line comes first.
-        log.error("server.cannot_start", reason=str(error))
-        raise
-    keepalives = Keepalives(settings.keepalive_interval)
-    metrics = Metrics()
-    tracing = configure_tracing()
-    several = len(specs) > 1 or settings.models_file is not None
-    try:
-        async with anyio.create_task_group() as outer:
-            outer.start_soon(keepalives.run)
-            # Background responses outlive their requests: their runs live here (edge/background.py).
-            runs = BackgroundRuns(store, settings.keepalive_interval)
-            await outer.start(runs.run)
-            fleet = Fleet(settings=settings, specs=specs, several=several, observer_for=_observers(metrics, tracing))
-            await outer.start(fleet.run)
-            _configure_metrics(metrics, fleet, several=several)
-            batches = await open_batches(app, settings, fleet)
-            state.serving = Serving(
-                settings=settings,
-                policy=policy,
-                keepalives=keepalives,
-                metrics=metrics,
-                tracing=tracing,
-                response_store=store,
-                background_runs=runs,
-                fleet=fleet,
-                files=batches.files,
-                batch_runner=batches,
-            )
-            await outer.start(batches.run)
-            # Which event loop serves (uvloop under `mlx-relay serve --loop uvloop` or `hypercorn -k uvloop`).
-            loop = type(asyncio.get_running_loop()).__module__
-            log.info("server.ready", models=list(fleet.hosts), loop=loop)
-            yield
-            log.info("server.draining")
-            close_sockets(app)
-            # Lines still running are cut and run again at the next start (edge/batch_runner.py).
-            batches.stop()
-            await fleet.drain(settings.drain_timeout)
-            outer.cancel_scope.cancel()
-    finally:
-        stop_zygote()
-        await anyio.to_thread.run_sync(store.close)
-        if tracing is not None:
-            # Flushes the spans still batched.
-            await anyio.to_thread.run_sync(tracing.shutdown)
-    log.info("server.stopped")
+    # anyio's calls skip sniffio's sniffing from here on (pipeline/loop_library.py).
+    with named_async_library():
+        state = state_of(app)
+        settings = Settings.from_env()
+        configure_server_logs(settings.log_level, settings.log_format)
+        log.info("server.starting", blas=state.blas, max_batch=settings.max_batch, max_pending=settings.max_pending)
+        specs = specs_from_settings(settings)
+        if not settings.model_in_process:
+            # Before anything starts a thread (stages/remote/zygote.py); speech's imports in the zygote only where a
+            # speech model is served (a second's CPU no chat-only fleet needs).
+            speech = any(names_speech_model(spec.source, demo=settings.demo_model) for spec in specs)
+            start_zygote(settings.worker_fork, preimport=import_speech if speech else None)
+        policy = guard.configure(app, settings)
+        try:
+            store = await anyio.to_thread.run_sync(open_response_store, settings)
+        except StartupError as error:
+            # Under `hypercorn app:app` the lifespan failure ends in hypercorn's own traceback; this line comes first.
+            log.error("server.cannot_start", reason=str(error))
+            raise
+        keepalives = Keepalives(settings.keepalive_interval)
+        metrics = Metrics()
+        tracing = configure_tracing()
+        several = len(specs) > 1 or settings.models_file is not None
+        try:
+            async with anyio.create_task_group() as outer:
+                outer.start_soon(keepalives.run)
+                # Background responses outlive their requests: their runs live here (edge/background.py).
+                runs = BackgroundRuns(store, settings.keepalive_interval)
+                await outer.start(runs.run)
+                fleet = Fleet(
+                    settings=settings, specs=specs, several=several, observer_for=_observers(metrics, tracing)
+                )
+                await outer.start(fleet.run)
+                _configure_metrics(metrics, fleet, several=several)
+                batches = await open_batches(app, settings, fleet)
+                state.serving = Serving(
+                    settings=settings,
+                    policy=policy,
+                    keepalives=keepalives,
+                    metrics=metrics,
+                    tracing=tracing,
+                    response_store=store,
+                    background_runs=runs,
+                    fleet=fleet,
+                    files=batches.files,
+                    batch_runner=batches,
+                )
+                await outer.start(batches.run)
+                # Which event loop serves (uvloop under `mlx-relay serve --loop uvloop` or `hypercorn -k uvloop`).
+                loop = type(asyncio.get_running_loop()).__module__
+                log.info("server.ready", models=list(fleet.hosts), loop=loop)
+                yield
+                log.info("server.draining")
+                close_sockets(app)
+                # Lines still running are cut and run again at the next start (edge/batch_runner.py).
+                batches.stop()
+                await fleet.drain(settings.drain_timeout)
+                outer.cancel_scope.cancel()
+        finally:
+            stop_zygote()
+            await anyio.to_thread.run_sync(store.close)
+            if tracing is not None:
+                # Flushes the spans still batched.
+                await anyio.to_thread.run_sync(tracing.shutdown)
+        log.info("server.stopped")
 
 
 def _observers(metrics: Metrics, tracing: Tracing | None) -> Callable[[str], RequestObserver]:

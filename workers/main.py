@@ -46,6 +46,7 @@ import anyio  # noqa: E402
 import structlog  # noqa: E402
 
 from pipeline.logs import configure_child_logging  # noqa: E402
+from pipeline.loop_library import named_async_library  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 from stages.remote.crossing import SettingsIn, ToWorker  # noqa: E402
 from stages.remote.frames import FrameReader  # noqa: E402
@@ -60,46 +61,48 @@ log = structlog.get_logger(stage="worker")
 
 
 async def _main(socket: str) -> None:
-    async with await anyio.connect_unix(socket) as stream:
-        connected = time.perf_counter()
-        # The first frame says which kind of worker this is: a chat model's (`SettingsIn`) or a speech model's.
-        reader: FrameReader[Any] = FrameReader(stream, ToWorker | ToSpeechWorker)
-        try:
-            # A spare waits here, imported, until a start takes it (stages/remote/spare.py).
-            first = await reader.receive()
-        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-            return  # a spare the front no longer needs
-        if not isinstance(first, SettingsIn | SpeechSettingsIn):
-            raise SystemExit(f"the front's first frame is {type(first).__name__}, not its settings")
-        base_nice = LOADING_BASE_NICE
-        if not first.yield_cpu:
-            # A spare imported nicer; the model it was taken for loads alone, at full speed.
-            restore(base_nice)
-            base_nice = None
-        settings = Settings(**first.values)
-        # Its stderr is a pipe the front passes on: it writes as the front chose for its own (pipeline/logs.py).
-        configure_child_logging(settings.log_level, settings.log_format)
-        structlog.contextvars.bind_contextvars(worker_pid=os.getpid())
-        times = StartTimes(
-            imports_s=IMPORTED - STARTED, connect_s=connected - IMPORTED, waited_s=time.perf_counter() - connected
-        )
-        if isinstance(first, SpeechSettingsIn):
-            beats = settings.worker_heartbeat_timeout / 8
-            speech = SpeechHost(
-                settings=settings, info=first.info, beat_interval=beats, base_nice=base_nice, times=times
+    # anyio's calls skip sniffio's sniffing from here on (pipeline/loop_library.py).
+    with named_async_library():
+        async with await anyio.connect_unix(socket) as stream:
+            connected = time.perf_counter()
+            # The first frame says which kind of worker this is: a chat model's (`SettingsIn`) or a speech model's.
+            reader: FrameReader[Any] = FrameReader(stream, ToWorker | ToSpeechWorker)
+            try:
+                # A spare waits here, imported, until a start takes it (stages/remote/spare.py).
+                first = await reader.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                return  # a spare the front no longer needs
+            if not isinstance(first, SettingsIn | SpeechSettingsIn):
+                raise SystemExit(f"the front's first frame is {type(first).__name__}, not its settings")
+            base_nice = LOADING_BASE_NICE
+            if not first.yield_cpu:
+                # A spare imported nicer; the model it was taken for loads alone, at full speed.
+                restore(base_nice)
+                base_nice = None
+            settings = Settings(**first.values)
+            # Its stderr is a pipe the front passes on: it writes as the front chose for its own (pipeline/logs.py).
+            configure_child_logging(settings.log_level, settings.log_format)
+            structlog.contextvars.bind_contextvars(worker_pid=os.getpid())
+            times = StartTimes(
+                imports_s=IMPORTED - STARTED, connect_s=connected - IMPORTED, waited_s=time.perf_counter() - connected
             )
-            await speech.serve(stream, reader)
-            log.info("worker.stopped")
-            return
-        host = WorkerHost(
-            settings=settings,
-            beat_interval=settings.worker_heartbeat_timeout / 8,
-            base_nice=base_nice,
-            times=times,
-            start=first.start,
-        )
-        await host.serve(stream, reader)
-    log.info("worker.stopped")
+            if isinstance(first, SpeechSettingsIn):
+                beats = settings.worker_heartbeat_timeout / 8
+                speech = SpeechHost(
+                    settings=settings, info=first.info, beat_interval=beats, base_nice=base_nice, times=times
+                )
+                await speech.serve(stream, reader)
+                log.info("worker.stopped")
+                return
+            host = WorkerHost(
+                settings=settings,
+                beat_interval=settings.worker_heartbeat_timeout / 8,
+                base_nice=base_nice,
+                times=times,
+                start=first.start,
+            )
+            await host.serve(stream, reader)
+        log.info("worker.stopped")
 
 
 def main() -> None:
