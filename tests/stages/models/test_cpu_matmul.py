@@ -205,8 +205,8 @@ def test_a_real_model_with_every_product_flipped_reads_as_with_mlx_s_products(
     built_in: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A real model as the server loads it on a CPU (the measuring itself skipped: the rows are set below), then every
-    # linear layer and the tied output projection flipped at every row count, against none flipped, over 4 and 3
-    # prompts and a decode step of each.
+    # linear layer and the tied output projection flipped at every row count, against none flipped, over 3 prompts
+    # (24 rows, a prefill's) and a decode step of them (3 rows, where MKL's own kernel is slowest).
     monkeypatch.setattr(cpu_matmul, "flipped_rows", lambda weights: frozenset())
     info = resolve_model(str(request.getfixturevalue(built_in)))
     model = load_weights(attrs.evolve(info, float32_weights=True))
@@ -215,17 +215,15 @@ def test_a_real_model_with_every_product_flipped_reads_as_with_mlx_s_products(
     tokenizer = load_tokenizer(info)
     prompts = [
         tokenizer.encode(f"The {n} largest cities of France, by their people, are")[:8]
-        for n in ("two", "three", "four", "five")
+        for n in ("two", "three", "four")
     ]
     read = {}
     for flipped in (frozenset(), frozenset(range(1, 40))):
         for layer in layers:
             layer.flipped_rows = flipped
-        logits = []
-        for rows in (4, 3):
-            cache = make_prompt_cache(model)
-            logits.append(model(mx.array(prompts[:rows]), cache=cache)[:, -1])
-            logits.append(model(mx.argmax(logits[-1], axis=-1)[:, None], cache=cache)[:, -1])
+        cache = make_prompt_cache(model)
+        logits = [model(mx.array(prompts), cache=cache)[:, -1]]
+        logits.append(model(mx.argmax(logits[-1], axis=-1)[:, None], cache=cache)[:, -1])
         read[bool(flipped)] = [np.asarray(step) for step in logits]
     for ours, theirs in zip(read[True], read[False], strict=True):
         np.testing.assert_allclose(ours, theirs, atol=2e-4, rtol=1e-4)
