@@ -158,7 +158,8 @@ class PrepareJob:
     params: GenerationParams
     reply: Reply
     timeline: Timeline
-    # `tokenize` is a check, not a render: run on the loop, it costs less than a thread's hand-off.
+    # `tokenize` is a check, or a render of a small conversation: run on the loop, it costs less than a thread's
+    # hand-off.
     inline: bool = False
 
 

@@ -137,7 +137,7 @@ class PrepareStage:
     async def _tokens(self, job: PrepareJob, reservation: Reservation) -> Rendered:
         """Renders under the slot `_on_job` took, then tokenizes the text in bounded pieces."""
         try:
-            # A text prompt's job only checks it: no render worth a thread.
+            # A text prompt's job only checks it, and a small conversation's render costs less than a thread's hand-off.
             prompt = (
                 job.tokenize()
                 if job.inline

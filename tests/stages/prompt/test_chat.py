@@ -8,11 +8,23 @@ from typing import Any
 import pytest
 
 from pipeline.errors import ErrorKind, RequestError
-from pipeline.requests import ChatRequest, GenerationParams, JsonValue, Message, Role, Sampling, TextRequest
+from pipeline.requests import (
+    ChatRequest,
+    ClearThinking,
+    GenerationParams,
+    ImagePart,
+    JsonValue,
+    Message,
+    Role,
+    Sampling,
+    TextRequest,
+    Tool,
+    ToolCallRecord,
+)
 from pipeline.tracing import Timeline
 from stages.messages import Parsed, PrepKind, Reply
 from stages.models.loading import Tokenizer
-from stages.prompt.chat import ChatJobs, render_chat, render_chat_text
+from stages.prompt.chat import ChatJobs, render_chat, render_chat_text, renders_at_once
 from wire.openai_requests import decode_chat
 
 PARAMS = GenerationParams(max_tokens=8, sampling=Sampling())
@@ -139,6 +151,27 @@ def test_template_kwargs_that_break_rendering_are_a_400(tokenizer: Tokenizer, kw
 def parsed(request_id: str, generation: ChatRequest | TextRequest) -> Parsed:
     reply: Reply = Reply(request_id)
     return Parsed(request_id=request_id, request=generation, reply=reply, timeline=Timeline.start())
+
+
+def test_a_small_conversation_renders_on_the_loop_and_anything_that_can_make_a_render_long_off_it(
+    tokenizer: Tokenizer,
+) -> None:
+    small = request(m(Role.SYSTEM, "Be brief."), m(Role.USER, "hi"))
+    assert renders_at_once(small)
+    assert ChatJobs(tokenizer=tokenizer).job(parsed("small", small), small).inline
+    assert renders_at_once(request(m(Role.USER, "x" * 2_048)))
+    called = m(Role.ASSISTANT, "", tool_calls=(ToolCallRecord(id="c", name="f", arguments="{}"),))
+    long_ones = {
+        "long": request(m(Role.USER, "x" * 2_049)),
+        "long with its reasoning": request(m(Role.ASSISTANT, "x" * 1_000, reasoning="y" * 1_049)),
+        "many messages": request(*[m(Role.USER, "hi")] * 9),
+        "an image": request(m(Role.USER, "look", images=(ImagePart(param="p", offset=0, url="https://x/y.png"),))),
+        "a call": request(m(Role.USER, "hi"), called),
+        "tools": ChatRequest(messages=(m(Role.USER, "hi"),), params=PARAMS, tools=(Tool(name="f"),)),
+        "an edit": ChatRequest(messages=(m(Role.USER, "hi"),), params=PARAMS, context_edits=(ClearThinking(),)),
+        "a cut to fit": ChatRequest(messages=(m(Role.USER, "hi"),), params=PARAMS, truncate_to_fit=True),
+    }
+    assert [name for name, chat in long_ones.items() if renders_at_once(chat)] == []
 
 
 def test_chat_jobs_turn_parsed_requests_into_tokenize_jobs(tokenizer: Tokenizer) -> None:
