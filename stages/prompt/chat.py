@@ -100,8 +100,11 @@ _AT_ONCE_MESSAGES = 8
 
 def renders_at_once(request: ChatRequest) -> bool:
     """Whether `request`'s template is cheaper to render on the loop than on a preparation thread: a few short
-    messages of text, with no tools, images, calls, edits or cut to fit, which can make a render long."""
-    if request.tools or request.context_edits or request.truncate_to_fit or len(request.messages) > _AT_ONCE_MESSAGES:
+    messages of text, with no tools, images, calls, edits, cut to fit or template arguments (the client's own
+    values, of any size), which can make a render long."""
+    if request.tools or request.context_edits or request.truncate_to_fit or request.template_kwargs:
+        return False
+    if len(request.messages) > _AT_ONCE_MESSAGES:
         return False
     chars = 0
     for message in request.messages:

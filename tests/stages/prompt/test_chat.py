@@ -170,6 +170,7 @@ def test_a_small_conversation_renders_on_the_loop_and_anything_that_can_make_a_r
         "tools": ChatRequest(messages=(m(Role.USER, "hi"),), params=PARAMS, tools=(Tool(name="f"),)),
         "an edit": ChatRequest(messages=(m(Role.USER, "hi"),), params=PARAMS, context_edits=(ClearThinking(),)),
         "a cut to fit": ChatRequest(messages=(m(Role.USER, "hi"),), params=PARAMS, truncate_to_fit=True),
+        "template arguments": request(m(Role.USER, "hi"), enable_thinking=False),
     }
     assert [name for name, chat in long_ones.items() if renders_at_once(chat)] == []
 
