@@ -337,14 +337,14 @@ def _run(config: object, *, loop: str = "asyncio") -> int:
         await hypercorn_serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
     try:
-        with asyncio.Runner(loop_factory=_loop_factory(loop)) as runner:
+        with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
             runner.run(run())
     except LifespanFailureError as error:
         raise ServeError(f"start-up failed: {error}") from None
     return 0
 
 
-def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+def loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     if loop == "asyncio":
         return None
     try:

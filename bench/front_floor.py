@@ -25,13 +25,13 @@ import os
 import socket
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.servers import REPO, Server, free_port, relay_command, relay_env, stop, wait_healthy
+from bench.servers import REPO, Server, free_port, relay_command, relay_env, serve_command, stop, wait_healthy
 from bench.worker_ab import _round as front_round
+from mlx_relay import loop_factory
 from stages.models.demo import DEMO_MODELS
 
 # A streamed completion chunk as the front writes it: an SSE event of about this many bytes.
@@ -65,7 +65,7 @@ def floor_per_chunk(streams: int, period_s: float, steps: int, loop: str) -> flo
     clients = _fork(lambda: _read_streams(port, streams), close=(listener, relay_end, worker_end))
     worker_end.close()
     try:
-        runner = asyncio.Runner(loop_factory=_loop_factory(loop))
+        runner = asyncio.Runner(loop_factory=loop_factory(loop))
         with runner:
             cpu, chunks = runner.run(_relay(listener, relay_end, streams))
     finally:
@@ -133,19 +133,6 @@ def _fork(body: Callable[[], None], *, close: tuple[socket.socket, ...]) -> int:
     return pid
 
 
-def _serve_command(port: int) -> list[str]:
-    return [sys.executable, "-m", "mlx_relay", "serve", "--port", str(port), "--graceful-timeout", "30"]
-
-
-def _loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    if loop == "asyncio":
-        return None
-    import uvloop
-
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
-
-
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     levels = [int(level) for level in args.concurrency.split(",")]
@@ -154,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     port = free_port()
     log_path = args.out / "relay.log"
     with log_path.open("wb") as log:
-        command = relay_command(port) if args.started_as == "hypercorn" else _serve_command(port)
+        command = relay_command(port) if args.started_as == "hypercorn" else serve_command(port)
         process = subprocess.Popen(
             command, cwd=REPO, env=relay_env(args.model, DEMO_MODELS), stdout=log, stderr=subprocess.STDOUT
         )

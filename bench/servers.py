@@ -55,6 +55,12 @@ def relay_command(port: int) -> list[str]:
     ]
 
 
+def serve_command(port: int) -> list[str]:
+    """mlx-relay as the README starts it, `mlx-relay serve`: one process, where `relay_command`'s hypercorn CLI
+    serves from a process it spawns."""
+    return [sys.executable, "-m", "mlx_relay", "serve", "--port", str(port), "--graceful-timeout", "30"]
+
+
 def relay_env(model: str, demo_names: frozenset[str]) -> dict[str, str]:
     """The environment that makes mlx-relay serve `model` (a demo name, path or repo id)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MLX_RELAY_MODEL", "MLX_RELAY_DEMO_MODEL")}
