@@ -21,6 +21,7 @@ import pytest
 
 from tests import loopback
 from tests.pg import PostgresServer, Unavailable
+from tests.server_launcher import LaunchedProcess, close_shared_launcher, shared_launcher
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,7 +69,7 @@ def smollm2_model() -> Path:
 @attrs.define
 class Server:
     base_url: str
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | LaunchedProcess
     log_path: Path
     clients: list[openai.OpenAI | anthropic.Anthropic] = attrs.field(factory=list)
 
@@ -157,10 +158,17 @@ def _start_on_a_free_port(log_dir: Path, hypercorn: bool | None, settings: dict[
         command = [sys.executable, "-m", "mlx_relay", "serve", "--port", str(port), "--access-log", "-"]
         command += ["--graceful-timeout", "30"]
     with log_path.open("wb") as log_file:
-        # A session of its own: teardown must be able to kill the server and every process it started.
-        process = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        process: subprocess.Popen[bytes] | LaunchedProcess | None = None
+        if command[1:3] == ["-m", "mlx_relay"] and (launcher := shared_launcher()).serves(env):
+            # Forked with the app's imports done (tests/server_launcher.py), in a session of its own; spawned
+            # where the launcher cannot fork.
+            with contextlib.suppress(OSError):
+                process = launcher.launch(command[3:], env, REPO, log_file.fileno())
+        if process is None:
+            # A session of its own: teardown must be able to kill the server and every process it started.
+            process = subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+            )
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
     # Hypercorn names each address it listens on once bound. Until this server has, a 200 from the port is
     # another test worker's server that took the port after `_free_port` let it go: a test reading that
@@ -176,7 +184,8 @@ def _start_on_a_free_port(log_dir: Path, hypercorn: bool | None, settings: dict[
             raise RuntimeError(f"server exited with {process.returncode}:\n{logs}")
         try:
             if loopback.get(f"{server.base_url}/health", timeout=1.0).status_code == 200 and listening in server.logs():
-                record_start("server", settings, time.monotonic() - started)
+                how = "forked" if isinstance(process, LaunchedProcess) else command[2]
+                record_start(f"server-{how}", settings, time.monotonic() - started)
                 return server
         except httpx.TransportError:
             pass
@@ -270,6 +279,7 @@ def server_factory(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -
     yield pool
     _pools.remove(pool)
     pool.end_all()
+    close_shared_launcher()
 
 
 @pytest.fixture(scope="module", autouse=True)

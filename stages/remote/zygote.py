@@ -45,7 +45,7 @@ import structlog
 log = structlog.get_logger(stage="remote")
 
 # The exit status the zygote writes: a signed int, the returncode's convention (-N: killed by signal N).
-_STATUS = struct.Struct("=i")
+EXIT_STATUS = struct.Struct("=i")
 # A request (the worker's argv and added environment, JSON) and its reply (its pid, or why a fork failed):
 # one datagram each.
 _REQUEST_BYTES = 65536
@@ -83,11 +83,11 @@ class ForkedProcess:
 
     def _read_status(self) -> None:
         data = b""
-        while len(data) < _STATUS.size and (chunk := os.read(self._status_fd, _STATUS.size - len(data))):
+        while len(data) < EXIT_STATUS.size and (chunk := os.read(self._status_fd, EXIT_STATUS.size - len(data))):
             data += chunk
         os.close(self._status_fd)
         # A pipe that ends without a status: the zygote died first, and nothing can tell how the worker ended.
-        self.returncode = _STATUS.unpack(data)[0] if len(data) == _STATUS.size else -signal.SIGKILL
+        self.returncode = EXIT_STATUS.unpack(data)[0] if len(data) == EXIT_STATUS.size else -signal.SIGKILL
 
 
 @attrs.define(eq=False)
@@ -211,7 +211,7 @@ def _zygote_main(control: socket.socket, preimport: Callable[[], None] | None) -
         _quiet_inherited(keep_open={0, 1, 2, control.fileno()})
         if preimport is not None:
             _preimport(preimport)
-        _serve(control)
+        serve_forks(control, _worker_main)
     except BaseException:  # noqa: BLE001 -- printed, then the process exits; it never unwinds into the front's code
         traceback.print_exc()
         code = 1
@@ -249,7 +249,12 @@ def _quiet_inherited(*, keep_open: set[int]) -> None:
     os.close(null)
 
 
-def _serve(control: socket.socket) -> None:
+def serve_forks(control: socket.socket, child_main: Callable[[dict[str, Any], int], None]) -> None:
+    """Forks a child for each request on `control` (a JSON datagram with two descriptors: the child's output and
+    the write end of its status pipe), replies with its pid, and writes each child's exit status into its pipe
+    once reaped. `child_main(request, output_fd)` runs in the child and never returns. Returns when the other end
+    closes. The zygote serves its front so; the tests' server launcher (tests/server_launcher.py) its servers.
+    """
     # Ctrl-C and a SIGTERM to the process group reach the zygote too: it ends when the front closes its end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -268,22 +273,24 @@ def _serve(control: socket.socket) -> None:
             message, fds, _, _ = socket.recv_fds(control, _REQUEST_BYTES, 2)
             if not message:
                 return  # the front closed its end, or died
-            stderr_fd, status_fd = fds
+            output_fd, status_fd = fds
             sys.stdout.flush()
             sys.stderr.flush()
             try:
                 pid = os.fork()
             except OSError as error:
                 # Too many processes, too little memory: the front spawns this one instead, and asks again next time.
-                os.close(stderr_fd)
+                os.close(output_fd)
                 os.close(status_fd)
                 control.send(str(error).encode()[:_REPLY_BYTES])
                 continue
             if pid == 0:
                 for fd in (control.detach(), wake_read, wake_write, status_fd, *status_fds.values()):
                     os.close(fd)
-                _worker_main(json.loads(message), stderr_fd)
-            os.close(stderr_fd)
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                child_main(json.loads(message), output_fd)
+            os.close(output_fd)
             status_fds[pid] = status_fd
             control.send(b"%d" % pid)
             _reap(status_fds)
@@ -297,24 +304,32 @@ def _reap(status_fds: dict[int, int]) -> None:
         fd = status_fds.pop(pid, None)
         if fd is not None:
             with contextlib.suppress(OSError):
-                os.write(fd, _STATUS.pack(os.waitstatus_to_exitcode(status)))
+                os.write(fd, EXIT_STATUS.pack(os.waitstatus_to_exitcode(status)))
             os.close(fd)
 
 
 def _worker_main(request: dict[str, Any], stderr_fd: int) -> None:
     """The forked worker: `python -m workers.main *argv` with its stderr on the front's pipe; never returns."""
-    code = 0
-    try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+    def start() -> None:
         os.dup2(stderr_fd, 2)
         os.close(stderr_fd)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
         os.environ.update(request["environment"])
-        sys.argv = [_WORKER_MODULE, *request["argv"]]
-        runpy.run_module(_WORKER_MODULE, run_name="__main__", alter_sys=True)
+
+    run_module_as_main(_WORKER_MODULE, request["argv"], start)
+
+
+def run_module_as_main(module: str, argv: Sequence[str], start: Callable[[], None]) -> None:
+    """In a forked child: `start()`, then `python -m module *argv` as the interpreter would run it, then the
+    process exits with its status; never returns into the forking process's code."""
+    code = 0
+    try:
+        start()
+        sys.argv = [module, *argv]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as ended:
         code = _exit_code(ended.code)
     except BaseException:  # noqa: BLE001 -- printed as the interpreter would, then the exit status 1
