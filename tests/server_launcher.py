@@ -7,10 +7,11 @@ then forks a server for each request, as the front's zygote forks its workers (s
 `serve_forks`). The child runs `python -m mlx_relay serve ...` as the interpreter would, in its own session, with
 the test's environment, directory and log file; its exit status comes back through a pipe, as a worker's does.
 
-Only the `MLX_RELAY_*` settings may differ from the launcher's environment: they are read as the server starts
-(pipeline/settings.py). A library may read any other variable as it loads (the BLAS's thread count), so a server
-whose environment differs there is spawned as before (`Launcher.serves`). The default server runs as
-`hypercorn app:app`, spawned, and the serve command's own tests start their processes themselves.
+Only the `MLX_RELAY_*` settings (and `_READ_LATE`) may differ from the launcher's environment: they are read as
+the server starts (pipeline/settings.py). A library may read any other variable as it loads (the BLAS's thread
+count, huggingface_hub's endpoint), and a module on a changed PYTHONPATH is not on a fork's path, so a server whose
+environment differs there is spawned as before (`Launcher.serves`). The default server runs as `hypercorn
+app:app`, spawned, and the serve command's own tests start their processes themselves.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from typing import Any
 from stages.remote.zygote import EXIT_STATUS, run_module_as_main, serve_forks
 
 _SETTINGS_PREFIX = "MLX_RELAY_"
-# Read by nothing but pytest, which names the running test in it.
-_PYTEST_TEST = "PYTEST_CURRENT_TEST"
+# Variables that may differ too: nothing reads them as it loads. pytest names the running test in one; litellm,
+# once a test imports it, sets tiktoken's cache directory, which tiktoken reads as it opens an encoding.
+_READ_LATE = frozenset({"PYTEST_CURRENT_TEST", "TIKTOKEN_CACHE_DIR"})
 _REPLY_BYTES = 1024
 
 
@@ -141,7 +143,7 @@ def _without_settings(environment: Mapping[str, str]) -> dict[str, str]:
     return {
         name: value
         for name, value in environment.items()
-        if not name.startswith(_SETTINGS_PREFIX) and name != _PYTEST_TEST
+        if not name.startswith(_SETTINGS_PREFIX) and name not in _READ_LATE
     }
 
 

@@ -47,6 +47,11 @@ def test_only_the_settings_may_differ_from_the_launchers_environment() -> None:
     launcher = shared_launcher()
     same = dict(launcher.environment)
     assert launcher.serves({**same, "MLX_RELAY_MAX_BATCH": "3", "PYTEST_CURRENT_TEST": "another"})
+    # Set by litellm as a test imports it, read by tiktoken only as it opens an encoding.
+    assert launcher.serves({**same, "TIKTOKEN_CACHE_DIR": "/elsewhere"})
     # A library may read any other variable as it loads: such a server is spawned.
     assert not launcher.serves({**same, "MKL_NUM_THREADS": "7"})
     assert not launcher.serves({name: value for name, value in same.items() if name != "PATH"})
+    # huggingface_hub reads its endpoint as it loads; a model module on PYTHONPATH is not on a fork's sys.path.
+    assert not launcher.serves({**same, "HF_ENDPOINT": "http://127.0.0.1:1"})
+    assert not launcher.serves({**same, "PYTHONPATH": "/somewhere"})
