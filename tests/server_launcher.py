@@ -4,7 +4,8 @@ A server's start was mostly an interpreter importing mlx, mlx-lm, `transformers`
 about 1.8 s of CPU of a tiny model's 2.4 s start, and the suite starts about a hundred servers. So each pytest
 process starts one launcher (`python -m tests.server_launcher FD`), which imports what `mlx-relay serve` imports,
 then forks a server for each request, as the front's zygote forks its workers (stages/remote/zygote.py,
-`serve_forks`). The child runs `python -m mlx_relay serve ...` as the interpreter would, in its own session, with
+`serve_forks`), where the zygote would (`fork_suits`: Linux, the CPU backend; elsewhere every server is spawned).
+The child runs `python -m mlx_relay serve ...` as the interpreter would, in its own session, with
 the test's environment, directory and log file; its exit status comes back through a pipe, as a worker's does.
 
 Only the `MLX_RELAY_*` settings (and `_READ_LATE`) may differ from the launcher's environment: they are read as
@@ -28,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stages.remote.zygote import EXIT_STATUS, run_module_as_main, serve_forks
+from stages.remote.zygote import EXIT_STATUS, fork_suits, run_module_as_main, serve_forks
 
 _SETTINGS_PREFIX = "MLX_RELAY_"
 # Variables that may differ too: nothing reads them as it loads. pytest names the running test in one; litellm,
@@ -90,14 +91,16 @@ class Launcher:
         )
         launcher_end.close()
         self._control = control
-        # The launcher says it is ready once its imports are done: a fork before then would import in the child.
+        # The launcher says it is ready once its imports are done (a fork before then would import in the child),
+        # or why it cannot fork here (the zygote's reasons: not Linux, a GPU backend); then every server spawns.
+        self.refusal: str | None = None
         ready = self._control.recv(_REPLY_BYTES)
         if ready != b"ready":
-            raise RuntimeError(f"the server launcher did not start: {ready!r}")
+            self.refusal = ready.decode(errors="replace") or "the launcher ended as it started"
 
     def serves(self, environment: Mapping[str, str]) -> bool:
         """Whether a server with `environment` may be forked: nothing but the settings differ from the launcher's."""
-        if self._process.poll() is not None:
+        if self.refusal is not None or self._process.poll() is not None:
             return False
         return _without_settings(environment) == _without_settings(self.environment)
 
@@ -175,6 +178,9 @@ def _launcher_main(fd: int) -> None:
         import mlx_relay  # noqa: F401
         from edge import application  # noqa: F401
 
+        if (reason := fork_suits("auto")) is not None:
+            control.send(reason.encode())
+            return
         control.send(b"ready")
         serve_forks(control, _server_main)
     except BaseException:  # noqa: BLE001 -- the launcher's own failure: the tests spawn their servers instead

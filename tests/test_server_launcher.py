@@ -14,6 +14,12 @@ from tests.server_launcher import LaunchedProcess, shared_launcher
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def _forks_here() -> None:
+    if (refusal := shared_launcher().refusal) is not None:
+        pytest.skip(f"the launcher does not fork here: {refusal}")
+
+
 def parent_pid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
