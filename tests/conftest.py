@@ -158,17 +158,7 @@ def _start_on_a_free_port(log_dir: Path, hypercorn: bool | None, settings: dict[
         command = [sys.executable, "-m", "mlx_relay", "serve", "--port", str(port), "--access-log", "-"]
         command += ["--graceful-timeout", "30"]
     with log_path.open("wb") as log_file:
-        process: subprocess.Popen[bytes] | LaunchedProcess | None = None
-        if command[1:3] == ["-m", "mlx_relay"] and (launcher := shared_launcher()).serves(env):
-            # Forked with the app's imports done (tests/server_launcher.py), in a session of its own; spawned
-            # where the launcher cannot fork.
-            with contextlib.suppress(OSError):
-                process = launcher.launch(command[3:], env, REPO, log_file.fileno())
-        if process is None:
-            # A session of its own: teardown must be able to kill the server and every process it started.
-            process = subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        process = start_process(command, env, log_file.fileno())
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
     # Hypercorn names each address it listens on once bound. Until this server has, a 200 from the port is
     # another test worker's server that took the port after `_free_port` let it go: a test reading that
@@ -193,6 +183,18 @@ def _start_on_a_free_port(log_dir: Path, hypercorn: bool | None, settings: dict[
         time.sleep(HEALTH_POLL_S)
     server.kill()
     raise RuntimeError(f"server did not become healthy:\n{server.logs()}")
+
+
+def start_process(command: list[str], env: dict[str, str], output_fd: int) -> subprocess.Popen[bytes] | LaunchedProcess:
+    """`command` in a session of its own (teardown must be able to kill it and every process it started), its
+    stdout and stderr `output_fd`: forked with the app's imports done where it is `python -m mlx_relay` and the
+    launcher can fork it (tests/server_launcher.py), else spawned."""
+    if command[1:3] == ["-m", "mlx_relay"] and (launcher := shared_launcher()).serves(env):
+        with contextlib.suppress(OSError):
+            return launcher.launch(command[3:], env, REPO, output_fd)
+    return subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=output_fd, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def record_start(kind: str, settings: dict[str, str], seconds: float) -> None:

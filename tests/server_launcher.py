@@ -33,8 +33,9 @@ from stages.remote.zygote import EXIT_STATUS, fork_suits, run_module_as_main, se
 
 _SETTINGS_PREFIX = "MLX_RELAY_"
 # Variables that may differ too: nothing reads them as it loads. pytest names the running test in one; litellm,
-# once a test imports it, sets tiktoken's cache directory, which tiktoken reads as it opens an encoding.
-_READ_LATE = frozenset({"PYTEST_CURRENT_TEST", "TIKTOKEN_CACHE_DIR"})
+# once a test imports it, sets tiktoken's cache directory, which tiktoken reads as it opens an encoding; a sharded
+# rank's two (`mlx.launch`'s) are read by `mx.distributed.init` as the shard's cluster starts (stages/shard/).
+_READ_LATE = frozenset({"PYTEST_CURRENT_TEST", "TIKTOKEN_CACHE_DIR", "MLX_RANK", "MLX_HOSTFILE"})
 _REPLY_BYTES = 1024
 
 

@@ -22,13 +22,14 @@ import attrs
 import httpx
 
 from tests import loopback
-from tests.conftest import HEALTH_POLL_S, REPO, STARTUP_TIMEOUT, Server, _free_port, record_start
+from tests.conftest import HEALTH_POLL_S, STARTUP_TIMEOUT, Server, _free_port, record_start, start_process
+from tests.server_launcher import LaunchedProcess
 
 
 @attrs.define
 class Sharded:
     server: Server
-    followers: list[subprocess.Popen[bytes]]
+    followers: list[subprocess.Popen[bytes] | LaunchedProcess]
 
     def health(self) -> httpx.Response:
         return loopback.get(f"{self.server.base_url}/health", timeout=5)
@@ -56,16 +57,7 @@ def start_sharded(log_dir: Path, *, model: str, ranks: int = 2, mode: str = "ten
     for rank in range(ranks):
         log_path = log_dir / f"shard-{port}-rank{rank}.log"
         with log_path.open("wb") as log_file:
-            processes.append(
-                subprocess.Popen(
-                    command,
-                    cwd=REPO,
-                    env={**env, "MLX_RANK": str(rank)},
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+            processes.append(start_process(command, {**env, "MLX_RANK": str(rank)}, log_file.fileno()))
     sharded = Sharded(
         Server(f"http://127.0.0.1:{port}", processes[0], log_dir / f"shard-{port}-rank0.log"), processes[1:]
     )
