@@ -18,7 +18,6 @@ app:app`, spawned, and the serve command's own tests start their processes thems
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
@@ -29,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stages.remote.zygote import EXIT_STATUS, fork_suits, run_module_as_main, serve_forks
+from stages.remote.zygote import fork_suits, read_exit_status, request_fork, run_module_as_main, serve_forks
 
 _SETTINGS_PREFIX = "MLX_RELAY_"
 # Variables that may differ too: nothing reads them as it loads. pytest names the running test in one; litellm,
@@ -71,10 +70,7 @@ class LaunchedProcess:
         self.send_signal(signal.SIGKILL)
 
     def _read_status(self) -> None:
-        data = os.read(self._status_fd, EXIT_STATUS.size)
-        os.close(self._status_fd)
-        # A pipe that ends without a status: the launcher died first.
-        self.returncode = EXIT_STATUS.unpack(data)[0] if len(data) == EXIT_STATUS.size else -signal.SIGKILL
+        self.returncode = read_exit_status(self._status_fd)
 
 
 class Launcher:
@@ -107,16 +103,8 @@ class Launcher:
 
     def launch(self, argv: Sequence[str], environment: Mapping[str, str], cwd: Path, output_fd: int) -> LaunchedProcess:
         """Forks `python -m mlx_relay *argv` with `environment` in `cwd`, its stdout and stderr `output_fd`."""
-        status_read, status_write = os.pipe()
-        try:
-            request = json.dumps({"argv": list(argv), "environment": dict(environment), "cwd": str(cwd)}).encode()
-            socket.send_fds(self._control, [request], [output_fd, status_write])
-            reply = self._control.recv(_REPLY_BYTES)
-        except BaseException:
-            os.close(status_read)
-            raise
-        finally:
-            os.close(status_write)
+        request = {"argv": list(argv), "environment": dict(environment), "cwd": str(cwd)}
+        reply, status_read = request_fork(self._control, request, output_fd)
         if not reply.isdigit():
             os.close(status_read)
             raise OSError(f"the server launcher could not fork: {reply.decode(errors='replace')}")

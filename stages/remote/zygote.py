@@ -47,7 +47,7 @@ import structlog
 log = structlog.get_logger(stage="remote")
 
 # The exit status the zygote writes: a signed int, the returncode's convention (-N: killed by signal N).
-EXIT_STATUS = struct.Struct("=i")
+_STATUS = struct.Struct("=i")
 # A request (the worker's argv and added environment, JSON) and its reply (its pid, or why a fork failed):
 # one datagram each.
 _REQUEST_BYTES = 65536
@@ -84,12 +84,36 @@ class ForkedProcess:
                 os.kill(self.pid, signal.SIGKILL)
 
     def _read_status(self) -> None:
-        data = b""
-        while len(data) < EXIT_STATUS.size and (chunk := os.read(self._status_fd, EXIT_STATUS.size - len(data))):
-            data += chunk
-        os.close(self._status_fd)
-        # A pipe that ends without a status: the zygote died first, and nothing can tell how the worker ended.
-        self.returncode = EXIT_STATUS.unpack(data)[0] if len(data) == EXIT_STATUS.size else -signal.SIGKILL
+        self.returncode = read_exit_status(self._status_fd)
+
+
+def read_exit_status(status_fd: int) -> int:
+    """The exit status a `serve_forks` loop wrote into a child's status pipe, which is closed here; -SIGKILL where the
+    pipe ended without one (the forking process died first, and nothing can tell how the child ended)."""
+    data = b""
+    while len(data) < _STATUS.size and (chunk := os.read(status_fd, _STATUS.size - len(data))):
+        data += chunk
+    os.close(status_fd)
+    return _STATUS.unpack(data)[0] if len(data) == _STATUS.size else -signal.SIGKILL
+
+
+def request_fork(control: socket.socket, request: dict[str, Any], output_fd: int) -> tuple[bytes, int]:
+    """Asks a `serve_forks` loop for a child: its reply (the pid in digits, why the fork failed, or nothing once the
+    loop has ended) and the read end of the child's status pipe, the caller's to close (`read_exit_status`).
+
+    Raises:
+        OSError: the request could not be sent or its reply read.
+    """
+    status_read, status_write = os.pipe()
+    try:
+        socket.send_fds(control, [json.dumps(request).encode()], [output_fd, status_write])
+        reply = control.recv(_REPLY_BYTES)
+    except BaseException:
+        os.close(status_read)
+        raise
+    finally:
+        os.close(status_write)
+    return reply, status_read
 
 
 @attrs.define(eq=False)
@@ -115,26 +139,21 @@ class Zygote:
         Raises:
             OSError: the zygote is gone (it is not asked again) or could not fork; the caller spawns.
         """
-        status_read, status_write = os.pipe()
-        try:
-            with self._lock:
-                try:
-                    request = json.dumps({"argv": list(argv), "environment": dict(thread_counts)}).encode()
-                    socket.send_fds(self.control, [request], [stderr_fd, status_write])
-                    reply = self.control.recv(_REPLY_BYTES)
-                except OSError:
-                    self._lost()
-                    raise
-                if not reply:
-                    self._lost()
-                    raise OSError("the worker zygote has ended")
-                if not reply.isdigit():
-                    raise OSError(f"the worker zygote could not fork: {reply.decode(errors='replace')}")
-        except BaseException:
+        with self._lock:
+            try:
+                reply, status_read = request_fork(
+                    self.control, {"argv": list(argv), "environment": dict(thread_counts)}, stderr_fd
+                )
+            except OSError:
+                self._lost()
+                raise
+            if not reply:
+                os.close(status_read)
+                self._lost()
+                raise OSError("the worker zygote has ended")
+        if not reply.isdigit():
             os.close(status_read)
-            raise
-        finally:
-            os.close(status_write)
+            raise OSError(f"the worker zygote could not fork: {reply.decode(errors='replace')}")
         return int(reply), status_read
 
     def close(self) -> None:
@@ -306,7 +325,7 @@ def _reap(status_fds: dict[int, int]) -> None:
         fd = status_fds.pop(pid, None)
         if fd is not None:
             with contextlib.suppress(OSError):
-                os.write(fd, EXIT_STATUS.pack(os.waitstatus_to_exitcode(status)))
+                os.write(fd, _STATUS.pack(os.waitstatus_to_exitcode(status)))
             os.close(fd)
 
 
