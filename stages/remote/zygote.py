@@ -19,8 +19,9 @@ variable once, as it loads); the one difference a worker may have, its
 share of the BLAS threads, its BLAS is told through its own call. Elsewhere, or with `MLX_RELAY_WORKER_FORK=off`,
 workers are spawned as before. The zygote ends when the front closes its
 end (or dies); its workers, whose sockets are the front's, end with it.
-The fork loop (`serve_forks`) and a child's run (`run_module_as_main`) also
-serve the tests' server launcher (tests/server_launcher.py).
+The fork loop (`serve_forks`), its request (`request_fork`), a child's run
+(`run_module_as_main`) and its exit status (`read_exit_status`) also serve
+the tests' server launcher (tests/server_launcher.py).
 """
 
 from __future__ import annotations
